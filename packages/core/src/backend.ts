@@ -1,0 +1,145 @@
+/**
+ * The device-backend contract. A backend is a package that implements this interface and
+ * passes the conformance suite (`runConformance`). No base class: capabilities are data,
+ * checked when a backend is selected.
+ */
+import type { DType } from './dtype.js';
+import type { FabricKind } from './fabric.js';
+import type { OpArgs, OpName } from './ops.js';
+import type { SyncCounts, SyncKind } from './sync.js';
+import type { Tier } from './tiers.js';
+
+export type BufferUsage = 'weights' | 'kv' | 'activations' | 'io' | 'workspace';
+
+export interface BufferSpec {
+  dtype: DType;
+  /** Number of elements. */
+  length: number;
+  /** Defaults to the backend's compute tier (vram for a GPU, dram for the CPU). */
+  tier?: Tier;
+  usage?: BufferUsage;
+  label?: string;
+}
+
+/** An opaque handle; only the backend that made it can read or write it. */
+export interface DeviceBuffer {
+  readonly id: number;
+  readonly dtype: DType;
+  readonly length: number;
+  readonly byteLength: number;
+  readonly tier: Tier;
+  readonly usage: BufferUsage;
+  readonly label?: string;
+}
+
+export interface StreamHandle {
+  readonly id: number;
+}
+export interface EventHandle {
+  readonly id: number;
+}
+export interface GraphHandle {
+  readonly id: number;
+  /** Number of nodes (kernels and copies) the graph replays. */
+  readonly nodes: number;
+}
+
+/** The precision a backend promises; the conformance suite derives its tolerance from it. */
+export interface BackendPrecision {
+  /** The narrowest type intermediate values are rounded to. */
+  compute: 'f64' | 'f32' | 'bf16' | 'f16';
+  /** Relative tolerance (to max |reference|) the backend claims on every op. */
+  relTol: number;
+}
+
+export interface BackendCapabilities {
+  /** 'cpu', 'cuda', ... */
+  deviceKind: string;
+  deviceName: string;
+  deviceCount: number;
+  /** Bytes available per tier (total, not free). */
+  memory: Partial<Record<Tier, number>>;
+  /** The tier compute ops read and write. */
+  computeTier: Tier;
+  /** Element types buffers may hold (weights may be narrower than activations). */
+  dtypes: readonly DType[];
+  /** dtype the backend wants weights in. */
+  weightDtype: DType;
+  precision: BackendPrecision;
+  graphCapture: boolean;
+  peerAccess: boolean;
+  collectives: boolean;
+  fabric: FabricKind;
+  ops: readonly OpName[];
+}
+
+/** Counters a backend keeps from its creation. Used by ledgers and leak checks. */
+export interface BackendStats {
+  liveBuffers: number;
+  liveBytes: number;
+  /** Device/host allocations and frees made by the backend (cudaMalloc, pinning, ...). */
+  allocCalls: number;
+  freeCalls: number;
+  /** Allocations attempted while the hot-path guard was armed (each one is also rejected). */
+  hotPathAllocations: number;
+  h2dBytes: number;
+  d2hBytes: number;
+  d2dBytes: number;
+  /** Kernel launches issued individually (not through a graph replay). */
+  launches: number;
+  graphReplays: number;
+  syncs: SyncCounts;
+}
+
+export type HostArray = Float32Array | Int32Array | Uint16Array;
+
+export interface DeviceBackend {
+  readonly name: string;
+  readonly capabilities: BackendCapabilities;
+
+  alloc(spec: BufferSpec): DeviceBuffer;
+  free(buf: DeviceBuffer): void;
+  /**
+   * Host -> buffer. f32 buffers take Float32Array, i32 buffers Int32Array; bf16/f16 buffers take
+   * raw Uint16Array bits or Float32Array (rounded to nearest even). Offsets are in elements.
+   */
+  write(buf: DeviceBuffer, src: HostArray, offset?: number): void;
+  /** Buffer -> host, as float32 (bf16/f16/f32 buffers) or int32 (i32 buffers). A hard sync. */
+  read(buf: DeviceBuffer, offset?: number, length?: number): Float32Array | Int32Array;
+  /** Buffer -> buffer, possibly across tiers, ordered on the stream. Offsets in elements. */
+  copy(dst: DeviceBuffer, src: DeviceBuffer, length: number, dstOffset?: number, srcOffset?: number, stream?: StreamHandle): void;
+
+  /** Run one op from the catalogue, enqueued on the stream (default stream when omitted). */
+  run<K extends OpName>(op: K, args: OpArgs<K>, stream?: StreamHandle): void;
+
+  createStream(): StreamHandle;
+  destroyStream(stream: StreamHandle): void;
+  createEvent(): EventHandle;
+  destroyEvent(event: EventHandle): void;
+  record(event: EventHandle, stream?: StreamHandle): void;
+  /** Make `stream` wait for `event` without blocking the host (a soft visibility sync). */
+  waitEvent(stream: StreamHandle, event: EventHandle): void;
+  /** Milliseconds between two recorded events, once both completed. */
+  elapsedMs(start: EventHandle, end: EventHandle): number;
+  /** Block the host until the stream (or the whole device) is idle; counted under `kind`. */
+  synchronize(kind: SyncKind, stream?: StreamHandle): void;
+
+  /** Graph capture; only where capabilities.graphCapture. Ops between begin and end are recorded, not run. */
+  beginCapture(stream?: StreamHandle): void;
+  endCapture(stream?: StreamHandle): GraphHandle;
+  replay(graph: GraphHandle, stream?: StreamHandle): void;
+  destroyGraph(graph: GraphHandle): void;
+
+  /**
+   * Arm or disarm the hot-path guard. While armed every allocation is rejected with a
+   * HotPathAllocationError and counted in stats().hotPathAllocations.
+   */
+  setHotPath(armed: boolean): void;
+  stats(): BackendStats;
+  dispose(): void;
+}
+
+/** Bytes of a buffer spec, for planners that size things before allocating. */
+export function specBytes(spec: BufferSpec, dtypeBytes: (d: DType) => number): number {
+  return spec.length * dtypeBytes(spec.dtype);
+}

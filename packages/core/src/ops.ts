@@ -1,0 +1,151 @@
+/**
+ * The op catalogue: every op the engine may ask of a backend, typed by name.
+ *
+ * Conventions (every backend keeps them; the CPU backend is the reference):
+ * - Shapes are row-major. Matrices of weights are [out, in], as Hugging Face stores Linear.
+ * - Scalars that change per decode step (token ids, positions, sequence lengths, slots) live in
+ *   buffers, never in attributes, so a captured graph can be replayed with new values.
+ * - Attributes (numbers, booleans) are fixed for a captured graph.
+ * - Accumulation is at least float32; the declared precision of a backend bounds its error.
+ */
+import type { DeviceBuffer } from './backend.js';
+
+type Buf = DeviceBuffer;
+
+export interface OpCatalogue {
+  /** out[r, :] = table[ids[r], :]. ids: i32[rows]. */
+  embedding: { table: Buf; ids: Buf; out: Buf; rows: number; hidden: number };
+  /**
+   * RMSNorm with optional fused residual add. With `residual`: residual += x (in place; the
+   * residual stream), then out = rmsnorm(residual) * weight. Without: out = rmsnorm(x) * weight.
+   */
+  rmsnorm: { x: Buf; weight: Buf; out: Buf; rows: number; dim: number; eps: number; residual?: Buf };
+  /**
+   * out[r, o] = sum_i x[r, i] * weight[weightOffset + o*inDim + i] (+ bias[o]).
+   * One op for one row (GEMV) and for many (GEMM); the backend picks the kernel.
+   */
+  matmul: { x: Buf; weight: Buf; out: Buf; rows: number; inDim: number; outDim: number; bias?: Buf; weightOffset?: number };
+  /**
+   * In place on `numHeads` heads of size headDim starting at element `headOffset` of each row
+   * of x (row stride `rowStride`): optional per-head RMSNorm with `normWeight` [headDim]
+   * (QK-norm), then rotary embedding in the rotate-half (NeoX) layout: pairs (i, i + headDim/2)
+   * rotated by angle positions[r] * invFreq[i]. positions: i32[rows], invFreq: f32[headDim/2].
+   */
+  rope: {
+    x: Buf;
+    positions: Buf;
+    invFreq: Buf;
+    rows: number;
+    numHeads: number;
+    headDim: number;
+    rowStride: number;
+    headOffset: number;
+    normWeight?: Buf;
+    eps?: number;
+  };
+  /**
+   * Store keys and values of each row into the paged cache. src rows have stride rowStride; the
+   * key is at kOffset, the value at vOffset, each numKvHeads*headDim wide. The cache is
+   * [slots, numKvHeads*headDim]; slots: i32[rows], a negative slot means padding (skip).
+   */
+  kv_append: {
+    src: Buf;
+    kCache: Buf;
+    vCache: Buf;
+    slots: Buf;
+    rows: number;
+    numKvHeads: number;
+    headDim: number;
+    rowStride: number;
+    kOffset: number;
+    vOffset: number;
+  };
+  /**
+   * Paged causal attention, one mechanism for prefill (many rows per sequence, chunked or not)
+   * and decode (one row per sequence). Row r belongs to sequence rowSeq[r] and sits at
+   * position positions[r]; it attends to that sequence's positions 0..positions[r] inclusive,
+   * whose keys live at slot blockTables[seq*maxBlocksPerSeq + p/blockSize]*blockSize + p%blockSize.
+   * q heads are read from q at qOffset with row stride qRowStride; GQA maps head h to KV head
+   * floor(h / (numHeads/numKvHeads)). out: [rows, numHeads*headDim].
+   */
+  attention: {
+    q: Buf;
+    kCache: Buf;
+    vCache: Buf;
+    out: Buf;
+    blockTables: Buf;
+    rowSeq: Buf;
+    positions: Buf;
+    rows: number;
+    numHeads: number;
+    numKvHeads: number;
+    headDim: number;
+    blockSize: number;
+    maxBlocksPerSeq: number;
+    qRowStride: number;
+    qOffset: number;
+    scale: number;
+  };
+  /** out[r, i] = silu(x[r, i]) * x[r, dim + i]; x is [rows, 2*dim] (gate then up). */
+  silu_mul: { x: Buf; out: Buf; rows: number; dim: number };
+  /** out = a + b, elementwise over `length`. */
+  add: { a: Buf; b: Buf; out: Buf; length: number };
+  /** out[i, :] = x[rowIdx[i], :]. rowIdx: i32[n]. */
+  gather_rows: { x: Buf; rowIdx: Buf; out: Buf; n: number; dim: number };
+  /**
+   * Router: softmax over the experts of each row (float32), the topK largest (ties: lower
+   * index), renormalized to sum 1 when `normalize`. topIds: i32[rows*topK], topWeights: f32.
+   */
+  moe_route: { logits: Buf; topIds: Buf; topWeights: Buf; rows: number; numExperts: number; topK: number; normalize: boolean };
+  /**
+   * Sparse MLP: out[r] = sum_k topWeights[r,k] * down_e(silu(gate_e x[r]) * up_e x[r]) with
+   * e = topIds[r,k]. gateUp: [numExperts, 2*inter, hidden] (gate rows then up rows);
+   * down: [numExperts, hidden, inter].
+   */
+  moe_mlp: {
+    x: Buf;
+    topIds: Buf;
+    topWeights: Buf;
+    gateUp: Buf;
+    down: Buf;
+    out: Buf;
+    rows: number;
+    hidden: number;
+    inter: number;
+    topK: number;
+  };
+  /** out[r] = argmax over logits[r, :] (lowest index on ties). out: i32[rows]. */
+  argmax: { logits: Buf; out: Buf; rows: number; vocab: number };
+  /**
+   * Stochastic sampling, identical on every backend given the same logits (see `sampleRow` in
+   * core for the exact algorithm). params: f32[rows*4] = temperature, topK (0 = off), topP,
+   * minP. rng: i32[rows*2] = seed, counter; the op draws uniformFromSeed(seed, counter) and then
+   * increments counter, on the device. out: i32[rows].
+   */
+  sample: { logits: Buf; params: Buf; rng: Buf; out: Buf; rows: number; vocab: number };
+  /**
+   * The device token ring: ring[(cursor[0] + r) % capacity] = src[r] for r < rows, then
+   * cursor[0] += rows. Lets the host observe tokens later without a sync per token.
+   */
+  ring_push: { src: Buf; ring: Buf; cursor: Buf; rows: number; capacity: number };
+}
+
+export type OpName = keyof OpCatalogue;
+export type OpArgs<K extends OpName> = OpCatalogue[K];
+
+export const OP_NAMES: readonly OpName[] = [
+  'embedding',
+  'rmsnorm',
+  'matmul',
+  'rope',
+  'kv_append',
+  'attention',
+  'silu_mul',
+  'add',
+  'gather_rows',
+  'moe_route',
+  'moe_mlp',
+  'argmax',
+  'sample',
+  'ring_push',
+];
