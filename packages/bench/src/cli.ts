@@ -1,2 +1,44 @@
 #!/usr/bin/env node
-export {};
+import { Command, InvalidArgumentError, Option } from 'commander';
+import { defaultModelDir } from '@nerva/server';
+import { decodeProbe } from './probes/decode.js';
+import { generateProbe } from './probes/generate.js';
+
+const int = (name: string) => (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n <= 0) throw new InvalidArgumentError(`${name} must be a positive integer`);
+  return n;
+};
+const backendOpt = () => new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto');
+
+const program = new Command().name('nerva-bench').description('NERVA benchmarks: one JSON line per probe').exitOverride();
+const print = (o: unknown) => process.stdout.write(JSON.stringify(o) + '\n');
+
+program
+  .command('generate')
+  .description('single-stream generation on a model (default: the embedded model)')
+  .option('--model <dir>')
+  .addOption(backendOpt())
+  .option('--prompt-len <n>', 'prompt tokens', int('--prompt-len'), 16)
+  .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 128)
+  .action(async (f) => print(await generateProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, promptLen: f.promptLen, newTokens: f.newTokens })));
+
+program
+  .command('decode')
+  .description('batch-1 decode speed against the in-run memory roofline')
+  .option('--model <dir>')
+  .addOption(backendOpt())
+  .option('--prompt-len <n>', 'prompt tokens', int('--prompt-len'), 128)
+  .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 256)
+  .option('--profile', 'time buckets per token (disables graphs)')
+  .action(async (f) =>
+    print(await decodeProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, promptLen: f.promptLen, newTokens: f.newTokens, profile: f.profile })),
+  );
+
+try {
+  await program.parseAsync(process.argv);
+} catch (e) {
+  if ((e as { exitCode?: number }).exitCode !== undefined && (e as Error).name === 'CommanderError') process.exit((e as { exitCode: number }).exitCode);
+  process.stderr.write(`nerva-bench: error: ${(e as Error).message}\n`);
+  process.exit(1);
+}

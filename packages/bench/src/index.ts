@@ -1,1 +1,3 @@
-export {};
+export { decodeProbe } from "./probes/decode.js";
+export { generateProbe } from "./probes/generate.js";
+export { measureCopyBandwidth, syntheticPrompt } from "./measure.js";

@@ -106,6 +106,12 @@ export interface DeviceBackend {
   write(buf: DeviceBuffer, src: HostArray, offset?: number): void;
   /** Buffer -> host, as float32 (bf16/f16/f32 buffers) or int32 (i32 buffers). A hard sync. */
   read(buf: DeviceBuffer, offset?: number, length?: number): Float32Array | Int32Array;
+  /**
+   * Read a host-visible buffer (tier 'pinned', or any buffer of a backend whose compute tier is
+   * host memory) without synchronizing: the host observes what the device has written so far.
+   * Used to watch the device token ring asynchronously. Other buffers: a typed error.
+   */
+  peek(buf: DeviceBuffer, offset?: number, length?: number): Int32Array | Float32Array;
   /** Buffer -> buffer, possibly across tiers, ordered on the stream. Offsets in elements. */
   copy(dst: DeviceBuffer, src: DeviceBuffer, length: number, dstOffset?: number, srcOffset?: number, stream?: StreamHandle): void;
 

@@ -128,6 +128,21 @@ export interface OpCatalogue {
    * cursor[0] += rows. Lets the host observe tokens later without a sync per token.
    */
   ring_push: { src: Buf; ring: Buf; cursor: Buf; rows: number; capacity: number };
+  /**
+   * Advance a decode step on the device: positions[r] += 1, then slots[r] = the KV slot of the
+   * new position (blockTables[rowSeq[r]*maxBlocksPerSeq + pos/blockSize]*blockSize +
+   * pos%blockSize). The host preallocates blocks ahead, so a captured decode step needs no host
+   * write per token.
+   */
+  advance_positions: {
+    positions: Buf;
+    slots: Buf;
+    blockTables: Buf;
+    rowSeq: Buf;
+    rows: number;
+    blockSize: number;
+    maxBlocksPerSeq: number;
+  };
 }
 
 export type OpName = keyof OpCatalogue;
@@ -148,4 +163,5 @@ export const OP_NAMES: readonly OpName[] = [
   'argmax',
   'sample',
   'ring_push',
+  'advance_positions',
 ];

@@ -1,1 +1,9 @@
-export {};
+export * from './backend-select.js';
+export * from './engine.js';
+export * from './host-sampler.js';
+export * from './model-runner.js';
+export * from './model-weights.js';
+export * from './request.js';
+export * from './sampling-params.js';
+export * from './scheduler.js';
+export * from './token-stream.js';

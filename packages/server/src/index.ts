@@ -1,1 +1,1 @@
-export {};
+export { defaultModelDir, DEFAULT_MODEL_NAME } from "./default-model.js";

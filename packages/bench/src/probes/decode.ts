@@ -1,0 +1,52 @@
+import { Engine } from '@nerva/engine';
+import { measureCopyBandwidth, syntheticPrompt } from '../measure.js';
+
+export interface DecodeProbeOptions {
+  model: string;
+  backend: 'cpu' | 'cuda' | 'auto';
+  promptLen: number;
+  newTokens: number;
+  profile?: boolean;
+}
+
+/**
+ * Batch-1 decode against the memory roofline: weight bytes over the copy bandwidth measured in
+ * the same run on the same backend.
+ */
+export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string, unknown>> {
+  const engine = await Engine.create({ model: o.model, backend: o.backend, maxNumSeqs: 8, maxModelLen: o.promptLen + o.newTokens + 16, profile: o.profile });
+  try {
+    const bw = measureCopyBandwidth(engine.backend);
+    const prompt = syntheticPrompt(o.promptLen, engine.spec.vocabSize);
+    await engine.submit(prompt.slice(0, 16), { maxTokens: 8, temperature: 0, ignoreEos: true }).done;
+    const out = await engine.submit(prompt, { maxTokens: o.newTokens, temperature: 0, ignoreEos: true }).done;
+    const s = out.ledger.summary();
+    const roofline = bw / engine.weightBytes;
+    const nodes = engine.graphNodes();
+    const r: Record<string, unknown> = {
+      probe: 'decode',
+      model: o.model,
+      backend: engine.backend.name,
+      device: engine.backend.capabilities.deviceName,
+      prompt_len: o.promptLen,
+      new_tokens: out.tokenIds.length,
+      tokens_per_s: s.decode_tokens_per_s,
+      ms_per_token_p50: s.ms_per_token_p50,
+      ms_per_token_p99: s.ms_per_token_p99,
+      weight_bytes: engine.weightBytes,
+      copy_bandwidth_gbs: Math.round(bw / 1e7) / 100,
+      roofline_tok_s: Math.round(roofline * 100) / 100,
+      fraction_of_roofline: Math.round((s.decode_tokens_per_s / roofline) * 1000) / 1000,
+      graph_nodes_per_token: nodes[1] ?? null,
+      graph_replays_per_token: s.graph_replays_per_decode_token,
+      hot_path_allocations: s.hot_path_allocations,
+      syncs_per_token: s.syncs_per_decode_token,
+      ttft_ms: out.times.firstToken !== undefined ? Math.round((out.times.firstToken - out.times.arrival) * 100) / 100 : null,
+      notes: s.notes,
+    };
+    if (s.buckets_ms) r.buckets_ms_per_token = Object.fromEntries(Object.entries(s.buckets_ms).map(([k, v]) => [k, Math.round((v / Math.max(1, s.tokens)) * 1000) / 1000]));
+    return r;
+  } finally {
+    engine.dispose();
+  }
+}

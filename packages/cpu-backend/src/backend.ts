@@ -1,0 +1,420 @@
+/**
+ * CpuBackend: the reference implementation of the device-backend contract. Everything runs
+ * synchronously on the calling thread, so streams order nothing and events only timestamp; graph
+ * capture records ops and replays them, which is enough for the engine to drive the CPU exactly
+ * as it drives a GPU.
+ */
+import os from 'node:os';
+import {
+  DTYPE_BYTES,
+  OP_NAMES,
+  SYNC_KINDS,
+  UnsupportedOpError,
+  emptySyncCounts,
+  f16ToF32,
+  bf16ToF32,
+  f32ToBf16,
+  f32ToF16,
+  type BackendCapabilities,
+  type BackendStats,
+  type BufferSpec,
+  type DeviceBackend,
+  type DeviceBuffer,
+  type EventHandle,
+  type GraphHandle,
+  type HostArray,
+  type OpArgs,
+  type OpName,
+  type StreamHandle,
+  type SyncCounts,
+  type SyncKind,
+  type Tier,
+} from '@nerva/core';
+import { BufferTable, type BufferRecord } from './buffers.js';
+import { countedNodes, type GraphNode } from './capture.js';
+import {
+  BackendDisposedError,
+  BufferDTypeError,
+  BufferRangeError,
+  CaptureStateError,
+  EventStateError,
+  UnknownHandleError,
+} from './errors.js';
+import { OpContext } from './op-context.js';
+import { KERNELS, type Kernel } from './ops/index.js';
+import { DEFAULT_SCRATCH, Scratch, type ScratchSizes } from './scratch.js';
+
+/**
+ * Relative tolerance the CPU backend claims. Every op accumulates in float64 and rounds once to
+ * float32 on store (half an ulp, 6e-8 relative), except where the contract stores an
+ * intermediate in float32 (the residual stream, the QK-normed head before rotation), which adds
+ * a few more float32 roundings. 1e-6 of max |reference| bounds that with a margin of ~4x.
+ */
+export const CPU_REL_TOL = 1e-6;
+
+export interface CpuBackendOptions {
+  /** Name reported by `name` (default 'cpu'). */
+  name?: string;
+  /** Bytes of dram the backend may hand out (default: os.totalmem()). */
+  memoryBytes?: number;
+  /** Scratch sizes reserved at construction so decode allocates nothing (defaults fit 256k vocab, 8k context). */
+  scratch?: Partial<ScratchSizes>;
+}
+
+interface CaptureState {
+  stream: number;
+  nodes: GraphNode[];
+}
+
+const DEFAULT_STREAM = 0;
+
+export class CpuBackend implements DeviceBackend {
+  readonly name: string;
+  readonly capabilities: BackendCapabilities;
+
+  private readonly buffers: BufferTable;
+  private readonly ctx: OpContext;
+  private readonly streams = new Set<number>([DEFAULT_STREAM]);
+  /** Event id -> timestamp of its last record (NaN until recorded). */
+  private readonly events = new Map<number, number>();
+  private readonly graphs = new Map<number, { handle: GraphHandle; nodes: readonly GraphNode[] }>();
+  private capture: CaptureState | undefined;
+  private nextHandle = 1;
+  private disposed = false;
+  private h2dBytes = 0;
+  private d2hBytes = 0;
+  private d2dBytes = 0;
+  private launches = 0;
+  private graphReplays = 0;
+  private readonly syncs: SyncCounts = emptySyncCounts();
+
+  constructor(opts: CpuBackendOptions = {}) {
+    this.name = opts.name ?? 'cpu';
+    const memory = opts.memoryBytes ?? os.totalmem();
+    const cpus = os.cpus();
+    this.capabilities = Object.freeze({
+      deviceKind: 'cpu',
+      deviceName: cpus.length > 0 ? cpus[0].model.trim() : 'cpu',
+      deviceCount: 1,
+      memory: Object.freeze({ dram: memory }),
+      computeTier: 'dram' as Tier,
+      dtypes: Object.freeze(['f32', 'bf16', 'f16', 'i32'] as const),
+      weightDtype: 'f32',
+      precision: Object.freeze({ compute: 'f32' as const, relTol: CPU_REL_TOL }),
+      graphCapture: true,
+      peerAccess: false,
+      collectives: false,
+      fabric: 'CoherentSharedPhysical',
+      ops: OP_NAMES,
+    });
+    this.buffers = new BufferTable(['dram'], 'dram', memory);
+    this.ctx = new OpContext(this.buffers, new Scratch({ ...DEFAULT_SCRATCH, ...opts.scratch }));
+  }
+
+  // ---- memory -------------------------------------------------------------------------------
+
+  alloc(spec: BufferSpec): DeviceBuffer {
+    this.live();
+    return this.buffers.alloc(spec);
+  }
+
+  free(buf: DeviceBuffer): void {
+    this.live();
+    this.buffers.free(buf);
+  }
+
+  write(buf: DeviceBuffer, src: HostArray, offset = 0): void {
+    this.live();
+    this.noCapture('write');
+    const rec = this.buffers.resolve(buf, 'write');
+    const what = `write to buffer #${buf.id}`;
+    checkRange(what, buf.length, offset, src?.length);
+    const dt = buf.dtype;
+    if (dt === 'f32' || dt === 'i32') {
+      const want = dt === 'f32' ? Float32Array : Int32Array;
+      if (!(src instanceof want)) throw new BufferDTypeError(what, `a ${dt} buffer takes a ${want.name}, got ${typeName(src)}`);
+      rec.data.set(src, offset);
+    } else {
+      const dst = rec.data as Float32Array;
+      if (src instanceof Uint16Array) {
+        const dec = dt === 'bf16' ? bf16ToF32 : f16ToF32;
+        for (let i = 0; i < src.length; i++) dst[offset + i] = dec(src[i]);
+      } else if (src instanceof Float32Array) {
+        const enc = dt === 'bf16' ? f32ToBf16 : f32ToF16;
+        const dec = dt === 'bf16' ? bf16ToF32 : f16ToF32;
+        for (let i = 0; i < src.length; i++) dst[offset + i] = dec(enc(src[i]));
+      } else {
+        throw new BufferDTypeError(what, `a ${dt} buffer takes a Uint16Array (raw bits) or a Float32Array, got ${typeName(src)}`);
+      }
+    }
+    this.h2dBytes += src.length * DTYPE_BYTES[dt];
+  }
+
+  /** A copy of the range, as float32 (float dtypes) or int32. Counted as a hard sync. */
+  read(buf: DeviceBuffer, offset = 0, length?: number): Float32Array | Int32Array {
+    this.live();
+    this.noCapture('read');
+    const rec = this.buffers.resolve(buf, 'read');
+    const n = length ?? buf.length - offset;
+    checkRange(`read from buffer #${buf.id}`, buf.length, offset, n);
+    this.d2hBytes += n * DTYPE_BYTES[buf.dtype];
+    this.syncs.hard++;
+    return rec.data.slice(offset, offset + n);
+  }
+
+  /**
+   * Every buffer of this backend is host memory, so peek is a plain copy of the range: no sync is
+   * counted (the bytes are, as d2h). Allowed during capture, like reading a mapped buffer.
+   */
+  peek(buf: DeviceBuffer, offset = 0, length?: number): Float32Array | Int32Array {
+    this.live();
+    const rec = this.buffers.resolve(buf, 'peek');
+    const n = length ?? buf.length - offset;
+    checkRange(`peek at buffer #${buf.id}`, buf.length, offset, n);
+    this.d2hBytes += n * DTYPE_BYTES[buf.dtype];
+    return rec.data.slice(offset, offset + n);
+  }
+
+  copy(dst: DeviceBuffer, src: DeviceBuffer, length: number, dstOffset = 0, srcOffset = 0, stream?: StreamHandle): void {
+    this.live();
+    const s = this.streamId(stream);
+    this.checkCopy(dst, src, length, dstOffset, srcOffset);
+    if (this.capture !== undefined && this.capture.stream === s) {
+      this.capture.nodes.push({ kind: 'copy', dst, src, length, dstOffset, srcOffset });
+      return;
+    }
+    this.doCopy(dst, src, length, dstOffset, srcOffset);
+  }
+
+  private checkCopy(dst: DeviceBuffer, src: DeviceBuffer, length: number, dstOffset: number, srcOffset: number): [BufferRecord, BufferRecord] {
+    const d = this.buffers.resolve(dst, 'copy destination');
+    const s = this.buffers.resolve(src, 'copy source');
+    const what = `copy #${src.id} -> #${dst.id}`;
+    if (dst.dtype !== src.dtype) throw new BufferDTypeError(what, `dtypes differ (${src.dtype} -> ${dst.dtype}); copies do not convert`);
+    checkRange(`${what} (source)`, src.length, srcOffset, length);
+    checkRange(`${what} (destination)`, dst.length, dstOffset, length);
+    return [d, s];
+  }
+
+  private doCopy(dst: DeviceBuffer, src: DeviceBuffer, length: number, dstOffset: number, srcOffset: number): void {
+    const [d, s] = this.checkCopy(dst, src, length, dstOffset, srcOffset);
+    // copyWithin semantics for the same buffer: TypedArray#set copies through a temporary when
+    // both views share a buffer, so overlapping ranges are safe.
+    d.data.set(s.data.subarray(srcOffset, srcOffset + length), dstOffset);
+    this.d2dBytes += length * DTYPE_BYTES[dst.dtype];
+  }
+
+  // ---- ops ----------------------------------------------------------------------------------
+
+  run<K extends OpName>(op: K, args: OpArgs<K>, stream?: StreamHandle): void {
+    this.live();
+    const s = this.streamId(stream);
+    const kernel = KERNELS[op] as Kernel<K> | undefined;
+    if (kernel === undefined || !Object.prototype.hasOwnProperty.call(KERNELS, op)) throw new UnsupportedOpError(this.name, String(op));
+    if (this.capture !== undefined && this.capture.stream === s) {
+      // A mis-sized op fails here, at capture, like a bad launch would; the checks that depend on
+      // buffer contents (ids, slots, positions) can only run at replay.
+      this.exec(op, args, true);
+      this.capture.nodes.push({ kind: 'op', op, args: { ...args } });
+      return;
+    }
+    this.exec(op, args);
+    this.launches++;
+  }
+
+  /** Run a kernel, or with `dry` only its static checks (attributes, handles, dtypes, sizes). */
+  private exec<K extends OpName>(op: K, args: OpArgs<K>, dry = false): void {
+    this.ctx.op = op;
+    this.ctx.dry = dry;
+    try {
+      (KERNELS[op] as Kernel<K>)(this.ctx, args);
+    } finally {
+      this.ctx.op = '';
+      this.ctx.dry = false;
+    }
+  }
+
+  // ---- streams and events -------------------------------------------------------------------
+
+  createStream(): StreamHandle {
+    this.live();
+    const id = this.nextHandle++;
+    this.streams.add(id);
+    return Object.freeze({ id });
+  }
+
+  destroyStream(stream: StreamHandle): void {
+    this.live();
+    const id = this.streamId(stream);
+    if (id === DEFAULT_STREAM) throw new UnknownHandleError('stream', id, 'the default stream cannot be destroyed');
+    if (this.capture?.stream === id) throw new CaptureStateError(`stream #${id} is capturing; end the capture first`);
+    this.streams.delete(id);
+  }
+
+  createEvent(): EventHandle {
+    this.live();
+    const id = this.nextHandle++;
+    this.events.set(id, NaN);
+    return Object.freeze({ id });
+  }
+
+  destroyEvent(event: EventHandle): void {
+    this.live();
+    this.eventTime(event);
+    this.events.delete(event.id);
+  }
+
+  record(event: EventHandle, stream?: StreamHandle): void {
+    this.live();
+    const s = this.streamId(stream);
+    this.eventTime(event);
+    if (this.capture !== undefined && this.capture.stream === s) {
+      this.capture.nodes.push({ kind: 'record', event });
+      return;
+    }
+    this.events.set(event.id, performance.now());
+  }
+
+  /** Work is already complete when it is issued, so there is nothing to wait for; still counted. */
+  waitEvent(stream: StreamHandle, event: EventHandle): void {
+    this.live();
+    this.streamId(stream);
+    this.eventTime(event);
+    this.syncs.soft_visibility++;
+  }
+
+  elapsedMs(start: EventHandle, end: EventHandle): number {
+    this.live();
+    const t0 = this.eventTime(start);
+    const t1 = this.eventTime(end);
+    if (Number.isNaN(t0)) throw new EventStateError(start.id, 'not recorded');
+    if (Number.isNaN(t1)) throw new EventStateError(end.id, 'not recorded');
+    return t1 - t0;
+  }
+
+  synchronize(kind: SyncKind, stream?: StreamHandle): void {
+    this.live();
+    this.streamId(stream);
+    if (!(SYNC_KINDS as readonly string[]).includes(kind)) throw new BufferRangeError('synchronize', `unknown sync kind ${String(kind)}`);
+    this.noCapture('synchronize');
+    this.syncs[kind]++;
+  }
+
+  // ---- graphs -------------------------------------------------------------------------------
+
+  beginCapture(stream?: StreamHandle): void {
+    this.live();
+    const s = this.streamId(stream);
+    if (this.capture !== undefined) throw new CaptureStateError(`a capture is already open on stream #${this.capture.stream}`);
+    this.capture = { stream: s, nodes: [] };
+  }
+
+  endCapture(stream?: StreamHandle): GraphHandle {
+    this.live();
+    const s = this.streamId(stream);
+    const cap = this.capture;
+    if (cap === undefined) throw new CaptureStateError('endCapture without beginCapture');
+    if (cap.stream !== s) throw new CaptureStateError(`the capture is open on stream #${cap.stream}, not #${s}`);
+    this.capture = undefined;
+    const handle: GraphHandle = Object.freeze({ id: this.nextHandle++, nodes: countedNodes(cap.nodes) });
+    this.graphs.set(handle.id, { handle, nodes: Object.freeze(cap.nodes) });
+    return handle;
+  }
+
+  replay(graph: GraphHandle, stream?: StreamHandle): void {
+    this.live();
+    this.streamId(stream);
+    const g = this.graphOf(graph);
+    if (this.capture !== undefined) throw new CaptureStateError('replay inside a capture is not supported');
+    for (const node of g.nodes) {
+      if (node.kind === 'op') this.exec(node.op, node.args as unknown as OpArgs<OpName>);
+      else if (node.kind === 'copy') this.doCopy(node.dst, node.src, node.length, node.dstOffset, node.srcOffset);
+      else if (this.events.has(node.event.id)) this.events.set(node.event.id, performance.now());
+    }
+    this.graphReplays++;
+  }
+
+  destroyGraph(graph: GraphHandle): void {
+    this.live();
+    this.graphOf(graph);
+    this.graphs.delete(graph.id);
+  }
+
+  // ---- guard, stats, lifetime ---------------------------------------------------------------
+
+  setHotPath(armed: boolean): void {
+    this.live();
+    this.buffers.hotPath = armed;
+  }
+
+  stats(): BackendStats {
+    const b = this.buffers;
+    return {
+      liveBuffers: b.liveBuffers,
+      liveBytes: b.liveBytes,
+      allocCalls: b.allocCalls,
+      freeCalls: b.freeCalls,
+      hotPathAllocations: b.hotPathAllocations,
+      h2dBytes: this.h2dBytes,
+      d2hBytes: this.d2hBytes,
+      d2dBytes: this.d2dBytes,
+      launches: this.launches,
+      graphReplays: this.graphReplays,
+      syncs: { ...this.syncs },
+    };
+  }
+
+  /** Frees every buffer and handle; any later call except stats() throws BackendDisposedError. */
+  dispose(): void {
+    if (this.disposed) return;
+    this.buffers.clear();
+    this.graphs.clear();
+    this.events.clear();
+    this.streams.clear();
+    this.capture = undefined;
+    this.disposed = true;
+  }
+
+  // ---- helpers ------------------------------------------------------------------------------
+
+  private live(): void {
+    if (this.disposed) throw new BackendDisposedError(this.name);
+  }
+
+  private noCapture(what: string): void {
+    if (this.capture !== undefined) throw new CaptureStateError(`${what} is a host operation and cannot be issued during graph capture`);
+  }
+
+  private streamId(stream: StreamHandle | undefined): number {
+    if (stream === undefined) return DEFAULT_STREAM;
+    if (stream === null || typeof stream !== 'object' || !this.streams.has(stream.id)) throw new UnknownHandleError('stream', stream?.id ?? NaN, 'not a live stream of this backend');
+    return stream.id;
+  }
+
+  private eventTime(event: EventHandle): number {
+    const t = event === null || typeof event !== 'object' ? undefined : this.events.get(event.id);
+    if (t === undefined) throw new UnknownHandleError('event', event?.id ?? NaN, 'not a live event of this backend');
+    return t;
+  }
+
+  private graphOf(graph: GraphHandle): { handle: GraphHandle; nodes: readonly GraphNode[] } {
+    const g = graph === null || typeof graph !== 'object' ? undefined : this.graphs.get(graph.id);
+    if (g === undefined || g.handle !== graph) throw new UnknownHandleError('graph', graph?.id ?? NaN, 'not a live graph of this backend');
+    return g;
+  }
+}
+
+/** Create a CPU backend (same as `new CpuBackend(opts)`). */
+export function createCpuBackend(opts?: CpuBackendOptions): CpuBackend {
+  return new CpuBackend(opts);
+}
+
+function checkRange(what: string, bufLength: number, offset: number, length: number | undefined): void {
+  if (!Number.isSafeInteger(offset) || offset < 0) throw new BufferRangeError(what, `offset must be a non-negative integer, got ${String(offset)}`);
+  if (length === undefined || !Number.isSafeInteger(length) || length < 0) throw new BufferRangeError(what, `length must be a non-negative integer, got ${String(length)}`);
+  if (offset + length > bufLength) throw new BufferRangeError(what, `range [${offset}, ${offset + length}) is outside the buffer (${bufLength} elements)`);
+}
+
+function typeName(x: unknown): string {
+  return x === null || x === undefined ? String(x) : ((x as object).constructor?.name ?? typeof x);
+}

@@ -1,0 +1,26 @@
+import type { OpArgs } from '@nerva/core';
+import type { OpContext } from '../op-context.js';
+import { dot } from './dot.js';
+
+/**
+ * out[r, o] = x[r, :] . weight[weightOffset + o*inDim, +inDim] (+ bias[o]). The weight row is the
+ * outer loop so each row of a (large) weight matrix is streamed from memory once for all rows.
+ */
+export function matmul(ctx: OpContext, a: OpArgs<'matmul'>): void {
+  const rows = ctx.count('rows', a.rows);
+  const inDim = ctx.count('inDim', a.inDim, 1);
+  const outDim = ctx.count('outDim', a.outDim, 1);
+  const off = ctx.count('weightOffset', a.weightOffset ?? 0);
+  const x = ctx.floats('x', a.x, rows * inDim);
+  const w = ctx.floats('weight', a.weight, off + outDim * inDim);
+  const out = ctx.f32('out', a.out, rows * outDim);
+  const bias = a.bias === undefined ? undefined : ctx.floats('bias', a.bias, outDim);
+  ctx.distinct('out', a.out, 'x', a.x);
+  ctx.distinct('out', a.out, 'weight', a.weight);
+  if (ctx.dry) return;
+  for (let o = 0; o < outDim; o++) {
+    const wo = off + o * inDim;
+    const b = bias === undefined ? 0 : bias[o];
+    for (let r = 0; r < rows; r++) out[r * outDim + o] = dot(x, r * inDim, w, wo, inDim) + b;
+  }
+}

@@ -1,0 +1,35 @@
+import { sampleRow, uniformFromSeed, type OpArgs, type SampleParams } from '@nerva/core';
+import type { OpContext } from '../op-context.js';
+
+/** Reused across calls: the decode path builds no objects per token. */
+const params: SampleParams = { temperature: 0, topK: 0, topP: 1, minP: 0 };
+
+/**
+ * Exactly core's sampleRow with u = uniformFromSeed(seed, counter); the counter then advances by
+ * one on every call (also for greedy rows, so a row's stream position never depends on its params).
+ */
+export function sample(ctx: OpContext, a: OpArgs<'sample'>): void {
+  const rows = ctx.count('rows', a.rows);
+  const vocab = ctx.count('vocab', a.vocab, 1);
+  const logits = ctx.floats('logits', a.logits, rows * vocab);
+  const p = ctx.floats('params', a.params, rows * 4);
+  const rng = ctx.ints('rng', a.rng, rows * 2);
+  const out = ctx.ints('out', a.out, rows);
+  if (ctx.dry) return;
+  for (let r = 0; r < rows; r++) {
+    const topK = p[r * 4 + 1];
+    if (!Number.isInteger(topK) || topK < 0) ctx.fail('params', `row ${r}: topK must be a non-negative integer, got ${topK}`);
+    if (Number.isNaN(p[r * 4]) || Number.isNaN(p[r * 4 + 2]) || Number.isNaN(p[r * 4 + 3])) ctx.fail('params', `row ${r}: NaN parameter`);
+  }
+  const scratch = ctx.scratch.sampler(vocab);
+  for (let r = 0; r < rows; r++) {
+    params.temperature = p[r * 4];
+    params.topK = p[r * 4 + 1];
+    params.topP = p[r * 4 + 2];
+    params.minP = p[r * 4 + 3];
+    const counter = rng[r * 2 + 1];
+    const u = uniformFromSeed(rng[r * 2], counter);
+    out[r] = sampleRow(logits, r * vocab, vocab, params, u, scratch);
+    rng[r * 2 + 1] = (counter + 1) | 0;
+  }
+}

@@ -1,0 +1,18 @@
+import type { OpArgs } from '@nerva/core';
+import type { OpContext } from '../op-context.js';
+import { silu } from './dot.js';
+
+/** out[r, i] = silu(gate) * up with x[r] = [gate (dim) | up (dim)]. */
+export function siluMul(ctx: OpContext, a: OpArgs<'silu_mul'>): void {
+  const rows = ctx.count('rows', a.rows);
+  const dim = ctx.count('dim', a.dim, 1);
+  const x = ctx.floats('x', a.x, rows * 2 * dim);
+  const out = ctx.f32('out', a.out, rows * dim);
+  ctx.distinct('out', a.out, 'x', a.x);
+  if (ctx.dry) return;
+  for (let r = 0; r < rows; r++) {
+    const xo = r * 2 * dim;
+    const oo = r * dim;
+    for (let i = 0; i < dim; i++) out[oo + i] = silu(x[xo + i]) * x[xo + dim + i];
+  }
+}

@@ -1,0 +1,88 @@
+// Shared declarations between the Node-API glue (addon.cc, g++) and the kernels (kernels.cu, nvcc).
+// No cuBLAS header is included anywhere: cuBLAS is loaded with dlopen (cublas_dl.cc) so the addon
+// compiles on machines that have nvcc but no cuBLAS (CI, the dev box).
+#pragma once
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// Element type codes; must match DTYPE_CODES in src/abi.ts.
+enum NervaDType { NV_F32 = 0, NV_BF16 = 1, NV_F16 = 2, NV_I32 = 3 };
+
+// Op codes; must match OP_CODES in src/abi.ts (same order as OP_NAMES in @nerva/core).
+enum NervaOp {
+  OP_EMBEDDING = 0,
+  OP_RMSNORM,
+  OP_MATMUL,
+  OP_ROPE,
+  OP_KV_APPEND,
+  OP_ATTENTION,
+  OP_SILU_MUL,
+  OP_ADD,
+  OP_GATHER_ROWS,
+  OP_MOE_ROUTE,
+  OP_MOE_MLP,
+  OP_ARGMAX,
+  OP_SAMPLE,
+  OP_RING_PUSH,
+  OP_ADVANCE_POSITIONS,
+  OP_COUNT
+};
+
+// The few cuBLAS entry points we use, resolved at run time.
+typedef int (*cublasCreate_t)(void** handle);
+typedef int (*cublasDestroy_t)(void* handle);
+typedef int (*cublasSetStream_t)(void* handle, cudaStream_t stream);
+typedef int (*cublasSetWorkspace_t)(void* handle, void* ws, size_t bytes);
+typedef int (*cublasGemmEx_t)(void* handle, int transa, int transb, int m, int n, int k, const void* alpha,
+                              const void* A, int Atype, int lda, const void* B, int Btype, int ldb, const void* beta,
+                              void* C, int Ctype, int ldc, int computeType, int algo);
+
+struct CublasApi {
+  void* lib = nullptr;
+  cublasCreate_t create = nullptr;
+  cublasDestroy_t destroy = nullptr;
+  cublasSetStream_t setStream = nullptr;
+  cublasSetWorkspace_t setWorkspace = nullptr;
+  cublasGemmEx_t gemmEx = nullptr;
+  char libName[64] = {0};
+};
+
+// Loads libcublas (13, 12, unversioned). Returns false and leaves api empty when not found.
+bool nerva_load_cublas(CublasApi* api, char* why, size_t whyLen);
+
+// How matmuls with many rows run.
+enum NervaGemmMode {
+  GEMM_SPLIT_BF16 = 0,  // x = hi + lo (both bf16), two bf16 GEMMs with fp32 accumulation: ~f32-exact activations
+  GEMM_BF16 = 1,        // activations rounded to bf16 once (what PyTorch bf16 does)
+  GEMM_GEMV = 2,        // no cuBLAS: the multi-row GEMV kernel in chunks of 8 rows
+};
+
+// Per-call execution state handed to nerva_launch.
+struct NervaExec {
+  cudaStream_t stream = nullptr;
+  char* ws = nullptr;  // device workspace reserved at creation (part of the device arena)
+  size_t wsBytes = 0;
+  char* cublasWs = nullptr;
+  size_t cublasWsBytes = 0;
+  bool capturing = false;
+  uint64_t launches = 0;  // kernels (and cuBLAS calls) issued outside graph capture
+  int smCount = 1;
+  void* cublas = nullptr;
+  const CublasApi* api = nullptr;
+  int gemmMode = GEMM_GEMV;
+  // Error detail for a failure (which call, or why the arguments were rejected).
+  char errCall[160] = {0};
+};
+
+// Status codes of nerva_launch besides cudaError_t values (> 0).
+#define NERVA_OK 0
+#define NERVA_BAD_ARGS (-1)
+#define NERVA_CUBLAS_FAILED (-2)
+
+// Decodes `args` (see src/abi.ts for each op's layout) and enqueues the op's kernels on ex->stream.
+int nerva_launch(NervaExec* ex, int op, const double* args, int nargs);
+
+// Times device-to-device copies of `bytes` between two scratch buffers; returns GB/s of bytes
+// read + written. Allocates (and frees) the two buffers itself.
+int nerva_copy_bandwidth(size_t bytes, int iters, double* gbps, uint64_t* allocs, uint64_t* frees);

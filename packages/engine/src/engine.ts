@@ -1,0 +1,705 @@
+import type { BackendStats, DeviceBackend, GraphHandle, TokenLedgerRecord } from '@nerva/core';
+import { emptySyncCounts, LedgerAggregator, NervaError, SYNC_KINDS } from '@nerva/core';
+import { KvCacheManager } from '@nerva/kv';
+import type { ModelSpec, NervaTokenizer } from '@nerva/models';
+import { createDetokenizer, loadModelDir } from '@nerva/models';
+import { type BackendChoice, selectBackend } from './backend-select.js';
+import { HostSampler } from './host-sampler.js';
+import { ModelRunner } from './model-runner.js';
+import { freeWeights, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
+import { type FinishReason, Request, type TokenEvent } from './request.js';
+import { isDeviceSamplable, resolveSamplingParams, type SamplingParams, InvalidParamsError } from './sampling-params.js';
+import { Scheduler } from './scheduler.js';
+import { TokenStream } from './token-stream.js';
+
+export interface EngineOptions {
+  /** A model folder (config.json + safetensors [+ tokenizer.json]). */
+  model: string;
+  /** 'auto' tries CUDA, then falls back to the CPU reference (recorded in every ledger). */
+  backend?: BackendChoice | DeviceBackend;
+  maxNumSeqs?: number;
+  /** Token budget of one scheduler step (also the largest prefill chunk). */
+  maxNumBatchedTokens?: number;
+  blockSize?: number;
+  /** Bytes reserved for the paged KV cache. */
+  kvCacheBytes?: number;
+  maxModelLen?: number;
+  enablePrefixCaching?: boolean;
+  /** Replay captured decode graphs where the backend supports them (default true). */
+  useGraphs?: boolean;
+  /** Split device time per token into buckets (disables graphs: ops are timed one by one). */
+  profile?: boolean;
+  /** Upload progress, for a progress bar. */
+  onProgress?: (p: UploadProgress) => void;
+  /** Bytes of device memory the CUDA backend reserves, when the engine creates it. */
+  deviceArenaBytes?: number;
+}
+
+export interface GenerateOptions extends SamplingParams {
+  /** Lower values run first (vLLM's convention). */
+  priority?: number;
+  signal?: AbortSignal;
+  /** Separates the prefix cache between tenants. */
+  cacheSalt?: string;
+  /** Keep the raw logits of the last prompt position in the outcome (`promptLogits`). */
+  returnPromptLogits?: boolean;
+}
+
+export interface StepSignals {
+  time: number;
+  running: number;
+  waiting: number;
+  kvUsage: number;
+  prefixQueries: number;
+  prefixHits: number;
+  preemptions: number;
+  scheduledTokens: number;
+  promptTokens: number;
+  generationTokens: number;
+  stepMs: number;
+}
+
+export interface RequestOutcome {
+  requestId: number;
+  promptIds: readonly number[];
+  tokenIds: number[];
+  text: string;
+  finishReason: FinishReason;
+  stopReason?: string | number;
+  numCachedTokens: number;
+  /** Raw logits at the last prompt position, when asked for with `returnPromptLogits`. */
+  promptLogits?: Float32Array;
+  times: Request['times'];
+  ledger: LedgerAggregator;
+}
+
+export interface RequestHandle {
+  readonly id: number;
+  readonly events: AsyncIterable<TokenEvent>;
+  readonly done: Promise<RequestOutcome>;
+  abort(): void;
+}
+
+export class EngineError extends NervaError {}
+
+interface Live {
+  req: Request;
+  stream: TokenStream<TokenEvent>;
+  resolve: (o: RequestOutcome) => void;
+  detok?: ReturnType<typeof createDetokenizer>;
+  text: string;
+  emitted: number;
+  ledger: LedgerAggregator;
+  cleanup?: () => void;
+  wantPromptLogits: boolean;
+  promptLogits?: Float32Array;
+}
+
+const BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
+
+/**
+ * The inference VM: a model on a backend, a paged KV cache, a continuous-batching scheduler and
+ * a step loop. `generate` streams tokens of one request; any number run concurrently and are
+ * batched together, with results identical to running alone (same seed).
+ */
+export class Engine {
+  readonly spec: ModelSpec;
+  readonly tokenizer: NervaTokenizer | undefined;
+  readonly backend: DeviceBackend;
+  readonly notes: string[];
+  readonly modelDir: string;
+  readonly maxModelLen: number;
+  readonly eosTokenIds: readonly number[];
+  readonly kv: KvCacheManager;
+  readonly weightBytes: number;
+  /** Sampling defaults from the model's generation_config.json (used by front ends when a request leaves them out). */
+  readonly generationDefaults: Pick<SamplingParams, 'temperature' | 'topK' | 'topP' | 'minP' | 'repetitionPenalty'>;
+  private readonly runner: ModelRunner;
+  private readonly weights: ModelWeights;
+  private readonly scheduler: Scheduler;
+  private readonly sampler: HostSampler;
+  private readonly live = new Map<number, Live>();
+  private readonly graphs = new Map<number, GraphHandle>();
+  private readonly useGraphs: boolean;
+  private readonly profile: boolean;
+  private readonly stepListeners = new Set<(s: StepSignals) => void>();
+  private readonly finishListeners = new Set<(o: RequestOutcome) => void>();
+  private nextId = 1;
+  private looping = false;
+  private disposed = false;
+  private ringRead = 0;
+  private graphKey: string | undefined;
+  private totalPreemptions = 0;
+  private readonly stage: { ids: Int32Array; pos: Int32Array; seq: Int32Array; slots: Int32Array; tables: Int32Array; logitRows: Int32Array; params: Float32Array; rng: Int32Array };
+  private readonly startEv;
+  private readonly endEv;
+
+  private constructor(
+    init: {
+      dir: string;
+      spec: ModelSpec;
+      tokenizer?: NervaTokenizer;
+      backend: DeviceBackend;
+      notes: string[];
+      weights: ModelWeights;
+      eos: number[];
+      generationConfig?: Record<string, unknown>;
+    },
+    o: EngineOptions,
+  ) {
+    this.modelDir = init.dir;
+    this.spec = init.spec;
+    this.tokenizer = init.tokenizer;
+    this.backend = init.backend;
+    this.notes = init.notes;
+    this.weights = init.weights;
+    this.weightBytes = init.weights.bytes;
+    this.eosTokenIds = init.eos;
+    this.generationDefaults = generationDefaults(init.generationConfig);
+    const s = init.spec;
+    const cpu = this.backend.capabilities.deviceKind === 'cpu';
+    const blockSize = o.blockSize ?? 16;
+    this.maxModelLen = Math.min(s.maxPositionEmbeddings, o.maxModelLen ?? 4096);
+    const maxNumSeqs = o.maxNumSeqs ?? (cpu ? 64 : 128);
+    const maxRows = Math.max(o.maxNumBatchedTokens ?? (cpu ? 256 : 2048), maxNumSeqs);
+    const kvBytesPerToken = 2 * s.numLayers * s.numKvHeads * s.headDim * 4;
+    const kvBytes = o.kvCacheBytes ?? (cpu ? 256 * 2 ** 20 : 4 * 2 ** 30);
+    const numBlocks = Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
+    const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
+    this.runner = new ModelRunner(this.backend, s, this.weights, {
+      maxRows,
+      maxSeqs: maxNumSeqs,
+      blockSize,
+      numBlocks,
+      maxBlocksPerSeq,
+      ringCapacity: Math.max(4096, 4 * maxNumSeqs),
+    });
+    this.kv = new KvCacheManager({ numBlocks, blockSize, enablePrefixCaching: o.enablePrefixCaching ?? true, maxBlocksPerSeq });
+    this.scheduler = new Scheduler({ maxNumBatchedTokens: maxRows, maxNumSeqs }, this.kv);
+    this.sampler = new HostSampler(s.vocabSize);
+    this.profile = o.profile ?? false;
+    this.useGraphs = (o.useGraphs ?? true) && this.backend.capabilities.graphCapture && !this.profile;
+    if (this.profile) this.runner.setProfiling(true);
+    this.stage = {
+      ids: new Int32Array(maxRows),
+      pos: new Int32Array(maxRows),
+      seq: new Int32Array(maxRows),
+      slots: new Int32Array(maxRows),
+      tables: new Int32Array(maxNumSeqs * maxBlocksPerSeq),
+      logitRows: new Int32Array(maxNumSeqs),
+      params: new Float32Array(maxNumSeqs * 4),
+      rng: new Int32Array(maxNumSeqs * 2),
+    };
+    this.startEv = this.backend.createEvent();
+    this.endEv = this.backend.createEvent();
+  }
+
+  /** Load a model folder onto a backend. Errors name the file and the problem. */
+  static async create(o: EngineOptions): Promise<Engine> {
+    const loaded = await loadModelDir(o.model);
+    let backend: DeviceBackend;
+    let notes: string[] = [];
+    if (typeof o.backend === 'object') backend = o.backend;
+    else ({ backend, notes } = await selectBackend(o.backend ?? 'auto', { deviceArenaBytes: o.deviceArenaBytes }));
+    let weights: ModelWeights | undefined;
+    try {
+      weights = await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress);
+      const eos = loaded.tokenizer?.eosTokenIds?.length ? [...loaded.tokenizer.eosTokenIds] : [...loaded.spec.eosTokenIds];
+      for (const t of loaded.spec.eosTokenIds) if (!eos.includes(t)) eos.push(t);
+      return new Engine(
+        {
+          dir: loaded.dir,
+          spec: loaded.spec,
+          tokenizer: loaded.tokenizer,
+          backend,
+          notes,
+          weights,
+          eos,
+          generationConfig: loaded.generationConfig as Record<string, unknown> | undefined,
+        },
+        o,
+      );
+    } catch (e) {
+      if (weights) freeWeights(backend, weights);
+      if (typeof o.backend !== 'object') backend.dispose();
+      throw e;
+    } finally {
+      await loaded.checkpoint.close();
+    }
+  }
+
+  get numBlocks(): number {
+    return this.runner.limits.numBlocks;
+  }
+
+  get kvCacheBytes(): number {
+    return this.runner.kvBytes;
+  }
+
+  encode(text: string): number[] {
+    if (!this.tokenizer) throw new EngineError('NO_TOKENIZER', `model ${this.modelDir} has no tokenizer.json; pass token ids`);
+    return this.tokenizer.encode(text);
+  }
+
+  onStep(fn: (s: StepSignals) => void): () => void {
+    this.stepListeners.add(fn);
+    return () => this.stepListeners.delete(fn);
+  }
+
+  onFinish(fn: (o: RequestOutcome) => void): () => void {
+    this.finishListeners.add(fn);
+    return () => this.finishListeners.delete(fn);
+  }
+
+  get numRunning(): number {
+    return this.scheduler.running.length;
+  }
+
+  get numWaiting(): number {
+    return this.scheduler.waiting.length;
+  }
+
+  /** Queue a request. Invalid parameters throw InvalidParamsError before anything changes. */
+  submit(prompt: string | readonly number[], o: GenerateOptions = {}): RequestHandle {
+    if (this.disposed) throw new EngineError('DISPOSED', 'engine is disposed');
+    const ids = typeof prompt === 'string' ? this.encode(prompt) : [...prompt];
+    if (ids.length === 0) throw new InvalidParamsError('prompt', 'must contain at least one token');
+    for (const t of ids) {
+      if (!Number.isInteger(t) || t < 0 || t >= this.spec.vocabSize) throw new InvalidParamsError('prompt', `token id ${t} outside [0, ${this.spec.vocabSize})`);
+    }
+    if (ids.length >= this.maxModelLen) {
+      throw new InvalidParamsError('prompt', `${ids.length} tokens leave no room under max_model_len ${this.maxModelLen}`);
+    }
+    const params = resolveSamplingParams(o, { maxTokens: this.maxModelLen - ids.length, vocabSize: this.spec.vocabSize });
+    const needBlocks = Math.ceil((ids.length + params.maxTokens) / this.kv.blockSize);
+    if (needBlocks > this.runner.limits.numBlocks - 1) {
+      throw new InvalidParamsError('max_tokens', `prompt + max_tokens need ${needBlocks} KV blocks, the cache has ${this.runner.limits.numBlocks - 1}`);
+    }
+    if (params.stop.length > 0 && !this.tokenizer) throw new InvalidParamsError('stop', 'stop strings need a tokenizer');
+    const priority = o.priority ?? 0;
+    if (!Number.isInteger(priority)) throw new InvalidParamsError('priority', 'must be an integer');
+    if (o.signal?.aborted) throw o.signal.reason ?? new EngineError('ABORTED', 'aborted');
+
+    const req = new Request(this.nextId++, ids, params, priority, o.cacheSalt, performance.now());
+    const stream = new TokenStream<TokenEvent>();
+    let resolve!: (x: RequestOutcome) => void;
+    const done = new Promise<RequestOutcome>((r) => (resolve = r));
+    const ledger = new LedgerAggregator();
+    for (const n of this.notes) ledger.note(n);
+    const live: Live = { req, stream, resolve, text: '', emitted: 0, ledger, wantPromptLogits: Boolean(o.returnPromptLogits) };
+    if (this.tokenizer) live.detok = createDetokenizer(this.tokenizer);
+    this.live.set(req.id, live);
+    if (o.signal) {
+      const onAbort = () => this.abort(req.id);
+      o.signal.addEventListener('abort', onAbort, { once: true });
+      live.cleanup = () => o.signal!.removeEventListener('abort', onAbort);
+    }
+    stream.onReturn = () => this.abort(req.id);
+    this.scheduler.add(req);
+    this.kick();
+    return { id: req.id, events: stream, done, abort: () => this.abort(req.id) };
+  }
+
+  /** Stream the tokens of one request. Aborting through `signal` ends the iteration with the signal's reason. */
+  async *generate(prompt: string | readonly number[], o: GenerateOptions = {}): AsyncGenerator<TokenEvent, RequestOutcome> {
+    const h = this.submit(prompt, o);
+    try {
+      for await (const ev of h.events) yield ev;
+    } finally {
+      h.abort();
+    }
+    const outcome = await h.done;
+    if (outcome.finishReason === 'abort' && o.signal?.aborted) throw o.signal.reason;
+    return outcome;
+  }
+
+  /** Cancel a request: its KV blocks are freed at once. No-op when it already finished. */
+  abort(id: number): void {
+    const l = this.live.get(id);
+    if (!l || l.req.finished) return;
+    this.scheduler.remove(l.req);
+    if (this.graphKey !== undefined) this.graphKey = undefined;
+    this.finish(l, 'abort', 'FINISHED_ABORTED');
+  }
+
+  private kick(): void {
+    if (this.looping || this.disposed) return;
+    this.looping = true;
+    setImmediate(() => this.loop());
+  }
+
+  private loop(): void {
+    if (this.disposed) return;
+    try {
+      if (this.scheduler.hasWork) this.step();
+    } catch (e) {
+      this.failAll(e as Error);
+    }
+    if (this.scheduler.hasWork && !this.disposed) setImmediate(() => this.loop());
+    else this.looping = false;
+  }
+
+  private failAll(err: Error): void {
+    for (const l of [...this.live.values()]) {
+      this.scheduler.remove(l.req);
+      l.req.status = 'FINISHED_ABORTED';
+      l.req.finishReason = 'abort';
+      this.live.delete(l.req.id);
+      l.cleanup?.();
+      l.stream.end(err);
+      l.resolve(this.outcome(l));
+    }
+    this.graphKey = undefined;
+  }
+
+  /** One scheduler step: plan, one forward pass, sampling, and the policies of the host. */
+  step(): void {
+    const t0 = performance.now();
+    const plan = this.scheduler.schedule();
+    this.totalPreemptions += plan.preempted.length;
+    if (plan.preempted.length) this.graphKey = undefined;
+    if (plan.scheduled.length === 0) return;
+    const before = this.backend.stats();
+    const st = this.stage;
+    const mb = this.runner.limits.maxBlocksPerSeq;
+    const sampling: Request[] = [];
+    let rows = 0;
+    let promptTokens = 0;
+    plan.scheduled.forEach(({ req, numTokens }, k) => {
+      const start = req.numComputedTokens;
+      if (req.times.firstScheduled === undefined) req.times.firstScheduled = t0;
+      for (let p = start; p < start + numTokens; p++) {
+        st.ids[rows] = req.allIds[p];
+        st.pos[rows] = p;
+        st.seq[rows] = k;
+        st.slots[rows] = this.kv.slotFor(req.id, p);
+        rows++;
+        if (p < req.promptIds.length) promptTokens++;
+      }
+      const table = this.kv.blockTable(req.id);
+      st.tables.fill(0, k * mb, (k + 1) * mb);
+      for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
+      if (start + numTokens === req.numTokens) {
+        const i = sampling.length;
+        st.logitRows[i] = rows - 1;
+        const p = req.params;
+        st.params[i * 4] = p.temperature;
+        st.params[i * 4 + 1] = p.topK;
+        st.params[i * 4 + 2] = p.topP;
+        st.params[i * 4 + 3] = p.minP;
+        st.rng[i * 2] = p.seed;
+        st.rng[i * 2 + 1] = req.sampleCounter;
+        sampling.push(req);
+      }
+    });
+    const nSeq = plan.scheduled.length;
+    const nl = sampling.length;
+    const decodeOnly = nl === nSeq && rows === nSeq;
+    const deviceSample =
+      nl > 0 && sampling.every((r) => isDeviceSamplable(r.params) && !(r.outputIds.length === 0 && this.live.get(r.id)?.wantPromptLogits));
+    const V = this.spec.vocabSize;
+    const be = this.backend;
+    const m = this.runner.meta;
+    let tokens: number[] = [];
+    const host: Map<Request, ReturnType<HostSampler['sample']>> = new Map();
+    let sampleMs = 0;
+
+    be.record(this.startEv);
+    if (this.useGraphs && decodeOnly && deviceSample && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs) {
+      const bucket = BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq;
+      const key = `${bucket}|` + plan.scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',');
+      if (key !== this.graphKey) {
+        for (let r = nSeq; r < bucket; r++) {
+          // Padding rows: a slot of -1 is skipped by kv_append; their own sequence row has only the null block.
+          st.ids[r] = 0;
+          st.pos[r] = 0;
+          st.seq[r] = r;
+          st.slots[r] = -1;
+          st.tables.fill(0, r * mb, (r + 1) * mb);
+          st.params[r * 4] = 0;
+          st.rng[r * 2] = 0;
+          st.rng[r * 2 + 1] = 0;
+        }
+        for (let r = 0; r < bucket; r++) st.logitRows[r] = r;
+        this.writeMeta(bucket, bucket, true);
+      }
+      let g = this.graphs.get(bucket);
+      if (!g) {
+        be.beginCapture();
+        this.runner.forward(bucket, bucket);
+        this.runner.sampleOnDevice(bucket, m.ids);
+        this.runner.advance(bucket);
+        g = be.endCapture();
+        this.graphs.set(bucket, g);
+      }
+      be.setHotPath(true);
+      try {
+        be.replay(g);
+      } finally {
+        be.setHotPath(false);
+      }
+      be.record(this.endEv);
+      be.synchronize('policy');
+      tokens = this.readRing(bucket).slice(0, nSeq);
+      this.graphKey = key;
+    } else {
+      this.graphKey = undefined;
+      this.writeMeta(rows, nl, deviceSample);
+      this.runner.forward(rows, nl);
+      if (deviceSample) {
+        this.runner.sampleOnDevice(nl, m.sampled);
+        be.record(this.endEv);
+        be.synchronize('policy');
+        tokens = this.readRing(nl);
+      } else if (nl > 0) {
+        be.record(this.endEv);
+        const logits = be.read(this.runner.logits, 0, nl * V) as Float32Array;
+        const ts = performance.now();
+        sampling.forEach((req, i) => {
+          const banned = req.outputIds.length < req.params.minTokens ? [...(req.params.ignoreEos ? [] : this.eosTokenIds), ...req.params.stopTokenIds] : [];
+          const s = this.sampler.sample(logits, i * V, req.params, req.sampleCounter, { all: req.seenAll, output: req.seenOutput }, banned);
+          host.set(req, s);
+          tokens.push(s.token);
+          const l = this.live.get(req.id)!;
+          if (l.wantPromptLogits && req.outputIds.length === 0) l.promptLogits = logits.slice(i * V, (i + 1) * V);
+        });
+        sampleMs = performance.now() - ts;
+      } else {
+        be.record(this.endEv);
+        be.synchronize('hard');
+      }
+    }
+    const deviceMs = be.elapsedMs(this.startEv, this.endEv);
+    const buckets = this.profile ? this.runner.takeProfile() : undefined;
+    const after = be.stats();
+    for (const { req, numTokens } of plan.scheduled) req.numComputedTokens += numTokens;
+    const now = performance.now();
+    const share = nl > 0 ? 1 / nl : 0;
+    const delta = statsDelta(before, after, share);
+    sampling.forEach((req, i) => {
+      const l = this.live.get(req.id)!;
+      const s = host.get(req);
+      const prev = req.times.lastToken ?? req.times.arrival;
+      const record: TokenLedgerRecord = {
+        seq: req.id,
+        step: req.outputIds.length,
+        tokenId: tokens[i],
+        phase: req.outputIds.length === 0 ? 'prefill' : 'decode',
+        wallMs: now - prev,
+        sampleMs: sampleMs * share,
+        deviceActiveMs: deviceMs * share,
+        ...delta,
+      };
+      if (buckets) record.buckets = Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, v * share]));
+      this.accept(l, tokens[i], record, s);
+    });
+    const ks = this.kv.stats();
+    const sig: StepSignals = {
+      time: now,
+      running: this.scheduler.running.length,
+      waiting: this.scheduler.waiting.length,
+      kvUsage: this.kv.usage,
+      prefixQueries: ks.prefixQueries,
+      prefixHits: ks.prefixHits,
+      preemptions: this.totalPreemptions,
+      scheduledTokens: rows,
+      promptTokens,
+      generationTokens: nl,
+      stepMs: now - t0,
+    };
+    for (const f of this.stepListeners) f(sig);
+  }
+
+  private writeMeta(rows: number, nl: number, withSampling: boolean): void {
+    const be = this.backend;
+    const m = this.runner.meta;
+    const st = this.stage;
+    const mb = this.runner.limits.maxBlocksPerSeq;
+    be.write(m.ids, st.ids.subarray(0, rows));
+    be.write(m.positions, st.pos.subarray(0, rows));
+    be.write(m.rowSeq, st.seq.subarray(0, rows));
+    be.write(m.slots, st.slots.subarray(0, rows));
+    let seqs = 0;
+    for (let r = 0; r < rows; r++) seqs = Math.max(seqs, st.seq[r] + 1);
+    be.write(m.blockTables, st.tables.subarray(0, seqs * mb));
+    if (nl > 0) be.write(m.logitRows, st.logitRows.subarray(0, nl));
+    if (withSampling && nl > 0) {
+      be.write(m.sampleParams, st.params.subarray(0, nl * 4));
+      be.write(m.rng, st.rng.subarray(0, nl * 2));
+    }
+  }
+
+  private readRing(n: number): number[] {
+    const cap = this.runner.limits.ringCapacity;
+    const out: number[] = [];
+    const start = this.ringRead % cap;
+    const first = Math.min(n, cap - start);
+    for (const v of this.backend.peek(this.runner.meta.ring, start, first)) out.push(v);
+    if (first < n) for (const v of this.backend.peek(this.runner.meta.ring, 0, n - first)) out.push(v);
+    this.ringRead = (this.ringRead + n) % cap;
+    return out;
+  }
+
+  /** Host policies on a sampled token: EOS, stop ids, stop strings, max tokens. */
+  private accept(l: Live, token: number, record: TokenLedgerRecord, s?: ReturnType<HostSampler['sample']>): void {
+    const req = l.req;
+    const p = req.params;
+    req.appendToken(token);
+    const now = performance.now();
+    if (req.times.firstToken === undefined) req.times.firstToken = now;
+    req.times.lastToken = now;
+    l.ledger.add(record);
+    const isEos = !p.ignoreEos && this.eosTokenIds.includes(token);
+    const isStopId = p.stopTokenIds.includes(token);
+    let finish: FinishReason | undefined;
+    let stopReason: string | number | undefined;
+    if (req.outputIds.length >= p.minTokens && (isEos || isStopId)) {
+      finish = 'stop';
+      stopReason = isStopId ? token : undefined;
+    }
+    // Text: special tokens that end the request are not part of it.
+    let piece = '';
+    if (l.detok && !finish) piece = l.detok.push(token);
+    l.text += piece;
+    let emitUpTo = l.text.length;
+    if (!finish && p.stop.length > 0) {
+      let best = -1;
+      let bestStop = '';
+      for (const st of p.stop) {
+        const from = Math.max(0, l.emitted - st.length + 1);
+        const i = l.text.indexOf(st, from);
+        if (i >= 0 && (best < 0 || i < best)) {
+          best = i;
+          bestStop = st;
+        }
+      }
+      if (best >= 0) {
+        finish = 'stop';
+        stopReason = bestStop;
+        l.text = l.text.slice(0, best + (p.includeStopStrInOutput ? bestStop.length : 0));
+        emitUpTo = l.text.length;
+      } else {
+        emitUpTo = l.text.length - holdBack(l.text, p.stop, l.emitted);
+      }
+    }
+    if (!finish && req.outputIds.length >= p.maxTokens) finish = 'length';
+    if (!finish && req.numTokens >= this.maxModelLen) finish = 'length';
+    if (finish && finish !== 'stop' && l.detok) {
+      l.text += l.detok.flush();
+      emitUpTo = l.text.length;
+    }
+    if (finish) emitUpTo = l.text.length;
+    const text = l.text.slice(l.emitted, Math.max(l.emitted, emitUpTo));
+    l.emitted = Math.max(l.emitted, emitUpTo);
+    const ev: TokenEvent = { requestId: req.id, index: req.outputIds.length - 1, token, text, ledger: record };
+    if (s?.logprob !== undefined) ev.logprob = s.logprob;
+    if (s?.topLogprobs) ev.topLogprobs = s.topLogprobs;
+    if (finish) {
+      ev.finishReason = finish;
+      if (stopReason !== undefined) ev.stopReason = stopReason;
+    }
+    l.stream.push(ev);
+    if (finish) {
+      req.stopReason = stopReason;
+      this.scheduler.remove(req);
+      this.finish(l, finish, finish === 'length' ? 'FINISHED_LENGTH_CAPPED' : 'FINISHED_STOPPED');
+    }
+  }
+
+  private finish(l: Live, reason: FinishReason, status: Request['status']): void {
+    l.req.status = status;
+    l.req.finishReason = reason;
+    l.req.times.finished = performance.now();
+    this.live.delete(l.req.id);
+    l.cleanup?.();
+    l.stream.end();
+    const o = this.outcome(l);
+    l.resolve(o);
+    for (const f of this.finishListeners) f(o);
+  }
+
+  private outcome(l: Live): RequestOutcome {
+    const o: RequestOutcome = {
+      requestId: l.req.id,
+      promptIds: l.req.promptIds,
+      tokenIds: [...l.req.outputIds],
+      text: l.text,
+      finishReason: l.req.finishReason ?? 'abort',
+      numCachedTokens: l.req.numCachedTokens,
+      times: l.req.times,
+      ledger: l.ledger,
+    };
+    if (l.req.stopReason !== undefined) o.stopReason = l.req.stopReason;
+    if (l.promptLogits) o.promptLogits = l.promptLogits;
+    return o;
+  }
+
+  /** Nodes of each captured decode graph, by batch-size bucket. */
+  graphNodes(): Record<number, number> {
+    return Object.fromEntries([...this.graphs].map(([b, g]) => [b, g.nodes]));
+  }
+
+  /** Drain: resolves when no request is waiting or running. */
+  async idle(): Promise<void> {
+    while (this.scheduler.hasWork) await new Promise((r) => setTimeout(r, 5));
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.failAll(new EngineError('DISPOSED', 'engine disposed'));
+    this.disposed = true;
+    for (const g of this.graphs.values()) this.backend.destroyGraph(g);
+    this.graphs.clear();
+    this.backend.destroyEvent(this.startEv);
+    this.backend.destroyEvent(this.endEv);
+    this.runner.dispose();
+    freeWeights(this.backend, this.weights);
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/** Sampling defaults a model ships in generation_config.json; fields that are not numbers are ignored. */
+function generationDefaults(g: Record<string, unknown> | undefined): Engine['generationDefaults'] {
+  const out: Engine['generationDefaults'] = {};
+  if (!g || g.do_sample === false) return g ? { temperature: 0 } : out;
+  const n = (k: string) => (typeof g[k] === 'number' && Number.isFinite(g[k]) ? (g[k] as number) : undefined);
+  if (n('temperature') !== undefined) out.temperature = n('temperature');
+  if (n('top_k') !== undefined) out.topK = n('top_k');
+  if (n('top_p') !== undefined) out.topP = n('top_p');
+  if (n('min_p') !== undefined) out.minP = n('min_p');
+  if (n('repetition_penalty') !== undefined) out.repetitionPenalty = n('repetition_penalty');
+  return out;
+}
+
+/** Length of the longest suffix of text (past `from`) that could start a stop string. */
+function holdBack(text: string, stops: readonly string[], from: number): number {
+  let hold = 0;
+  for (const s of stops) {
+    for (let k = Math.min(s.length - 1, text.length - from); k > hold; k--) {
+      if (text.endsWith(s.slice(0, k))) {
+        hold = k;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+function statsDelta(a: BackendStats, b: BackendStats, share: number) {
+  const syncs = emptySyncCounts();
+  for (const k of SYNC_KINDS) syncs[k] = (b.syncs[k] - a.syncs[k]) * share;
+  const allocs = b.allocCalls - a.allocCalls + (b.freeCalls - a.freeCalls);
+  return {
+    launches: (b.launches - a.launches) * share,
+    graphReplays: (b.graphReplays - a.graphReplays) * share,
+    syncs,
+    h2dBytes: (b.h2dBytes - a.h2dBytes) * share,
+    d2hBytes: (b.d2hBytes - a.d2hBytes) * share,
+    d2dBytes: (b.d2dBytes - a.d2dBytes) * share,
+    allocatorCalls: allocs * share,
+    hotPathAllocations: (b.hotPathAllocations - a.hotPathAllocations) * share,
+  };
+}

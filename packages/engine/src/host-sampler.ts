@@ -1,0 +1,74 @@
+import { sampleRow, uniformFromSeed } from '@nerva/core';
+import type { ResolvedSamplingParams } from './sampling-params.js';
+
+export interface TokenLogprob {
+  token: number;
+  logprob: number;
+}
+
+export interface SampledToken {
+  token: number;
+  logprob?: number;
+  topLogprobs?: TokenLogprob[];
+}
+
+/**
+ * The host side of sampling: penalties, logit masks and logprobs, then the shared sampling rule
+ * of core (the same rule the device `sample` op runs). Scratch is allocated once per vocab.
+ */
+export class HostSampler {
+  private readonly row: Float32Array;
+  private readonly scratch: { idx: Int32Array; prob: Float64Array };
+
+  constructor(readonly vocab: number) {
+    this.row = new Float32Array(vocab);
+    this.scratch = { idx: new Int32Array(vocab), prob: new Float64Array(vocab) };
+  }
+
+  /**
+   * @param counter the request's rng counter (number of tokens it sampled before)
+   * @param seen token counts in prompt+output (repetition penalty) and in output only (presence/frequency)
+   * @param banned token ids that must not be sampled now (EOS before min_tokens)
+   */
+  sample(
+    logits: Float32Array,
+    offset: number,
+    p: ResolvedSamplingParams,
+    counter: number,
+    seen: { all: Map<number, number>; output: Map<number, number> },
+    banned: readonly number[] = [],
+  ): SampledToken {
+    const row = this.row;
+    row.set(logits.subarray(offset, offset + this.vocab));
+    if (p.repetitionPenalty !== 1) {
+      for (const t of seen.all.keys()) row[t] = row[t] > 0 ? row[t] / p.repetitionPenalty : row[t] * p.repetitionPenalty;
+    }
+    if (p.presencePenalty !== 0 || p.frequencyPenalty !== 0) {
+      for (const [t, c] of seen.output) row[t] -= p.presencePenalty + p.frequencyPenalty * c;
+    }
+    for (const t of banned) row[t] = -Infinity;
+    const u = uniformFromSeed(p.seed, counter);
+    const token = sampleRow(row, 0, this.vocab, p, u, this.scratch);
+    if (!p.logprobs) return { token };
+    // Logprobs of the processed distribution before temperature (what OpenAI reports).
+    let max = -Infinity;
+    for (let i = 0; i < this.vocab; i++) if (row[i] > max) max = row[i];
+    let sum = 0;
+    for (let i = 0; i < this.vocab; i++) sum += Math.exp(row[i] - max);
+    const lse = max + Math.log(sum);
+    const out: SampledToken = { token, logprob: row[token] - lse };
+    if (p.topLogprobs > 0) {
+      const top: TokenLogprob[] = [];
+      for (let i = 0; i < this.vocab; i++) {
+        const lp = row[i] - lse;
+        if (top.length < p.topLogprobs || lp > top[top.length - 1].logprob) {
+          top.push({ token: i, logprob: lp });
+          top.sort((a, b) => b.logprob - a.logprob || a.token - b.token);
+          if (top.length > p.topLogprobs) top.pop();
+        }
+      }
+      out.topLogprobs = top;
+    }
+    return out;
+  }
+}

@@ -1,0 +1,275 @@
+import type { DeviceBackend, DeviceBuffer, EventHandle, OpArgs, OpName, StreamHandle } from '@nerva/core';
+import type { ModelSpec } from '@nerva/models';
+import { isMoeLayer } from '@nerva/models';
+import type { ModelWeights } from './model-weights.js';
+
+export interface RunnerLimits {
+  /** Most token rows one forward pass takes (the scheduler's token budget). */
+  maxRows: number;
+  /** Most sequences one forward pass serves. */
+  maxSeqs: number;
+  blockSize: number;
+  numBlocks: number;
+  maxBlocksPerSeq: number;
+  /** Capacity of the device token ring. */
+  ringCapacity: number;
+}
+
+export const PROFILE_BUCKETS = ['embedding', 'norm', 'projection', 'attention', 'mlp', 'lm_head', 'sampling'] as const;
+export type ProfileBucket = (typeof PROFILE_BUCKETS)[number];
+
+/** Buffers the host writes before a forward pass; kernels read per-step values only from these. */
+export interface RunnerMeta {
+  ids: DeviceBuffer;
+  positions: DeviceBuffer;
+  rowSeq: DeviceBuffer;
+  slots: DeviceBuffer;
+  blockTables: DeviceBuffer;
+  logitRows: DeviceBuffer;
+  /** Sampling parameters per logit row (temperature, topK, topP, minP) and rng (seed, counter). */
+  sampleParams: DeviceBuffer;
+  rng: DeviceBuffer;
+  sampled: DeviceBuffer;
+  /** Host-visible device token ring and its cursor. */
+  ring: DeviceBuffer;
+  ringCursor: DeviceBuffer;
+}
+
+/**
+ * The decoder forward pass expressed over the backend contract: one batched, paged pass for
+ * any mix of prefill chunks and decode rows. Every buffer is allocated here, before the hot
+ * path; `forward` itself never allocates, so it can be captured as a graph and replayed.
+ */
+export class ModelRunner {
+  readonly meta: RunnerMeta;
+  readonly logits: DeviceBuffer;
+  readonly kCache: DeviceBuffer[] = [];
+  readonly vCache: DeviceBuffer[] = [];
+  readonly kvBytes: number;
+  private readonly act: Record<string, DeviceBuffer> = {};
+  private readonly owned: DeviceBuffer[] = [];
+  private readonly qkvOut: number;
+  /** Profiling: bucket -> accumulated ms, filled from device events. */
+  private profiling = false;
+  private readonly events: EventHandle[] = [];
+  private readonly eventBuckets: ProfileBucket[] = [];
+  private eventCount = 0;
+  private stream: StreamHandle | undefined;
+
+  constructor(
+    readonly backend: DeviceBackend,
+    readonly spec: ModelSpec,
+    readonly weights: ModelWeights,
+    readonly limits: RunnerLimits,
+  ) {
+    const s = spec;
+    const { maxRows, maxSeqs } = limits;
+    const hd = s.headDim;
+    this.qkvOut = (s.numHeads + 2 * s.numKvHeads) * hd;
+    const hostTier = backend.capabilities.computeTier === 'vram' ? 'pinned' : backend.capabilities.computeTier;
+    const i32 = (length: number, label: string, tier?: 'pinned' | 'dram' | 'vram') =>
+      this.own(backend.alloc({ dtype: 'i32', length, usage: 'io', label, ...(tier ? { tier } : {}) }));
+    const f32 = (length: number, label: string) => this.own(backend.alloc({ dtype: 'f32', length, usage: 'activations', label }));
+    try {
+      this.meta = {
+        ids: i32(maxRows, 'meta.ids'),
+        positions: i32(maxRows, 'meta.positions'),
+        rowSeq: i32(maxRows, 'meta.row_seq'),
+        slots: i32(maxRows, 'meta.slots'),
+        blockTables: i32(maxSeqs * limits.maxBlocksPerSeq, 'meta.block_tables'),
+        logitRows: i32(maxSeqs, 'meta.logit_rows'),
+        sampleParams: this.own(backend.alloc({ dtype: 'f32', length: maxSeqs * 4, usage: 'io', label: 'meta.sample_params' })),
+        rng: i32(maxSeqs * 2, 'meta.rng'),
+        sampled: i32(maxSeqs, 'meta.sampled'),
+        ring: i32(limits.ringCapacity, 'token_ring', hostTier),
+        ringCursor: i32(1, 'token_ring.cursor', hostTier),
+      };
+      const H = s.hiddenSize;
+      const inter = s.moe ? Math.max(s.intermediateSize, s.moe.moeIntermediateSize) : s.intermediateSize;
+      this.act.residual = f32(maxRows * H, 'act.residual');
+      this.act.normed = f32(maxRows * H, 'act.normed');
+      this.act.qkv = f32(maxRows * this.qkvOut, 'act.qkv');
+      this.act.attn = f32(maxRows * s.numHeads * hd, 'act.attn');
+      this.act.o = f32(maxRows * H, 'act.o');
+      this.act.gateUp = f32(maxRows * 2 * inter, 'act.gate_up');
+      this.act.mlpAct = f32(maxRows * inter, 'act.mlp');
+      this.act.mlpOut = f32(maxRows * H, 'act.mlp_out');
+      this.act.last = f32(maxSeqs * H, 'act.last_hidden');
+      if (s.moe) {
+        this.act.routerLogits = f32(maxRows * s.moe.numExperts, 'act.router_logits');
+        this.act.topW = f32(maxRows * s.moe.topK, 'act.top_weights');
+        this.act.topIds = i32(maxRows * s.moe.topK, 'act.top_ids');
+      }
+      this.logits = f32(maxSeqs * s.vocabSize, 'act.logits');
+      const slotsTotal = limits.numBlocks * limits.blockSize;
+      const kvWidth = s.numKvHeads * hd;
+      for (let l = 0; l < s.numLayers; l++) {
+        this.kCache.push(this.own(backend.alloc({ dtype: 'f32', length: slotsTotal * kvWidth, usage: 'kv', label: `kv.k.${l}` })));
+        this.vCache.push(this.own(backend.alloc({ dtype: 'f32', length: slotsTotal * kvWidth, usage: 'kv', label: `kv.v.${l}` })));
+      }
+      this.kvBytes = 2 * s.numLayers * slotsTotal * kvWidth * 4;
+      backend.write(this.meta.ringCursor, new Int32Array(1));
+    } catch (e) {
+      this.dispose();
+      throw e;
+    }
+  }
+
+  private own(b: DeviceBuffer): DeviceBuffer {
+    this.owned.push(b);
+    return b;
+  }
+
+  /** Turn per-op device timing on: ops are bracketed by events (only outside graph capture). */
+  setProfiling(on: boolean, maxEvents = 8192): void {
+    this.profiling = on;
+    while (on && this.events.length < maxEvents) this.events.push(this.backend.createEvent());
+  }
+
+  /** Sum the bucket times of the last pass; call after the stream finished. */
+  takeProfile(): Record<ProfileBucket, number> {
+    const out = Object.fromEntries(PROFILE_BUCKETS.map((b) => [b, 0])) as Record<ProfileBucket, number>;
+    for (let i = 0; i + 1 < this.eventCount; i += 2) {
+      out[this.eventBuckets[i >> 1]] += this.backend.elapsedMs(this.events[i], this.events[i + 1]);
+    }
+    this.eventCount = 0;
+    return out;
+  }
+
+  private op<K extends OpName>(bucket: ProfileBucket, name: K, args: OpArgs<K>): void {
+    if (this.profiling && this.eventCount + 2 <= this.events.length) {
+      const i = this.eventCount;
+      this.backend.record(this.events[i], this.stream);
+      this.backend.run(name, args, this.stream);
+      this.backend.record(this.events[i + 1], this.stream);
+      this.eventBuckets[i >> 1] = bucket;
+      this.eventCount += 2;
+    } else {
+      this.backend.run(name, args, this.stream);
+    }
+  }
+
+  /**
+   * One forward pass over `rows` token rows described by the meta buffers; writes the logits of
+   * the `nLogits` rows listed in meta.logitRows to `logits` ([nLogits, vocab]).
+   */
+  forward(rows: number, nLogits: number, stream?: StreamHandle): void {
+    this.stream = stream;
+    const s = this.spec;
+    const w = this.weights;
+    const a = this.act;
+    const m = this.meta;
+    const H = s.hiddenSize;
+    const hd = s.headDim;
+    const nq = s.numHeads;
+    const nkv = s.numKvHeads;
+    const qkvOut = this.qkvOut;
+    const { blockSize, maxBlocksPerSeq } = this.limits;
+    const eps = s.rmsNormEps;
+
+    this.op('embedding', 'embedding', { table: w.embed, ids: m.ids, out: a.residual, rows, hidden: H });
+    for (let l = 0; l < s.numLayers; l++) {
+      const lw = w.layers[l];
+      if (l === 0) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
+      else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
+      this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut });
+      const rope = { x: a.qkv, positions: m.positions, invFreq: w.invFreq, rows, headDim: hd, rowStride: qkvOut, eps };
+      this.op('attention', 'rope', { ...rope, numHeads: nq, headOffset: 0, normWeight: lw.qNorm });
+      this.op('attention', 'rope', { ...rope, numHeads: nkv, headOffset: nq * hd, normWeight: lw.kNorm });
+      this.op('attention', 'kv_append', {
+        src: a.qkv,
+        kCache: this.kCache[l],
+        vCache: this.vCache[l],
+        slots: m.slots,
+        rows,
+        numKvHeads: nkv,
+        headDim: hd,
+        rowStride: qkvOut,
+        kOffset: nq * hd,
+        vOffset: (nq + nkv) * hd,
+      });
+      this.op('attention', 'attention', {
+        q: a.qkv,
+        kCache: this.kCache[l],
+        vCache: this.vCache[l],
+        out: a.attn,
+        blockTables: m.blockTables,
+        rowSeq: m.rowSeq,
+        positions: m.positions,
+        rows,
+        numHeads: nq,
+        numKvHeads: nkv,
+        headDim: hd,
+        blockSize,
+        maxBlocksPerSeq,
+        qRowStride: qkvOut,
+        qOffset: 0,
+        scale: 1 / Math.sqrt(hd),
+      });
+      this.op('projection', 'matmul', { x: a.attn, weight: lw.o, out: a.o, rows, inDim: nq * hd, outDim: H });
+      this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
+      if (s.moe && isMoeLayer(s, l)) {
+        const E = s.moe.numExperts;
+        const I = s.moe.moeIntermediateSize;
+        this.op('mlp', 'matmul', { x: a.normed, weight: lw.router!, out: a.routerLogits, rows, inDim: H, outDim: E });
+        this.op('mlp', 'moe_route', {
+          logits: a.routerLogits,
+          topIds: a.topIds,
+          topWeights: a.topW,
+          rows,
+          numExperts: E,
+          topK: s.moe.topK,
+          normalize: s.moe.normTopkProb,
+        });
+        this.op('mlp', 'moe_mlp', {
+          x: a.normed,
+          topIds: a.topIds,
+          topWeights: a.topW,
+          gateUp: lw.expertsGateUp!,
+          down: lw.expertsDown!,
+          out: a.mlpOut,
+          rows,
+          hidden: H,
+          inter: I,
+          topK: s.moe.topK,
+        });
+      } else {
+        const I = s.intermediateSize;
+        this.op('mlp', 'matmul', { x: a.normed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I });
+        this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: I });
+        this.op('mlp', 'matmul', { x: a.mlpAct, weight: lw.down!, out: a.mlpOut, rows, inDim: I, outDim: H });
+      }
+    }
+    this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: w.finalNorm, out: a.normed, rows, dim: H, eps });
+    this.op('lm_head', 'gather_rows', { x: a.normed, rowIdx: m.logitRows, out: a.last, n: nLogits, dim: H });
+    this.op('lm_head', 'matmul', { x: a.last, weight: w.lmHead, out: this.logits, rows: nLogits, inDim: H, outDim: s.vocabSize });
+  }
+
+  /** Sample one token per logit row on the device into `out` and push them into the token ring. */
+  sampleOnDevice(nLogits: number, out: DeviceBuffer): void {
+    const m = this.meta;
+    this.op('sampling', 'sample', { logits: this.logits, params: m.sampleParams, rng: m.rng, out, rows: nLogits, vocab: this.spec.vocabSize });
+    this.op('sampling', 'ring_push', { src: out, ring: m.ring, cursor: m.ringCursor, rows: nLogits, capacity: this.limits.ringCapacity });
+  }
+
+  /** The device-side end of a decode step: next positions and KV slots for every row. */
+  advance(rows: number): void {
+    const m = this.meta;
+    this.op('sampling', 'advance_positions', {
+      positions: m.positions,
+      slots: m.slots,
+      blockTables: m.blockTables,
+      rowSeq: m.rowSeq,
+      rows,
+      blockSize: this.limits.blockSize,
+      maxBlocksPerSeq: this.limits.maxBlocksPerSeq,
+    });
+  }
+
+  dispose(): void {
+    for (const b of this.owned) this.backend.free(b);
+    this.owned.length = 0;
+    for (const e of this.events) this.backend.destroyEvent(e);
+    this.events.length = 0;
+  }
+}

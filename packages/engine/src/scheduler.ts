@@ -1,0 +1,130 @@
+import type { KvCacheManager } from '@nerva/kv';
+import type { Request } from './request.js';
+
+export interface SchedulerConfig {
+  /** Token budget of one step. */
+  maxNumBatchedTokens: number;
+  maxNumSeqs: number;
+  /** Longest prompt chunk one request may take in a step (chunked prefill). */
+  longPrefillTokenThreshold?: number;
+}
+
+export interface ScheduledRequest {
+  req: Request;
+  /** Tokens of this request computed in this step, starting at req.numComputedTokens. */
+  numTokens: number;
+}
+
+/** The immutable plan of one step. */
+export interface SchedulerOutput {
+  scheduled: readonly ScheduledRequest[];
+  preempted: readonly Request[];
+  numScheduledTokens: number;
+}
+
+/**
+ * Continuous batching in the V1 style: one token-budget loop, no prefill/decode switch. Every
+ * request has computed and target token counts; running requests are served first (oldest
+ * first), then waiting ones are admitted (by priority, then arrival) unless something was
+ * preempted in this step. When blocks run out, the lowest-priority, youngest running request
+ * is preempted by recompute: its blocks are freed and it goes back to the head of the queue.
+ */
+export class Scheduler {
+  readonly waiting: Request[] = [];
+  readonly running: Request[] = [];
+
+  constructor(
+    readonly config: SchedulerConfig,
+    readonly kv: KvCacheManager,
+  ) {}
+
+  add(req: Request): void {
+    this.waiting.push(req);
+  }
+
+  get hasWork(): boolean {
+    return this.waiting.length > 0 || this.running.length > 0;
+  }
+
+  /** Remove a request wherever it is and free its blocks at once. */
+  remove(req: Request): void {
+    const w = this.waiting.indexOf(req);
+    if (w >= 0) this.waiting.splice(w, 1);
+    const r = this.running.indexOf(req);
+    if (r >= 0) this.running.splice(r, 1);
+    if (this.kv.hasSequence(req.id)) this.kv.free(req.id);
+  }
+
+  private victim(): Request {
+    // Lowest priority (largest value) first, then the youngest arrival.
+    let v = this.running[0];
+    for (const r of this.running) {
+      if (r.priority > v.priority || (r.priority === v.priority && r.times.arrival >= v.times.arrival)) v = r;
+    }
+    return v;
+  }
+
+  private preempt(req: Request): void {
+    this.running.splice(this.running.indexOf(req), 1);
+    this.kv.free(req.id);
+    req.status = 'PREEMPTED';
+    req.numComputedTokens = 0;
+    req.numPreemptions++;
+    this.waiting.unshift(req);
+  }
+
+  schedule(): SchedulerOutput {
+    let budget = this.config.maxNumBatchedTokens;
+    const chunkCap = this.config.longPrefillTokenThreshold ?? Infinity;
+    const scheduled: ScheduledRequest[] = [];
+    const preempted: Request[] = [];
+
+    for (let i = 0; i < this.running.length && budget > 0; ) {
+      const req = this.running[i];
+      const n = Math.min(req.numTokens - req.numComputedTokens, budget, chunkCap);
+      if (n <= 0) {
+        i++;
+        continue;
+      }
+      let ok = false;
+      for (;;) {
+        if (this.kv.allocateSlots(req.id, req.allIds, n) !== null) {
+          ok = true;
+          break;
+        }
+        const v = this.victim();
+        this.preempt(v);
+        preempted.push(v);
+        const already = scheduled.findIndex((s) => s.req === v);
+        if (already >= 0) {
+          budget += scheduled[already].numTokens;
+          scheduled.splice(already, 1);
+          i--;
+        }
+        if (v === req) break;
+      }
+      if (!ok) continue;
+      scheduled.push({ req, numTokens: n });
+      budget -= n;
+      i++;
+    }
+
+    if (preempted.length === 0) {
+      this.waiting.sort((a, b) => a.priority - b.priority || a.times.arrival - b.times.arrival || a.id - b.id);
+      while (this.waiting.length > 0 && budget > 0 && this.running.length < this.config.maxNumSeqs) {
+        const req = this.waiting[0];
+        const hit = this.kv.getComputedBlocks(req.id, req.allIds, req.cacheSalt ? { cacheSalt: req.cacheSalt } : undefined);
+        const n = Math.min(req.numTokens - hit.numComputedTokens, budget, chunkCap);
+        if (this.kv.allocateSlots(req.id, req.allIds, n, hit) === null) break;
+        this.waiting.shift();
+        req.status = 'RUNNING';
+        req.numComputedTokens = hit.numComputedTokens;
+        req.numCachedTokens = hit.numComputedTokens;
+        this.running.push(req);
+        scheduled.push({ req, numTokens: n });
+        budget -= n;
+      }
+    }
+    return { scheduled, preempted, numScheduledTokens: this.config.maxNumBatchedTokens - budget };
+  }
+}

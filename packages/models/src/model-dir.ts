@@ -1,0 +1,82 @@
+import { readFile, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { Checkpoint } from './checkpoint.js';
+import { loadModelConfig, type ModelSpec } from './config.js';
+import { ConfigError } from './errors.js';
+import { NervaTokenizer } from './tokenizer.js';
+import { resolveWeights, type ResolvedWeights } from './weights.js';
+
+/** Everything the engine needs from a model directory. */
+export interface LoadedModel {
+  dir: string;
+  spec: ModelSpec;
+  /** Open checkpoint; the caller owns it and must `close()` it. */
+  checkpoint: Checkpoint;
+  /** Every tensor the spec needs, located and shape-checked. */
+  weights: ResolvedWeights;
+  /** Present when the directory has a `tokenizer.json`. */
+  tokenizer?: NervaTokenizer;
+  /** Parsed `generation_config.json`, when present. */
+  generationConfig?: Record<string, unknown>;
+  /** Union of the EOS ids of config.json, generation_config.json and the tokenizer. */
+  stopTokenIds: number[];
+}
+
+export interface LoadModelOptions {
+  /** Load the tokenizer when present (default true). */
+  tokenizer?: boolean;
+}
+
+/**
+ * Load a model directory: `config.json` → {@link ModelSpec}, the checkpoint (validated and its
+ * tensors resolved against the spec), the tokenizer and `generation_config.json` when present.
+ * Reads headers only; no tensor data is read.
+ */
+export async function loadModelDir(dir: string, opts: LoadModelOptions = {}): Promise<LoadedModel> {
+  const spec = await loadModelConfig(dir);
+  const generationConfig = await readOptionalJson(join(dir, 'generation_config.json'));
+  const tokenizer =
+    opts.tokenizer !== false && (await exists(join(dir, 'tokenizer.json'))) ? await NervaTokenizer.fromDir(dir) : undefined;
+  const checkpoint = await Checkpoint.open(dir);
+  let weights: ResolvedWeights;
+  try {
+    weights = resolveWeights(spec, checkpoint);
+  } catch (e) {
+    await checkpoint.close();
+    throw e;
+  }
+  const stop = new Set<number>(spec.eosTokenIds);
+  const genEos = generationConfig?.eos_token_id;
+  for (const id of Array.isArray(genEos) ? genEos : [genEos]) if (Number.isInteger(id)) stop.add(id as number);
+  for (const id of tokenizer?.eosTokenIds ?? []) stop.add(id);
+  const out: LoadedModel = { dir, spec, checkpoint, weights, stopTokenIds: [...stop] };
+  if (tokenizer) out.tokenizer = tokenizer;
+  if (generationConfig) out.generationConfig = generationConfig;
+  return out;
+}
+
+async function exists(p: string): Promise<boolean> {
+  try {
+    await stat(p);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function readOptionalJson(path: string): Promise<Record<string, unknown> | undefined> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch {
+    return undefined;
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (e) {
+    throw new ConfigError('NOT_JSON', path, `not valid JSON: ${(e as Error).message}`);
+  }
+  if (typeof json !== 'object' || json === null || Array.isArray(json)) throw new ConfigError('NOT_JSON', path, 'not a JSON object');
+  return json as Record<string, unknown>;
+}

@@ -1,0 +1,39 @@
+import { InvalidArgumentError } from 'commander';
+
+export function parseIntArg(name: string) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (!Number.isInteger(n)) throw new InvalidArgumentError(`${name} must be an integer, got "${v}"`);
+    return n;
+  };
+}
+
+export function parseFloatArg(name: string) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (!Number.isFinite(n)) throw new InvalidArgumentError(`${name} must be a number, got "${v}"`);
+    return n;
+  };
+}
+
+export function parseIdList(v: string): number[] {
+  const ids = v.split(',').map((s) => s.trim()).filter((s) => s.length > 0).map(Number);
+  if (ids.length === 0 || ids.some((n) => !Number.isInteger(n) || n < 0)) {
+    throw new InvalidArgumentError(`--prompt-ids must be comma-separated non-negative integers, got "${v}"`);
+  }
+  return ids;
+}
+
+/** A one-line progress bar on stderr, only when stderr is a terminal. */
+export function progressBar(label: string): (done: number, total: number) => void {
+  let last = -1;
+  return (done, total) => {
+    if (!process.stderr.isTTY || total <= 0) return;
+    const pct = Math.floor((100 * done) / total);
+    if (pct === last) return;
+    last = pct;
+    const width = 30;
+    const fill = Math.round((width * done) / total);
+    process.stderr.write(`\r${label} [${'#'.repeat(fill)}${'.'.repeat(width - fill)}] ${pct}%${done >= total ? '\n' : ''}`);
+  };
+}

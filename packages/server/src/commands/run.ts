@@ -1,0 +1,98 @@
+import { Engine, type GenerateOptions } from '@nerva/engine';
+import type { Command } from 'commander';
+import { Option } from 'commander';
+import { defaultModelDir } from '../default-model.js';
+import { parseFloatArg, parseIdList, parseIntArg, progressBar } from '../cli-util.js';
+
+interface RunFlags {
+  model?: string;
+  prompt?: string;
+  promptIds?: number[];
+  maxTokens: number;
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  minP?: number;
+  seed?: number;
+  backend: 'cpu' | 'cuda' | 'auto';
+  json?: boolean;
+  profile?: boolean;
+}
+
+export function registerRun(program: Command): void {
+  program
+    .command('run')
+    .description('generate text from a model (the embedded default model when --model is absent)')
+    .option('--model <dir>', 'model folder (config.json + safetensors + tokenizer.json)')
+    .option('--prompt <text>', 'prompt text')
+    .option('--prompt-ids <ids>', 'prompt as comma-separated token ids', parseIdList)
+    .option('--max-tokens <n>', 'tokens to generate', parseIntArg('--max-tokens'), 128)
+    .option('--temperature <t>', 'sampling temperature (0 = greedy); default from generation_config.json', parseFloatArg('--temperature'))
+    .option('--top-k <k>', 'top-k (0 = off)', parseIntArg('--top-k'))
+    .option('--top-p <p>', 'top-p', parseFloatArg('--top-p'))
+    .option('--min-p <p>', 'min-p', parseFloatArg('--min-p'))
+    .option('--seed <s>', 'seed for reproducible sampling', parseIntArg('--seed'))
+    .addOption(new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto'))
+    .option('--profile', 'split device time per token into buckets (projection, norm, attention, mlp, sampling)')
+    .option('--json', 'end with one JSON line: ids, text, first-position logits and the ledger summary')
+    .action(async (f: RunFlags) => {
+      if (f.prompt !== undefined && f.promptIds !== undefined) throw new Error('give --prompt or --prompt-ids, not both');
+      const model = f.model ?? defaultModelDir();
+      const bar = progressBar('loading weights');
+      const engine = await Engine.create({ model, backend: f.backend, profile: f.profile, onProgress: (p) => bar(p.done, p.total) });
+      try {
+        for (const n of engine.notes) process.stderr.write(`nerva: ${n}\n`);
+        const gen = engine.generationDefaults;
+        let promptIds: number[];
+        if (f.promptIds) promptIds = f.promptIds;
+        else if (f.prompt !== undefined) promptIds = engine.encode(f.prompt);
+        else promptIds = [engine.spec.bosTokenId ?? engine.eosTokenIds[0] ?? 0];
+        const opts: GenerateOptions = {
+          maxTokens: f.maxTokens,
+          temperature: f.temperature ?? gen.temperature ?? 1,
+          topK: f.topK ?? gen.topK,
+          topP: f.topP ?? gen.topP,
+          minP: f.minP ?? gen.minP,
+          seed: f.seed,
+          returnPromptLogits: Boolean(f.json),
+        };
+        const ac = new AbortController();
+        const onSig = () => ac.abort(new Error('interrupted'));
+        process.once('SIGINT', onSig);
+        const h = engine.submit(promptIds, { ...opts, signal: ac.signal });
+        for await (const ev of h.events) process.stdout.write(ev.text);
+        process.off('SIGINT', onSig);
+        const out = await h.done;
+        process.stdout.write('\n');
+        if (f.json) {
+          const top5 = out.promptLogits ? topK(out.promptLogits, 5) : [];
+          const line = {
+            model,
+            backend: engine.backend.name,
+            prompt_ids: promptIds,
+            token_ids: out.tokenIds,
+            text: out.text,
+            finish_reason: out.finishReason,
+            first_logits_top5: top5,
+            ledger: out.ledger.summary(),
+          };
+          process.stdout.write(JSON.stringify(line) + '\n');
+        }
+      } finally {
+        engine.dispose();
+      }
+    });
+}
+
+/** The k largest entries as [id, value] pairs, largest first (ties: lower id). */
+export function topK(v: Float32Array, k: number): [number, number][] {
+  const out: [number, number][] = [];
+  for (let i = 0; i < v.length; i++) {
+    if (out.length < k || v[i] > out[out.length - 1][1]) {
+      out.push([i, v[i]]);
+      out.sort((a, b) => b[1] - a[1] || a[0] - b[0]);
+      if (out.length > k) out.pop();
+    }
+  }
+  return out;
+}

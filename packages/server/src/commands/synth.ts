@@ -1,0 +1,24 @@
+import { writeSyntheticCheckpoint } from '@nerva/models';
+import type { Command } from 'commander';
+import { parseIntArg, progressBar } from '../cli-util.js';
+
+export function registerSynth(program: Command): void {
+  program
+    .command('synth')
+    .description('write a random bf16 checkpoint in Hugging Face layout from a config.json (for benchmarks at real sizes)')
+    .requiredOption('--config <file>', 'a config.json, e.g. ../shared/configs/qwen3-8b.json')
+    .requiredOption('--out <dir>', 'output folder')
+    .option('--seed <n>', 'random seed', parseIntArg('--seed'), 0)
+    .option('--shard-mb <n>', 'shard size in MiB', parseIntArg('--shard-mb'), 2048)
+    .action(async (f: { config: string; out: string; seed: number; shardMb: number }) => {
+      const bar = progressBar(`writing ${f.out}`);
+      const r = await writeSyntheticCheckpoint({
+        config: f.config,
+        outDir: f.out,
+        seed: f.seed,
+        shardBytes: f.shardMb * 2 ** 20,
+        onProgress: (done: number, total: number) => bar(done, total),
+      });
+      process.stdout.write(JSON.stringify(r ?? { out: f.out }) + '\n');
+    });
+}
