@@ -1,4 +1,4 @@
-import type { DeviceBackend, DeviceBuffer, EventHandle, OpArgs, OpName, StreamHandle } from '@nerva/core';
+import type { DeviceBackend, DeviceBuffer, EventHandle, OpArgs, OpName, StreamHandle, Tier } from '@nerva/core';
 import type { ModelSpec } from '@nerva/models';
 import { isMoeLayer } from '@nerva/models';
 import type { ModelWeights } from './model-weights.js';
@@ -67,7 +67,7 @@ export class ModelRunner {
     const hd = s.headDim;
     this.qkvOut = (s.numHeads + 2 * s.numKvHeads) * hd;
     const hostTier = backend.capabilities.computeTier === 'vram' ? 'pinned' : backend.capabilities.computeTier;
-    const i32 = (length: number, label: string, tier?: 'pinned' | 'dram' | 'vram') =>
+    const i32 = (length: number, label: string, tier?: Tier) =>
       this.own(backend.alloc({ dtype: 'i32', length, usage: 'io', label, ...(tier ? { tier } : {}) }));
     const f32 = (length: number, label: string) => this.own(backend.alloc({ dtype: 'f32', length, usage: 'activations', label }));
     try {

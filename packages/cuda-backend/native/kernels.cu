@@ -1,0 +1,1119 @@
+// CUDA kernels of every op in the catalogue (packages/core/src/ops.ts) and their launchers.
+// Storage: weights bf16 (f32/f16 accepted), activations f32; accumulation is always fp32 (fp64
+// where the reference rule is defined in float64: the sampler, rotary angles).
+// Per-step values (ids, positions, slots, sequence lengths, RNG counters) are read from device
+// buffers, never from kernel arguments, so a captured graph replays with new values.
+#include "nerva.h"
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <algorithm>
+
+namespace {
+
+constexpr int CUBLAS_OP_N = 0;
+constexpr int CUBLAS_OP_T = 1;
+constexpr int CUDA_R_32F_ = 0;
+constexpr int CUDA_R_16BF_ = 14;
+constexpr int CUBLAS_COMPUTE_32F_ = 68;
+constexpr int CUBLAS_GEMM_DEFAULT_ = -1;
+
+// ---------------------------------------------------------------- element access
+
+__device__ __forceinline__ float bf2f(uint16_t b) { return __uint_as_float(((uint32_t)b) << 16); }
+
+// Round to nearest even, NaN kept NaN: the same rule as f32ToBf16 in @nerva/core.
+__device__ __forceinline__ uint16_t f2bf(float x) {
+  uint32_t b = __float_as_uint(x);
+  if ((b & 0x7f800000u) == 0x7f800000u && (b & 0x7fffffu)) return (uint16_t)(((b >> 16) | 0x40) & 0xffff);
+  return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float ldf(const void* p, int dt, size_t i) {
+  switch (dt) {
+    case NV_F32: return ((const float*)p)[i];
+    case NV_BF16: return bf2f(((const uint16_t*)p)[i]);
+    case NV_F16: return __half2float(((const __half*)p)[i]);
+    default: return (float)((const int*)p)[i];
+  }
+}
+
+__device__ __forceinline__ void stf(void* p, int dt, size_t i, float v) {
+  switch (dt) {
+    case NV_F32: ((float*)p)[i] = v; break;
+    case NV_BF16: ((uint16_t*)p)[i] = f2bf(v); break;
+    case NV_F16: ((__half*)p)[i] = __float2half_rn(v); break;
+    default: ((int*)p)[i] = (int)v; break;
+  }
+}
+
+__device__ __forceinline__ float warpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warpSumD(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum; every thread gets the result. `sh` needs 32 slots.
+template <typename T>
+__device__ T blockSum(T v, T* sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  T t = 0;
+  for (int i = 0; i < nw; i++) t += sh[i];
+  __syncthreads();
+  return t;
+}
+
+__device__ float blockMax(float v, float* sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warpMax(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  float t = -INFINITY;
+  for (int i = 0; i < nw; i++) t = fmaxf(t, sh[i]);
+  __syncthreads();
+  return t;
+}
+
+// Argmax of (value, index) pairs with the reference's rule: strictly greater wins, so the
+// lowest index among equal maxima. idx < 0 means "nothing seen" (all -inf or NaN).
+__device__ __forceinline__ void argmaxMerge(float& v, int& i, float v2, int i2) {
+  if (i2 < 0) return;
+  if (i < 0 || v2 > v || (v2 == v && i2 < i)) {
+    v = v2;
+    i = i2;
+  }
+}
+
+__device__ int blockArgmax(const float* L, int vocab, float* shv, int* shi) {
+  float bv = -INFINITY;
+  int bi = -1;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    float v = L[i];
+    if (v > bv) {
+      bv = v;
+      bi = i;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+    int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+    argmaxMerge(bv, bi, v2, i2);
+  }
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) {
+    shv[w] = bv;
+    shi[w] = bi;
+  }
+  __syncthreads();
+  float v = -INFINITY;
+  int idx = -1;
+  for (int k = 0; k < nw; k++) argmaxMerge(v, idx, shv[k], shi[k]);
+  __syncthreads();
+  return idx < 0 ? 0 : idx;
+}
+
+// ---------------------------------------------------------------- simple ops
+
+__global__ void k_embedding(const void* table, int tdt, const int* ids, float* out, int hidden) {
+  int r = blockIdx.x;
+  size_t id = (size_t)ids[r];
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[(size_t)r * hidden + i] = ldf(table, tdt, id * hidden + i);
+}
+
+__global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, float* residual, int dim, float eps) {
+  __shared__ float sh[32];
+  int r = blockIdx.x;
+  const float* xr = x + (size_t)r * dim;
+  float* rr = residual ? residual + (size_t)r * dim : nullptr;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = xr[i];
+    if (rr) {
+      v += rr[i];
+      rr[i] = v;
+    }
+    ss += v * v;
+  }
+  ss = blockSum(ss, sh);
+  float inv = rsqrtf(ss / (float)dim + eps);
+  const float* src = rr ? rr : xr;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)r * dim + i] = src[i] * inv * ldf(w, wdt, i);
+}
+
+// One block per (row, head), headDim/2 threads: optional per-head RMSNorm, then NeoX rotation.
+// The angle is formed in float64 (positions reach 10^5 and an fp32 product would drift).
+__global__ void k_rope(float* x, const int* positions, const float* invFreq, const void* nw, int nwdt, int headDim,
+                       int rowStride, int headOffset, float eps) {
+  __shared__ float sh[32];
+  int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = headDim / 2;
+  float* base = x + (size_t)r * rowStride + headOffset + (size_t)h * headDim;
+  float a = base[i], b = base[i + half];
+  if (nw) {
+    float ss = blockSum(a * a + b * b, sh);
+    float inv = rsqrtf(ss / (float)headDim + eps);
+    a = a * inv * ldf(nw, nwdt, i);
+    b = b * inv * ldf(nw, nwdt, i + half);
+  }
+  double ang = (double)positions[r] * (double)invFreq[i];
+  double s, c;
+  sincos(ang, &s, &c);
+  base[i] = (float)((double)a * c - (double)b * s);
+  base[i + half] = (float)((double)b * c + (double)a * s);
+}
+
+__global__ void k_kv_append(const float* src, void* kc, void* vc, int cdt, const int* slots, int width, int rowStride,
+                            int kOff, int vOff) {
+  int r = blockIdx.x;
+  int slot = slots[r];
+  if (slot < 0) return;
+  const float* s = src + (size_t)r * rowStride;
+  for (int j = threadIdx.x; j < width; j += blockDim.x) {
+    stf(kc, cdt, (size_t)slot * width + j, s[kOff + j]);
+    stf(vc, cdt, (size_t)slot * width + j, s[vOff + j]);
+  }
+}
+
+__global__ void k_silu_mul(const float* x, float* out, int rows, int dim) {
+  size_t n = (size_t)rows * dim;
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
+    size_t r = t / dim, i = t % dim;
+    float g = x[r * 2 * dim + i], u = x[r * 2 * dim + dim + i];
+    out[t] = g / (1.f + expf(-g)) * u;
+  }
+}
+
+__global__ void k_add(const float* a, const float* b, float* out, size_t n) {
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
+    out[t] = a[t] + b[t];
+}
+
+__global__ void k_gather_rows(const char* x, const int* rowIdx, char* out, size_t rowBytes) {
+  int i = blockIdx.x;
+  const char* s = x + (size_t)rowIdx[i] * rowBytes;
+  char* d = out + (size_t)i * rowBytes;
+  if ((rowBytes & 3) == 0 && ((uintptr_t)s & 3) == 0 && ((uintptr_t)d & 3) == 0) {
+    for (size_t j = threadIdx.x; j < rowBytes / 4; j += blockDim.x) ((int*)d)[j] = ((const int*)s)[j];
+  } else {
+    for (size_t j = threadIdx.x; j < rowBytes; j += blockDim.x) d[j] = s[j];
+  }
+}
+
+__global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int outDim) {
+  size_t n = (size_t)rows * outDim;
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
+    out[t] += ldf(bias, bdt, t % outDim);
+}
+
+// x = hi + lo with both halves bf16: the split lets a bf16 tensor-core GEMM keep ~16 bits of
+// every activation's mantissa.
+__global__ void k_split_bf16(const float* x, uint16_t* hi, uint16_t* lo, size_t n) {
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
+    float v = x[t];
+    uint16_t h = f2bf(v);
+    hi[t] = h;
+    if (lo) lo[t] = f2bf(v - bf2f(h));
+  }
+}
+
+__global__ void k_argmax(const float* logits, int* out, int vocab) {
+  __shared__ float shv[32];
+  __shared__ int shi[32];
+  int r = blockIdx.x;
+  int idx = blockArgmax(logits + (size_t)r * vocab, vocab, shv, shi);
+  if (threadIdx.x == 0) out[r] = idx;
+}
+
+__global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, int capacity) {
+  int cur = *(volatile int*)cursor;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    int slot = (int)(((long long)cur + r) % capacity);
+    ((volatile int*)ring)[slot] = src[r];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();  // the tokens are visible to a host peek before the cursor moves
+    *(volatile int*)cursor = cur + rows;
+    __threadfence_system();
+  }
+}
+
+__global__ void k_advance_positions(int* positions, int* slots, const int* bt, const int* rowSeq, int rows, int blockSize,
+                                    int mbps) {
+  int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  int p = positions[r] + 1;
+  positions[r] = p;
+  slots[r] = bt[(size_t)rowSeq[r] * mbps + p / blockSize] * blockSize + p % blockSize;
+}
+
+// ---------------------------------------------------------------- GEMV (few rows)
+
+// One warp per output feature, R activation rows at once so every weight byte is read once.
+// Weights stream with 16-byte loads, four in flight per lane before any math.
+template <int R>
+__global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w,
+                                                    float* __restrict__ out, int rows, int inDim, int outDim,
+                                                    const void* bias, int bdt) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int o = blockIdx.x * 4 + warp;
+  if (o >= outDim) return;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)o * inDim);
+  const int n8 = inDim >> 3;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r] = 0.f;
+
+  auto fma8 = [&](const uint4& q, int k8) {
+    float wf[8];
+    wf[0] = __uint_as_float(q.x << 16);
+    wf[1] = __uint_as_float(q.x & 0xffff0000u);
+    wf[2] = __uint_as_float(q.y << 16);
+    wf[3] = __uint_as_float(q.y & 0xffff0000u);
+    wf[4] = __uint_as_float(q.z << 16);
+    wf[5] = __uint_as_float(q.z & 0xffff0000u);
+    wf[6] = __uint_as_float(q.w << 16);
+    wf[7] = __uint_as_float(q.w & 0xffff0000u);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      if (r < rows) {
+        const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * inDim) + k8 * 2;
+        float4 a = __ldg(xr), b = __ldg(xr + 1);
+        acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
+                  wf[7] * b.w;
+      }
+    }
+  };
+
+  int k = lane;
+  for (; k + 96 < n8; k += 128) {
+    uint4 q0 = __ldcs(wr + k), q1 = __ldcs(wr + k + 32), q2 = __ldcs(wr + k + 64), q3 = __ldcs(wr + k + 96);
+    fma8(q0, k);
+    fma8(q1, k + 32);
+    fma8(q2, k + 64);
+    fma8(q3, k + 96);
+  }
+  for (; k < n8; k += 32) fma8(__ldcs(wr + k), k);
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float v = warpSum(acc[r]);
+    if (lane == 0 && r < rows) out[(size_t)r * outDim + o] = v + (bias ? ldf(bias, bdt, o) : 0.f);
+  }
+}
+
+// Any dtype, any alignment: one warp per (row, output).
+__global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* out, int rows, int inDim, int outDim,
+                               const void* bias, int bdt) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int o = blockIdx.x * 4 + warp;
+  int r = blockIdx.y;
+  if (o >= outDim) return;
+  const float* xr = x + (size_t)r * inDim;
+  float acc = 0.f;
+  for (int i = lane; i < inDim; i += 32) acc += xr[i] * ldf(w, wdt, (size_t)o * inDim + i);
+  acc = warpSum(acc);
+  if (lane == 0) out[(size_t)r * outDim + o] = acc + (bias ? ldf(bias, bdt, o) : 0.f);
+}
+
+// ---------------------------------------------------------------- attention
+
+// Split-KV paged attention, one block per (split, head, row), 4 warps; each warp takes every
+// 4th key of the split with an online softmax, then the warps merge. Writes (m, l, acc[hd]).
+constexpr int ATT_WARPS = 4;
+constexpr int ATT_MAX_EPL = 8;  // headDim <= 256
+
+template <typename KT>
+__device__ __forceinline__ float ldk(const KT* p, size_t i);
+template <>
+__device__ __forceinline__ float ldk<float>(const float* p, size_t i) { return p[i]; }
+template <>
+__device__ __forceinline__ float ldk<uint16_t>(const uint16_t* p, size_t i) { return bf2f(p[i]); }
+template <>
+__device__ __forceinline__ float ldk<__half>(const __half* p, size_t i) { return __half2float(p[i]); }
+
+template <typename KT>
+__global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* kc, const KT* vc, const int* bt,
+                                                      const int* rowSeq, const int* positions, float* part, int H,
+                                                      int KVH, int hd, int bs, int mbps, int qStride, int qOff,
+                                                      float scale, int chunk, int S, int rowBase) {
+  __shared__ float shm[ATT_WARPS], shl[ATT_WARPS];
+  __shared__ float sha[ATT_WARPS][ATT_MAX_EPL * 32];
+  int s = blockIdx.x, h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int epl = hd >> 5;
+  float* dst = part + (((size_t)rl * H + h) * S + s) * (hd + 2);
+  int last = positions[r];
+  int start = s * chunk;
+  if (start > last) {
+    if (threadIdx.x == 0) {
+      dst[0] = -INFINITY;
+      dst[1] = 0.f;
+    }
+    return;
+  }
+  int end = min(start + chunk - 1, last);
+  int kvh = h / (H / KVH);
+  int seq = rowSeq[r];
+  const float* qr = q + (size_t)r * qStride + qOff + (size_t)h * hd;
+  float qv[ATT_MAX_EPL], acc[ATT_MAX_EPL];
+#pragma unroll
+  for (int j = 0; j < ATT_MAX_EPL; j++) {
+    qv[j] = j < epl ? qr[j * 32 + lane] * scale : 0.f;
+    acc[j] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  const size_t width = (size_t)KVH * hd;
+  const int* btr = bt + (size_t)seq * mbps;
+  for (int p = start + warp; p <= end; p += ATT_WARPS) {
+    size_t slot = (size_t)btr[p / bs] * bs + p % bs;
+    const KT* kr = kc + slot * width + (size_t)kvh * hd;
+    const KT* vr = vc + slot * width + (size_t)kvh * hd;
+    float d = 0.f;
+#pragma unroll
+    for (int j = 0; j < ATT_MAX_EPL; j++)
+      if (j < epl) d += qv[j] * ldk<KT>(kr, j * 32 + lane);
+    d = warpSum(d);
+    float mn = fmaxf(m, d);
+    float corr = expf(m - mn);
+    float e = expf(d - mn);
+    l = l * corr + e;
+#pragma unroll
+    for (int j = 0; j < ATT_MAX_EPL; j++)
+      if (j < epl) acc[j] = acc[j] * corr + e * ldk<KT>(vr, j * 32 + lane);
+    m = mn;
+  }
+  if (lane == 0) {
+    shm[warp] = m;
+    shl[warp] = l;
+  }
+#pragma unroll
+  for (int j = 0; j < ATT_MAX_EPL; j++)
+    if (j < epl) sha[warp][j * 32 + lane] = acc[j];
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, shm[w]);
+  for (int t = threadIdx.x; t < hd; t += blockDim.x) {
+    float a = 0.f;
+    for (int w = 0; w < ATT_WARPS; w++)
+      if (shl[w] > 0.f) a += sha[w][t] * expf(shm[w] - M);
+    dst[2 + t] = a;
+  }
+  if (threadIdx.x == 0) {
+    float L = 0.f;
+    for (int w = 0; w < ATT_WARPS; w++)
+      if (shl[w] > 0.f) L += shl[w] * expf(shm[w] - M);
+    dst[0] = M;
+    dst[1] = L;
+  }
+}
+
+// Exact merge of the split partials (online-softmax combine), one block per (head, row).
+__global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase) {
+  int h = blockIdx.x, rl = blockIdx.y, r = rowBase + rl;
+  const float* base = part + ((size_t)rl * H + h) * S * (hd + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < S; s++) M = fmaxf(M, base[(size_t)s * (hd + 2)]);
+  float L = 0.f;
+  for (int s = 0; s < S; s++) {
+    const float* ps = base + (size_t)s * (hd + 2);
+    if (ps[1] > 0.f) L += ps[1] * expf(ps[0] - M);
+  }
+  for (int t = threadIdx.x; t < hd; t += blockDim.x) {
+    float a = 0.f;
+    for (int s = 0; s < S; s++) {
+      const float* ps = base + (size_t)s * (hd + 2);
+      if (ps[1] > 0.f) a += ps[2 + t] * expf(ps[0] - M);
+    }
+    out[(size_t)r * H * hd + (size_t)h * hd + t] = L > 0.f ? a / L : 0.f;
+  }
+}
+
+// ---------------------------------------------------------------- MoE
+
+// One warp per row: float32 softmax over experts, top-k by repeated argmax (ties: lower index).
+__global__ void k_moe_route(const float* logits, int* topIds, float* topW, int rows, int E, int K, int normalize) {
+  extern __shared__ float smem[];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int r = blockIdx.x * (blockDim.x >> 5) + warp;
+  if (r >= rows) return;
+  float* p = smem + (size_t)warp * E;
+  const float* L = logits + (size_t)r * E;
+  float mx = -INFINITY;
+  for (int i = lane; i < E; i += 32) mx = fmaxf(mx, L[i]);
+  mx = warpMax(mx);
+  float sum = 0.f;
+  for (int i = lane; i < E; i += 32) {
+    float e = expf(L[i] - mx);
+    p[i] = e;
+    sum += e;
+  }
+  sum = warpSum(sum);
+  for (int i = lane; i < E; i += 32) p[i] /= sum;
+  __syncwarp();
+  float tot = 0.f;
+  for (int k = 0; k < K; k++) {
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int i = lane; i < E; i += 32)
+      if (p[i] >= 0.f && (bi < 0 || p[i] > bv)) {
+        bv = p[i];
+        bi = i;
+      }
+    for (int o = 16; o > 0; o >>= 1) {
+      float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+      int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+      argmaxMerge(bv, bi, v2, i2);
+    }
+    if (lane == 0) {
+      topIds[(size_t)r * K + k] = bi;
+      topW[(size_t)r * K + k] = bv;
+      p[bi] = -1.f;  // taken
+    }
+    tot += bv;
+    __syncwarp();
+  }
+  if (normalize && lane < K) topW[(size_t)r * K + lane] /= tot;
+}
+
+// h[(r,k), j] = silu(gate_e[j] . x[r]) * (up_e[j] . x[r]); one warp per j.
+__global__ void k_moe_gate_up(const float* x, const int* topIds, const void* gateUp, int wdt, float* h, int hidden,
+                              int inter, int K, int rowBase) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int j = blockIdx.x * 4 + warp;
+  int rk = blockIdx.y;  // local (row, k)
+  if (j >= inter) return;
+  int r = rowBase + rk / K, k = rk % K;
+  size_t e = (size_t)topIds[(size_t)r * K + k];
+  const float* xr = x + (size_t)r * hidden;
+  size_t g0 = (e * 2 * inter + j) * hidden, u0 = (e * 2 * inter + inter + j) * hidden;
+  float g = 0.f, u = 0.f;
+  for (int i = lane; i < hidden; i += 32) {
+    float xv = xr[i];
+    g += xv * ldf(gateUp, wdt, g0 + i);
+    u += xv * ldf(gateUp, wdt, u0 + i);
+  }
+  g = warpSum(g);
+  u = warpSum(u);
+  if (lane == 0) h[(size_t)rk * inter + j] = g / (1.f + expf(-g)) * u;
+}
+
+// out[r, o] = sum_k w[r,k] * down_e[o] . h[(r,k)]; one warp per o.
+__global__ void k_moe_down(const float* h, const int* topIds, const float* topW, const void* down, int wdt, float* out,
+                           int hidden, int inter, int K, int rowBase) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int o = blockIdx.x * 4 + warp;
+  int rl = blockIdx.y, r = rowBase + rl;
+  if (o >= hidden) return;
+  float tot = 0.f;
+  for (int k = 0; k < K; k++) {
+    size_t e = (size_t)topIds[(size_t)r * K + k];
+    const float* hr = h + ((size_t)rl * K + k) * inter;
+    size_t d0 = (e * hidden + o) * inter;
+    float a = 0.f;
+    for (int i = lane; i < inter; i += 32) a += hr[i] * ldf(down, wdt, d0 + i);
+    a = warpSum(a);
+    tot += topW[(size_t)r * K + k] * a;
+  }
+  if (lane == 0) out[(size_t)r * hidden + o] = tot;
+}
+
+// ---------------------------------------------------------------- sampling
+
+__device__ __forceinline__ uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// uniformFromSeed of @nerva/core/sampling.ts, bit for bit.
+__device__ __forceinline__ double uniformFromSeed(uint32_t seed, uint32_t counter) {
+  uint32_t h = mix32(seed ^ mix32(counter + 0x9e3779b9u));
+  return (double)(h >> 8) / 16777216.0;
+}
+
+// The sampler's candidate order is (prob descending, index ascending). With prob >= 0 the
+// float64 bit pattern orders like the value, so the composite key (probBits, ~index) orders
+// candidates exactly; selections walk it one byte at a time (a radix select with masses).
+struct SelResult {
+  int index;           // the element found (-1: none)
+  int countBefore;     // candidates before it in the order
+  double massBefore;   // their probability mass
+  double p;            // its own probability
+};
+
+struct SampleShared {
+  int cnt[256];
+  double mass[256];
+  int any[256];
+  uint64_t hiMask, hiVal;
+  uint32_t loMask, loVal;
+  int countBefore;
+  double massBefore;
+  int done, found, chosenIdx;
+  double red[32];
+  int redi[32];
+  float redf[32];
+};
+
+// mode 0: the element at rank `rank`; mode 1: first element with massBefore + p >= thr;
+// mode 2: first element with massBefore + p > thr.
+__device__ SelResult selectKey(const double* prob, int vocab, int mode, int rank, double thr, SampleShared& S) {
+  if (threadIdx.x == 0) {
+    S.hiMask = 0;
+    S.hiVal = 0;
+    S.loMask = 0;
+    S.loVal = 0;
+    S.countBefore = 0;
+    S.massBefore = 0;
+    S.done = 0;
+    S.found = 1;
+    S.chosenIdx = -1;
+  }
+  __syncthreads();
+  for (int digit = 11; digit >= 0; digit--) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+      S.cnt[b] = 0;
+      S.mass[b] = 0;
+      S.any[b] = -1;
+    }
+    __syncthreads();
+    uint64_t hm = S.hiMask, hv = S.hiVal;
+    uint32_t lm = S.loMask, lv = S.loVal;
+    // Runs of equal buckets are accumulated in registers before one shared atomic: early digits
+    // (sign/exponent bytes) put nearly every candidate in the same bucket.
+    int runB = -1, runC = 0, runI = -1;
+    double runM = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      double p = prob[i];
+      uint64_t hi = (uint64_t)__double_as_longlong(p);
+      uint32_t lo = ~(uint32_t)i;
+      if ((hi & hm) != hv || (lo & lm) != lv) continue;
+      int b = digit >= 4 ? (int)((hi >> ((digit - 4) * 8)) & 0xff) : (int)((lo >> (digit * 8)) & 0xff);
+      if (b != runB) {
+        if (runB >= 0) {
+          atomicAdd(&S.cnt[runB], runC);
+          atomicAdd(&S.mass[runB], runM);
+          S.any[runB] = runI;
+        }
+        runB = b;
+        runC = 0;
+        runM = 0;
+      }
+      runC++;
+      runM += p;
+      runI = i;
+    }
+    if (runB >= 0) {
+      atomicAdd(&S.cnt[runB], runC);
+      atomicAdd(&S.mass[runB], runM);
+      S.any[runB] = runI;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int chosen = -1;
+      for (int b = 255; b >= 0; b--) {
+        if (S.cnt[b] == 0) continue;
+        bool hit = mode == 0   ? S.countBefore + S.cnt[b] > rank
+                   : mode == 1 ? S.massBefore + S.mass[b] >= thr
+                               : S.massBefore + S.mass[b] > thr;
+        if (hit) {
+          chosen = b;
+          break;
+        }
+        S.countBefore += S.cnt[b];
+        S.massBefore += S.mass[b];
+      }
+      if (chosen < 0) {
+        S.found = 0;
+        S.done = 1;
+      } else {
+        if (digit >= 4) {
+          int sh = (digit - 4) * 8;
+          S.hiMask |= (uint64_t)0xff << sh;
+          S.hiVal |= (uint64_t)chosen << sh;
+        } else {
+          int sh = digit * 8;
+          S.loMask |= 0xffu << sh;
+          S.loVal |= (uint32_t)chosen << sh;
+        }
+        if (S.cnt[chosen] == 1 || digit == 0) {
+          S.chosenIdx = S.any[chosen];
+          S.done = 1;
+        }
+      }
+    }
+    __syncthreads();
+    if (S.done) break;
+  }
+  SelResult res;
+  res.index = S.found ? S.chosenIdx : -1;
+  res.countBefore = S.countBefore;
+  res.massBefore = S.massBefore;
+  res.p = res.index >= 0 ? prob[res.index] : 0.0;
+  __syncthreads();
+  return res;
+}
+
+// One block per row; `prob` is a float64 scratch row per block.
+__global__ void __launch_bounds__(1024) k_sample(const float* logits, const float* params, int* rng, int* out, int vocab,
+                                                 double* probScratch, int rowBase) {
+  __shared__ SampleShared S;
+  int r = rowBase + blockIdx.x;
+  const float* L = logits + (size_t)r * vocab;
+  double* prob = probScratch + (size_t)blockIdx.x * vocab;
+  float temp = params[(size_t)r * 4], topK = params[(size_t)r * 4 + 1], topP = params[(size_t)r * 4 + 2],
+        minP = params[(size_t)r * 4 + 3];
+  uint32_t seed = (uint32_t)rng[(size_t)r * 2], counter = (uint32_t)rng[(size_t)r * 2 + 1];
+  double u = uniformFromSeed(seed, counter);
+  int result;
+  if (!(temp > 0.f)) {
+    result = blockArgmax(L, vocab, S.redf, S.redi);
+  } else {
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, L[i]);
+    mx = blockMax(mx, S.redf);
+    double t = (double)temp, sum = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      double e = exp(((double)L[i] - (double)mx) / t);
+      prob[i] = e;
+      sum += e;
+    }
+    sum = blockSum(sum, S.red);
+    double pmax = 0, total = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      double p = prob[i] / sum;
+      prob[i] = p;
+      pmax = fmax(pmax, p);
+      total += p;
+    }
+    total = blockSum(total, S.red);
+    // block max of a double via the sum buffer
+    {
+      double v = pmax;
+      for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+      __syncthreads();
+      if ((threadIdx.x & 31) == 0) S.red[threadIdx.x >> 5] = v;
+      __syncthreads();
+      pmax = 0;
+      for (int w = 0; w < (int)(blockDim.x >> 5); w++) pmax = fmax(pmax, S.red[w]);
+      __syncthreads();
+    }
+    long long n = vocab;
+    if (topK > 0.f && (double)topK < (double)n) n = (long long)ceil((double)topK);
+    if (topP < 1.f) {
+      SelResult sp = selectKey(prob, vocab, 1, 0, (double)topP, S);
+      long long k = sp.index >= 0 ? (long long)sp.countBefore + 1 : (long long)vocab;
+      if (k > n) k = n;
+      n = k < 1 ? 1 : k;
+    }
+    if (minP > 0.f) {
+      double floorP = (double)minP * pmax;
+      int c = 0;
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += prob[i] >= floorP ? 1 : 0;
+      c = blockSum(c, S.redi);
+      long long k = c < 1 ? 1 : c;
+      if (k < n) n = k;
+    }
+    SelResult lastKept = selectKey(prob, vocab, 0, (int)(n - 1), 0, S);
+    double kept = n == vocab ? total : lastKept.massBefore + lastKept.p;
+    SelResult pick = selectKey(prob, vocab, 2, 0, u * kept, S);
+    result = (pick.index >= 0 && pick.countBefore < n) ? pick.index : lastKept.index;
+  }
+  if (threadIdx.x == 0) {
+    out[r] = result;
+    rng[(size_t)r * 2 + 1] = (int)(counter + 1u);
+  }
+}
+
+// ---------------------------------------------------------------- launch helpers
+
+struct Args {
+  const double* a;
+  int n;
+  int i = 0;
+  bool ok = true;
+  double next() {
+    if (i >= n) {
+      ok = false;
+      return 0;
+    }
+    return a[i++];
+  }
+  void* ptr() { return (void*)(uintptr_t)next(); }
+  int num() { return (int)next(); }
+};
+
+struct Buf {
+  void* p;
+  int dt;
+};
+
+Buf buf(Args& A) {
+  Buf b;
+  b.p = A.ptr();
+  b.dt = A.num();
+  return b;
+}
+
+int bad(NervaExec* ex, const char* why) {
+  snprintf(ex->errCall, sizeof ex->errCall, "%s", why);
+  return NERVA_BAD_ARGS;
+}
+
+int check(NervaExec* ex, const char* name) {
+  cudaError_t e = cudaGetLastError();
+  if (!ex->capturing) ex->launches++;
+  if (e != cudaSuccess) {
+    snprintf(ex->errCall, sizeof ex->errCall, "launch %s", name);
+    return (int)e;
+  }
+  return NERVA_OK;
+}
+
+#define LAUNCH(name, grid, block, smem, ...)                  \
+  do {                                                        \
+    name<<<(grid), (block), (smem), ex->stream>>>(__VA_ARGS__); \
+    int _rc = check(ex, #name);                               \
+    if (_rc) return _rc;                                      \
+  } while (0)
+
+unsigned gridFor(size_t n, int block, int smCount) {
+  size_t g = (n + block - 1) / block;
+  size_t cap = (size_t)smCount * 16;
+  return (unsigned)std::max<size_t>(1, std::min(g, cap));
+}
+
+size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias) {
+  bool fast = w.dt == NV_BF16 && inDim % 8 == 0 && ((uintptr_t)w.p & 15) == 0 && ((uintptr_t)x & 15) == 0;
+  unsigned gx = (unsigned)((outDim + 3) / 4);
+  if (!fast) {
+    for (int r0 = 0; r0 < rows; r0 += 65535) {
+      int nr = std::min(65535, rows - r0);
+      LAUNCH(k_gemv_generic, dim3(gx, nr), 128, 0, x + (size_t)r0 * inDim, w.p, w.dt, out + (size_t)r0 * outDim, nr,
+             inDim, outDim, bias.p, bias.dt);
+    }
+    return NERVA_OK;
+  }
+  for (int r0 = 0; r0 < rows; r0 += 8) {
+    int nr = std::min(8, rows - r0);
+    const float* xr = x + (size_t)r0 * inDim;
+    float* orow = out + (size_t)r0 * outDim;
+    const uint16_t* wp = (const uint16_t*)w.p;
+    switch (nr) {
+      case 1: LAUNCH(k_gemv_bf16<1>, gx, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt); break;
+      case 2: LAUNCH(k_gemv_bf16<2>, gx, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt); break;
+      case 3:
+      case 4: LAUNCH(k_gemv_bf16<4>, gx, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt); break;
+      default: LAUNCH(k_gemv_bf16<8>, gx, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt); break;
+    }
+  }
+  return NERVA_OK;
+}
+
+int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias) {
+  const CublasApi* api = ex->api;
+  bool split = ex->gemmMode == GEMM_SPLIT_BF16;
+  size_t perRow = (size_t)inDim * 2 * (split ? 2 : 1);
+  size_t maxRows = ex->wsBytes / (perRow + 512);
+  if (maxRows < 1) return bad(ex, "matmul: workspace too small for one row (raise workspaceBytes)");
+  if (api->setStream(ex->cublas, ex->stream) != 0) {
+    snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
+    return NERVA_CUBLAS_FAILED;
+  }
+  float one = 1.f, zero = 0.f;
+  for (int r0 = 0; r0 < rows; r0 += (int)maxRows) {
+    int nr = (int)std::min<size_t>(maxRows, (size_t)(rows - r0));
+    size_t n = (size_t)nr * inDim;
+    uint16_t* hi = (uint16_t*)ex->ws;
+    uint16_t* lo = split ? (uint16_t*)(ex->ws + align256(n * 2)) : nullptr;
+    LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, x + (size_t)r0 * inDim, hi, lo, n);
+    float* o = out + (size_t)r0 * outDim;
+    // Row-major out[nr, outDim] = x[nr, K] . W[outDim, K]^T  <=>  column-major out^T = W^T(op T) . x^T
+    int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, outDim, nr, inDim, &one, w.p, CUDA_R_16BF_, inDim, hi,
+                         CUDA_R_16BF_, inDim, &zero, o, CUDA_R_32F_, outDim, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+    if (!ex->capturing) ex->launches++;
+    if (st == 0 && split) {
+      st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, outDim, nr, inDim, &one, w.p, CUDA_R_16BF_, inDim, lo,
+                       CUDA_R_16BF_, inDim, &one, o, CUDA_R_32F_, outDim, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+      if (!ex->capturing) ex->launches++;
+    }
+    if (st != 0) {
+      snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
+      return NERVA_CUBLAS_FAILED;
+    }
+    if (bias.p) LAUNCH(k_bias_add, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, o, bias.p, bias.dt, nr, outDim);
+  }
+  return NERVA_OK;
+}
+
+int opMatmul(NervaExec* ex, Args& A) {
+  Buf x = buf(A), w = buf(A), out = buf(A), bias = buf(A);
+  int rows = A.num(), inDim = A.num(), outDim = A.num();
+  double wOff = A.next();
+  if (!A.ok) return bad(ex, "matmul: argument count");
+  int wb = w.dt == NV_F32 ? 4 : 2;
+  w.p = (char*)w.p + (size_t)wOff * wb;
+  if (rows <= 0 || outDim <= 0) return NERVA_OK;
+  bool useBlas = rows > 8 && ex->gemmMode != GEMM_GEMV && ex->cublas && w.dt == NV_BF16;
+  if (useBlas) return gemmCublas(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
+  return gemvRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
+}
+
+int opAttention(NervaExec* ex, Args& A) {
+  Buf q = buf(A), kc = buf(A), vc = buf(A), out = buf(A), bt = buf(A), rowSeq = buf(A), pos = buf(A);
+  int rows = A.num(), H = A.num(), KVH = A.num(), hd = A.num(), bs = A.num(), mbps = A.num(), qStride = A.num(),
+      qOff = A.num();
+  float scale = (float)A.next();
+  if (!A.ok) return bad(ex, "attention: argument count");
+  if (hd % 32 != 0 || hd > 32 * ATT_MAX_EPL) return bad(ex, "attention: headDim must be a multiple of 32, at most 256");
+  if (KVH <= 0 || H % KVH != 0) return bad(ex, "attention: numHeads must be a multiple of numKvHeads");
+  if (kc.dt != vc.dt) return bad(ex, "attention: kCache and vCache dtypes differ");
+  if (rows <= 0) return NERVA_OK;
+  long long maxLen = (long long)mbps * bs;
+  size_t perSplit = (size_t)(hd + 2) * sizeof(float);
+  // Splits: enough blocks to fill the GPU when rows*heads is small; bounded by the workspace.
+  long long target = (long long)ex->smCount * 8;
+  long long S = std::max<long long>(1, (target + (long long)rows * H - 1) / ((long long)rows * H));
+  S = std::max<long long>(S, (maxLen + 1023) / 1024);  // long contexts: at most 1024 keys per block
+  S = std::min<long long>(S, std::max<long long>(1, (maxLen + 63) / 64));
+  S = std::min<long long>(S, 4096);
+  int rowChunk = rows;
+  while (rowChunk > 1 && (size_t)rowChunk * H * S * perSplit > ex->wsBytes) {
+    if (S > 1) S = std::max<long long>(1, S / 2);
+    else rowChunk = (rowChunk + 1) / 2;
+  }
+  if ((size_t)rowChunk * H * S * perSplit > ex->wsBytes) return bad(ex, "attention: workspace too small");
+  int chunk = (int)((maxLen + S - 1) / S);
+  float* part = (float*)ex->ws;
+  for (int r0 = 0; r0 < rows; r0 += rowChunk) {
+    int nr = std::min(rowChunk, rows - r0);
+    dim3 grid((unsigned)S, (unsigned)H, (unsigned)nr);
+    const float* qp = (const float*)q.p;
+    const int *btp = (const int*)bt.p, *rsp = (const int*)rowSeq.p, *pp = (const int*)pos.p;
+    switch (kc.dt) {
+      case NV_F32:
+        LAUNCH(k_attn_partial<float>, grid, 128, 0, qp, (const float*)kc.p, (const float*)vc.p, btp, rsp, pp, part, H, KVH,
+               hd, bs, mbps, qStride, qOff, scale, chunk, (int)S, r0);
+        break;
+      case NV_BF16:
+        LAUNCH(k_attn_partial<uint16_t>, grid, 128, 0, qp, (const uint16_t*)kc.p, (const uint16_t*)vc.p, btp, rsp, pp,
+               part, H, KVH, hd, bs, mbps, qStride, qOff, scale, chunk, (int)S, r0);
+        break;
+      case NV_F16:
+        LAUNCH(k_attn_partial<__half>, grid, 128, 0, qp, (const __half*)kc.p, (const __half*)vc.p, btp, rsp, pp, part, H,
+               KVH, hd, bs, mbps, qStride, qOff, scale, chunk, (int)S, r0);
+        break;
+      default: return bad(ex, "attention: unsupported cache dtype");
+    }
+    LAUNCH(k_attn_combine, dim3(H, nr), std::min(hd, 256), 0, part, (float*)out.p, H, hd, (int)S, r0);
+  }
+  return NERVA_OK;
+}
+
+int opMoeMlp(NervaExec* ex, Args& A) {
+  Buf x = buf(A), ids = buf(A), tw = buf(A), gu = buf(A), down = buf(A), out = buf(A);
+  int rows = A.num(), hidden = A.num(), inter = A.num(), K = A.num();
+  if (!A.ok) return bad(ex, "moe_mlp: argument count");
+  if (gu.dt != down.dt) return bad(ex, "moe_mlp: gateUp and down dtypes differ");
+  if (rows <= 0) return NERVA_OK;
+  size_t perRow = (size_t)K * inter * sizeof(float);
+  int rowChunk = (int)std::min<size_t>((size_t)rows, ex->wsBytes / perRow);
+  if (rowChunk < 1) return bad(ex, "moe_mlp: workspace too small");
+  rowChunk = std::min(rowChunk, 65535 / std::max(1, K));
+  float* h = (float*)ex->ws;
+  for (int r0 = 0; r0 < rows; r0 += rowChunk) {
+    int nr = std::min(rowChunk, rows - r0);
+    LAUNCH(k_moe_gate_up, dim3((inter + 3) / 4, nr * K), 128, 0, (const float*)x.p, (const int*)ids.p, gu.p, gu.dt, h,
+           hidden, inter, K, r0);
+    LAUNCH(k_moe_down, dim3((hidden + 3) / 4, nr), 128, 0, h, (const int*)ids.p, (const float*)tw.p, down.p, down.dt,
+           (float*)out.p, hidden, inter, K, r0);
+  }
+  return NERVA_OK;
+}
+
+int opSample(NervaExec* ex, Args& A) {
+  Buf logits = buf(A), params = buf(A), rng = buf(A), out = buf(A);
+  int rows = A.num(), vocab = A.num();
+  if (!A.ok) return bad(ex, "sample: argument count");
+  if (rows <= 0) return NERVA_OK;
+  size_t perRow = align256((size_t)vocab * sizeof(double));
+  int rowChunk = (int)std::min<size_t>((size_t)rows, ex->wsBytes / perRow);
+  if (rowChunk < 1) return bad(ex, "sample: workspace too small for one row of float64 probabilities");
+  for (int r0 = 0; r0 < rows; r0 += rowChunk) {
+    int nr = std::min(rowChunk, rows - r0);
+    LAUNCH(k_sample, nr, 1024, 0, (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p, vocab,
+           (double*)ex->ws, r0);
+  }
+  return NERVA_OK;
+}
+
+}  // namespace
+
+int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
+  Args A{args, nargs};
+  ex->errCall[0] = 0;
+  switch (op) {
+    case OP_EMBEDDING: {
+      Buf table = buf(A), ids = buf(A), out = buf(A);
+      int rows = A.num(), hidden = A.num();
+      if (!A.ok) return bad(ex, "embedding: argument count");
+      if (rows <= 0) return NERVA_OK;
+      LAUNCH(k_embedding, rows, 256, 0, table.p, table.dt, (const int*)ids.p, (float*)out.p, hidden);
+      return NERVA_OK;
+    }
+    case OP_RMSNORM: {
+      Buf x = buf(A), w = buf(A), out = buf(A), res = buf(A);
+      int rows = A.num(), dim = A.num();
+      float eps = (float)A.next();
+      if (!A.ok) return bad(ex, "rmsnorm: argument count");
+      if (rows <= 0) return NERVA_OK;
+      LAUNCH(k_rmsnorm, rows, std::min(1024, ((dim + 31) / 32) * 32), 0, (const float*)x.p, w.p, w.dt, (float*)out.p,
+             (float*)res.p, dim, eps);
+      return NERVA_OK;
+    }
+    case OP_MATMUL: return opMatmul(ex, A);
+    case OP_ROPE: {
+      Buf x = buf(A), pos = buf(A), inv = buf(A), nw = buf(A);
+      int rows = A.num(), heads = A.num(), hd = A.num(), rowStride = A.num(), headOffset = A.num();
+      float eps = (float)A.next();
+      if (!A.ok) return bad(ex, "rope: argument count");
+      if (hd % 2 != 0 || hd > 2048) return bad(ex, "rope: headDim must be even and at most 2048");
+      if (rows <= 0 || heads <= 0) return NERVA_OK;
+      LAUNCH(k_rope, dim3(rows, heads), hd / 2, 0, (float*)x.p, (const int*)pos.p, (const float*)inv.p, nw.p, nw.dt, hd,
+             rowStride, headOffset, eps);
+      return NERVA_OK;
+    }
+    case OP_KV_APPEND: {
+      Buf src = buf(A), kc = buf(A), vc = buf(A), slots = buf(A);
+      int rows = A.num(), kvh = A.num(), hd = A.num(), rowStride = A.num(), kOff = A.num(), vOff = A.num();
+      if (!A.ok) return bad(ex, "kv_append: argument count");
+      if (kc.dt != vc.dt) return bad(ex, "kv_append: kCache and vCache dtypes differ");
+      if (rows <= 0) return NERVA_OK;
+      LAUNCH(k_kv_append, rows, 256, 0, (const float*)src.p, kc.p, vc.p, kc.dt, (const int*)slots.p, kvh * hd, rowStride,
+             kOff, vOff);
+      return NERVA_OK;
+    }
+    case OP_ATTENTION: return opAttention(ex, A);
+    case OP_SILU_MUL: {
+      Buf x = buf(A), out = buf(A);
+      int rows = A.num(), dim = A.num();
+      if (!A.ok) return bad(ex, "silu_mul: argument count");
+      size_t n = (size_t)rows * dim;
+      if (n == 0) return NERVA_OK;
+      LAUNCH(k_silu_mul, gridFor(n, 256, ex->smCount), 256, 0, (const float*)x.p, (float*)out.p, rows, dim);
+      return NERVA_OK;
+    }
+    case OP_ADD: {
+      Buf a = buf(A), b = buf(A), out = buf(A);
+      double len = A.next();
+      if (!A.ok) return bad(ex, "add: argument count");
+      size_t n = (size_t)len;
+      if (n == 0) return NERVA_OK;
+      LAUNCH(k_add, gridFor(n, 256, ex->smCount), 256, 0, (const float*)a.p, (const float*)b.p, (float*)out.p, n);
+      return NERVA_OK;
+    }
+    case OP_GATHER_ROWS: {
+      Buf x = buf(A), idx = buf(A), out = buf(A);
+      int n = A.num(), dim = A.num();
+      if (!A.ok) return bad(ex, "gather_rows: argument count");
+      if (n <= 0) return NERVA_OK;
+      size_t eb = (x.dt == NV_BF16 || x.dt == NV_F16) ? 2 : 4;
+      LAUNCH(k_gather_rows, n, 256, 0, (const char*)x.p, (const int*)idx.p, (char*)out.p, (size_t)dim * eb);
+      return NERVA_OK;
+    }
+    case OP_MOE_ROUTE: {
+      Buf logits = buf(A), ids = buf(A), tw = buf(A);
+      int rows = A.num(), E = A.num(), K = A.num(), norm = A.num();
+      if (!A.ok) return bad(ex, "moe_route: argument count");
+      if (K > 32 || K > E) return bad(ex, "moe_route: topK must be <= 32 and <= numExperts");
+      if ((size_t)E * 4 * sizeof(float) > 48 * 1024) return bad(ex, "moe_route: too many experts (max 3072)");
+      if (rows <= 0) return NERVA_OK;
+      LAUNCH(k_moe_route, (rows + 3) / 4, 128, (size_t)E * 4 * sizeof(float), (const float*)logits.p, (int*)ids.p,
+             (float*)tw.p, rows, E, K, norm);
+      return NERVA_OK;
+    }
+    case OP_MOE_MLP: return opMoeMlp(ex, A);
+    case OP_ARGMAX: {
+      Buf logits = buf(A), out = buf(A);
+      int rows = A.num(), vocab = A.num();
+      if (!A.ok) return bad(ex, "argmax: argument count");
+      if (rows <= 0) return NERVA_OK;
+      LAUNCH(k_argmax, rows, 1024, 0, (const float*)logits.p, (int*)out.p, vocab);
+      return NERVA_OK;
+    }
+    case OP_SAMPLE: return opSample(ex, A);
+    case OP_RING_PUSH: {
+      Buf src = buf(A), ring = buf(A), cursor = buf(A);
+      int rows = A.num(), cap = A.num();
+      if (!A.ok) return bad(ex, "ring_push: argument count");
+      if (cap <= 0) return bad(ex, "ring_push: capacity must be positive");
+      if (rows <= 0) return NERVA_OK;
+      LAUNCH(k_ring_push, 1, std::min(1024, ((rows + 31) / 32) * 32), 0, (const int*)src.p, (int*)ring.p,
+             (int*)cursor.p, rows, cap);
+      return NERVA_OK;
+    }
+    case OP_ADVANCE_POSITIONS: {
+      Buf pos = buf(A), slots = buf(A), bt = buf(A), rowSeq = buf(A);
+      int rows = A.num(), bs = A.num(), mbps = A.num();
+      if (!A.ok) return bad(ex, "advance_positions: argument count");
+      if (rows <= 0) return NERVA_OK;
+      LAUNCH(k_advance_positions, (rows + 127) / 128, 128, 0, (int*)pos.p, (int*)slots.p, (const int*)bt.p,
+             (const int*)rowSeq.p, rows, bs, mbps);
+      return NERVA_OK;
+    }
+    default: return bad(ex, "unknown op code");
+  }
+}
+
+int nerva_copy_bandwidth(size_t bytes, int iters, double* gbps, uint64_t* allocs, uint64_t* frees) {
+  void *a = nullptr, *b = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaError_t e = cudaMalloc(&a, bytes);
+  if (e == cudaSuccess) {
+    (*allocs)++;
+    e = cudaMalloc(&b, bytes);
+    if (e == cudaSuccess) (*allocs)++;
+  }
+  if (e == cudaSuccess) e = cudaEventCreate(&e0);
+  if (e == cudaSuccess) e = cudaEventCreate(&e1);
+  if (e == cudaSuccess) e = cudaMemset(a, 1, bytes);
+  if (e == cudaSuccess) e = cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);  // warm-up
+  if (e == cudaSuccess) e = cudaEventRecord(e0, 0);
+  for (int i = 0; i < iters && e == cudaSuccess; i++) e = cudaMemcpyAsync(i & 1 ? a : b, i & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0);
+  if (e == cudaSuccess) e = cudaEventRecord(e1, 0);
+  if (e == cudaSuccess) e = cudaEventSynchronize(e1);
+  float ms = 0;
+  if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
+  if (e == cudaSuccess) *gbps = 2.0 * (double)bytes * iters / (ms * 1e-3) / 1e9;
+  if (e0) cudaEventDestroy(e0);
+  if (e1) cudaEventDestroy(e1);
+  if (a) {
+    cudaFree(a);
+    (*frees)++;
+  }
+  if (b) {
+    cudaFree(b);
+    (*frees)++;
+  }
+  return (int)e;
+}

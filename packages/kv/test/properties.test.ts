@@ -1,0 +1,260 @@
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import {
+  KvCacheManager,
+  KvError,
+  MaxBlocksPerSeqError,
+  NULL_BLOCK_ID,
+  type BlockHashFn,
+  type ComputedBlocks,
+} from '../src/index.js';
+
+/**
+ * Random schedules against a simulated KV memory. Each slot stores the identity of the context it
+ * was computed for (salt + every token up to and including that position), which is what real
+ * K/V depends on. After every operation, each live sequence must still read its own context from
+ * every one of its slots: that fails if a held block is ever reused, a prefix hit returns the
+ * wrong block, or a cache salt leaks.
+ */
+
+const SEQS = 5;
+const SALTS = [undefined, 'tenant-a', 'tenant-b'] as const;
+// Shared prefixes make prefix hits (and partial hits) frequent.
+const PREFIXES = [
+  [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3],
+  [1, 2, 3, 1, 0, 0, 0, 0, 3, 3, 3, 3],
+  [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2],
+];
+
+type Op =
+  | { t: 'admit'; s: number; prefix: number; cut: number; suffix: number[]; salt: number }
+  | { t: 'append'; s: number; toks: number[] }
+  | { t: 'free'; s: number }
+  | { t: 'preempt'; s: number };
+
+const tok = fc.integer({ min: 0, max: 3 });
+const seq = fc.integer({ min: 0, max: SEQS - 1 });
+const opArb: fc.Arbitrary<Op> = fc.oneof(
+  {
+    weight: 3,
+    arbitrary: fc.record({
+      t: fc.constant('admit' as const),
+      s: seq,
+      prefix: fc.integer({ min: 0, max: PREFIXES.length - 1 }),
+      cut: fc.integer({ min: 0, max: 12 }),
+      suffix: fc.array(tok, { minLength: 1, maxLength: 6 }),
+      salt: fc.integer({ min: 0, max: SALTS.length - 1 }),
+    }),
+  },
+  { weight: 4, arbitrary: fc.record({ t: fc.constant('append' as const), s: seq, toks: fc.array(tok, { minLength: 1, maxLength: 3 }) }) },
+  { weight: 2, arbitrary: fc.record({ t: fc.constant('free' as const), s: seq }) },
+  { weight: 1, arbitrary: fc.record({ t: fc.constant('preempt' as const), s: seq }) },
+);
+
+const HASHES: Record<string, BlockHashFn | undefined> = {
+  sha256: undefined,
+  // Collides constantly: correctness must come from the token / key / parent guard alone.
+  colliding: (i) => `c${i.tokens[0] % 2}`,
+};
+
+const configArb = fc.record({
+  numBlocks: fc.integer({ min: 2, max: 20 }),
+  blockSize: fc.integer({ min: 1, max: 4 }),
+  enablePrefixCaching: fc.boolean(),
+  hash: fc.constantFrom('sha256', 'colliding'),
+  maxBlocksPerSeq: fc.option(fc.integer({ min: 1, max: 12 }), { nil: undefined }),
+});
+
+interface SeqModel {
+  tokens: number[];
+  salt: string | undefined;
+  live: boolean;
+}
+
+function run(cfg: fc.Shape<typeof configArb>, ops: Op[]): void {
+  const bs = cfg.blockSize;
+  const m = new KvCacheManager({
+    numBlocks: cfg.numBlocks,
+    blockSize: bs,
+    enablePrefixCaching: cfg.enablePrefixCaching,
+    maxBlocksPerSeq: cfg.maxBlocksPerSeq,
+    hashFn: HASHES[cfg.hash],
+  });
+  const maxPerSeq = cfg.maxBlocksPerSeq ?? cfg.numBlocks - 1;
+  const kv: (string | undefined)[] = new Array(cfg.numBlocks * bs).fill(undefined);
+  const model: SeqModel[] = Array.from({ length: SEQS }, () => ({ tokens: [], salt: undefined, live: false }));
+  let queries = 0;
+  let hits = 0;
+  const id = (s: number) => `seq-${s}`;
+  const ctx = (sm: SeqModel, pos: number) => `${sm.salt ?? ''}|${sm.tokens.slice(0, pos + 1).join(',')}`;
+
+  const snapshot = () =>
+    JSON.stringify({
+      stats: m.stats(),
+      free: m.pool.freeBlockIds(),
+      tables: model.map((_, s) => (m.hasSequence(id(s)) ? [m.blockTable(id(s)), m.numTokens(id(s))] : null)),
+    });
+
+  /** Allocates and, on success, "runs the step": writes the context identity of each new token. */
+  function allocate(s: number, numNew: number, computed?: ComputedBlocks): boolean {
+    const sm = model[s];
+    const live = m.hasSequence(id(s));
+    const start = live ? m.numTokens(id(s)) : (computed?.numComputedTokens ?? 0);
+    const needed = Math.ceil((start + numNew) / bs);
+    const held = live ? m.blockTable(id(s)).length : (computed?.blocks.length ?? 0);
+    const evictable = computed?.blocks.filter((b) => b.refCount === 0).length ?? 0;
+    const before = snapshot();
+    if (needed > maxPerSeq) {
+      expect(() => m.allocateSlots(id(s), sm.tokens, numNew, computed)).toThrow(MaxBlocksPerSeqError);
+      expect(snapshot()).toBe(before);
+      return false;
+    }
+    const got = m.allocateSlots(id(s), sm.tokens, numNew, computed);
+    const shouldFail = needed - held > m.numFreeBlocks - evictable;
+    expect(got === null).toBe(shouldFail);
+    if (got === null) {
+      expect(snapshot()).toBe(before);
+      return false;
+    }
+    expect(got).toHaveLength(Math.max(0, needed - held));
+    for (let p = start; p < start + numNew; p++) kv[m.slotFor(id(s), p)] = ctx(sm, p);
+    return true;
+  }
+
+  function admit(s: number): void {
+    const sm = model[s];
+    const before = m.stats();
+    const c = m.getComputedBlocks(id(s), sm.tokens, sm.salt === undefined ? undefined : { cacheSalt: sm.salt });
+    // Never the last prompt token, only whole blocks.
+    expect(c.numComputedTokens % bs).toBe(0);
+    expect(c.numComputedTokens).toBeLessThanOrEqual(Math.max(0, sm.tokens.length - 1));
+    if (cfg.enablePrefixCaching) {
+      queries += sm.tokens.length;
+      hits += c.numComputedTokens;
+      // Every hit slot must hold exactly this prompt's context.
+      for (let p = 0; p < c.numComputedTokens; p++) {
+        expect(kv[c.blocks[Math.floor(p / bs)].id * bs + (p % bs)]).toBe(ctx(sm, p));
+      }
+      // Lower bound: full blocks a live sequence shares with this prompt are held, hence cached.
+      for (let o = 0; o < SEQS; o++) {
+        const om = model[o];
+        if (o === s || !om.live || om.salt !== sm.salt) continue;
+        let common = 0;
+        const lim = Math.min(m.numTokens(id(o)), sm.tokens.length - 1);
+        while (common < lim && om.tokens[common] === sm.tokens[common]) common++;
+        const sharable = Math.min(Math.floor(common / bs), maxPerSeq) * bs;
+        expect(c.numComputedTokens).toBeGreaterThanOrEqual(sharable);
+      }
+    } else {
+      expect(m.stats()).toEqual(before);
+    }
+    sm.live = allocate(s, sm.tokens.length - c.numComputedTokens, c);
+  }
+
+  function freeSeq(s: number): void {
+    const sm = model[s];
+    if (!sm.live) {
+      const before = snapshot();
+      expect(() => m.free(id(s))).toThrow(KvError);
+      expect(snapshot()).toBe(before);
+      return;
+    }
+    m.free(id(s));
+    sm.live = false;
+  }
+
+  function check(): void {
+    m.checkInvariants();
+    const st = m.stats();
+    expect(st.freeBlocks + st.usedBlocks).toBe(st.totalBlocks);
+    expect(st.prefixQueries).toBe(queries);
+    expect(st.prefixHits).toBe(hits);
+    // Independent refcount model: references = number of live tables holding the block.
+    const refs = new Map<number, number>();
+    for (let s = 0; s < SEQS; s++) {
+      expect(m.hasSequence(id(s))).toBe(model[s].live);
+      if (!model[s].live) continue;
+      const table = m.blockTable(id(s));
+      expect(new Set(table).size).toBe(table.length);
+      expect(table).not.toContain(NULL_BLOCK_ID);
+      expect(table.length).toBe(Math.ceil(model[s].tokens.length / bs));
+      for (const b of table) refs.set(b, (refs.get(b) ?? 0) + 1);
+      for (let p = 0; p < model[s].tokens.length; p++) expect(kv[m.slotFor(id(s), p)]).toBe(ctx(model[s], p));
+    }
+    let used = 1;
+    for (let b = 1; b < cfg.numBlocks; b++) {
+      const rc = m.pool.block(b).refCount;
+      expect(rc).toBeGreaterThanOrEqual(0);
+      expect(rc).toBe(refs.get(b) ?? 0);
+      if (rc > 0) used++;
+    }
+    expect(st.usedBlocks).toBe(used);
+  }
+
+  for (const op of ops) {
+    const sm = model[op.s];
+    switch (op.t) {
+      case 'admit':
+        if (sm.live) {
+          expect(() => m.getComputedBlocks(id(op.s), [1])).toThrow(KvError);
+          break;
+        }
+        sm.tokens = [...PREFIXES[op.prefix].slice(0, op.cut), ...op.suffix];
+        sm.salt = SALTS[op.salt];
+        admit(op.s);
+        break;
+      case 'append': {
+        if (!sm.live) break;
+        const n = sm.tokens.length;
+        sm.tokens.push(...op.toks);
+        if (!allocate(op.s, op.toks.length)) sm.tokens.length = n; // not scheduled: nothing happened
+        break;
+      }
+      case 'free':
+        freeSeq(op.s);
+        break;
+      case 'preempt':
+        if (!sm.live) break;
+        m.free(id(op.s));
+        sm.live = false;
+        check();
+        admit(op.s); // recompute: the sequence's own full blocks may still be cached
+        break;
+    }
+    check();
+  }
+
+  for (let s = 0; s < SEQS; s++) if (model[s].live) freeSeq(s);
+  check();
+  expect(m.numFreeBlocks).toBe(cfg.numBlocks - 1);
+  expect(m.usage).toBe(0);
+  expect(m.resetPrefixCache()).toBe(true);
+  expect(m.stats().cachedBlocks).toBe(0);
+  m.checkInvariants();
+}
+
+describe('KvCacheManager properties', () => {
+  it('keeps every invariant and every sequence\'s KV intact under random schedules', () => {
+    fc.assert(
+      fc.property(configArb, fc.array(opArb, { minLength: 1, maxLength: 60 }), (cfg, ops) => run(cfg, ops)),
+      { numRuns: 400 },
+    );
+  });
+
+  it('with a large pool and heavy sharing, never leaks a block', () => {
+    fc.assert(
+      fc.property(
+        fc.record({
+          numBlocks: fc.constant(64),
+          blockSize: fc.integer({ min: 1, max: 3 }),
+          enablePrefixCaching: fc.constant(true),
+          hash: fc.constantFrom('sha256', 'colliding'),
+          maxBlocksPerSeq: fc.constant(undefined),
+        }),
+        fc.array(opArb, { minLength: 20, maxLength: 120 }),
+        (cfg, ops) => run(cfg, ops),
+      ),
+      { numRuns: 100 },
+    );
+  });
+});
