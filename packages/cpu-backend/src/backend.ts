@@ -11,10 +11,6 @@ import {
   SYNC_KINDS,
   UnsupportedOpError,
   emptySyncCounts,
-  f16ToF32,
-  bf16ToF32,
-  f32ToBf16,
-  f32ToF16,
   type BackendCapabilities,
   type BackendStats,
   type BufferSpec,
@@ -40,6 +36,7 @@ import {
   EventStateError,
   UnknownHandleError,
 } from './errors.js';
+import { decodeHalfInto, roundHalfInto } from './half.js';
 import { OpContext } from './op-context.js';
 import { KERNELS, type Kernel } from './ops/index.js';
 import { DEFAULT_SCRATCH, Scratch, type ScratchSizes } from './scratch.js';
@@ -136,16 +133,9 @@ export class CpuBackend implements DeviceBackend {
       rec.data.set(src, offset);
     } else {
       const dst = rec.data as Float32Array;
-      if (src instanceof Uint16Array) {
-        const dec = dt === 'bf16' ? bf16ToF32 : f16ToF32;
-        for (let i = 0; i < src.length; i++) dst[offset + i] = dec(src[i]);
-      } else if (src instanceof Float32Array) {
-        const enc = dt === 'bf16' ? f32ToBf16 : f32ToF16;
-        const dec = dt === 'bf16' ? bf16ToF32 : f16ToF32;
-        for (let i = 0; i < src.length; i++) dst[offset + i] = dec(enc(src[i]));
-      } else {
-        throw new BufferDTypeError(what, `a ${dt} buffer takes a Uint16Array (raw bits) or a Float32Array, got ${typeName(src)}`);
-      }
+      if (src instanceof Uint16Array) decodeHalfInto(dt, src, dst, offset);
+      else if (src instanceof Float32Array) roundHalfInto(dt, src, dst, offset);
+      else throw new BufferDTypeError(what, `a ${dt} buffer takes a Uint16Array (raw bits) or a Float32Array, got ${typeName(src)}`);
     }
     this.h2dBytes += src.length * DTYPE_BYTES[dt];
   }

@@ -54,10 +54,6 @@ __device__ __forceinline__ float warpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ double warpSumD(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 __device__ __forceinline__ float warpMax(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
@@ -162,14 +158,18 @@ __global__ void k_rope(float* x, const int* positions, const float* invFreq, con
                        int rowStride, int headOffset, float eps) {
   __shared__ float sh[32];
   int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = headDim / 2;
+  bool act = i < half;  // the block is rounded up to whole warps for the shuffles
   float* base = x + (size_t)r * rowStride + headOffset + (size_t)h * headDim;
-  float a = base[i], b = base[i + half];
+  float a = act ? base[i] : 0.f, b = act ? base[i + half] : 0.f;
   if (nw) {
     float ss = blockSum(a * a + b * b, sh);
     float inv = rsqrtf(ss / (float)headDim + eps);
-    a = a * inv * ldf(nw, nwdt, i);
-    b = b * inv * ldf(nw, nwdt, i + half);
+    if (act) {
+      a = a * inv * ldf(nw, nwdt, i);
+      b = b * inv * ldf(nw, nwdt, i + half);
+    }
   }
+  if (!act) return;
   double ang = (double)positions[r] * (double)invFreq[i];
   double s, c;
   sincos(ang, &s, &c);
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
   __shared__ float sha[ATT_WARPS][ATT_MAX_EPL * 32];
   int s = blockIdx.x, h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int epl = hd >> 5;
+  int epl = (hd + 31) >> 5;
   float* dst = part + (((size_t)rl * H + h) * S + s) * (hd + 2);
   int last = positions[r];
   int start = s * chunk;
@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
   float qv[ATT_MAX_EPL], acc[ATT_MAX_EPL];
 #pragma unroll
   for (int j = 0; j < ATT_MAX_EPL; j++) {
-    qv[j] = j < epl ? qr[j * 32 + lane] * scale : 0.f;
+    qv[j] = (j < epl && j * 32 + lane < hd) ? qr[j * 32 + lane] * scale : 0.f;
     acc[j] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
     float d = 0.f;
 #pragma unroll
     for (int j = 0; j < ATT_MAX_EPL; j++)
-      if (j < epl) d += qv[j] * ldk<KT>(kr, j * 32 + lane);
+      if (j < epl && j * 32 + lane < hd) d += qv[j] * ldk<KT>(kr, j * 32 + lane);
     d = warpSum(d);
     float mn = fmaxf(m, d);
     float corr = expf(m - mn);
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
     l = l * corr + e;
 #pragma unroll
     for (int j = 0; j < ATT_MAX_EPL; j++)
-      if (j < epl) acc[j] = acc[j] * corr + e * ldk<KT>(vr, j * 32 + lane);
+      if (j < epl && j * 32 + lane < hd) acc[j] = acc[j] * corr + e * ldk<KT>(vr, j * 32 + lane);
     m = mn;
   }
   if (lane == 0) {
@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
   }
 #pragma unroll
   for (int j = 0; j < ATT_MAX_EPL; j++)
-    if (j < epl) sha[warp][j * 32 + lane] = acc[j];
+    if (j < epl && j * 32 + lane < hd) sha[warp][j * 32 + lane] = acc[j];
   __syncthreads();
   float M = -INFINITY;
   for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, shm[w]);
@@ -885,7 +885,7 @@ int opAttention(NervaExec* ex, Args& A) {
       qOff = A.num();
   float scale = (float)A.next();
   if (!A.ok) return bad(ex, "attention: argument count");
-  if (hd % 32 != 0 || hd > 32 * ATT_MAX_EPL) return bad(ex, "attention: headDim must be a multiple of 32, at most 256");
+  if (hd <= 0 || hd > 32 * ATT_MAX_EPL) return bad(ex, "attention: headDim must be in 1..256");
   if (KVH <= 0 || H % KVH != 0) return bad(ex, "attention: numHeads must be a multiple of numKvHeads");
   if (kc.dt != vc.dt) return bad(ex, "attention: kCache and vCache dtypes differ");
   if (rows <= 0) return NERVA_OK;
@@ -925,7 +925,7 @@ int opAttention(NervaExec* ex, Args& A) {
         break;
       default: return bad(ex, "attention: unsupported cache dtype");
     }
-    LAUNCH(k_attn_combine, dim3(H, nr), std::min(hd, 256), 0, part, (float*)out.p, H, hd, (int)S, r0);
+    LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, (float*)out.p, H, hd, (int)S, r0);
   }
   return NERVA_OK;
 }
@@ -999,7 +999,7 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (!A.ok) return bad(ex, "rope: argument count");
       if (hd % 2 != 0 || hd > 2048) return bad(ex, "rope: headDim must be even and at most 2048");
       if (rows <= 0 || heads <= 0) return NERVA_OK;
-      LAUNCH(k_rope, dim3(rows, heads), hd / 2, 0, (float*)x.p, (const int*)pos.p, (const float*)inv.p, nw.p, nw.dt, hd,
+      LAUNCH(k_rope, dim3(rows, heads), ((hd / 2 + 31) / 32) * 32, 0, (float*)x.p, (const int*)pos.p, (const float*)inv.p, nw.p, nw.dt, hd,
              rowStride, headOffset, eps);
       return NERVA_OK;
     }

@@ -89,7 +89,7 @@ export async function writeSyntheticCheckpoint(opts: SynthOptions): Promise<Synt
       ? [SINGLE_FILE]
       : shards.map((_, i) => `model-${String(i + 1).padStart(5, '0')}-of-${String(shards.length).padStart(5, '0')}.safetensors`);
   const gen = new ValueGenerator(dtype);
-  const chunk = new Uint8Array(new ArrayBuffer(CHUNK_BYTES));
+  const chunks = [new Uint8Array(new ArrayBuffer(CHUNK_BYTES)), new Uint8Array(new ArrayBuffer(CHUNK_BYTES))];
   let done = 0;
   const weightMap: Record<string, string> = {};
   const files: string[] = [];
@@ -118,20 +118,29 @@ export async function writeSyntheticCheckpoint(opts: SynthOptions): Promise<Synt
       let pos = 0;
       await fh.write(prefix, 0, prefix.length, pos);
       pos += prefix.length;
+      // Two chunks: the next one is generated while the previous one is being written.
+      let inFlight: Promise<void> = Promise.resolve();
+      let which = 0;
       for (const s of shards[si]) {
         const isNorm = s.shape.length === 1 && /norm\.weight$/.test(s.name);
         gen.start(tensorSeed(seed, s.name), isNorm ? NORM_MEAN : 0, isNorm ? NORM_STD : MATRIX_STD);
         let left = sizeOf(s);
         while (left > 0) {
           const n = Math.min(left, CHUNK_BYTES);
-          gen.fill(chunk.subarray(0, n));
-          await writeAll(fh, chunk.subarray(0, n), pos);
+          const buf = chunks[which].subarray(0, n);
+          which ^= 1;
+          gen.fill(buf);
+          await inFlight;
+          const at = pos;
+          inFlight = writeAll(fh, buf, at).then(() => {
+            done += n;
+            opts.onProgress?.(done, totalBytes);
+          });
           pos += n;
           left -= n;
-          done += n;
-          opts.onProgress?.(done, totalBytes);
         }
       }
+      await inFlight;
     } finally {
       await fh.close();
     }
@@ -264,33 +273,27 @@ class ValueGenerator {
     this.w = next() | 1; // xorshift128 state must not be all zero
   }
 
-  private rand(): number {
-    const t = this.x ^ (this.x << 11);
-    this.x = this.y;
-    this.y = this.z;
-    this.z = this.w;
-    this.w = this.w ^ (this.w >>> 19) ^ (t ^ (t >>> 8));
-    return this.w >>> 0;
-  }
-
   /** Fill `out` (whose length is a multiple of the element size) with the next values. */
   fill(out: Uint8Array): void {
-    if (this.dtype === 'f32') {
-      const dst = new Float32Array(out.buffer, out.byteOffset, out.byteLength / 4);
-      const t = this.table as Float32Array;
-      for (let i = 0; i < dst.length; i += 2) {
-        const r = this.rand();
-        dst[i] = t[r & 0xffff];
-        if (i + 1 < dst.length) dst[i + 1] = t[r >>> 16];
-      }
-      return;
-    }
-    const dst = new Uint16Array(out.buffer, out.byteOffset, out.byteLength / 2);
-    const t = this.table as Uint16Array;
-    for (let i = 0; i < dst.length; i += 2) {
-      const r = this.rand();
+    const f32 = this.dtype === 'f32';
+    const dst = f32 ? new Float32Array(out.buffer, out.byteOffset, out.byteLength / 4) : new Uint16Array(out.buffer, out.byteOffset, out.byteLength / 2);
+    const t = this.table;
+    // xorshift128 with the state in locals: this loop runs once per two values of the whole model.
+    let { x, y, z, w } = this;
+    const n = dst.length;
+    for (let i = 0; i < n; i += 2) {
+      const s = x ^ (x << 11);
+      x = y;
+      y = z;
+      z = w;
+      w = w ^ (w >>> 19) ^ (s ^ (s >>> 8));
+      const r = w >>> 0;
       dst[i] = t[r & 0xffff];
-      if (i + 1 < dst.length) dst[i + 1] = t[r >>> 16];
+      if (i + 1 < n) dst[i + 1] = t[r >>> 16];
     }
+    this.x = x;
+    this.y = y;
+    this.z = z;
+    this.w = w;
   }
 }

@@ -141,8 +141,9 @@ export class NervaTokenizer {
   /**
    * Render `messages` with the tokenizer's chat template, as HF `apply_chat_template(tokenize=False)`:
    * the context carries `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `tools`,
-   * `enable_thinking` when given, any `extra` variables, and a `raise_exception` function whose
-   * error surfaces as {@link TokenizerError} TEMPLATE_ERROR.
+   * `enable_thinking` when given and any `extra` variables. `raise_exception` and `strftime_now`
+   * are globals of the jinja runtime (as in HF); a raised exception, like any template failure,
+   * surfaces as {@link TokenizerError} TEMPLATE_ERROR carrying the template's message.
    */
   applyChatTemplate(messages: readonly ChatMessage[], opts: ChatTemplateOptions = {}): string {
     if (!this.template) throw new TokenizerError('NO_CHAT_TEMPLATE', 'this tokenizer has no chat template (tokenizer_config.json "chat_template" or chat_template.jinja)');
@@ -154,16 +155,12 @@ export class NervaTokenizer {
       ...opts.extra,
       messages,
       add_generation_prompt: opts.addGenerationPrompt ?? true,
-      raise_exception: (msg: unknown) => {
-        throw new TokenizerError('TEMPLATE_ERROR', `chat template raised: ${String(msg)}`);
-      },
     };
     if (opts.tools !== undefined) ctx.tools = opts.tools;
     if (opts.enableThinking !== undefined) ctx.enable_thinking = opts.enableThinking;
     try {
       return this.template.render(ctx);
     } catch (e) {
-      if (e instanceof TokenizerError) throw e;
       throw new TokenizerError('TEMPLATE_ERROR', `chat template failed: ${(e as Error).message}`, { cause: e });
     }
   }

@@ -1,0 +1,974 @@
+/**
+ * The backend conformance suite: every op of the catalogue run on a backend under test and on a
+ * reference backend (the CPU backend) with identical random inputs, outputs compared within the
+ * tolerance the tested backend declares. Core depends on nothing, so both backends come in as
+ * arguments. A new backend is a package that passes this suite.
+ *
+ * Inputs come from a seeded PRNG keyed by the case name, so a case sees the same data whatever
+ * subset of ops is run. Each case also checks for leaks: every buffer it allocates it frees, so
+ * `stats().liveBuffers` must be back where it was afterwards on both backends.
+ */
+import type { DeviceBackend, DeviceBuffer } from './backend.js';
+import { f32ToBf16 } from './dtype.js';
+import { OP_NAMES, type OpArgs, type OpName } from './ops.js';
+import { mix32, sampleRow, uniformFromSeed, type SampleParams } from './sampling.js';
+
+export interface ConformanceCaseResult {
+  op: OpName;
+  name: string;
+  ok: boolean;
+  /** Largest |backend - reference| over the float outputs (over the integer ones when the case has only those). */
+  maxAbsErr: number;
+  /** Largest |reference| over the float outputs. */
+  maxRef: number;
+  /** The bound maxAbsErr was held to: relTol × maxRef + absTol (0 for integer-only cases). */
+  tol: number;
+  /** Buffers the backend under test still had live after the case (should be 0). */
+  leakedBuffers: number;
+  /** Why the case failed: a thrown error, an integer mismatch, a leak on the reference. */
+  error?: string;
+}
+
+export interface ConformanceOptions {
+  /** Seed of the input generator (default 0x5eed). */
+  seed?: number;
+  /** Only these ops (default: every op of OP_NAMES). */
+  ops?: OpName[];
+  /** 'small' (default): CI-sized shapes. 'large' adds model-sized shapes. */
+  sizes?: 'small' | 'large';
+  /** Absolute tolerance floor added to relTol × max|reference| (default 1e-6). */
+  absTol?: number;
+}
+
+export interface ConformanceCase {
+  op: OpName;
+  name: string;
+  run(backend: DeviceBackend, reference: DeviceBackend): ConformanceCaseResult;
+}
+
+export interface ConformanceReport {
+  backend: string;
+  passed: number;
+  failed: number;
+  results: ConformanceCaseResult[];
+}
+
+// ---- inputs -------------------------------------------------------------------------------------
+
+/** Deterministic PRNG for case inputs, built on the sampler's counter hash (no dependency). */
+export class ConformanceRng {
+  private counter = 0;
+  constructor(private readonly seed: number) {}
+
+  /** Uniform in [0, 1). */
+  next(): number {
+    return uniformFromSeed(this.seed, this.counter++);
+  }
+  /** Integer in [lo, hi). */
+  int(lo: number, hi: number): number {
+    return lo + Math.floor(this.next() * (hi - lo));
+  }
+  /** Standard normal (Box-Muller). */
+  normal(): number {
+    const u = 1 - this.next();
+    return Math.sqrt(-2 * Math.log(u)) * Math.cos(2 * Math.PI * this.next());
+  }
+  normals(n: number, scale = 1): Float32Array {
+    const a = new Float32Array(n);
+    for (let i = 0; i < n; i++) a[i] = this.normal() * scale;
+    return a;
+  }
+  /** A random permutation of 0..n-1. */
+  perm(n: number): number[] {
+    const p = Array.from({ length: n }, (_, i) => i);
+    for (let i = n - 1; i > 0; i--) {
+      const j = this.int(0, i + 1);
+      [p[i], p[j]] = [p[j], p[i]];
+    }
+    return p;
+  }
+}
+
+/** Round every value to the nearest bfloat16 in place (so it is exact in an f32 and a bf16 buffer alike). */
+export function roundToBf16(a: Float32Array): Float32Array {
+  const bits = bf16Bits(a);
+  const u32 = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  for (let i = 0; i < a.length; i++) u32[i] = bits[i] << 16;
+  return a;
+}
+
+/** Raw bfloat16 bits of float32 values (round to nearest even, as f32ToBf16), in one pass. */
+function bf16Bits(a: Float32Array): Uint16Array {
+  const u32 = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  const out = new Uint16Array(a.length);
+  for (let i = 0; i < a.length; i++) {
+    const b = u32[i];
+    out[i] = (b & 0x7fffffff) > 0x7f800000 ? f32ToBf16(a[i]) : ((b + 0x7fff + ((b >>> 16) & 1)) >>> 16) & 0xffff;
+  }
+  return out;
+}
+
+type HostData = Float32Array | Int32Array;
+
+/**
+ * A buffer of a case. 'bf16' holds bf16-rounded values: uploaded as bf16 where the backend
+ * supports it, as f32 otherwise, so both backends see identical values.
+ */
+interface BufDef {
+  dtype: 'f32' | 'i32' | 'bf16';
+  data: HostData;
+}
+
+type Bufs = Record<string, DeviceBuffer>;
+
+interface Step {
+  op: OpName;
+  run(backend: DeviceBackend, bufs: Bufs): void;
+}
+
+function step<K extends OpName>(op: K, args: (b: Bufs) => OpArgs<K>): Step {
+  return { op, run: (be, b) => be.run(op, args(b)) };
+}
+
+/** Decides whether an integer mismatch at `index` is excused by a near-tie in the inputs. */
+type Excuse = (index: number, got: number, ref: number, relTol: number, absTol: number) => boolean;
+
+interface OutputDef {
+  name: string;
+  kind: 'float' | 'int';
+  excuse?: Excuse;
+}
+
+interface CaseSpec {
+  buffers: Record<string, BufDef>;
+  steps: Step[];
+  outputs: OutputDef[];
+}
+
+interface CaseDef {
+  name: string;
+  large?: boolean;
+  build(rng: ConformanceRng): CaseSpec;
+}
+
+const f32 = (data: Float32Array): BufDef => ({ dtype: 'f32', data });
+const i32 = (data: ArrayLike<number>): BufDef => ({ dtype: 'i32', data: Int32Array.from(data) });
+const bf16 = (data: Float32Array): BufDef => ({ dtype: 'bf16', data: roundToBf16(data) });
+const floatOut = (name: string): OutputDef => ({ name, kind: 'float' });
+const intOut = (name: string, excuse?: Excuse): OutputDef => ({ name, kind: 'int', excuse });
+
+function invFreq(headDim: number, base: number): Float32Array {
+  const a = new Float32Array(headDim / 2);
+  for (let i = 0; i < a.length; i++) a[i] = base ** ((-2 * i) / headDim);
+  return a;
+}
+
+// ---- cases --------------------------------------------------------------------------------------
+
+function embeddingCase(name: string, vocab: number, hidden: number, rows: number, weight: 'f32' | 'bf16', large = false): CaseDef {
+  return {
+    name,
+    large,
+    build: (rng) => {
+      const ids = Array.from({ length: rows }, () => rng.int(0, vocab));
+      ids[0] = vocab - 1; // the last row of the table
+      if (rows > 2) ids[rows - 1] = 0;
+      if (rows > 3) ids[1] = ids[2]; // a repeat
+      const table = rng.normals(vocab * hidden);
+      return {
+        buffers: { table: weight === 'bf16' ? bf16(table) : f32(table), ids: i32(ids), out: f32(rng.normals(rows * hidden + 3)) },
+        steps: [step('embedding', (b) => ({ table: b.table, ids: b.ids, out: b.out, rows, hidden }))],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+function rmsnormCase(name: string, rows: number, dim: number, residual: boolean, eps: number, xScale = 1, large = false): CaseDef {
+  return {
+    name,
+    large,
+    build: (rng) => {
+      const buffers: Record<string, BufDef> = {
+        x: f32(rng.normals(rows * dim, xScale)),
+        weight: f32(rng.normals(dim, 0.3).map((v) => 1 + v)),
+        out: f32(rng.normals(rows * dim + 2)),
+      };
+      if (residual) buffers.residual = f32(rng.normals(rows * dim, 2));
+      return {
+        buffers,
+        steps: [
+          step('rmsnorm', (b) => ({ x: b.x, weight: b.weight, out: b.out, rows, dim, eps, ...(residual ? { residual: b.residual } : {}) })),
+        ],
+        outputs: residual ? [floatOut('out'), floatOut('residual')] : [floatOut('out')],
+      };
+    },
+  };
+}
+
+interface MatmulShape {
+  rows: number;
+  inDim: number;
+  outDim: number;
+  bias?: boolean;
+  weightOffset?: number;
+  weight?: 'f32' | 'bf16';
+}
+
+function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
+  return {
+    name,
+    large,
+    build: (rng) => {
+      const off = s.weightOffset ?? 0;
+      // Values around the used window are garbage a backend must not read.
+      const w = rng.normals(off + s.outDim * s.inDim + 17, 1 / Math.sqrt(s.inDim));
+      const buffers: Record<string, BufDef> = {
+        x: f32(rng.normals(s.rows * s.inDim)),
+        weight: s.weight === 'bf16' ? bf16(w) : f32(w),
+        out: f32(rng.normals(s.rows * s.outDim + 5)),
+      };
+      if (s.bias) buffers.bias = f32(rng.normals(s.outDim));
+      return {
+        buffers,
+        steps: [
+          step('matmul', (b) => ({
+            x: b.x,
+            weight: b.weight,
+            out: b.out,
+            rows: s.rows,
+            inDim: s.inDim,
+            outDim: s.outDim,
+            ...(s.bias ? { bias: b.bias } : {}),
+            ...(s.weightOffset !== undefined ? { weightOffset: s.weightOffset } : {}),
+          })),
+        ],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+interface RopeShape {
+  rows: number;
+  numHeads: number;
+  headDim: number;
+  rowStride: number;
+  headOffset: number;
+  norm: boolean;
+  eps?: number;
+  maxPos: number;
+  base: number;
+}
+
+function ropeCase(name: string, s: RopeShape, large = false): CaseDef {
+  return {
+    name,
+    large,
+    build: (rng) => {
+      const positions = Array.from({ length: s.rows }, () => rng.int(0, s.maxPos));
+      positions[0] = 0; // the identity rotation
+      if (s.rows > 1) positions[s.rows - 1] = s.maxPos - 1;
+      const buffers: Record<string, BufDef> = {
+        x: f32(rng.normals(s.rows * s.rowStride, 2)),
+        positions: i32(positions),
+        invFreq: f32(invFreq(s.headDim, s.base)),
+      };
+      if (s.norm) buffers.normWeight = f32(rng.normals(s.headDim, 0.3).map((v) => 1 + v));
+      return {
+        buffers,
+        steps: [
+          step('rope', (b) => ({
+            x: b.x,
+            positions: b.positions,
+            invFreq: b.invFreq,
+            rows: s.rows,
+            numHeads: s.numHeads,
+            headDim: s.headDim,
+            rowStride: s.rowStride,
+            headOffset: s.headOffset,
+            ...(s.norm ? { normWeight: b.normWeight, eps: s.eps ?? 1e-6 } : {}),
+          })),
+        ],
+        outputs: [floatOut('x')],
+      };
+    },
+  };
+}
+
+interface KvShape {
+  rows: number;
+  numKvHeads: number;
+  headDim: number;
+  rowStride: number;
+  kOffset: number;
+  vOffset: number;
+  slots: number;
+  padding: number;
+}
+
+function kvAppendCase(name: string, s: KvShape): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const w = s.numKvHeads * s.headDim;
+      const slots = rng.perm(s.slots).slice(0, s.rows);
+      for (let i = 0; i < s.padding; i++) slots[rng.int(0, s.rows)] = -1;
+      return {
+        buffers: {
+          src: f32(rng.normals(s.rows * s.rowStride)),
+          // Prefilled, so a backend that writes the wrong slot (or a padding row) is caught.
+          kCache: f32(rng.normals(s.slots * w)),
+          vCache: f32(rng.normals(s.slots * w)),
+          slots: i32(slots),
+        },
+        steps: [
+          step('kv_append', (b) => ({
+            src: b.src,
+            kCache: b.kCache,
+            vCache: b.vCache,
+            slots: b.slots,
+            rows: s.rows,
+            numKvHeads: s.numKvHeads,
+            headDim: s.headDim,
+            rowStride: s.rowStride,
+            kOffset: s.kOffset,
+            vOffset: s.vOffset,
+          })),
+        ],
+        outputs: [floatOut('kCache'), floatOut('vCache')],
+      };
+    },
+  };
+}
+
+interface AttnShape {
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  blockSize: number;
+  /** Context length of each sequence (positions 0..len-1 are in the cache). */
+  seqLens: number[];
+  /** Rows: [sequence, position]. */
+  rows: Array<[number, number]>;
+  /** Extra q row elements before (qOffset) and after the heads. */
+  qPad?: [number, number];
+}
+
+function attentionCase(name: string, s: AttnShape, large = false): CaseDef {
+  return {
+    name,
+    large,
+    build: (rng) => {
+      const kvw = s.numKvHeads * s.headDim;
+      const qw = s.numHeads * s.headDim;
+      const need = s.seqLens.map((n) => Math.ceil(n / s.blockSize));
+      const maxBlocks = Math.max(...need) + 1;
+      const spare = 2;
+      const numBlocks = need.reduce((x, y) => x + y, 0) + spare;
+      // Blocks are handed out in a shuffled order, so tables are not contiguous.
+      const order = rng.perm(numBlocks);
+      const spareBlocks = order.slice(numBlocks - spare);
+      const tables = new Int32Array(s.seqLens.length * maxBlocks);
+      let next = 0;
+      for (let q = 0; q < s.seqLens.length; q++) {
+        for (let b = 0; b < maxBlocks; b++) tables[q * maxBlocks + b] = b < need[q] ? order[next++] : spareBlocks[b % spare];
+      }
+      const slots = numBlocks * s.blockSize;
+      const k = rng.normals(slots * kvw);
+      const v = rng.normals(slots * kvw);
+      // Slots a row must not see (later positions, spare blocks) hold large values, so reading
+      // past the causal bound or an unused table entry shows as a large error.
+      const visible = new Uint8Array(slots);
+      for (let q = 0; q < s.seqLens.length; q++) {
+        for (let p = 0; p < s.seqLens[q]; p++) visible[tables[q * maxBlocks + Math.floor(p / s.blockSize)] * s.blockSize + (p % s.blockSize)] = 1;
+      }
+      for (let sl = 0; sl < slots; sl++) {
+        if (visible[sl]) continue;
+        for (let i = 0; i < kvw; i++) {
+          k[sl * kvw + i] *= 40;
+          v[sl * kvw + i] = 1000 + 100 * v[sl * kvw + i];
+        }
+      }
+      const [before, after] = s.qPad ?? [0, 0];
+      const stride = before + qw + after;
+      const rows = s.rows.length;
+      return {
+        buffers: {
+          q: f32(rng.normals(rows * stride)),
+          kCache: f32(k),
+          vCache: f32(v),
+          out: f32(rng.normals(rows * qw + 3)),
+          blockTables: i32(tables),
+          rowSeq: i32(s.rows.map((r) => r[0])),
+          positions: i32(s.rows.map((r) => r[1])),
+        },
+        steps: [
+          step('attention', (b) => ({
+            q: b.q,
+            kCache: b.kCache,
+            vCache: b.vCache,
+            out: b.out,
+            blockTables: b.blockTables,
+            rowSeq: b.rowSeq,
+            positions: b.positions,
+            rows,
+            numHeads: s.numHeads,
+            numKvHeads: s.numKvHeads,
+            headDim: s.headDim,
+            blockSize: s.blockSize,
+            maxBlocksPerSeq: maxBlocks,
+            qRowStride: stride,
+            qOffset: before,
+            scale: 1 / Math.sqrt(s.headDim),
+          })),
+        ],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+/** Decode rows (the last position) of every sequence. */
+const decodeRows = (lens: number[]): Array<[number, number]> => lens.map((n, q) => [q, n - 1]);
+
+function siluMulCase(name: string, rows: number, dim: number, scale: number): CaseDef {
+  return {
+    name,
+    build: (rng) => ({
+      buffers: { x: f32(rng.normals(rows * 2 * dim, scale)), out: f32(rng.normals(rows * dim + 1)) },
+      steps: [step('silu_mul', (b) => ({ x: b.x, out: b.out, rows, dim }))],
+      outputs: [floatOut('out')],
+    }),
+  };
+}
+
+function addCase(name: string, length: number): CaseDef {
+  return {
+    name,
+    build: (rng) => ({
+      buffers: { a: f32(rng.normals(length)), b: f32(rng.normals(length, 3)), out: f32(rng.normals(length + 2)) },
+      steps: [step('add', (b) => ({ a: b.a, b: b.b, out: b.out, length }))],
+      outputs: [floatOut('out')],
+    }),
+  };
+}
+
+function gatherCase(name: string, xRows: number, n: number, dim: number): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const idx = Array.from({ length: n }, () => rng.int(0, xRows));
+      idx[0] = xRows - 1;
+      return {
+        buffers: { x: f32(rng.normals(xRows * dim)), rowIdx: i32(idx), out: f32(rng.normals(n * dim + 2)) },
+        steps: [step('gather_rows', (b) => ({ x: b.x, rowIdx: b.rowIdx, out: b.out, n, dim }))],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+/**
+ * Router logits with well separated values (a shuffled ladder with step 0.08 plus noise under
+ * 0.02), so the top-k set is never decided by rounding.
+ */
+function routerLogits(rng: ConformanceRng, rows: number, experts: number): Float32Array {
+  const a = new Float32Array(rows * experts);
+  for (let r = 0; r < rows; r++) {
+    const p = rng.perm(experts);
+    for (let e = 0; e < experts; e++) a[r * experts + e] = (p[e] - experts / 2) * 0.08 + (rng.next() - 0.5) * 0.02;
+  }
+  return a;
+}
+
+/** Softmax of one row in float64 (for the near-tie excuse of topIds). */
+function softmaxRow(x: ArrayLike<number>, off: number, n: number): Float64Array {
+  const p = new Float64Array(n);
+  let max = -Infinity;
+  for (let i = 0; i < n; i++) max = Math.max(max, x[off + i]);
+  let sum = 0;
+  for (let i = 0; i < n; i++) sum += p[i] = Math.exp(x[off + i] - max);
+  for (let i = 0; i < n; i++) p[i] /= sum;
+  return p;
+}
+
+function moeRouteCase(name: string, rows: number, numExperts: number, topK: number, normalize: boolean): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const logits = routerLogits(rng, rows, numExperts);
+      const excuse: Excuse = (i, got, ref, relTol, absTol) => {
+        const r = Math.floor(i / topK);
+        const p = softmaxRow(logits, r * numExperts, numExperts);
+        return got >= 0 && got < numExperts && Math.abs(p[got] - p[ref]) <= relTol + absTol;
+      };
+      return {
+        buffers: { logits: f32(logits), topIds: i32(new Int32Array(rows * topK).fill(-7)), topWeights: f32(rng.normals(rows * topK)) },
+        steps: [step('moe_route', (b) => ({ logits: b.logits, topIds: b.topIds, topWeights: b.topWeights, rows, numExperts, topK, normalize }))],
+        outputs: [intOut('topIds', excuse), floatOut('topWeights')],
+      };
+    },
+  };
+}
+
+function moeMlpCase(name: string, rows: number, hidden: number, inter: number, experts: number, topK: number, weight: 'f32' | 'bf16'): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const ids: number[] = [];
+      const wts = new Float32Array(rows * topK);
+      for (let r = 0; r < rows; r++) {
+        const chosen = rng.perm(experts).slice(0, topK);
+        let sum = 0;
+        for (let k = 0; k < topK; k++) sum += wts[r * topK + k] = 0.1 + rng.next();
+        for (let k = 0; k < topK; k++) wts[r * topK + k] /= sum;
+        ids.push(...chosen);
+      }
+      const gu = rng.normals(experts * 2 * inter * hidden, 1 / Math.sqrt(hidden));
+      const dn = rng.normals(experts * hidden * inter, 1 / Math.sqrt(inter));
+      const wb = weight === 'bf16' ? bf16 : f32;
+      return {
+        buffers: {
+          x: f32(rng.normals(rows * hidden)),
+          topIds: i32(ids),
+          topWeights: f32(wts),
+          gateUp: wb(gu),
+          down: wb(dn),
+          out: f32(rng.normals(rows * hidden + 1)),
+        },
+        steps: [
+          step('moe_mlp', (b) => ({
+            x: b.x,
+            topIds: b.topIds,
+            topWeights: b.topWeights,
+            gateUp: b.gateUp,
+            down: b.down,
+            out: b.out,
+            rows,
+            hidden,
+            inter,
+            topK,
+          })),
+        ],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+function argmaxCase(name: string, rows: number, vocab: number, withTie: boolean, large = false): CaseDef {
+  return {
+    name,
+    large,
+    build: (rng) => {
+      const logits = rng.normals(rows * vocab, 2);
+      if (withTie && vocab >= 3) {
+        // An exact tie: the contract says lowest index, so this one is not excused.
+        let m = -Infinity;
+        for (let i = 0; i < vocab; i++) m = Math.max(m, logits[i]);
+        logits[vocab - 1] = m + 1;
+        logits[1] = m + 1;
+      }
+      const excuse: Excuse = (r, got, ref, relTol, absTol) => {
+        if (got < 0 || got >= vocab) return false;
+        const a = logits[r * vocab + got];
+        const b = logits[r * vocab + ref];
+        let max = 0;
+        for (let i = 0; i < vocab; i++) max = Math.max(max, Math.abs(logits[r * vocab + i]));
+        return a !== b && Math.abs(a - b) <= relTol * max + absTol;
+      };
+      return {
+        buffers: { logits: f32(logits), out: i32(new Int32Array(rows).fill(-3)) },
+        steps: [step('argmax', (b) => ({ logits: b.logits, out: b.out, rows, vocab }))],
+        outputs: [intOut('out', excuse)],
+      };
+    },
+  };
+}
+
+/**
+ * Sampling: several parameter sets per call and `draws` calls on the same rng buffer, so the
+ * counter the op advances is exercised. A mismatch is excused only when nudging u, topP or minP
+ * by a tolerance-sized amount makes the reference rule pick the backend's token.
+ */
+function sampleCase(name: string, vocab: number, params: number[][], draws: number, scale: number): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const rows = params.length;
+      const logits = rng.normals(rows * vocab, scale);
+      const state = new Int32Array(rows * 2);
+      for (let r = 0; r < rows; r++) {
+        state[2 * r] = (rng.int(0, 0x7fffffff) * (rng.next() < 0.5 ? -1 : 1)) | 0;
+        state[2 * r + 1] = rng.int(0, 1 << 20);
+      }
+      const p32 = Float32Array.from(params.flat());
+      const excuseFor =
+        (draw: number): Excuse =>
+        (r, got, ref, relTol, absTol) => {
+          if (got < 0 || got >= vocab) return false;
+          const u = uniformFromSeed(state[2 * r], (state[2 * r + 1] + draw) | 0);
+          const d = Math.max(16 * relTol, absTol);
+          const base: SampleParams = { temperature: p32[4 * r], topK: p32[4 * r + 1], topP: p32[4 * r + 2], minP: p32[4 * r + 3] };
+          const tries: Array<[SampleParams, number]> = [
+            [base, Math.min(u + d, 1 - 1e-12)],
+            [base, Math.max(u - d, 0)],
+            [{ ...base, topP: base.topP + d }, u],
+            [{ ...base, topP: base.topP - d }, u],
+            [{ ...base, minP: base.minP * (1 + d) }, u],
+            [{ ...base, minP: base.minP * (1 - d) }, u],
+          ];
+          return ref !== got && tries.some(([sp, uu]) => sampleRow(logits, r * vocab, vocab, sp, uu) === got);
+        };
+      const buffers: Record<string, BufDef> = { logits: f32(logits), params: f32(p32), rng: i32(state) };
+      const steps: Step[] = [];
+      const outputs: OutputDef[] = [];
+      for (let d = 0; d < draws; d++) {
+        buffers[`out${d}`] = i32(new Int32Array(rows).fill(-5));
+        steps.push(step('sample', (b) => ({ logits: b.logits, params: b.params, rng: b.rng, out: b[`out${d}`], rows, vocab })));
+        outputs.push(intOut(`out${d}`, excuseFor(d)));
+      }
+      outputs.push(intOut('rng'));
+      return { buffers, steps, outputs };
+    },
+  };
+}
+
+function ringPushCase(name: string, capacity: number, cursor: number, pushes: number[]): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const buffers: Record<string, BufDef> = {
+        ring: i32(Array.from({ length: capacity }, () => -1 - rng.int(0, 100))),
+        cursor: i32([cursor]),
+      };
+      const steps: Step[] = [];
+      pushes.forEach((rows, i) => {
+        buffers[`src${i}`] = i32(Array.from({ length: rows }, () => rng.int(0, 150000)));
+        steps.push(step('ring_push', (b) => ({ src: b[`src${i}`], ring: b.ring, cursor: b.cursor, rows, capacity })));
+      });
+      return { buffers, steps, outputs: [intOut('ring'), intOut('cursor')] };
+    },
+  };
+}
+
+function advanceCase(name: string, blockSize: number, seqLens: number[], steps: number): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const maxBlocks = Math.ceil((Math.max(...seqLens) + steps) / blockSize) + 1;
+      const numBlocks = seqLens.length * maxBlocks;
+      const order = rng.perm(numBlocks);
+      const tables = new Int32Array(seqLens.length * maxBlocks);
+      for (let i = 0; i < tables.length; i++) tables[i] = order[i];
+      // Rows in a different order than sequences, as a batch after preemption would be.
+      const rowOrder = rng.perm(seqLens.length);
+      const rows = rowOrder.length;
+      const st: Step[] = [];
+      for (let i = 0; i < steps; i++) {
+        st.push(
+          step('advance_positions', (b) => ({ positions: b.positions, slots: b.slots, blockTables: b.blockTables, rowSeq: b.rowSeq, rows, blockSize, maxBlocksPerSeq: maxBlocks })),
+        );
+      }
+      return {
+        buffers: {
+          positions: i32(rowOrder.map((q) => seqLens[q] - 1)),
+          slots: i32(new Int32Array(rows).fill(-9)),
+          blockTables: i32(tables),
+          rowSeq: i32(rowOrder),
+        },
+        steps: st,
+        outputs: [intOut('positions'), intOut('slots')],
+      };
+    },
+  };
+}
+
+/** Every op's cases; the mapped type makes an op added to the catalogue without cases a type error. */
+const CASES: { [K in OpName]: CaseDef[] } = {
+  embedding: [
+    embeddingCase('vocab 37 x 13, 5 rows', 37, 13, 5, 'f32'),
+    embeddingCase('vocab 100 x 64, 1 row', 100, 64, 1, 'f32'),
+    embeddingCase('bf16 table 50 x 24, 7 rows', 50, 24, 7, 'bf16'),
+    embeddingCase('bf16 table 4099 x 1024, 9 rows', 4099, 1024, 9, 'bf16', true),
+  ],
+  rmsnorm: [
+    rmsnormCase('3 x 17, no residual', 3, 17, false, 1e-6),
+    rmsnormCase('4 x 64, residual', 4, 64, true, 1e-5),
+    rmsnormCase('1 x 130, residual, large x', 1, 130, true, 1e-6, 30),
+    rmsnormCase('2 x 5, tiny x (eps matters)', 2, 5, false, 1e-2, 1e-2),
+    rmsnormCase('5 x 4096, residual', 5, 4096, true, 1e-6, 1, true),
+  ],
+  matmul: [
+    matmulCase('1 row 67 -> 29', { rows: 1, inDim: 67, outDim: 29 }),
+    matmulCase('5 rows 64 -> 48, bias', { rows: 5, inDim: 64, outDim: 48, bias: true }),
+    matmulCase('3 rows 33 -> 7, weightOffset 100', { rows: 3, inDim: 33, outDim: 7, weightOffset: 100 }),
+    matmulCase('2 rows 3 -> 5', { rows: 2, inDim: 3, outDim: 5 }),
+    matmulCase('1 row 256 -> 130, bf16 weights', { rows: 1, inDim: 256, outDim: 130, weight: 'bf16' }),
+    matmulCase('8 rows 96 -> 80, bf16 weights, bias, weightOffset', { rows: 8, inDim: 96, outDim: 80, weight: 'bf16', bias: true, weightOffset: 96 * 3 }),
+    matmulCase('1 row 1024 -> 4096, bf16 weights', { rows: 1, inDim: 1024, outDim: 4096, weight: 'bf16' }, true),
+    matmulCase('17 rows 512 -> 1536, bias', { rows: 17, inDim: 512, outDim: 1536, bias: true }, true),
+  ],
+  rope: [
+    ropeCase('q heads of packed qkv, no norm', { rows: 3, numHeads: 4, headDim: 16, rowStride: 128, headOffset: 0, norm: false, maxPos: 200, base: 10000 }),
+    ropeCase('k heads of packed qkv, QK-norm', { rows: 3, numHeads: 2, headDim: 16, rowStride: 128, headOffset: 64, norm: true, maxPos: 4096, base: 10000 }),
+    ropeCase('headDim 6, offset 1, QK-norm eps 1e-5', { rows: 5, numHeads: 3, headDim: 6, rowStride: 20, headOffset: 1, norm: true, eps: 1e-5, maxPos: 40000, base: 1e6 }),
+    ropeCase('headDim 128, base 1e6, long positions', { rows: 2, numHeads: 2, headDim: 128, rowStride: 256, headOffset: 0, norm: false, maxPos: 32768, base: 1e6 }),
+    ropeCase('32 heads x 128, QK-norm', { rows: 4, numHeads: 32, headDim: 128, rowStride: 6144, headOffset: 1024, norm: true, maxPos: 8192, base: 1e6 }, true),
+  ],
+  kv_append: [
+    kvAppendCase('packed qkv, 2 kv heads, one padding row', { rows: 4, numKvHeads: 2, headDim: 8, rowStride: 64, kOffset: 32, vOffset: 48, slots: 12, padding: 1 }),
+    kvAppendCase('1 row, headDim 6', { rows: 1, numKvHeads: 1, headDim: 6, rowStride: 18, kOffset: 6, vOffset: 12, slots: 7, padding: 0 }),
+    kvAppendCase('7 rows, 4 kv heads, v before k, padding', { rows: 7, numKvHeads: 4, headDim: 16, rowStride: 130, kOffset: 66, vOffset: 1, slots: 20, padding: 2 }),
+  ],
+  attention: [
+    attentionCase('decode, MHA, 3 sequences', { numHeads: 4, numKvHeads: 4, headDim: 16, blockSize: 4, seqLens: [1, 6, 13], rows: decodeRows([1, 6, 13]) }),
+    attentionCase('decode, GQA 2', { numHeads: 8, numKvHeads: 4, headDim: 32, blockSize: 8, seqLens: [17, 3, 30, 9], rows: decodeRows([17, 3, 30, 9]) }),
+    attentionCase('decode, GQA 4, headDim 24, blockSize 5', { numHeads: 8, numKvHeads: 2, headDim: 24, blockSize: 5, seqLens: [11, 23], rows: decodeRows([11, 23]) }),
+    attentionCase('decode, MQA, headDim 10', { numHeads: 6, numKvHeads: 1, headDim: 10, blockSize: 3, seqLens: [7, 2, 12], rows: decodeRows([7, 2, 12]), qPad: [0, 5] }),
+    attentionCase('prefill chunk + decode rows, q in packed qkv', {
+      numHeads: 4,
+      numKvHeads: 2,
+      headDim: 16,
+      blockSize: 4,
+      seqLens: [10, 15, 1],
+      rows: [[0, 4], [0, 5], [0, 6], [0, 7], [0, 8], [0, 9], [1, 14], [2, 0]],
+      qPad: [8, 64],
+    }),
+    attentionCase('whole prompt prefill, GQA 2', {
+      numHeads: 2,
+      numKvHeads: 1,
+      headDim: 16,
+      blockSize: 16,
+      seqLens: [20],
+      rows: Array.from({ length: 20 }, (_, p): [number, number] => [0, p]),
+    }),
+    attentionCase(
+      'model-sized: 32 heads, 8 kv heads, 128 dim, chunk + decode',
+      {
+        numHeads: 32,
+        numKvHeads: 8,
+        headDim: 128,
+        blockSize: 16,
+        seqLens: [300, 517, 64],
+        rows: [...Array.from({ length: 12 }, (_, i): [number, number] => [0, 288 + i]), [1, 516], [2, 63]],
+      },
+      true,
+    ),
+  ],
+  silu_mul: [siluMulCase('3 x 21', 3, 21, 1), siluMulCase('1 x 256', 1, 256, 1), siluMulCase('2 x 33, large gates', 2, 33, 12)],
+  add: [addCase('length 1', 1), addCase('length 7', 7), addCase('length 1001', 1001)],
+  gather_rows: [gatherCase('5 of 12 rows x 9', 12, 5, 9), gatherCase('1 of 3 rows x 64', 3, 1, 64), gatherCase('4 of 6 rows x 1', 6, 4, 1)],
+  moe_route: [
+    moeRouteCase('4 rows, 8 experts, top 2, normalized', 4, 8, 2, true),
+    moeRouteCase('3 rows, 60 experts, top 4, not normalized', 3, 60, 4, false),
+    moeRouteCase('2 rows, 128 experts, top 8, normalized', 2, 128, 8, true),
+    moeRouteCase('1 row, topK = numExperts = 5', 1, 5, 5, false),
+  ],
+  moe_mlp: [
+    moeMlpCase('3 rows, hidden 16, inter 12, 4 experts, top 2', 3, 16, 12, 4, 2, 'f32'),
+    moeMlpCase('2 rows, hidden 24, inter 10, 8 experts, top 3, bf16', 2, 24, 10, 8, 3, 'bf16'),
+    moeMlpCase('1 row, hidden 7, inter 5, 3 experts, top 1', 1, 7, 5, 3, 1, 'f32'),
+  ],
+  argmax: [
+    argmaxCase('4 rows x 1000, exact tie in row 0', 4, 1000, true),
+    argmaxCase('1 row x 7', 1, 7, false),
+    argmaxCase('3 rows x 4099', 3, 4099, false),
+    argmaxCase('2 rows x 151936', 2, 151936, true, true),
+  ],
+  sample: [
+    sampleCase(
+      '5 param sets x 3 draws, vocab 257',
+      257,
+      [
+        [0.7, 0, 1, 0],
+        [1, 40, 0.9, 0],
+        [1.3, 0, 0.8, 0.05],
+        [0, 0, 1, 0],
+        [1, 1, 1, 0],
+      ],
+      3,
+      2,
+    ),
+    sampleCase(
+      '2 param sets x 2 draws, vocab 5000',
+      5000,
+      [
+        [0.8, 50, 0.95, 0.02],
+        [1, 0, 1, 0],
+      ],
+      2,
+      3,
+    ),
+  ],
+  ring_push: [ringPushCase('capacity 8, wraps', 8, 6, [4, 3]), ringPushCase('capacity 5, full pushes', 5, 1000003, [5, 2, 5])],
+  advance_positions: [advanceCase('4 sequences, block boundaries, 3 steps', 4, [4, 1, 7, 12], 3), advanceCase('1 sequence, blockSize 16', 16, [31], 2)],
+};
+
+// ---- running ------------------------------------------------------------------------------------
+
+interface Execution {
+  outputs?: Record<string, HostData>;
+  error?: string;
+  leaked: number;
+}
+
+function message(e: unknown): string {
+  return e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+}
+
+/** Allocate, upload, run the steps, read the outputs, free everything (also on failure). */
+function execute(be: DeviceBackend, spec: CaseSpec): Execution {
+  const before = be.stats().liveBuffers;
+  const bufs: Bufs = {};
+  const result: Execution = { leaked: 0 };
+  const halfOk = be.capabilities.dtypes.includes('bf16');
+  try {
+    for (const [name, def] of Object.entries(spec.buffers)) {
+      const dtype = def.dtype === 'bf16' && !halfOk ? 'f32' : def.dtype;
+      bufs[name] = be.alloc({ dtype, length: def.data.length, label: `conformance.${name}` });
+      be.write(bufs[name], dtype === 'bf16' ? bf16Bits(def.data as Float32Array) : def.data);
+    }
+    for (const s of spec.steps) s.run(be, bufs);
+    const outputs: Record<string, HostData> = {};
+    for (const o of spec.outputs) outputs[o.name] = be.read(bufs[o.name]);
+    result.outputs = outputs;
+  } catch (e) {
+    result.error = message(e);
+  } finally {
+    for (const b of Object.values(bufs)) {
+      try {
+        be.free(b);
+      } catch (e) {
+        result.error ??= `free failed: ${message(e)}`;
+      }
+    }
+    result.leaked = be.stats().liveBuffers - before;
+  }
+  return result;
+}
+
+interface Comparison {
+  maxAbsErr: number;
+  maxRef: number;
+  tol: number;
+  mismatch?: string;
+}
+
+function compare(spec: CaseSpec, got: Record<string, HostData>, ref: Record<string, HostData>, relTol: number, absTol: number): Comparison {
+  let maxRef = 0;
+  let hasFloat = false;
+  for (const o of spec.outputs) {
+    if (o.kind !== 'float') continue;
+    hasFloat = true;
+    for (const v of ref[o.name]) maxRef = Math.max(maxRef, Math.abs(v));
+  }
+  const tol = hasFloat ? relTol * maxRef + absTol : 0;
+  let maxAbsErr = 0;
+  let mismatch: string | undefined;
+  for (const o of spec.outputs) {
+    const g = got[o.name];
+    const r = ref[o.name];
+    if (g.length !== r.length) {
+      mismatch ??= `${o.name}: length ${g.length}, reference ${r.length}`;
+      maxAbsErr = Infinity;
+      continue;
+    }
+    if (o.kind === 'float') {
+      for (let i = 0; i < r.length; i++) {
+        const err = Number.isNaN(g[i]) !== Number.isNaN(r[i]) ? Infinity : Number.isNaN(r[i]) ? 0 : Math.abs(g[i] - r[i]);
+        if (err > maxAbsErr) maxAbsErr = err;
+        if (err > tol) mismatch ??= `${o.name}[${i}]: got ${g[i]}, reference ${r[i]} (tol ${tol.toExponential(2)})`;
+      }
+    } else {
+      for (let i = 0; i < r.length; i++) {
+        if (g[i] === r[i] || o.excuse?.(i, g[i], r[i], relTol, absTol)) continue;
+        mismatch ??= `${o.name}[${i}]: got ${g[i]}, reference ${r[i]}`;
+        if (!hasFloat) maxAbsErr = Math.max(maxAbsErr, Math.abs(g[i] - r[i]));
+      }
+    }
+  }
+  return { maxAbsErr, maxRef, tol, mismatch };
+}
+
+function makeCase(op: OpName, def: CaseDef, seed: number, absTol: number): ConformanceCase {
+  return {
+    op,
+    name: def.name,
+    run(backend, reference) {
+      const base = { op, name: def.name };
+      let spec: CaseSpec;
+      try {
+        spec = def.build(new ConformanceRng(mix32((seed ^ hashString(`${op}/${def.name}`)) >>> 0)));
+      } catch (e) {
+        return { ...base, ok: false, maxAbsErr: Infinity, maxRef: 0, tol: 0, leakedBuffers: 0, error: `case setup: ${message(e)}` };
+      }
+      if (!backend.capabilities.ops.includes(op)) {
+        return { ...base, ok: false, maxAbsErr: Infinity, maxRef: 0, tol: 0, leakedBuffers: 0, error: `op ${op} is not in the backend's capabilities.ops` };
+      }
+      const relTol = backend.capabilities.precision.relTol;
+      const got = execute(backend, spec);
+      const ref = reference === backend ? execute(backend, spec) : execute(reference, spec);
+      const fail = (error: string, c?: Comparison): ConformanceCaseResult => ({
+        ...base,
+        ok: false,
+        maxAbsErr: c?.maxAbsErr ?? Infinity,
+        maxRef: c?.maxRef ?? 0,
+        tol: c?.tol ?? 0,
+        leakedBuffers: got.leaked,
+        error,
+      });
+      if (got.error !== undefined) return fail(got.error);
+      if (ref.error !== undefined) return fail(`reference failed: ${ref.error}`);
+      const c = compare(spec, got.outputs!, ref.outputs!, relTol, absTol);
+      if (c.mismatch !== undefined) return fail(`mismatch: ${c.mismatch}`, c);
+      if (got.leaked !== 0) return fail(`backend leaked ${got.leaked} buffer(s)`, c);
+      if (ref.leaked !== 0) return fail(`reference leaked ${ref.leaked} buffer(s)`, c);
+      return { ...base, ok: true, maxAbsErr: c.maxAbsErr, maxRef: c.maxRef, tol: c.tol, leakedBuffers: 0 };
+    },
+  };
+}
+
+function hashString(s: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193) >>> 0;
+  return h;
+}
+
+/** The cases of the suite, in OP_NAMES order, for the selected ops and sizes. */
+export function conformanceCases(opts: ConformanceOptions = {}): ConformanceCase[] {
+  const seed = (opts.seed ?? 0x5eed) >>> 0;
+  const absTol = opts.absTol ?? 1e-6;
+  const ops = opts.ops ?? OP_NAMES;
+  const out: ConformanceCase[] = [];
+  for (const op of OP_NAMES) {
+    if (!ops.includes(op)) continue;
+    for (const def of CASES[op]) {
+      if (def.large && opts.sizes !== 'large') continue;
+      out.push(makeCase(op, def, seed, absTol));
+    }
+  }
+  return out;
+}
+
+/**
+ * Run every case of the suite on `backend` against `reference`. A case that throws becomes a
+ * failed result carrying the message; the run itself never throws for a backend's failure.
+ */
+export async function runConformance(backend: DeviceBackend, reference: DeviceBackend, opts: ConformanceOptions = {}): Promise<ConformanceReport> {
+  const results: ConformanceCaseResult[] = [];
+  for (const c of conformanceCases(opts)) {
+    let r: ConformanceCaseResult;
+    try {
+      r = c.run(backend, reference);
+    } catch (e) {
+      r = { op: c.op, name: c.name, ok: false, maxAbsErr: Infinity, maxRef: 0, tol: 0, leakedBuffers: 0, error: message(e) };
+    }
+    results.push(r);
+    // Yield between cases so a long run does not starve the event loop.
+    await Promise.resolve();
+  }
+  const passed = results.filter((r) => r.ok).length;
+  return { backend: backend.name, passed, failed: results.length - passed, results };
+}

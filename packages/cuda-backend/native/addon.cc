@@ -1,0 +1,502 @@
+// Node-API glue: one Context per backend. Memory is reserved up front (a device arena and a
+// mapped pinned-host arena); JavaScript sub-allocates inside them and passes raw addresses to
+// `launch`. Every CUDA failure becomes a JS exception carrying the CUDA error name and the call.
+#include <napi.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "nerva.h"
+
+namespace {
+
+constexpr double MAX_SAFE = 9007199254740992.0;  // 2^53: addresses travel as JS numbers
+
+Napi::Error cudaErr(Napi::Env env, int code, const std::string& call) {
+  std::string name, desc;
+  if (code > 0) {
+    name = cudaGetErrorName((cudaError_t)code);
+    desc = cudaGetErrorString((cudaError_t)code);
+  } else if (code == NERVA_CUBLAS_FAILED) {
+    name = "CUBLAS_STATUS_ERROR";
+    desc = "cuBLAS call failed";
+  } else {
+    name = "NERVA_BAD_ARGS";
+    desc = "invalid arguments";
+  }
+  Napi::Error err = Napi::Error::New(env, name + " (" + desc + ") in " + call);
+  err.Value().Set("cudaError", Napi::String::New(env, name));
+  err.Value().Set("call", Napi::String::New(env, call));
+  err.Value().Set("status", Napi::Number::New(env, code));
+  return err;
+}
+
+#define CU(call)                                                               \
+  do {                                                                         \
+    cudaError_t _e = (call);                                                   \
+    if (_e != cudaSuccess) throw cudaErr(env, (int)_e, #call);                 \
+  } while (0)
+
+double addrOf(Napi::Env env, const void* p) {
+  double d = (double)(uintptr_t)p;
+  if (d >= MAX_SAFE) throw Napi::Error::New(env, "device address beyond 2^53 cannot travel as a JS number");
+  return d;
+}
+
+class Context : public Napi::ObjectWrap<Context> {
+ public:
+  static Napi::Function Init(Napi::Env env) {
+    return DefineClass(env, "Context",
+                       {
+                           InstanceMethod("info", &Context::Info),
+                           InstanceMethod("pinnedArrayBuffer", &Context::PinnedArrayBuffer),
+                           InstanceMethod("launch", &Context::Launch),
+                           InstanceMethod("copy", &Context::Copy),
+                           InstanceMethod("write", &Context::Write),
+                           InstanceMethod("read", &Context::Read),
+                           InstanceMethod("createStream", &Context::CreateStream),
+                           InstanceMethod("destroyStream", &Context::DestroyStream),
+                           InstanceMethod("createEvent", &Context::CreateEvent),
+                           InstanceMethod("destroyEvent", &Context::DestroyEvent),
+                           InstanceMethod("record", &Context::Record),
+                           InstanceMethod("waitEvent", &Context::WaitEvent),
+                           InstanceMethod("elapsed", &Context::Elapsed),
+                           InstanceMethod("synchronize", &Context::Synchronize),
+                           InstanceMethod("beginCapture", &Context::BeginCapture),
+                           InstanceMethod("endCapture", &Context::EndCapture),
+                           InstanceMethod("replay", &Context::Replay),
+                           InstanceMethod("destroyGraph", &Context::DestroyGraph),
+                           InstanceMethod("setHotPath", &Context::SetHotPath),
+                           InstanceMethod("counters", &Context::Counters),
+                           InstanceMethod("copyBandwidth", &Context::CopyBandwidth),
+                           InstanceMethod("dispose", &Context::Dispose),
+                       });
+  }
+
+  // new Context({ device, deviceArenaBytes, pinnedArenaBytes, workspaceBytes, cublasWorkspaceBytes, gemmMode })
+  Context(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Context>(info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = info[0].As<Napi::Object>();
+    device_ = o.Get("device").As<Napi::Number>().Int32Value();
+    devBytes_ = (size_t)o.Get("deviceArenaBytes").As<Napi::Number>().DoubleValue();
+    pinBytes_ = (size_t)o.Get("pinnedArenaBytes").As<Napi::Number>().DoubleValue();
+    size_t wsBytes = (size_t)o.Get("workspaceBytes").As<Napi::Number>().DoubleValue();
+    size_t cbWs = (size_t)o.Get("cublasWorkspaceBytes").As<Napi::Number>().DoubleValue();
+    int gemmMode = o.Get("gemmMode").As<Napi::Number>().Int32Value();
+
+    CU(cudaSetDevice(device_));
+    CU(cudaGetDeviceProperties(&prop_, device_));
+    // One reservation holds the arena, the op workspace and cuBLAS's workspace.
+    size_t total = devBytes_ + wsBytes + cbWs;
+    cudaError_t e = cudaMalloc((void**)&devBase_, total);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw cudaErr(env, (int)e, "cudaMalloc(device arena of " + std::to_string(total) + " bytes)");
+    }
+    allocCalls_++;
+    e = cudaHostAlloc((void**)&pinBase_, pinBytes_ ? pinBytes_ : 256, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cudaFree(devBase_);
+      freeCalls_++;
+      devBase_ = nullptr;
+      throw cudaErr(env, (int)e, "cudaHostAlloc(pinned arena of " + std::to_string(pinBytes_) + " bytes)");
+    }
+    allocCalls_++;
+    CU(cudaHostGetDevicePointer((void**)&pinDev_, pinBase_, 0));
+    ex_.ws = devBase_ + devBytes_;
+    ex_.wsBytes = wsBytes;
+    ex_.cublasWs = devBase_ + devBytes_ + wsBytes;
+    ex_.cublasWsBytes = cbWs;
+    ex_.smCount = prop_.multiProcessorCount;
+    cudaStream_t s0;
+    CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+    streams_.push_back(s0);
+
+    ex_.gemmMode = GEMM_GEMV;
+    if (gemmMode != GEMM_GEMV) {
+      char why[256] = {0};
+      if (nerva_load_cublas(&api_, why, sizeof why)) {
+        void* h = nullptr;
+        int st = api_.create(&h);
+        if (st == 0 && h) {
+          // A workspace of our own: no cuBLAS allocation later, and graph capture is legal.
+          st = api_.setWorkspace(h, ex_.cublasWs, ex_.cublasWsBytes);
+          ex_.cublas = h;
+          ex_.api = &api_;
+          ex_.gemmMode = gemmMode;
+          if (st != 0) blasNote_ = "cublasSetWorkspace failed (status " + std::to_string(st) + ")";
+        } else {
+          blasNote_ = "cublasCreate failed (status " + std::to_string(st) + ")";
+        }
+      } else {
+        blasNote_ = why;
+      }
+    } else {
+      blasNote_ = "disabled by option";
+    }
+  }
+
+  ~Context() { Release(); }
+
+ private:
+  void Release() {
+    if (disposed_) return;
+    disposed_ = true;
+    cudaSetDevice(device_);
+    cudaDeviceSynchronize();
+    for (auto& g : graphs_) {
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+      if (g.graph) cudaGraphDestroy(g.graph);
+    }
+    graphs_.clear();
+    for (auto ev : events_)
+      if (ev) cudaEventDestroy(ev);
+    events_.clear();
+    if (ex_.cublas && api_.destroy) api_.destroy(ex_.cublas);
+    ex_.cublas = nullptr;
+    for (auto s : streams_)
+      if (s) cudaStreamDestroy(s);
+    streams_.clear();
+    if (devBase_) {
+      cudaFree(devBase_);
+      freeCalls_++;
+      devBase_ = nullptr;
+    }
+    if (pinBase_) {
+      cudaFreeHost(pinBase_);
+      freeCalls_++;
+      pinBase_ = nullptr;
+    }
+  }
+
+  void Live(Napi::Env env) {
+    if (disposed_) throw Napi::Error::New(env, "CUDA context already disposed");
+  }
+
+  cudaStream_t Stream(Napi::Env env, const Napi::Value& v) {
+    int id = v.IsNumber() ? v.As<Napi::Number>().Int32Value() : 0;
+    if (id < 0 || id >= (int)streams_.size() || !streams_[id]) throw Napi::Error::New(env, "unknown stream " + std::to_string(id));
+    return streams_[id];
+  }
+
+  cudaEvent_t Event(Napi::Env env, const Napi::Value& v) {
+    int id = v.As<Napi::Number>().Int32Value();
+    if (id < 0 || id >= (int)events_.size() || !events_[id]) throw Napi::Error::New(env, "unknown event " + std::to_string(id));
+    return events_[id];
+  }
+
+  Napi::Value Info(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("name", prop_.name);
+    o.Set("totalMemory", (double)prop_.totalGlobalMem);
+    o.Set("smCount", prop_.multiProcessorCount);
+    o.Set("computeCapability", std::to_string(prop_.major) + "." + std::to_string(prop_.minor));
+    o.Set("deviceBase", addrOf(env, devBase_));
+    o.Set("deviceArenaBytes", (double)devBytes_);
+    o.Set("pinnedBase", addrOf(env, pinDev_));
+    o.Set("pinnedArenaBytes", (double)pinBytes_);
+    o.Set("workspaceBytes", (double)ex_.wsBytes);
+    int rt = 0, drv = 0;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    o.Set("runtimeVersion", rt);
+    o.Set("driverVersion", drv);
+    o.Set("gemm", ex_.gemmMode == GEMM_SPLIT_BF16 ? "cublas-split-bf16" : ex_.gemmMode == GEMM_BF16 ? "cublas-bf16" : "gemv");
+    o.Set("cublas", api_.lib ? api_.libName : "");
+    o.Set("cublasNote", blasNote_);
+    return o;
+  }
+
+  // The whole pinned arena as one external ArrayBuffer: `peek` reads it with no CUDA call.
+  Napi::Value PinnedArrayBuffer(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    return Napi::ArrayBuffer::New(env, pinBase_, pinBytes_);
+  }
+
+  Napi::Value Launch(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    int op = info[0].As<Napi::Number>().Int32Value();
+    Napi::Float64Array args = info[1].As<Napi::Float64Array>();
+    int nargs = info[2].As<Napi::Number>().Int32Value();
+    ex_.stream = Stream(env, info[3]);
+    if (nargs > (int)args.ElementLength()) throw Napi::Error::New(env, "launch: nargs beyond the argument array");
+    int rc = nerva_launch(&ex_, op, args.Data(), nargs);
+    if (rc != NERVA_OK) {
+      if (rc > 0) cudaGetLastError();
+      Napi::Error err = cudaErr(env, rc, ex_.errCall);
+      throw err;
+    }
+    return env.Undefined();
+  }
+
+  // copy(dstAddr, srcAddr, bytes, stream): any tier to any tier (unified addressing).
+  Napi::Value Copy(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    void* dst = (void*)(uintptr_t)info[0].As<Napi::Number>().DoubleValue();
+    const void* src = (const void*)(uintptr_t)info[1].As<Napi::Number>().DoubleValue();
+    size_t bytes = (size_t)info[2].As<Napi::Number>().DoubleValue();
+    cudaStream_t s = Stream(env, info[3]);
+    if (bytes) CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    return env.Undefined();
+  }
+
+  // write(dstAddr, typedArray, stream): ordered after the stream's earlier work; the source is
+  // staged before the call returns, so the JS array may be collected afterwards.
+  Napi::Value Write(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    void* dst = (void*)(uintptr_t)info[0].As<Napi::Number>().DoubleValue();
+    Napi::TypedArray ta = info[1].As<Napi::TypedArray>();
+    cudaStream_t s = Stream(env, info[2]);
+    const char* src = (const char*)ta.ArrayBuffer().Data() + ta.ByteOffset();
+    size_t bytes = ta.ByteLength();
+    if (bytes) {
+      CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+      // A pageable source may still be read by the copy engine until the stream reaches it.
+      CU(cudaStreamSynchronize(s));
+    }
+    return env.Undefined();
+  }
+
+  // read(srcAddr, bytes): waits for the whole device, then copies back (a hard sync).
+  Napi::Value Read(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    const void* src = (const void*)(uintptr_t)info[0].As<Napi::Number>().DoubleValue();
+    size_t bytes = (size_t)info[1].As<Napi::Number>().DoubleValue();
+    Napi::ArrayBuffer ab = Napi::ArrayBuffer::New(env, bytes);
+    CU(cudaDeviceSynchronize());
+    if (bytes) CU(cudaMemcpy(ab.Data(), src, bytes, cudaMemcpyDefault));
+    return ab;
+  }
+
+  Napi::Value CreateStream(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    cudaStream_t s;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    streams_.push_back(s);
+    return Napi::Number::New(env, (double)(streams_.size() - 1));
+  }
+
+  Napi::Value DestroyStream(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    int id = info[0].As<Napi::Number>().Int32Value();
+    if (id == 0) throw Napi::Error::New(env, "the default stream cannot be destroyed");
+    cudaStream_t s = Stream(env, info[0]);
+    CU(cudaStreamDestroy(s));
+    streams_[id] = nullptr;
+    return env.Undefined();
+  }
+
+  Napi::Value CreateEvent(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    cudaEvent_t e;
+    CU(cudaEventCreate(&e));
+    events_.push_back(e);
+    return Napi::Number::New(env, (double)(events_.size() - 1));
+  }
+
+  Napi::Value DestroyEvent(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    cudaEvent_t e = Event(env, info[0]);
+    CU(cudaEventDestroy(e));
+    events_[info[0].As<Napi::Number>().Int32Value()] = nullptr;
+    return env.Undefined();
+  }
+
+  Napi::Value Record(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    CU(cudaEventRecord(Event(env, info[0]), Stream(env, info[1])));
+    return env.Undefined();
+  }
+
+  Napi::Value WaitEvent(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    CU(cudaStreamWaitEvent(Stream(env, info[0]), Event(env, info[1]), 0));
+    return env.Undefined();
+  }
+
+  Napi::Value Elapsed(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, Event(env, info[0]), Event(env, info[1])));
+    return Napi::Number::New(env, ms);
+  }
+
+  // synchronize(stream | -1 for the whole device)
+  Napi::Value Synchronize(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    int id = info[0].As<Napi::Number>().Int32Value();
+    if (id < 0) CU(cudaDeviceSynchronize());
+    else CU(cudaStreamSynchronize(Stream(env, info[0])));
+    return env.Undefined();
+  }
+
+  Napi::Value BeginCapture(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    cudaStream_t s = Stream(env, info[0]);
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    ex_.capturing = true;
+    return env.Undefined();
+  }
+
+  // endCapture(stream) -> [graphId, nodeCount]
+  Napi::Value EndCapture(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    cudaStream_t s = Stream(env, info[0]);
+    ex_.capturing = false;
+    cudaGraph_t g = nullptr;
+    CU(cudaStreamEndCapture(s, &g));
+    size_t n = 0;
+    cudaError_t e = cudaGraphGetNodes(g, nullptr, &n);
+    cudaGraphExec_t exec = nullptr;
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
+    if (e != cudaSuccess) {
+      cudaGraphDestroy(g);
+      throw cudaErr(env, (int)e, "cudaGraphInstantiate");
+    }
+    graphs_.push_back({g, exec});
+    Napi::Array out = Napi::Array::New(env, 2);
+    out.Set((uint32_t)0, (double)(graphs_.size() - 1));
+    out.Set((uint32_t)1, (double)n);
+    return out;
+  }
+
+  Napi::Value Replay(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    int id = info[0].As<Napi::Number>().Int32Value();
+    if (id < 0 || id >= (int)graphs_.size() || !graphs_[id].exec) throw Napi::Error::New(env, "unknown graph");
+    CU(cudaGraphLaunch(graphs_[id].exec, Stream(env, info[1])));
+    graphReplays_++;
+    return env.Undefined();
+  }
+
+  Napi::Value DestroyGraph(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    int id = info[0].As<Napi::Number>().Int32Value();
+    if (id < 0 || id >= (int)graphs_.size() || !graphs_[id].exec) throw Napi::Error::New(env, "unknown graph");
+    CU(cudaGraphExecDestroy(graphs_[id].exec));
+    CU(cudaGraphDestroy(graphs_[id].graph));
+    graphs_[id] = {nullptr, nullptr};
+    return env.Undefined();
+  }
+
+  Napi::Value SetHotPath(const Napi::CallbackInfo& info) {
+    hotPath_ = info[0].As<Napi::Boolean>().Value();
+    return info.Env().Undefined();
+  }
+
+  Napi::Value Counters(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("allocCalls", (double)allocCalls_);
+    o.Set("freeCalls", (double)freeCalls_);
+    o.Set("launches", (double)ex_.launches);
+    o.Set("graphReplays", (double)graphReplays_);
+    o.Set("hotPathRejected", (double)hotPathRejected_);
+    return o;
+  }
+
+  // copyBandwidth(bytes, iters) -> GB/s (read + written). Allocates, so refused on the hot path.
+  Napi::Value CopyBandwidth(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    if (hotPath_) {
+      hotPathRejected_++;
+      throw Napi::Error::New(env, "HOT_PATH: copyBandwidth allocates and the hot-path guard is armed");
+    }
+    size_t bytes = (size_t)info[0].As<Napi::Number>().DoubleValue();
+    int iters = info[1].As<Napi::Number>().Int32Value();
+    double gbps = 0;
+    int rc = nerva_copy_bandwidth(bytes, iters, &gbps, &allocCalls_, &freeCalls_);
+    if (rc != 0) {
+      cudaGetLastError();
+      throw cudaErr(env, rc, "copyBandwidth");
+    }
+    return Napi::Number::New(env, gbps);
+  }
+
+  Napi::Value Dispose(const Napi::CallbackInfo& info) {
+    Release();
+    return info.Env().Undefined();
+  }
+
+  struct Graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+  };
+
+  int device_ = 0;
+  cudaDeviceProp prop_{};
+  char* devBase_ = nullptr;
+  char* pinBase_ = nullptr;
+  char* pinDev_ = nullptr;
+  size_t devBytes_ = 0, pinBytes_ = 0;
+  NervaExec ex_;
+  CublasApi api_;
+  std::string blasNote_;
+  std::vector<cudaStream_t> streams_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<Graph> graphs_;
+  uint64_t allocCalls_ = 0, freeCalls_ = 0, graphReplays_ = 0, hotPathRejected_ = 0;
+  bool hotPath_ = false;
+  bool disposed_ = false;
+};
+
+// probe() -> { ok, count, name?, computeCapability?, error? }: never throws.
+Napi::Value Probe(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object o = Napi::Object::New(env);
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    o.Set("ok", false);
+    o.Set("count", 0);
+    o.Set("error", std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+    return o;
+  }
+  o.Set("ok", n > 0);
+  o.Set("count", n);
+  if (n > 0) {
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) == cudaSuccess) {
+      o.Set("name", p.name);
+      o.Set("computeCapability", std::to_string(p.major) + "." + std::to_string(p.minor));
+    }
+  } else {
+    o.Set("error", "no CUDA device");
+  }
+  return o;
+}
+
+Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
+  exports.Set("Context", Context::Init(env));
+  exports.Set("probe", Napi::Function::New(env, Probe));
+  exports.Set("abiVersion", Napi::Number::New(env, 1));
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(nerva_cuda, InitModule)

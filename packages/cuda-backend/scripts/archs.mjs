@@ -1,0 +1,61 @@
+// Picks the CUDA architectures to compile for. Pure: the environment and the local GPU's compute
+// capability (or null) come in as arguments, so it is unit-tested without a GPU.
+
+/** The list used when nothing is configured and no GPU is visible: Ampere, Ada, Hopper. */
+export const DEFAULT_ARCHS = ['80', '86', '89', '90'];
+
+const LIST_VARS = ['NERVA_CUDA_ARCHITECTURES', 'CUDAARCHS', 'CMAKE_CUDA_ARCHITECTURES'];
+const ONE_VARS = ['NERVA_CUDA_ARCH', 'CUDA_ARCH'];
+
+/** Normalizes one entry: "90", "sm_90", "9.0", "90a", "compute_90", "90-real" -> "90" / "90a". */
+export function normalizeArch(raw) {
+  let s = String(raw).trim().toLowerCase();
+  s = s.replace(/^(sm_|compute_)/, '').replace(/-(real|virtual)$/, '');
+  if (/^\d+\.\d+$/.test(s)) s = s.replace('.', '');
+  if (!/^\d{2,3}[af]?$/.test(s)) throw new Error(`invalid CUDA architecture "${raw}" (expected e.g. 90, sm_90, 9.0)`);
+  return s;
+}
+
+/** Parses a list like "80;90", "80,90" or "80 90"; duplicates dropped, order kept. */
+export function parseArchList(value) {
+  const out = [];
+  for (const part of String(value).split(/[;,\s]+/)) {
+    if (!part) continue;
+    const a = normalizeArch(part);
+    if (!out.includes(a)) out.push(a);
+  }
+  return out;
+}
+
+/**
+ * @param {Record<string, string | undefined>} env
+ * @param {string | null} localComputeCap e.g. "9.0" from nvidia-smi, or null
+ * @returns {{ archs: string[], source: string }}
+ */
+export function selectArchitectures(env, localComputeCap) {
+  for (const v of LIST_VARS) {
+    const val = env[v];
+    if (val && val.trim() && !['native', 'all', 'all-major'].includes(val.trim())) {
+      const archs = parseArchList(val);
+      if (archs.length) return { archs, source: v };
+    }
+  }
+  for (const v of ONE_VARS) {
+    const val = env[v];
+    if (val && val.trim()) return { archs: [normalizeArch(val)], source: v };
+  }
+  if (localComputeCap && localComputeCap.trim()) {
+    const caps = parseArchList(localComputeCap.split('\n').filter(Boolean).join(';'));
+    if (caps.length) return { archs: caps, source: 'nvidia-smi' };
+  }
+  return { archs: [...DEFAULT_ARCHS], source: 'default' };
+}
+
+/** nvcc -gencode flags: SASS for every arch, plus PTX of the newest for forward compatibility. */
+export function gencodeFlags(archs) {
+  const flags = [];
+  for (const a of archs) flags.push(`-gencode=arch=compute_${a},code=sm_${a}`);
+  const newest = [...archs].sort((a, b) => parseInt(a, 10) - parseInt(b, 10)).at(-1);
+  if (newest) flags.push(`-gencode=arch=compute_${newest},code=compute_${newest}`);
+  return flags;
+}

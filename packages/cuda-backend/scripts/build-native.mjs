@@ -1,0 +1,97 @@
+#!/usr/bin/env node
+// Builds the CUDA addon: nvcc compiles native/kernels.cu into build/nerva_kernels.o, node-gyp
+// compiles the Node-API glue and links it with the static CUDA runtime. cuBLAS is not linked
+// (it is loaded at run time), so this needs only nvcc and the Node headers.
+//   --if-available  exit 0 with a message when nvcc is missing (CI without CUDA)
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, realpathSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { gencodeFlags, selectArchitectures } from './archs.mjs';
+
+const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const ifAvailable = process.argv.includes('--if-available');
+
+function findNvcc() {
+  const cands = [];
+  for (const v of ['CUDA_HOME', 'CUDA_PATH', 'CUDA_ROOT']) if (process.env[v]) cands.push(path.join(process.env[v], 'bin', 'nvcc'));
+  const which = spawnSync('sh', ['-c', 'command -v nvcc'], { encoding: 'utf8' });
+  if (which.status === 0 && which.stdout.trim()) cands.push(which.stdout.trim());
+  cands.push('/usr/local/cuda/bin/nvcc');
+  return cands.find((c) => existsSync(c)) ?? null;
+}
+
+// The toolkit root holding include/cuda_runtime.h and lib64/libcudart_static.a (nvcc may be a
+// wrapper outside it, e.g. /usr/local/bin/nvcc).
+function findCudaHome(nvccPath) {
+  const cands = [];
+  for (const v of ['CUDA_HOME', 'CUDA_PATH', 'CUDA_ROOT']) if (process.env[v]) cands.push(process.env[v]);
+  cands.push(path.resolve(path.dirname(realpathSync(nvccPath)), '..'), '/usr/local/cuda');
+  const ok = cands.find((c) => existsSync(path.join(c, 'include', 'cuda_runtime.h')));
+  if (!ok) {
+    console.error(`[build-native] no CUDA toolkit (include/cuda_runtime.h) in ${cands.join(', ')}`);
+    process.exit(1);
+  }
+  return ok;
+}
+
+function localComputeCap() {
+  const r = spawnSync('nvidia-smi', ['--query-gpu=compute_cap', '--format=csv,noheader'], { encoding: 'utf8' });
+  return r.status === 0 && r.stdout.trim() ? r.stdout.trim() : null;
+}
+
+function run(cmd, args, opts = {}) {
+  console.log(`[build-native] ${cmd} ${args.join(' ')}`);
+  const r = spawnSync(cmd, args, { stdio: 'inherit', cwd: pkgDir, ...opts });
+  if (r.status !== 0) {
+    console.error(`[build-native] failed: ${cmd} exited with ${r.status ?? r.signal}`);
+    process.exit(r.status || 1);
+  }
+}
+
+const nvcc = findNvcc();
+if (!nvcc) {
+  const msg = '[build-native] nvcc not found (set CUDA_HOME or put nvcc on PATH): the CUDA addon was not built';
+  if (ifAvailable) {
+    console.log(`${msg}; skipping (--if-available).`);
+    process.exit(0);
+  }
+  console.error(msg);
+  process.exit(1);
+}
+const cudaHome = findCudaHome(nvcc);
+const { archs, source } = selectArchitectures(process.env, localComputeCap());
+console.log(`[build-native] nvcc ${nvcc} (CUDA at ${cudaHome}); architectures ${archs.join(';')} (from ${source})`);
+
+const require = createRequire(import.meta.url);
+const nodeGyp = require.resolve('node-gyp/bin/node-gyp.js');
+const gypArgs = [`-Dcuda_home=${cudaHome}`];
+const nodedirArgs = [];
+// Local Node installs ship headers in /usr/include/node; use them rather than downloading.
+if (!process.env.npm_config_nodedir) {
+  const prefix = path.resolve(path.dirname(process.execPath), '..');
+  if (existsSync(path.join(prefix, 'include', 'node', 'node_api.h'))) nodedirArgs.push(`--nodedir=${prefix}`);
+}
+
+run(process.execPath, [nodeGyp, 'clean']);
+run(process.execPath, [nodeGyp, 'configure', ...nodedirArgs, '--', ...gypArgs]);
+mkdirSync(path.join(pkgDir, 'build'), { recursive: true });
+run(nvcc, [
+  '-c', 'native/kernels.cu', '-o', 'build/nerva_kernels.o',
+  '-O3', '-std=c++17', '-Xcompiler', '-fPIC', '-lineinfo',
+  `-I${path.join(cudaHome, 'include')}`,
+  ...gencodeFlags(archs),
+]);
+run(process.execPath, [nodeGyp, 'build', ...nodedirArgs]);
+const out = path.join(pkgDir, 'build', 'Release', 'nerva_cuda.node');
+if (!existsSync(out)) {
+  console.error(`[build-native] ${out} missing after the build`);
+  process.exit(1);
+}
+try {
+  execFileSync(process.execPath, ['-e', `require(${JSON.stringify(out)})`], { stdio: 'pipe' });
+  console.log(`[build-native] built and loadable: ${out}`);
+} catch (e) {
+  console.log(`[build-native] built ${out}; loading it here failed (expected without a GPU driver): ${String(e.stderr ?? e).split('\n')[0]}`);
+}

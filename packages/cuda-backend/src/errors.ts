@@ -1,0 +1,77 @@
+import { BackendError } from '@nerva/core';
+
+/** The CUDA backend cannot be used here: the addon is not built, or no GPU/driver is present. */
+export class CudaUnavailableError extends BackendError {
+  constructor(readonly reason: string) {
+    super(
+      'CUDA_UNAVAILABLE',
+      `CUDA backend unavailable: ${reason}. Build the addon with \`pnpm build:cuda\` (needs nvcc) and run on a machine with an NVIDIA GPU and driver, or use the CPU backend.`,
+    );
+  }
+}
+
+/** A CUDA runtime (or cuBLAS) call failed. `cudaError` is the CUDA error name, `call` the failing call. */
+export class CudaError extends BackendError {
+  constructor(
+    readonly cudaError: string,
+    readonly call: string,
+    message: string,
+  ) {
+    super('CUDA_ERROR', message);
+  }
+}
+
+/** An arena (or the device itself) has no room for a request. */
+export class CudaOutOfMemoryError extends BackendError {
+  constructor(
+    readonly tier: string,
+    readonly requested: number,
+    readonly detail: string,
+  ) {
+    super('OUT_OF_MEMORY', `${tier}: cannot allocate ${requested} bytes (${detail})`);
+  }
+}
+
+/** An op, buffer or handle argument is invalid (checked before anything reaches the GPU). */
+export class CudaArgumentError extends BackendError {
+  constructor(what: string, detail: string) {
+    super('INVALID_ARGUMENT', `${what}: ${detail}`);
+  }
+}
+
+/** A tier this backend does not hand out (only 'vram' and 'pinned'). */
+export class CudaUnsupportedTierError extends BackendError {
+  constructor(tier: string) {
+    super('UNSUPPORTED_TIER', `tier ${tier} is not available on the CUDA backend (available: vram, pinned)`);
+  }
+}
+
+/** A call that is illegal in the current capture state (a host write while capturing, ...). */
+export class CudaCaptureStateError extends BackendError {
+  constructor(detail: string) {
+    super('CAPTURE_STATE', detail);
+  }
+}
+
+/** The backend was used after dispose(). */
+export class CudaDisposedError extends BackendError {
+  constructor() {
+    super('DISPOSED', 'the CUDA backend was disposed');
+  }
+}
+
+interface NativeErrorShape {
+  message?: string;
+  cudaError?: string;
+  call?: string;
+}
+
+/** Maps an exception thrown by the addon to a typed error. */
+export function fromNative(e: unknown, what: string): Error {
+  const n = (e ?? {}) as NativeErrorShape;
+  const msg = `${what}: ${n.message ?? String(e)}`;
+  if (typeof n.cudaError !== 'string') return new CudaError('unknown', what, msg);
+  if (n.cudaError === 'cudaErrorMemoryAllocation') return new CudaOutOfMemoryError('vram', 0, msg);
+  if (n.cudaError === 'NERVA_BAD_ARGS') return new CudaArgumentError(what, n.call ?? msg);
+  return new CudaError(n.cudaError, n.call ?? what, msg);
+}

@@ -1,0 +1,124 @@
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+/** Shape of the compiled addon (native/addon.cc). Addresses travel as JS numbers (< 2^53). */
+export interface NativeContextOptions {
+  device: number;
+  deviceArenaBytes: number;
+  pinnedArenaBytes: number;
+  workspaceBytes: number;
+  cublasWorkspaceBytes: number;
+  gemmMode: number;
+}
+
+export interface NativeInfo {
+  name: string;
+  totalMemory: number;
+  smCount: number;
+  computeCapability: string;
+  deviceBase: number;
+  deviceArenaBytes: number;
+  pinnedBase: number;
+  pinnedArenaBytes: number;
+  workspaceBytes: number;
+  runtimeVersion: number;
+  driverVersion: number;
+  gemm: string;
+  cublas: string;
+  cublasNote: string;
+}
+
+export interface NativeCounters {
+  allocCalls: number;
+  freeCalls: number;
+  launches: number;
+  graphReplays: number;
+  hotPathRejected: number;
+}
+
+export interface NativeContext {
+  info(): NativeInfo;
+  pinnedArrayBuffer(): ArrayBuffer;
+  launch(op: number, args: Float64Array, nargs: number, stream: number): void;
+  copy(dst: number, src: number, bytes: number, stream: number): void;
+  write(dst: number, data: ArrayBufferView, stream: number): void;
+  read(src: number, bytes: number): ArrayBuffer;
+  createStream(): number;
+  destroyStream(id: number): void;
+  createEvent(): number;
+  destroyEvent(id: number): void;
+  record(event: number, stream: number): void;
+  waitEvent(stream: number, event: number): void;
+  elapsed(start: number, end: number): number;
+  synchronize(stream: number): void;
+  beginCapture(stream: number): void;
+  endCapture(stream: number): [number, number];
+  replay(graph: number, stream: number): void;
+  destroyGraph(graph: number): void;
+  setHotPath(armed: boolean): void;
+  counters(): NativeCounters;
+  copyBandwidth(bytes: number, iters: number): number;
+  dispose(): void;
+}
+
+export interface NativeProbe {
+  ok: boolean;
+  count: number;
+  name?: string;
+  computeCapability?: string;
+  error?: string;
+}
+
+export interface NativeAddon {
+  Context: new (opts: NativeContextOptions) => NativeContext;
+  probe(): NativeProbe;
+  abiVersion: number;
+}
+
+/** The addon's ABI this TypeScript speaks; a stale build is reported instead of misused. */
+export const ABI_VERSION = 1;
+
+/**
+ * Where the addon is looked for: an explicit path, then NERVA_CUDA_ADDON, then the package's
+ * build/Release (relative to this module, which lives in dist/ or src/).
+ */
+export function addonCandidates(explicit?: string): string[] {
+  const out: string[] = [];
+  if (explicit) out.push(path.resolve(explicit));
+  const env = process.env.NERVA_CUDA_ADDON;
+  if (env) out.push(path.resolve(env));
+  const here = path.dirname(fileURLToPath(import.meta.url));
+  out.push(path.resolve(here, '..', 'build', 'Release', 'nerva_cuda.node'));
+  return out;
+}
+
+const cache = new Map<string, NativeAddon>();
+
+/**
+ * Loads the addon at call time (never on import), so importing the package works on machines
+ * without it. Throws a plain Error with the reason; callers turn it into CudaUnavailableError.
+ */
+export function loadAddon(explicit?: string): NativeAddon {
+  const require = createRequire(import.meta.url);
+  const tried: string[] = [];
+  for (const file of addonCandidates(explicit)) {
+    const hit = cache.get(file);
+    if (hit) return hit;
+    let mod: NativeAddon;
+    try {
+      mod = require(file) as NativeAddon;
+    } catch (e) {
+      const code = (e as { code?: string }).code;
+      tried.push(code === 'MODULE_NOT_FOUND' ? `${file} (not built)` : `${file} (${(e as Error).message.split('\n')[0]})`);
+      continue;
+    }
+    if (mod.abiVersion !== ABI_VERSION) {
+      tried.push(`${file} (ABI ${mod.abiVersion}, expected ${ABI_VERSION}: rebuild with pnpm build:cuda)`);
+      continue;
+    }
+    cache.set(file, mod);
+    return mod;
+  }
+  throw new Error(`CUDA addon not loadable: ${tried.join('; ')}`);
+}
