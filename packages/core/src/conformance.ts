@@ -55,23 +55,34 @@ export interface ConformanceReport {
 
 // ---- inputs -------------------------------------------------------------------------------------
 
-/** Deterministic PRNG for case inputs, built on the sampler's counter hash (no dependency). */
+/** Deterministic PRNG for case inputs: a Weyl sequence through the sampler's mix32 hash. */
 export class ConformanceRng {
-  private counter = 0;
-  constructor(private readonly seed: number) {}
+  private state: number;
+  private spare = NaN;
+  constructor(seed: number) {
+    this.state = mix32(seed >>> 0);
+  }
 
   /** Uniform in [0, 1). */
   next(): number {
-    return uniformFromSeed(this.seed, this.counter++);
+    this.state = (this.state + 0x9e3779b9) | 0;
+    return mix32(this.state >>> 0) / 4294967296;
   }
   /** Integer in [lo, hi). */
   int(lo: number, hi: number): number {
     return lo + Math.floor(this.next() * (hi - lo));
   }
-  /** Standard normal (Box-Muller). */
+  /** Standard normal (Box-Muller; the second value of each pair is kept for the next call). */
   normal(): number {
-    const u = 1 - this.next();
-    return Math.sqrt(-2 * Math.log(u)) * Math.cos(2 * Math.PI * this.next());
+    if (!Number.isNaN(this.spare)) {
+      const z = this.spare;
+      this.spare = NaN;
+      return z;
+    }
+    const r = Math.sqrt(-2 * Math.log(1 - this.next()));
+    const t = 2 * Math.PI * this.next();
+    this.spare = r * Math.sin(t);
+    return r * Math.cos(t);
   }
   normals(n: number, scale = 1): Float32Array {
     const a = new Float32Array(n);

@@ -7,3 +7,4 @@ export * from './request.js';
 export * from './sampling-params.js';
 export * from './scheduler.js';
 export * from './token-stream.js';
+export * from './worker/index.js';

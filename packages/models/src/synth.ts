@@ -59,35 +59,17 @@ export async function writeSyntheticCheckpoint(opts: SynthOptions): Promise<Synt
 
   const { json: configJson, text: configText, source } = await loadConfigInput(opts.config);
   const spec = parseModelConfig(configJson, source);
-  const slots = listWeightSlots(canonicalWeightNames(spec));
+  const plan = planSyntheticCheckpoint(spec, { shardBytes, dtype });
   const elem = ELEM_BYTES[dtype];
-  const sizeOf = (s: WeightSlot) => s.shape.reduce((a, b) => a * b, 1) * elem;
-
-  // Greedy packing in load order, as HF's shard splitting does.
-  const shards: WeightSlot[][] = [];
-  let cur: WeightSlot[] = [];
-  let curBytes = 0;
-  for (const s of slots) {
-    const n = sizeOf(s);
-    if (cur.length > 0 && curBytes + n > shardBytes) {
-      shards.push(cur);
-      cur = [];
-      curBytes = 0;
-    }
-    cur.push(s);
-    curBytes += n;
-  }
-  if (cur.length > 0) shards.push(cur);
+  const sizeOf = (t: WeightSlot) => t.shape.reduce((a, b) => a * b, 1) * elem;
 
   await mkdir(opts.outDir, { recursive: true });
   await removeOldWeights(opts.outDir);
   await writeFile(join(opts.outDir, 'config.json'), configText);
 
-  const totalBytes = slots.reduce((a, s) => a + sizeOf(s), 0);
-  const fileNames =
-    shards.length === 1
-      ? [SINGLE_FILE]
-      : shards.map((_, i) => `model-${String(i + 1).padStart(5, '0')}-of-${String(shards.length).padStart(5, '0')}.safetensors`);
+  const { totalBytes } = plan;
+  const shards = plan.shards.map((p) => p.tensors);
+  const fileNames = plan.shards.map((p) => p.file);
   const gen = new ValueGenerator(dtype);
   const chunks = [new Uint8Array(new ArrayBuffer(CHUNK_BYTES)), new Uint8Array(new ArrayBuffer(CHUNK_BYTES))];
   let done = 0;
@@ -154,7 +136,48 @@ export async function writeSyntheticCheckpoint(opts: SynthOptions): Promise<Synt
     const params = totalBytes / elem;
     await writeFile(indexPath, JSON.stringify({ metadata: { total_parameters: params, total_size: totalBytes }, weight_map: weightMap }, null, 2));
   }
-  return { dir: opts.outDir, spec, files, indexPath, totalBytes, numTensors: slots.length };
+  return { dir: opts.outDir, spec, files, indexPath, totalBytes, numTensors: plan.numTensors };
+}
+
+/** One file of a synthetic checkpoint. */
+export interface ShardPlan {
+  file: string;
+  tensors: WeightSlot[];
+  bytes: number;
+}
+
+/** How {@link writeSyntheticCheckpoint} lays `spec` out, without writing anything. */
+export interface CheckpointPlan {
+  shards: ShardPlan[];
+  totalBytes: number;
+  numTensors: number;
+}
+
+/**
+ * Shard layout for `spec`: tensors in load order, packed greedily into shards of at most
+ * `shardBytes` (HF's rule; a tensor larger than that gets a shard of its own). One shard is
+ * named `model.safetensors`, several `model-0000i-of-0000N.safetensors`.
+ */
+export function planSyntheticCheckpoint(spec: ModelSpec, opts: { shardBytes?: number; dtype?: SynthDType } = {}): CheckpointPlan {
+  const elem = ELEM_BYTES[opts.dtype ?? 'bf16'];
+  const shardBytes = opts.shardBytes ?? 2 * 1024 ** 3;
+  const slots = listWeightSlots(canonicalWeightNames(spec));
+  const groups: { tensors: WeightSlot[]; bytes: number }[] = [];
+  let cur: { tensors: WeightSlot[]; bytes: number } | undefined;
+  let total = 0;
+  for (const t of slots) {
+    const n = t.shape.reduce((a, b) => a * b, 1) * elem;
+    if (!cur || (cur.tensors.length > 0 && cur.bytes + n > shardBytes)) {
+      cur = { tensors: [], bytes: 0 };
+      groups.push(cur);
+    }
+    cur.tensors.push(t);
+    cur.bytes += n;
+    total += n;
+  }
+  const pad = (i: number) => String(i).padStart(5, '0');
+  const shards = groups.map((g, i) => ({ file: groups.length === 1 ? SINGLE_FILE : `model-${pad(i + 1)}-of-${pad(groups.length)}.safetensors`, ...g }));
+  return { shards, totalBytes: total, numTensors: slots.length };
 }
 
 async function loadConfigInput(config: object | string): Promise<{ json: unknown; text: string; source: string }> {

@@ -1,0 +1,63 @@
+import { describe, expect, it } from 'vitest';
+import { argmaxRow, bf16ToF32, decodeHalf, encodeHalf, f16ToF32, f32ToBf16, f32ToF16, mix32, sampleRow, uniformFromSeed } from '../src/index.js';
+
+describe('sampling rule', () => {
+  it('uniformFromSeed is deterministic, in [0,1) and roughly uniform', () => {
+    expect(uniformFromSeed(42, 7)).toBe(uniformFromSeed(42, 7));
+    expect(uniformFromSeed(42, 7)).not.toBe(uniformFromSeed(42, 8));
+    const bins = new Array(10).fill(0);
+    for (let i = 0; i < 20000; i++) {
+      const u = uniformFromSeed(1234, i);
+      expect(u).toBeGreaterThanOrEqual(0);
+      expect(u).toBeLessThan(1);
+      bins[Math.floor(u * 10)]++;
+    }
+    for (const b of bins) expect(Math.abs(b - 2000)).toBeLessThan(200);
+    expect(mix32(0)).toBe(0);
+    expect(mix32(1)).not.toBe(1);
+  });
+
+  it('greedy at temperature 0 picks the lowest index among ties', () => {
+    expect(argmaxRow([1, 3, 3, 2])).toBe(1);
+    expect(sampleRow([1, 3, 3, 2], 0, 4, { temperature: 0, topK: 0, topP: 1, minP: 0 }, 0.99)).toBe(1);
+  });
+
+  it('matches the softmax distribution, and top-k / top-p / min-p restrict the support', () => {
+    const logits = [2, 1, 0.5, 0, -1];
+    const p = { temperature: 1, topK: 0, topP: 1, minP: 0 };
+    const counts = new Array(5).fill(0);
+    const N = 20000;
+    for (let i = 0; i < N; i++) counts[sampleRow(logits, 0, 5, p, uniformFromSeed(9, i))]++;
+    const z = logits.reduce((a, l) => a + Math.exp(l), 0);
+    logits.forEach((l, i) => expect(Math.abs(counts[i] / N - Math.exp(l) / z)).toBeLessThan(0.015));
+    const support = (q: typeof p) => {
+      const s = new Set<number>();
+      for (let i = 0; i < 3000; i++) s.add(sampleRow(logits, 0, 5, q, uniformFromSeed(3, i)));
+      return [...s].sort();
+    };
+    expect(support({ ...p, topK: 2 })).toEqual([0, 1]);
+    // softmax: 0.574, 0.211, 0.128, ... -> top_p 0.7 keeps the first two
+    expect(support({ ...p, topP: 0.7 })).toEqual([0, 1]);
+    // min_p 0.3 keeps tokens with p >= 0.3 * 0.574 = 0.172
+    expect(support({ ...p, minP: 0.3 })).toEqual([0, 1]);
+    expect(support({ ...p, topK: 1 })).toEqual([0]);
+  });
+});
+
+describe('half-precision conversions', () => {
+  it('round-trips bf16 and f16 with round-to-nearest-even', () => {
+    expect(bf16ToF32(f32ToBf16(1))).toBe(1);
+    expect(bf16ToF32(f32ToBf16(-2.5))).toBe(-2.5);
+    // 1 + 2^-8 is exactly halfway between two bf16 values: ties to even (1.0).
+    expect(bf16ToF32(f32ToBf16(1 + 2 ** -8))).toBe(1);
+    expect(bf16ToF32(f32ToBf16(1 + 3 * 2 ** -8))).toBe(1 + 2 ** -6);
+    expect(f16ToF32(f32ToF16(0.1))).toBeCloseTo(0.0999755859375, 12);
+    expect(f16ToF32(f32ToF16(65504))).toBe(65504);
+    expect(f16ToF32(f32ToF16(1e6))).toBe(Infinity);
+    expect(f16ToF32(f32ToF16(2 ** -24))).toBe(2 ** -24);
+    expect(Number.isNaN(bf16ToF32(f32ToBf16(NaN)))).toBe(true);
+    const src = Float32Array.from([0, 1.5, -3.25, 1024]);
+    expect([...decodeHalf('bf16', encodeHalf('bf16', src))]).toEqual([...src]);
+    expect([...decodeHalf('f16', encodeHalf('f16', src))]).toEqual([...src]);
+  });
+});

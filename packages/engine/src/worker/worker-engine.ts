@@ -1,0 +1,350 @@
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Worker } from 'node:worker_threads';
+import { NervaTokenizer } from '@nerva/models';
+import { EngineError, type GenerateOptions, type StepSignals } from '../engine.js';
+import type { TokenEvent } from '../request.js';
+import { InvalidParamsError, resolveSamplingParams } from '../sampling-params.js';
+import { TokenStream } from '../token-stream.js';
+import type {
+  FromWorker,
+  ToWorker,
+  WireError,
+  WorkerEngineInfo,
+  WorkerEngineOptions,
+  WorkerEngineStats,
+  WorkerGenerateOptions,
+  WorkerLoad,
+  WorkerOutcome,
+} from './protocol.js';
+
+/** Options of {@link WorkerEngine.create}: engine options plus what only the main thread uses. */
+export interface WorkerEngineCreateOptions extends WorkerEngineOptions {
+  /** Chat template source that replaces the model's own (or gives one to a model without). */
+  chatTemplate?: string;
+}
+
+/** Submit options: those of the engine, with the AbortSignal observed on the calling thread. */
+export type WorkerSubmitOptions = WorkerGenerateOptions & { signal?: AbortSignal };
+
+/** A request running in the worker: same shape as the engine's handle, outcome with a ledger summary. */
+export interface WorkerRequestHandle {
+  readonly id: number;
+  readonly events: AsyncIterable<TokenEvent>;
+  /** Resolves with the outcome (finishReason 'abort' after an abort); rejects if the worker failed the request. */
+  readonly done: Promise<WorkerOutcome>;
+  /** Cancel; the worker frees the request's KV blocks before its next scheduler step. */
+  abort(): void;
+}
+
+interface Pending {
+  stream: TokenStream<TokenEvent>;
+  resolve: (o: WorkerOutcome) => void;
+  reject: (e: Error) => void;
+  aborted: boolean;
+  cleanup?: () => void;
+}
+
+/** Rebuild an error from its wire form, keeping the param of invalid-parameter errors. */
+function fromWire(w: WireError): Error {
+  if (w.name === 'InvalidParamsError' && w.param !== undefined) {
+    // The engine's message is already "param: detail"; strip the prefix the constructor adds again.
+    const prefix = `${w.param}: `;
+    return new InvalidParamsError(w.param, w.message.startsWith(prefix) ? w.message.slice(prefix.length) : w.message);
+  }
+  const e = new EngineError(w.code ?? 'WORKER', w.message);
+  return e;
+}
+
+/** Where the bundled worker entry lives: next to this module (dist) — sources need a build first. */
+function workerEntryUrl(): URL {
+  const url = new URL('./worker-entry.js', import.meta.url);
+  if (existsSync(fileURLToPath(url))) return url;
+  // Running from sources (tests that import src/): use the built entry of this package.
+  const built = new URL('../../dist/worker-entry.js', import.meta.url);
+  if (existsSync(fileURLToPath(built))) return built;
+  throw new EngineError('NO_WORKER_ENTRY', `worker entry not found at ${fileURLToPath(url)}; build @nerva/engine first`);
+}
+
+/**
+ * An {@link Engine} that runs in a `worker_threads` Worker. A CPU forward pass is synchronous
+ * JavaScript; running it here keeps the caller's event loop (an HTTP server) responsive. Requests
+ * are validated on the calling thread, so bad parameters still throw {@link InvalidParamsError}
+ * synchronously; tokenization runs on the calling thread with the model's own tokenizer.
+ */
+export class WorkerEngine {
+  /** Facts about the loaded model and cache. */
+  readonly info: WorkerEngineInfo;
+  /** The model's tokenizer, loaded on this thread (undefined when the folder has none). */
+  readonly tokenizer: NervaTokenizer | undefined;
+  private readonly worker: Worker;
+  private readonly pending = new Map<number, Pending>();
+  private readonly queries = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+  private readonly stepListeners = new Set<(s: StepSignals) => void>();
+  private readonly finishListeners = new Set<(o: WorkerOutcome) => void>();
+  private load: WorkerLoad = { running: 0, waiting: 0, kvUsage: 0 };
+  private nextRid = 1;
+  private nextQid = 1;
+  private dead: Error | undefined;
+  private disposing: Promise<void> | undefined;
+  private onDisposed: (() => void) | undefined;
+
+  private constructor(worker: Worker, info: WorkerEngineInfo, tokenizer: NervaTokenizer | undefined) {
+    this.worker = worker;
+    this.info = info;
+    this.tokenizer = tokenizer;
+    worker.on('message', (m: FromWorker) => this.onMessage(m));
+    worker.on('error', (e) => this.fail(e));
+    worker.on('exit', (code) => this.fail(new EngineError('WORKER_EXIT', `engine worker exited with code ${code}`)));
+  }
+
+  /** Start a worker, load the model there and the tokenizer here. Rejects with the worker's load error. */
+  static async create(o: WorkerEngineCreateOptions): Promise<WorkerEngine> {
+    const { chatTemplate, ...engineOpts } = o;
+    const tokenizerPromise = loadTokenizer(o.model, chatTemplate);
+    const worker = new Worker(workerEntryUrl(), { workerData: engineOpts });
+    let info: WorkerEngineInfo;
+    try {
+      info = await new Promise<WorkerEngineInfo>((resolve, reject) => {
+        const onMsg = (m: FromWorker) => {
+          if (m.type === 'ready') resolve(m.info);
+          else if (m.type === 'initError') reject(fromWire(m.error));
+        };
+        worker.on('message', onMsg);
+        worker.once('error', reject);
+        worker.once('exit', (code) => reject(new EngineError('WORKER_EXIT', `engine worker exited with code ${code} while loading`)));
+      });
+    } catch (e) {
+      await worker.terminate();
+      throw e;
+    }
+    worker.removeAllListeners();
+    let tokenizer: NervaTokenizer | undefined;
+    try {
+      tokenizer = await tokenizerPromise;
+    } catch (e) {
+      await worker.terminate();
+      throw e;
+    }
+    return new WorkerEngine(worker, info, tokenizer);
+  }
+
+  /** Sampling defaults from generation_config.json. */
+  get generationDefaults(): WorkerEngineInfo['generationDefaults'] {
+    return this.info.generationDefaults;
+  }
+
+  get maxModelLen(): number {
+    return this.info.maxModelLen;
+  }
+
+  /** Requests running at the last report from the worker. */
+  get numRunning(): number {
+    return this.load.running;
+  }
+
+  /** Requests waiting at the last report from the worker. */
+  get numWaiting(): number {
+    return this.load.waiting;
+  }
+
+  /** KV usage (0..1) at the last report from the worker. */
+  get kvUsage(): number {
+    return this.load.kvUsage;
+  }
+
+  /** Requests submitted here whose outcome has not arrived yet. */
+  get numInFlight(): number {
+    return this.pending.size;
+  }
+
+  encode(text: string): number[] {
+    if (!this.tokenizer) throw new EngineError('NO_TOKENIZER', `model ${this.info.modelDir} has no tokenizer.json; pass token ids`);
+    return this.tokenizer.encode(text);
+  }
+
+  onStep(fn: (s: StepSignals) => void): () => void {
+    this.stepListeners.add(fn);
+    return () => this.stepListeners.delete(fn);
+  }
+
+  onFinish(fn: (o: WorkerOutcome) => void): () => void {
+    this.finishListeners.add(fn);
+    return () => this.finishListeners.delete(fn);
+  }
+
+  /**
+   * Queue a request in the worker. Checks the same things the engine checks, here and
+   * synchronously: invalid parameters throw {@link InvalidParamsError} before anything is sent.
+   */
+  submit(prompt: string | readonly number[], o: WorkerSubmitOptions = {}): WorkerRequestHandle {
+    if (this.dead) throw this.dead;
+    if (this.disposing) throw new EngineError('DISPOSED', 'engine is disposed');
+    const { signal, ...opts } = o;
+    const ids = typeof prompt === 'string' ? this.encode(prompt) : [...prompt];
+    this.validate(ids, opts);
+    if (signal?.aborted) throw signal.reason ?? new EngineError('ABORTED', 'aborted');
+    const rid = this.nextRid++;
+    const stream = new TokenStream<TokenEvent>();
+    let resolve!: (o: WorkerOutcome) => void;
+    let reject!: (e: Error) => void;
+    const done = new Promise<WorkerOutcome>((res, rej) => {
+      resolve = res;
+      reject = rej;
+    });
+    // A caller that only reads events must not see an unhandled rejection.
+    done.catch(() => {});
+    const p: Pending = { stream, resolve, reject, aborted: false };
+    this.pending.set(rid, p);
+    const abort = () => {
+      if (p.aborted || !this.pending.has(rid)) return;
+      p.aborted = true;
+      this.post({ type: 'abort', rid });
+    };
+    if (signal) {
+      signal.addEventListener('abort', abort, { once: true });
+      p.cleanup = () => signal.removeEventListener('abort', abort);
+    }
+    stream.onReturn = abort;
+    this.post({ type: 'submit', rid, promptIds: ids, opts: stripUndefined(opts) });
+    return { id: rid, events: stream, done, abort };
+  }
+
+  /** Engine and KV statistics, read in the worker between steps. */
+  stats(): Promise<WorkerEngineStats> {
+    return this.query('stats') as Promise<WorkerEngineStats>;
+  }
+
+  /** Run the KV cache's invariant check in the worker; rejects listing every violation. */
+  async checkInvariants(): Promise<void> {
+    await this.query('checkInvariants');
+  }
+
+  /** Fail every request still running, free the model and stop the worker. */
+  dispose(): Promise<void> {
+    if (this.disposing) return this.disposing;
+    this.disposing = (async () => {
+      if (!this.dead) {
+        const disposed = new Promise<void>((r) => (this.onDisposed = r));
+        this.post({ type: 'dispose' });
+        // A worker stuck in a long step still gets a few seconds before it is terminated.
+        await Promise.race([disposed, new Promise((r) => setTimeout(r, 5000).unref())]);
+      }
+      this.fail(new EngineError('DISPOSED', 'engine disposed'));
+      await this.worker.terminate();
+    })();
+    return this.disposing;
+  }
+
+  private validate(ids: number[], o: WorkerGenerateOptions): void {
+    const { vocabSize, maxModelLen, numBlocks, blockSize } = this.info;
+    if (ids.length === 0) throw new InvalidParamsError('prompt', 'must contain at least one token');
+    for (const t of ids) {
+      if (!Number.isInteger(t) || t < 0 || t >= vocabSize) throw new InvalidParamsError('prompt', `token id ${t} outside [0, ${vocabSize})`);
+    }
+    if (ids.length >= maxModelLen) throw new InvalidParamsError('prompt', `${ids.length} tokens leave no room under max_model_len ${maxModelLen}`);
+    const params = resolveSamplingParams(o, { maxTokens: maxModelLen - ids.length, vocabSize });
+    const need = Math.ceil((ids.length + params.maxTokens) / blockSize);
+    if (need > numBlocks - 1) throw new InvalidParamsError('max_tokens', `prompt + max_tokens need ${need} KV blocks, the cache has ${numBlocks - 1}`);
+    if (params.stop.length > 0 && !this.info.hasTokenizer) throw new InvalidParamsError('stop', 'stop strings need a tokenizer');
+    if (o.priority !== undefined && !Number.isInteger(o.priority)) throw new InvalidParamsError('priority', 'must be an integer');
+  }
+
+  private query(what: 'stats' | 'checkInvariants'): Promise<unknown> {
+    if (this.dead) return Promise.reject(this.dead);
+    const qid = this.nextQid++;
+    return new Promise((resolve, reject) => {
+      this.queries.set(qid, { resolve, reject });
+      this.post({ type: 'query', qid, what });
+    });
+  }
+
+  private post(m: ToWorker): void {
+    if (!this.dead) this.worker.postMessage(m);
+  }
+
+  private onMessage(m: FromWorker): void {
+    switch (m.type) {
+      case 'event':
+        this.pending.get(m.rid)?.stream.push(m.event);
+        return;
+      case 'done': {
+        this.load = m.load;
+        const p = this.pending.get(m.rid);
+        if (!p) return;
+        this.pending.delete(m.rid);
+        p.cleanup?.();
+        p.stream.end();
+        p.resolve(m.outcome);
+        for (const f of this.finishListeners) f(m.outcome);
+        return;
+      }
+      case 'failed': {
+        this.load = m.load;
+        const p = this.pending.get(m.rid);
+        if (!p) return;
+        this.pending.delete(m.rid);
+        p.cleanup?.();
+        const err = fromWire(m.error);
+        p.stream.end(err);
+        p.reject(err);
+        return;
+      }
+      case 'step':
+        this.load = { running: m.signals.running, waiting: m.signals.waiting, kvUsage: m.signals.kvUsage };
+        for (const f of this.stepListeners) f(m.signals);
+        return;
+      case 'reply': {
+        const q = this.queries.get(m.qid);
+        if (!q) return;
+        this.queries.delete(m.qid);
+        if (m.error) q.reject(fromWire(m.error));
+        else q.resolve(m.value);
+        return;
+      }
+      case 'disposed':
+        this.onDisposed?.();
+        return;
+      default:
+        return;
+    }
+  }
+
+  /** The worker is gone: end every stream and query with `err`. */
+  private fail(err: Error): void {
+    if (this.dead) return;
+    this.dead = err;
+    for (const [rid, p] of this.pending) {
+      this.pending.delete(rid);
+      p.cleanup?.();
+      p.stream.end(err);
+      p.reject(err);
+    }
+    for (const [qid, q] of this.queries) {
+      this.queries.delete(qid);
+      q.reject(err);
+    }
+    this.onDisposed?.();
+  }
+}
+
+/** Load the tokenizer of `dir` on this thread; `chatTemplate` overrides the model's template. */
+async function loadTokenizer(dir: string, chatTemplate: string | undefined): Promise<NervaTokenizer | undefined> {
+  if (!existsSync(join(dir, 'tokenizer.json'))) return undefined;
+  if (chatTemplate === undefined) return NervaTokenizer.fromDir(dir);
+  const tok = JSON.parse(await readFile(join(dir, 'tokenizer.json'), 'utf8')) as unknown;
+  const cfgPath = join(dir, 'tokenizer_config.json');
+  const cfg = existsSync(cfgPath) ? (JSON.parse(await readFile(cfgPath, 'utf8')) as unknown) : {};
+  return new NervaTokenizer(tok, cfg, chatTemplate, join(dir, 'tokenizer.json'));
+}
+
+/** Structured clone keeps `undefined` fields; dropping them keeps messages small and defaults intact. */
+function stripUndefined<T extends object>(o: T): T {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(o)) if (v !== undefined) out[k] = v;
+  return out as T;
+}
+
+export type { GenerateOptions };

@@ -1,0 +1,105 @@
+/**
+ * Worker-thread entry: owns one {@link Engine}, so its synchronous forward passes never block
+ * the thread that serves HTTP. Bundled as its own file (`dist/worker-entry.js`) and started by
+ * {@link WorkerEngine}. Messages are handled between scheduler steps (the engine yields to the
+ * event loop after each step), so an abort frees its KV blocks within one step.
+ */
+import { parentPort, workerData } from 'node:worker_threads';
+import { Engine, type RequestHandle } from '../engine.js';
+import { type FromWorker, type ToWorker, toWire, type WorkerEngineOptions, type WorkerEngineStats, type WorkerLoad } from './protocol.js';
+
+const port = parentPort;
+if (!port) throw new Error('worker-entry must run inside a worker thread');
+const post = (m: FromWorker) => port.postMessage(m);
+
+let engine: Engine;
+try {
+  engine = await Engine.create(workerData as WorkerEngineOptions);
+} catch (e) {
+  post({ type: 'initError', error: toWire(e) });
+  port.close();
+  process.exit(0);
+}
+
+const live = new Map<number, RequestHandle>();
+const load = (): WorkerLoad => ({ running: engine.numRunning, waiting: engine.numWaiting, kvUsage: engine.kv.usage });
+
+engine.onStep((signals) => post({ type: 'step', signals }));
+
+async function run(rid: number, h: RequestHandle): Promise<void> {
+  try {
+    for await (const event of h.events) post({ type: 'event', rid, event });
+    const o = await h.done;
+    const { ledger, promptLogits: _drop, ...rest } = o;
+    post({ type: 'done', rid, outcome: { ...rest, promptIds: [...o.promptIds], ledger: ledger.summary() }, load: load() });
+  } catch (e) {
+    post({ type: 'failed', rid, error: toWire(e), load: load() });
+  } finally {
+    live.delete(rid);
+  }
+}
+
+port.on('message', (m: ToWorker) => {
+  switch (m.type) {
+    case 'submit': {
+      let h: RequestHandle;
+      try {
+        h = engine.submit(m.promptIds, m.opts);
+      } catch (e) {
+        post({ type: 'failed', rid: m.rid, error: toWire(e), load: load() });
+        return;
+      }
+      live.set(m.rid, h);
+      void run(m.rid, h);
+      return;
+    }
+    case 'abort':
+      live.get(m.rid)?.abort();
+      return;
+    case 'query':
+      try {
+        if (m.what === 'checkInvariants') {
+          engine.kv.checkInvariants();
+          post({ type: 'reply', qid: m.qid, value: true });
+        } else {
+          const value: WorkerEngineStats = {
+            ...load(),
+            kv: engine.kv.stats(),
+            numBlocks: engine.numBlocks,
+            blockSize: engine.kv.blockSize,
+            kvCacheBytes: engine.kvCacheBytes,
+            weightBytes: engine.weightBytes,
+            deviceKind: engine.backend.capabilities.deviceKind,
+          };
+          post({ type: 'reply', qid: m.qid, value });
+        }
+      } catch (e) {
+        post({ type: 'reply', qid: m.qid, error: toWire(e) });
+      }
+      return;
+    case 'dispose':
+      engine.dispose();
+      post({ type: 'disposed' });
+      port.close();
+      return;
+  }
+});
+
+post({
+  type: 'ready',
+  info: {
+    modelDir: engine.modelDir,
+    backendName: engine.backend.name,
+    deviceKind: engine.backend.capabilities.deviceKind,
+    notes: [...engine.notes],
+    vocabSize: engine.spec.vocabSize,
+    maxModelLen: engine.maxModelLen,
+    numBlocks: engine.numBlocks,
+    blockSize: engine.kv.blockSize,
+    kvCacheBytes: engine.kvCacheBytes,
+    weightBytes: engine.weightBytes,
+    eosTokenIds: [...engine.eosTokenIds],
+    generationDefaults: { ...engine.generationDefaults },
+    hasTokenizer: engine.tokenizer !== undefined,
+  },
+});
