@@ -76,7 +76,7 @@ export class OpEncoder {
         this.buf('table', B('table'), hidden, WEIGHT);
         this.buf('ids', B('ids'), rows, INT);
         this.buf('out', B('out'), rows * hidden, FLOAT);
-        this.num(rows), this.num(hidden);
+        this.num(rows); this.num(hidden);
         return;
       }
       case 'rmsnorm': {
@@ -87,7 +87,7 @@ export class OpEncoder {
         this.buf('weight', B('weight'), dim, WEIGHT);
         this.buf('out', B('out'), rows * dim, FLOAT);
         this.optBuf('residual', B('residual'), rows * dim, FLOAT);
-        this.num(rows), this.num(dim), this.num(eps);
+        this.num(rows); this.num(dim); this.num(eps);
         return;
       }
       case 'matmul': {
@@ -97,7 +97,7 @@ export class OpEncoder {
         this.buf('weight', B('weight'), wOff + outDim * inDim, WEIGHT);
         this.buf('out', B('out'), rows * outDim, FLOAT);
         this.optBuf('bias', B('bias'), outDim, WEIGHT);
-        this.num(rows), this.num(inDim), this.num(outDim), this.num(wOff);
+        this.num(rows); this.num(inDim); this.num(outDim); this.num(wOff);
         return;
       }
       case 'rope': {
@@ -109,7 +109,7 @@ export class OpEncoder {
         this.buf('positions', B('positions'), rows, INT);
         this.buf('invFreq', B('invFreq'), hd / 2, FLOAT);
         this.optBuf('normWeight', B('normWeight'), hd, WEIGHT);
-        this.num(rows), this.num(heads), this.num(hd), this.num(stride), this.num(off), this.num(eps);
+        this.num(rows); this.num(heads); this.num(hd); this.num(stride); this.num(off); this.num(eps);
         return;
       }
       case 'kv_append': {
@@ -120,7 +120,7 @@ export class OpEncoder {
         this.buf('kCache', B('kCache'), w, WEIGHT);
         this.buf('vCache', B('vCache'), w, WEIGHT);
         this.buf('slots', B('slots'), rows, INT);
-        this.num(rows), this.num(kvh), this.num(hd), this.num(stride), this.num(kOff), this.num(vOff);
+        this.num(rows); this.num(kvh); this.num(hd); this.num(stride); this.num(kOff); this.num(vOff);
         return;
       }
       case 'attention': {
@@ -136,7 +136,7 @@ export class OpEncoder {
         this.buf('blockTables', B('blockTables'), mbps, INT);
         this.buf('rowSeq', B('rowSeq'), rows, INT);
         this.buf('positions', B('positions'), rows, INT);
-        this.num(rows), this.num(H), this.num(KVH), this.num(hd), this.num(bs), this.num(mbps), this.num(qStride), this.num(qOff);
+        this.num(rows); this.num(H); this.num(KVH); this.num(hd); this.num(bs); this.num(mbps); this.num(qStride); this.num(qOff);
         this.num(x.scale as number);
         return;
       }
@@ -144,7 +144,7 @@ export class OpEncoder {
         const rows = c('rows'), dim = c('dim');
         this.buf('x', B('x'), rows * 2 * dim, FLOAT);
         this.buf('out', B('out'), rows * dim, FLOAT);
-        this.num(rows), this.num(dim);
+        this.num(rows); this.num(dim);
         return;
       }
       case 'add': {
@@ -162,7 +162,7 @@ export class OpEncoder {
         this.buf('x', xb, dim, ANY);
         this.buf('rowIdx', B('rowIdx'), n, INT);
         this.buf('out', B('out'), n * dim, [dt]);
-        this.num(n), this.num(dim);
+        this.num(n); this.num(dim);
         return;
       }
       case 'moe_route': {
@@ -171,7 +171,7 @@ export class OpEncoder {
         this.buf('logits', B('logits'), rows * E, FLOAT);
         this.buf('topIds', B('topIds'), rows * K, INT);
         this.buf('topWeights', B('topWeights'), rows * K, FLOAT);
-        this.num(rows), this.num(E), this.num(K), this.num(x.normalize ? 1 : 0);
+        this.num(rows); this.num(E); this.num(K); this.num(x.normalize ? 1 : 0);
         return;
       }
       case 'moe_mlp': {
@@ -182,14 +182,14 @@ export class OpEncoder {
         this.buf('gateUp', B('gateUp'), 2 * inter * hidden, WEIGHT);
         this.buf('down', B('down'), hidden * inter, WEIGHT);
         this.buf('out', B('out'), rows * hidden, FLOAT);
-        this.num(rows), this.num(hidden), this.num(inter), this.num(K);
+        this.num(rows); this.num(hidden); this.num(inter); this.num(K);
         return;
       }
       case 'argmax': {
         const rows = c('rows'), vocab = c('vocab', 1);
         this.buf('logits', B('logits'), rows * vocab, FLOAT);
         this.buf('out', B('out'), rows, INT);
-        this.num(rows), this.num(vocab);
+        this.num(rows); this.num(vocab);
         return;
       }
       case 'sample': {
@@ -198,7 +198,7 @@ export class OpEncoder {
         this.buf('params', B('params'), rows * 4, FLOAT);
         this.buf('rng', B('rng'), rows * 2, INT);
         this.buf('out', B('out'), rows, INT);
-        this.num(rows), this.num(vocab);
+        this.num(rows); this.num(vocab);
         return;
       }
       case 'ring_push': {
@@ -206,7 +206,7 @@ export class OpEncoder {
         this.buf('src', B('src'), rows, INT);
         this.buf('ring', B('ring'), cap, INT);
         this.buf('cursor', B('cursor'), 1, INT);
-        this.num(rows), this.num(cap);
+        this.num(rows); this.num(cap);
         return;
       }
       case 'advance_positions': {
@@ -215,7 +215,7 @@ export class OpEncoder {
         this.buf('slots', B('slots'), rows, INT);
         this.buf('blockTables', B('blockTables'), mbps, INT);
         this.buf('rowSeq', B('rowSeq'), rows, INT);
-        this.num(rows), this.num(bs), this.num(mbps);
+        this.num(rows); this.num(bs); this.num(mbps);
         return;
       }
       default:

@@ -204,8 +204,7 @@ export class Engine {
     let weights: ModelWeights | undefined;
     try {
       weights = await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress);
-      const eos = loaded.tokenizer?.eosTokenIds?.length ? [...loaded.tokenizer.eosTokenIds] : [...loaded.spec.eosTokenIds];
-      for (const t of loaded.spec.eosTokenIds) if (!eos.includes(t)) eos.push(t);
+      const eos = loaded.stopTokenIds;
       return new Engine(
         {
           dir: loaded.dir,

@@ -65,9 +65,16 @@ export async function uploadWeights(
     return b;
   };
   const put = async (dst: DeviceBuffer, name: string, offset = 0): Promise<void> => {
-    const data = await ckpt.readF32(name);
-    backend.write(dst, data, offset);
-    done += ckpt.info(name).byteLength;
+    const info = ckpt.info(name);
+    if (dst.dtype === 'bf16' && info.dtype === 'BF16') {
+      // Same dtype on both sides: hand the raw bits over, no float32 detour.
+      const raw = await ckpt.readRaw(name);
+      const bits = raw.byteOffset % 2 === 0 ? new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2) : new Uint16Array(raw.slice().buffer);
+      backend.write(dst, bits, offset);
+    } else {
+      backend.write(dst, await ckpt.readF32(name), offset);
+    }
+    done += info.byteLength;
     onProgress?.({ done, total, tensor: name });
   };
   const tensor = async (name: string, length: number, dtype = wd): Promise<DeviceBuffer> => {

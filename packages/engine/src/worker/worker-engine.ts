@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { NervaTokenizer } from '@nerva/models';
-import { EngineError, type GenerateOptions, type StepSignals } from '../engine.js';
+import { EngineError, type StepSignals } from '../engine.js';
 import type { TokenEvent } from '../request.js';
 import { InvalidParamsError, resolveSamplingParams } from '../sampling-params.js';
 import { TokenStream } from '../token-stream.js';
@@ -54,8 +54,7 @@ function fromWire(w: WireError): Error {
     const prefix = `${w.param}: `;
     return new InvalidParamsError(w.param, w.message.startsWith(prefix) ? w.message.slice(prefix.length) : w.message);
   }
-  const e = new EngineError(w.code ?? 'WORKER', w.message);
-  return e;
+  return new EngineError(w.code ?? 'WORKER', w.message);
 }
 
 /** Where the bundled worker entry lives: next to this module (dist) — sources need a build first. */
@@ -347,4 +346,3 @@ function stripUndefined<T extends object>(o: T): T {
   return out as T;
 }
 
-export type { GenerateOptions };

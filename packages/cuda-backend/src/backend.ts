@@ -1,0 +1,509 @@
+import {
+  DTYPE_BYTES,
+  HotPathAllocationError,
+  OP_NAMES,
+  decodeHalf,
+  emptySyncCounts,
+  encodeHalf,
+  type BackendCapabilities,
+  type BackendStats,
+  type BufferSpec,
+  type BufferUsage,
+  type DeviceBackend,
+  type DeviceBuffer,
+  type DType,
+  type EventHandle,
+  type GraphHandle,
+  type HostArray,
+  type OpArgs,
+  type OpName,
+  type StreamHandle,
+  type SyncCounts,
+  type SyncKind,
+  type Tier,
+} from '@nerva/core';
+import { OpEncoder, OP_CODES, type ResolvedBuffer } from './abi.js';
+import { Arena } from './arena.js';
+import {
+  CudaArgumentError,
+  CudaCaptureStateError,
+  CudaDisposedError,
+  CudaUnavailableError,
+  CudaUnsupportedTierError,
+  fromNative,
+} from './errors.js';
+import { loadAddon, type NativeContext, type NativeInfo } from './native.js';
+
+/** How matmuls with more than 8 rows run. */
+export type GemmPrecision = 'split-bf16' | 'bf16' | 'gemv';
+
+const GEMM_MODES: Record<GemmPrecision, number> = { 'split-bf16': 0, bf16: 1, gemv: 2 };
+
+export interface CudaBackendOptions {
+  /** CUDA device ordinal (default 0). */
+  device?: number;
+  /**
+   * Bytes of the device arena every 'vram' buffer is carved from, reserved at creation with one
+   * cudaMalloc. Default: 80 % of the device's memory less the workspaces.
+   */
+  deviceArenaBytes?: number;
+  /** Bytes of mapped pinned host memory for 'pinned' buffers (default 64 MiB). */
+  pinnedArenaBytes?: number;
+  /** Scratch for ops (split-KV partials, GEMM activation copies, sampler rows); default 256 MiB. */
+  workspaceBytes?: number;
+  /** cuBLAS workspace, set once so GEMMs never allocate (and can be captured); default 32 MiB. */
+  cublasWorkspaceBytes?: number;
+  /**
+   * Many-row matmuls (prefill). 'split-bf16' (default): activations split into two bf16 halves,
+   * two tensor-core GEMMs with fp32 accumulation, about 16 mantissa bits kept (f32-grade).
+   * 'bf16': activations rounded to bf16 once (what PyTorch bf16 does; declared relTol 1e-2).
+   * 'gemv': no cuBLAS, the GEMV kernel in chunks of 8 rows.
+   */
+  gemm?: GemmPrecision;
+  /** Path of nerva_cuda.node (default: NERVA_CUDA_ADDON, then the package's build/Release). */
+  addonPath?: string;
+}
+
+/** relTol the backend declares: fp32 accumulation everywhere, activations kept in f32. */
+export const CUDA_REL_TOL = 1e-4;
+/** relTol when many-row matmuls round activations to bf16 (gemm: 'bf16'). */
+export const CUDA_REL_TOL_BF16_GEMM = 1e-2;
+
+const DEFAULTS = {
+  pinnedArenaBytes: 64 * 2 ** 20,
+  workspaceBytes: 256 * 2 ** 20,
+  cublasWorkspaceBytes: 32 * 2 ** 20,
+};
+
+interface Entry extends ResolvedBuffer {
+  readonly buf: CudaBuffer;
+  readonly offset: number;
+  readonly size: number;
+}
+
+class CudaBuffer implements DeviceBuffer {
+  constructor(
+    readonly id: number,
+    readonly dtype: DType,
+    readonly length: number,
+    readonly byteLength: number,
+    readonly tier: Tier,
+    readonly usage: BufferUsage,
+    readonly label?: string,
+  ) {}
+}
+
+/**
+ * The CUDA implementation of the backend contract. Memory is reserved at creation (a device
+ * arena and a mapped pinned-host arena); alloc/free only move offsets. Ops are enqueued on CUDA
+ * streams; stream 0 of the contract is a non-blocking stream of our own, so graph capture works
+ * on it.
+ */
+export class CudaBackend implements DeviceBackend {
+  readonly name = 'cuda';
+  readonly capabilities: BackendCapabilities;
+  private readonly ctx: NativeContext;
+  private readonly native: NativeInfo;
+  private readonly vram: Arena;
+  private readonly pinned: Arena;
+  private readonly pinnedBytes: ArrayBuffer;
+  private readonly buffers = new Map<number, Entry>();
+  private readonly streams = new Set<number>([0]);
+  private readonly events = new Set<number>();
+  private readonly graphs = new Map<number, GraphHandle>();
+  private readonly encoder: OpEncoder;
+  private readonly syncs: SyncCounts = emptySyncCounts();
+  private nextId = 1;
+  private liveBytes = 0;
+  private hotPath = false;
+  private hotPathAllocations = 0;
+  private capturing: number | null = null;
+  private h2d = 0;
+  private d2h = 0;
+  private d2d = 0;
+  private disposed = false;
+
+  /** Use createCudaBackend(); this constructor expects a created native context. */
+  constructor(ctx: NativeContext, deviceCount: number, gemm: GemmPrecision) {
+    this.ctx = ctx;
+    this.native = ctx.info();
+    this.vram = new Arena('vram', this.native.deviceArenaBytes);
+    this.pinned = new Arena('pinned', this.native.pinnedArenaBytes);
+    this.pinnedBytes = ctx.pinnedArrayBuffer();
+    this.encoder = new OpEncoder((b, what) => this.entry(b, what));
+    const bf16Gemm = gemm === 'bf16' && this.native.gemm !== 'gemv';
+    this.capabilities = Object.freeze({
+      deviceKind: 'cuda',
+      deviceName: this.native.name,
+      deviceCount,
+      memory: { vram: this.native.deviceArenaBytes, pinned: this.native.pinnedArenaBytes },
+      computeTier: 'vram' as Tier,
+      dtypes: Object.freeze(['f32', 'bf16', 'f16', 'i32'] as DType[]),
+      weightDtype: 'bf16' as DType,
+      precision: Object.freeze(bf16Gemm ? { compute: 'bf16' as const, relTol: CUDA_REL_TOL_BF16_GEMM } : { compute: 'f32' as const, relTol: CUDA_REL_TOL }),
+      graphCapture: true,
+      peerAccess: false,
+      collectives: false,
+      fabric: 'DiscreteExplicit' as const,
+      ops: OP_NAMES,
+    });
+  }
+
+  /** Device and build facts: name, compute capability, CUDA versions, which GEMM path is active. */
+  info(): Readonly<NativeInfo> {
+    return this.native;
+  }
+
+  private live(): void {
+    if (this.disposed) throw new CudaDisposedError();
+  }
+
+  private entry(b: DeviceBuffer, what: string): Entry {
+    const e = this.buffers.get(b.id);
+    if (!e || e.buf !== b) throw new CudaArgumentError(what, `buffer #${b.id} is not a live buffer of this backend`);
+    return e;
+  }
+
+  private stream(s: StreamHandle | undefined): number {
+    const id = s?.id ?? 0;
+    if (!this.streams.has(id)) throw new CudaArgumentError('stream', `unknown stream #${id}`);
+    return id;
+  }
+
+  private range(e: Entry, what: string, offset: number, length: number): void {
+    if (!Number.isInteger(offset) || !Number.isInteger(length) || offset < 0 || length < 0 || offset + length > e.length)
+      throw new CudaArgumentError(what, `range [${offset}, ${offset + length}) outside buffer of ${e.length} elements`);
+  }
+
+  private noCapture(what: string): void {
+    if (this.capturing !== null) throw new CudaCaptureStateError(`${what} is not allowed while a graph is being captured`);
+  }
+
+  alloc(spec: BufferSpec): DeviceBuffer {
+    this.live();
+    if (this.hotPath) {
+      this.hotPathAllocations++;
+      throw new HotPathAllocationError(`alloc ${spec.label ?? spec.dtype}[${spec.length}]`);
+    }
+    if (!(spec.dtype in DTYPE_BYTES)) throw new CudaArgumentError('alloc', `unknown dtype ${String(spec.dtype)}`);
+    if (!Number.isSafeInteger(spec.length) || spec.length < 0) throw new CudaArgumentError('alloc', `length must be a non-negative integer, got ${spec.length}`);
+    const tier = spec.tier ?? 'vram';
+    const arena = tier === 'vram' ? this.vram : tier === 'pinned' ? this.pinned : null;
+    if (!arena) throw new CudaUnsupportedTierError(tier);
+    const byteLength = spec.length * DTYPE_BYTES[spec.dtype];
+    const { offset, size } = arena.alloc(byteLength);
+    const buf = new CudaBuffer(this.nextId++, spec.dtype, spec.length, byteLength, tier, spec.usage ?? 'activations', spec.label);
+    const base = tier === 'vram' ? this.native.deviceBase : this.native.pinnedBase;
+    this.buffers.set(buf.id, { buf, addr: base + offset, dtype: spec.dtype, length: spec.length, offset, size });
+    this.liveBytes += byteLength;
+    return buf;
+  }
+
+  free(buf: DeviceBuffer): void {
+    this.live();
+    const e = this.entry(buf, 'free');
+    this.buffers.delete(buf.id);
+    (buf.tier === 'vram' ? this.vram : this.pinned).free(e.offset, e.size);
+    this.liveBytes -= buf.byteLength;
+  }
+
+  write(buf: DeviceBuffer, src: HostArray, offset = 0): void {
+    this.live();
+    this.noCapture('write');
+    const e = this.entry(buf, 'write');
+    this.range(e, 'write', offset, src.length);
+    let data: ArrayBufferView;
+    if (e.dtype === 'f32' && src instanceof Float32Array) data = src;
+    else if (e.dtype === 'i32' && src instanceof Int32Array) data = src;
+    else if ((e.dtype === 'bf16' || e.dtype === 'f16') && src instanceof Uint16Array) data = src;
+    else if ((e.dtype === 'bf16' || e.dtype === 'f16') && src instanceof Float32Array) data = encodeHalf(e.dtype, src);
+    else throw new CudaArgumentError('write', `a ${src.constructor.name} cannot be written to a ${e.dtype} buffer`);
+    if (data.byteLength === 0) return;
+    try {
+      this.ctx.write(e.addr + offset * DTYPE_BYTES[e.dtype], data, 0);
+    } catch (err) {
+      throw fromNative(err, 'write');
+    }
+    if (buf.tier === 'vram') this.h2d += data.byteLength;
+  }
+
+  read(buf: DeviceBuffer, offset = 0, length?: number): Float32Array | Int32Array {
+    this.live();
+    this.noCapture('read');
+    const e = this.entry(buf, 'read');
+    const n = length ?? e.length - offset;
+    this.range(e, 'read', offset, n);
+    const bytes = n * DTYPE_BYTES[e.dtype];
+    let ab: ArrayBuffer;
+    try {
+      ab = this.ctx.read(e.addr + offset * DTYPE_BYTES[e.dtype], bytes);
+    } catch (err) {
+      throw fromNative(err, 'read');
+    }
+    this.syncs.hard++;
+    if (buf.tier === 'vram') this.d2h += bytes;
+    return this.decode(e.dtype, ab, 0, n);
+  }
+
+  private decode(dtype: DType, ab: ArrayBuffer, byteOffset: number, n: number): Float32Array | Int32Array {
+    if (dtype === 'f32') return new Float32Array(ab, byteOffset, n);
+    if (dtype === 'i32') return new Int32Array(ab, byteOffset, n);
+    return decodeHalf(dtype, new Uint16Array(ab, byteOffset, n));
+  }
+
+  peek(buf: DeviceBuffer, offset = 0, length?: number): Int32Array | Float32Array {
+    this.live();
+    const e = this.entry(buf, 'peek');
+    if (buf.tier !== 'pinned') throw new CudaArgumentError('peek', `buffer #${buf.id} is in ${buf.tier}; only 'pinned' buffers are host-visible`);
+    const n = length ?? e.length - offset;
+    this.range(e, 'peek', offset, n);
+    const eb = DTYPE_BYTES[e.dtype];
+    // A copy out of the mapped arena: the caller keeps a stable snapshot while the device writes on.
+    const copy = this.pinnedBytes.slice(e.offset + offset * eb, e.offset + (offset + n) * eb);
+    return this.decode(e.dtype, copy, 0, n);
+  }
+
+  copy(dst: DeviceBuffer, src: DeviceBuffer, length: number, dstOffset = 0, srcOffset = 0, stream?: StreamHandle): void {
+    this.live();
+    const d = this.entry(dst, 'copy dst');
+    const s = this.entry(src, 'copy src');
+    if (d.dtype !== s.dtype) throw new CudaArgumentError('copy', `dtypes differ (${s.dtype} -> ${d.dtype}); copies do not convert`);
+    this.range(d, 'copy dst', dstOffset, length);
+    this.range(s, 'copy src', srcOffset, length);
+    const eb = DTYPE_BYTES[d.dtype];
+    const bytes = length * eb;
+    try {
+      this.ctx.copy(d.addr + dstOffset * eb, s.addr + srcOffset * eb, bytes, this.stream(stream));
+    } catch (err) {
+      throw fromNative(err, 'copy');
+    }
+    if (dst.tier === 'vram' && src.tier === 'vram') this.d2d += bytes;
+    else if (dst.tier === 'vram') this.h2d += bytes;
+    else if (src.tier === 'vram') this.d2h += bytes;
+  }
+
+  run<K extends OpName>(op: K, args: OpArgs<K>, stream?: StreamHandle): void {
+    this.live();
+    const sid = this.stream(stream);
+    const enc = this.encoder;
+    enc.encode(op, args);
+    try {
+      this.ctx.launch(OP_CODES[op], enc.args, enc.n, sid);
+    } catch (err) {
+      throw fromNative(err, `op ${op}`);
+    }
+  }
+
+  createStream(): StreamHandle {
+    this.live();
+    const id = this.ctx.createStream();
+    this.streams.add(id);
+    return { id };
+  }
+
+  destroyStream(stream: StreamHandle): void {
+    this.live();
+    if (stream.id === 0) throw new CudaArgumentError('destroyStream', 'the default stream cannot be destroyed');
+    this.stream(stream);
+    this.ctx.destroyStream(stream.id);
+    this.streams.delete(stream.id);
+  }
+
+  createEvent(): EventHandle {
+    this.live();
+    const id = this.ctx.createEvent();
+    this.events.add(id);
+    return { id };
+  }
+
+  private event(e: EventHandle): number {
+    if (!this.events.has(e.id)) throw new CudaArgumentError('event', `unknown event #${e.id}`);
+    return e.id;
+  }
+
+  destroyEvent(event: EventHandle): void {
+    this.live();
+    this.ctx.destroyEvent(this.event(event));
+    this.events.delete(event.id);
+  }
+
+  record(event: EventHandle, stream?: StreamHandle): void {
+    this.live();
+    try {
+      this.ctx.record(this.event(event), this.stream(stream));
+    } catch (err) {
+      throw fromNative(err, 'record');
+    }
+  }
+
+  waitEvent(stream: StreamHandle, event: EventHandle): void {
+    this.live();
+    try {
+      this.ctx.waitEvent(this.stream(stream), this.event(event));
+    } catch (err) {
+      throw fromNative(err, 'waitEvent');
+    }
+    this.syncs.soft_visibility++;
+  }
+
+  elapsedMs(start: EventHandle, end: EventHandle): number {
+    this.live();
+    try {
+      return this.ctx.elapsed(this.event(start), this.event(end));
+    } catch (err) {
+      throw fromNative(err, 'elapsedMs');
+    }
+  }
+
+  synchronize(kind: SyncKind, stream?: StreamHandle): void {
+    this.live();
+    this.noCapture('synchronize');
+    if (!(kind in this.syncs)) throw new CudaArgumentError('synchronize', `unknown sync kind ${String(kind)}`);
+    try {
+      this.ctx.synchronize(stream ? this.stream(stream) : -1);
+    } catch (err) {
+      throw fromNative(err, 'synchronize');
+    }
+    this.syncs[kind]++;
+  }
+
+  beginCapture(stream?: StreamHandle): void {
+    this.live();
+    if (this.capturing !== null) throw new CudaCaptureStateError(`stream #${this.capturing} is already capturing`);
+    const sid = this.stream(stream);
+    try {
+      this.ctx.beginCapture(sid);
+    } catch (err) {
+      throw fromNative(err, 'beginCapture');
+    }
+    this.capturing = sid;
+  }
+
+  endCapture(stream?: StreamHandle): GraphHandle {
+    this.live();
+    const sid = this.stream(stream);
+    if (this.capturing !== sid) throw new CudaCaptureStateError(`stream #${sid} is not capturing`);
+    this.capturing = null;
+    let id: number, nodes: number;
+    try {
+      [id, nodes] = this.ctx.endCapture(sid);
+    } catch (err) {
+      throw fromNative(err, 'endCapture');
+    }
+    const g: GraphHandle = Object.freeze({ id, nodes });
+    this.graphs.set(id, g);
+    return g;
+  }
+
+  replay(graph: GraphHandle, stream?: StreamHandle): void {
+    this.live();
+    if (this.graphs.get(graph.id) !== graph) throw new CudaArgumentError('replay', `unknown graph #${graph.id}`);
+    try {
+      this.ctx.replay(graph.id, this.stream(stream));
+    } catch (err) {
+      throw fromNative(err, 'replay');
+    }
+  }
+
+  destroyGraph(graph: GraphHandle): void {
+    this.live();
+    if (this.graphs.get(graph.id) !== graph) throw new CudaArgumentError('destroyGraph', `unknown graph #${graph.id}`);
+    this.ctx.destroyGraph(graph.id);
+    this.graphs.delete(graph.id);
+  }
+
+  setHotPath(armed: boolean): void {
+    this.live();
+    this.hotPath = armed;
+    this.ctx.setHotPath(armed);
+  }
+
+  stats(): BackendStats {
+    const c = this.disposed ? this.finalCounters : this.ctx.counters();
+    return {
+      liveBuffers: this.buffers.size,
+      liveBytes: this.liveBytes,
+      allocCalls: c.allocCalls,
+      freeCalls: c.freeCalls,
+      hotPathAllocations: this.hotPathAllocations + c.hotPathRejected,
+      h2dBytes: this.h2d,
+      d2hBytes: this.d2h,
+      d2dBytes: this.d2d,
+      launches: c.launches,
+      graphReplays: c.graphReplays,
+      syncs: { ...this.syncs },
+    };
+  }
+
+  private finalCounters = { allocCalls: 0, freeCalls: 0, launches: 0, graphReplays: 0, hotPathRejected: 0 };
+
+  /**
+   * Device-to-device copy bandwidth in GB/s (bytes read + written), timed with CUDA events over
+   * `iters` copies of `bytes`. Allocates two scratch buffers (counted in allocCalls), so it is
+   * refused while the hot-path guard is armed. The roofline of batch-1 decode is this figure
+   * divided by the weight bytes read per token.
+   */
+  measureCopyBandwidth(bytes = 2 ** 30, iters = 20): number {
+    this.live();
+    if (this.hotPath) {
+      this.hotPathAllocations++;
+      throw new HotPathAllocationError('measureCopyBandwidth scratch buffers');
+    }
+    try {
+      return this.ctx.copyBandwidth(bytes, iters);
+    } catch (err) {
+      throw fromNative(err, 'measureCopyBandwidth');
+    }
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.ctx.dispose();
+    this.finalCounters = this.ctx.counters();
+    this.disposed = true;
+    this.buffers.clear();
+    this.liveBytes = 0;
+  }
+}
+
+/**
+ * Creates a CUDA backend: loads the addon (lazily, here), checks for a device, reserves the
+ * arenas. Throws CudaUnavailableError when the addon or a GPU is missing.
+ */
+export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
+  let addon;
+  try {
+    addon = loadAddon(opts.addonPath);
+  } catch (e) {
+    throw new CudaUnavailableError((e as Error).message);
+  }
+  const p = addon.probe();
+  if (!p.ok) throw new CudaUnavailableError(p.error ?? 'no CUDA device');
+  const device = opts.device ?? 0;
+  if (!Number.isInteger(device) || device < 0 || device >= p.count) throw new CudaArgumentError('device', `device ${device} does not exist (${p.count} present)`);
+  const gemm = opts.gemm ?? 'split-bf16';
+  if (!(gemm in GEMM_MODES)) throw new CudaArgumentError('gemm', `unknown gemm precision ${String(gemm)}`);
+  const workspaceBytes = opts.workspaceBytes ?? DEFAULTS.workspaceBytes;
+  const cublasWorkspaceBytes = opts.cublasWorkspaceBytes ?? DEFAULTS.cublasWorkspaceBytes;
+  const pinnedArenaBytes = opts.pinnedArenaBytes ?? DEFAULTS.pinnedArenaBytes;
+  for (const [k, v] of Object.entries({ workspaceBytes, cublasWorkspaceBytes, pinnedArenaBytes })) {
+    if (!Number.isSafeInteger(v) || v < 0) throw new CudaArgumentError(k, `must be a non-negative integer, got ${v}`);
+  }
+  let deviceArenaBytes = opts.deviceArenaBytes;
+  if (deviceArenaBytes === undefined) {
+    // Size the default from the device itself: a throwaway probe context would cost a reservation,
+    // so ask for a small one first and read totalMemory from it.
+    const probeCtx = new addon.Context({ device, deviceArenaBytes: 0, pinnedArenaBytes: 0, workspaceBytes: 256, cublasWorkspaceBytes: 0, gemmMode: GEMM_MODES.gemv });
+    const total = probeCtx.info().totalMemory;
+    probeCtx.dispose();
+    deviceArenaBytes = Math.max(0, Math.floor((total * 0.8 - workspaceBytes - cublasWorkspaceBytes) / 2 ** 20) * 2 ** 20);
+  }
+  if (!Number.isSafeInteger(deviceArenaBytes) || deviceArenaBytes < 0) throw new CudaArgumentError('deviceArenaBytes', `must be a non-negative integer, got ${deviceArenaBytes}`);
+  let ctx: NativeContext;
+  try {
+    ctx = new addon.Context({ device, deviceArenaBytes, pinnedArenaBytes, workspaceBytes, cublasWorkspaceBytes, gemmMode: GEMM_MODES[gemm] });
+  } catch (e) {
+    throw fromNative(e, 'createCudaBackend');
+  }
+  return new CudaBackend(ctx, p.count, gemm);
+}

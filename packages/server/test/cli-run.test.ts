@@ -1,0 +1,110 @@
+import { execFile } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync, copyFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { afterAll, describe, expect, it } from 'vitest';
+
+const run = promisify(execFile);
+function repoRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(dir, 'pnpm-workspace.yaml'))) dir = dirname(dir);
+  return dir;
+}
+const ROOT = repoRoot();
+const FIXTURES = process.env.NERVA_FIXTURES ?? resolve(ROOT, '../shared/fixtures');
+const CLI = join(ROOT, 'packages/server/dist/cli.js');
+const nerva = (args: string[]) => run(process.execPath, [CLI, ...args], { cwd: ROOT, maxBuffer: 1 << 26 });
+const tmp = mkdtempSync(join(tmpdir(), 'nerva-cli-'));
+afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+
+describe('nerva run', () => {
+  it('streams Shakespeare-like text from the embedded default model and ends with one JSON line', async () => {
+    const { stdout, stderr } = await nerva(['run', '--max-tokens', '40', '--seed', '3', '--backend', 'cpu', '--json']);
+    const lines = stdout.trimEnd().split('\n');
+    const j = JSON.parse(lines[lines.length - 1]);
+    expect(j.backend).toBe('cpu');
+    expect(j.model).toContain('tiny-shakespeare-qwen3');
+    expect(j.token_ids).toHaveLength(40);
+    expect(j.first_logits_top5).toHaveLength(5);
+    expect(j.ledger.decode_tokens).toBe(39);
+    expect(j.ledger.hot_path_allocations).toBe(0);
+    // The streamed text is the JSON text; it is English-looking words.
+    expect(stdout.startsWith(j.text)).toBe(true);
+    expect(j.text.split(/\s+/).filter((w: string) => /^[A-Za-z',.;:!?-]+$/.test(w)).length).toBeGreaterThan(15);
+    expect(stderr).not.toContain('error');
+  });
+
+  it('matches the transformers float64 greedy reference through the CLI', async () => {
+    const dir = join(FIXTURES, 'models/tiny-random-qwen3');
+    const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')).cases[0];
+    const { stdout } = await nerva(['run', '--model', dir, '--prompt-ids', ref.prompt_ids.join(','), '--temperature', '0', '--max-tokens', '12', '--backend', 'cpu', '--json']);
+    const j = JSON.parse(stdout.trimEnd().split('\n').pop()!);
+    expect(j.prompt_ids).toEqual(ref.prompt_ids);
+    expect(j.token_ids.length).toBeGreaterThan(0);
+    expect(j.token_ids).toEqual(ref.greedy_f64.slice(0, j.token_ids.length));
+    expect(j.first_logits_top5.map((p: number[]) => p[0])).toEqual(ref.top5_ids_f64);
+  });
+
+  it('a broken model folder exits non-zero with one message naming the file and the problem', async () => {
+    const dir = join(tmp, 'broken');
+    const src = join(FIXTURES, 'models/tiny-random-qwen3');
+    await run('mkdir', ['-p', dir]);
+    copyFileSync(join(src, 'config.json'), join(dir, 'config.json'));
+    writeFileSync(join(dir, 'model.safetensors'), Buffer.from([1, 2, 3]));
+    const err = await nerva(['run', '--model', dir, '--prompt-ids', '1,2', '--backend', 'cpu']).then(
+      () => undefined,
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect(err).toBeDefined();
+    expect(err!.code).not.toBe(0);
+    const lines = err!.stderr.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/^nerva: error: /);
+    expect(lines[0]).toContain('model.safetensors');
+  });
+
+  it('rejects a bad flag value with a clear message', async () => {
+    const err = await nerva(['run', '--max-tokens', 'lots']).then(
+      () => undefined,
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect(err?.code).not.toBe(0);
+    expect(err?.stderr).toContain('--max-tokens must be an integer');
+  });
+});
+
+describe('nerva tokenize', () => {
+  const tokDir = join(FIXTURES, 'tokenizers/qwen3');
+  const ref = JSON.parse(readFileSync(join(tokDir, 'reference.json'), 'utf8'));
+
+  it('encodes text like Hugging Face tokenizers', async () => {
+    const c = ref.encode[0];
+    const { stdout } = await nerva(['tokenize', '--model', tokDir, '--text', c.text, '--json']);
+    expect(JSON.parse(stdout)).toEqual({ ids: c.ids, rendered: c.text });
+  });
+
+  it('renders a chat with the generation prompt, with and without thinking', async () => {
+    for (const c of ref.chat) {
+      const file = join(tmp, `chat-${Math.random()}.json`);
+      writeFileSync(file, JSON.stringify(c.messages));
+      const args = ['tokenize', '--model', tokDir, '--chat', file, '--json'];
+      if (c.kwargs.enable_thinking === false) args.push('--no-thinking');
+      else if (Object.keys(c.kwargs).length > 0) continue;
+      const { stdout } = await nerva(args);
+      expect(JSON.parse(stdout)).toEqual({ ids: c.ids, rendered: c.rendered });
+    }
+  });
+
+  it('a malformed messages file is a clear error', async () => {
+    const file = join(tmp, 'bad.json');
+    writeFileSync(file, '{not json');
+    const err = await nerva(['tokenize', '--model', tokDir, '--chat', file]).then(
+      () => undefined,
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect(err?.code).toBe(1);
+    expect(err?.stderr).toContain('bad.json: not a JSON file');
+  });
+});
