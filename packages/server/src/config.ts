@@ -1,0 +1,154 @@
+import { readFile } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
+import { parse as parseToml } from 'smol-toml';
+import { ConfigError } from './errors.js';
+
+/** Everything `nerva serve` can be told, from a TOML file, flags, or code. */
+export interface ServerConfig {
+  /** Model folder; the embedded default model when absent. */
+  model?: string;
+  /** Name clients use in `model`; default: the folder's name. */
+  servedModelName?: string;
+  host: string;
+  port: number;
+  /** When set, /v1/* requires `Authorization: Bearer <apiKey>`. */
+  apiKey?: string;
+  backend: 'cpu' | 'cuda' | 'auto';
+  maxNumSeqs?: number;
+  maxNumBatchedTokens?: number;
+  kvCacheBytes?: number;
+  maxModelLen?: number;
+  enablePrefixCaching: boolean;
+  /** Requests admitted beyond `maxNumSeqs` before new ones get 429. */
+  maxQueue: number;
+  /** A request still unfinished after this long is aborted (408, or an error event in a stream). */
+  requestTimeoutS: number;
+  /** Largest accepted request body; larger ones get 413. */
+  bodyLimitBytes: number;
+  /** Path of a Jinja chat template that replaces the model's own. */
+  chatTemplate?: string;
+  /** On shutdown, in-flight requests get this long to finish before they are aborted. */
+  drainTimeoutS: number;
+}
+
+export const DEFAULT_CONFIG: ServerConfig = {
+  host: '127.0.0.1',
+  port: 8000,
+  backend: 'auto',
+  enablePrefixCaching: true,
+  maxQueue: 256,
+  requestTimeoutS: 600,
+  bodyLimitBytes: 1024 * 1024,
+  drainTimeoutS: 30,
+};
+
+type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend';
+
+/** The accepted keys: TOML spelling → field and type. Anything else is an error naming the key. */
+const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boolean }> = {
+  model: { field: 'model', kind: 'string', path: true },
+  served_model_name: { field: 'servedModelName', kind: 'string' },
+  host: { field: 'host', kind: 'string' },
+  port: { field: 'port', kind: 'int' },
+  api_key: { field: 'apiKey', kind: 'string' },
+  backend: { field: 'backend', kind: 'backend' },
+  max_num_seqs: { field: 'maxNumSeqs', kind: 'posint' },
+  max_num_batched_tokens: { field: 'maxNumBatchedTokens', kind: 'posint' },
+  kv_cache_bytes: { field: 'kvCacheBytes', kind: 'posint' },
+  max_model_len: { field: 'maxModelLen', kind: 'posint' },
+  enable_prefix_caching: { field: 'enablePrefixCaching', kind: 'bool' },
+  max_queue: { field: 'maxQueue', kind: 'int' },
+  request_timeout_s: { field: 'requestTimeoutS', kind: 'posint' },
+  body_limit_bytes: { field: 'bodyLimitBytes', kind: 'posint' },
+  chat_template: { field: 'chatTemplate', kind: 'string', path: true },
+  drain_timeout_s: { field: 'drainTimeoutS', kind: 'int' },
+};
+
+const BY_FIELD = new Map(Object.entries(KEYS).map(([k, v]) => [v.field as string, k]));
+
+/** The TOML key of a config field (for messages about flags). */
+export function configKeyOf(field: keyof ServerConfig): string {
+  return BY_FIELD.get(field) ?? field;
+}
+
+function check(key: string, kind: Kind, v: unknown, where: string): unknown {
+  const fail = (what: string): never => {
+    throw new ConfigError(key, `${where}: "${key}" must be ${what}, got ${JSON.stringify(v)}`);
+  };
+  switch (kind) {
+    case 'string':
+      if (typeof v !== 'string' || v.length === 0) fail('a non-empty string');
+      return v;
+    case 'bool':
+      if (typeof v !== 'boolean') fail('true or false');
+      return v;
+    case 'int':
+    case 'posint': {
+      // TOML integers may come back as bigint.
+      const n = typeof v === 'bigint' ? Number(v) : v;
+      if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < (kind === 'posint' ? 1 : 0)) fail(kind === 'posint' ? 'a positive integer' : 'a non-negative integer');
+      if (key === 'port' && (n as number) > 65535) fail('a port number (0-65535)');
+      return n;
+    }
+    case 'backend':
+      if (v !== 'cpu' && v !== 'cuda' && v !== 'auto') fail('"cpu", "cuda" or "auto"');
+      return v;
+  }
+}
+
+/**
+ * Validate a table of TOML-spelled keys (from a file or built by hand). Unknown keys and wrong
+ * types throw {@link ConfigError} naming the key. Relative paths resolve against `baseDir`.
+ */
+export function parseConfigTable(table: Record<string, unknown>, where: string, baseDir?: string): Partial<ServerConfig> {
+  const out: Partial<ServerConfig> = {};
+  for (const [key, raw] of Object.entries(table)) {
+    const spec = KEYS[key];
+    if (!spec) throw new ConfigError(key, `${where}: unknown key "${key}" (known: ${Object.keys(KEYS).join(', ')})`);
+    let v = check(key, spec.kind, raw, where);
+    if (spec.path && baseDir !== undefined) v = resolve(baseDir, v as string);
+    (out as Record<string, unknown>)[spec.field] = v;
+  }
+  return out;
+}
+
+/** Read and validate a TOML config file. */
+export async function loadConfigFile(path: string): Promise<Partial<ServerConfig>> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (e) {
+    throw new ConfigError('config', `cannot read config file ${path}: ${(e as Error).message}`);
+  }
+  let table: Record<string, unknown>;
+  try {
+    table = parseToml(text) as Record<string, unknown>;
+  } catch (e) {
+    throw new ConfigError('config', `${path}: not valid TOML: ${(e as Error).message.split('\n')[0]}`);
+  }
+  return parseConfigTable(table, path, dirname(resolve(path)));
+}
+
+/**
+ * The effective configuration: defaults, then the file, then flags (flags win). Flags use field
+ * names; undefined flags are ignored so a file value stays.
+ */
+export function mergeConfig(file: Partial<ServerConfig>, flags: Partial<ServerConfig>): ServerConfig {
+  const out: ServerConfig = { ...DEFAULT_CONFIG };
+  for (const layer of [file, flags]) {
+    for (const [k, v] of Object.entries(layer)) if (v !== undefined) (out as unknown as Record<string, unknown>)[k] = v;
+  }
+  return out;
+}
+
+/** Validate flag values with the same rules as file keys (flags arrive already typed). */
+export function checkFlags(flags: Partial<ServerConfig>): Partial<ServerConfig> {
+  const table: Record<string, unknown> = {};
+  for (const [field, v] of Object.entries(flags)) {
+    if (v === undefined) continue;
+    const key = BY_FIELD.get(field);
+    if (!key) throw new ConfigError(field, `unknown option "${field}"`);
+    table[key] = v;
+  }
+  return parseConfigTable(table, 'command line', process.cwd());
+}
