@@ -6,6 +6,7 @@
  */
 import os from 'node:os';
 import {
+  BackendError,
   DTYPE_BYTES,
   OP_NAMES,
   SYNC_KINDS,
@@ -285,7 +286,7 @@ export class CpuBackend implements DeviceBackend {
   synchronize(kind: SyncKind, stream?: StreamHandle): void {
     this.live();
     this.streamId(stream);
-    if (!(SYNC_KINDS as readonly string[]).includes(kind)) throw new BufferRangeError('synchronize', `unknown sync kind ${String(kind)}`);
+    if (!(SYNC_KINDS as readonly string[]).includes(kind)) throw new BackendError('INVALID_SYNC_KIND', `synchronize: unknown sync kind ${String(kind)}`);
     this.noCapture('synchronize');
     this.syncs[kind]++;
   }

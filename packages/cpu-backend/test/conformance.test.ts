@@ -20,5 +20,5 @@ describe('conformance: CpuBackend against a second CpuBackend', () => {
     }
     expect(be.stats().liveBuffers).toBe(0);
     expect(ref.stats().liveBuffers).toBe(0);
-  });
+  }, 60_000);
 });

@@ -153,7 +153,8 @@ __global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, fl
 }
 
 // One block per (row, head), headDim/2 threads: optional per-head RMSNorm, then NeoX rotation.
-// The angle is formed in float64 (positions reach 10^5 and an fp32 product would drift).
+// The angle is the float32 product positions[r] * invFreq[i] (as Hugging Face and the CPU
+// reference compute it); cos/sin of it are then taken in float64.
 __global__ void k_rope(float* x, const int* positions, const float* invFreq, const void* nw, int nwdt, int headDim,
                        int rowStride, int headOffset, float eps) {
   __shared__ float sh[32];
@@ -170,7 +171,7 @@ __global__ void k_rope(float* x, const int* positions, const float* invFreq, con
     }
   }
   if (!act) return;
-  double ang = (double)positions[r] * (double)invFreq[i];
+  double ang = (double)__fmul_rn((float)positions[r], invFreq[i]);
   double s, c;
   sincos(ang, &s, &c);
   base[i] = (float)((double)a * c - (double)b * s);
@@ -266,13 +267,16 @@ __global__ void k_advance_positions(int* positions, int* slots, const int* bt, c
 
 // One warp per output feature, R activation rows at once so every weight byte is read once.
 // Weights stream with 16-byte loads, four in flight per lane before any math.
-template <int R>
+// KS warps share one output (split over K) when there are too few outputs to fill the GPU.
+template <int R, int KS>
 __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w,
                                                     float* __restrict__ out, int rows, int inDim, int outDim,
                                                     const void* bias, int bdt) {
+  __shared__ float red[4][R];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int o = blockIdx.x * 4 + warp;
-  if (o >= outDim) return;
+  int o = blockIdx.x * (4 / KS) + warp / KS;
+  int ks = warp % KS;
+  if (o >= outDim) return;  // only when KS == 1 (split grids are exactly outDim blocks)
   const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)o * inDim);
   const int n8 = inDim >> 3;
   float acc[R];
@@ -300,19 +304,33 @@ __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, 
     }
   };
 
-  int k = lane;
-  for (; k + 96 < n8; k += 128) {
-    uint4 q0 = __ldcs(wr + k), q1 = __ldcs(wr + k + 32), q2 = __ldcs(wr + k + 64), q3 = __ldcs(wr + k + 96);
+  constexpr int ST = 32 * KS;
+  int k = lane + ks * 32;
+  for (; k + 3 * ST < n8; k += 4 * ST) {
+    uint4 q0 = __ldcs(wr + k), q1 = __ldcs(wr + k + ST), q2 = __ldcs(wr + k + 2 * ST), q3 = __ldcs(wr + k + 3 * ST);
     fma8(q0, k);
-    fma8(q1, k + 32);
-    fma8(q2, k + 64);
-    fma8(q3, k + 96);
+    fma8(q1, k + ST);
+    fma8(q2, k + 2 * ST);
+    fma8(q3, k + 3 * ST);
   }
-  for (; k < n8; k += 32) fma8(__ldcs(wr + k), k);
+  for (; k < n8; k += ST) fma8(__ldcs(wr + k), k);
 #pragma unroll
   for (int r = 0; r < R; r++) {
     float v = warpSum(acc[r]);
-    if (lane == 0 && r < rows) out[(size_t)r * outDim + o] = v + (bias ? ldf(bias, bdt, o) : 0.f);
+    if (KS == 1) {
+      if (lane == 0 && r < rows) out[(size_t)r * outDim + o] = v + (bias ? ldf(bias, bdt, o) : 0.f);
+    } else if (lane == 0) {
+      red[warp][r] = v;
+    }
+  }
+  if (KS > 1) {
+    // KS == 4: the block is one output (the grid has exactly outDim blocks), so no warp left early.
+    __syncthreads();
+    if (warp == 0 && lane < R && lane < rows) {
+      float v = 0.f;
+      for (int j = 0; j < KS; j++) v += red[j][lane];
+      out[(size_t)lane * outDim + o] = v + (bias ? ldf(bias, bdt, o) : 0.f);
+    }
   }
 }
 
@@ -814,18 +832,25 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     }
     return NERVA_OK;
   }
+  // Few outputs (e.g. 1024-wide projections): four warps per output so the GPU fills up.
+  bool split = (size_t)outDim < (size_t)ex->smCount * 16 && inDim >= 1024;
+  unsigned gs = (unsigned)outDim;
   for (int r0 = 0; r0 < rows; r0 += 8) {
     int nr = std::min(8, rows - r0);
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * outDim;
     const uint16_t* wp = (const uint16_t*)w.p;
+#define GEMV_CASE(R)                                                                                  \
+  if (split) LAUNCH((k_gemv_bf16<R, 4>), gs, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt); \
+  else LAUNCH((k_gemv_bf16<R, 1>), gx, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt);
     switch (nr) {
-      case 1: LAUNCH(k_gemv_bf16<1>, gx, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt); break;
-      case 2: LAUNCH(k_gemv_bf16<2>, gx, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt); break;
+      case 1: GEMV_CASE(1) break;
+      case 2: GEMV_CASE(2) break;
       case 3:
-      case 4: LAUNCH(k_gemv_bf16<4>, gx, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt); break;
-      default: LAUNCH(k_gemv_bf16<8>, gx, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt); break;
+      case 4: GEMV_CASE(4) break;
+      default: GEMV_CASE(8) break;
     }
+#undef GEMV_CASE
   }
   return NERVA_OK;
 }

@@ -206,7 +206,7 @@ export class ModelRunner {
         qOffset: 0,
         scale: 1 / Math.sqrt(hd),
       });
-      this.op('projection', 'matmul', { x: a.attn, weight: lw.o, out: a.o, rows, inDim: nq * hd, outDim: H });
+      this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.o, rows, inDim: nq * hd, outDim: H });
       this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
       if (s.moe && isMoeLayer(s, l)) {
         const E = s.moe.numExperts;

@@ -10,6 +10,7 @@ export interface LayerWeights {
   qNorm?: DeviceBuffer;
   kNorm?: DeviceBuffer;
   o: DeviceBuffer;
+  oBias?: DeviceBuffer;
   mlpNorm: DeviceBuffer;
   /** Dense MLP: gate and up fused: [2 * inter, hidden]. */
   gateUp?: DeviceBuffer;
@@ -113,6 +114,7 @@ export async function uploadWeights(
         await put(b, `${p}self_attn.v_proj.bias`, (nq + nkv) * hd);
         lw.qkvBias = b;
       }
+      if (spec.oProjBias) lw.oBias = await tensor(`${p}self_attn.o_proj.bias`, H, 'f32');
       if (spec.qkNorm) {
         lw.qNorm = await norm(`${p}self_attn.q_norm.weight`, hd);
         lw.kNorm = await norm(`${p}self_attn.k_norm.weight`, hd);

@@ -13,6 +13,7 @@ import {
   UnknownSequenceError,
   type BlockHashFn,
   type KvCacheManagerOptions,
+  type SeqId,
 } from '../src/index.js';
 
 const mgr = (o: Partial<KvCacheManagerOptions> = {}) =>
@@ -20,7 +21,7 @@ const mgr = (o: Partial<KvCacheManagerOptions> = {}) =>
 const range = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
 
 /** Admit a sequence the way the scheduler does: lookup, then allocate the rest of the prompt. */
-function admit(m: KvCacheManager, id: string, prompt: number[], salt?: string) {
+function admit(m: KvCacheManager, id: SeqId, prompt: number[], salt?: string) {
   const c = m.getComputedBlocks(id, prompt, salt === undefined ? undefined : { cacheSalt: salt });
   const ids = m.allocateSlots(id, prompt, prompt.length - c.numComputedTokens, c);
   return { c, ids };

@@ -57,21 +57,39 @@ const HASHES: Record<string, BlockHashFn | undefined> = {
   colliding: (i) => `c${i.tokens[0] % 2}`,
 };
 
-const configArb = fc.record({
+interface Config {
+  numBlocks: number;
+  blockSize: number;
+  enablePrefixCaching: boolean;
+  hash: 'sha256' | 'colliding';
+  maxBlocksPerSeq: number | undefined;
+}
+
+const configArb: fc.Arbitrary<Config> = fc.record({
   numBlocks: fc.integer({ min: 2, max: 20 }),
   blockSize: fc.integer({ min: 1, max: 4 }),
   enablePrefixCaching: fc.boolean(),
-  hash: fc.constantFrom('sha256', 'colliding'),
+  hash: fc.constantFrom('sha256' as const, 'colliding' as const),
   maxBlocksPerSeq: fc.option(fc.integer({ min: 1, max: 12 }), { nil: undefined }),
 });
+
+/** Cheap assertion for per-slot loops (vitest's expect is too slow to call millions of times). */
+function ensure(cond: boolean, what: () => string): void {
+  if (!cond) throw new Error(`property violated: ${what()}`);
+}
 
 interface SeqModel {
   tokens: number[];
   salt: string | undefined;
   live: boolean;
+  /** ctxIds[p]: interned identity of (salt, tokens[0..p]), extended as tokens are appended. */
+  ctxIds: number[];
 }
 
-function run(cfg: fc.Shape<typeof configArb>, ops: Op[]): void {
+/** Counts of interesting events across all runs, to assert the generator reaches every path. */
+const tally = { hits: 0, refusals: 0, tooLong: 0, readmitHits: 0, collidingHits: 0, doubleFrees: 0 };
+
+function run(cfg: Config, ops: Op[]): void {
   const bs = cfg.blockSize;
   const m = new KvCacheManager({
     numBlocks: cfg.numBlocks,
@@ -81,12 +99,22 @@ function run(cfg: fc.Shape<typeof configArb>, ops: Op[]): void {
     hashFn: HASHES[cfg.hash],
   });
   const maxPerSeq = cfg.maxBlocksPerSeq ?? cfg.numBlocks - 1;
-  const kv: (string | undefined)[] = new Array(cfg.numBlocks * bs).fill(undefined);
-  const model: SeqModel[] = Array.from({ length: SEQS }, () => ({ tokens: [], salt: undefined, live: false }));
+  const kv: (number | undefined)[] = new Array(cfg.numBlocks * bs).fill(undefined);
+  const model: SeqModel[] = Array.from({ length: SEQS }, () => ({ tokens: [], salt: undefined, live: false, ctxIds: [] }));
   let queries = 0;
   let hits = 0;
   const id = (s: number) => `seq-${s}`;
-  const ctx = (sm: SeqModel, pos: number) => `${sm.salt ?? ''}|${sm.tokens.slice(0, pos + 1).join(',')}`;
+  // Interning keeps context identities O(1) to build and compare: equal contexts, equal ids.
+  const intern = new Map<string, number>();
+  const ctx = (sm: SeqModel, pos: number): number => {
+    for (let p = sm.ctxIds.length; p <= pos; p++) {
+      const key = p === 0 ? `${sm.salt ?? ''}|${sm.tokens[0]}` : `${sm.ctxIds[p - 1]},${sm.tokens[p]}`;
+      let v = intern.get(key);
+      if (v === undefined) intern.set(key, (v = intern.size));
+      sm.ctxIds.push(v);
+    }
+    return sm.ctxIds[pos];
+  };
 
   const snapshot = () =>
     JSON.stringify({
@@ -103,16 +131,19 @@ function run(cfg: fc.Shape<typeof configArb>, ops: Op[]): void {
     const needed = Math.ceil((start + numNew) / bs);
     const held = live ? m.blockTable(id(s)).length : (computed?.blocks.length ?? 0);
     const evictable = computed?.blocks.filter((b) => b.refCount === 0).length ?? 0;
+    const freeBefore = m.numFreeBlocks;
     const before = snapshot();
     if (needed > maxPerSeq) {
       expect(() => m.allocateSlots(id(s), sm.tokens, numNew, computed)).toThrow(MaxBlocksPerSeqError);
+      tally.tooLong++;
       expect(snapshot()).toBe(before);
       return false;
     }
     const got = m.allocateSlots(id(s), sm.tokens, numNew, computed);
-    const shouldFail = needed - held > m.numFreeBlocks - evictable;
+    const shouldFail = needed - held > freeBefore - evictable;
     expect(got === null).toBe(shouldFail);
     if (got === null) {
+      tally.refusals++;
       expect(snapshot()).toBe(before);
       return false;
     }
@@ -121,7 +152,7 @@ function run(cfg: fc.Shape<typeof configArb>, ops: Op[]): void {
     return true;
   }
 
-  function admit(s: number): void {
+  function admit(s: number, readmit = false): void {
     const sm = model[s];
     const before = m.stats();
     const c = m.getComputedBlocks(id(s), sm.tokens, sm.salt === undefined ? undefined : { cacheSalt: sm.salt });
@@ -131,9 +162,15 @@ function run(cfg: fc.Shape<typeof configArb>, ops: Op[]): void {
     if (cfg.enablePrefixCaching) {
       queries += sm.tokens.length;
       hits += c.numComputedTokens;
+      if (c.numComputedTokens > 0) {
+        tally.hits++;
+        if (readmit) tally.readmitHits++;
+        if (cfg.hash === 'colliding') tally.collidingHits++;
+      }
       // Every hit slot must hold exactly this prompt's context.
       for (let p = 0; p < c.numComputedTokens; p++) {
-        expect(kv[c.blocks[Math.floor(p / bs)].id * bs + (p % bs)]).toBe(ctx(sm, p));
+        const slot = c.blocks[Math.floor(p / bs)].id * bs + (p % bs);
+        ensure(kv[slot] === ctx(sm, p), () => `prefix hit for ${id(s)} position ${p} reads foreign KV`);
       }
       // Lower bound: full blocks a live sequence shares with this prompt are held, hence cached.
       for (let o = 0; o < SEQS; o++) {
@@ -156,6 +193,7 @@ function run(cfg: fc.Shape<typeof configArb>, ops: Op[]): void {
     if (!sm.live) {
       const before = snapshot();
       expect(() => m.free(id(s))).toThrow(KvError);
+      tally.doubleFrees++;
       expect(snapshot()).toBe(before);
       return;
     }
@@ -179,13 +217,14 @@ function run(cfg: fc.Shape<typeof configArb>, ops: Op[]): void {
       expect(table).not.toContain(NULL_BLOCK_ID);
       expect(table.length).toBe(Math.ceil(model[s].tokens.length / bs));
       for (const b of table) refs.set(b, (refs.get(b) ?? 0) + 1);
-      for (let p = 0; p < model[s].tokens.length; p++) expect(kv[m.slotFor(id(s), p)]).toBe(ctx(model[s], p));
+      for (let p = 0; p < model[s].tokens.length; p++) {
+        ensure(kv[m.slotFor(id(s), p)] === ctx(model[s], p), () => `${id(s)} position ${p} lost its KV`);
+      }
     }
     let used = 1;
     for (let b = 1; b < cfg.numBlocks; b++) {
       const rc = m.pool.block(b).refCount;
-      expect(rc).toBeGreaterThanOrEqual(0);
-      expect(rc).toBe(refs.get(b) ?? 0);
+      ensure(rc >= 0 && rc === (refs.get(b) ?? 0), () => `block ${b}: refCount ${rc}, ${refs.get(b) ?? 0} holders`);
       if (rc > 0) used++;
     }
     expect(st.usedBlocks).toBe(used);
@@ -201,13 +240,17 @@ function run(cfg: fc.Shape<typeof configArb>, ops: Op[]): void {
         }
         sm.tokens = [...PREFIXES[op.prefix].slice(0, op.cut), ...op.suffix];
         sm.salt = SALTS[op.salt];
+        sm.ctxIds = [];
         admit(op.s);
         break;
       case 'append': {
         if (!sm.live) break;
         const n = sm.tokens.length;
         sm.tokens.push(...op.toks);
-        if (!allocate(op.s, op.toks.length)) sm.tokens.length = n; // not scheduled: nothing happened
+        if (!allocate(op.s, op.toks.length)) {
+          sm.tokens.length = n; // not scheduled: nothing happened
+          sm.ctxIds.length = Math.min(sm.ctxIds.length, n);
+        }
         break;
       }
       case 'free':
@@ -218,7 +261,7 @@ function run(cfg: fc.Shape<typeof configArb>, ops: Op[]): void {
         m.free(id(op.s));
         sm.live = false;
         check();
-        admit(op.s); // recompute: the sequence's own full blocks may still be cached
+        admit(op.s, true); // recompute: the sequence's own full blocks may still be cached
         break;
     }
     check();
@@ -248,7 +291,7 @@ describe('KvCacheManager properties', () => {
           numBlocks: fc.constant(64),
           blockSize: fc.integer({ min: 1, max: 3 }),
           enablePrefixCaching: fc.constant(true),
-          hash: fc.constantFrom('sha256', 'colliding'),
+          hash: fc.constantFrom('sha256' as const, 'colliding' as const),
           maxBlocksPerSeq: fc.constant(undefined),
         }),
         fc.array(opArb, { minLength: 20, maxLength: 120 }),
@@ -256,5 +299,10 @@ describe('KvCacheManager properties', () => {
       ),
       { numRuns: 100 },
     );
+  });
+
+  it('exercised hits, refusals, length limits, cached re-admission and double frees', () => {
+    // Runs after the properties above (vitest runs a file's tests in order).
+    for (const [k, v] of Object.entries(tally)) expect(v, k).toBeGreaterThan(0);
   });
 });

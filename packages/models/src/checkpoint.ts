@@ -29,7 +29,8 @@ export class Checkpoint {
   ) {}
 
   /**
-   * Open the checkpoint in `dir` (or a single `.safetensors` file path). Throws
+   * Open the checkpoint in `dir` (or a single `.safetensors` file path): `model.safetensors` when
+   * present, else the shards of `model.safetensors.index.json`. Throws
    * {@link CheckpointError}: NOT_FOUND when there is neither index nor single file, BAD_INDEX for
    * a malformed index, MISSING_SHARD naming a shard the index lists that does not exist,
    * MISSING_TENSOR when a mapped tensor is not in its shard, plus any per-file validation error.
@@ -39,13 +40,14 @@ export class Checkpoint {
       const f = await SafetensorsFile.open(dir);
       return new Checkpoint(dirname(dir), [f], new Map(f.names().map((n) => [n, f])));
     }
-    const indexPath = join(dir, SHARD_INDEX);
-    if (await isFile(indexPath)) return Checkpoint.openSharded(dir, indexPath);
+    // Same precedence as transformers: a single model.safetensors wins over an index.
     const single = join(dir, SINGLE_FILE);
     if (await isFile(single)) {
       const f = await SafetensorsFile.open(single);
       return new Checkpoint(dir, [f], new Map(f.names().map((n) => [n, f])));
     }
+    const indexPath = join(dir, SHARD_INDEX);
+    if (await isFile(indexPath)) return Checkpoint.openSharded(dir, indexPath);
     throw new CheckpointError('NOT_FOUND', dir, `no ${SHARD_INDEX} and no ${SINGLE_FILE} in this directory`);
   }
 

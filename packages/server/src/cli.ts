@@ -2,6 +2,7 @@
 import { NervaError } from '@nerva/core';
 import { Command, CommanderError } from 'commander';
 import { registerRun } from './commands/run.js';
+import { registerServe } from './commands/serve.js';
 import { registerSynth } from './commands/synth.js';
 import { registerTokenize } from './commands/tokenize.js';
 
@@ -10,6 +11,7 @@ program.name('nerva').description('NERVA: an inference operating system for LLMs
 registerRun(program);
 registerTokenize(program);
 registerSynth(program);
+registerServe(program);
 
 try {
   await program.parseAsync(process.argv);

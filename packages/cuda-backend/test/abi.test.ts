@@ -1,0 +1,55 @@
+import { describe, expect, it } from 'vitest';
+import { OP_NAMES, type DeviceBuffer, type DType } from '@nerva/core';
+import { DTYPE_CODES, OpEncoder, OP_CODES, type ResolvedBuffer } from '../src/abi.js';
+import { CudaArgumentError } from '../src/index.js';
+
+// The encoder is the host half of the native ABI: it runs without a GPU, so its packing and
+// validation are tested here against fake buffers.
+function fakeBuf(id: number, dtype: DType, length: number): DeviceBuffer {
+  return { id, dtype, length, byteLength: length * 4, tier: 'vram', usage: 'activations' };
+}
+const resolved = new Map<number, ResolvedBuffer>();
+function buf(dtype: DType, length: number): DeviceBuffer {
+  const id = resolved.size + 1;
+  resolved.set(id, { addr: 0x10000 * id, dtype, length });
+  return fakeBuf(id, dtype, length);
+}
+const enc = new OpEncoder((b) => resolved.get(b.id)!);
+
+describe('OpEncoder', () => {
+  it('numbers ops in OP_NAMES order (the order of native/nerva.h)', () => {
+    OP_NAMES.forEach((n, i) => expect(OP_CODES[n]).toBe(i));
+    expect(DTYPE_CODES).toEqual({ f32: 0, bf16: 1, f16: 2, i32: 3 });
+  });
+
+  it('packs buffers as (address, dtype) then attributes', () => {
+    const x = buf('f32', 2 * 64), w = buf('bf16', 100 + 32 * 64), out = buf('f32', 2 * 32);
+    enc.encode('matmul', { x, weight: w, out, rows: 2, inDim: 64, outDim: 32, weightOffset: 100 });
+    const a = Array.from(enc.args.subarray(0, enc.n));
+    expect(a).toEqual([
+      resolved.get(x.id)!.addr, 0,
+      resolved.get(w.id)!.addr, 1,
+      resolved.get(out.id)!.addr, 0,
+      0, 0, // no bias
+      2, 64, 32, 100,
+    ]);
+  });
+
+  it('rejects short buffers, wrong dtypes and bad attributes with CudaArgumentError', () => {
+    const x = buf('f32', 10), w = buf('bf16', 10), ids = buf('f32', 2), out = buf('f32', 10);
+    expect(() => enc.encode('matmul', { x, weight: w, out, rows: 1, inDim: 4, outDim: 4 })).toThrow(/weight needs 16 elements, has 10/);
+    expect(() => enc.encode('embedding', { table: w, ids, out, rows: 2, hidden: 5 })).toThrow(/ids must be i32, got f32/);
+    expect(() => enc.encode('add', { a: x, b: x, out, length: -1 })).toThrow(CudaArgumentError);
+    const q = buf('f32', 64), kc = buf('f32', 64), i = buf('i32', 4);
+    expect(() =>
+      enc.encode('attention', { q, kCache: kc, vCache: kc, out: q, blockTables: i, rowSeq: i, positions: i, rows: 1, numHeads: 3, numKvHeads: 2, headDim: 8, blockSize: 4, maxBlocksPerSeq: 1, qRowStride: 24, qOffset: 0, scale: 1 }),
+    ).toThrow(/numHeads 3 is not a multiple of numKvHeads 2/);
+  });
+
+  it('checks strided rope reads against the buffer', () => {
+    const x = buf('f32', 2 * 40), pos = buf('i32', 2), inv = buf('f32', 4);
+    expect(() => enc.encode('rope', { x, positions: pos, invFreq: inv, rows: 2, numHeads: 2, headDim: 8, rowStride: 40, headOffset: 30 })).toThrow(/exceed rowStride 40/);
+    enc.encode('rope', { x, positions: pos, invFreq: inv, rows: 2, numHeads: 2, headDim: 8, rowStride: 40, headOffset: 24 });
+    expect(enc.args[enc.n - 1]).toBe(1e-6); // the default QK-norm epsilon
+  });
+});

@@ -1,0 +1,34 @@
+import type { FastifyInstance } from 'fastify';
+import { choiceOptions, type ChoiceJob, toApiError } from './generation.js';
+import { badRequest } from './errors.js';
+import { parseChatRequest } from './openai-schema.js';
+import { respond } from './respond.js';
+import type { ServerState } from './state.js';
+
+/** POST /v1/chat/completions: messages through the model's chat template, then generation. */
+export function registerChat(app: FastifyInstance, state: ServerState): void {
+  app.post('/v1/chat/completions', async (request, reply) => {
+    const req = parseChatRequest(request.body);
+    state.checkModel(req.model);
+    const { engine } = state.ready();
+    let promptIds: number[];
+    try {
+      const tok = engine.tokenizer;
+      if (!tok) throw badRequest(`model ${state.modelDir} has no tokenizer; use /v1/completions with token ids`, 'messages', 'no_tokenizer');
+      const text = tok.applyChatTemplate(req.messages, {
+        addGenerationPrompt: req.addGenerationPrompt,
+        enableThinking: req.enableThinking,
+        tools: req.tools,
+        extra: req.templateExtra,
+      });
+      promptIds = tok.encode(text, { addSpecialTokens: false });
+    } catch (e) {
+      throw toApiError(e);
+    }
+    const jobs: ChoiceJob[] = [];
+    for (let i = 0; i < req.n; i++) {
+      jobs.push({ index: i, promptIndex: 0, promptIds, opts: choiceOptions(engine, req.sampling, i, { on: req.logprobs, top: req.topLogprobs }) });
+    }
+    await respond(state, reply, jobs, { kind: 'chat', logprobs: req.logprobs, topLogprobs: req.topLogprobs }, req);
+  });
+}

@@ -1,0 +1,86 @@
+import type { Command } from 'commander';
+import { Option } from 'commander';
+import { checkFlags, loadConfigFile, mergeConfig, type ServerConfig } from '../config.js';
+import { parseIntArg } from '../cli-util.js';
+import { startServer } from '../server.js';
+
+interface ServeFlags {
+  model?: string;
+  config?: string;
+  host?: string;
+  port?: number;
+  apiKey?: string;
+  backend?: 'cpu' | 'cuda' | 'auto';
+  servedModelName?: string;
+  maxNumSeqs?: number;
+  maxNumBatchedTokens?: number;
+  maxModelLen?: number;
+  kvCacheBytes?: number;
+  maxQueue?: number;
+  requestTimeout?: number;
+  bodyLimit?: number;
+  chatTemplate?: string;
+  prefixCaching?: boolean;
+}
+
+export function registerServe(program: Command): void {
+  program
+    .command('serve')
+    .description('OpenAI-compatible HTTP server (the embedded default model when --model is absent)')
+    .option('--model <dir>', 'model folder')
+    .option('--config <file>', 'TOML config file (flags override it)')
+    .option('--host <host>', 'address to listen on (default 127.0.0.1)')
+    .option('--port <n>', 'port (default 8000; 0 = any free port)', parseIntArg('--port'))
+    .option('--api-key <key>', 'require Authorization: Bearer <key> on /v1/*')
+    .addOption(new Option('--backend <name>', 'compute backend (default auto)').choices(['cpu', 'cuda', 'auto']))
+    .option('--served-model-name <name>', 'model name clients use (default: the folder name)')
+    .option('--max-num-seqs <n>', 'sequences batched together', parseIntArg('--max-num-seqs'))
+    .option('--max-num-batched-tokens <n>', 'token budget of one scheduler step', parseIntArg('--max-num-batched-tokens'))
+    .option('--max-model-len <n>', 'longest prompt + output', parseIntArg('--max-model-len'))
+    .option('--kv-cache-bytes <n>', 'bytes for the paged KV cache', parseIntArg('--kv-cache-bytes'))
+    .option('--max-queue <n>', 'sequences that may wait beyond max-num-seqs before 429 (default 256)', parseIntArg('--max-queue'))
+    .option('--request-timeout <s>', 'seconds before an unfinished request is aborted (default 600)', parseIntArg('--request-timeout'))
+    .option('--body-limit <bytes>', 'largest request body (default 1 MiB)', parseIntArg('--body-limit'))
+    .option('--chat-template <file>', 'Jinja chat template replacing the model\'s')
+    .option('--no-prefix-caching', 'disable prefix caching')
+    .action(async (f: ServeFlags) => {
+      const flags: Partial<ServerConfig> = checkFlags({
+        model: f.model,
+        host: f.host,
+        port: f.port,
+        apiKey: f.apiKey,
+        backend: f.backend,
+        servedModelName: f.servedModelName,
+        maxNumSeqs: f.maxNumSeqs,
+        maxNumBatchedTokens: f.maxNumBatchedTokens,
+        maxModelLen: f.maxModelLen,
+        kvCacheBytes: f.kvCacheBytes,
+        maxQueue: f.maxQueue,
+        requestTimeoutS: f.requestTimeout,
+        bodyLimitBytes: f.bodyLimit,
+        chatTemplate: f.chatTemplate,
+        // Commander sets prefixCaching=true unless --no-prefix-caching; only the flag overrides the file.
+        enablePrefixCaching: f.prefixCaching === false ? false : undefined,
+      });
+      const file = f.config ? await loadConfigFile(f.config) : {};
+      const config = mergeConfig(file, flags);
+      const log = (line: string) => process.stderr.write(line + '\n');
+      const server = await startServer(config, { log });
+      log(`nerva: serving ${server.state.modelName} at ${server.url}/v1 (loading the model; GET ${server.url}/health answers 200 when ready)`);
+      server.ready.then(
+        () => log(`nerva: ready at ${server.url}/v1`),
+        (e: Error) => log(`nerva: error: the model failed to load: ${e.message}`),
+      );
+      await new Promise<void>((resolveStop) => {
+        const stop = (sig: string) => {
+          log(`nerva: ${sig}: draining in-flight requests`);
+          server.shutdown().then(() => resolveStop(), (e: Error) => {
+            log(`nerva: error during shutdown: ${e.message}`);
+            resolveStop();
+          });
+        };
+        process.once('SIGTERM', () => stop('SIGTERM'));
+        process.once('SIGINT', () => stop('SIGINT'));
+      });
+    });
+}

@@ -1,0 +1,33 @@
+import type { FastifyInstance } from 'fastify';
+import { choiceOptions, type ChoiceJob, toApiError } from './generation.js';
+import { parseCompletionRequest } from './openai-schema.js';
+import { respond } from './respond.js';
+import type { ServerState } from './state.js';
+
+/** POST /v1/completions: a text or token-id prompt (or a list of them), n samples each. */
+export function registerCompletions(app: FastifyInstance, state: ServerState): void {
+  app.post('/v1/completions', async (request, reply) => {
+    const req = parseCompletionRequest(request.body);
+    state.checkModel(req.model);
+    const { engine } = state.ready();
+    const jobs: ChoiceJob[] = [];
+    req.prompts.forEach((p, pi) => {
+      let ids: number[];
+      try {
+        ids = typeof p === 'string' ? engine.encode(p) : p;
+      } catch (e) {
+        throw toApiError(e);
+      }
+      // Choice index = prompt index * n + sample, as vLLM numbers batched prompts.
+      for (let i = 0; i < req.n; i++) {
+        jobs.push({
+          index: pi * req.n + i,
+          promptIndex: pi,
+          promptIds: ids,
+          opts: choiceOptions(engine, req.sampling, i, { on: req.logprobs !== undefined, top: req.logprobs ?? 0 }),
+        });
+      }
+    });
+    await respond(state, reply, jobs, { kind: 'completion', logprobs: req.logprobs }, req);
+  });
+}

@@ -1,0 +1,118 @@
+import type { StepSignals, TokenEvent, WorkerEngine, WorkerOutcome } from '@nerva/engine';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+
+const LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560];
+const TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000];
+
+/**
+ * Prometheus metrics under vLLM's names with the `nerva:` prefix, in a registry of their own (so
+ * several servers can live in one process). Scheduler gauges and counters come from the engine's
+ * per-step signals; request histograms from each finished request's timestamps.
+ */
+export class ServerMetrics {
+  readonly registry = new Registry();
+  private readonly running: Gauge;
+  private readonly waiting: Gauge;
+  private readonly kvUsage: Gauge;
+  private readonly prefixQueries: Counter;
+  private readonly prefixHits: Counter;
+  private readonly preemptions: Counter;
+  private readonly promptTokens: Counter;
+  private readonly generationTokens: Counter;
+  private readonly success: Counter<'finished_reason'>;
+  private readonly ttft: Histogram;
+  private readonly itl: Histogram;
+  private readonly e2e: Histogram;
+  private readonly queue: Histogram;
+  private readonly prefill: Histogram;
+  private readonly decode: Histogram;
+  private readonly reqPrompt: Histogram;
+  private readonly reqGen: Histogram;
+  private readonly iteration: Histogram;
+  private last = { prefixQueries: 0, prefixHits: 0, preemptions: 0 };
+  private readonly unsubscribe: (() => void)[] = [];
+
+  constructor(readonly modelName: string) {
+    const r = [this.registry];
+    this.registry.setDefaultLabels({ model_name: modelName });
+    this.running = new Gauge({ name: 'nerva:num_requests_running', help: 'Requests in the running batch.', registers: r });
+    this.waiting = new Gauge({ name: 'nerva:num_requests_waiting', help: 'Requests waiting to be scheduled.', registers: r });
+    this.kvUsage = new Gauge({ name: 'nerva:kv_cache_usage_perc', help: 'KV cache usage (1 = full).', registers: r });
+    this.prefixQueries = new Counter({ name: 'nerva:prefix_cache_queries_total', help: 'Prompt tokens looked up in the prefix cache.', registers: r });
+    this.prefixHits = new Counter({ name: 'nerva:prefix_cache_hits_total', help: 'Prompt tokens served from the prefix cache.', registers: r });
+    this.preemptions = new Counter({ name: 'nerva:num_preemptions_total', help: 'Preemptions by the scheduler.', registers: r });
+    this.promptTokens = new Counter({ name: 'nerva:prompt_tokens_total', help: 'Prefill tokens processed.', registers: r });
+    this.generationTokens = new Counter({ name: 'nerva:generation_tokens_total', help: 'Tokens generated.', registers: r });
+    this.success = new Counter({ name: 'nerva:request_success_total', help: 'Finished requests by finish reason.', labelNames: ['finished_reason'], registers: r });
+    const h = (name: string, help: string, buckets: number[]) => new Histogram({ name, help, buckets, registers: r });
+    this.ttft = h('nerva:time_to_first_token_seconds', 'Time to first token.', LATENCY_BUCKETS);
+    this.itl = h('nerva:inter_token_latency_seconds', 'Time between consecutive output tokens.', LATENCY_BUCKETS);
+    this.e2e = h('nerva:e2e_request_latency_seconds', 'Arrival to finish.', LATENCY_BUCKETS);
+    this.queue = h('nerva:request_queue_time_seconds', 'Time waiting before first scheduled.', LATENCY_BUCKETS);
+    this.prefill = h('nerva:request_prefill_time_seconds', 'First scheduled to first token.', LATENCY_BUCKETS);
+    this.decode = h('nerva:request_decode_time_seconds', 'First token to last token.', LATENCY_BUCKETS);
+    this.reqPrompt = h('nerva:request_prompt_tokens', 'Prompt tokens per request.', TOKEN_BUCKETS);
+    this.reqGen = h('nerva:request_generation_tokens', 'Generated tokens per request.', TOKEN_BUCKETS);
+    this.iteration = h('nerva:iteration_tokens_total', 'Tokens scheduled per engine step.', TOKEN_BUCKETS);
+  }
+
+  /** Follow an engine's steps and finished requests. */
+  attach(engine: WorkerEngine): void {
+    this.unsubscribe.push(engine.onStep((s) => this.onStep(s)));
+    this.unsubscribe.push(engine.onFinish((o) => this.onFinish(o)));
+  }
+
+  detach(): void {
+    for (const u of this.unsubscribe.splice(0)) u();
+  }
+
+  /** Refresh the gauges from the engine's last reported state (aborts happen between steps). */
+  setLoad(running: number, waiting: number, kvUsage: number): void {
+    this.running.set(running);
+    this.waiting.set(waiting);
+    this.kvUsage.set(kvUsage);
+  }
+
+  onStep(s: StepSignals): void {
+    this.setLoad(s.running, s.waiting, s.kvUsage);
+    // Counters in the signals are cumulative; Prometheus counters take increments.
+    const inc = (c: Counter, key: keyof typeof this.last, v: number) => {
+      if (v > this.last[key]) c.inc(v - this.last[key]);
+      this.last[key] = v;
+    };
+    inc(this.prefixQueries, 'prefixQueries', s.prefixQueries);
+    inc(this.prefixHits, 'prefixHits', s.prefixHits);
+    inc(this.preemptions, 'preemptions', s.preemptions);
+    if (s.promptTokens > 0) this.promptTokens.inc(s.promptTokens);
+    if (s.generationTokens > 0) this.generationTokens.inc(s.generationTokens);
+    if (s.scheduledTokens > 0) this.iteration.observe(s.scheduledTokens);
+  }
+
+  /** One output token after the first: its engine-side gap to the previous token. */
+  onToken(ev: TokenEvent): void {
+    if (ev.index > 0 && Number.isFinite(ev.ledger?.wallMs)) this.itl.observe(ev.ledger.wallMs / 1000);
+  }
+
+  onFinish(o: WorkerOutcome): void {
+    this.success.inc({ finished_reason: o.finishReason });
+    const t = o.times;
+    const s = (a: number | undefined, b: number | undefined) => (a !== undefined && b !== undefined ? Math.max(0, (b - a) / 1000) : undefined);
+    const obs = (hist: Histogram, v: number | undefined) => v !== undefined && hist.observe(v);
+    obs(this.ttft, s(t.arrival, t.firstToken));
+    obs(this.e2e, s(t.arrival, t.finished));
+    obs(this.queue, s(t.arrival, t.firstScheduled));
+    obs(this.prefill, s(t.firstScheduled, t.firstToken));
+    obs(this.decode, s(t.firstToken, t.lastToken));
+    this.reqPrompt.observe(o.promptIds.length);
+    this.reqGen.observe(o.tokenIds.length);
+  }
+
+  /** Prometheus text exposition. */
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+}

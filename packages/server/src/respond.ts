@@ -1,0 +1,145 @@
+import { randomUUID } from 'node:crypto';
+import type { TokenEvent, WorkerOutcome } from '@nerva/engine';
+import type { FastifyReply } from 'fastify';
+import { type ChoiceJob, Generation } from './generation.js';
+import { chatLogprob, type ChatLogprob, CompletionLogprobs, TokenTexts } from './logprobs.js';
+import type { NervaExtras } from './openai-schema.js';
+import { SseWriter } from './sse.js';
+import type { ServerState } from './state.js';
+import { usageOf } from './usage.js';
+
+/** Which OpenAI endpoint is answering, and its logprobs request. */
+export type ResponseKind =
+  | { kind: 'chat'; logprobs: boolean; topLogprobs: number }
+  | { kind: 'completion'; logprobs: number | undefined };
+
+export interface RespondOptions {
+  stream: boolean;
+  includeUsage: boolean;
+  extras: NervaExtras;
+}
+
+/** Per-choice state while a response is built. */
+interface ChoiceAcc {
+  text: string;
+  chatLogprobs: ChatLogprob[];
+  completionLogprobs?: CompletionLogprobs;
+  sentLogprobs: number;
+}
+
+/**
+ * Run `jobs` and answer in OpenAI's shape: one JSON body, or an SSE stream of chunks (content as
+ * it is generated, a closing chunk per choice with its finish_reason, an optional usage chunk,
+ * then [DONE]). Throws ApiError before anything is sent (400/429/503); after the stream started,
+ * failures become an error event.
+ */
+export async function respond(state: ServerState, reply: FastifyReply, jobs: ChoiceJob[], k: ResponseKind, o: RespondOptions): Promise<void> {
+  const gen = Generation.start(state, reply, jobs);
+  const texts = new TokenTexts(state.engine?.tokenizer);
+  const metrics = state.metrics;
+  const chat = k.kind === 'chat';
+  const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID().replaceAll('-', '')}`;
+  const created = Math.floor(Date.now() / 1000);
+  const base = { id, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model: state.modelName };
+  const wantLogprobs = chat ? k.logprobs : k.logprobs !== undefined;
+  const accs: ChoiceAcc[] = jobs.map(() => {
+    const a: ChoiceAcc = { text: '', chatLogprobs: [], sentLogprobs: 0 };
+    if (!chat && k.logprobs !== undefined) a.completionLogprobs = new CompletionLogprobs(texts, k.logprobs);
+    return a;
+  });
+  const accOf = new Map(jobs.map((j, i) => [j, accs[i]]));
+
+  const collect = (job: ChoiceJob, ev: TokenEvent): ChoiceAcc => {
+    metrics.onToken(ev);
+    const a = accOf.get(job)!;
+    a.text += ev.text;
+    if (wantLogprobs) {
+      if (chat) a.chatLogprobs.push(chatLogprob(texts, ev, k.topLogprobs));
+      else a.completionLogprobs!.add(ev);
+    }
+    return a;
+  };
+
+  if (!o.stream) {
+    const outcomes = await gen.run((job, ev) => void collect(job, ev));
+    if (gen.end === 'disconnected') {
+      reply.hijack();
+      return;
+    }
+    const fail = gen.failure();
+    if (fail) throw fail;
+    const choices = jobs.map((job, i) => {
+      const out = outcomes[i]!;
+      const a = accs[i];
+      const c: Record<string, unknown> = { index: job.index };
+      if (chat) {
+        c.message = { role: 'assistant', content: a.text };
+        c.logprobs = wantLogprobs ? { content: a.chatLogprobs } : null;
+      } else {
+        c.text = a.text;
+        c.logprobs = a.completionLogprobs ? a.completionLogprobs.toJSON() : null;
+      }
+      c.finish_reason = out.finishReason;
+      c.stop_reason = out.stopReason ?? null;
+      addExtras(c, out, o.extras);
+      return c;
+    });
+    choices.sort((x, y) => (x.index as number) - (y.index as number));
+    await reply.send({ ...base, object: chat ? 'chat.completion' : 'text_completion', choices, usage: usageOf(jobs, outcomes) });
+    return;
+  }
+
+  reply.hijack();
+  const sse = new SseWriter(reply.raw);
+  sse.start();
+  const usageNull = o.includeUsage ? { usage: null } : {};
+  const chunk = (choice: Record<string, unknown>) => sse.send({ ...base, choices: [choice], ...usageNull });
+  if (chat) for (const j of jobs) chunk({ index: j.index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null });
+
+  const outcomes = await gen.run((job, ev) => {
+    const a = collect(job, ev);
+    // A token whose text is held back (partial character, possible stop string) is sent only when asked for its id or logprob.
+    if (ev.text.length === 0 && !wantLogprobs && !o.extras.returnTokenIds) return;
+    const c: Record<string, unknown> = { index: job.index };
+    if (chat) {
+      c.delta = { content: ev.text };
+      c.logprobs = wantLogprobs ? { content: a.chatLogprobs.slice(a.sentLogprobs) } : null;
+      a.sentLogprobs = a.chatLogprobs.length;
+    } else {
+      c.text = ev.text;
+      c.logprobs = a.completionLogprobs ? a.completionLogprobs.slice(a.sentLogprobs) : null;
+      a.sentLogprobs = a.completionLogprobs?.tokens.length ?? 0;
+    }
+    c.finish_reason = null;
+    if (o.extras.returnTokenIds) c.token_ids = [ev.token];
+    chunk(c);
+  });
+  if (gen.end === 'disconnected') return;
+  const fail = gen.failure();
+  if (fail) {
+    sse.send(fail.toBody());
+    sse.done();
+    return;
+  }
+  jobs.forEach((job, i) => {
+    const out = outcomes[i]!;
+    const c: Record<string, unknown> = { index: job.index };
+    if (chat) c.delta = {};
+    else c.text = '';
+    c.logprobs = null;
+    c.finish_reason = out.finishReason;
+    c.stop_reason = out.stopReason ?? null;
+    if (o.extras.ledger) c.nerva_ledger = out.ledger;
+    chunk(c);
+  });
+  if (o.includeUsage) sse.send({ ...base, choices: [], usage: usageOf(jobs, outcomes) });
+  sse.done();
+}
+
+function addExtras(c: Record<string, unknown>, out: WorkerOutcome, x: NervaExtras): void {
+  if (x.returnTokenIds) {
+    c.token_ids = out.tokenIds;
+    c.prompt_token_ids = out.promptIds;
+  }
+  if (x.ledger) c.nerva_ledger = out.ledger;
+}

@@ -1,0 +1,127 @@
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { basename, join, resolve } from 'node:path';
+import { WorkerEngine } from '@nerva/engine';
+import type { FastifyInstance } from 'fastify';
+import { Admission } from './admission.js';
+import { buildApp } from './app.js';
+import type { ServerConfig } from './config.js';
+import { defaultModelDir } from './default-model.js';
+import { ConfigError } from './errors.js';
+import { ServerMetrics } from './metrics.js';
+import { ServerState } from './state.js';
+
+/**
+ * The template used when a model ships none (base models): role-labelled turns, as a plain
+ * transcript. Its use is announced at startup; a config `chat_template` replaces it.
+ */
+export const FALLBACK_CHAT_TEMPLATE =
+  "{% for m in messages %}{{ m['role'] | upper }}:\n{{ m['content'] }}\n\n{% endfor %}{% if add_generation_prompt %}ASSISTANT:\n{% endif %}";
+
+/** A listening server. */
+export interface RunningServer {
+  app: FastifyInstance;
+  state: ServerState;
+  /** `http://host:port` actually bound (port 0 resolves to the real port). */
+  url: string;
+  /** Resolves when the model is loaded; rejects with the load error. */
+  ready: Promise<void>;
+  /**
+   * Graceful shutdown: refuse new requests (503), let in-flight ones finish (up to the drain
+   * timeout, then abort them), close the listener and the engine.
+   */
+  shutdown(): Promise<void>;
+}
+
+async function hasChatTemplate(dir: string): Promise<boolean> {
+  if (existsSync(join(dir, 'chat_template.jinja'))) return true;
+  try {
+    const cfg = JSON.parse(await readFile(join(dir, 'tokenizer_config.json'), 'utf8')) as { chat_template?: unknown };
+    return cfg.chat_template !== undefined && cfg.chat_template !== null;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Listen first, then load the model in a worker: /health answers 503 until the engine is ready,
+ * so orchestrators can probe while weights load.
+ */
+export async function startServer(config: ServerConfig, o: { log?: (line: string) => void; logger?: boolean } = {}): Promise<RunningServer> {
+  const log = o.log ?? (() => {});
+  const modelDir = resolve(config.model ?? defaultModelDir());
+  if (!existsSync(join(modelDir, 'config.json'))) throw new ConfigError('model', `model folder ${modelDir} has no config.json`);
+  const modelName = config.servedModelName ?? basename(modelDir);
+  let chatTemplate: string | undefined;
+  if (config.chatTemplate !== undefined) {
+    try {
+      chatTemplate = await readFile(config.chatTemplate, 'utf8');
+    } catch (e) {
+      throw new ConfigError('chat_template', `cannot read chat template ${config.chatTemplate}: ${(e as Error).message}`);
+    }
+  }
+  const metrics = new ServerMetrics(modelName);
+  const state = new ServerState(config, modelName, modelDir, metrics);
+  if (chatTemplate === undefined && existsSync(join(modelDir, 'tokenizer.json')) && !(await hasChatTemplate(modelDir))) {
+    chatTemplate = FALLBACK_CHAT_TEMPLATE;
+    state.notes.push(`model ${modelName} has no chat template; /v1/chat/completions uses the plain "ROLE:" transcript template (set chat_template to replace it)`);
+  }
+  const app = buildApp(state, { logger: o.logger });
+  const address = await app.listen({ host: config.host, port: config.port });
+  const port = (app.server.address() as { port: number }).port;
+  const url = address.startsWith('http') ? `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}` : address;
+
+  const ready = (async () => {
+    try {
+      const engine = await WorkerEngine.create({
+        model: modelDir,
+        backend: config.backend,
+        maxNumSeqs: config.maxNumSeqs,
+        maxNumBatchedTokens: config.maxNumBatchedTokens,
+        kvCacheBytes: config.kvCacheBytes,
+        maxModelLen: config.maxModelLen,
+        enablePrefixCaching: config.enablePrefixCaching,
+        chatTemplate,
+      });
+      if (state.draining) {
+        await engine.dispose();
+        return;
+      }
+      const running = config.maxNumSeqs ?? (engine.info.deviceKind === 'cpu' ? 64 : 128);
+      state.admission = new Admission(running, config.maxQueue);
+      metrics.attach(engine);
+      state.engine = engine;
+      for (const n of [...engine.info.notes, ...state.notes]) log(`nerva: ${n}`);
+    } catch (e) {
+      state.loadError = e as Error;
+      throw e;
+    }
+  })();
+  ready.catch(() => {});
+
+  let closing: Promise<void> | undefined;
+  const shutdown = () => {
+    closing ??= (async () => {
+      state.draining = true;
+      state.admission?.startDraining();
+      const closed = app.close();
+      const admission = state.admission;
+      if (admission) {
+        let timer: NodeJS.Timeout | undefined;
+        const timedOut = await Promise.race([
+          admission.idle().then(() => false),
+          new Promise<boolean>((r) => (timer = setTimeout(() => r(true), config.drainTimeoutS * 1000))),
+        ]);
+        clearTimeout(timer);
+        // Past the drain timeout, disposing the engine ends the remaining streams with an error.
+        if (timedOut) await state.engine?.dispose();
+      }
+      await ready.catch(() => {});
+      await closed;
+      metrics.detach();
+      await state.engine?.dispose();
+    })();
+    return closing;
+  };
+  return { app, state, url, ready, shutdown };
+}

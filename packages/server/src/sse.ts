@@ -1,0 +1,38 @@
+import type { ServerResponse } from 'node:http';
+
+/**
+ * Server-sent events in OpenAI's streaming format: `data: <json>\n\n` per chunk, then
+ * `data: [DONE]\n\n`. Writes go straight to the socket; a closed connection turns writes into no-ops.
+ */
+export class SseWriter {
+  constructor(private readonly res: ServerResponse) {}
+
+  /** Send the 200 and the event-stream headers. */
+  start(extraHeaders: Record<string, string> = {}): void {
+    this.res.writeHead(200, {
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+      // Reverse proxies must not buffer a token stream.
+      'x-accel-buffering': 'no',
+      ...extraHeaders,
+    });
+    this.res.flushHeaders();
+  }
+
+  get closed(): boolean {
+    return this.res.destroyed || this.res.writableEnded;
+  }
+
+  /** One `data:` event holding `payload` as JSON. */
+  send(payload: unknown): void {
+    if (!this.closed) this.res.write(`data: ${JSON.stringify(payload)}\n\n`);
+  }
+
+  /** The terminating `data: [DONE]` and the end of the response. */
+  done(): void {
+    if (this.closed) return;
+    this.res.write('data: [DONE]\n\n');
+    this.res.end();
+  }
+}

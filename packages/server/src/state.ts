@@ -1,0 +1,41 @@
+import type { WorkerEngine } from '@nerva/engine';
+import type { Admission } from './admission.js';
+import type { ServerConfig } from './config.js';
+import { ApiError } from './errors.js';
+import type { ServerMetrics } from './metrics.js';
+
+/** What the routes share: the configuration and, once loaded, the engine. */
+export class ServerState {
+  engine: WorkerEngine | undefined;
+  admission: Admission | undefined;
+  loadError: Error | undefined;
+  /** Set when the server stops accepting requests (shutdown). */
+  draining = false;
+  /** Notes for the user about decisions made while loading (fallbacks). */
+  readonly notes: string[] = [];
+  readonly created = Math.floor(Date.now() / 1000);
+
+  constructor(
+    readonly config: ServerConfig,
+    /** The name clients put in `model`. */
+    readonly modelName: string,
+    /** The model folder. */
+    readonly modelDir: string,
+    readonly metrics: ServerMetrics,
+  ) {}
+
+  /** The engine and admission, or the 503 to answer while loading, after a failed load, or when draining. */
+  ready(): { engine: WorkerEngine; admission: Admission } {
+    if (this.draining) throw new ApiError(503, 'service_unavailable', 'the server is shutting down', null, 'shutting_down');
+    if (this.loadError) throw new ApiError(503, 'service_unavailable', `the model failed to load: ${this.loadError.message}`, null, 'model_load_failed');
+    if (!this.engine || !this.admission) throw new ApiError(503, 'service_unavailable', 'the model is still loading; retry shortly', null, 'model_loading', { 'retry-after': '1' });
+    return { engine: this.engine, admission: this.admission };
+  }
+
+  /** 404 unless `model` is the served model's name. */
+  checkModel(model: string): void {
+    if (model !== this.modelName) {
+      throw new ApiError(404, 'not_found_error', `The model \`${model}\` does not exist. This server serves \`${this.modelName}\`.`, 'model', 'model_not_found');
+    }
+  }
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the CUDA addon on the GPU machine, where there is no node-gyp, no npm and no network:
+# the same sources, defines and libraries as packages/cuda-backend/binding.gyp, driven by
+# nvcc and g++ directly. Node-API headers come from .device/include (copied there by
+# tools/gpu/prepare.sh from the npm packages node-api-headers and node-addon-api).
+#   tools/gpu/build-addon.sh OUT_DIR      -> OUT_DIR/nerva_cuda.node
+set -euo pipefail
+out=${1:?output directory}
+mkdir -p "$out"
+pkg=packages/cuda-backend
+cuda=${CUDA_HOME:-/usr/local/cuda}
+inc=.device/include
+archs=${NERVA_CUDA_ARCHITECTURES:-${CUDAARCHS:-${NERVA_CUDA_ARCH:-${CUDA_ARCH:-}}}}
+if [ -z "$archs" ]; then
+  archs=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.' || true)
+fi
+archs=${archs:-90}
+gencode=()
+for a in ${archs//;/ }; do a=${a#sm_}; a=${a//./}; gencode+=("-gencode=arch=compute_$a,code=sm_$a"); done
+echo "[build-addon] CUDA $cuda, archs $archs"
+nvcc -c $pkg/native/kernels.cu -o "$out/kernels.o" -O3 -std=c++17 -Xcompiler -fPIC -lineinfo -I"$cuda/include" "${gencode[@]}" &
+nvcc_pid=$!
+flags=(-c -fPIC -O2 -std=c++17 -fexceptions -DNAPI_VERSION=8 -DNAPI_CPP_EXCEPTIONS -DBUILDING_NODE_EXTENSION
+  -I"$inc/node-api-headers" -I"$inc/node-addon-api" -I"$cuda/include")
+g++ "${flags[@]}" $pkg/native/addon.cc -o "$out/addon.o"
+g++ "${flags[@]}" $pkg/native/cublas_dl.cc -o "$out/cublas_dl.o"
+wait $nvcc_pid
+g++ -shared -o "$out/nerva_cuda.node" "$out/addon.o" "$out/cublas_dl.o" "$out/kernels.o" \
+  -L"$cuda/lib64" -L"$cuda/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread
+echo "[build-addon] $out/nerva_cuda.node"

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run here (dev machine) before a GPU run: fills the git-ignored .device/ folder that travels with
+# `carry`: Node.js, the Node-API headers, and the bundled entry points.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p .device/include/node-api-headers .device/include/node-addon-api
+[ -f .device/node.xz ] || cp ../shared/device/node-v20.20.2-linux-x64.xz .device/node.xz
+grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
+cp packages/cuda-backend/node_modules/node-api-headers/include/*.h .device/include/node-api-headers/
+cp packages/cuda-backend/node_modules/node-addon-api/*.h .device/include/node-addon-api/
+node tools/gpu/bundle.mjs
+rm -rf .device/dist && cp -r tools/gpu/dist .device/dist
+du -sh .device

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine (see /work/shared/device/README.md and tools/gpu/README.md).
+# Prepare here with tools/gpu/prepare.sh, then run with carry [".device"]:
+#   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,bench (default: all that exist)
+# Results land in $OUT as JSON (at most 8 files come back).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/nerva-out}
+mkdir -p "$OUT"
+phases=${1:-build,conformance,checks,parity,bench}
+has() { [[ ",$phases," == *",$1,"* ]]; }
+log="$OUT/run.log"
+: > "$log"
+say() { echo "[run.sh] $*" | tee -a "$log"; }
+status=0
+
+xz -dc .device/node.xz > /tmp/node && chmod +x /tmp/node
+NODE=/tmp/node
+say "node $($NODE --version); $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader)"
+export NERVA_CUDA_ADDON=/tmp/nerva-addon/nerva_cuda.node
+export OUT
+
+if has build; then
+  t0=$(date +%s)
+  if bash tools/gpu/build-addon.sh /tmp/nerva-addon >>"$log" 2>&1; then say "addon built in $(( $(date +%s) - t0 )) s"; else say "addon build FAILED"; tail -30 "$log"; exit 1; fi
+fi
+
+runjs() { # name bundle args...
+  local name=$1; shift
+  local f=.device/dist/$1; shift
+  if [ ! -f "$f" ]; then say "$name: $f missing, skipped"; return 0; fi
+  t0=$(date +%s)
+  if $NODE --enable-source-maps "$f" "$@" 2>&1 | tee -a "$log"; then say "$name ok ($(( $(date +%s) - t0 )) s)"; else say "$name FAILED"; status=1; fi
+}
+
+has conformance && runjs conformance conformance.mjs
+has checks && runjs checks checks.mjs
+has parity && runjs parity parity.mjs
+has bench && runjs bench bench.mjs
+say "done, status $status"
+exit $status
