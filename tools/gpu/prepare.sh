@@ -8,6 +8,8 @@ mkdir -p .device/include/node-api-headers .device/include/node-addon-api
 grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
 cp packages/cuda-backend/node_modules/node-api-headers/include/*.h .device/include/node-api-headers/
 cp packages/cuda-backend/node_modules/node-addon-api/*.h .device/include/node-addon-api/
+rm -rf .device/fixtures .device/configs && mkdir -p .device/fixtures
+cp -r ../shared/fixtures/models .device/fixtures/models && cp -r ../shared/configs .device/configs
 node tools/gpu/bundle.mjs
 rm -rf .device/dist && cp -r tools/gpu/dist .device/dist
 du -sh .device

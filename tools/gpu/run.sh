@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (see /work/shared/device/README.md and tools/gpu/README.md).
 # Prepare here with tools/gpu/prepare.sh, then run with carry [".device"]:
-#   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,bench (default: all that exist)
+#   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,synth,oracle,bench,profile
+#   NERVA_SIZES="qwen3-0.6b qwen3-8b"   synthetic checkpoints (from .device/configs) for synth/oracle/bench/profile
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/nerva-out}
 mkdir -p "$OUT"
-phases=${1:-build,conformance,checks,parity,bench}
+phases=${1:-build,conformance,checks,parity,synth,oracle,bench,profile}
 has() { [[ ",$phases," == *",$1,"* ]]; }
 log="$OUT/run.log"
 : > "$log"
@@ -35,7 +36,16 @@ runjs() { # name bundle args...
 
 has conformance && runjs conformance conformance.mjs
 has checks && runjs checks checks.mjs
-has parity && runjs parity parity.mjs
-has bench && runjs bench bench.mjs
+has parity && runjs parity parity.mjs fixtures .device/fixtures/models
+for size in ${NERVA_SIZES:-qwen3-0.6b}; do
+  dir=/tmp/synth/$size
+  has synth && runjs "synth $size" parity.mjs synth ".device/configs/$size.json" "$dir"
+  if has oracle; then
+    runjs "force $size" parity.mjs force "$dir" 32
+    if python3 tools/gpu/oracle_parity.py "$dir" "$OUT/oracle-$size.json" 2>&1 | tail -3 | tee -a "$log"; then say "oracle $size done"; else say "oracle $size FAILED"; status=1; fi
+  fi
+  has bench && runjs "bench $size" bench.mjs "$dir" 128 256
+  has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
+done
 say "done, status $status"
 exit $status

@@ -12,7 +12,9 @@ const int = (name: string) => (v: string) => {
 const backendOpt = () => new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto');
 
 const program = new Command().name('nerva-bench').description('NERVA benchmarks: one JSON line per probe').exitOverride();
-const print = (o: unknown) => process.stdout.write(JSON.stringify(o) + '\n');
+const print = (o: unknown): void => {
+  process.stdout.write(JSON.stringify(o) + "\n");
+};
 
 program
   .command('generate')

@@ -43,6 +43,13 @@ export interface GenerateOptions extends SamplingParams {
   cacheSalt?: string;
   /** Keep the raw logits of the last prompt position in the outcome (`promptLogits`). */
   returnPromptLogits?: boolean;
+  /** Keep the raw logits of every generated position in the outcome (`stepLogits`). */
+  returnStepLogits?: boolean;
+  /**
+   * Teacher forcing: emit these tokens instead of sampling (scoring and parity checks); the
+   * request ends after them. Logits are still computed at every step.
+   */
+  forceTokens?: readonly number[];
 }
 
 export interface StepSignals {
@@ -69,6 +76,8 @@ export interface RequestOutcome {
   numCachedTokens: number;
   /** Raw logits at the last prompt position, when asked for with `returnPromptLogits`. */
   promptLogits?: Float32Array;
+  /** Raw logits before each generated token, when asked for with `returnStepLogits`. */
+  stepLogits?: Float32Array[];
   times: Request['times'];
   ledger: LedgerAggregator;
 }
@@ -93,6 +102,8 @@ interface Live {
   cleanup?: () => void;
   wantPromptLogits: boolean;
   promptLogits?: Float32Array;
+  stepLogits?: Float32Array[];
+  forced?: readonly number[];
 }
 
 const BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
@@ -125,6 +136,8 @@ export class Engine {
   private readonly stepListeners = new Set<(s: StepSignals) => void>();
   private readonly finishListeners = new Set<(o: RequestOutcome) => void>();
   private nextId = 1;
+  /** The engine created its backend (rather than being handed one), so it disposes it too. */
+  private readonly ownsBackend: boolean;
   private looping = false;
   private disposed = false;
   private ringRead = 0;
@@ -144,9 +157,11 @@ export class Engine {
       weights: ModelWeights;
       eos: number[];
       generationConfig?: Record<string, unknown>;
+      ownsBackend: boolean;
     },
     o: EngineOptions,
   ) {
+    this.ownsBackend = init.ownsBackend;
     this.modelDir = init.dir;
     this.spec = init.spec;
     this.tokenizer = init.tokenizer;
@@ -215,6 +230,7 @@ export class Engine {
           weights,
           eos,
           generationConfig: loaded.generationConfig as Record<string, unknown> | undefined,
+          ownsBackend: typeof o.backend !== 'object',
         },
         o,
       );
@@ -286,6 +302,16 @@ export class Engine {
     const ledger = new LedgerAggregator();
     for (const n of this.notes) ledger.note(n);
     const live: Live = { req, stream, resolve, text: '', emitted: 0, ledger, wantPromptLogits: Boolean(o.returnPromptLogits) };
+    if (o.returnStepLogits) live.stepLogits = [];
+    if (o.forceTokens) {
+      if (o.forceTokens.length === 0 || o.forceTokens.length > params.maxTokens) {
+        throw new InvalidParamsError('force_tokens', `must hold 1..${params.maxTokens} tokens`);
+      }
+      for (const t of o.forceTokens) {
+        if (!Number.isInteger(t) || t < 0 || t >= this.spec.vocabSize) throw new InvalidParamsError('force_tokens', `token id ${t} outside [0, ${this.spec.vocabSize})`);
+      }
+      live.forced = [...o.forceTokens];
+    }
     if (this.tokenizer) live.detok = createDetokenizer(this.tokenizer);
     this.live.set(req.id, live);
     if (o.signal) {
@@ -394,8 +420,7 @@ export class Engine {
     const nSeq = plan.scheduled.length;
     const nl = sampling.length;
     const decodeOnly = nl === nSeq && rows === nSeq;
-    const deviceSample =
-      nl > 0 && sampling.every((r) => isDeviceSamplable(r.params) && !(r.outputIds.length === 0 && this.live.get(r.id)?.wantPromptLogits));
+    const deviceSample = nl > 0 && sampling.every((r) => isDeviceSamplable(r.params) && !this.needsLogits(r));
     const V = this.spec.vocabSize;
     const be = this.backend;
     const m = this.runner.meta;
@@ -456,11 +481,13 @@ export class Engine {
         const ts = performance.now();
         sampling.forEach((req, i) => {
           const banned = req.outputIds.length < req.params.minTokens ? [...(req.params.ignoreEos ? [] : this.eosTokenIds), ...req.params.stopTokenIds] : [];
+          const l = this.live.get(req.id)!;
           const s = this.sampler.sample(logits, i * V, req.params, req.sampleCounter, { all: req.seenAll, output: req.seenOutput }, banned);
+          if (l.forced) s.token = l.forced[req.outputIds.length];
           host.set(req, s);
           tokens.push(s.token);
-          const l = this.live.get(req.id)!;
           if (l.wantPromptLogits && req.outputIds.length === 0) l.promptLogits = logits.slice(i * V, (i + 1) * V);
+          l.stepLogits?.push(logits.slice(i * V, (i + 1) * V));
         });
         sampleMs = performance.now() - ts;
       } else {
@@ -507,6 +534,12 @@ export class Engine {
       stepMs: now - t0,
     };
     for (const f of this.stepListeners) f(sig);
+  }
+
+  /** Requests whose logits the host must see (so their sampling runs on the host). */
+  private needsLogits(r: Request): boolean {
+    const l = this.live.get(r.id);
+    return !!l && (l.forced !== undefined || l.stepLogits !== undefined || (l.wantPromptLogits && r.outputIds.length === 0));
   }
 
   private writeMeta(rows: number, nl: number, withSampling: boolean): void {
@@ -582,6 +615,7 @@ export class Engine {
       }
     }
     if (!finish && req.outputIds.length >= p.maxTokens) finish = 'length';
+    if (!finish && l.forced && req.outputIds.length >= l.forced.length) finish = 'length';
     if (!finish && req.numTokens >= this.maxModelLen) finish = 'length';
     if (finish && finish !== 'stop' && l.detok) {
       l.text += l.detok.flush();
@@ -630,6 +664,7 @@ export class Engine {
     };
     if (l.req.stopReason !== undefined) o.stopReason = l.req.stopReason;
     if (l.promptLogits) o.promptLogits = l.promptLogits;
+    if (l.stepLogits) o.stepLogits = l.stepLogits;
     return o;
   }
 
@@ -653,6 +688,7 @@ export class Engine {
     this.backend.destroyEvent(this.endEv);
     this.runner.dispose();
     freeWeights(this.backend, this.weights);
+    if (this.ownsBackend) this.backend.dispose();
   }
 
   [Symbol.dispose](): void {

@@ -1,0 +1,14 @@
+// GPU machine: the decode benchmark (same code as `nerva-bench decode`) -> one JSON line per run,
+// appended to $OUT/bench.jsonl.
+//   bench.mjs MODEL_DIR [promptLen newTokens] [--profile]
+import { appendFileSync } from 'node:fs';
+import path from 'node:path';
+import { decodeProbe } from '@nerva/bench';
+
+const args = process.argv.slice(2);
+const profile = args.includes('--profile');
+const [model, pl, nt] = args.filter((x) => !x.startsWith('--'));
+const r = await decodeProbe({ model, backend: 'cuda', promptLen: Number(pl ?? 128), newTokens: Number(nt ?? 256), profile });
+const line = JSON.stringify(r);
+console.log(line);
+appendFileSync(path.join(process.env.OUT ?? '.', 'bench.jsonl'), line + '\n');
