@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Oracle for the GPU machine only (never part of the product): transformers in bf16 on the same
-synthetic checkpoint, the same prompt, then the same teacher-forced tokens decoded one step at a
-time with a KV cache. Compares every step's logits with NERVA's (nerva-forced.f32).
+"""Oracle for the GPU machine only (never part of the product): transformers on the same synthetic
+checkpoint, the same prompt, then the same teacher-forced tokens decoded one step at a time with a
+KV cache, in bf16 (the acceptance reference) and in float32 (the same bf16 weights upcast: the
+exact answer, to tell bf16's own error from ours). Compares every step's logits with NERVA's.
 usage: oracle_parity.py MODEL_DIR OUT_JSON"""
-import json, sys, time
+import gc, json, sys, time
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
@@ -11,24 +12,43 @@ from transformers import AutoModelForCausalLM
 model_dir, out_json = sys.argv[1], sys.argv[2]
 meta = json.load(open(f"{model_dir}/nerva-forced.json"))
 ours = np.fromfile(f"{model_dir}/nerva-forced.f32", dtype=np.float32).reshape(meta["steps"], meta["vocab"])
+
+
+def run(dtype):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").cuda().eval()
+    out_logits = []
+    with torch.no_grad():
+        out = model(torch.tensor([meta["prompt"]], device="cuda"), use_cache=True)
+        for step in range(meta["steps"]):
+            out_logits.append(out.logits[0, -1].float().cpu().numpy())
+            tok = torch.tensor([[meta["forced"][step]]], device="cuda")
+            out = model(tok, past_key_values=out.past_key_values, use_cache=True)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return np.stack(out_logits)
+
+
+def rel(a, b):
+    return [float(np.abs(a[i] - b[i]).max() / np.abs(b[i]).max()) for i in range(len(b))]
+
+
 t0 = time.time()
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="eager").cuda().eval()
-load_s = time.time() - t0
-ids = torch.tensor([meta["prompt"]], device="cuda")
-rels = []
-with torch.no_grad():
-    out = model(ids, use_cache=True)
-    past = out.past_key_values
-    logits = out.logits[0, -1].float().cpu().numpy()
-    for step in range(meta["steps"]):
-        ref = logits
-        rels.append(float(np.abs(ours[step] - ref).max() / np.abs(ref).max()))
-        tok = torch.tensor([[meta["forced"][step]]], device="cuda")
-        out = model(tok, past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        logits = out.logits[0, -1].float().cpu().numpy()
-res = {"model": model_dir, "steps": meta["steps"], "max_rel_err": max(rels), "rel_err_per_step": rels,
-       "tolerance": 2e-2, "pass": max(rels) <= 2e-2, "hf_load_s": load_s}
+hf_bf16 = run(torch.bfloat16)
+hf_f32 = run(torch.float32)
+ours_bf16 = rel(ours, hf_bf16)
+res = {
+    "model": model_dir,
+    "steps": meta["steps"],
+    "tolerance": 2e-2,
+    "max_rel_err_vs_hf_bf16": max(ours_bf16),
+    "max_rel_err_vs_hf_f32": max(rel(ours, hf_f32)),
+    "hf_bf16_max_rel_err_vs_hf_f32": max(rel(hf_bf16, hf_f32)),
+    "rel_err_vs_hf_bf16_per_step": ours_bf16,
+    "pass": max(ours_bf16) <= 2e-2,
+    "oracle_s": time.time() - t0,
+}
 json.dump(res, open(out_json, "w"), indent=1)
-print(f"oracle {model_dir}: max rel err {max(rels):.3e} over {meta['steps']} steps -> {'ok' if res['pass'] else 'FAIL'}")
+print(f"oracle {model_dir}: vs HF bf16 {res['max_rel_err_vs_hf_bf16']:.3e}, vs HF f32 {res['max_rel_err_vs_hf_f32']:.3e}, "
+      f"HF bf16 vs f32 {res['hf_bf16_max_rel_err_vs_hf_f32']:.3e} -> {'ok' if res['pass'] else 'FAIL'}")
 sys.exit(0 if res["pass"] else 1)

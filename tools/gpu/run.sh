@@ -39,7 +39,8 @@ has checks && runjs checks checks.mjs
 has parity && runjs parity parity.mjs fixtures .device/fixtures/models
 for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   dir=/tmp/synth/$size
-  has synth && runjs "synth $size" parity.mjs synth ".device/configs/$size.json" "$dir"
+  # A warm machine keeps /tmp between calls: reuse a checkpoint written by an earlier call.
+  if has synth && [ ! -f "$dir/model.safetensors.index.json" ]; then runjs "synth $size" parity.mjs synth ".device/configs/$size.json" "$dir"; fi
   if has oracle; then
     runjs "force $size" parity.mjs force "$dir" 32
     if python3 tools/gpu/oracle_parity.py "$dir" "$OUT/oracle-$size.json" 2>&1 | tail -3 | tee -a "$log"; then say "oracle $size done"; else say "oracle $size FAILED"; status=1; fi

@@ -178,7 +178,14 @@ export class Engine {
     const maxNumSeqs = o.maxNumSeqs ?? (cpu ? 64 : 128);
     const maxRows = Math.max(o.maxNumBatchedTokens ?? (cpu ? 256 : 2048), maxNumSeqs);
     const kvBytesPerToken = 2 * s.numLayers * s.numKvHeads * s.headDim * 4;
-    const kvBytes = o.kvCacheBytes ?? (cpu ? 256 * 2 ** 20 : 4 * 2 ** 30);
+    // KV gets a share of what the weights left free (nano-vllm sizes it after a warm-up pass;
+    // our activations are known up front, so they are subtracted instead).
+    const tier = this.backend.capabilities.computeTier;
+    const free = (this.backend.capabilities.memory[tier] ?? 0) - this.backend.stats().liveBytes;
+    const inter = s.moe ? Math.max(s.intermediateSize, s.moe.moeIntermediateSize) : s.intermediateSize;
+    const qkvOut = (s.numHeads + 2 * s.numKvHeads) * s.headDim;
+    const activationBytes = 4 * (maxRows * (4 * s.hiddenSize + qkvOut + s.numHeads * s.headDim + 3 * inter) + maxNumSeqs * (s.vocabSize + s.hiddenSize));
+    const kvBytes = o.kvCacheBytes ?? (cpu ? 256 * 2 ** 20 : Math.min(16 * 2 ** 30, Math.max(32 * 2 ** 20, 0.6 * (free - activationBytes))));
     const numBlocks = Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
     const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
     this.runner = new ModelRunner(this.backend, s, this.weights, {

@@ -1,4 +1,4 @@
-import type { DeviceBackend, DeviceBuffer } from '@nerva/core';
+import type { DeviceBackend, DeviceBuffer, DType } from '@nerva/core';
 import type { Checkpoint, ModelSpec } from '@nerva/models';
 import { isMoeLayer, ropeInvFreq } from '@nerva/models';
 
@@ -59,7 +59,16 @@ export async function uploadWeights(
   let done = 0;
   let bytes = 0;
 
-  const alloc = (length: number, label: string, dtype = wd): DeviceBuffer => {
+  // Exact by default: a weight is never stored narrower than its checkpoint (an f32 checkpoint
+  // stays f32 on a bf16-preferring backend); it is only narrowed when the backend cannot hold it.
+  const fromCkpt: Record<string, DType> = { F32: 'f32', F16: 'f16', BF16: 'bf16' };
+  const supported = backend.capabilities.dtypes;
+  const dtypeOf = (name: string): DType => {
+    const d = fromCkpt[ckpt.info(name).dtype];
+    if (wd === 'f32' || !d) return wd;
+    return supported.includes(d) ? d : wd;
+  };
+  const alloc = (length: number, label: string, dtype: DType = wd): DeviceBuffer => {
     const b = backend.alloc({ dtype, length, usage: 'weights', label });
     buffers.push(b);
     bytes += b.byteLength;
@@ -67,7 +76,7 @@ export async function uploadWeights(
   };
   const put = async (dst: DeviceBuffer, name: string, offset = 0): Promise<void> => {
     const info = ckpt.info(name);
-    if (dst.dtype === 'bf16' && info.dtype === 'BF16') {
+    if ((dst.dtype === 'bf16' && info.dtype === 'BF16') || (dst.dtype === 'f16' && info.dtype === 'F16')) {
       // Same dtype on both sides: hand the raw bits over, no float32 detour.
       const raw = await ckpt.readRaw(name);
       const bits = raw.byteOffset % 2 === 0 ? new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2) : new Uint16Array(raw.slice().buffer);
@@ -78,7 +87,7 @@ export async function uploadWeights(
     done += info.byteLength;
     onProgress?.({ done, total, tensor: name });
   };
-  const tensor = async (name: string, length: number, dtype = wd): Promise<DeviceBuffer> => {
+  const tensor = async (name: string, length: number, dtype: DType = dtypeOf(name)): Promise<DeviceBuffer> => {
     const b = alloc(length, name, dtype);
     await put(b, name);
     return b;
@@ -97,7 +106,7 @@ export async function uploadWeights(
     for (let i = 0; i < spec.numLayers; i++) {
       const p = `model.layers.${i}.`;
       const qkvOut = (nq + 2 * nkv) * hd;
-      const qkv = alloc(qkvOut * H, `${p}self_attn.qkv`);
+      const qkv = alloc(qkvOut * H, `${p}self_attn.qkv`, dtypeOf(`${p}self_attn.q_proj.weight`));
       await put(qkv, `${p}self_attn.q_proj.weight`, 0);
       await put(qkv, `${p}self_attn.k_proj.weight`, nq * hd * H);
       await put(qkv, `${p}self_attn.v_proj.weight`, (nq + nkv) * hd * H);
@@ -123,8 +132,8 @@ export async function uploadWeights(
         const E = spec.moe.numExperts;
         const I = spec.moe.moeIntermediateSize;
         lw.router = await tensor(`${p}mlp.gate.weight`, E * H, 'f32');
-        lw.expertsGateUp = alloc(E * 2 * I * H, `${p}mlp.experts.gate_up`);
-        lw.expertsDown = alloc(E * H * I, `${p}mlp.experts.down`);
+        lw.expertsGateUp = alloc(E * 2 * I * H, `${p}mlp.experts.gate_up`, dtypeOf(`${p}mlp.experts.0.gate_proj.weight`));
+        lw.expertsDown = alloc(E * H * I, `${p}mlp.experts.down`, dtypeOf(`${p}mlp.experts.0.down_proj.weight`));
         for (let e = 0; e < E; e++) {
           await put(lw.expertsGateUp, `${p}mlp.experts.${e}.gate_proj.weight`, e * 2 * I * H);
           await put(lw.expertsGateUp, `${p}mlp.experts.${e}.up_proj.weight`, e * 2 * I * H + I * H);
@@ -132,7 +141,7 @@ export async function uploadWeights(
         }
       } else {
         const I = spec.intermediateSize;
-        lw.gateUp = alloc(2 * I * H, `${p}mlp.gate_up`);
+        lw.gateUp = alloc(2 * I * H, `${p}mlp.gate_up`, dtypeOf(`${p}mlp.gate_proj.weight`));
         await put(lw.gateUp, `${p}mlp.gate_proj.weight`, 0);
         await put(lw.gateUp, `${p}mlp.up_proj.weight`, I * H);
         lw.down = await tensor(`${p}mlp.down_proj.weight`, H * I);
