@@ -105,21 +105,30 @@ export class WorkerEngine {
     const tokenizerPromise = loadTokenizer(o.model, chatTemplate);
     const worker = new Worker(workerEntryUrl(), { workerData: engineOpts });
     let info: WorkerEngineInfo;
+    // Only our own listeners are removed afterwards: Worker keeps internal ones (removeAllListeners breaks it).
+    let onMsg!: (m: FromWorker) => void;
+    let onError!: (e: Error) => void;
+    let onExit!: (code: number) => void;
     try {
       info = await new Promise<WorkerEngineInfo>((resolve, reject) => {
-        const onMsg = (m: FromWorker) => {
+        onMsg = (m) => {
           if (m.type === 'ready') resolve(m.info);
           else if (m.type === 'initError') reject(fromWire(m.error));
         };
+        onError = reject;
+        onExit = (code) => reject(new EngineError('WORKER_EXIT', `engine worker exited with code ${code} while loading`));
         worker.on('message', onMsg);
-        worker.once('error', reject);
-        worker.once('exit', (code) => reject(new EngineError('WORKER_EXIT', `engine worker exited with code ${code} while loading`)));
+        worker.once('error', onError);
+        worker.once('exit', onExit);
       });
     } catch (e) {
       await worker.terminate();
       throw e;
+    } finally {
+      worker.off('message', onMsg);
+      worker.off('error', onError);
+      worker.off('exit', onExit);
     }
-    worker.removeAllListeners();
     let tokenizer: NervaTokenizer | undefined;
     try {
       tokenizer = await tokenizerPromise;

@@ -1,0 +1,10 @@
+import { WorkerEngine } from '@nerva/engine';
+const t0 = performance.now();
+const e = await WorkerEngine.create({ model: '/work/main/models/tiny-shakespeare-qwen3', backend: 'cpu' });
+console.log('ready', performance.now() - t0, e.info);
+const h = e.submit('ROMEO:', { maxTokens: 5, temperature: 0 });
+for await (const ev of h.events) console.log(ev.index, ev.token, JSON.stringify(ev.text));
+console.log((await h.done).finishReason, await e.stats());
+await e.checkInvariants();
+await e.dispose();
+console.log('disposed');
