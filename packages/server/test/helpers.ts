@@ -27,10 +27,10 @@ export async function memory(url: string, headers: Record<string, string> = {}):
 }
 
 /** Poll until every KV block is free again (aborts are processed between engine steps). */
-export async function waitAllFree(url: string, timeoutMs = 20_000): Promise<Memory> {
+export async function waitAllFree(url: string, headers: Record<string, string> = {}, timeoutMs = 20_000): Promise<Memory> {
   const t0 = Date.now();
   for (;;) {
-    const m = await memory(url);
+    const m = await memory(url, headers);
     if ((m.kv_blocks_used === 0 && m.kv_sequences === 0 && m.server_sequences_in_flight === 0) || Date.now() - t0 > timeoutMs) return m;
     await new Promise((r) => setTimeout(r, 50));
   }

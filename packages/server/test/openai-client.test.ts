@@ -102,6 +102,8 @@ describe('OpenAI client against a live server', () => {
     await expect(client.completions.create({ model: 'gpt-4', prompt: 'x' })).rejects.toBeInstanceOf(OpenAI.NotFoundError);
     const noKey = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'wrong', maxRetries: 0 });
     await expect(noKey.models.list()).rejects.toBeInstanceOf(OpenAI.AuthenticationError);
-    expect((await waitAllFree(server.url)).kv_blocks_used).toBe(0);
+    const m = await waitAllFree(server.url, { authorization: 'Bearer sk-test' });
+    expect(m.kv_blocks_used).toBe(0);
+    expect(m.kv_invariants).toBe('ok');
   });
 });
