@@ -3,6 +3,7 @@ import { Command, InvalidArgumentError, Option } from 'commander';
 import { defaultModelDir } from '@nerva/server';
 import { decodeProbe } from './probes/decode.js';
 import { generateProbe } from './probes/generate.js';
+import { serveProbe } from './probes/serve.js';
 
 const int = (name: string) => (v: string) => {
   const n = Number(v);
@@ -35,6 +36,18 @@ program
   .option('--profile', 'time buckets per token (disables graphs)')
   .action(async (f) =>
     print(await decodeProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, promptLen: f.promptLen, newTokens: f.newTokens, profile: f.profile })),
+  );
+
+program
+  .command('serve')
+  .description('OpenAI server throughput: N concurrent streaming clients against an in-process server')
+  .option('--model <dir>')
+  .addOption(backendOpt())
+  .option('--concurrency <n>', 'concurrent streaming clients', int('--concurrency'), 8)
+  .option('--requests <n>', 'requests in all (default: one per client)', int('--requests'))
+  .option('--max-tokens <n>', 'tokens per request', int('--max-tokens'), 32)
+  .action(async (f) =>
+    print(await serveProbe({ model: f.model, backend: f.backend, concurrency: f.concurrency, requests: f.requests, maxTokens: f.maxTokens })),
   );
 
 try {

@@ -440,6 +440,114 @@ function attentionCase(name: string, s: AttnShape, large = false): CaseDef {
   };
 }
 
+interface FusedMatmulShape {
+  rows: number;
+  inDim: number;
+  outDim: number;
+  norm?: boolean;
+  glu?: boolean;
+  accumulate?: boolean;
+  bias?: boolean;
+  weight?: 'f32' | 'bf16';
+  eps?: number;
+}
+
+function fusedMatmulCase(name: string, s: FusedMatmulShape, large = false): CaseDef {
+  return {
+    name,
+    large,
+    build: (rng) => {
+      const wRows = s.glu ? 2 * s.outDim : s.outDim;
+      const w = rng.normals(wRows * s.inDim, 1 / Math.sqrt(s.inDim));
+      const buffers: Record<string, BufDef> = {
+        // A norm input far from unit scale, so a backend that skips the normalization is caught.
+        x: f32(rng.normals(s.rows * s.inDim, s.norm ? 7 : 1.5)),
+        weight: s.weight === 'bf16' ? bf16(w) : f32(w),
+        out: f32(rng.normals(s.rows * s.outDim + 3, 2)),
+      };
+      if (s.bias) buffers.bias = f32(rng.normals(s.outDim));
+      if (s.norm) buffers.normWeight = f32(rng.normals(s.inDim, 0.3).map((v) => 1 + v));
+      return {
+        buffers,
+        steps: [
+          step('fused_matmul', (b) => ({
+            x: b.x,
+            weight: b.weight,
+            out: b.out,
+            rows: s.rows,
+            inDim: s.inDim,
+            outDim: s.outDim,
+            ...(s.bias ? { bias: b.bias } : {}),
+            ...(s.norm ? { normWeight: b.normWeight, eps: s.eps ?? 1e-6 } : {}),
+            ...(s.glu ? { glu: true } : {}),
+            ...(s.accumulate ? { accumulate: true } : {}),
+          })),
+        ],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+interface RopeAppendShape {
+  rows: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  /** Extra row elements after v. */
+  pad: number;
+  norm: boolean;
+  slots: number;
+  padding: number;
+  maxPos: number;
+}
+
+function ropeAppendCase(name: string, s: RopeAppendShape, large = false): CaseDef {
+  return {
+    name,
+    large,
+    build: (rng) => {
+      const stride = (s.numHeads + 2 * s.numKvHeads) * s.headDim + s.pad;
+      const w = s.numKvHeads * s.headDim;
+      const slots = rng.perm(s.slots).slice(0, s.rows);
+      for (let i = 0; i < s.padding; i++) slots[rng.int(0, s.rows)] = -1;
+      const positions = Array.from({ length: s.rows }, () => rng.int(0, s.maxPos));
+      const buffers: Record<string, BufDef> = {
+        qkv: f32(rng.normals(s.rows * stride, 2)),
+        positions: i32(positions),
+        invFreq: f32(invFreq(s.headDim, 1e6)),
+        slots: i32(slots),
+        kCache: f32(rng.normals(s.slots * w)),
+        vCache: f32(rng.normals(s.slots * w)),
+      };
+      if (s.norm) {
+        buffers.qNorm = f32(rng.normals(s.headDim, 0.3).map((v) => 1 + v));
+        buffers.kNorm = f32(rng.normals(s.headDim, 0.3).map((v) => 1 + v));
+      }
+      return {
+        buffers,
+        steps: [
+          step('rope_append', (b) => ({
+            qkv: b.qkv,
+            positions: b.positions,
+            invFreq: b.invFreq,
+            slots: b.slots,
+            kCache: b.kCache,
+            vCache: b.vCache,
+            rows: s.rows,
+            numHeads: s.numHeads,
+            numKvHeads: s.numKvHeads,
+            headDim: s.headDim,
+            rowStride: stride,
+            ...(s.norm ? { qNorm: b.qNorm, kNorm: b.kNorm, eps: 1e-6 } : {}),
+          })),
+        ],
+        outputs: [floatOut('qkv'), floatOut('kCache'), floatOut('vCache')],
+      };
+    },
+  };
+}
+
 /** Decode rows (the last position) of every sequence. */
 const decodeRows = (lens: number[]): Array<[number, number]> => lens.map((n, q) => [q, n - 1]);
 
@@ -815,6 +923,25 @@ const CASES: { [K in OpName]: CaseDef[] } = {
   ],
   ring_push: [ringPushCase('capacity 8, wraps', 8, 6, [4, 3]), ringPushCase('capacity 5, full pushes', 5, 1000003, [5, 2, 5])],
   advance_positions: [advanceCase('4 sequences, block boundaries, 3 steps', 4, [4, 1, 7, 12], 3), advanceCase('1 sequence, blockSize 16', 16, [31], 2)],
+  fused_matmul: [
+    fusedMatmulCase('1 row 64 -> 40, rmsnorm input', { rows: 1, inDim: 64, outDim: 40, norm: true }),
+    fusedMatmulCase('3 rows 37 -> 11, rmsnorm input eps 1e-5, bias', { rows: 3, inDim: 37, outDim: 11, norm: true, eps: 1e-5, bias: true }),
+    fusedMatmulCase('2 rows 48 -> 24, rmsnorm input, glu', { rows: 2, inDim: 48, outDim: 24, norm: true, glu: true }),
+    fusedMatmulCase('1 row 13 -> 9, glu', { rows: 1, inDim: 13, outDim: 9, glu: true }),
+    fusedMatmulCase('5 rows 32 -> 16, accumulate, bias', { rows: 5, inDim: 32, outDim: 16, accumulate: true, bias: true }),
+    fusedMatmulCase('1 row 256 -> 96, bf16, rmsnorm input', { rows: 1, inDim: 256, outDim: 96, norm: true, weight: 'bf16' }),
+    fusedMatmulCase('9 rows 64 -> 32, bf16, rmsnorm, glu', { rows: 9, inDim: 64, outDim: 32, norm: true, glu: true, weight: 'bf16' }),
+    fusedMatmulCase('3 rows 64 -> 24, bf16, accumulate', { rows: 3, inDim: 64, outDim: 24, accumulate: true, weight: 'bf16' }),
+    fusedMatmulCase('1 row 1024 -> 4096, bf16, rmsnorm input', { rows: 1, inDim: 1024, outDim: 4096, norm: true, weight: 'bf16' }, true),
+    fusedMatmulCase('1 row 1024 -> 3072, bf16, rmsnorm, glu', { rows: 1, inDim: 1024, outDim: 3072, norm: true, glu: true, weight: 'bf16' }, true),
+    fusedMatmulCase('1 row 3072 -> 1024, bf16, accumulate', { rows: 1, inDim: 3072, outDim: 1024, accumulate: true, weight: 'bf16' }, true),
+    fusedMatmulCase('4 rows 2048 -> 1024, bf16, rmsnorm, accumulate', { rows: 4, inDim: 2048, outDim: 1024, norm: true, accumulate: true, weight: 'bf16' }, true),
+  ],
+  rope_append: [
+    ropeAppendCase('GQA 2, QK-norm, one padding row', { rows: 3, numHeads: 4, numKvHeads: 2, headDim: 16, pad: 0, norm: true, slots: 9, padding: 1, maxPos: 5000 }),
+    ropeAppendCase('MHA, no norm, headDim 6, padded row', { rows: 2, numHeads: 3, numKvHeads: 3, headDim: 6, pad: 5, norm: false, slots: 4, padding: 0, maxPos: 100 }),
+    ropeAppendCase('16 q, 8 kv heads x 128, QK-norm', { rows: 1, numHeads: 16, numKvHeads: 8, headDim: 128, pad: 0, norm: true, slots: 64, padding: 0, maxPos: 40000 }, true),
+  ],
 };
 
 // ---- running ------------------------------------------------------------------------------------

@@ -87,15 +87,16 @@ export interface OpCatalogue {
     scale: number;
   };
   /**
-   * A matmul whose input is formed on the fly, and whose result may be added to `out`:
-   * out[r, o] (+)= sum_i in[r, i] * weight[o*inDim + i] (+ bias[o]), where in[r, :] is
-   * - rmsnorm(x[r, :]) * normWeight (float32, as op `rmsnorm` without residual) when normWeight
-   *   is given; x is [rows, inDim];
-   * - silu(x[r, i]) * x[r, inDim + i] (float32, as op `silu_mul`) when `glu`; x is [rows, 2*inDim];
-   * - x[r, :] otherwise.
-   * With `accumulate` the product (rounded to float32, bias included) is added to out in place:
-   * the residual stream update of op `rmsnorm`'s `residual`, fused into the projection.
-   * normWeight and glu are exclusive. Lets a decoder layer run as 6 kernels instead of 12.
+   * A matmul with its neighbours fused in: y[r, j] = sum_i in[r, i] * weight[j*inDim + i]
+   * (+ bias[j]), where in[r, :] = rmsnorm(x[r, :]) * normWeight (float32, as op `rmsnorm` without
+   * residual) when normWeight is given, x[r, :] otherwise. Then
+   * - with `glu`, weight holds 2*outDim rows (gate rows, then up rows) and
+   *   out[r, o] = silu(y[r, o]) * y[r, outDim + o] (y rounded to float32 first, as op `silu_mul`
+   *   on the matmul output); bias is not allowed with glu;
+   * - otherwise out[r, o] = y[r, o].
+   * With `accumulate` the float32 result is added to out in place (out += ...): the residual
+   * stream update of op `rmsnorm`'s `residual`, fused into the projection.
+   * Lets a decoder layer run as 6 kernels instead of 12.
    */
   fused_matmul: {
     x: Buf;

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -89,14 +90,16 @@ class Context : public Napi::ObjectWrap<Context> {
     CU(cudaSetDevice(device_));
     CU(cudaGetDeviceProperties(&prop_, device_));
     // One reservation holds the arena, the op workspace and cuBLAS's workspace.
-    size_t total = devBytes_ + wsBytes + cbWs;
+    size_t total = devBytes_ + wsBytes + cbWs + kCounterCount * sizeof(int);
     cudaError_t e = cudaMalloc((void**)&devBase_, total);
     if (e != cudaSuccess) {
       cudaGetLastError();
       throw cudaErr(env, (int)e, "cudaMalloc(device arena of " + std::to_string(total) + " bytes)");
     }
     allocCalls_++;
-    e = cudaHostAlloc((void**)&pinBase_, pinBytes_ ? pinBytes_ : 256, cudaHostAllocMapped | cudaHostAllocPortable);
+    // The staging ring of small writes sits after the arena JavaScript sub-allocates.
+    stageOff_ = (pinBytes_ + 255) & ~(size_t)255;
+    e = cudaHostAlloc((void**)&pinBase_, stageOff_ + kStageBytes, cudaHostAllocMapped | cudaHostAllocPortable);
     if (e != cudaSuccess) {
       cudaGetLastError();
       cudaFree(devBase_);
@@ -111,6 +114,10 @@ class Context : public Napi::ObjectWrap<Context> {
     ex_.cublasWs = devBase_ + devBytes_ + wsBytes;
     ex_.cublasWsBytes = cbWs;
     ex_.smCount = prop_.multiProcessorCount;
+    ex_.counters = (int*)(devBase_ + devBytes_ + wsBytes + cbWs);
+    ex_.counterCount = kCounterCount;
+    CU(cudaMemset(ex_.counters, 0, kCounterCount * sizeof(int)));
+    CU(cudaDeviceSynchronize());  // the streams are non-blocking: the zeroes land before any launch
     cudaStream_t s0;
     CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
     streams_.push_back(s0);
@@ -155,6 +162,10 @@ class Context : public Napi::ObjectWrap<Context> {
     for (auto ev : events_)
       if (ev) cudaEventDestroy(ev);
     events_.clear();
+    for (auto& st : staged_) cudaEventDestroy(st.ev);
+    staged_.clear();
+    for (auto ev : stageEvents_) cudaEventDestroy(ev);
+    stageEvents_.clear();
     if (ex_.cublas && api_.destroy) api_.destroy(ex_.cublas);
     ex_.cublas = nullptr;
     for (auto s : streams_)
@@ -248,22 +259,73 @@ class Context : public Napi::ObjectWrap<Context> {
     return env.Undefined();
   }
 
-  // write(dstAddr, typedArray, stream): ordered after the stream's earlier work; the source is
-  // staged before the call returns, so the JS array may be collected afterwards.
+  // write(dstAddr, typedArray, stream, staged) -> whether the host waited for the device.
+  // Staged (small writes to device memory): the bytes are copied into the pinned staging ring
+  // and the copy is queued on the stream; an event per slot guards its reuse, so the host waits
+  // only when the ring is full. Otherwise the copy is queued and the stream synchronized, since a
+  // pageable source may be read by the copy engine until the stream reaches it.
   Napi::Value Write(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Live(env);
     void* dst = (void*)(uintptr_t)info[0].As<Napi::Number>().DoubleValue();
     Napi::TypedArray ta = info[1].As<Napi::TypedArray>();
     cudaStream_t s = Stream(env, info[2]);
+    bool staged = info.Length() > 3 && info[3].ToBoolean().Value();
     const char* src = (const char*)ta.ArrayBuffer().Data() + ta.ByteOffset();
     size_t bytes = ta.ByteLength();
-    if (bytes) {
+    bool waited = false;
+    if (bytes && staged && bytes <= kStageMaxWrite) {
+      size_t off = StageAlloc(env, (bytes + 255) & ~(size_t)255, &waited);
+      memcpy(pinBase_ + stageOff_ + off, src, bytes);
+      CU(cudaMemcpyAsync(dst, pinDev_ + stageOff_ + off, bytes, cudaMemcpyDefault, s));
+      cudaEvent_t ev;
+      if (stageEvents_.empty()) CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      else {
+        ev = stageEvents_.back();
+        stageEvents_.pop_back();
+      }
+      CU(cudaEventRecord(ev, s));
+      staged_.push_back({off, (bytes + 255) & ~(size_t)255, ev});
+    } else if (bytes) {
       CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
-      // A pageable source may still be read by the copy engine until the stream reaches it.
       CU(cudaStreamSynchronize(s));
+      waited = true;
     }
-    return env.Undefined();
+    return Napi::Boolean::New(env, waited);
+  }
+
+  // A free range of `len` bytes in the staging ring. Live slots form one FIFO run
+  // [front.off, head) that may wrap; completed slots are reclaimed from the front.
+  size_t StageAlloc(Napi::Env env, size_t len, bool* waited) {
+    for (;;) {
+      while (!staged_.empty() && cudaEventQuery(staged_.front().ev) == cudaSuccess) {
+        stageEvents_.push_back(staged_.front().ev);
+        staged_.pop_front();
+      }
+      cudaGetLastError();  // a cudaErrorNotReady from the query is not an error
+      if (staged_.empty()) {
+        stageHead_ = len;
+        return 0;
+      }
+      size_t tail = staged_.front().off;
+      if (stageHead_ > tail) {
+        if (stageHead_ + len <= kStageBytes) {
+          size_t off = stageHead_;
+          stageHead_ += len;
+          return off;
+        }
+        if (len < tail) {
+          stageHead_ = len;
+          return 0;
+        }
+      } else if (stageHead_ + len < tail) {
+        size_t off = stageHead_;
+        stageHead_ += len;
+        return off;
+      }
+      CU(cudaEventSynchronize(staged_.front().ev));
+      *waited = true;
+    }
   }
 
   // read(srcAddr, bytes): waits for the whole device, then copies back (a hard sync).
@@ -446,6 +508,16 @@ class Context : public Napi::ObjectWrap<Context> {
     cudaGraphExec_t exec;
   };
 
+  struct Staged {
+    size_t off, len;
+    cudaEvent_t ev;
+  };
+  static constexpr size_t kStageBytes = 4u << 20;     // the pinned staging ring
+  static constexpr size_t kStageMaxWrite = 1u << 20;  // larger writes synchronize instead
+  static constexpr size_t kCounterCount = 16384;      // attention combine counters (rows x heads)
+  size_t stageOff_ = 0, stageHead_ = 0;
+  std::deque<Staged> staged_;
+  std::vector<cudaEvent_t> stageEvents_;
   int device_ = 0;
   cudaDeviceProp prop_{};
   char* devBase_ = nullptr;

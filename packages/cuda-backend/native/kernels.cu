@@ -178,6 +178,45 @@ __global__ void k_rope(float* x, const int* positions, const float* invFreq, con
   base[i + half] = (float)((double)b * c + (double)a * s);
 }
 
+// Op rope_append: one block per (row, head) over the q heads then the k heads of a packed qkv
+// row; a k-head block also stores its rotated key and the matching value head in the cache.
+__global__ void k_rope_append(float* x, const int* positions, const float* invFreq, const void* qn, const void* kn,
+                              int ndt, int nq, int headDim, int rowStride, float eps, const int* slots, void* kc, void* vc,
+                              int cdt, int nkv) {
+  __shared__ float sh[32];
+  int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = headDim / 2;
+  bool isK = h >= nq;
+  const void* nw = isK ? kn : qn;
+  bool act = i < half;
+  float* base = x + (size_t)r * rowStride + (size_t)h * headDim;  // k heads follow the q heads
+  float a = act ? base[i] : 0.f, b = act ? base[i + half] : 0.f;
+  if (nw) {
+    float ss = blockSum(a * a + b * b, sh);
+    float inv = rsqrtf(ss / (float)headDim + eps);
+    if (act) {
+      a = a * inv * ldf(nw, ndt, i);
+      b = b * inv * ldf(nw, ndt, i + half);
+    }
+  }
+  if (!act) return;
+  double ang = (double)__fmul_rn((float)positions[r], invFreq[i]);
+  double sn, cs;
+  sincos(ang, &sn, &cs);
+  float ra = (float)((double)a * cs - (double)b * sn), rb = (float)((double)b * cs + (double)a * sn);
+  base[i] = ra;
+  base[i + half] = rb;
+  if (!isK) return;
+  int slot = slots[r];
+  if (slot < 0) return;
+  int kh = h - nq;
+  size_t width = (size_t)nkv * headDim, c0 = (size_t)slot * width + (size_t)kh * headDim;
+  stf(kc, cdt, c0 + i, ra);
+  stf(kc, cdt, c0 + i + half, rb);
+  const float* v = base + (size_t)nkv * headDim;  // value head kh sits nkv heads after key head kh
+  stf(vc, cdt, c0 + i, v[i]);
+  stf(vc, cdt, c0 + i + half, v[i + half]);
+}
+
 __global__ void k_kv_append(const float* src, void* kc, void* vc, int cdt, const int* slots, int width, int rowStride,
                             int kOff, int vOff) {
   int r = blockIdx.x;
@@ -266,40 +305,70 @@ __global__ void k_advance_positions(int* positions, int* slots, const int* bt, c
 // ---------------------------------------------------------------- GEMV (few rows)
 
 // One warp per output feature, R activation rows at once so every weight byte is read once.
-// Weights stream with 16-byte loads, four in flight per lane before any math.
+// Weights stream with 16-byte loads, four (eight with GLU) in flight per lane before any math.
 // KS warps share one output (split over K) when there are too few outputs to fill the GPU.
-template <int R, int KS>
+// Fusions (op fused_matmul): NORM: the input row is rmsnorm(x) * nw, computed as
+// inv * sum(w * x * nw) with the sum of squares gathered in the same pass over x (every warp
+// sees the whole row, or KS warps see it together); GLU: the warp also reduces the up row
+// o + outDim and writes silu(gate) * up; `accumulate` adds the result into out.
+template <int R, int KS, bool NORM, bool GLU>
 __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w,
                                                     float* __restrict__ out, int rows, int inDim, int outDim,
-                                                    const void* bias, int bdt) {
-  __shared__ float red[4][R];
+                                                    const void* bias, int bdt, const void* nw, int nwbf, float eps,
+                                                    int accumulate) {
+  constexpr int NO = GLU ? 2 : 1;
+  __shared__ float red[4][NO + 1][R];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int o = blockIdx.x * (4 / KS) + warp / KS;
   int ks = warp % KS;
   if (o >= outDim) return;  // only when KS == 1 (split grids are exactly outDim blocks)
-  const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)o * inDim);
+  const uint4* wr[NO];
+  wr[0] = reinterpret_cast<const uint4*>(w + (size_t)o * inDim);
+  if (GLU) wr[NO - 1] = reinterpret_cast<const uint4*>(w + (size_t)(o + outDim) * inDim);
   const int n8 = inDim >> 3;
-  float acc[R];
+  float acc[NO][R], ss[R];
 #pragma unroll
-  for (int r = 0; r < R; r++) acc[r] = 0.f;
+  for (int r = 0; r < R; r++) {
+    ss[r] = 0.f;
+#pragma unroll
+    for (int n = 0; n < NO; n++) acc[n][r] = 0.f;
+  }
 
-  auto fma8 = [&](const uint4& q, int k8) {
-    float wf[8];
-    wf[0] = __uint_as_float(q.x << 16);
-    wf[1] = __uint_as_float(q.x & 0xffff0000u);
-    wf[2] = __uint_as_float(q.y << 16);
-    wf[3] = __uint_as_float(q.y & 0xffff0000u);
-    wf[4] = __uint_as_float(q.z << 16);
-    wf[5] = __uint_as_float(q.z & 0xffff0000u);
-    wf[6] = __uint_as_float(q.w << 16);
-    wf[7] = __uint_as_float(q.w & 0xffff0000u);
+  auto fma8 = [&](const uint4* q, int k8) {
+    float nv[8];
+    if (NORM) {
+      if (nwbf) {
+        uint4 t = __ldg(reinterpret_cast<const uint4*>(nw) + k8);
+        nv[0] = __uint_as_float(t.x << 16); nv[1] = __uint_as_float(t.x & 0xffff0000u);
+        nv[2] = __uint_as_float(t.y << 16); nv[3] = __uint_as_float(t.y & 0xffff0000u);
+        nv[4] = __uint_as_float(t.z << 16); nv[5] = __uint_as_float(t.z & 0xffff0000u);
+        nv[6] = __uint_as_float(t.w << 16); nv[7] = __uint_as_float(t.w & 0xffff0000u);
+      } else {
+        float4 t0 = __ldg(reinterpret_cast<const float4*>(nw) + k8 * 2), t1 = __ldg(reinterpret_cast<const float4*>(nw) + k8 * 2 + 1);
+        nv[0] = t0.x; nv[1] = t0.y; nv[2] = t0.z; nv[3] = t0.w; nv[4] = t1.x; nv[5] = t1.y; nv[6] = t1.z; nv[7] = t1.w;
+      }
+    }
 #pragma unroll
     for (int r = 0; r < R; r++) {
       if (r < rows) {
         const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * inDim) + k8 * 2;
         float4 a = __ldg(xr), b = __ldg(xr + 1);
-        acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
-                  wf[7] * b.w;
+        float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        if (NORM) {
+#pragma unroll
+          for (int j = 0; j < 8; j++) {
+            ss[r] += xv[j] * xv[j];
+            xv[j] *= nv[j];
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+          const uint4& qq = q[n];
+          acc[n][r] += __uint_as_float(qq.x << 16) * xv[0] + __uint_as_float(qq.x & 0xffff0000u) * xv[1] +
+                       __uint_as_float(qq.y << 16) * xv[2] + __uint_as_float(qq.y & 0xffff0000u) * xv[3] +
+                       __uint_as_float(qq.z << 16) * xv[4] + __uint_as_float(qq.z & 0xffff0000u) * xv[5] +
+                       __uint_as_float(qq.w << 16) * xv[6] + __uint_as_float(qq.w & 0xffff0000u) * xv[7];
+        }
       }
     }
   };
@@ -307,45 +376,84 @@ __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, 
   constexpr int ST = 32 * KS;
   int k = lane + ks * 32;
   for (; k + 3 * ST < n8; k += 4 * ST) {
-    uint4 q0 = __ldcs(wr + k), q1 = __ldcs(wr + k + ST), q2 = __ldcs(wr + k + 2 * ST), q3 = __ldcs(wr + k + 3 * ST);
-    fma8(q0, k);
-    fma8(q1, k + ST);
-    fma8(q2, k + 2 * ST);
-    fma8(q3, k + 3 * ST);
+    uint4 q[4][NO];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int n = 0; n < NO; n++) q[u][n] = __ldcs(wr[n] + k + u * ST);
+#pragma unroll
+    for (int u = 0; u < 4; u++) fma8(q[u], k + u * ST);
   }
-  for (; k < n8; k += ST) fma8(__ldcs(wr + k), k);
+  for (; k < n8; k += ST) {
+    uint4 q[NO];
+#pragma unroll
+    for (int n = 0; n < NO; n++) q[n] = __ldcs(wr[n] + k);
+    fma8(q, k);
+  }
+  float bo = bias ? ldf(bias, bdt, o) : 0.f;
+  auto finish = [&](int r, float g, float u, float sq) {
+    float inv = NORM ? rsqrtf(sq / (float)inDim + eps) : 1.f;
+    float y = g * inv + bo;
+    if (GLU) y = y / (1.f + expf(-y)) * (u * inv);
+    float* d = out + (size_t)r * outDim + o;
+    *d = accumulate ? *d + y : y;
+  };
 #pragma unroll
   for (int r = 0; r < R; r++) {
-    float v = warpSum(acc[r]);
+    float v0 = warpSum(acc[0][r]);
+    float v1 = GLU ? warpSum(acc[NO - 1][r]) : 0.f;
+    float sq = NORM ? warpSum(ss[r]) : 0.f;
     if (KS == 1) {
-      if (lane == 0 && r < rows) out[(size_t)r * outDim + o] = v + (bias ? ldf(bias, bdt, o) : 0.f);
+      if (lane == 0 && r < rows) finish(r, v0, v1, sq);
     } else if (lane == 0) {
-      red[warp][r] = v;
+      red[warp][0][r] = v0;
+      if (GLU) red[warp][1][r] = v1;
+      if (NORM) red[warp][NO][r] = sq;
     }
   }
   if (KS > 1) {
-    // KS == 4: the block is one output (the grid has exactly outDim blocks), so no warp left early.
+    // The block is one output (the grid has exactly outDim blocks), so no warp left early.
     __syncthreads();
     if (warp == 0 && lane < R && lane < rows) {
-      float v = 0.f;
-      for (int j = 0; j < KS; j++) v += red[j][lane];
-      out[(size_t)lane * outDim + o] = v + (bias ? ldf(bias, bdt, o) : 0.f);
+      float g = 0.f, u = 0.f, sq = 0.f;
+      for (int j = 0; j < KS; j++) {
+        g += red[j][0][lane];
+        if (GLU) u += red[j][1][lane];
+        if (NORM) sq += red[j][NO][lane];
+      }
+      finish(lane, g, u, sq);
     }
   }
 }
 
-// Any dtype, any alignment: one warp per (row, output).
+// Any dtype, any alignment: one warp per (row, output), with the same fusions as k_gemv_bf16.
 __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* out, int rows, int inDim, int outDim,
-                               const void* bias, int bdt) {
+                               const void* bias, int bdt, const void* nw, int nwdt, float eps, int glu, int accumulate) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int o = blockIdx.x * 4 + warp;
   int r = blockIdx.y;
   if (o >= outDim) return;
   const float* xr = x + (size_t)r * inDim;
-  float acc = 0.f;
-  for (int i = lane; i < inDim; i += 32) acc += xr[i] * ldf(w, wdt, (size_t)o * inDim + i);
-  acc = warpSum(acc);
-  if (lane == 0) out[(size_t)r * outDim + o] = acc + (bias ? ldf(bias, bdt, o) : 0.f);
+  float g = 0.f, u = 0.f, sq = 0.f;
+  for (int i = lane; i < inDim; i += 32) {
+    float xv = xr[i];
+    if (nw) {
+      sq += xv * xv;
+      xv *= ldf(nw, nwdt, i);
+    }
+    g += xv * ldf(w, wdt, (size_t)o * inDim + i);
+    if (glu) u += xv * ldf(w, wdt, (size_t)(o + outDim) * inDim + i);
+  }
+  g = warpSum(g);
+  if (glu) u = warpSum(u);
+  if (nw) sq = warpSum(sq);
+  if (lane == 0) {
+    float inv = nw ? rsqrtf(sq / (float)inDim + eps) : 1.f;
+    float y = g * inv + (bias ? ldf(bias, bdt, o) : 0.f);
+    if (glu) y = y / (1.f + expf(-y)) * (u * inv);
+    float* d = out + (size_t)r * outDim + o;
+    *d = accumulate ? *d + y : y;
+  }
 }
 
 // ---------------------------------------------------------------- attention
@@ -364,11 +472,54 @@ __device__ __forceinline__ float ldk<uint16_t>(const uint16_t* p, size_t i) { re
 template <>
 __device__ __forceinline__ float ldk<__half>(const __half* p, size_t i) { return __half2float(p[i]); }
 
+// The block that arrives last for its (row, head) merges the nAct live partials into out and
+// re-arms the counter: the combine needs no kernel (node) of its own.
+__device__ void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
+                           int nAct) {
+  __shared__ int lastFlag;
+  __shared__ float shML[2];
+  __threadfence();  // this block's partial is visible before it is counted
+  __syncthreads();
+  int* c = counters + (size_t)rl * H + h;
+  if (threadIdx.x == 0) {
+    int old = atomicAdd(c, 1);
+    lastFlag = old == S - 1;
+    if (lastFlag) *c = 0;
+  }
+  __syncthreads();
+  if (!lastFlag) return;
+  __threadfence();
+  const float* base = part + ((size_t)rl * H + h) * S * (hd + 2);
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int s = 0; s < nAct; s++) M = fmaxf(M, __ldcg(base + (size_t)s * (hd + 2)));
+    float L = 0.f;
+    for (int s = 0; s < nAct; s++) {
+      const float* ps = base + (size_t)s * (hd + 2);
+      float l = __ldcg(ps + 1);
+      if (l > 0.f) L += l * expf(__ldcg(ps) - M);
+    }
+    shML[0] = M;
+    shML[1] = L;
+  }
+  __syncthreads();
+  float M = shML[0], L = shML[1];
+  for (int t = threadIdx.x; t < hd; t += blockDim.x) {
+    float a = 0.f;
+    for (int s = 0; s < nAct; s++) {
+      const float* ps = base + (size_t)s * (hd + 2);
+      if (__ldcg(ps + 1) > 0.f) a += __ldcg(ps + 2 + t) * expf(__ldcg(ps) - M);
+    }
+    out[(size_t)r * H * hd + (size_t)h * hd + t] = L > 0.f ? a / L : 0.f;
+  }
+}
+
 template <typename KT>
 __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* kc, const KT* vc, const int* bt,
                                                       const int* rowSeq, const int* positions, float* part, int H,
                                                       int KVH, int hd, int bs, int mbps, int qStride, int qOff,
-                                                      float scale, int chunk, int S, int rowBase) {
+                                                      float scale, int minChunk, int S, int rowBase, float* out,
+                                                      int* counters) {
   __shared__ float shm[ATT_WARPS], shl[ATT_WARPS];
   __shared__ float sha[ATT_WARPS][ATT_MAX_EPL * 32];
   int s = blockIdx.x, h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
@@ -376,12 +527,17 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
   int epl = (hd + 31) >> 5;
   float* dst = part + (((size_t)rl * H + h) * S + s) * (hd + 2);
   int last = positions[r];
+  // Splits are sized from the live length (read here, so a replayed graph adapts every step):
+  // a short context uses few splits of at least minChunk keys, the rest exit at once.
+  int chunk = max(minChunk, (last + S) / S);
+  int nAct = last / chunk + 1;
   int start = s * chunk;
   if (start > last) {
-    if (threadIdx.x == 0) {
+    if (!counters && threadIdx.x == 0) {
       dst[0] = -INFINITY;
       dst[1] = 0.f;
     }
+    if (counters) attnArrive(part, out, counters, rl, r, h, H, hd, S, nAct);
     return;
   }
   int end = min(start + chunk - 1, last);
@@ -438,6 +594,7 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
     dst[0] = M;
     dst[1] = L;
   }
+  if (counters) attnArrive(part, out, counters, rl, r, h, H, hd, S, nAct);
 }
 
 // Exact merge of the split partials (online-softmax combine), one block per (head, row).
@@ -821,28 +978,46 @@ unsigned gridFor(size_t n, int block, int smCount) {
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias) {
-  bool fast = w.dt == NV_BF16 && inDim % 8 == 0 && ((uintptr_t)w.p & 15) == 0 && ((uintptr_t)x & 15) == 0;
+// What fused_matmul adds to a matmul (all off for op matmul).
+struct Fuse {
+  Buf nw{nullptr, 0};
+  float eps = 0.f;
+  bool glu = false;
+  bool accumulate = false;
+};
+
+int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
+             const Fuse& f = Fuse()) {
+  bool nwOk = !f.nw.p || ((f.nw.dt == NV_BF16 || f.nw.dt == NV_F32) && ((uintptr_t)f.nw.p & 15) == 0);
+  bool fast = w.dt == NV_BF16 && inDim % 8 == 0 && ((uintptr_t)w.p & 15) == 0 && ((uintptr_t)x & 15) == 0 && nwOk;
   unsigned gx = (unsigned)((outDim + 3) / 4);
   if (!fast) {
     for (int r0 = 0; r0 < rows; r0 += 65535) {
       int nr = std::min(65535, rows - r0);
       LAUNCH(k_gemv_generic, dim3(gx, nr), 128, 0, x + (size_t)r0 * inDim, w.p, w.dt, out + (size_t)r0 * outDim, nr,
-             inDim, outDim, bias.p, bias.dt);
+             inDim, outDim, bias.p, bias.dt, f.nw.p, f.nw.dt, f.eps, f.glu ? 1 : 0, f.accumulate ? 1 : 0);
     }
     return NERVA_OK;
   }
   // Few outputs (e.g. 1024-wide projections): four warps per output so the GPU fills up.
-  bool split = (size_t)outDim < (size_t)ex->smCount * 16 && inDim >= 1024;
+  bool split = (size_t)outDim * (f.glu ? 2 : 1) < (size_t)ex->smCount * 16 && inDim >= 1024;
   unsigned gs = (unsigned)outDim;
+  int nwbf = f.nw.dt == NV_BF16 ? 1 : 0, acc = f.accumulate ? 1 : 0;
+  bool norm = f.nw.p != nullptr;
   for (int r0 = 0; r0 < rows; r0 += 8) {
     int nr = std::min(8, rows - r0);
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * outDim;
     const uint16_t* wp = (const uint16_t*)w.p;
-#define GEMV_CASE(R)                                                                                  \
-  if (split) LAUNCH((k_gemv_bf16<R, 4>), gs, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt); \
-  else LAUNCH((k_gemv_bf16<R, 1>), gx, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt);
+#define GEMV_K(R, KS, N, G) \
+  LAUNCH((k_gemv_bf16<R, KS, N, G>), KS == 1 ? gx : gs, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc)
+#define GEMV_NG(R, KS)                  \
+  if (norm && f.glu) GEMV_K(R, KS, true, true); \
+  else if (norm) GEMV_K(R, KS, true, false);    \
+  else if (f.glu) GEMV_K(R, KS, false, true);   \
+  else GEMV_K(R, KS, false, false);
+#define GEMV_CASE(R) \
+  if (split) { GEMV_NG(R, 4) } else { GEMV_NG(R, 1) }
     switch (nr) {
       case 1: GEMV_CASE(1) break;
       case 2: GEMV_CASE(2) break;
@@ -851,6 +1026,8 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
       default: GEMV_CASE(8) break;
     }
 #undef GEMV_CASE
+#undef GEMV_NG
+#undef GEMV_K
   }
   return NERVA_OK;
 }
@@ -904,6 +1081,21 @@ int opMatmul(NervaExec* ex, Args& A) {
   return gemvRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
 }
 
+// fused_matmul always runs the GEMV kernels (in chunks of 8 rows): it is meant for decode.
+int opFusedMatmul(NervaExec* ex, Args& A) {
+  Buf x = buf(A), w = buf(A), out = buf(A), bias = buf(A);
+  Fuse f;
+  f.nw = buf(A);
+  int rows = A.num(), inDim = A.num(), outDim = A.num();
+  f.eps = (float)A.next();
+  f.glu = A.num() != 0;
+  f.accumulate = A.num() != 0;
+  if (!A.ok) return bad(ex, "fused_matmul: argument count");
+  if (f.glu && bias.p) return bad(ex, "fused_matmul: bias is not allowed with glu");
+  if (rows <= 0 || outDim <= 0) return NERVA_OK;
+  return gemvRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias, f);
+}
+
 int opAttention(NervaExec* ex, Args& A) {
   Buf q = buf(A), kc = buf(A), vc = buf(A), out = buf(A), bt = buf(A), rowSeq = buf(A), pos = buf(A);
   int rows = A.num(), H = A.num(), KVH = A.num(), hd = A.num(), bs = A.num(), mbps = A.num(), qStride = A.num(),
@@ -928,29 +1120,34 @@ int opAttention(NervaExec* ex, Args& A) {
     else rowChunk = (rowChunk + 1) / 2;
   }
   if ((size_t)rowChunk * H * S * perSplit > ex->wsBytes) return bad(ex, "attention: workspace too small");
-  int chunk = (int)((maxLen + S - 1) / S);
+  (void)maxLen;
+  // At least 32 keys (8 per warp) per split: shorter splits cost more in merging than they save.
+  const int minChunk = 32;
   float* part = (float*)ex->ws;
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     int nr = std::min(rowChunk, rows - r0);
     dim3 grid((unsigned)S, (unsigned)H, (unsigned)nr);
     const float* qp = (const float*)q.p;
     const int *btp = (const int*)bt.p, *rsp = (const int*)rowSeq.p, *pp = (const int*)pos.p;
+    // One kernel when the re-armed counters cover this chunk of rows; else a separate combine.
+    int* cnt = ex->counters && (size_t)nr * H <= ex->counterCount ? ex->counters : nullptr;
     switch (kc.dt) {
       case NV_F32:
         LAUNCH(k_attn_partial<float>, grid, 128, 0, qp, (const float*)kc.p, (const float*)vc.p, btp, rsp, pp, part, H, KVH,
-               hd, bs, mbps, qStride, qOff, scale, chunk, (int)S, r0);
+               hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, (float*)out.p, cnt);
         break;
       case NV_BF16:
         LAUNCH(k_attn_partial<uint16_t>, grid, 128, 0, qp, (const uint16_t*)kc.p, (const uint16_t*)vc.p, btp, rsp, pp,
-               part, H, KVH, hd, bs, mbps, qStride, qOff, scale, chunk, (int)S, r0);
+               part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, (float*)out.p, cnt);
         break;
       case NV_F16:
         LAUNCH(k_attn_partial<__half>, grid, 128, 0, qp, (const __half*)kc.p, (const __half*)vc.p, btp, rsp, pp, part, H,
-               KVH, hd, bs, mbps, qStride, qOff, scale, chunk, (int)S, r0);
+               KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, (float*)out.p, cnt);
         break;
       default: return bad(ex, "attention: unsupported cache dtype");
     }
-    LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, (float*)out.p, H, hd, (int)S, r0);
+    if (!cnt)
+      LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, (float*)out.p, H, hd, (int)S, r0);
   }
   return NERVA_OK;
 }
@@ -1104,6 +1301,21 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (rows <= 0) return NERVA_OK;
       LAUNCH(k_advance_positions, (rows + 127) / 128, 128, 0, (int*)pos.p, (int*)slots.p, (const int*)bt.p,
              (const int*)rowSeq.p, rows, bs, mbps);
+      return NERVA_OK;
+    }
+    case OP_FUSED_MATMUL: return opFusedMatmul(ex, A);
+    case OP_ROPE_APPEND: {
+      Buf x = buf(A), pos = buf(A), inv = buf(A), slots = buf(A), kc = buf(A), vc = buf(A), qn = buf(A), kn = buf(A);
+      int rows = A.num(), nq = A.num(), nkv = A.num(), hd = A.num(), rowStride = A.num();
+      float eps = (float)A.next();
+      if (!A.ok) return bad(ex, "rope_append: argument count");
+      if (hd % 2 != 0 || hd > 2048) return bad(ex, "rope_append: headDim must be even and at most 2048");
+      if (kc.dt != vc.dt) return bad(ex, "rope_append: kCache and vCache dtypes differ");
+      if (qn.p && kn.p && qn.dt != kn.dt) return bad(ex, "rope_append: qNorm and kNorm dtypes differ");
+      if (rows <= 0) return NERVA_OK;
+      int ndt = qn.p ? qn.dt : kn.dt;
+      LAUNCH(k_rope_append, dim3(rows, nq + nkv), ((hd / 2 + 31) / 32) * 32, 0, (float*)x.p, (const int*)pos.p,
+             (const float*)inv.p, qn.p, kn.p, ndt, nq, hd, rowStride, eps, (const int*)slots.p, kc.p, vc.p, kc.dt, nkv);
       return NERVA_OK;
     }
     default: return bad(ex, "unknown op code");

@@ -26,6 +26,8 @@ enum NervaOp {
   OP_SAMPLE,
   OP_RING_PUSH,
   OP_ADVANCE_POSITIONS,
+  OP_FUSED_MATMUL,
+  OP_ROPE_APPEND,
   OP_COUNT
 };
 
@@ -71,6 +73,10 @@ struct NervaExec {
   void* cublas = nullptr;
   const CublasApi* api = nullptr;
   int gemmMode = GEMM_GEMV;
+  // Zeroed int counters (one per (row, head) of an attention call) for the split-KV combine done
+  // by the last block of each head; every user leaves them zero again.
+  int* counters = nullptr;
+  size_t counterCount = 0;
   // Error detail for a failure (which call, or why the arguments were rejected).
   char errCall[160] = {0};
 };

@@ -218,6 +218,37 @@ export class OpEncoder {
         this.num(rows); this.num(bs); this.num(mbps);
         return;
       }
+      case 'fused_matmul': {
+        const rows = c('rows'), inDim = c('inDim', 1), outDim = c('outDim', 1);
+        const glu = x.glu === true;
+        const eps = x.eps === undefined ? 1e-6 : (x.eps as number);
+        if (!(eps >= 0)) this.fail(`eps must be >= 0, got ${eps}`);
+        if (glu && B('bias')) this.fail('bias is not allowed with glu');
+        this.buf('x', B('x'), rows * inDim, FLOAT);
+        this.buf('weight', B('weight'), (glu ? 2 : 1) * outDim * inDim, WEIGHT);
+        this.buf('out', B('out'), rows * outDim, FLOAT);
+        this.optBuf('bias', B('bias'), outDim, WEIGHT);
+        this.optBuf('normWeight', B('normWeight'), inDim, WEIGHT);
+        this.num(rows); this.num(inDim); this.num(outDim); this.num(eps); this.num(glu ? 1 : 0); this.num(x.accumulate === true ? 1 : 0);
+        return;
+      }
+      case 'rope_append': {
+        const rows = c('rows'), nq = c('numHeads', 1), nkv = c('numKvHeads', 1), hd = c('headDim', 2), stride = c('rowStride', 1);
+        if (hd % 2 !== 0) this.fail(`headDim must be even, got ${hd}`);
+        if ((nq + 2 * nkv) * hd > stride) this.fail(`q, k and v heads need ${(nq + 2 * nkv) * hd} elements, rowStride is ${stride}`);
+        const eps = x.eps === undefined ? 1e-6 : (x.eps as number);
+        if (!(eps >= 0)) this.fail(`eps must be >= 0, got ${eps}`);
+        this.buf('qkv', B('qkv'), rows > 0 ? (rows - 1) * stride + (nq + 2 * nkv) * hd : 0, FLOAT);
+        this.buf('positions', B('positions'), rows, INT);
+        this.buf('invFreq', B('invFreq'), hd / 2, FLOAT);
+        this.buf('slots', B('slots'), rows, INT);
+        this.buf('kCache', B('kCache'), nkv * hd, WEIGHT);
+        this.buf('vCache', B('vCache'), nkv * hd, WEIGHT);
+        this.optBuf('qNorm', B('qNorm'), hd, WEIGHT);
+        this.optBuf('kNorm', B('kNorm'), hd, WEIGHT);
+        this.num(rows); this.num(nq); this.num(nkv); this.num(hd); this.num(stride); this.num(eps);
+        return;
+      }
       default:
         this.fail('unknown op');
     }

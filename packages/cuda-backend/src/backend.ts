@@ -93,6 +93,9 @@ class CudaBuffer implements DeviceBuffer {
   ) {}
 }
 
+/** Writes up to this size to device memory are staged (non-blocking); larger ones synchronize. */
+export const STAGED_WRITE_MAX_BYTES = 1 << 20;
+
 /**
  * The CUDA implementation of the backend contract. Memory is reserved at creation (a device
  * arena and a mapped pinned-host arena); alloc/free only move offsets. Ops are enqueued on CUDA
@@ -219,11 +222,17 @@ export class CudaBackend implements DeviceBackend {
     else if ((e.dtype === 'bf16' || e.dtype === 'f16') && src instanceof Float32Array) data = encodeHalf(e.dtype, src);
     else throw new CudaArgumentError('write', `a ${src.constructor.name} cannot be written to a ${e.dtype} buffer`);
     if (data.byteLength === 0) return;
+    // Small writes to device memory go through the pinned staging ring and do not block the host
+    // (ordered on the default stream, like ops run without a stream). Writes to pinned buffers
+    // stay synchronous: the host may read them directly right after.
+    const staged = buf.tier === 'vram' && data.byteLength <= STAGED_WRITE_MAX_BYTES;
+    let waited: boolean;
     try {
-      this.ctx.write(e.addr + offset * DTYPE_BYTES[e.dtype], data, 0);
+      waited = this.ctx.write(e.addr + offset * DTYPE_BYTES[e.dtype], data, 0, staged);
     } catch (err) {
       throw fromNative(err, 'write');
     }
+    if (waited) this.syncs.hard++;
     if (buf.tier === 'vram') this.h2d += data.byteLength;
   }
 

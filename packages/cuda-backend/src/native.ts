@@ -42,7 +42,8 @@ export interface NativeContext {
   pinnedArrayBuffer(): ArrayBuffer;
   launch(op: number, args: Float64Array, nargs: number, stream: number): void;
   copy(dst: number, src: number, bytes: number, stream: number): void;
-  write(dst: number, data: ArrayBufferView, stream: number): void;
+  /** Returns whether the host waited for the device (a large or unstaged write, or a full ring). */
+  write(dst: number, data: ArrayBufferView, stream: number, staged?: boolean): boolean;
   read(src: number, bytes: number): ArrayBuffer;
   createStream(): number;
   destroyStream(id: number): void;

@@ -88,7 +88,7 @@ describe('OpenAI client against a live server', () => {
     const second = await client.completions.create({ model: MODEL, prompt: 'KING:', max_tokens: 6, seed: 12, ignore_eos: true, return_token_ids: true } as any);
     expect((second.choices[0] as any).token_ids).toEqual((r.choices[1] as any).token_ids);
     expect(r.usage!.completion_tokens).toBe(18);
-    const stopped = await client.completions.create({ model: MODEL, prompt: 'KING:', max_tokens: 40, temperature: 0, ignore_eos: true, stop: ['\n'] });
+    const stopped = await client.completions.create({ model: MODEL, prompt: 'KING:', max_tokens: 40, temperature: 0, ignore_eos: true, stop: ['\n'] } as any);
     expect(stopped.choices[0].text).not.toContain('\n');
     expect(stopped.choices[0].finish_reason).toBe('stop');
   });

@@ -6,6 +6,7 @@ import { advancePositions } from './advance-positions.js';
 import { argmax } from './argmax.js';
 import { attention } from './attention.js';
 import { embedding } from './embedding.js';
+import { fusedMatmul } from './fused-matmul.js';
 import { gatherRows } from './gather-rows.js';
 import { kvAppend } from './kv-append.js';
 import { matmul } from './matmul.js';
@@ -14,6 +15,7 @@ import { moeRoute } from './moe-route.js';
 import { rmsnorm } from './rmsnorm.js';
 import { ringPush } from './ring-push.js';
 import { rope } from './rope.js';
+import { ropeAppend } from './rope-append.js';
 import { sample } from './sample.js';
 import { siluMul } from './silu-mul.js';
 
@@ -35,6 +37,8 @@ export const KERNELS: { readonly [K in OpName]: Kernel<K> } = {
   sample,
   ring_push: ringPush,
   advance_positions: advancePositions,
+  fused_matmul: fusedMatmul,
+  rope_append: ropeAppend,
 };
 
 export { DEFAULT_QK_NORM_EPS } from './rope.js';

@@ -1,0 +1,105 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { DEFAULT_CONFIG } from '../src/config.js';
+import { startServer, type RunningServer } from '../src/server.js';
+import { MODEL, parseSse, waitAllFree } from './helpers.js';
+
+let server: RunningServer;
+afterAll(async () => {
+  await server?.shutdown();
+});
+
+const post = (path: string, body: unknown) =>
+  fetch(server.url + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+
+/** The value of one sample line of the Prometheus text, by its exact name+labels prefix. */
+function sample(text: string, prefix: string): number {
+  const line = text.split('\n').find((l) => l.startsWith(prefix));
+  if (!line) throw new Error(`no metric line starting with ${prefix}`);
+  return Number(line.slice(line.lastIndexOf(' ') + 1));
+}
+
+describe('operations', () => {
+  it('/health is 503 while the model loads (the port is open first), 200 when ready', async () => {
+    server = await startServer({ ...DEFAULT_CONFIG, port: 0, backend: 'cpu' });
+    const early = await fetch(`${server.url}/health`);
+    expect(early.status).toBe(503);
+    expect(await early.json()).toEqual({ status: 'loading' });
+    const gen = await post('/v1/completions', { model: MODEL, prompt: 'x' });
+    expect([503, 200]).toContain(gen.status);
+    await server.ready;
+    expect((await fetch(`${server.url}/health`)).status).toBe(200);
+  });
+
+  it('/v1/memory reports weights and KV tiers', async () => {
+    const m = (await (await fetch(`${server.url}/v1/memory`)).json()) as Record<string, any>;
+    expect(m.weights_bytes).toBeGreaterThan(1_000_000);
+    expect(m.kv_blocks_total).toBeGreaterThan(0);
+    expect(m.kv_blocks_free).toBe(m.kv_blocks_total);
+    expect(m.tiers[0]).toMatchObject({ tier: 'dram', weights_bytes: m.weights_bytes, kv_cache_bytes: m.kv_cache_bytes, kv_used_bytes: 0 });
+  });
+
+  it('/metrics carries the nerva: names with values that match the traffic', async () => {
+    const N = 5;
+    let completion = 0;
+    for (let i = 0; i < N; i++) {
+      const r = (await (await post('/v1/completions', { model: MODEL, prompt: `Line ${i}`, max_tokens: 4, ignore_eos: true, nerva: { ledger: true } })).json()) as any;
+      completion += r.usage.completion_tokens;
+      expect(r.choices[0].nerva_ledger.tokens).toBe(4);
+    }
+    await waitAllFree(server.url);
+    const text = await (await fetch(`${server.url}/metrics`)).text();
+    for (const name of [
+      'num_requests_running',
+      'num_requests_waiting',
+      'kv_cache_usage_perc',
+      'prefix_cache_queries',
+      'prefix_cache_hits',
+      'num_preemptions',
+      'prompt_tokens',
+      'generation_tokens',
+      'request_success',
+      'time_to_first_token_seconds',
+      'inter_token_latency_seconds',
+      'e2e_request_latency_seconds',
+      'request_queue_time_seconds',
+      'request_prefill_time_seconds',
+      'request_decode_time_seconds',
+      'request_prompt_tokens',
+      'request_generation_tokens',
+      'iteration_tokens_total',
+    ]) {
+      expect(text, name).toMatch(new RegExp(`^# TYPE nerva:${name}`, 'm'));
+    }
+    const m = `{model_name="${MODEL}"}`;
+    expect(sample(text, `nerva:request_success_total{finished_reason="length",model_name="${MODEL}"}`)).toBe(N);
+    expect(sample(text, `nerva:generation_tokens_total${m}`)).toBe(completion);
+    expect(sample(text, `nerva:time_to_first_token_seconds_count${m}`)).toBe(N);
+    expect(sample(text, `nerva:inter_token_latency_seconds_count${m}`)).toBe(N * 3);
+    expect(sample(text, `nerva:request_generation_tokens_sum${m}`)).toBe(completion);
+    expect(sample(text, `nerva:num_requests_running${m}`)).toBe(0);
+    expect(sample(text, `nerva:kv_cache_usage_perc${m}`)).toBe(0);
+    expect(sample(text, `nerva:prompt_tokens_total${m}`)).toBeGreaterThanOrEqual(N);
+    const e2e = sample(text, `nerva:e2e_request_latency_seconds_sum${m}`);
+    expect(e2e).toBeGreaterThan(0);
+    expect(e2e).toBeLessThan(60);
+  });
+
+  it('shutdown drains: an in-flight stream finishes, new requests are refused, then the port closes', async () => {
+    const streaming = post('/v1/completions', { model: MODEL, prompt: 'Exeunt', max_tokens: 12, ignore_eos: true, stream: true });
+    // Wait until the request is admitted before shutting down.
+    while (server.state.admission!.inFlight === 0) await new Promise((r) => setTimeout(r, 5));
+    const res = await streaming;
+    const closing = server.shutdown();
+    const refused = await post('/v1/completions', { model: MODEL, prompt: 'x', max_tokens: 1 }).then(
+      (r) => r.status,
+      () => 'connection refused',
+    );
+    expect([503, 'connection refused']).toContain(refused);
+    const evs = parseSse(await res.text());
+    expect(evs.at(-1)).toBe('[DONE]');
+    const finish = evs.flatMap((e) => (e === '[DONE]' ? [] : e.choices)).find((c: any) => c.finish_reason);
+    expect(finish.finish_reason).toBe('length');
+    await closing;
+    await expect(fetch(`${server.url}/health`)).rejects.toThrow();
+  });
+});
