@@ -117,7 +117,13 @@ export async function startServer(config: ServerConfig, o: { log?: (line: string
         if (timedOut) await state.engine?.dispose();
       }
       await ready.catch(() => {});
-      await closed;
+      // Connections that finished a response stay open as keep-alive; close them as they go idle.
+      const sweep = setInterval(() => app.server.closeIdleConnections(), 50);
+      try {
+        await closed;
+      } finally {
+        clearInterval(sweep);
+      }
       metrics.detach();
       await state.engine?.dispose();
     })();

@@ -3,21 +3,24 @@ import type { RunningServer } from '../src/server.js';
 import { MODEL, parseSse, startTestServer, waitAllFree } from './helpers.js';
 
 let server: RunningServer;
+let impatient: RunningServer;
 beforeAll(async () => {
-  // Capacity: 2 running + 2 queued; a 1 s request timeout.
-  server = await startTestServer({ maxNumSeqs: 2, maxQueue: 2, requestTimeoutS: 1 });
+  // Capacity: 2 running + 2 queued.
+  server = await startTestServer({ maxNumSeqs: 2, maxQueue: 2 });
+  // A 1 s request timeout (a server of its own, so slow CI cannot time out the overload test).
+  impatient = await startTestServer({ requestTimeoutS: 1 });
 });
 afterAll(async () => {
-  await server?.shutdown();
+  await Promise.all([server?.shutdown(), impatient?.shutdown()]);
 });
 
-const post = (path: string, body: unknown) =>
-  fetch(server.url + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+const post = (path: string, body: unknown, on = server) =>
+  fetch(on.url + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
 
 describe('backpressure', () => {
   it('past the queue cap: 429 with Retry-After in OpenAI shape, and the admitted requests finish', async () => {
     const rs = await Promise.all(
-      Array.from({ length: 12 }, (_, i) => post('/v1/completions', { model: MODEL, prompt: `Act ${i}`, max_tokens: 6, ignore_eos: true, seed: i, stream: i % 2 === 0 })),
+      Array.from({ length: 12 }, (_, i) => post('/v1/completions', { model: MODEL, prompt: `Act ${i}`, max_tokens: 12, ignore_eos: true, seed: i, stream: i % 2 === 0 })),
     );
     const ok = rs.filter((r) => r.status === 200);
     const limited = rs.filter((r) => r.status === 429);
@@ -38,7 +41,7 @@ describe('backpressure', () => {
         expect(last.choices[0].finish_reason).toBe('length');
       } else {
         const body = (await r.json()) as { usage: { completion_tokens: number } };
-        expect(body.usage.completion_tokens).toBe(6);
+        expect(body.usage.completion_tokens).toBe(12);
       }
     }
     // n counts against capacity: more samples than the server can ever hold is a 400.
@@ -49,15 +52,15 @@ describe('backpressure', () => {
 
   it('request timeout: 408 in OpenAI shape, an error event in a stream; the blocks are freed', async () => {
     const slow = { model: MODEL, prompt: 'A long speech:', max_tokens: 900, ignore_eos: true };
-    const r = await post('/v1/completions', slow);
+    const r = await post('/v1/completions', slow, impatient);
     expect(r.status).toBe(408);
     expect(((await r.json()) as { error: unknown }).error).toMatchObject({ type: 'timeout_error', code: 'request_timeout' });
-    const s = await post('/v1/completions', { ...slow, stream: true });
+    const s = await post('/v1/completions', { ...slow, stream: true }, impatient);
     expect(s.status).toBe(200);
     const evs = parseSse(await s.text());
     expect(evs.at(-1)).toBe('[DONE]');
     expect(evs.at(-2)).toMatchObject({ error: { type: 'timeout_error', code: 'request_timeout' } });
-    const m = await waitAllFree(server.url);
+    const m = await waitAllFree(impatient.url);
     expect(m.kv_blocks_used).toBe(0);
     expect(m.kv_invariants).toBe('ok');
   });
