@@ -257,4 +257,13 @@ describe('streams, events, syncs, lifetime', () => {
     be.destroyGraph(g);
     expect(() => be.replay(g)).toThrow(UnknownHandleError);
   });
+  it('fused ops reject bad arguments with OpArgumentError and leave their buffers untouched', () => {
+    const x = upload(be, new Float32Array(8).fill(1)), w = zeros(be, 2 * 4 * 8), out = zeros(be, 4), bias = zeros(be, 4);
+    expect(thrown(() => be.run('fused_matmul', { x, weight: w, out, bias, rows: 1, inDim: 8, outDim: 4, glu: true }))).toBeInstanceOf(OpArgumentError);
+    const qkv = upload(be, new Float32Array(2 * 16).fill(0.5)), pos = upload(be, new Int32Array([3, 4])), inv = upload(be, new Float32Array([1, 0.1]));
+    const kc = zeros(be, 4 * 4), vc = zeros(be, 4 * 4), badSlots = upload(be, new Int32Array([0, 99]));
+    const args = { qkv, positions: pos, invFreq: inv, slots: badSlots, kCache: kc, vCache: vc, rows: 2, numHeads: 2, numKvHeads: 1, headDim: 4 };
+    expect(thrown(() => be.run('rope_append', { ...args, rowStride: 15 }))).toBeInstanceOf(OpArgumentError);
+    expect(Array.from(be.read(qkv))).toEqual(new Array(32).fill(0.5));
+  });
 });

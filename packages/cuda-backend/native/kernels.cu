@@ -490,27 +490,22 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
   if (!lastFlag) return;
   __threadfence();
   const float* base = part + ((size_t)rl * H + h) * S * (hd + 2);
-  // (m, l) of the live splits, reduced by the whole block (nAct may be in the tens).
-  __shared__ float shRed[32];
-  float m = -INFINITY;
-  for (int s = threadIdx.x; s < nAct; s += blockDim.x) m = fmaxf(m, __ldcg(base + (size_t)s * (hd + 2)));
-  float M0 = blockMax(m, shRed);
-  float l = 0.f;
-  for (int s = threadIdx.x; s < nAct; s += blockDim.x) {
-    const float* ps = base + (size_t)s * (hd + 2);
-    float ls = __ldcg(ps + 1);
-    if (ls > 0.f) l += ls * expf(__ldcg(ps) - M0);
-  }
-  float L0 = blockSum(l, shRed);
   if (threadIdx.x == 0) {
-    shML[0] = M0;
-    shML[1] = L0;
+    float M = -INFINITY;
+    for (int s = 0; s < nAct; s++) M = fmaxf(M, __ldcg(base + (size_t)s * (hd + 2)));
+    float L = 0.f;
+    for (int s = 0; s < nAct; s++) {
+      const float* ps = base + (size_t)s * (hd + 2);
+      float l = __ldcg(ps + 1);
+      if (l > 0.f) L += l * expf(__ldcg(ps) - M);
+    }
+    shML[0] = M;
+    shML[1] = L;
   }
   __syncthreads();
   float M = shML[0], L = shML[1];
   for (int t = threadIdx.x; t < hd; t += blockDim.x) {
     float a = 0.f;
-#pragma unroll 4
     for (int s = 0; s < nAct; s++) {
       const float* ps = base + (size_t)s * (hd + 2);
       if (__ldcg(ps + 1) > 0.f) a += __ldcg(ps + 2 + t) * expf(__ldcg(ps) - M);
@@ -1126,9 +1121,8 @@ int opAttention(NervaExec* ex, Args& A) {
   }
   if ((size_t)rowChunk * H * S * perSplit > ex->wsBytes) return bad(ex, "attention: workspace too small");
   (void)maxLen;
-  // At least 8 keys (2 per warp) per split: the per-key loop is latency bound (dependent block
-  // table and cache loads), so short contexts go wide rather than deep.
-  const int minChunk = 8;
+  // At least 32 keys (8 per warp) per split: shorter splits measured slower (more merging).
+  const int minChunk = 32;
   float* part = (float*)ex->ws;
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     int nr = std::min(rowChunk, rows - r0);

@@ -35,6 +35,28 @@ describe('OpEncoder', () => {
     ]);
   });
 
+  it('packs fused_matmul (norm weight, eps, glu, accumulate) and sizes a glu weight as 2*outDim rows', () => {
+    const x = buf('f32', 64), w = buf('bf16', 2 * 16 * 64), out = buf('f32', 16), nw = buf('bf16', 64);
+    enc.encode('fused_matmul', { x, weight: w, out, rows: 1, inDim: 64, outDim: 16, normWeight: nw, eps: 1e-5, glu: true });
+    const a = Array.from(enc.args.subarray(0, enc.n));
+    expect(a.slice(6)).toEqual([0, 0, resolved.get(nw.id)!.addr, 1, 1, 64, 16, 1e-5, 1, 0]);
+    const short = buf('bf16', 16 * 64);
+    expect(() => enc.encode('fused_matmul', { x, weight: short, out, rows: 1, inDim: 64, outDim: 16, glu: true })).toThrow(/weight needs 2048 elements/);
+    const bias = buf('f32', 16);
+    expect(() => enc.encode('fused_matmul', { x, weight: w, out, bias, rows: 1, inDim: 64, outDim: 16, glu: true })).toThrow(CudaArgumentError);
+  });
+
+  it('packs rope_append and rejects a row stride too small for q, k and v', () => {
+    const qkv = buf('f32', 2 * 64), pos = buf('i32', 2), inv = buf('f32', 4), slots = buf('i32', 2);
+    const kc = buf('f32', 16 * 8), vc = buf('f32', 16 * 8);
+    enc.encode('rope_append', { qkv, positions: pos, invFreq: inv, slots, kCache: kc, vCache: vc, rows: 2, numHeads: 4, numKvHeads: 2, headDim: 8, rowStride: 64 });
+    const a = Array.from(enc.args.subarray(0, enc.n));
+    expect(a.slice(12)).toEqual([0, 0, 0, 0, 2, 4, 2, 8, 64, 1e-6]);
+    expect(() =>
+      enc.encode('rope_append', { qkv, positions: pos, invFreq: inv, slots, kCache: kc, vCache: vc, rows: 2, numHeads: 4, numKvHeads: 2, headDim: 8, rowStride: 63 }),
+    ).toThrow(/rowStride is 63/);
+  });
+
   it('rejects short buffers, wrong dtypes and bad attributes with CudaArgumentError', () => {
     const x = buf('f32', 10), w = buf('bf16', 10), ids = buf('f32', 2), out = buf('f32', 10);
     expect(() => enc.encode('matmul', { x, weight: w, out, rows: 1, inDim: 4, outDim: 4 })).toThrow(/weight needs 16 elements, has 10/);

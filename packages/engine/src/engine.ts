@@ -8,7 +8,8 @@ import { HostSampler } from './host-sampler.js';
 import { ModelRunner } from './model-runner.js';
 import { freeWeights, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';
-import { isDeviceSamplable, resolveSamplingParams, type SamplingParams, InvalidParamsError } from './sampling-params.js';
+import { type RequestLimits, validateRequest } from './request-validation.js';
+import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
 
@@ -250,6 +251,17 @@ export class Engine {
     }
   }
 
+  /** What requests are validated against (also shipped to worker proxies). */
+  get limits(): RequestLimits {
+    return {
+      vocabSize: this.spec.vocabSize,
+      maxModelLen: this.maxModelLen,
+      numBlocks: this.runner.limits.numBlocks,
+      blockSize: this.kv.blockSize,
+      hasTokenizer: this.tokenizer !== undefined,
+    };
+  }
+
   get numBlocks(): number {
     return this.runner.limits.numBlocks;
   }
@@ -285,21 +297,8 @@ export class Engine {
   submit(prompt: string | readonly number[], o: GenerateOptions = {}): RequestHandle {
     if (this.disposed) throw new EngineError('DISPOSED', 'engine is disposed');
     const ids = typeof prompt === 'string' ? this.encode(prompt) : [...prompt];
-    if (ids.length === 0) throw new InvalidParamsError('prompt', 'must contain at least one token');
-    for (const t of ids) {
-      if (!Number.isInteger(t) || t < 0 || t >= this.spec.vocabSize) throw new InvalidParamsError('prompt', `token id ${t} outside [0, ${this.spec.vocabSize})`);
-    }
-    if (ids.length >= this.maxModelLen) {
-      throw new InvalidParamsError('prompt', `${ids.length} tokens leave no room under max_model_len ${this.maxModelLen}`);
-    }
-    const params = resolveSamplingParams(o, { maxTokens: this.maxModelLen - ids.length, vocabSize: this.spec.vocabSize });
-    const needBlocks = Math.ceil((ids.length + params.maxTokens) / this.kv.blockSize);
-    if (needBlocks > this.runner.limits.numBlocks - 1) {
-      throw new InvalidParamsError('max_tokens', `prompt + max_tokens need ${needBlocks} KV blocks, the cache has ${this.runner.limits.numBlocks - 1}`);
-    }
-    if (params.stop.length > 0 && !this.tokenizer) throw new InvalidParamsError('stop', 'stop strings need a tokenizer');
+    const params = validateRequest(this.limits, ids, o);
     const priority = o.priority ?? 0;
-    if (!Number.isInteger(priority)) throw new InvalidParamsError('priority', 'must be an integer');
     if (o.signal?.aborted) throw o.signal.reason ?? new EngineError('ABORTED', 'aborted');
 
     const req = new Request(this.nextId++, ids, params, priority, o.cacheSalt, performance.now());
@@ -310,15 +309,7 @@ export class Engine {
     for (const n of this.notes) ledger.note(n);
     const live: Live = { req, stream, resolve, text: '', emitted: 0, ledger, wantPromptLogits: Boolean(o.returnPromptLogits) };
     if (o.returnStepLogits) live.stepLogits = [];
-    if (o.forceTokens) {
-      if (o.forceTokens.length === 0 || o.forceTokens.length > params.maxTokens) {
-        throw new InvalidParamsError('force_tokens', `must hold 1..${params.maxTokens} tokens`);
-      }
-      for (const t of o.forceTokens) {
-        if (!Number.isInteger(t) || t < 0 || t >= this.spec.vocabSize) throw new InvalidParamsError('force_tokens', `token id ${t} outside [0, ${this.spec.vocabSize})`);
-      }
-      live.forced = [...o.forceTokens];
-    }
+    if (o.forceTokens) live.forced = [...o.forceTokens];
     if (this.tokenizer) live.detok = createDetokenizer(this.tokenizer);
     this.live.set(req.id, live);
     if (o.signal) {

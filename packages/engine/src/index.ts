@@ -4,6 +4,7 @@ export * from './host-sampler.js';
 export * from './model-runner.js';
 export * from './model-weights.js';
 export * from './request.js';
+export * from './request-validation.js';
 export * from './sampling-params.js';
 export * from './scheduler.js';
 export * from './token-stream.js';

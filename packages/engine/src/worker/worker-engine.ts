@@ -6,7 +6,8 @@ import { Worker } from 'node:worker_threads';
 import { NervaTokenizer } from '@nerva/models';
 import { EngineError, type StepSignals } from '../engine.js';
 import type { TokenEvent } from '../request.js';
-import { InvalidParamsError, resolveSamplingParams } from '../sampling-params.js';
+import { validateRequest } from '../request-validation.js';
+import { InvalidParamsError } from '../sampling-params.js';
 import { TokenStream } from '../token-stream.js';
 import type {
   FromWorker,
@@ -247,17 +248,7 @@ export class WorkerEngine {
   }
 
   private validate(ids: number[], o: WorkerGenerateOptions): void {
-    const { vocabSize, maxModelLen, numBlocks, blockSize } = this.info;
-    if (ids.length === 0) throw new InvalidParamsError('prompt', 'must contain at least one token');
-    for (const t of ids) {
-      if (!Number.isInteger(t) || t < 0 || t >= vocabSize) throw new InvalidParamsError('prompt', `token id ${t} outside [0, ${vocabSize})`);
-    }
-    if (ids.length >= maxModelLen) throw new InvalidParamsError('prompt', `${ids.length} tokens leave no room under max_model_len ${maxModelLen}`);
-    const params = resolveSamplingParams(o, { maxTokens: maxModelLen - ids.length, vocabSize });
-    const need = Math.ceil((ids.length + params.maxTokens) / blockSize);
-    if (need > numBlocks - 1) throw new InvalidParamsError('max_tokens', `prompt + max_tokens need ${need} KV blocks, the cache has ${numBlocks - 1}`);
-    if (params.stop.length > 0 && !this.info.hasTokenizer) throw new InvalidParamsError('stop', 'stop strings need a tokenizer');
-    if (o.priority !== undefined && !Number.isInteger(o.priority)) throw new InvalidParamsError('priority', 'must be an integer');
+    validateRequest({ ...this.info, hasTokenizer: this.info.hasTokenizer }, ids, o);
   }
 
   private query(what: 'stats' | 'checkInvariants'): Promise<unknown> {

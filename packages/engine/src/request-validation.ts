@@ -1,0 +1,42 @@
+import { InvalidParamsError, resolveSamplingParams, type ResolvedSamplingParams, type SamplingParams } from './sampling-params.js';
+
+/** What a request is checked against: facts of the loaded model and its KV cache. */
+export interface RequestLimits {
+  vocabSize: number;
+  maxModelLen: number;
+  numBlocks: number;
+  blockSize: number;
+  hasTokenizer: boolean;
+}
+
+export interface RequestCheckOptions extends SamplingParams {
+  priority?: number;
+  forceTokens?: readonly number[];
+}
+
+/**
+ * Every check a request passes before it is queued, in one place (the in-process engine and the
+ * worker proxy both call it): throws InvalidParamsError naming the field, changes nothing.
+ */
+export function validateRequest(limits: RequestLimits, ids: readonly number[], o: RequestCheckOptions): ResolvedSamplingParams {
+  const { vocabSize, maxModelLen, numBlocks, blockSize } = limits;
+  if (ids.length === 0) throw new InvalidParamsError('prompt', 'must contain at least one token');
+  for (const t of ids) {
+    if (!Number.isInteger(t) || t < 0 || t >= vocabSize) throw new InvalidParamsError('prompt', `token id ${t} outside [0, ${vocabSize})`);
+  }
+  if (ids.length >= maxModelLen) throw new InvalidParamsError('prompt', `${ids.length} tokens leave no room under max_model_len ${maxModelLen}`);
+  const params = resolveSamplingParams(o, { maxTokens: maxModelLen - ids.length, vocabSize });
+  const need = Math.ceil((ids.length + params.maxTokens) / blockSize);
+  if (need > numBlocks - 1) throw new InvalidParamsError('max_tokens', `prompt + max_tokens need ${need} KV blocks, the cache has ${numBlocks - 1}`);
+  if (params.stop.length > 0 && !limits.hasTokenizer) throw new InvalidParamsError('stop', 'stop strings need a tokenizer');
+  if (o.priority !== undefined && !Number.isInteger(o.priority)) throw new InvalidParamsError('priority', 'must be an integer');
+  if (o.forceTokens !== undefined) {
+    if (o.forceTokens.length === 0 || o.forceTokens.length > params.maxTokens) {
+      throw new InvalidParamsError('force_tokens', `must hold 1..${params.maxTokens} tokens`);
+    }
+    for (const t of o.forceTokens) {
+      if (!Number.isInteger(t) || t < 0 || t >= vocabSize) throw new InvalidParamsError('force_tokens', `token id ${t} outside [0, ${vocabSize})`);
+    }
+  }
+  return params;
+}
