@@ -4,6 +4,7 @@
 #include <napi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -122,6 +123,12 @@ class Context : public Napi::ObjectWrap<Context> {
     CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
     streams_.push_back(s0);
 
+    // Programmatic dependent launch: Hopper and later, kernels built with their PDL waits,
+    // unless NERVA_PDL=0 (an escape hatch and the A/B switch for benchmarks).
+    const char* pdlEnv = std::getenv("NERVA_PDL");
+    bool pdlOff = pdlEnv && std::strcmp(pdlEnv, "0") == 0;
+    ex_.pdl = prop_.major >= 9 && !pdlOff && nerva_pdl_compiled();
+
     ex_.gemmMode = GEMM_GEMV;
     if (gemmMode != GEMM_GEMV) {
       char why[256] = {0};
@@ -220,6 +227,7 @@ class Context : public Napi::ObjectWrap<Context> {
     o.Set("gemm", ex_.gemmMode == GEMM_SPLIT_BF16 ? "cublas-split-bf16" : ex_.gemmMode == GEMM_BF16 ? "cublas-bf16" : "gemv");
     o.Set("cublas", api_.lib ? api_.libName : "");
     o.Set("cublasNote", blasNote_);
+    o.Set("pdl", ex_.pdl);
     return o;
   }
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace {
 
@@ -49,6 +50,32 @@ __device__ __forceinline__ void stf(void* p, int dt, size_t i, float v) {
     default: ((int*)p)[i] = (int)v; break;
   }
 }
+
+// Programmatic dependent launch (sm_90+). Every kernel is launched with programmatic stream
+// serialization when the context enables it (NervaExec::pdl), so a kernel may start while the
+// one before it in the stream is still running. Hence every kernel calls pdlWait() before it
+// reads or writes anything another kernel touches (inputs, outputs, counters, host-visible
+// rings), and only work on immutable data (weights) may come before it. griddepcontrol.wait
+// returns once the previous grid has completed and its writes are visible; since every kernel
+// waits, completion is transitive down the stream. pdlTrigger() lets the next kernel's blocks be
+// scheduled now (onto free SM slots, where they prefetch their weights) instead of at our exit.
+// Without the launch attribute (older archs, PDL off) both are no-ops.
+__device__ __forceinline__ void pdlWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdlTrigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// The entry of every kernel that has nothing to prefetch.
+#define PDL_ENTER() \
+  do {              \
+    pdlWait();      \
+    pdlTrigger();   \
+  } while (0)
 
 __device__ __forceinline__ float warpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -127,12 +154,14 @@ __device__ int blockArgmax(const float* L, int vocab, float* shv, int* shi) {
 // ---------------------------------------------------------------- simple ops
 
 __global__ void k_embedding(const void* table, int tdt, const int* ids, float* out, int hidden) {
+  PDL_ENTER();
   int r = blockIdx.x;
   size_t id = (size_t)ids[r];
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[(size_t)r * hidden + i] = ldf(table, tdt, id * hidden + i);
 }
 
 __global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, float* residual, int dim, float eps) {
+  PDL_ENTER();
   __shared__ float sh[32];
   int r = blockIdx.x;
   const float* xr = x + (size_t)r * dim;
@@ -157,6 +186,7 @@ __global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, fl
 // reference compute it); cos/sin of it are then taken in float64.
 __global__ void k_rope(float* x, const int* positions, const float* invFreq, const void* nw, int nwdt, int headDim,
                        int rowStride, int headOffset, float eps) {
+  PDL_ENTER();
   __shared__ float sh[32];
   int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = headDim / 2;
   bool act = i < half;  // the block is rounded up to whole warps for the shuffles
@@ -183,6 +213,7 @@ __global__ void k_rope(float* x, const int* positions, const float* invFreq, con
 __global__ void k_rope_append(float* x, const int* positions, const float* invFreq, const void* qn, const void* kn,
                               int ndt, int nq, int headDim, int rowStride, float eps, const int* slots, void* kc, void* vc,
                               int cdt, int nkv) {
+  PDL_ENTER();
   __shared__ float sh[32];
   int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = headDim / 2;
   bool isK = h >= nq;
@@ -219,6 +250,7 @@ __global__ void k_rope_append(float* x, const int* positions, const float* invFr
 
 __global__ void k_kv_append(const float* src, void* kc, void* vc, int cdt, const int* slots, int width, int rowStride,
                             int kOff, int vOff) {
+  PDL_ENTER();
   int r = blockIdx.x;
   int slot = slots[r];
   if (slot < 0) return;
@@ -230,6 +262,7 @@ __global__ void k_kv_append(const float* src, void* kc, void* vc, int cdt, const
 }
 
 __global__ void k_silu_mul(const float* x, float* out, int rows, int dim) {
+  PDL_ENTER();
   size_t n = (size_t)rows * dim;
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
     size_t r = t / dim, i = t % dim;
@@ -239,11 +272,13 @@ __global__ void k_silu_mul(const float* x, float* out, int rows, int dim) {
 }
 
 __global__ void k_add(const float* a, const float* b, float* out, size_t n) {
+  PDL_ENTER();
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
     out[t] = a[t] + b[t];
 }
 
 __global__ void k_gather_rows(const char* x, const int* rowIdx, char* out, size_t rowBytes) {
+  PDL_ENTER();
   int i = blockIdx.x;
   const char* s = x + (size_t)rowIdx[i] * rowBytes;
   char* d = out + (size_t)i * rowBytes;
@@ -255,6 +290,7 @@ __global__ void k_gather_rows(const char* x, const int* rowIdx, char* out, size_
 }
 
 __global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int outDim) {
+  PDL_ENTER();
   size_t n = (size_t)rows * outDim;
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
     out[t] += ldf(bias, bdt, t % outDim);
@@ -263,6 +299,7 @@ __global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int 
 // x = hi + lo with both halves bf16: the split lets a bf16 tensor-core GEMM keep ~16 bits of
 // every activation's mantissa.
 __global__ void k_split_bf16(const float* x, uint16_t* hi, uint16_t* lo, size_t n) {
+  PDL_ENTER();
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
     float v = x[t];
     uint16_t h = f2bf(v);
@@ -272,6 +309,7 @@ __global__ void k_split_bf16(const float* x, uint16_t* hi, uint16_t* lo, size_t 
 }
 
 __global__ void k_argmax(const float* logits, int* out, int vocab) {
+  PDL_ENTER();
   __shared__ float shv[32];
   __shared__ int shi[32];
   int r = blockIdx.x;
@@ -280,6 +318,7 @@ __global__ void k_argmax(const float* logits, int* out, int vocab) {
 }
 
 __global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, int capacity) {
+  PDL_ENTER();
   int cur = *(volatile int*)cursor;
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
     int slot = (int)(((long long)cur + r) % capacity);
@@ -295,6 +334,7 @@ __global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, in
 
 __global__ void k_advance_positions(int* positions, int* slots, const int* bt, const int* rowSeq, int rows, int blockSize,
                                     int mbps) {
+  PDL_ENTER();
   int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   int p = positions[r] + 1;
@@ -321,7 +361,10 @@ __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, 
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int o = blockIdx.x * (4 / KS) + warp / KS;
   int ks = warp % KS;
-  if (o >= outDim) return;  // only when KS == 1 (split grids are exactly outDim blocks)
+  if (o >= outDim) {  // only when KS == 1 (split grids are exactly outDim blocks)
+    pdlWait();  // no kernel's completion may pass ours (see pdlWait)
+    return;
+  }
   const uint4* wr[NO];
   wr[0] = reinterpret_cast<const uint4*>(w + (size_t)o * inDim);
   if (GLU) wr[NO - 1] = reinterpret_cast<const uint4*>(w + (size_t)(o + outDim) * inDim);
@@ -375,6 +418,23 @@ __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, 
 
   constexpr int ST = 32 * KS;
   int k = lane + ks * 32;
+  // The weights do not depend on the previous kernel: the first group of loads (the whole
+  // tile of a 1024-wide row) is issued before the dependency wait, so under PDL it streams
+  // while the previous kernel drains and this grid's launch latency is hidden.
+  {
+    uint4 q[4][NO];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int n = 0; n < NO; n++)
+        if (k + u * ST < n8) q[u][n] = __ldcs(wr[n] + k + u * ST);
+    pdlWait();
+    pdlTrigger();
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (k + u * ST < n8) fma8(q[u], k + u * ST);
+    k += 4 * ST;
+  }
   for (; k + 3 * ST < n8; k += 4 * ST) {
     uint4 q[4][NO];
 #pragma unroll
@@ -429,6 +489,7 @@ __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, 
 // Any dtype, any alignment: one warp per (row, output), with the same fusions as k_gemv_bf16.
 __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* out, int rows, int inDim, int outDim,
                                const void* bias, int bdt, const void* nw, int nwdt, float eps, int glu, int accumulate) {
+  PDL_ENTER();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int o = blockIdx.x * 4 + warp;
   int r = blockIdx.y;
@@ -520,6 +581,7 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
                                                       int KVH, int hd, int bs, int mbps, int qStride, int qOff,
                                                       float scale, int minChunk, int S, int rowBase, float* out,
                                                       int* counters) {
+  PDL_ENTER();
   __shared__ float shm[ATT_WARPS], shl[ATT_WARPS];
   __shared__ float sha[ATT_WARPS][ATT_MAX_EPL * 32];
   int s = blockIdx.x, h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
@@ -599,6 +661,7 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
 
 // Exact merge of the split partials (online-softmax combine), one block per (head, row).
 __global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase) {
+  PDL_ENTER();
   int h = blockIdx.x, rl = blockIdx.y, r = rowBase + rl;
   const float* base = part + ((size_t)rl * H + h) * S * (hd + 2);
   float M = -INFINITY;
@@ -622,6 +685,7 @@ __global__ void k_attn_combine(const float* part, float* out, int H, int hd, int
 
 // One warp per row: float32 softmax over experts, top-k by repeated argmax (ties: lower index).
 __global__ void k_moe_route(const float* logits, int* topIds, float* topW, int rows, int E, int K, int normalize) {
+  PDL_ENTER();
   extern __shared__ float smem[];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int r = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -668,6 +732,7 @@ __global__ void k_moe_route(const float* logits, int* topIds, float* topW, int r
 // h[(r,k), j] = silu(gate_e[j] . x[r]) * (up_e[j] . x[r]); one warp per j.
 __global__ void k_moe_gate_up(const float* x, const int* topIds, const void* gateUp, int wdt, float* h, int hidden,
                               int inter, int K, int rowBase) {
+  PDL_ENTER();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j = blockIdx.x * 4 + warp;
   int rk = blockIdx.y;  // local (row, k)
@@ -690,6 +755,7 @@ __global__ void k_moe_gate_up(const float* x, const int* topIds, const void* gat
 // out[r, o] = sum_k w[r,k] * down_e[o] . h[(r,k)]; one warp per o.
 __global__ void k_moe_down(const float* h, const int* topIds, const float* topW, const void* down, int wdt, float* out,
                            int hidden, int inter, int K, int rowBase) {
+  PDL_ENTER();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int o = blockIdx.x * 4 + warp;
   int rl = blockIdx.y, r = rowBase + rl;
@@ -850,6 +916,7 @@ __device__ SelResult selectKey(const double* prob, int vocab, int mode, int rank
 // One block per row; `prob` is a float64 scratch row per block.
 __global__ void __launch_bounds__(1024) k_sample(const float* logits, const float* params, int* rng, int* out, int vocab,
                                                  double* probScratch, int rowBase) {
+  PDL_ENTER();
   __shared__ SampleShared S;
   int r = rowBase + blockIdx.x;
   const float* L = logits + (size_t)r * vocab;
@@ -953,8 +1020,9 @@ int bad(NervaExec* ex, const char* why) {
   return NERVA_BAD_ARGS;
 }
 
-int check(NervaExec* ex, const char* name) {
+int check(NervaExec* ex, const char* name, cudaError_t launched = cudaSuccess) {
   cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = launched;
   if (!ex->capturing) ex->launches++;
   if (e != cudaSuccess) {
     snprintf(ex->errCall, sizeof ex->errCall, "launch %s", name);
@@ -963,11 +1031,31 @@ int check(NervaExec* ex, const char* name) {
   return NERVA_OK;
 }
 
-#define LAUNCH(name, grid, block, smem, ...)                  \
-  do {                                                        \
-    name<<<(grid), (block), (smem), ex->stream>>>(__VA_ARGS__); \
-    int _rc = check(ex, #name);                               \
-    if (_rc) return _rc;                                      \
+// Every kernel goes through cudaLaunchKernelEx so that, with ex->pdl, it carries the
+// programmatic-stream-serialization attribute (inside stream capture the graph edge becomes
+// programmatic): it may launch before its predecessor finishes and syncs itself with pdlWait().
+template <typename... KArgs, typename... Actual>
+cudaError_t launchKernel(NervaExec* ex, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Actual&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = ex->stream;
+  cudaLaunchAttribute attr[1];
+  if (ex->pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Actual>(args)...);
+}
+
+#define LAUNCH(name, grid, block, smem, ...)                                    \
+  do {                                                                          \
+    cudaError_t _le = launchKernel(ex, name, dim3(grid), dim3(block), (smem), __VA_ARGS__); \
+    int _rc = check(ex, #name, _le);                                            \
+    if (_rc) return _rc;                                                        \
   } while (0)
 
 unsigned gridFor(size_t n, int block, int smCount) {
@@ -1320,6 +1408,17 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
     }
     default: return bad(ex, "unknown op code");
   }
+}
+
+bool nerva_pdl_compiled() {
+  // griddepcontrol exists only in code compiled for compute_90+; PTX of an older arch JIT-ed
+  // onto a Hopper would launch early without waiting, so PDL needs the kernels' own PTX >= 9.0.
+  cudaFuncAttributes a;
+  if (cudaFuncGetAttributes(&a, k_add) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.ptxVersion >= 90;
 }
 
 int nerva_copy_bandwidth(size_t bytes, int iters, double* gbps, uint64_t* allocs, uint64_t* frees) {

@@ -73,6 +73,8 @@ struct NervaExec {
   void* cublas = nullptr;
   const CublasApi* api = nullptr;
   int gemmMode = GEMM_GEMV;
+  // Launch kernels with programmatic dependent launch (sm_90+, see pdlWait in kernels.cu).
+  bool pdl = false;
   // Zeroed int counters (one per (row, head) of an attention call) for the split-KV combine done
   // by the last block of each head; every user leaves them zero again.
   int* counters = nullptr;
@@ -88,6 +90,10 @@ struct NervaExec {
 
 // Decodes `args` (see src/abi.ts for each op's layout) and enqueues the op's kernels on ex->stream.
 int nerva_launch(NervaExec* ex, int op, const double* args, int nargs);
+
+// Whether the kernels of this build carry the PDL dependency waits (compiled for compute_90+)
+// for the current device.
+bool nerva_pdl_compiled();
 
 // Times device-to-device copies of `bytes` between two scratch buffers; returns GB/s of bytes
 // read + written. Allocates (and frees) the two buffers itself.

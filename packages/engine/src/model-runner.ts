@@ -315,7 +315,18 @@ export class ModelRunner {
         this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H });
       } else {
         const I = s.intermediateSize;
-        this.op('mlp', 'fused_matmul', { x: a.residual, weight: lw.gateUp!, out: a.mlpAct, rows, inDim: H, outDim: I, normWeight: lw.mlpNorm, eps, glu: true });
+        const mode = mlpFusionExperiment();
+        if (mode === 'full') {
+          this.op('mlp', 'fused_matmul', { x: a.residual, weight: lw.gateUp!, out: a.mlpAct, rows, inDim: H, outDim: I, normWeight: lw.mlpNorm, eps, glu: true });
+        } else {
+          this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
+          if (mode === 'glu') {
+            this.op('mlp', 'fused_matmul', { x: a.normed, weight: lw.gateUp!, out: a.mlpAct, rows, inDim: H, outDim: I, glu: true });
+          } else {
+            this.op('mlp', 'matmul', { x: a.normed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I });
+            this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: I });
+          }
+        }
         this.op('mlp', 'fused_matmul', { x: a.mlpAct, weight: lw.down!, out: a.residual, rows, inDim: I, outDim: H, accumulate: true });
       }
     }
@@ -379,4 +390,10 @@ export class ModelRunner {
     for (const e of this.events) this.backend.destroyEvent(e);
     this.events.length = 0;
   }
+}
+
+// EXPERIMENT (A/B of the fused gate_up): NERVA_MLP_FUSION=full|glu|none.
+function mlpFusionExperiment(): 'full' | 'glu' | 'none' {
+  const v = (globalThis as { process?: { env?: Record<string, string | undefined> } }).process?.env?.NERVA_MLP_FUSION;
+  return v === 'glu' || v === 'none' ? v : 'full';
 }
