@@ -21,6 +21,7 @@ export class Scratch {
   vecA: Float64Array;
   vecB: Float64Array;
   flags: Uint8Array;
+  private rowsF32: Float32Array;
 
   constructor(sizes: ScratchSizes = DEFAULT_SCRATCH) {
     this.samplerScratch = { idx: new Int32Array(sizes.vocab), prob: new Float64Array(sizes.vocab) };
@@ -28,6 +29,13 @@ export class Scratch {
     this.vecA = new Float64Array(sizes.width);
     this.vecB = new Float64Array(sizes.width);
     this.flags = new Uint8Array(sizes.width);
+    this.rowsF32 = new Float32Array(sizes.width * 8);
+  }
+
+  /** A float32 scratch of at least `n` entries (normalized input rows of fused_matmul). */
+  f32(n: number): Float32Array {
+    if (this.rowsF32.length < n) this.rowsF32 = new Float32Array(n);
+    return this.rowsF32;
   }
 
   /** Sampler scratch of at least `n` entries. */

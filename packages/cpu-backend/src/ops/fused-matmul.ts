@@ -27,7 +27,7 @@ export function fusedMatmul(ctx: OpContext, a: OpArgs<'fused_matmul'>): void {
   if (ctx.dry) return;
   let input = x;
   if (norm !== undefined) {
-    input = new Float32Array(rows * inDim);
+    input = ctx.scratch.f32(rows * inDim);
     for (let r = 0; r < rows; r++) {
       const o = r * inDim;
       let ss = 0;
