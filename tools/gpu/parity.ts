@@ -79,7 +79,36 @@ async function force(dir: string, steps: number): Promise<void> {
   }
 }
 
+/**
+ * Batching on CUDA: the same seeded requests alone and 16 at a time (decode graphs per batch
+ * bucket, cuBLAS above 8 rows). f32 activations are row-independent up to GEMV-vs-GEMM summation
+ * order, so outputs should match except after a near-tie; report where they diverge.
+ */
+async function batch(dir: string): Promise<void> {
+  const engine = await Engine.create({ model: dir, backend: 'cuda', deviceArenaBytes: 4 * 2 ** 30, maxModelLen: 512 });
+  try {
+    const prompts = ['ROMEO:', 'JULIET:', 'First Citizen:', 'KING RICHARD III:', 'O, ', 'Good my lord,', 'MENENIUS:', 'To be'];
+    const reqs = Array.from({ length: 16 }, (_, i) => ({ prompt: prompts[i % prompts.length], seed: 1000 + i, temperature: i % 2 ? 0 : 0.8 }));
+    const opts = (r: (typeof reqs)[number]) => ({ temperature: r.temperature, topK: 40, seed: r.seed, maxTokens: 48, ignoreEos: true });
+    const alone = [];
+    for (const r of reqs) alone.push(await engine.submit(r.prompt, opts(r)).done);
+    const together = await Promise.all(reqs.map((r) => engine.submit(r.prompt, opts(r)).done));
+    const firstDiff = together.map((o, i) => {
+      const k = o.tokenIds.findIndex((t, j) => t !== alone[i].tokenIds[j]);
+      return k;
+    });
+    const identical = firstDiff.filter((k) => k < 0).length;
+    const s = together[0].ledger.summary();
+    const res = { model: dir, requests: reqs.length, identical, first_divergence_step: firstDiff, graph_nodes: engine.graphNodes(), sample_ledger: s };
+    writeFileSync(path.join(out, 'batch.json'), JSON.stringify(res, null, 1));
+    console.log(`batch: ${identical}/${reqs.length} identical alone vs batched; graphs ${JSON.stringify(engine.graphNodes())}`);
+  } finally {
+    engine.dispose();
+  }
+}
+
 if (mode === 'fixtures') await fixtures(a);
+else if (mode === 'batch') await batch(a);
 else if (mode === 'synth') await synth(a, b);
 else if (mode === 'force') await force(a, Number(b));
 else {

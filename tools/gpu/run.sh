@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/nerva-out}
 mkdir -p "$OUT"
-phases=${1:-build,conformance,checks,parity,synth,oracle,bench,profile}
+phases=${1:-build,conformance,checks,parity,batch,cli,synth,oracle,bench,profile}
 has() { [[ ",$phases," == *",$1,"* ]]; }
 log="$OUT/run.log"
 : > "$log"
@@ -37,6 +37,8 @@ runjs() { # name bundle args...
 has conformance && runjs conformance conformance.mjs
 has checks && runjs checks checks.mjs
 has parity && runjs parity parity.mjs fixtures .device/fixtures/models
+has batch && runjs batch parity.mjs batch .device/fixtures/models/tiny-shakespeare-qwen3
+has cli && { for m in .device/fixtures/models/*/; do $NODE .device/dist/cli.mjs run --model "$m" --backend cuda --prompt-ids 1,2,3 --max-tokens 8 --temperature 0 --json 2>&1 | tail -1; done > "$OUT/cli-runs.jsonl"; say "cli runs: $(grep -c '"backend":"cuda"' "$OUT/cli-runs.jsonl") cuda json lines"; }
 for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   dir=/tmp/synth/$size
   # A warm machine keeps /tmp between calls: reuse a checkpoint written by an earlier call.
