@@ -523,6 +523,7 @@ __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* ou
 // 4th key of the split with an online softmax, then the warps merge. Writes (m, l, acc[hd]).
 constexpr int ATT_WARPS = 4;
 constexpr int ATT_MAX_EPL = 8;  // headDim <= 256
+constexpr int ATT_KB = 4;       // keys each warp has in flight
 
 template <typename KT>
 __device__ __forceinline__ float ldk(const KT* p, size_t i);
@@ -615,22 +616,55 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
   float m = -INFINITY, l = 0.f;
   const size_t width = (size_t)KVH * hd;
   const int* btr = bt + (size_t)seq * mbps;
-  for (int p = start + warp; p <= end; p += ATT_WARPS) {
-    size_t slot = (size_t)btr[p / bs] * bs + p % bs;
-    const KT* kr = kc + slot * width + (size_t)kvh * hd;
-    const KT* vr = vc + slot * width + (size_t)kvh * hd;
-    float d = 0.f;
+  // ATT_KB keys per warp at a time: their block-table entries, then their key and value rows,
+  // are loaded together, so a split pays the memory latency once per ATT_KB keys instead of
+  // twice per key; the online softmax then folds the batch in with one rescale.
+  for (int p0 = start + warp; p0 <= end; p0 += ATT_WARPS * ATT_KB) {
+    long long slot[ATT_KB];  // -1: past the end of the split
 #pragma unroll
-    for (int j = 0; j < ATT_MAX_EPL; j++)
-      if (j < epl && j * 32 + lane < hd) d += qv[j] * ldk<KT>(kr, j * 32 + lane);
-    d = warpSum(d);
-    float mn = fmaxf(m, d);
-    float corr = expf(m - mn);
-    float e = expf(d - mn);
-    l = l * corr + e;
+    for (int b = 0; b < ATT_KB; b++) {
+      int p = p0 + b * ATT_WARPS;
+      slot[b] = p <= end ? (long long)btr[p / bs] * bs + p % bs : -1;
+    }
+    float kv[ATT_KB][ATT_MAX_EPL], vv[ATT_KB][ATT_MAX_EPL];
 #pragma unroll
-    for (int j = 0; j < ATT_MAX_EPL; j++)
-      if (j < epl && j * 32 + lane < hd) acc[j] = acc[j] * corr + e * ldk<KT>(vr, j * 32 + lane);
+    for (int b = 0; b < ATT_KB; b++) {
+      const KT* kr = kc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
+      const KT* vr = vc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
+#pragma unroll
+      for (int j = 0; j < ATT_MAX_EPL; j++) {
+        bool in = slot[b] >= 0 && j < epl && j * 32 + lane < hd;
+        kv[b][j] = in ? ldk<KT>(kr, j * 32 + lane) : 0.f;
+        vv[b][j] = in ? ldk<KT>(vr, j * 32 + lane) : 0.f;
+      }
+    }
+    float d[ATT_KB];
+#pragma unroll
+    for (int b = 0; b < ATT_KB; b++) {
+      d[b] = 0.f;
+#pragma unroll
+      for (int j = 0; j < ATT_MAX_EPL; j++) d[b] += qv[j] * kv[b][j];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int b = 0; b < ATT_KB; b++) d[b] += __shfl_xor_sync(0xffffffffu, d[b], o);
+    float mn = m;
+#pragma unroll
+    for (int b = 0; b < ATT_KB; b++)
+      if (slot[b] >= 0) mn = fmaxf(mn, d[b]);
+    float corr = expf(m - mn);  // the batch's first key always exists: mn is finite
+    l *= corr;
+#pragma unroll
+    for (int j = 0; j < ATT_MAX_EPL; j++) acc[j] *= corr;
+#pragma unroll
+    for (int b = 0; b < ATT_KB; b++) {
+      if (slot[b] < 0) continue;
+      float e = expf(d[b] - mn);
+      l += e;
+#pragma unroll
+      for (int j = 0; j < ATT_MAX_EPL; j++) acc[j] += e * vv[b][j];
+    }
     m = mn;
   }
   if (lane == 0) {

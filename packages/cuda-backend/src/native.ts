@@ -27,6 +27,11 @@ export interface NativeInfo {
   gemm: string;
   cublas: string;
   cublasNote: string;
+  /**
+   * Whether kernels launch with programmatic dependent launch (sm_90+ device, kernels built
+   * for compute_90+, and NERVA_PDL is not "0"); absent from addons built before it existed.
+   */
+  pdl?: boolean;
 }
 
 export interface NativeCounters {
