@@ -62,7 +62,7 @@ async function stream(c: Case): Promise<Streamed> {
 }
 
 /** Wall time of the concurrent phase; NERVA_STRESS_S overrides it. */
-const STRESS_MS = Number(process.env.NERVA_STRESS_S ?? 20) * 1000;
+const STRESS_MS = Number(process.env.NERVA_STRESS_S ?? 30) * 1000;
 
 it('64 concurrent streaming clients for a while: no token lost, duplicated or reordered; equal to each request run alone', async () => {
   const pool = cases(640);
