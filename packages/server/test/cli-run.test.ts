@@ -75,6 +75,29 @@ describe('nerva run', () => {
   });
 });
 
+describe('nerva synth', () => {
+  it('writes a checkpoint in HF layout that nerva run loads', async () => {
+    const out = join(tmp, 'synth');
+    const cfg = join(FIXTURES, 'models/tiny-random-qwen3/config.json');
+    const { stdout } = await nerva(['synth', '--config', cfg, '--out', out, '--seed', '7']);
+    expect(JSON.parse(stdout.trim()).totalBytes).toBeGreaterThan(0);
+    const r = await nerva(['run', '--model', out, '--prompt-ids', '1,2,3', '--max-tokens', '4', '--temperature', '0', '--backend', 'cpu', '--json']);
+    expect(JSON.parse(r.stdout.trim().split('\n').pop()!).token_ids).toHaveLength(4);
+  });
+
+  it('an unsupported model_type in the config is one clear error', async () => {
+    const cfg = join(tmp, 'next.json');
+    writeFileSync(cfg, JSON.stringify({ model_type: 'qwen3_next', hidden_size: 8 }));
+    const err = await nerva(['synth', '--config', cfg, '--out', join(tmp, 'never')]).then(
+      () => undefined,
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect(err?.code).toBe(1);
+    expect(err?.stderr).toMatch(/^nerva: error: .*qwen3_next/);
+    expect(existsSync(join(tmp, 'never', 'config.json'))).toBe(false);
+  });
+});
+
 describe('nerva tokenize', () => {
   const tokDir = join(FIXTURES, 'tokenizers/qwen3');
   const ref = JSON.parse(readFileSync(join(tokDir, 'reference.json'), 'utf8'));
