@@ -122,10 +122,12 @@ __device__ __forceinline__ void argmaxMerge(float& v, int& i, float v2, int i2) 
   }
 }
 
-__device__ int blockArgmax(const float* L, int vocab, float* shv, int* shi) {
+// Block-wide argmax over L[begin, end); every thread gets (value, index), index -1 when nothing
+// was seen (all -inf or NaN).
+__device__ void blockArgmaxRange(const float* L, int begin, int end, float* shv, int* shi, float& outV, int& outI) {
   float bv = -INFINITY;
   int bi = -1;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
     float v = L[i];
     if (v > bv) {
       bv = v;
@@ -148,6 +150,14 @@ __device__ int blockArgmax(const float* L, int vocab, float* shv, int* shi) {
   int idx = -1;
   for (int k = 0; k < nw; k++) argmaxMerge(v, idx, shv[k], shi[k]);
   __syncthreads();
+  outV = v;
+  outI = idx;
+}
+
+__device__ int blockArgmax(const float* L, int vocab, float* shv, int* shi) {
+  float v;
+  int idx;
+  blockArgmaxRange(L, 0, vocab, shv, shi, v, idx);
   return idx < 0 ? 0 : idx;
 }
 
@@ -344,66 +354,64 @@ __global__ void k_advance_positions(int* positions, int* slots, const int* bt, c
 
 // ---------------------------------------------------------------- GEMV (few rows)
 
+// Warps per block of k_gemv_bf16. Unsplit blocks are 16 outputs wide, so NORM's staged rows are
+// read once per 16 outputs rather than per 4 (per 4 outputs the staging cost the Qwen3-8B shape
+// ~4 % of roofline; at 16 it ran at 90 %), and plain GEMVs gained too (H100: 8B down 87 -> 95 %
+// of copy bandwidth, qkv 78 -> 86 %). Split blocks stay one output of 4 warps: 4 outputs of 16
+// warps measured slightly slower for the 0.6B o and down projections.
+constexpr int GEMV_MAX_THREADS = 512;
+__host__ __device__ constexpr int gemvWarps(int ks) { return ks == 1 ? 16 : 4; }
+
 // One warp per output feature, R activation rows at once so every weight byte is read once.
 // Weights stream with 16-byte loads, four (eight with GLU) in flight per lane before any math.
 // KS warps share one output (split over K) when there are too few outputs to fill the GPU.
-// Fusions (op fused_matmul): NORM: the input row is rmsnorm(x) * nw, computed as
-// inv * sum(w * x * nw) with the sum of squares gathered in the same pass over x (every warp
-// sees the whole row, or KS warps see it together); GLU: the warp also reduces the up row
+// Fusions (op fused_matmul): NORM: the block computes each row's sum of squares once and stages
+// the normalized rows x * inv * nw in shared memory (dynamic, R * inDim floats) while its first
+// weight loads are in flight; the warps then read activations from there, so the norm adds no
+// per-weight work and fuses at any matrix size. GLU: the warp also reduces the up row
 // o + outDim and writes silu(gate) * up; `accumulate` adds the result into out.
 template <int R, int KS, bool NORM, bool GLU>
-__global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w,
+__global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w,
                                                     float* __restrict__ out, int rows, int inDim, int outDim,
                                                     const void* bias, int bdt, const void* nw, int nwbf, float eps,
                                                     int accumulate) {
   constexpr int NO = GLU ? 2 : 1;
-  __shared__ float red[4][NO + 1][R];
+  constexpr int NW = gemvWarps(KS);
+  __shared__ float red[NW][NO][R];
+  __shared__ float ssw[NW][R];
+  __shared__ float invs[R];
+  extern __shared__ float4 xs[];  // NORM only: row r's float4 j = 2k + h at xs[r * n4 + h * n8 + k]
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int o = blockIdx.x * (4 / KS) + warp / KS;
+  int o = blockIdx.x * (NW / KS) + warp / KS;
   int ks = warp % KS;
-  if (o >= outDim) {  // only when KS == 1 (split grids are exactly outDim blocks)
-    pdlWait();  // no kernel's completion may pass ours (see pdlWait)
-    return;
-  }
+  // A warp past the last output (KS == 1, last block) still joins the block's barriers; it
+  // streams the last row again and writes nothing.
+  const bool live = o < outDim;
+  if (!live) o = outDim - 1;
   const uint4* wr[NO];
   wr[0] = reinterpret_cast<const uint4*>(w + (size_t)o * inDim);
   if (GLU) wr[NO - 1] = reinterpret_cast<const uint4*>(w + (size_t)(o + outDim) * inDim);
-  const int n8 = inDim >> 3;
-  float acc[NO][R], ss[R];
+  const int n8 = inDim >> 3, n4 = inDim >> 2;
+  float acc[NO][R];
 #pragma unroll
-  for (int r = 0; r < R; r++) {
-    ss[r] = 0.f;
+  for (int r = 0; r < R; r++)
 #pragma unroll
     for (int n = 0; n < NO; n++) acc[n][r] = 0.f;
-  }
 
   auto fma8 = [&](const uint4* q, int k8) {
-    float nv[8];
-    if (NORM) {
-      if (nwbf) {
-        uint4 t = __ldg(reinterpret_cast<const uint4*>(nw) + k8);
-        nv[0] = __uint_as_float(t.x << 16); nv[1] = __uint_as_float(t.x & 0xffff0000u);
-        nv[2] = __uint_as_float(t.y << 16); nv[3] = __uint_as_float(t.y & 0xffff0000u);
-        nv[4] = __uint_as_float(t.z << 16); nv[5] = __uint_as_float(t.z & 0xffff0000u);
-        nv[6] = __uint_as_float(t.w << 16); nv[7] = __uint_as_float(t.w & 0xffff0000u);
-      } else {
-        float4 t0 = __ldg(reinterpret_cast<const float4*>(nw) + k8 * 2), t1 = __ldg(reinterpret_cast<const float4*>(nw) + k8 * 2 + 1);
-        nv[0] = t0.x; nv[1] = t0.y; nv[2] = t0.z; nv[3] = t0.w; nv[4] = t1.x; nv[5] = t1.y; nv[6] = t1.z; nv[7] = t1.w;
-      }
-    }
 #pragma unroll
     for (int r = 0; r < R; r++) {
       if (r < rows) {
-        const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * inDim) + k8 * 2;
-        float4 a = __ldg(xr), b = __ldg(xr + 1);
-        float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float4 a, b;
         if (NORM) {
-#pragma unroll
-          for (int j = 0; j < 8; j++) {
-            ss[r] += xv[j] * xv[j];
-            xv[j] *= nv[j];
-          }
+          a = xs[r * n4 + k8];
+          b = xs[r * n4 + n8 + k8];
+        } else {
+          const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * inDim) + k8 * 2;
+          a = __ldg(xr);
+          b = __ldg(xr + 1);
         }
+        float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int n = 0; n < NO; n++) {
           const uint4& qq = q[n];
@@ -416,11 +424,59 @@ __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, 
     }
   };
 
+  // RMSNorm of the block's R rows into xs: squares (raw rows staged), one block reduction, scale.
+  auto stageNorm = [&]() {
+    float ss[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      ss[r] = 0.f;
+      if (r < rows) {
+        const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * inDim);
+        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+          float4 v = xr[j];
+          ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+          xs[r * n4 + (j & 1) * n8 + (j >> 1)] = v;
+        }
+      }
+      ss[r] = warpSum(ss[r]);
+      if (lane == 0) ssw[warp][r] = ss[r];
+    }
+    __syncthreads();
+    if (threadIdx.x < R) {
+      float t = 0.f;
+      for (int j = 0; j < NW; j++) t += ssw[j][threadIdx.x];
+      invs[threadIdx.x] = rsqrtf(t / (float)inDim + eps);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      if (r < rows) {
+        float inv = invs[r];
+        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+          float4 g;
+          if (nwbf) {
+            uint2 t = __ldg(reinterpret_cast<const uint2*>(nw) + j);
+            g = make_float4(__uint_as_float(t.x << 16), __uint_as_float(t.x & 0xffff0000u), __uint_as_float(t.y << 16),
+                            __uint_as_float(t.y & 0xffff0000u));
+          } else {
+            g = __ldg(reinterpret_cast<const float4*>(nw) + j);
+          }
+          float4& v = xs[r * n4 + (j & 1) * n8 + (j >> 1)];
+          v.x = v.x * inv * g.x;
+          v.y = v.y * inv * g.y;
+          v.z = v.z * inv * g.z;
+          v.w = v.w * inv * g.w;
+        }
+      }
+    }
+    __syncthreads();
+  };
+
   constexpr int ST = 32 * KS;
   int k = lane + ks * 32;
   // The weights do not depend on the previous kernel: the first group of loads (the whole
   // tile of a 1024-wide row) is issued before the dependency wait, so under PDL it streams
-  // while the previous kernel drains and this grid's launch latency is hidden.
+  // while the previous kernel drains (and while NORM stages its rows).
   {
     uint4 q[4][NO];
 #pragma unroll
@@ -430,6 +486,7 @@ __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, 
         if (k + u * ST < n8) q[u][n] = __ldcs(wr[n] + k + u * ST);
     pdlWait();
     pdlTrigger();
+    if (NORM) stageNorm();
 #pragma unroll
     for (int u = 0; u < 4; u++)
       if (k + u * ST < n8) fma8(q[u], k + u * ST);
@@ -451,10 +508,9 @@ __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, 
     fma8(q, k);
   }
   float bo = bias ? ldf(bias, bdt, o) : 0.f;
-  auto finish = [&](int r, float g, float u, float sq) {
-    float inv = NORM ? rsqrtf(sq / (float)inDim + eps) : 1.f;
-    float y = g * inv + bo;
-    if (GLU) y = y / (1.f + expf(-y)) * (u * inv);
+  auto finish = [&](int r, float g, float u) {
+    float y = g + bo;
+    if (GLU) y = y / (1.f + expf(-y)) * u;
     float* d = out + (size_t)r * outDim + o;
     *d = accumulate ? *d + y : y;
   };
@@ -462,26 +518,23 @@ __global__ void __launch_bounds__(128) k_gemv_bf16(const float* __restrict__ x, 
   for (int r = 0; r < R; r++) {
     float v0 = warpSum(acc[0][r]);
     float v1 = GLU ? warpSum(acc[NO - 1][r]) : 0.f;
-    float sq = NORM ? warpSum(ss[r]) : 0.f;
     if (KS == 1) {
-      if (lane == 0 && r < rows) finish(r, v0, v1, sq);
+      if (live && lane == 0 && r < rows) finish(r, v0, v1);
     } else if (lane == 0) {
       red[warp][0][r] = v0;
       if (GLU) red[warp][1][r] = v1;
-      if (NORM) red[warp][NO][r] = sq;
     }
   }
   if (KS > 1) {
-    // The block is one output (the grid has exactly outDim blocks), so no warp left early.
+    // The block is one output (the grid has exactly outDim blocks).
     __syncthreads();
     if (warp == 0 && lane < R && lane < rows) {
-      float g = 0.f, u = 0.f, sq = 0.f;
+      float g = 0.f, u = 0.f;
       for (int j = 0; j < KS; j++) {
         g += red[j][0][lane];
         if (GLU) u += red[j][1][lane];
-        if (NORM) sq += red[j][NO][lane];
       }
-      finish(lane, g, u, sq);
+      finish(lane, g, u);
     }
   }
 }
@@ -947,22 +1000,69 @@ __device__ SelResult selectKey(const double* prob, int vocab, int mode, int rank
   return res;
 }
 
-// One block per row; `prob` is a float64 scratch row per block.
+// Greedy rows: the G blocks of the row each reduce one slice of the vocabulary to (max, index),
+// store it in the row's scratch and count in; the last to arrive merges the G pairs (lowest index
+// on ties, as blockArgmax) and re-arms the counter, so a large vocabulary is read by many SMs in
+// one kernel. Returns -2 in every block but the last, else the token.
+__device__ int greedyArrive(const float* L, int vocab, int G, double* prob, int* counter, SampleShared& S) {
+  __shared__ int lastFlag;
+  int chunk = (vocab + G - 1) / G, begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
+  float v;
+  int idx;
+  blockArgmaxRange(L, begin, end, S.redf, S.redi, v, idx);
+  float* pv = reinterpret_cast<float*>(prob);  // pairs (value, index) in the row's float64 slots
+  if (threadIdx.x == 0) {
+    pv[2 * blockIdx.x] = v;
+    reinterpret_cast<int*>(pv)[2 * blockIdx.x + 1] = idx;
+    __threadfence();  // the pair is visible before this block is counted
+    int old = atomicAdd(counter, 1);
+    lastFlag = old == G - 1;
+    if (lastFlag) *counter = 0;
+  }
+  __syncthreads();
+  if (!lastFlag) return -2;
+  __threadfence();
+  if (threadIdx.x < 32) {
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int j = threadIdx.x; j < G; j += 32)
+      argmaxMerge(bv, bi, __ldcg(pv + 2 * j), __ldcg(reinterpret_cast<const int*>(pv) + 2 * j + 1));
+    for (int o = 16; o > 0; o >>= 1) {
+      float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+      int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+      argmaxMerge(bv, bi, v2, i2);
+    }
+    if (threadIdx.x == 0) S.redi[0] = bi;
+  }
+  __syncthreads();
+  int r = S.redi[0];
+  return r < 0 ? 0 : r;
+}
+
+// Grid (G, rows): one float64 scratch row per row. A greedy row (temperature <= 0) is split over
+// the G blocks (greedyArrive); a sampled row runs in its block 0 alone, the others exit.
+// `counters` (one per row, zero, left zero) may be null only when G == 1.
 __global__ void __launch_bounds__(1024) k_sample(const float* logits, const float* params, int* rng, int* out, int vocab,
-                                                 double* probScratch, int rowBase) {
+                                                 double* probScratch, size_t probStride, int rowBase, int* counters) {
   PDL_ENTER();
   __shared__ SampleShared S;
-  int r = rowBase + blockIdx.x;
+  int r = rowBase + blockIdx.y, G = gridDim.x;
   const float* L = logits + (size_t)r * vocab;
-  double* prob = probScratch + (size_t)blockIdx.x * vocab;
+  double* prob = probScratch + (size_t)blockIdx.y * probStride;
   float temp = params[(size_t)r * 4], topK = params[(size_t)r * 4 + 1], topP = params[(size_t)r * 4 + 2],
         minP = params[(size_t)r * 4 + 3];
   uint32_t seed = (uint32_t)rng[(size_t)r * 2], counter = (uint32_t)rng[(size_t)r * 2 + 1];
-  double u = uniformFromSeed(seed, counter);
   int result;
   if (!(temp > 0.f)) {
-    result = blockArgmax(L, vocab, S.redf, S.redi);
+    if (G == 1) {
+      result = blockArgmax(L, vocab, S.redf, S.redi);
+    } else {
+      result = greedyArrive(L, vocab, G, prob, counters + blockIdx.y, S);
+      if (result == -2) return;
+    }
   } else {
+    if (blockIdx.x != 0) return;
+    double u = uniformFromSeed(seed, counter);
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, L[i]);
     mx = blockMax(mx, S.redf);
@@ -1125,14 +1225,25 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   bool split = (size_t)outDim * (f.glu ? 2 : 1) < (size_t)ex->smCount * 16 && inDim >= 1024;
   unsigned gs = (unsigned)outDim;
   int nwbf = f.nw.dt == NV_BF16 ? 1 : 0, acc = f.accumulate ? 1 : 0;
-  bool norm = f.nw.p != nullptr;
   for (int r0 = 0; r0 < rows; r0 += 8) {
     int nr = std::min(8, rows - r0);
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * outDim;
     const uint16_t* wp = (const uint16_t*)w.p;
+    // Staged normalized rows must fit the default 48 KiB of dynamic shared memory (the kernel
+    // pads nr up to R); else the norm runs as its own kernel into the workspace first.
+    int rPad = nr == 1 ? 1 : nr == 2 ? 2 : nr <= 4 ? 4 : 8;
+    size_t smem = f.nw.p ? (size_t)rPad * inDim * sizeof(float) : 0;
+    bool norm = f.nw.p != nullptr;
+    if (norm && (smem > 48 * 1024 || (size_t)nr * inDim * sizeof(float) > ex->wsBytes)) {
+      if ((size_t)nr * inDim * sizeof(float) > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
+      LAUNCH(k_rmsnorm, nr, 256, 0, xr, f.nw.p, f.nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps);
+      xr = (const float*)ex->ws;
+      norm = false;
+      smem = 0;
+    }
 #define GEMV_K(R, KS, N, G) \
-  LAUNCH((k_gemv_bf16<R, KS, N, G>), KS == 1 ? gx : gs, 128, 0, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc)
+  LAUNCH((k_gemv_bf16<R, KS, N, G>), KS == 1 ? (unsigned)((outDim + gemvWarps(KS) - 1) / gemvWarps(KS)) : gs, 32 * gemvWarps(KS), smem, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc)
 #define GEMV_NG(R, KS)                  \
   if (norm && f.glu) GEMV_K(R, KS, true, true); \
   else if (norm) GEMV_K(R, KS, true, false);    \
@@ -1303,10 +1414,15 @@ int opSample(NervaExec* ex, Args& A) {
   size_t perRow = align256((size_t)vocab * sizeof(double));
   int rowChunk = (int)std::min<size_t>((size_t)rows, ex->wsBytes / perRow);
   if (rowChunk < 1) return bad(ex, "sample: workspace too small for one row of float64 probabilities");
+  rowChunk = std::min(rowChunk, 65535);
+  // Greedy rows split the vocabulary over G blocks of ~4096 logits (4 per thread) when the
+  // re-armed counters cover the rows; a single block over 151,936 logits was a serial tail.
+  int G = std::min(128, std::max(1, (vocab + 4095) / 4096));
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     int nr = std::min(rowChunk, rows - r0);
-    LAUNCH(k_sample, nr, 1024, 0, (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p, vocab,
-           (double*)ex->ws, r0);
+    int g = ex->counters && (size_t)nr <= ex->counterCount ? G : 1;
+    LAUNCH(k_sample, dim3(g, nr), 1024, 0, (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p,
+           vocab, (double*)ex->ws, perRow / sizeof(double), r0, g > 1 ? ex->counters : (int*)nullptr);
   }
   return NERVA_OK;
 }

@@ -1,5 +1,4 @@
-import type { DeviceBackend, DeviceBuffer, DType, EventHandle, OpArgs, OpName, StreamHandle, Tier } from '@nerva/core';
-import { DTYPE_BYTES } from '@nerva/core';
+import type { DeviceBackend, DeviceBuffer, EventHandle, OpArgs, OpName, StreamHandle, Tier } from '@nerva/core';
 import type { ModelSpec } from '@nerva/models';
 import { isMoeLayer } from '@nerva/models';
 import type { ModelWeights } from './model-weights.js';
@@ -246,10 +245,9 @@ export class ModelRunner {
 
   /**
    * The decoder layers as fused ops (decode steps): the residual stream is kept complete in
-   * act.residual, the norms run inside the projections that read them (small matrices only), the o and down
-   * projections add into the stream, and silu*up is the gate_up projection's epilogue.
-   * 6 to 8 kernels per dense layer instead of 12 (see NORM_FUSION_MAX_WEIGHT_BYTES); the same
-   * arithmetic up to float32 rounding.
+   * act.residual, the norms run inside the projections that read them (qkv and gate_up), the o
+   * and down projections add into the stream, and silu*up is the gate_up projection's epilogue.
+   * 6 kernels per dense layer instead of 12; the same arithmetic up to float32 rounding.
    */
   private forwardFusedLayers(rows: number): void {
     const s = this.spec;
@@ -265,22 +263,18 @@ export class ModelRunner {
     const eps = s.rmsNormEps;
     for (let l = 0; l < s.numLayers; l++) {
       const lw = w.layers[l];
-      if (normFusesIntoGemv(qkvOut, H, lw.qkv.dtype)) {
-        this.op('projection', 'fused_matmul', {
-          x: a.residual,
-          weight: lw.qkv,
-          bias: lw.qkvBias,
-          out: a.qkv,
-          rows,
-          inDim: H,
-          outDim: qkvOut,
-          normWeight: lw.attnNorm,
-          eps,
-        });
-      } else {
-        this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
-        this.op('projection', 'fused_matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut });
-      }
+      // The input RMSNorm is folded into the GEMV (the backend normalizes the row once per block).
+      this.op('projection', 'fused_matmul', {
+        x: a.residual,
+        weight: lw.qkv,
+        bias: lw.qkvBias,
+        out: a.qkv,
+        rows,
+        inDim: H,
+        outDim: qkvOut,
+        normWeight: lw.attnNorm,
+        eps,
+      });
       this.op('attention', 'rope_append', {
         qkv: a.qkv,
         positions: m.positions,
@@ -322,13 +316,8 @@ export class ModelRunner {
         this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H });
       } else {
         const I = s.intermediateSize;
-        // The SiLU-GLU epilogue is always fused (it adds no input traffic); the norm by the rule.
-        if (normFusesIntoGemv(2 * I, H, lw.gateUp!.dtype)) {
-          this.op('mlp', 'fused_matmul', { x: a.residual, weight: lw.gateUp!, out: a.mlpAct, rows, inDim: H, outDim: I, normWeight: lw.mlpNorm, eps, glu: true });
-        } else {
-          this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
-          this.op('mlp', 'fused_matmul', { x: a.normed, weight: lw.gateUp!, out: a.mlpAct, rows, inDim: H, outDim: I, glu: true });
-        }
+        // Norm and SiLU-GLU both fold into the gate_up GEMV.
+        this.op('mlp', 'fused_matmul', { x: a.residual, weight: lw.gateUp!, out: a.mlpAct, rows, inDim: H, outDim: I, normWeight: lw.mlpNorm, eps, glu: true });
         this.op('mlp', 'fused_matmul', { x: a.mlpAct, weight: lw.down!, out: a.residual, rows, inDim: I, outDim: H, accumulate: true });
       }
     }
@@ -392,26 +381,4 @@ export class ModelRunner {
     for (const e of this.events) this.backend.destroyEvent(e);
     this.events.length = 0;
   }
-}
-
-/**
- * Largest weight matrix (bytes) whose GEMV gets the preceding RMSNorm folded in (fused_matmul's
- * normWeight) in decode passes; larger ones run a separate rmsnorm kernel first.
- *
- * Why a size: the fused norm costs in proportion to the matrix (every warp re-reads the norm
- * weight and squares the input beside each weight load), a separate norm kernel costs a fixed
- * few microseconds (less under programmatic dependent launch). Measured on an H100 (batch 1,
- * greedy, tools/gpu/run.sh bench): Qwen3-8B (qkv 48 MiB, gate_up 192 MiB) ran at 81.7-83.2 % of
- * roofline with the norm fused into qkv and 85.3-86.3 % split, 80-82 % vs 83-84 % for gate_up;
- * Qwen3-0.6B's qkv (8 MiB) ran at 33.3-34.3 % fused vs 30.8-31.8 % split, while its gate_up
- * (12 MiB) was no slower split (33-34 % vs 32-34 % fused).
- */
-export const NORM_FUSION_MAX_WEIGHT_BYTES = 10 * 1024 * 1024;
-
-/**
- * Whether a decode pass folds the RMSNorm before a GEMV over an [outRows, inDim] weight matrix
- * of `dtype` into that GEMV (see {@link NORM_FUSION_MAX_WEIGHT_BYTES}).
- */
-export function normFusesIntoGemv(outRows: number, inDim: number, dtype: DType): boolean {
-  return outRows * inDim * DTYPE_BYTES[dtype] <= NORM_FUSION_MAX_WEIGHT_BYTES;
 }
