@@ -173,7 +173,6 @@ export class ModelRunner {
     const nq = s.numHeads;
     const nkv = s.numKvHeads;
     const qkvOut = this.qkvOut;
-    const { blockSize, maxBlocksPerSeq } = this.limits;
     const eps = s.rmsNormEps;
 
     this.op('embedding', 'embedding', { table: w.embed, ids: m.ids, out: a.residual, rows, hidden: H });
@@ -203,24 +202,7 @@ export class ModelRunner {
         kOffset: nq * hd,
         vOffset: (nq + nkv) * hd,
       });
-      this.op('attention', 'attention', {
-        q: a.qkv,
-        kCache: this.kCache[l],
-        vCache: this.vCache[l],
-        out: a.attn,
-        blockTables: m.blockTables,
-        rowSeq: m.rowSeq,
-        positions: m.positions,
-        rows,
-        numHeads: nq,
-        numKvHeads: nkv,
-        headDim: hd,
-        blockSize,
-        maxBlocksPerSeq,
-        qRowStride: qkvOut,
-        qOffset: 0,
-        scale: 1 / Math.sqrt(hd),
-      });
+      this.attend(l, rows);
       this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.o, rows, inDim: nq * hd, outDim: H });
       this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
       if (s.moe && isMoeLayer(s, l)) {
@@ -234,6 +216,30 @@ export class ModelRunner {
     }
     this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: w.finalNorm, out: a.normed, rows, dim: H, eps });
     this.lmHead(nLogits);
+  }
+
+  /** Paged attention of layer l over the q heads of act.qkv -> act.attn (both forward paths). */
+  private attend(l: number, rows: number): void {
+    const s = this.spec;
+    const m = this.meta;
+    this.op('attention', 'attention', {
+      q: this.act.qkv,
+      kCache: this.kCache[l],
+      vCache: this.vCache[l],
+      out: this.act.attn,
+      blockTables: m.blockTables,
+      rowSeq: m.rowSeq,
+      positions: m.positions,
+      rows,
+      numHeads: s.numHeads,
+      numKvHeads: s.numKvHeads,
+      headDim: s.headDim,
+      blockSize: this.limits.blockSize,
+      maxBlocksPerSeq: this.limits.maxBlocksPerSeq,
+      qRowStride: this.qkvOut,
+      qOffset: 0,
+      scale: 1 / Math.sqrt(s.headDim),
+    });
   }
 
   private lmHead(nLogits: number): void {
@@ -259,7 +265,6 @@ export class ModelRunner {
     const nq = s.numHeads;
     const nkv = s.numKvHeads;
     const qkvOut = this.qkvOut;
-    const { blockSize, maxBlocksPerSeq } = this.limits;
     const eps = s.rmsNormEps;
     for (let l = 0; l < s.numLayers; l++) {
       const lw = w.layers[l];
@@ -291,24 +296,7 @@ export class ModelRunner {
         kNorm: lw.kNorm,
         eps,
       });
-      this.op('attention', 'attention', {
-        q: a.qkv,
-        kCache: this.kCache[l],
-        vCache: this.vCache[l],
-        out: a.attn,
-        blockTables: m.blockTables,
-        rowSeq: m.rowSeq,
-        positions: m.positions,
-        rows,
-        numHeads: nq,
-        numKvHeads: nkv,
-        headDim: hd,
-        blockSize,
-        maxBlocksPerSeq,
-        qRowStride: qkvOut,
-        qOffset: 0,
-        scale: 1 / Math.sqrt(hd),
-      });
+      this.attend(l, rows);
       this.op('projection', 'fused_matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.residual, rows, inDim: nq * hd, outDim: H, accumulate: true });
       if (s.moe && isMoeLayer(s, l)) {
         this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
