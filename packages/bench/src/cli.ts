@@ -1,15 +1,11 @@
 #!/usr/bin/env node
-import { Command, InvalidArgumentError, Option } from 'commander';
-import { defaultModelDir } from '@nerva/server';
+import { Command, Option } from 'commander';
+import { defaultModelDir, parseIntArg } from '@nerva/server';
 import { decodeProbe } from './probes/decode.js';
 import { generateProbe } from './probes/generate.js';
 import { serveProbe } from './probes/serve.js';
 
-const int = (name: string) => (v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n <= 0) throw new InvalidArgumentError(`${name} must be a positive integer`);
-  return n;
-};
+const int = (name: string) => parseIntArg(name, { positive: true });
 const backendOpt = () => new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto');
 
 const program = new Command().name('nerva-bench').description('NERVA benchmarks: one JSON line per probe').exitOverride();

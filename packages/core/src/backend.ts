@@ -144,8 +144,3 @@ export interface DeviceBackend {
   stats(): BackendStats;
   dispose(): void;
 }
-
-/** Bytes of a buffer spec, for planners that size things before allocating. */
-export function specBytes(spec: BufferSpec, dtypeBytes: (d: DType) => number): number {
-  return spec.length * dtypeBytes(spec.dtype);
-}

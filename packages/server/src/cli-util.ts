@@ -1,9 +1,10 @@
 import { InvalidArgumentError } from 'commander';
 
-export function parseIntArg(name: string) {
+export function parseIntArg(name: string, opts: { positive?: boolean } = {}) {
   return (v: string): number => {
     const n = Number(v);
     if (!Number.isInteger(n)) throw new InvalidArgumentError(`${name} must be an integer, got "${v}"`);
+    if (opts.positive && n <= 0) throw new InvalidArgumentError(`${name} must be a positive integer, got "${v}"`);
     return n;
   };
 }

@@ -7,3 +7,4 @@ export * from './metrics.js';
 export * from './openai-schema.js';
 export * from './server.js';
 export * from './state.js';
+export { parseFloatArg, parseIdList, parseIntArg, progressBar } from './cli-util.js';
