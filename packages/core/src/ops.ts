@@ -12,6 +12,30 @@ import type { DeviceBuffer } from './backend.js';
 
 type Buf = DeviceBuffer;
 
+/** One dense decoder layer's weights and KV cache, as op `decoder_layers` takes them. */
+export interface DecoderLayerWeights {
+  /** [hidden] input RMSNorm weight. */
+  attnNorm: Buf;
+  /** [(numHeads + 2*numKvHeads)*headDim, hidden]: q, k and v projections stacked. */
+  qkv: Buf;
+  qkvBias?: Buf;
+  /** [headDim] per-head RMSNorm weights of q and k (QK-norm), when the model has them. */
+  qNorm?: Buf;
+  kNorm?: Buf;
+  /** [hidden, numHeads*headDim] output projection. */
+  o: Buf;
+  oBias?: Buf;
+  /** [hidden] post-attention RMSNorm weight. */
+  mlpNorm: Buf;
+  /** [2*intermediate, hidden]: gate rows, then up rows. */
+  gateUp: Buf;
+  /** [hidden, intermediate]. */
+  down: Buf;
+  /** This layer's paged cache, [slots, numKvHeads*headDim] each. */
+  kCache: Buf;
+  vCache: Buf;
+}
+
 export interface OpCatalogue {
   /** out[r, :] = table[ids[r], :]. ids: i32[rows]. */
   embedding: { table: Buf; ids: Buf; out: Buf; rows: number; hidden: number };
@@ -132,6 +156,43 @@ export interface OpCatalogue {
     kNorm?: Buf;
     eps?: number;
   };
+  /**
+   * A whole stack of dense decoder layers over the residual stream `x` [rows, hidden], in place:
+   * for each entry of `layers`, in order, exactly
+   *   fused_matmul(x -> qkv, weight qkv, bias qkvBias, normWeight attnNorm, eps)
+   *   rope_append(qkv, qNorm, kNorm, eps; keys and values to kCache/vCache at `slots`)
+   *   attention(q heads of qkv -> attn, scale)
+   *   fused_matmul(attn -> x, weight o, bias oBias, accumulate)
+   *   fused_matmul(x -> mlp, weight gateUp, normWeight mlpNorm, eps, glu)
+   *   fused_matmul(mlp -> x, weight down, accumulate)
+   * with qkv [rows, (numHeads + 2*numKvHeads)*headDim], attn [rows, numHeads*headDim] and
+   * mlp [rows, intermediate] as scratch (their contents afterwards are unspecified).
+   * Precondition: every row belongs to a different sequence (decode rows). A row does not see
+   * keys that other rows of the same call append, so rows of one sequence's prefill must use the
+   * per-layer ops. Lets a backend run the decoder as one persistent kernel per step.
+   */
+  decoder_layers: {
+    x: Buf;
+    qkv: Buf;
+    attn: Buf;
+    mlp: Buf;
+    positions: Buf;
+    slots: Buf;
+    blockTables: Buf;
+    rowSeq: Buf;
+    invFreq: Buf;
+    layers: readonly DecoderLayerWeights[];
+    rows: number;
+    hidden: number;
+    numHeads: number;
+    numKvHeads: number;
+    headDim: number;
+    intermediate: number;
+    blockSize: number;
+    maxBlocksPerSeq: number;
+    eps: number;
+    scale: number;
+  };
   /** out[r, i] = silu(x[r, i]) * x[r, dim + i]; x is [rows, 2*dim] (gate then up). */
   silu_mul: { x: Buf; out: Buf; rows: number; dim: number };
   /** out = a + b, elementwise over `length`. */
@@ -212,4 +273,5 @@ export const OP_NAMES: readonly OpName[] = [
   'advance_positions',
   'fused_matmul',
   'rope_append',
+  'decoder_layers',
 ];

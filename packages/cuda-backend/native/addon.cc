@@ -91,7 +91,7 @@ class Context : public Napi::ObjectWrap<Context> {
     CU(cudaSetDevice(device_));
     CU(cudaGetDeviceProperties(&prop_, device_));
     // One reservation holds the arena, the op workspace and cuBLAS's workspace.
-    size_t total = devBytes_ + wsBytes + cbWs + kCounterCount * sizeof(int);
+    size_t total = devBytes_ + wsBytes + cbWs + (kCounterCount + kGridSyncCount) * sizeof(int);
     cudaError_t e = cudaMalloc((void**)&devBase_, total);
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -115,9 +115,11 @@ class Context : public Napi::ObjectWrap<Context> {
     ex_.cublasWs = devBase_ + devBytes_ + wsBytes;
     ex_.cublasWsBytes = cbWs;
     ex_.smCount = prop_.multiProcessorCount;
+    ex_.smemOptin = (int)prop_.sharedMemPerBlockOptin;
     ex_.counters = (int*)(devBase_ + devBytes_ + wsBytes + cbWs);
     ex_.counterCount = kCounterCount;
-    CU(cudaMemset(ex_.counters, 0, kCounterCount * sizeof(int)));
+    ex_.gridSync = (unsigned*)(ex_.counters + kCounterCount);
+    CU(cudaMemset(ex_.counters, 0, (kCounterCount + kGridSyncCount) * sizeof(int)));
     CU(cudaDeviceSynchronize());  // the streams are non-blocking: the zeroes land before any launch
     cudaStream_t s0;
     CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
@@ -523,6 +525,7 @@ class Context : public Napi::ObjectWrap<Context> {
   static constexpr size_t kStageBytes = 4u << 20;     // the pinned staging ring
   static constexpr size_t kStageMaxWrite = 1u << 20;  // larger writes synchronize instead
   static constexpr size_t kCounterCount = 16384;      // attention combine counters (rows x heads)
+  static constexpr size_t kGridSyncCount = 4;         // the persistent decoder kernel's grid barrier
   size_t stageOff_ = 0, stageHead_ = 0;
   std::deque<Staged> staged_;
   std::vector<cudaEvent_t> stageEvents_;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -1329,12 +1330,8 @@ int opFusedMatmul(NervaExec* ex, Args& A) {
   return gemvRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias, f);
 }
 
-int opAttention(NervaExec* ex, Args& A) {
-  Buf q = buf(A), kc = buf(A), vc = buf(A), out = buf(A), bt = buf(A), rowSeq = buf(A), pos = buf(A);
-  int rows = A.num(), H = A.num(), KVH = A.num(), hd = A.num(), bs = A.num(), mbps = A.num(), qStride = A.num(),
-      qOff = A.num();
-  float scale = (float)A.next();
-  if (!A.ok) return bad(ex, "attention: argument count");
+int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
+                 int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale) {
   if (hd <= 0 || hd > 32 * ATT_MAX_EPL) return bad(ex, "attention: headDim must be in 1..256");
   if (KVH <= 0 || H % KVH != 0) return bad(ex, "attention: numHeads must be a multiple of numKvHeads");
   if (kc.dt != vc.dt) return bad(ex, "attention: kCache and vCache dtypes differ");
@@ -1360,28 +1357,50 @@ int opAttention(NervaExec* ex, Args& A) {
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     int nr = std::min(rowChunk, rows - r0);
     dim3 grid((unsigned)S, (unsigned)H, (unsigned)nr);
-    const float* qp = (const float*)q.p;
+    const float* qp = qPtr;
     const int *btp = (const int*)bt.p, *rsp = (const int*)rowSeq.p, *pp = (const int*)pos.p;
     // One kernel when the re-armed counters cover this chunk of rows; else a separate combine.
     int* cnt = ex->counters && (size_t)nr * H <= ex->counterCount ? ex->counters : nullptr;
     switch (kc.dt) {
       case NV_F32:
         LAUNCH(k_attn_partial<float>, grid, 128, 0, qp, (const float*)kc.p, (const float*)vc.p, btp, rsp, pp, part, H, KVH,
-               hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, (float*)out.p, cnt);
+               hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt);
         break;
       case NV_BF16:
         LAUNCH(k_attn_partial<uint16_t>, grid, 128, 0, qp, (const uint16_t*)kc.p, (const uint16_t*)vc.p, btp, rsp, pp,
-               part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, (float*)out.p, cnt);
+               part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt);
         break;
       case NV_F16:
         LAUNCH(k_attn_partial<__half>, grid, 128, 0, qp, (const __half*)kc.p, (const __half*)vc.p, btp, rsp, pp, part, H,
-               KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, (float*)out.p, cnt);
+               KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt);
         break;
       default: return bad(ex, "attention: unsupported cache dtype");
     }
     if (!cnt)
-      LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, (float*)out.p, H, hd, (int)S, r0);
+      LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, outPtr, H, hd, (int)S, r0);
   }
+  return NERVA_OK;
+}
+
+int opAttention(NervaExec* ex, Args& A) {
+  Buf q = buf(A), kc = buf(A), vc = buf(A), out = buf(A), bt = buf(A), rowSeq = buf(A), pos = buf(A);
+  int rows = A.num(), H = A.num(), KVH = A.num(), hd = A.num(), bs = A.num(), mbps = A.num(), qStride = A.num(),
+      qOff = A.num();
+  float scale = (float)A.next();
+  if (!A.ok) return bad(ex, "attention: argument count");
+  return attentionRun(ex, (const float*)q.p, kc, vc, (float*)out.p, bt, rowSeq, pos, rows, H, KVH, hd, bs, mbps, qStride,
+                      qOff, scale);
+}
+
+int ropeAppendRun(NervaExec* ex, float* qkv, Buf pos, Buf inv, Buf slots, Buf kc, Buf vc, Buf qn, Buf kn, int rows, int nq,
+                  int nkv, int hd, int rowStride, float eps) {
+  if (hd % 2 != 0 || hd > 2048) return bad(ex, "rope_append: headDim must be even and at most 2048");
+  if (kc.dt != vc.dt) return bad(ex, "rope_append: kCache and vCache dtypes differ");
+  if (qn.p && kn.p && qn.dt != kn.dt) return bad(ex, "rope_append: qNorm and kNorm dtypes differ");
+  if (rows <= 0) return NERVA_OK;
+  int ndt = qn.p ? qn.dt : kn.dt;
+  LAUNCH(k_rope_append, dim3(rows, nq + nkv), ((hd / 2 + 31) / 32) * 32, 0, qkv, (const int*)pos.p, (const float*)inv.p,
+         qn.p, kn.p, ndt, nq, hd, rowStride, eps, (const int*)slots.p, kc.p, vc.p, kc.dt, nkv);
   return NERVA_OK;
 }
 
@@ -1426,6 +1445,8 @@ int opSample(NervaExec* ex, Args& A) {
   }
   return NERVA_OK;
 }
+
+#include "decoder_layers.cuh"
 
 }  // namespace
 
@@ -1547,15 +1568,9 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       int rows = A.num(), nq = A.num(), nkv = A.num(), hd = A.num(), rowStride = A.num();
       float eps = (float)A.next();
       if (!A.ok) return bad(ex, "rope_append: argument count");
-      if (hd % 2 != 0 || hd > 2048) return bad(ex, "rope_append: headDim must be even and at most 2048");
-      if (kc.dt != vc.dt) return bad(ex, "rope_append: kCache and vCache dtypes differ");
-      if (qn.p && kn.p && qn.dt != kn.dt) return bad(ex, "rope_append: qNorm and kNorm dtypes differ");
-      if (rows <= 0) return NERVA_OK;
-      int ndt = qn.p ? qn.dt : kn.dt;
-      LAUNCH(k_rope_append, dim3(rows, nq + nkv), ((hd / 2 + 31) / 32) * 32, 0, (float*)x.p, (const int*)pos.p,
-             (const float*)inv.p, qn.p, kn.p, ndt, nq, hd, rowStride, eps, (const int*)slots.p, kc.p, vc.p, kc.dt, nkv);
-      return NERVA_OK;
+      return ropeAppendRun(ex, (float*)x.p, pos, inv, slots, kc, vc, qn, kn, rows, nq, nkv, hd, rowStride, eps);
     }
+    case OP_DECODER_LAYERS: return opDecoderLayers(ex, A);
     default: return bad(ex, "unknown op code");
   }
 }

@@ -28,6 +28,7 @@ enum NervaOp {
   OP_ADVANCE_POSITIONS,
   OP_FUSED_MATMUL,
   OP_ROPE_APPEND,
+  OP_DECODER_LAYERS,
   OP_COUNT
 };
 
@@ -79,6 +80,11 @@ struct NervaExec {
   // by the last block of each head; every user leaves them zero again.
   int* counters = nullptr;
   size_t counterCount = 0;
+  // Zeroed words of the persistent decoder kernel's grid barrier (arrivals, exits); the kernel's
+  // last block leaves them zero again.
+  unsigned* gridSync = nullptr;
+  // Largest dynamic shared memory a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+  int smemOptin = 48 * 1024;
   // Error detail for a failure (which call, or why the arguments were rejected).
   char errCall[160] = {0};
 };

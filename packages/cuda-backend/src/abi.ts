@@ -28,7 +28,8 @@ const ANY: readonly DType[] = ['f32', 'bf16', 'f16', 'i32'];
  * so a bad call is a typed error rather than an illegal memory access on the GPU.
  */
 export class OpEncoder {
-  readonly args = new Float64Array(64);
+  /** Grows (outside the hot path: the first call of a shape) for ops with per-layer buffers. */
+  args = new Float64Array(64);
   n = 0;
   private op = '';
 
@@ -62,6 +63,10 @@ export class OpEncoder {
 
   private num(v: number): void {
     this.args[this.n++] = v;
+  }
+
+  private reserve(n: number): void {
+    if (this.args.length < n) this.args = new Float64Array(n);
   }
 
   encode<K extends OpName>(op: K, a: OpArgs<K>): void {
@@ -247,6 +252,47 @@ export class OpEncoder {
         this.optBuf('qNorm', B('qNorm'), hd, WEIGHT);
         this.optBuf('kNorm', B('kNorm'), hd, WEIGHT);
         this.num(rows); this.num(nq); this.num(nkv); this.num(hd); this.num(stride); this.num(eps);
+        return;
+      }
+      case 'decoder_layers': {
+        const rows = c('rows'), hidden = c('hidden', 1), nq = c('numHeads', 1), nkv = c('numKvHeads', 1), hd = c('headDim', 2);
+        const inter = c('intermediate', 1), bs = c('blockSize', 1), mbps = c('maxBlocksPerSeq', 1);
+        if (hd % 2 !== 0) this.fail(`headDim must be even, got ${hd}`);
+        if (hd > 256) this.fail(`headDim ${hd} > 256 is not supported`);
+        if (nq % nkv !== 0) this.fail(`numHeads ${nq} is not a multiple of numKvHeads ${nkv}`);
+        const eps = x.eps as number, scale = x.scale as number;
+        if (!(eps >= 0)) this.fail(`eps must be >= 0, got ${eps}`);
+        if (!Number.isFinite(scale)) this.fail(`scale must be finite, got ${scale}`);
+        const layers = x.layers as OpArgs<'decoder_layers'>['layers'];
+        if (!Array.isArray(layers)) this.fail('layers must be an array');
+        const qkvOut = (nq + 2 * nkv) * hd, qw = nq * hd;
+        this.reserve(64 + layers.length * 24);
+        this.buf('x', B('x'), rows * hidden, FLOAT);
+        this.buf('qkv', B('qkv'), rows * qkvOut, FLOAT);
+        this.buf('attn', B('attn'), rows * qw, FLOAT);
+        this.buf('mlp', B('mlp'), rows * inter, FLOAT);
+        this.buf('positions', B('positions'), rows, INT);
+        this.buf('slots', B('slots'), rows, INT);
+        this.buf('blockTables', B('blockTables'), mbps, INT);
+        this.buf('rowSeq', B('rowSeq'), rows, INT);
+        this.buf('invFreq', B('invFreq'), hd / 2, FLOAT);
+        this.num(rows); this.num(hidden); this.num(nq); this.num(nkv); this.num(hd); this.num(inter); this.num(bs); this.num(mbps);
+        this.num(eps); this.num(scale); this.num(layers.length);
+        layers.forEach((l, i) => {
+          const L = (name: string) => `layers[${i}].${name}`;
+          this.buf(L('attnNorm'), l.attnNorm, hidden, WEIGHT);
+          this.buf(L('qkv'), l.qkv, qkvOut * hidden, WEIGHT);
+          this.optBuf(L('qkvBias'), l.qkvBias, qkvOut, WEIGHT);
+          this.optBuf(L('qNorm'), l.qNorm, hd, WEIGHT);
+          this.optBuf(L('kNorm'), l.kNorm, hd, WEIGHT);
+          this.buf(L('o'), l.o, hidden * qw, WEIGHT);
+          this.optBuf(L('oBias'), l.oBias, hidden, WEIGHT);
+          this.buf(L('mlpNorm'), l.mlpNorm, hidden, WEIGHT);
+          this.buf(L('gateUp'), l.gateUp, 2 * inter * hidden, WEIGHT);
+          this.buf(L('down'), l.down, hidden * inter, WEIGHT);
+          this.buf(L('kCache'), l.kCache, nkv * hd, WEIGHT);
+          this.buf(L('vCache'), l.vCache, nkv * hd, WEIGHT);
+        });
         return;
       }
       default:

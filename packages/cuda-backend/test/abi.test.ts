@@ -74,4 +74,29 @@ describe('OpEncoder', () => {
     enc.encode('rope', { x, positions: pos, invFreq: inv, rows: 2, numHeads: 2, headDim: 8, rowStride: 40, headOffset: 24 });
     expect(enc.args[enc.n - 1]).toBe(1e-6); // the default QK-norm epsilon
   });
+
+  it('packs decoder_layers: the shared buffers, the attributes, then 12 buffers per layer (growing the argument array)', () => {
+    const rows = 1, hidden = 16, nq = 4, nkv = 2, hd = 8, inter = 24, qkvOut = (nq + 2 * nkv) * hd;
+    const shared = {
+      x: buf('f32', rows * hidden), qkv: buf('f32', rows * qkvOut), attn: buf('f32', rows * nq * hd), mlp: buf('f32', rows * inter),
+      positions: buf('i32', 1), slots: buf('i32', 1), blockTables: buf('i32', 4), rowSeq: buf('i32', 1), invFreq: buf('f32', hd / 2),
+    };
+    const layer = () => ({
+      attnNorm: buf('bf16', hidden), qkv: buf('bf16', qkvOut * hidden), o: buf('bf16', hidden * nq * hd), mlpNorm: buf('bf16', hidden),
+      gateUp: buf('bf16', 2 * inter * hidden), down: buf('bf16', hidden * inter), kCache: buf('f32', 64 * nkv * hd), vCache: buf('f32', 64 * nkv * hd),
+    });
+    const layers = Array.from({ length: 5 }, layer);
+    const attrs = { rows, hidden, numHeads: nq, numKvHeads: nkv, headDim: hd, intermediate: inter, blockSize: 16, maxBlocksPerSeq: 4, eps: 1e-6, scale: 0.25 };
+    enc.encode('decoder_layers', { ...shared, layers, ...attrs });
+    expect(enc.n).toBe(9 * 2 + 11 + 5 * 24);
+    const a = Array.from(enc.args.subarray(0, enc.n));
+    expect(a.slice(18, 29)).toEqual([1, 16, 4, 2, 8, 24, 16, 4, 1e-6, 0.25, 5]);
+    // Layer 4: qkv weight after attnNorm; absent qkvBias, qNorm, kNorm encode as (0, 0).
+    const l4 = a.slice(29 + 4 * 24, 29 + 5 * 24);
+    expect(l4.slice(0, 10)).toEqual([resolved.get(layers[4].attnNorm.id)!.addr, 1, resolved.get(layers[4].qkv.id)!.addr, 1, 0, 0, 0, 0, 0, 0]);
+    expect(l4.slice(20)).toEqual([resolved.get(layers[4].kCache.id)!.addr, 0, resolved.get(layers[4].vCache.id)!.addr, 0]);
+    const bad = [...layers.slice(0, 2), { ...layer(), down: buf('bf16', hidden * inter - 1) }];
+    expect(() => enc.encode('decoder_layers', { ...shared, layers: bad, ...attrs })).toThrow(/layers\[2\]\.down needs 384 elements/);
+    expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, numKvHeads: 3 })).toThrow(/not a multiple of numKvHeads 3/);
+  });
 });

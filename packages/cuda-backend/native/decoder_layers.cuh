@@ -1,0 +1,772 @@
+// Op decoder_layers: the whole stack of dense decoder layers of a decode step as one persistent
+// kernel. Included by kernels.cu (inside its anonymous namespace, after the per-op kernels and
+// launchers, whose helpers it uses).
+//
+// Why: at batch 1 a small model's layer is six kernels of a few microseconds each, and the
+// kernel boundaries (drain, launch, ramp-up) cost as much as the weights take to stream. Here one
+// block per SM runs every layer; the phases of a layer (qkv, attention, o, gate_up, down) are
+// separated by grid-wide barriers, and each warp issues its first weight loads of the next phase
+// before it waits at the barrier, so the barrier hides behind the weight stream.
+//
+// The arithmetic is the per-op path's (op fused_matmul, rope_append, attention): warp-per-output
+// GEMV with fp32 accumulation over lane-strided 16-byte weight chunks, the rows normalized once
+// per block, split-KV online-softmax attention merged by the last split to arrive.
+//
+// Activations written by one block and read by another in a later phase are read with __ldcg
+// (L2, never a possibly stale L1 line); the barrier orders them (fence, then counter).
+
+constexpr int DL_MAX_LAYERS = 32;  // per launch: the layer table travels as a kernel parameter
+constexpr int DL_WARPS = 16;
+constexpr int DL_THREADS = DL_WARPS * 32;
+constexpr int DL_MAXQ = 8;  // q heads per KV head
+constexpr int DL_EPL = 4;   // head elements per lane: headDim <= 128
+constexpr int DL_QG = 4;    // q heads a warp keeps in registers at once
+constexpr int DL_KB = 2;    // keys each warp has in flight
+constexpr int DL_MIN_CHUNK = 16;
+
+struct DlLayer {
+  const uint16_t* qkv;
+  const uint16_t* o;
+  const uint16_t* gateUp;
+  const uint16_t* down;
+  const void* attnNorm;
+  const void* mlpNorm;
+  const void* qNorm;
+  const void* kNorm;
+  const void* qkvBias;
+  const void* oBias;
+  void* kc;
+  void* vc;
+};
+
+struct DlParams {
+  float* x;
+  float* qkv;
+  float* attn;
+  float* mlp;
+  float* part;
+  int* counters;
+  unsigned* bar;
+  const int* positions;
+  const int* slots;
+  const int* bt;
+  const int* rowSeq;
+  const float* invFreq;
+  int rows, hidden, nq, nkv, hd, inter, bs, mbps, nLayers, S;
+  int normBf, qkNormBf, biasDt;
+  int ksQkv, ksO, ksGu, ksDown;
+  int last;  // 1 when this launch ends the stack (it releases the next kernel early)
+  float eps, scale;
+  DlLayer L[DL_MAX_LAYERS];
+};
+
+__device__ __forceinline__ float dlW(const void* p, int bf, int i) {
+  return bf ? bf2f(((const uint16_t*)p)[i]) : ((const float*)p)[i];
+}
+
+__device__ __forceinline__ unsigned dlAcquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Grid-wide barrier over a monotonically growing arrival counter; `target` is this block's
+// running count of expected arrivals (gridDim.x per barrier passed).
+__device__ __forceinline__ void dlGridSync(unsigned* bar, unsigned& target) {
+  __syncthreads();
+  target += gridDim.x;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(bar, 1u);
+    while (dlAcquire(bar) < target) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// Rows of src [rows, K] (row stride ld) into shared memory in the GEMV's interleaved layout
+// (float4 j of row r at xs[r * n4 + (j & 1) * n8 + (j >> 1)]), normalized with nw when given.
+template <int R>
+__device__ void dlStage(const float* src, int ld, int K, int rows, float4* xs, const void* nw, int nwbf, float eps,
+                        float* ssw) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n4 = K >> 2, n8 = K >> 3;
+  float ss[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    ss[r] = 0.f;
+    if (r < rows) {
+      const float4* xr = reinterpret_cast<const float4*>(src + (size_t)r * ld);
+      for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        float4 v = __ldcg(xr + j);
+        ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        xs[r * n4 + (j & 1) * n8 + (j >> 1)] = v;
+      }
+    }
+  }
+  if (!nw) {
+    __syncthreads();
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float t = warpSum(ss[r]);
+    if (lane == 0) ssw[warp * R + r] = t;
+  }
+  __syncthreads();
+  if (threadIdx.x < R) {
+    float t = 0.f;
+    for (int j = 0; j < DL_WARPS; j++) t += ssw[j * R + threadIdx.x];
+    ssw[DL_WARPS * R + threadIdx.x] = rsqrtf(t / (float)K + eps);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    if (r >= rows) continue;
+    float inv = ssw[DL_WARPS * R + r];
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+      float4 g;
+      if (nwbf) {
+        uint2 t = __ldg(reinterpret_cast<const uint2*>(nw) + j);
+        g = make_float4(__uint_as_float(t.x << 16), __uint_as_float(t.x & 0xffff0000u), __uint_as_float(t.y << 16),
+                        __uint_as_float(t.y & 0xffff0000u));
+      } else {
+        g = __ldg(reinterpret_cast<const float4*>(nw) + j);
+      }
+      float4& v = xs[r * n4 + (j & 1) * n8 + (j >> 1)];
+      v.x = v.x * inv * g.x;
+      v.y = v.y * inv * g.y;
+      v.z = v.z * inv * g.z;
+      v.w = v.w * inv * g.w;
+    }
+  }
+  __syncthreads();
+}
+
+// One GEMV phase: out[r, o] (=|+=) W[o, :] . xs[r, :] (+ bias[o]) for o < N; with NO == 2 the
+// rows o and N + o are gate and up and out = silu(gate) * up. KS warps of a block share one
+// output (split over K, reduced in a fixed order). The warp's first tile of weights is loaded
+// before `prep` (the barrier wait and the staging of xs) runs.
+template <int R, int NO, typename Prep>
+__device__ void dlGemv(const uint16_t* __restrict__ W, int N, int K, int KS, const float4* xs, float* out, int ldo,
+                       int rows, const void* bias, int biasDt, bool accumulate, float* red, Prep prep) {
+  constexpr int U = NO == 1 ? 4 : 2;  // 16-byte loads in flight per lane (more spills registers)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int opb = DL_WARPS / KS;
+  const int ks = warp % KS;
+  const int n4 = K >> 2, n8 = K >> 3;
+  const int ST = 32 * KS;
+  int base = blockIdx.x * opb;
+  uint4 q[U][NO];
+  if (base < N) {
+    int o = min(base + warp / KS, N - 1);
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+      for (int n = 0; n < NO; n++) {
+        int k = lane + ks * 32 + u * ST;
+        if (k < n8) q[u][n] = __ldcs(reinterpret_cast<const uint4*>(W + (size_t)(o + n * N) * K) + k);
+      }
+  }
+  prep();
+
+  for (bool first = true; base < N; base += gridDim.x * opb, first = false) {
+    int o = base + warp / KS;
+    const bool live = o < N;
+    if (!live) o = N - 1;
+    const uint4* wr[NO];
+#pragma unroll
+    for (int n = 0; n < NO; n++) wr[n] = reinterpret_cast<const uint4*>(W + (size_t)(o + n * N) * K);
+    float acc[NO][R];
+#pragma unroll
+    for (int n = 0; n < NO; n++)
+#pragma unroll
+      for (int r = 0; r < R; r++) acc[n][r] = 0.f;
+    auto fma8 = [&](const uint4* qq, int k8) {
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        if (r < rows) {
+          float4 a = xs[r * n4 + k8], b = xs[r * n4 + n8 + k8];
+#pragma unroll
+          for (int n = 0; n < NO; n++) {
+            const uint4& w = qq[n];
+            acc[n][r] += __uint_as_float(w.x << 16) * a.x + __uint_as_float(w.x & 0xffff0000u) * a.y +
+                         __uint_as_float(w.y << 16) * a.z + __uint_as_float(w.y & 0xffff0000u) * a.w +
+                         __uint_as_float(w.z << 16) * b.x + __uint_as_float(w.z & 0xffff0000u) * b.y +
+                         __uint_as_float(w.w << 16) * b.z + __uint_as_float(w.w & 0xffff0000u) * b.w;
+          }
+        }
+      }
+    };
+    int k = lane + ks * 32;
+    if (first) {
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (k + u * ST < n8) fma8(q[u], k + u * ST);
+      k += U * ST;
+    }
+    for (; k + (U - 1) * ST < n8; k += U * ST) {
+#pragma unroll
+      for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int n = 0; n < NO; n++) q[u][n] = __ldcs(wr[n] + k + u * ST);
+#pragma unroll
+      for (int u = 0; u < U; u++) fma8(q[u], k + u * ST);
+    }
+    for (; k < n8; k += ST) {
+#pragma unroll
+      for (int n = 0; n < NO; n++) q[0][n] = __ldcs(wr[n] + k);
+      fma8(q[0], k);
+    }
+    auto finish = [&](int r, float g, float u) {
+      float y = g + (bias ? ldf(bias, biasDt, o) : 0.f);
+      if (NO == 2) y = y / (1.f + expf(-y)) * u;
+      float* d = out + (size_t)r * ldo + o;
+      *d = accumulate ? __ldcg(d) + y : y;
+    };
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      float v0 = warpSum(acc[0][r]);
+      float v1 = NO == 2 ? warpSum(acc[NO - 1][r]) : 0.f;
+      if (KS == 1) {
+        if (live && lane == 0 && r < rows) finish(r, v0, v1);
+      } else if (lane == 0) {
+        red[(warp * 2 + 0) * R + r] = v0;
+        red[(warp * 2 + 1) * R + r] = v1;
+      }
+    }
+    if (KS > 1) {
+      __syncthreads();
+      if (ks == 0 && live && lane < R && lane < rows) {
+        float g = 0.f, u = 0.f;
+        for (int j = 0; j < KS; j++) {
+          g += red[((warp + j) * 2 + 0) * R + lane];
+          u += red[((warp + j) * 2 + 1) * R + lane];
+        }
+        finish(lane, g, u);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Hint the L2 to fetch this block's rows of the next phase's weights (rows base.. of every round).
+__device__ __forceinline__ void dlPrefetchRows(const uint16_t* W, int N, int K, int KS) {
+  const int opb = DL_WARPS / KS;
+  const size_t rowBytes = (size_t)K * 2;
+  const int linesPerRow = (int)((rowBytes + 127) / 128);
+  for (int base = blockIdx.x * opb; base < N; base += gridDim.x * opb) {
+    int nRows = min(opb, N - base);
+    const char* p = reinterpret_cast<const char*>(W + (size_t)base * K);
+    for (int i = threadIdx.x; i < nRows * linesPerRow; i += blockDim.x)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p + (size_t)i * 128));
+  }
+}
+
+template <typename KT>
+__device__ __forceinline__ void dlStoreKv(KT* c, size_t i, float v);
+template <>
+__device__ __forceinline__ void dlStoreKv<float>(float* c, size_t i, float v) { c[i] = v; }
+template <>
+__device__ __forceinline__ void dlStoreKv<uint16_t>(uint16_t* c, size_t i, float v) { c[i] = f2bf(v); }
+
+// Attention phase of one layer: work items (row, KV head, split). Each item applies QK-norm and
+// RoPE to its q heads and to the new key (in shared memory), attends over its split of the
+// context (the new key and value from shared memory, the rest from the cache), and writes one
+// partial per q head; the split that arrives last merges them into attn. Split 0 appends the
+// new key and value to the cache.
+template <typename KT>
+__device__ void dlAttention(const DlParams& P, const DlLayer& L, float* sm, int* lastFlag) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int hd = P.hd, half = hd >> 1, epl = hd >> 5, nq = P.nq, nkv = P.nkv, gq = nq / nkv, S = P.S;
+  const int qkvOut = (nq + 2 * nkv) * hd;
+  const size_t width = (size_t)nkv * hd;
+  float* qs = sm;                      // [gq][hd], scaled
+  float* kn = qs + DL_MAXQ * hd;       // [hd]
+  float* vn = kn + hd;                 // [hd]
+  float* pm = vn + hd;                 // [DL_WARPS][DL_MAXQ]
+  float* pl = pm + DL_WARPS * DL_MAXQ; // [DL_WARPS][DL_MAXQ]
+  float* pa = pl + DL_WARPS * DL_MAXQ; // [DL_WARPS][gq][hd]
+  KT* kc = (KT*)L.kc;
+  KT* vc = (KT*)L.vc;
+  const int items = P.rows * nkv * S;
+  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+    const int s = it % S, kvh = (it / S) % nkv, r = it / (S * nkv);
+    const int last = P.positions[r], slot = P.slots[r];
+    const float* row = P.qkv + (size_t)r * qkvOut;
+    __syncthreads();  // shared memory of the previous item
+    if (warp <= gq) {
+      const bool isK = warp == gq;
+      const float* src = isK ? row + (size_t)(nq + kvh) * hd : row + (size_t)(kvh * gq + warp) * hd;
+      float v[DL_EPL];
+#pragma unroll
+      for (int j = 0; j < DL_EPL; j++) v[j] = j < epl ? __ldcg(src + j * 32 + lane) : 0.f;
+      const void* nw = isK ? L.kNorm : L.qNorm;
+      if (nw) {
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < DL_EPL; j++) ss += v[j] * v[j];
+        ss = warpSum(ss);
+        float inv = rsqrtf(ss / (float)hd + P.eps);
+#pragma unroll
+        for (int j = 0; j < DL_EPL; j++)
+          if (j < epl) v[j] = v[j] * inv * dlW(nw, P.qkNormBf, j * 32 + lane);
+      }
+      const int e2 = epl >> 1;
+#pragma unroll
+      for (int j = 0; j < DL_EPL / 2; j++) {
+        if (j >= e2) break;
+        int i = j * 32 + lane;
+        double ang = (double)__fmul_rn((float)last, P.invFreq[i]);
+        double sn, cs;
+        sincos(ang, &sn, &cs);
+        float a = v[j], b = v[j + e2];
+        float ra = (float)((double)a * cs - (double)b * sn), rb = (float)((double)b * cs + (double)a * sn);
+        if (isK) {
+          kn[i] = ra;
+          kn[i + half] = rb;
+          if (s == 0 && slot >= 0) {
+            dlStoreKv<KT>(kc, (size_t)slot * width + (size_t)kvh * hd + i, ra);
+            dlStoreKv<KT>(kc, (size_t)slot * width + (size_t)kvh * hd + i + half, rb);
+          }
+        } else {
+          qs[warp * hd + i] = ra * P.scale;
+          qs[warp * hd + i + half] = rb * P.scale;
+        }
+      }
+    } else if (warp == gq + 1) {
+      const float* src = row + (size_t)(nq + nkv + kvh) * hd;
+      for (int t = lane; t < hd; t += 32) {
+        float v = __ldcg(src + t);
+        vn[t] = v;
+        if (s == 0 && slot >= 0) dlStoreKv<KT>(vc, (size_t)slot * width + (size_t)kvh * hd + t, v);
+      }
+    }
+    __syncthreads();
+
+    const int chunk = max(DL_MIN_CHUNK, (last + S) / S);
+    const int nAct = last / chunk + 1;
+    const int start = s * chunk;
+    if (start <= last) {
+      const int end = min(start + chunk - 1, last);
+      const int* btr = P.bt + (size_t)P.rowSeq[r] * P.mbps;
+      // q heads in register groups of DL_QG (two passes over the keys for gq > DL_QG).
+      for (int h0 = 0; h0 < gq; h0 += DL_QG) {
+        const int ng = min(DL_QG, gq - h0);
+        float qv[DL_QG][DL_EPL], acc[DL_QG][DL_EPL], m[DL_QG], l[DL_QG];
+#pragma unroll
+        for (int h = 0; h < DL_QG; h++) {
+          m[h] = -INFINITY;
+          l[h] = 0.f;
+#pragma unroll
+          for (int j = 0; j < DL_EPL; j++) {
+            qv[h][j] = (h < ng && j < epl) ? qs[(h0 + h) * hd + j * 32 + lane] : 0.f;
+            acc[h][j] = 0.f;
+          }
+        }
+        for (int p0 = start + warp; p0 <= end; p0 += DL_WARPS * DL_KB) {
+          float kv[DL_KB][DL_EPL], vv[DL_KB][DL_EPL];
+          bool ok[DL_KB];
+#pragma unroll
+          for (int b = 0; b < DL_KB; b++) {
+            int p = p0 + b * DL_WARPS;
+            ok[b] = p <= end;
+            if (ok[b] && p == last) {
+#pragma unroll
+              for (int j = 0; j < DL_EPL; j++) {
+                kv[b][j] = j < epl ? kn[j * 32 + lane] : 0.f;
+                vv[b][j] = j < epl ? vn[j * 32 + lane] : 0.f;
+              }
+            } else {
+              size_t sl = ok[b] ? (size_t)btr[p / P.bs] * P.bs + p % P.bs : 0;
+              const KT* kr = kc + sl * width + (size_t)kvh * hd;
+              const KT* vr = vc + sl * width + (size_t)kvh * hd;
+#pragma unroll
+              for (int j = 0; j < DL_EPL; j++) {
+                bool in = ok[b] && j < epl;
+                kv[b][j] = in ? ldk<KT>(kr, j * 32 + lane) : 0.f;
+                vv[b][j] = in ? ldk<KT>(vr, j * 32 + lane) : 0.f;
+              }
+            }
+          }
+          float d[DL_KB][DL_QG];
+#pragma unroll
+          for (int b = 0; b < DL_KB; b++)
+#pragma unroll
+            for (int h = 0; h < DL_QG; h++) {
+              d[b][h] = 0.f;
+#pragma unroll
+              for (int j = 0; j < DL_EPL; j++) d[b][h] += qv[h][j] * kv[b][j];
+            }
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int b = 0; b < DL_KB; b++)
+#pragma unroll
+              for (int h = 0; h < DL_QG; h++) d[b][h] += __shfl_xor_sync(0xffffffffu, d[b][h], o);
+#pragma unroll
+          for (int h = 0; h < DL_QG; h++) {
+            float mn = m[h];
+#pragma unroll
+            for (int b = 0; b < DL_KB; b++)
+              if (ok[b]) mn = fmaxf(mn, d[b][h]);
+            float corr = expf(m[h] - mn);
+            l[h] *= corr;
+#pragma unroll
+            for (int j = 0; j < DL_EPL; j++) acc[h][j] *= corr;
+#pragma unroll
+            for (int b = 0; b < DL_KB; b++) {
+              if (!ok[b]) continue;
+              float e = expf(d[b][h] - mn);
+              l[h] += e;
+#pragma unroll
+              for (int j = 0; j < DL_EPL; j++) acc[h][j] += e * vv[b][j];
+            }
+            m[h] = mn;
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < DL_QG; h++) {
+          if (h >= ng) break;
+          if (lane == 0) {
+            pm[warp * DL_MAXQ + h0 + h] = m[h];
+            pl[warp * DL_MAXQ + h0 + h] = l[h];
+          }
+#pragma unroll
+          for (int j = 0; j < DL_EPL; j++)
+            if (j < epl) pa[(warp * gq + h0 + h) * hd + j * 32 + lane] = acc[h][j];
+        }
+      }
+      __syncthreads();
+      for (int t = threadIdx.x; t < gq * hd; t += blockDim.x) {
+        const int h = t / hd, i = t % hd;
+        float M = -INFINITY;
+        for (int w = 0; w < DL_WARPS; w++) M = fmaxf(M, pm[w * DL_MAXQ + h]);
+        float a = 0.f, Ls = 0.f;
+        for (int w = 0; w < DL_WARPS; w++) {
+          float lw = pl[w * DL_MAXQ + h];
+          if (lw > 0.f) {
+            float c = expf(pm[w * DL_MAXQ + h] - M);
+            a += pa[(w * gq + h) * hd + i] * c;
+            Ls += lw * c;
+          }
+        }
+        float* dst = P.part + ((size_t)(r * nq + kvh * gq + h) * S + s) * (hd + 2);
+        dst[2 + i] = a;
+        if (i == 0) {
+          dst[0] = M;
+          dst[1] = Ls;
+        }
+      }
+    }
+    // Arrive; the last split of (row, KV head) merges the partials of its q heads.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int* c = P.counters + (size_t)r * nkv + kvh;
+      int old = atomicAdd(c, 1);
+      *lastFlag = old == S - 1;
+      if (*lastFlag) *c = 0;
+    }
+    __syncthreads();
+    if (*lastFlag) {
+      __threadfence();
+      for (int t = threadIdx.x; t < gq * hd; t += blockDim.x) {
+        const int h = kvh * gq + t / hd, i = t % hd;
+        const float* base = P.part + (size_t)(r * nq + h) * S * (hd + 2);
+        float M = -INFINITY;
+        for (int s2 = 0; s2 < nAct; s2++) M = fmaxf(M, __ldcg(base + (size_t)s2 * (hd + 2)));
+        float Ls = 0.f, a = 0.f;
+        for (int s2 = 0; s2 < nAct; s2++) {
+          const float* ps = base + (size_t)s2 * (hd + 2);
+          float lv = __ldcg(ps + 1);
+          if (lv > 0.f) {
+            float c = expf(__ldcg(ps) - M);
+            Ls += lv * c;
+            a += __ldcg(ps + 2 + i) * c;
+          }
+        }
+        P.attn[(size_t)r * nq * hd + (size_t)h * hd + i] = Ls > 0.f ? a / Ls : 0.f;
+      }
+    }
+  }
+}
+
+// Shared memory of the attention phase, in floats.
+inline size_t dlAttnSmemFloats(int hd, int gq) {
+  return (size_t)DL_MAXQ * hd + 2 * (size_t)hd + 2 * (size_t)DL_WARPS * DL_MAXQ + (size_t)DL_WARPS * gq * hd;
+}
+
+template <int R, typename KT>
+__global__ void __launch_bounds__(DL_THREADS, 1) k_decoder_layers(const __grid_constant__ DlParams P) {
+  extern __shared__ float4 dsm[];
+  __shared__ float red[DL_WARPS * 2 * R];
+  __shared__ float ssw[DL_WARPS * R + R];
+  __shared__ int lastFlag;
+  unsigned target = 0;
+  const int hidden = P.hidden, qw = P.nq * P.hd, qkvOut = (P.nq + 2 * P.nkv) * P.hd, rows = P.rows;
+  for (int li = 0; li < P.nLayers; li++) {
+    const DlLayer& L = P.L[li];
+    dlGemv<R, 1>(L.qkv, qkvOut, hidden, P.ksQkv, dsm, P.qkv, qkvOut, rows, L.qkvBias, P.biasDt, false, red, [&]() {
+      if (li == 0) pdlWait();  // the embedding (or the previous launch) wrote x
+      else dlGridSync(P.bar, target);
+      dlStage<R>(P.x, hidden, hidden, rows, dsm, L.attnNorm, P.normBf, P.eps, ssw);
+    });
+    dlPrefetchRows(L.o, hidden, qw, P.ksO);
+    dlGridSync(P.bar, target);
+    dlAttention<KT>(P, L, reinterpret_cast<float*>(dsm), &lastFlag);
+    dlGemv<R, 1>(L.o, hidden, qw, P.ksO, dsm, P.x, hidden, rows, L.oBias, P.biasDt, true, red, [&]() {
+      dlGridSync(P.bar, target);
+      dlStage<R>(P.attn, qw, qw, rows, dsm, nullptr, 0, 0.f, ssw);
+    });
+    dlGemv<R, 2>(L.gateUp, P.inter, hidden, P.ksGu, dsm, P.mlp, P.inter, rows, nullptr, 0, false, red, [&]() {
+      dlGridSync(P.bar, target);
+      dlStage<R>(P.x, hidden, hidden, rows, dsm, L.mlpNorm, P.normBf, P.eps, ssw);
+    });
+    const bool lastLayer = li == P.nLayers - 1;
+    dlGemv<R, 1>(L.down, hidden, P.inter, P.ksDown, dsm, P.x, hidden, rows, nullptr, 0, true, red, [&]() {
+      dlGridSync(P.bar, target);
+      if (lastLayer && P.last) pdlTrigger();  // the final norm may be scheduled now; it waits for us
+      dlStage<R>(P.mlp, P.inter, P.inter, rows, dsm, nullptr, 0, 0.f, ssw);
+    });
+    if (!lastLayer) {
+      // The next layer's qkv rows start streaming into L2 while this block waits.
+      dlPrefetchRows(P.L[li + 1].qkv, qkvOut, hidden, P.ksQkv);
+    }
+  }
+  // The last block out re-arms the barrier for the next launch (every block has passed every
+  // barrier once it exits, so nobody still reads the counter).
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned old = atomicAdd(P.bar + 1, 1u);
+    if (old == gridDim.x - 1) {
+      P.bar[0] = 0;
+      P.bar[1] = 0;
+      __threadfence();
+    }
+  }
+}
+
+// Warps per output for an N x K phase over G blocks: the split that leaves the fewest warps idle
+// in the last round (ties: the smaller split; each lane keeps at least one 16-byte chunk).
+int dlPickKs(int N, int K, int G) {
+  int best = 1;
+  double bestEff = -1;
+  for (int ks = 1; ks <= DL_WARPS; ks *= 2) {
+    if (K / 8 < 32 * ks) break;
+    int opb = DL_WARPS / ks;
+    long long perRound = (long long)G * opb;
+    long long rounds = (N + perRound - 1) / perRound;
+    double eff = (double)N / (double)(rounds * perRound);
+    if (eff > bestEff + 1e-9) {
+      bestEff = eff;
+      best = ks;
+    }
+  }
+  return best;
+}
+
+struct DlLayerBufs {
+  Buf attnNorm, qkv, qkvBias, qNorm, kNorm, o, oBias, mlpNorm, gateUp, down, kc, vc;
+};
+
+template <int R, typename KT>
+int dlLaunch(NervaExec* ex, DlParams& P, size_t smem, int G) {
+  auto kern = k_decoder_layers<R, KT>;
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return check(ex, "k_decoder_layers (shared memory)", e);
+  }
+  return check(ex, "k_decoder_layers", launchKernel(ex, kern, dim3(G), dim3(DL_THREADS), smem, P));
+}
+
+// Blocks of the persistent kernel that fit on the device at once (0: it cannot run).
+template <int R, typename KT>
+int dlResident(NervaExec* ex, size_t smem) {
+  auto kern = k_decoder_layers<R, KT>;
+  if (smem > 48 * 1024 && cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  int nb = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, DL_THREADS, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return nb;
+}
+
+template <int R>
+int dlDispatch(NervaExec* ex, DlParams& P, int cdt, size_t smem, int G, bool probe) {
+  if (cdt == NV_F32) return probe ? dlResident<R, float>(ex, smem) : dlLaunch<R, float>(ex, P, smem, G);
+  return probe ? dlResident<R, uint16_t>(ex, smem) : dlLaunch<R, uint16_t>(ex, P, smem, G);
+}
+
+int dlRun(NervaExec* ex, int R, DlParams& P, int cdt, size_t smem, int G, bool probe) {
+  switch (R) {
+    case 1: return dlDispatch<1>(ex, P, cdt, smem, G, probe);
+    case 2: return dlDispatch<2>(ex, P, cdt, smem, G, probe);
+    default: return dlDispatch<4>(ex, P, cdt, smem, G, probe);
+  }
+}
+
+bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
+// Op decoder_layers. The persistent kernel when the shapes fit it; otherwise the same
+// composition as the per-op path, layer by layer (fused_matmul, rope_append, attention).
+int opDecoderLayers(NervaExec* ex, Args& A) {
+  Buf x = buf(A), qkv = buf(A), attn = buf(A), mlp = buf(A), pos = buf(A), slots = buf(A), bt = buf(A),
+      rowSeq = buf(A), inv = buf(A);
+  int rows = A.num(), hidden = A.num(), nq = A.num(), nkv = A.num(), hd = A.num(), inter = A.num(), bs = A.num(),
+      mbps = A.num();
+  float eps = (float)A.next(), scale = (float)A.next();
+  int nL = A.num();
+  if (!A.ok || nL < 0) return bad(ex, "decoder_layers: argument count");
+  std::vector<DlLayerBufs> Ls((size_t)nL);
+  for (auto& l : Ls) {
+    l.attnNorm = buf(A);
+    l.qkv = buf(A);
+    l.qkvBias = buf(A);
+    l.qNorm = buf(A);
+    l.kNorm = buf(A);
+    l.o = buf(A);
+    l.oBias = buf(A);
+    l.mlpNorm = buf(A);
+    l.gateUp = buf(A);
+    l.down = buf(A);
+    l.kc = buf(A);
+    l.vc = buf(A);
+  }
+  if (!A.ok) return bad(ex, "decoder_layers: argument count");
+  if (nkv <= 0 || nq % nkv != 0) return bad(ex, "decoder_layers: numHeads must be a multiple of numKvHeads");
+  if (hd <= 0 || hd % 2 != 0 || hd > 256) return bad(ex, "decoder_layers: headDim must be even and at most 256");
+  for (auto& l : Ls)
+    if (l.kc.dt != l.vc.dt) return bad(ex, "decoder_layers: kCache and vCache dtypes differ");
+  if (rows <= 0 || nL == 0) return NERVA_OK;
+  const int qkvOut = (nq + 2 * nkv) * hd, qw = nq * hd, gq = nq / nkv;
+
+  // Can the persistent kernel take it?
+  bool mega = rows <= 4 && ex->gridSync && hd % 64 == 0 && hd <= 32 * DL_EPL && gq <= DL_MAXQ && gq + 2 <= DL_WARPS &&
+              hidden % 8 == 0 && qw % 8 == 0 && inter % 8 == 0 && aligned16(x.p) && aligned16(attn.p) &&
+              aligned16(mlp.p) && (size_t)rows * nkv <= ex->counterCount;
+  const int normDt = Ls[0].attnNorm.dt, cdt = Ls[0].kc.dt;
+  const bool qkNorm = Ls[0].qNorm.p != nullptr;
+  int biasDt = -1;
+  for (auto& l : Ls) {
+    for (const Buf* w : {&l.qkv, &l.o, &l.gateUp, &l.down})
+      if (w->dt != NV_BF16 || !aligned16(w->p)) mega = false;
+    if (l.attnNorm.dt != normDt || l.mlpNorm.dt != normDt || !aligned16(l.attnNorm.p) || !aligned16(l.mlpNorm.p))
+      mega = false;
+    if ((l.qNorm.p != nullptr) != qkNorm || (l.kNorm.p != nullptr) != qkNorm) mega = false;
+    if (qkNorm && (l.qNorm.dt != Ls[0].qNorm.dt || l.kNorm.dt != Ls[0].qNorm.dt)) mega = false;
+    for (const Buf* b : {&l.qkvBias, &l.oBias}) {
+      if (!b->p) continue;
+      if (biasDt >= 0 && b->dt != biasDt) mega = false;
+      biasDt = b->dt;
+    }
+    if (l.kc.dt != cdt) mega = false;
+  }
+  if (normDt != NV_BF16 && normDt != NV_F32) mega = false;
+  if (qkNorm && Ls[0].qNorm.dt != NV_BF16 && Ls[0].qNorm.dt != NV_F32) mega = false;
+  if (cdt != NV_F32 && cdt != NV_BF16) mega = false;
+  const int R = rows == 1 ? 1 : rows == 2 ? 2 : 4;
+  const size_t kMax = (size_t)std::max(hidden, std::max(qw, inter));
+  const size_t smem = std::max((size_t)R * kMax, dlAttnSmemFloats(hd, gq)) * sizeof(float);
+  if (smem > (size_t)ex->smemOptin) mega = false;
+  int G = 0;
+  if (mega) {
+    DlParams probe;
+    int nb = dlRun(ex, R, probe, cdt, smem, 0, true);
+    G = ex->smCount * std::min(nb, 1);
+    if (G <= 0) mega = false;
+  }
+  int S = 1;
+  if (mega) {
+    S = std::max(1, G / (rows * nkv));
+    while (S > 1 && (size_t)rows * nq * S * (hd + 2) * sizeof(float) > ex->wsBytes) S /= 2;
+    if ((size_t)rows * nq * S * (hd + 2) * sizeof(float) > ex->wsBytes) mega = false;
+  }
+
+  if (mega) {
+    DlParams P;
+    memset(&P, 0, sizeof P);
+    P.x = (float*)x.p;
+    P.qkv = (float*)qkv.p;
+    P.attn = (float*)attn.p;
+    P.mlp = (float*)mlp.p;
+    P.part = (float*)ex->ws;
+    P.counters = ex->counters;
+    P.bar = ex->gridSync;
+    P.positions = (const int*)pos.p;
+    P.slots = (const int*)slots.p;
+    P.bt = (const int*)bt.p;
+    P.rowSeq = (const int*)rowSeq.p;
+    P.invFreq = (const float*)inv.p;
+    P.rows = rows;
+    P.hidden = hidden;
+    P.nq = nq;
+    P.nkv = nkv;
+    P.hd = hd;
+    P.inter = inter;
+    P.bs = bs;
+    P.mbps = mbps;
+    P.S = S;
+    P.normBf = normDt == NV_BF16;
+    P.qkNormBf = qkNorm && Ls[0].qNorm.dt == NV_BF16;
+    P.biasDt = biasDt < 0 ? NV_F32 : biasDt;
+    P.ksQkv = dlPickKs(qkvOut, hidden, G);
+    P.ksO = dlPickKs(hidden, qw, G);
+    P.ksGu = dlPickKs(inter, hidden, G);
+    P.ksDown = dlPickKs(hidden, inter, G);
+    P.eps = eps;
+    P.scale = scale;
+    for (int l0 = 0; l0 < nL; l0 += DL_MAX_LAYERS) {
+      P.nLayers = std::min(DL_MAX_LAYERS, nL - l0);
+      P.last = l0 + P.nLayers == nL;
+      for (int i = 0; i < P.nLayers; i++) {
+        const DlLayerBufs& l = Ls[(size_t)(l0 + i)];
+        DlLayer& d = P.L[i];
+        d.qkv = (const uint16_t*)l.qkv.p;
+        d.o = (const uint16_t*)l.o.p;
+        d.gateUp = (const uint16_t*)l.gateUp.p;
+        d.down = (const uint16_t*)l.down.p;
+        d.attnNorm = l.attnNorm.p;
+        d.mlpNorm = l.mlpNorm.p;
+        d.qNorm = l.qNorm.p;
+        d.kNorm = l.kNorm.p;
+        d.qkvBias = l.qkvBias.p;
+        d.oBias = l.oBias.p;
+        d.kc = l.kc.p;
+        d.vc = l.vc.p;
+      }
+      int rc = dlRun(ex, R, P, cdt, smem, G, false);
+      if (rc) return rc;
+    }
+    return NERVA_OK;
+  }
+
+  for (auto& l : Ls) {
+    Fuse fq;
+    fq.nw = l.attnNorm;
+    fq.eps = eps;
+    int rc = gemvRows(ex, (const float*)x.p, l.qkv, (float*)qkv.p, rows, hidden, qkvOut, l.qkvBias, fq);
+    if (!rc) rc = ropeAppendRun(ex, (float*)qkv.p, pos, inv, slots, l.kc, l.vc, l.qNorm, l.kNorm, rows, nq, nkv, hd, qkvOut, eps);
+    if (!rc)
+      rc = attentionRun(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, hd, bs, mbps,
+                        qkvOut, 0, scale);
+    Fuse fo;
+    fo.accumulate = true;
+    if (!rc) rc = gemvRows(ex, (const float*)attn.p, l.o, (float*)x.p, rows, qw, hidden, l.oBias, fo);
+    Fuse fg;
+    fg.nw = l.mlpNorm;
+    fg.eps = eps;
+    fg.glu = true;
+    if (!rc) rc = gemvRows(ex, (const float*)x.p, l.gateUp, (float*)mlp.p, rows, hidden, inter, Buf{nullptr, 0}, fg);
+    Fuse fd;
+    fd.accumulate = true;
+    if (!rc) rc = gemvRows(ex, (const float*)mlp.p, l.down, (float*)x.p, rows, inter, hidden, Buf{nullptr, 0}, fd);
+    if (rc) return rc;
+  }
+  return NERVA_OK;
+}
