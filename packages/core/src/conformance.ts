@@ -10,7 +10,7 @@
  */
 import type { DeviceBackend, DeviceBuffer } from './backend.js';
 import { f32ToBf16 } from './dtype.js';
-import { OP_NAMES, type OpArgs, type OpName } from './ops.js';
+import { OP_NAMES, type DecoderLayerWeights, type OpArgs, type OpName } from './ops.js';
 import { mix32, sampleRow, uniformFromSeed, type SampleParams } from './sampling.js';
 
 export interface ConformanceCaseResult {
@@ -366,6 +366,47 @@ interface AttnShape {
   qPad?: [number, number];
 }
 
+/**
+ * A paged KV layout: the blocks each sequence needs (plus one table entry more, and 2 spare
+ * blocks that no sequence owns) handed out in a shuffled order, so tables are not contiguous.
+ */
+interface PagedLayout {
+  tables: Int32Array;
+  maxBlocks: number;
+  numBlocks: number;
+  /** Cache slot of position p of sequence q. */
+  slotOf(q: number, p: number): number;
+}
+
+function pagedLayout(rng: ConformanceRng, seqLens: readonly number[], blockSize: number): PagedLayout {
+  const need = seqLens.map((n) => Math.ceil(n / blockSize));
+  const maxBlocks = Math.max(...need) + 1;
+  const spare = 2;
+  const numBlocks = need.reduce((x, y) => x + y, 0) + spare;
+  const order = rng.perm(numBlocks);
+  const spareBlocks = order.slice(numBlocks - spare);
+  const tables = new Int32Array(seqLens.length * maxBlocks);
+  let next = 0;
+  for (let q = 0; q < seqLens.length; q++) {
+    for (let b = 0; b < maxBlocks; b++) tables[q * maxBlocks + b] = b < need[q] ? order[next++] : spareBlocks[b % spare];
+  }
+  return { tables, maxBlocks, numBlocks, slotOf: (q, p) => tables[q * maxBlocks + Math.floor(p / blockSize)] * blockSize + (p % blockSize) };
+}
+
+/**
+ * Slots a row must not see (later positions, spare blocks) get large values, so reading past the
+ * causal bound or an unused table entry shows as a large error.
+ */
+function poisonSlots(k: Float32Array, v: Float32Array, kvw: number, visible: Uint8Array, kScale = 40, vShift = 1000, vScale = 100): void {
+  for (let sl = 0; sl < visible.length; sl++) {
+    if (visible[sl]) continue;
+    for (let i = 0; i < kvw; i++) {
+      k[sl * kvw + i] *= kScale;
+      v[sl * kvw + i] = vShift + vScale * v[sl * kvw + i];
+    }
+  }
+}
+
 function attentionCase(name: string, s: AttnShape, large = false): CaseDef {
   return {
     name,
@@ -373,34 +414,15 @@ function attentionCase(name: string, s: AttnShape, large = false): CaseDef {
     build: (rng) => {
       const kvw = s.numKvHeads * s.headDim;
       const qw = s.numHeads * s.headDim;
-      const need = s.seqLens.map((n) => Math.ceil(n / s.blockSize));
-      const maxBlocks = Math.max(...need) + 1;
-      const spare = 2;
-      const numBlocks = need.reduce((x, y) => x + y, 0) + spare;
-      // Blocks are handed out in a shuffled order, so tables are not contiguous.
-      const order = rng.perm(numBlocks);
-      const spareBlocks = order.slice(numBlocks - spare);
-      const tables = new Int32Array(s.seqLens.length * maxBlocks);
-      let next = 0;
-      for (let q = 0; q < s.seqLens.length; q++) {
-        for (let b = 0; b < maxBlocks; b++) tables[q * maxBlocks + b] = b < need[q] ? order[next++] : spareBlocks[b % spare];
-      }
+      const { tables, maxBlocks, numBlocks, slotOf } = pagedLayout(rng, s.seqLens, s.blockSize);
       const slots = numBlocks * s.blockSize;
       const k = rng.normals(slots * kvw);
       const v = rng.normals(slots * kvw);
-      // Slots a row must not see (later positions, spare blocks) hold large values, so reading
-      // past the causal bound or an unused table entry shows as a large error.
       const visible = new Uint8Array(slots);
       for (let q = 0; q < s.seqLens.length; q++) {
-        for (let p = 0; p < s.seqLens[q]; p++) visible[tables[q * maxBlocks + Math.floor(p / s.blockSize)] * s.blockSize + (p % s.blockSize)] = 1;
+        for (let p = 0; p < s.seqLens[q]; p++) visible[slotOf(q, p)] = 1;
       }
-      for (let sl = 0; sl < slots; sl++) {
-        if (visible[sl]) continue;
-        for (let i = 0; i < kvw; i++) {
-          k[sl * kvw + i] *= 40;
-          v[sl * kvw + i] = 1000 + 100 * v[sl * kvw + i];
-        }
-      }
+      poisonSlots(k, v, kvw, visible);
       const [before, after] = s.qPad ?? [0, 0];
       const stride = before + qw + after;
       const rows = s.rows.length;
@@ -543,6 +565,136 @@ function ropeAppendCase(name: string, s: RopeAppendShape, large = false): CaseDe
           })),
         ],
         outputs: [floatOut('qkv'), floatOut('kCache'), floatOut('vCache')],
+      };
+    },
+  };
+}
+
+interface DecoderShape {
+  layers: number;
+  hidden: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  intermediate: number;
+  blockSize: number;
+  /** Context length of each sequence, its current position included: one row per sequence, at seqLens[q] - 1. */
+  seqLens: number[];
+  /** Sequences whose row is padding (slot -1, nothing appended), as the padded rows of a captured batch. */
+  padSeqs?: number[];
+  weight: 'f32' | 'bf16';
+  qkNorm: boolean;
+  qkvBias: boolean;
+  oBias?: boolean;
+  eps?: number;
+}
+
+/**
+ * A decode step through a stack of dense layers, each with its own weights and paged caches.
+ * Weights are scaled by 1/sqrt(fan-in) and norm weights are 1 + small noise, so activations stay
+ * O(1) through the stack. Cache slots of earlier positions hold random keys and values; the slot of
+ * each row's current position and every slot no row may read hold mildly poisoned values (mild,
+ * because the caches are outputs and their magnitude sets the tolerance of the whole case).
+ */
+function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDef {
+  return {
+    name,
+    large,
+    build: (rng) => {
+      const { hidden: H, numHeads: nq, numKvHeads: nkv, headDim: hd, intermediate: I } = s;
+      const qkvOut = (nq + 2 * nkv) * hd;
+      const qw = nq * hd;
+      const kvw = nkv * hd;
+      const eps = s.eps ?? 1e-6;
+      const { tables, maxBlocks, numBlocks, slotOf } = pagedLayout(rng, s.seqLens, s.blockSize);
+      const nSlots = numBlocks * s.blockSize;
+      const rows = s.seqLens.length;
+      // Rows in a different order than their sequences, as a batch after preemption would be.
+      const rowSeq = rng.perm(rows);
+      const pad = new Set(s.padSeqs ?? []);
+      const positions = rowSeq.map((q) => s.seqLens[q] - 1);
+      const slots = rowSeq.map((q) => (pad.has(q) ? -1 : slotOf(q, s.seqLens[q] - 1)));
+      const visible = new Uint8Array(nSlots);
+      for (let q = 0; q < rows; q++) {
+        // A padding row reads its current slot without writing it.
+        const seen = pad.has(q) ? s.seqLens[q] : s.seqLens[q] - 1;
+        for (let p = 0; p < seen; p++) visible[slotOf(q, p)] = 1;
+      }
+      const wb = s.weight === 'bf16' ? bf16 : f32;
+      const normW = (n: number) => f32(rng.normals(n, 0.1).map((v) => 1 + v));
+      const buffers: Record<string, BufDef> = {
+        // Elements past rows*hidden must stay as they are.
+        x: f32(rng.normals(rows * H + 3)),
+        qkv: f32(rng.normals(rows * qkvOut)),
+        attn: f32(rng.normals(rows * qw)),
+        mlp: f32(rng.normals(rows * I)),
+        positions: i32(positions),
+        slots: i32(slots),
+        blockTables: i32(tables),
+        rowSeq: i32(rowSeq),
+        invFreq: f32(invFreq(hd, 1e6)),
+      };
+      const outputs: OutputDef[] = [floatOut('x')];
+      for (let l = 0; l < s.layers; l++) {
+        buffers[`L${l}.attnNorm`] = normW(H);
+        buffers[`L${l}.qkv`] = wb(rng.normals(qkvOut * H, 1 / Math.sqrt(H)));
+        if (s.qkvBias) buffers[`L${l}.qkvBias`] = f32(rng.normals(qkvOut, 0.5));
+        if (s.qkNorm) {
+          buffers[`L${l}.qNorm`] = normW(hd);
+          buffers[`L${l}.kNorm`] = normW(hd);
+        }
+        buffers[`L${l}.o`] = wb(rng.normals(H * qw, 1 / Math.sqrt(qw)));
+        if (s.oBias) buffers[`L${l}.oBias`] = f32(rng.normals(H, 0.1));
+        buffers[`L${l}.mlpNorm`] = normW(H);
+        buffers[`L${l}.gateUp`] = wb(rng.normals(2 * I * H, 1 / Math.sqrt(H)));
+        buffers[`L${l}.down`] = wb(rng.normals(H * I, 1 / Math.sqrt(I)));
+        const k = rng.normals(nSlots * kvw);
+        const v = rng.normals(nSlots * kvw);
+        poisonSlots(k, v, kvw, visible, 3, 6, 1);
+        buffers[`L${l}.kCache`] = f32(k);
+        buffers[`L${l}.vCache`] = f32(v);
+        outputs.push(floatOut(`L${l}.kCache`), floatOut(`L${l}.vCache`));
+      }
+      const layer = (b: Bufs, l: number): DecoderLayerWeights => ({
+        attnNorm: b[`L${l}.attnNorm`],
+        qkv: b[`L${l}.qkv`],
+        ...(s.qkvBias ? { qkvBias: b[`L${l}.qkvBias`] } : {}),
+        ...(s.qkNorm ? { qNorm: b[`L${l}.qNorm`], kNorm: b[`L${l}.kNorm`] } : {}),
+        o: b[`L${l}.o`],
+        ...(s.oBias ? { oBias: b[`L${l}.oBias`] } : {}),
+        mlpNorm: b[`L${l}.mlpNorm`],
+        gateUp: b[`L${l}.gateUp`],
+        down: b[`L${l}.down`],
+        kCache: b[`L${l}.kCache`],
+        vCache: b[`L${l}.vCache`],
+      });
+      return {
+        buffers,
+        steps: [
+          step('decoder_layers', (b) => ({
+            x: b.x,
+            qkv: b.qkv,
+            attn: b.attn,
+            mlp: b.mlp,
+            positions: b.positions,
+            slots: b.slots,
+            blockTables: b.blockTables,
+            rowSeq: b.rowSeq,
+            invFreq: b.invFreq,
+            layers: Array.from({ length: s.layers }, (_, l) => layer(b, l)),
+            rows,
+            hidden: H,
+            numHeads: nq,
+            numKvHeads: nkv,
+            headDim: hd,
+            intermediate: I,
+            blockSize: s.blockSize,
+            maxBlocksPerSeq: maxBlocks,
+            eps,
+            scale: 1 / Math.sqrt(hd),
+          })),
+        ],
+        outputs,
       };
     },
   };
@@ -804,6 +956,20 @@ function advanceCase(name: string, blockSize: number, seqLens: number[], steps: 
   };
 }
 
+/** Qwen3-0.6B's layer shapes (bf16 weights, QK-norm, no biases), for the model-sized stack cases. */
+const QWEN3_06B = {
+  layers: 2,
+  hidden: 1024,
+  numHeads: 16,
+  numKvHeads: 8,
+  headDim: 128,
+  intermediate: 3072,
+  blockSize: 16,
+  weight: 'bf16',
+  qkNorm: true,
+  qkvBias: false,
+} as const satisfies Omit<DecoderShape, 'seqLens'>;
+
 /** Every op's cases; the mapped type makes an op added to the catalogue without cases a type error. */
 const CASES: { [K in OpName]: CaseDef[] } = {
   embedding: [
@@ -941,6 +1107,77 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     ropeAppendCase('GQA 2, QK-norm, one padding row', { rows: 3, numHeads: 4, numKvHeads: 2, headDim: 16, pad: 0, norm: true, slots: 9, padding: 1, maxPos: 5000 }),
     ropeAppendCase('MHA, no norm, headDim 6, padded row', { rows: 2, numHeads: 3, numKvHeads: 3, headDim: 6, pad: 5, norm: false, slots: 4, padding: 0, maxPos: 100 }),
     ropeAppendCase('16 q, 8 kv heads x 128, QK-norm', { rows: 1, numHeads: 16, numKvHeads: 8, headDim: 128, pad: 0, norm: true, slots: 64, padding: 0, maxPos: 40000 }, true),
+  ],
+  decoder_layers: [
+    decoderLayersCase('2 layers, 1 row, GQA 2, QK-norm, f32', {
+      layers: 2,
+      hidden: 64,
+      numHeads: 4,
+      numKvHeads: 2,
+      headDim: 16,
+      intermediate: 96,
+      blockSize: 4,
+      seqLens: [7],
+      weight: 'f32',
+      qkNorm: true,
+      qkvBias: false,
+    }),
+    decoderLayersCase('2 layers, 3 sequences, GQA 3, bf16, qkv and o bias', {
+      layers: 2,
+      hidden: 48,
+      numHeads: 6,
+      numKvHeads: 2,
+      headDim: 8,
+      intermediate: 80,
+      blockSize: 4,
+      seqLens: [5, 1, 12],
+      weight: 'bf16',
+      qkNorm: false,
+      qkvBias: true,
+      oBias: true,
+      eps: 1e-5,
+    }),
+    decoderLayersCase('3 layers, 4 rows with one padding row, MHA, headDim 6, QK-norm', {
+      layers: 3,
+      hidden: 20,
+      numHeads: 2,
+      numKvHeads: 2,
+      headDim: 6,
+      intermediate: 28,
+      blockSize: 3,
+      seqLens: [3, 9, 1, 4],
+      padSeqs: [2],
+      weight: 'f32',
+      qkNorm: true,
+      qkvBias: false,
+    }),
+    decoderLayersCase(
+      'Qwen3-0.6B-like: 2 layers, 1 row, context 300',
+      { ...QWEN3_06B, seqLens: [300] },
+      true,
+    ),
+    decoderLayersCase(
+      'Qwen3-0.6B-like: 2 layers, 4 rows, contexts 1, 17, 200, 513',
+      { ...QWEN3_06B, seqLens: [1, 17, 200, 513] },
+      true,
+    ),
+    decoderLayersCase(
+      'Qwen2-0.5B-like: 2 layers, 2 rows, qkv bias, headDim 64, GQA 7',
+      {
+        layers: 2,
+        hidden: 896,
+        numHeads: 14,
+        numKvHeads: 2,
+        headDim: 64,
+        intermediate: 4864,
+        blockSize: 16,
+        seqLens: [45, 130],
+        weight: 'bf16',
+        qkNorm: false,
+        qkvBias: true,
+      },
+      true,
+    ),
   ],
 };
 

@@ -574,10 +574,10 @@ struct DlLayerBufs {
 template <int R, typename KT>
 int dlLaunch(NervaExec* ex, DlParams& P, size_t smem, int G) {
   auto kern = k_decoder_layers<R, KT>;
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return check(ex, "k_decoder_layers (shared memory)", e);
-  }
+  // Opt in to the dynamic size every time (static + dynamic above 48 KiB needs it; it is not a
+  // stream operation, so it is allowed under capture).
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return check(ex, "k_decoder_layers (shared memory)", e);
   return check(ex, "k_decoder_layers", launchKernel(ex, kern, dim3(G), dim3(DL_THREADS), smem, P));
 }
 
@@ -585,7 +585,7 @@ int dlLaunch(NervaExec* ex, DlParams& P, size_t smem, int G) {
 template <int R, typename KT>
 int dlResident(NervaExec* ex, size_t smem) {
   auto kern = k_decoder_layers<R, KT>;
-  if (smem > 48 * 1024 && cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -673,7 +673,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   const int R = rows == 1 ? 1 : rows == 2 ? 2 : 4;
   const size_t kMax = (size_t)std::max(hidden, std::max(qw, inter));
   const size_t smem = std::max((size_t)R * kMax, dlAttnSmemFloats(hd, gq)) * sizeof(float);
-  if (smem > (size_t)ex->smemOptin) mega = false;
+  if (smem + 2048 > (size_t)ex->smemOptin) mega = false;  // room for the static shared arrays
   int G = 0;
   if (mega) {
     DlParams probe;

@@ -1,4 +1,4 @@
-import type { DeviceBackend, DeviceBuffer, EventHandle, OpArgs, OpName, StreamHandle, Tier } from '@nerva/core';
+import type { DecoderLayerWeights, DeviceBackend, DeviceBuffer, EventHandle, OpArgs, OpName, StreamHandle, Tier } from '@nerva/core';
 import type { ModelSpec } from '@nerva/models';
 import { isMoeLayer } from '@nerva/models';
 import type { ModelWeights } from './model-weights.js';
@@ -63,6 +63,11 @@ export class ModelRunner {
   private stream: StreamHandle | undefined;
   /** Whether the backend has the fused decode ops (fused_matmul, rope_append). */
   private readonly fusedOps: boolean;
+  /**
+   * Every layer's weights and caches as op `decoder_layers` takes them, built once; undefined when
+   * the backend lacks the op or the model has a sparse (MoE) layer, which the op does not cover.
+   */
+  private readonly stack: readonly DecoderLayerWeights[] | undefined;
 
   constructor(
     readonly backend: DeviceBackend,
@@ -117,11 +122,36 @@ export class ModelRunner {
         this.vCache.push(this.own(backend.alloc({ dtype: 'f32', length: slotsTotal * kvWidth, usage: 'kv', label: `kv.v.${l}` })));
       }
       this.kvBytes = 2 * s.numLayers * slotsTotal * kvWidth * 4;
+      this.stack = backend.capabilities.ops.includes('decoder_layers') && s.moe === undefined ? this.decoderStack() : undefined;
       backend.write(this.meta.ringCursor, new Int32Array(1));
     } catch (e) {
       this.dispose();
       throw e;
     }
+  }
+
+  /** The dense layers' weights with their KV caches, in the shape op `decoder_layers` takes. */
+  private decoderStack(): DecoderLayerWeights[] | undefined {
+    const stack: DecoderLayerWeights[] = [];
+    for (let l = 0; l < this.spec.numLayers; l++) {
+      const lw = this.weights.layers[l];
+      if (lw.gateUp === undefined || lw.down === undefined) return undefined;
+      stack.push({
+        attnNorm: lw.attnNorm,
+        qkv: lw.qkv,
+        qkvBias: lw.qkvBias,
+        qNorm: lw.qNorm,
+        kNorm: lw.kNorm,
+        o: lw.o,
+        oBias: lw.oBias,
+        mlpNorm: lw.mlpNorm,
+        gateUp: lw.gateUp,
+        down: lw.down,
+        kCache: this.kCache[l],
+        vCache: this.vCache[l],
+      });
+    }
+    return stack;
   }
 
   private own(b: DeviceBuffer): DeviceBuffer {
@@ -176,6 +206,16 @@ export class ModelRunner {
     const eps = s.rmsNormEps;
 
     this.op('embedding', 'embedding', { table: w.embed, ids: m.ids, out: a.residual, rows, hidden: H });
+    // The whole stack as one op needs every row to be a different sequence (op decoder_layers'
+    // precondition). meta.logitRows lists one row per sequence (its last), so nLogits === rows
+    // means every sequence of the pass has exactly one row: a batch of decode rows. Profiling
+    // keeps the per-layer ops, so device time still splits into norm/projection/attention/mlp.
+    if (rows <= FUSED_MAX_ROWS && this.stack !== undefined && nLogits === rows && !this.profiling) {
+      this.forwardStack(rows);
+      this.op('norm', 'rmsnorm', { x: a.residual, weight: w.finalNorm, out: a.normed, rows, dim: H, eps });
+      this.lmHead(nLogits);
+      return;
+    }
     if (rows <= FUSED_MAX_ROWS && this.fusedOps) {
       this.forwardFusedLayers(rows);
       this.op('norm', 'rmsnorm', { x: a.residual, weight: w.finalNorm, out: a.normed, rows, dim: H, eps });
@@ -309,6 +349,40 @@ export class ModelRunner {
         this.op('mlp', 'fused_matmul', { x: a.mlpAct, weight: lw.down!, out: a.residual, rows, inDim: I, outDim: H, accumulate: true });
       }
     }
+  }
+
+  /**
+   * Every decoder layer as one op (a decode step): the arithmetic of forwardFusedLayers, which
+   * a backend may run as a single persistent kernel. The residual stream stays in act.residual;
+   * act.qkv, act.attn and act.mlpAct are its scratch.
+   */
+  private forwardStack(rows: number): void {
+    const s = this.spec;
+    const a = this.act;
+    const m = this.meta;
+    // Never profiled (forward takes the per-layer path then), so the bucket is nominal.
+    this.op('projection', 'decoder_layers', {
+      x: a.residual,
+      qkv: a.qkv,
+      attn: a.attn,
+      mlp: a.mlpAct,
+      positions: m.positions,
+      slots: m.slots,
+      blockTables: m.blockTables,
+      rowSeq: m.rowSeq,
+      invFreq: this.weights.invFreq,
+      layers: this.stack!,
+      rows,
+      hidden: s.hiddenSize,
+      numHeads: s.numHeads,
+      numKvHeads: s.numKvHeads,
+      headDim: s.headDim,
+      intermediate: s.intermediateSize,
+      blockSize: this.limits.blockSize,
+      maxBlocksPerSeq: this.limits.maxBlocksPerSeq,
+      eps: s.rmsNormEps,
+      scale: 1 / Math.sqrt(s.headDim),
+    });
   }
 
   /** The sparse MLP of layer l: act.normed -> act.mlpOut. */

@@ -1,38 +1,12 @@
-import { createCpuBackend } from '@nerva/cpu-backend';
-import type { DeviceBackend, OpArgs, OpName } from '@nerva/core';
 import { describe, expect, it } from 'vitest';
 import { Engine } from '../src/index.js';
 import { DEFAULT_MODEL } from './fixtures.js';
-
-interface Recorded {
-  op: OpName;
-  rows: number | undefined;
-  normed: boolean;
-}
-
-/** The CPU backend with every op call recorded (name, rows, whether a norm weight rode along). */
-function recordingBackend(): { backend: DeviceBackend; calls: Recorded[] } {
-  const inner = createCpuBackend();
-  const calls: Recorded[] = [];
-  const backend = new Proxy(inner, {
-    get(target, prop, receiver) {
-      if (prop === 'run') {
-        return <K extends OpName>(op: K, args: OpArgs<K>, stream?: Parameters<DeviceBackend['run']>[2]) => {
-          const a = args as { rows?: number; normWeight?: unknown };
-          calls.push({ op, rows: a.rows, normed: a.normWeight !== undefined });
-          return target.run(op, args, stream);
-        };
-      }
-      const v = Reflect.get(target, prop, receiver) as unknown;
-      return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
-    },
-  }) as DeviceBackend;
-  return { backend, calls };
-}
+import { passes, recordingBackend } from './recording-backend.js';
 
 describe('ModelRunner fused decode pass', () => {
   it('folds every dense layer norm into its GEMV: one rmsnorm (the final one) per decode step', async () => {
-    const { backend, calls } = recordingBackend();
+    // Without decoder_layers, decode steps run the per-layer fused ops.
+    const { backend, calls } = recordingBackend(['decoder_layers']);
     const engine = await Engine.create({ model: DEFAULT_MODEL, backend });
     try {
       const layers = engine.spec.numLayers;
@@ -40,13 +14,8 @@ describe('ModelRunner fused decode pass', () => {
       calls.length = 0;
       const out = await engine.submit(prompt, { temperature: 0, maxTokens: 3, ignoreEos: true }).done;
       expect(out.tokenIds).toHaveLength(3);
-      // Decode passes are the single-row passes that start with an embedding.
-      const passes: Recorded[][] = [];
-      for (const c of calls) {
-        if (c.op === 'embedding') passes.push([]);
-        passes.at(-1)?.push(c);
-      }
-      const decode = passes.filter((p) => p[0].rows === 1);
+      // Decode passes are the single-row passes.
+      const decode = passes(calls).filter((p) => p[0].rows === 1);
       expect(decode.length).toBeGreaterThanOrEqual(1);
       for (const p of decode) {
         expect(p.filter((c) => c.op === 'rmsnorm')).toHaveLength(1);
@@ -54,6 +23,28 @@ describe('ModelRunner fused decode pass', () => {
         expect(fused).toHaveLength(4 * layers);
         expect(fused.filter((c) => c.normed)).toHaveLength(2 * layers);
         expect(p.filter((c) => c.op === 'rope_append')).toHaveLength(layers);
+      }
+    } finally {
+      engine.dispose();
+    }
+  });
+
+  it('runs the whole layer stack of a decode step as one decoder_layers op', async () => {
+    const { backend, calls } = recordingBackend();
+    const engine = await Engine.create({ model: DEFAULT_MODEL, backend });
+    try {
+      const prompt = engine.encode('ROMEO:\n');
+      calls.length = 0;
+      await engine.submit(prompt, { temperature: 0, maxTokens: 3, ignoreEos: true }).done;
+      const all = passes(calls);
+      // The prompt pass (many rows of one sequence) must not take it: that is the op's precondition.
+      expect(all[0][0].rows).toBe(prompt.length);
+      expect(all[0].some((c) => c.op === 'decoder_layers')).toBe(false);
+      const decode = all.filter((p) => p[0].rows === 1);
+      expect(decode.length).toBeGreaterThanOrEqual(1);
+      for (const p of decode) {
+        expect(p.map((c) => c.op).slice(0, 5)).toEqual(['embedding', 'decoder_layers', 'rmsnorm', 'gather_rows', 'matmul']);
+        expect(p.some((c) => c.op === 'fused_matmul' || c.op === 'attention' || c.op === 'rope_append')).toBe(false);
       }
     } finally {
       engine.dispose();

@@ -5,6 +5,7 @@ import { add } from './add.js';
 import { advancePositions } from './advance-positions.js';
 import { argmax } from './argmax.js';
 import { attention } from './attention.js';
+import { decoderLayers } from './decoder-layers.js';
 import { embedding } from './embedding.js';
 import { fusedMatmul } from './fused-matmul.js';
 import { gatherRows } from './gather-rows.js';
@@ -39,6 +40,7 @@ export const KERNELS: { readonly [K in OpName]: Kernel<K> } = {
   advance_positions: advancePositions,
   fused_matmul: fusedMatmul,
   rope_append: ropeAppend,
+  decoder_layers: decoderLayers,
 };
 
 export { DEFAULT_QK_NORM_EPS } from './rope.js';

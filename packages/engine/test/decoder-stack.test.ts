@@ -1,0 +1,82 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Engine, type EngineOptions } from '../src/index.js';
+import { DEFAULT_MODEL } from './fixtures.js';
+import { passes, recordingBackend, type Recorded } from './recording-backend.js';
+
+const PROMPTS = ['ROMEO:', 'First Citizen:\nBefore we proceed', 'KING HENRY'];
+const greedy = { temperature: 0, maxTokens: 12, ignoreEos: true };
+
+interface Variant {
+  engine: Engine;
+  calls: Recorded[];
+}
+
+async function variant(opts: Partial<EngineOptions>, withStack: boolean): Promise<Variant> {
+  const { backend, calls } = recordingBackend(withStack ? [] : ['decoder_layers']);
+  return { engine: await Engine.create({ model: DEFAULT_MODEL, backend, ...opts }), calls };
+}
+
+const stackCalls = (v: Variant) => v.calls.filter((c) => c.op === 'decoder_layers').length;
+
+async function tokens(v: Variant, prompts: string[]): Promise<number[][]> {
+  v.calls.length = 0;
+  const outs = await Promise.all(prompts.map((p) => v.engine.submit(p, greedy).done));
+  return outs.map((o) => o.tokenIds);
+}
+
+describe('decode through decoder_layers matches the per-layer fused path', () => {
+  let stack: Variant;
+  let perLayer: Variant;
+  let stackNoGraph: Variant;
+  let profiled: Variant;
+  beforeAll(async () => {
+    stack = await variant({}, true);
+    perLayer = await variant({}, false);
+    stackNoGraph = await variant({ useGraphs: false }, true);
+    profiled = await variant({ profile: true }, true);
+  });
+  afterAll(() => {
+    for (const v of [stack, perLayer, stackNoGraph, profiled]) v?.engine.dispose();
+  });
+
+  it.each([
+    ['batch 1', PROMPTS.slice(0, 1)],
+    ['batch 3', PROMPTS],
+  ])('gives the same greedy tokens (%s), with and without graph capture', async (_name, prompts) => {
+    const want = await tokens(perLayer, prompts);
+    expect(stackCalls(perLayer)).toBe(0);
+    expect(want.every((t) => t.length === greedy.maxTokens)).toBe(true);
+    // A captured decode step calls the op once, at capture; without graphs, once per step.
+    expect(await tokens(stack, prompts)).toEqual(want);
+    expect(stackCalls(stack)).toBeGreaterThan(0);
+    expect(await tokens(stackNoGraph, prompts)).toEqual(want);
+    expect(stackCalls(stackNoGraph)).toBeGreaterThanOrEqual(greedy.maxTokens - 1);
+  });
+
+  it('keeps the per-layer ops while profiling, so time still splits into buckets', async () => {
+    const want = await tokens(perLayer, PROMPTS);
+    expect(await tokens(profiled, PROMPTS)).toEqual(want);
+    expect(stackCalls(profiled)).toBe(0);
+    expect(profiled.calls.some((c) => c.op === 'fused_matmul')).toBe(true);
+  });
+
+  it('falls back to the per-layer path when a pass mixes a prompt chunk with a decode row', async () => {
+    const want = (await tokens(perLayer, [PROMPTS[0]]))[0].slice(0, 6);
+    stackNoGraph.calls.length = 0;
+    const first = stackNoGraph.engine.submit(PROMPTS[0], { ...greedy, maxTokens: 6 });
+    let second: Promise<{ tokenIds: number[] }> | undefined;
+    for await (const ev of first.events) {
+      // Submitted once the first request has its first token, so the next pass holds the
+      // second prompt and the first request's decode row.
+      if (ev.index === 0) second = stackNoGraph.engine.submit('O, what', { ...greedy, maxTokens: 3 }).done;
+    }
+    expect((await first.done).tokenIds).toEqual(want);
+    expect((await second!).tokenIds).toHaveLength(3);
+    const shapes = passes(stackNoGraph.calls).map((p) => ({ rows: p[0].rows, stack: p.some((c) => c.op === 'decoder_layers') }));
+    const promptLen = stackNoGraph.engine.encode('O, what').length;
+    expect(promptLen).toBeGreaterThan(1);
+    expect(shapes).toContainEqual({ rows: promptLen + 1, stack: false });
+    // Once both only decode, they share the op again.
+    expect(shapes).toContainEqual({ rows: 2, stack: true });
+  });
+});

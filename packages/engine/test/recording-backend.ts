@@ -1,0 +1,45 @@
+import { createCpuBackend } from '@nerva/cpu-backend';
+import type { DeviceBackend, OpArgs, OpName } from '@nerva/core';
+
+export interface Recorded {
+  op: OpName;
+  rows: number | undefined;
+  normed: boolean;
+}
+
+/**
+ * The CPU backend with every op call recorded (name, rows, whether a norm weight rode along).
+ * Ops listed in `without` are left out of its capabilities, as on a backend that lacks them, so
+ * the engine takes the path it would take there.
+ */
+export function recordingBackend(without: readonly OpName[] = []): { backend: DeviceBackend; calls: Recorded[] } {
+  const inner = createCpuBackend();
+  const calls: Recorded[] = [];
+  const capabilities = Object.freeze({ ...inner.capabilities, ops: inner.capabilities.ops.filter((op) => !without.includes(op)) });
+  const backend = new Proxy(inner, {
+    get(target, prop, receiver) {
+      if (prop === 'capabilities') return capabilities;
+      if (prop === 'run') {
+        return <K extends OpName>(op: K, args: OpArgs<K>, stream?: Parameters<DeviceBackend['run']>[2]) => {
+          if (without.includes(op)) throw new Error(`op ${op} was left out of this backend's capabilities`);
+          const a = args as { rows?: number; normWeight?: unknown };
+          calls.push({ op, rows: a.rows, normed: a.normWeight !== undefined });
+          return target.run(op, args, stream);
+        };
+      }
+      const v = Reflect.get(target, prop, receiver) as unknown;
+      return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
+    },
+  }) as DeviceBackend;
+  return { backend, calls };
+}
+
+/** The recorded calls split into forward passes (each starts with an embedding). */
+export function passes(calls: readonly Recorded[]): Recorded[][] {
+  const out: Recorded[][] = [];
+  for (const c of calls) {
+    if (c.op === 'embedding') out.push([]);
+    out.at(-1)?.push(c);
+  }
+  return out;
+}
