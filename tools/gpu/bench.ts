@@ -9,6 +9,8 @@ const args = process.argv.slice(2);
 const profile = args.includes('--profile');
 const [model, pl, nt] = args.filter((x) => !x.startsWith('--'));
 const r = await decodeProbe({ model, backend: 'cuda', promptLen: Number(pl ?? 128), newTokens: Number(nt ?? 256), profile });
+// Which kernels ran op decoder_layers (CudaBackendOptions.decoder, from the environment here).
+r.cuda_decoder = process.env.NERVA_CUDA_DECODER ?? 'layers';
 const line = JSON.stringify(r);
 console.log(line);
 appendFileSync(path.join(process.env.OUT ?? '.', 'bench.jsonl'), line + '\n');

@@ -23,9 +23,22 @@ const worst = report.results
   .map((r) => ({ case: `${r.op}/${r.name}`, rel: r.maxAbsErr / r.maxRef }))
   .sort((a, b) => b.rel - a.rel)
   .slice(0, 8);
+// Op decoder_layers again with the experimental persistent kernel behind it.
+const stats = cuda.stats();
+const device = cuda.info();
+cuda.dispose();
+const persistentBackend = createCudaBackend({ deviceArenaBytes: 4 * 2 ** 30, decoder: 'persistent' });
+const persistentReport = await runConformance(persistentBackend, cpu, { sizes: 'large', ops: ['decoder_layers'] });
+persistentBackend.dispose();
+const persistent = {
+  passed: persistentReport.passed,
+  failed: persistentReport.failed,
+  failures: persistentReport.results.filter((r) => !r.ok),
+  results: persistentReport.results.map((r) => ({ case: r.name, ok: r.ok, rel: r.maxRef > 0 ? r.maxAbsErr / r.maxRef : r.maxAbsErr })),
+};
 const summary = {
   probe,
-  device: cuda.info(),
+  device,
   precision: cuda.capabilities.precision,
   passed: report.passed,
   failed: report.failed,
@@ -33,10 +46,12 @@ const summary = {
   worstRelErr: worst,
   failures: report.results.filter((r) => !r.ok),
   results: report.results,
-  stats: cuda.stats(),
+  stats,
+  persistent,
 };
 writeFileSync(path.join(out, 'conformance.json'), JSON.stringify(summary, null, 1));
 console.log(`conformance: ${report.passed} passed, ${report.failed} failed in ${seconds.toFixed(1)} s`);
 for (const f of summary.failures) console.log(`  FAIL ${f.op}/${f.name}: ${f.error}`);
-cuda.dispose();
-process.exit(report.failed === 0 ? 0 : 1);
+console.log(`conformance decoder_layers, persistent kernel: ${persistent.passed} passed, ${persistent.failed} failed`);
+for (const f of persistent.failures) console.log(`  FAIL persistent ${f.op}/${f.name}: ${f.error}`);
+process.exit(report.failed === 0 && persistent.failed === 0 ? 0 : 1);

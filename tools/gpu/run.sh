@@ -48,6 +48,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
     if python3 tools/gpu/oracle_parity.py "$dir" "$OUT/oracle-$size.json" 2>&1 | tail -3 | tee -a "$log"; then say "oracle $size done"; else say "oracle $size FAILED"; status=1; fi
   fi
   has bench && runjs "bench $size" bench.mjs "$dir" 128 256
+  has bench && NERVA_CUDA_DECODER=persistent runjs "bench $size persistent" bench.mjs "$dir" 128 256
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
 done
 say "done, status $status"

@@ -87,6 +87,7 @@ class Context : public Napi::ObjectWrap<Context> {
     size_t wsBytes = (size_t)o.Get("workspaceBytes").As<Napi::Number>().DoubleValue();
     size_t cbWs = (size_t)o.Get("cublasWorkspaceBytes").As<Napi::Number>().DoubleValue();
     int gemmMode = o.Get("gemmMode").As<Napi::Number>().Int32Value();
+    ex_.persistentDecoder = o.Has("persistentDecoder") && o.Get("persistentDecoder").ToBoolean().Value();
 
     CU(cudaSetDevice(device_));
     CU(cudaGetDeviceProperties(&prop_, device_));
@@ -116,6 +117,7 @@ class Context : public Napi::ObjectWrap<Context> {
     ex_.cublasWsBytes = cbWs;
     ex_.smCount = prop_.multiProcessorCount;
     ex_.smemOptin = (int)prop_.sharedMemPerBlockOptin;
+    ex_.l2Bytes = (size_t)prop_.l2CacheSize;
     ex_.counters = (int*)(devBase_ + devBytes_ + wsBytes + cbWs);
     ex_.counterCount = kCounterCount;
     ex_.gridSync = (unsigned*)(ex_.counters + kCounterCount);
@@ -226,6 +228,7 @@ class Context : public Napi::ObjectWrap<Context> {
     cudaDriverGetVersion(&drv);
     o.Set("runtimeVersion", rt);
     o.Set("driverVersion", drv);
+    o.Set("decoder", ex_.persistentDecoder ? "persistent" : "layers");
     o.Set("gemm", ex_.gemmMode == GEMM_SPLIT_BF16 ? "cublas-split-bf16" : ex_.gemmMode == GEMM_BF16 ? "cublas-bf16" : "gemv");
     o.Set("cublas", api_.lib ? api_.libName : "");
     o.Set("cublasNote", blasNote_);

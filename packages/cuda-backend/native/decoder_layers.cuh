@@ -16,12 +16,12 @@
 // (L2, never a possibly stale L1 line); the barrier orders them (fence, then counter).
 
 constexpr int DL_MAX_LAYERS = 32;  // per launch: the layer table travels as a kernel parameter
-constexpr int DL_WARPS = 16;
+constexpr int DL_WARPS = 32;
 constexpr int DL_THREADS = DL_WARPS * 32;
 constexpr int DL_MAXQ = 8;  // q heads per KV head
 constexpr int DL_EPL = 4;   // head elements per lane: headDim <= 128
-constexpr int DL_QG = 4;    // q heads a warp keeps in registers at once
-constexpr int DL_KB = 2;    // keys each warp has in flight
+constexpr int DL_QG = 2;    // q heads a warp keeps in registers at once (64 registers a thread)
+constexpr int DL_KB = 1;    // keys each warp has in flight
 constexpr int DL_MIN_CHUNK = 16;
 
 struct DlLayer {
@@ -56,6 +56,8 @@ struct DlParams {
   int normBf, qkNormBf, biasDt;
   int ksQkv, ksO, ksGu, ksDown;
   int last;  // 1 when this launch ends the stack (it releases the next kernel early)
+  int ringOffset;  // bytes into dynamic shared memory where the cp.async rings start
+  int deep;  // 1: prefetch a layer's o, gate_up and down rows into L2 together (they fit)
   float eps, scale;
   DlLayer L[DL_MAX_LAYERS];
 };
@@ -144,50 +146,86 @@ __device__ void dlStage(const float* src, int ld, int K, int rows, float4* xs, c
   __syncthreads();
 }
 
+// Weight chunks each thread keeps in flight through its shared-memory ring (cp.async): 64 KiB
+// per block either way. Registers would cap this at a quarter (the kernel runs one block of 16
+// warps per SM), and at a quarter the 8B shape streamed at ~60 % of copy bandwidth.
+__host__ __device__ constexpr int dlDepth(int no) { return no == 1 ? 4 : 2; }
+constexpr size_t DL_RING_BYTES = (size_t)4 * DL_THREADS * 16;
+
+__device__ __forceinline__ void dlCopy16(void* smem, const void* gmem) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void dlCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void dlWaitGroups() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // One GEMV phase: out[r, o] (=|+=) W[o, :] . xs[r, :] (+ bias[o]) for o < N; with NO == 2 the
 // rows o and N + o are gate and up and out = silu(gate) * up. KS warps of a block share one
-// output (split over K, reduced in a fixed order). The warp's first tile of weights is loaded
-// before `prep` (the barrier wait and the staging of xs) runs.
+// output (split over K, reduced in a fixed order). Each thread streams its lane-strided 16-byte
+// chunks of its rows, over all rounds of the phase, through a private ring of D slots in shared
+// memory (a lane reads back only what it copied, so cp.async.wait_group is the only sync). The
+// first D chunks are issued before `prep` (the barrier wait and the staging of xs).
 template <int R, int NO, typename Prep>
 __device__ void dlGemv(const uint16_t* __restrict__ W, int N, int K, int KS, const float4* xs, float* out, int ldo,
-                       int rows, const void* bias, int biasDt, bool accumulate, float* red, Prep prep) {
-  constexpr int U = NO == 1 ? 4 : 2;  // 16-byte loads in flight per lane (more spills registers)
+                       int rows, const void* bias, int biasDt, bool accumulate, float* red, uint4* ring, Prep prep) {
+  constexpr int D = dlDepth(NO);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int opb = DL_WARPS / KS;
   const int ks = warp % KS;
   const int n4 = K >> 2, n8 = K >> 3;
   const int ST = 32 * KS;
-  int base = blockIdx.x * opb;
-  uint4 q[U][NO];
-  if (base < N) {
-    int o = min(base + warp / KS, N - 1);
+  const int k0 = lane + ks * 32;
+  const int C = (n8 + ST - 1) / ST;  // chunks per row per lane (the last may be past the row)
+  const int base0 = blockIdx.x * opb, stride = gridDim.x * opb;
+  const int rounds = base0 < N ? (N - 1 - base0) / stride + 1 : 0;
+  // The issue side walks the same stream as the compute side, D chunks ahead, incrementally.
+  int iRound = 0, iC = 0;
+  const uint4* iPtr[NO];
+  auto rowPtrs = [&](int round, const uint4** p) {
+    int o = min(base0 + round * stride + warp / KS, N - 1);
 #pragma unroll
-    for (int u = 0; u < U; u++)
+    for (int n = 0; n < NO; n++) p[n] = reinterpret_cast<const uint4*>(W + (size_t)(o + n * N) * K) + k0;
+  };
+  if (rounds > 0) rowPtrs(0, iPtr);
+  auto issue = [&](int slot) {
+    if (iRound < rounds) {
+      if (k0 + iC * ST < n8) {
 #pragma unroll
-      for (int n = 0; n < NO; n++) {
-        int k = lane + ks * 32 + u * ST;
-        if (k < n8) q[u][n] = __ldcs(reinterpret_cast<const uint4*>(W + (size_t)(o + n * N) * K) + k);
+        for (int n = 0; n < NO; n++) dlCopy16(ring + (size_t)(slot * NO + n) * DL_THREADS + threadIdx.x, iPtr[n] + iC * ST);
       }
-  }
+      if (++iC == C) {
+        iC = 0;
+        if (++iRound < rounds) rowPtrs(iRound, iPtr);
+      }
+    }
+    dlCommit();
+  };
+#pragma unroll
+  for (int j = 0; j < D; j++) issue(j);
   prep();
 
-  for (bool first = true; base < N; base += gridDim.x * opb, first = false) {
-    int o = base + warp / KS;
-    const bool live = o < N;
-    if (!live) o = N - 1;
-    const uint4* wr[NO];
-#pragma unroll
-    for (int n = 0; n < NO; n++) wr[n] = reinterpret_cast<const uint4*>(W + (size_t)(o + n * N) * K);
-    float acc[NO][R];
+  float acc[NO][R];
+  int slot = 0;
+  for (int round = 0; round < rounds; round++) {
 #pragma unroll
     for (int n = 0; n < NO; n++)
 #pragma unroll
       for (int r = 0; r < R; r++) acc[n][r] = 0.f;
-    auto fma8 = [&](const uint4* qq, int k8) {
+#pragma unroll 2
+    for (int c = 0; c < C; c++) {
+    dlWaitGroups<D - 1>();
+    const int k = k0 + c * ST;
+    if (k < n8) {
+      uint4 qq[NO];
+#pragma unroll
+      for (int n = 0; n < NO; n++) qq[n] = ring[(size_t)(slot * NO + n) * DL_THREADS + threadIdx.x];
 #pragma unroll
       for (int r = 0; r < R; r++) {
         if (r < rows) {
-          float4 a = xs[r * n4 + k8], b = xs[r * n4 + n8 + k8];
+          float4 a = xs[r * n4 + k], b = xs[r * n4 + n8 + k];
 #pragma unroll
           for (int n = 0; n < NO; n++) {
             const uint4& w = qq[n];
@@ -198,27 +236,14 @@ __device__ void dlGemv(const uint16_t* __restrict__ W, int N, int K, int KS, con
           }
         }
       }
-    };
-    int k = lane + ks * 32;
-    if (first) {
-#pragma unroll
-      for (int u = 0; u < U; u++)
-        if (k + u * ST < n8) fma8(q[u], k + u * ST);
-      k += U * ST;
     }
-    for (; k + (U - 1) * ST < n8; k += U * ST) {
-#pragma unroll
-      for (int u = 0; u < U; u++)
-#pragma unroll
-        for (int n = 0; n < NO; n++) q[u][n] = __ldcs(wr[n] + k + u * ST);
-#pragma unroll
-      for (int u = 0; u < U; u++) fma8(q[u], k + u * ST);
+    issue(slot);  // into the slot just read (this thread's own: no barrier needed)
+    if (++slot == D) slot = 0;
     }
-    for (; k < n8; k += ST) {
-#pragma unroll
-      for (int n = 0; n < NO; n++) q[0][n] = __ldcs(wr[n] + k);
-      fma8(q[0], k);
-    }
+
+    int o = base0 + round * stride + warp / KS;
+    const bool live = o < N;
+    if (!live) o = N - 1;
     auto finish = [&](int r, float g, float u) {
       float y = g + (bias ? ldf(bias, biasDt, o) : 0.f);
       if (NO == 2) y = y / (1.f + expf(-y)) * u;
@@ -240,15 +265,16 @@ __device__ void dlGemv(const uint16_t* __restrict__ W, int N, int K, int KS, con
       __syncthreads();
       if (ks == 0 && live && lane < R && lane < rows) {
         float g = 0.f, u = 0.f;
-        for (int j = 0; j < KS; j++) {
-          g += red[((warp + j) * 2 + 0) * R + lane];
-          u += red[((warp + j) * 2 + 1) * R + lane];
+        for (int jj = 0; jj < KS; jj++) {
+          g += red[((warp + jj) * 2 + 0) * R + lane];
+          u += red[((warp + jj) * 2 + 1) * R + lane];
         }
         finish(lane, g, u);
       }
       __syncthreads();
     }
   }
+  dlWaitGroups<0>();  // the ring is free for the next phase
 }
 
 // Hint the L2 to fetch this block's rows of the next phase's weights (rows base.. of every round).
@@ -505,35 +531,41 @@ __global__ void __launch_bounds__(DL_THREADS, 1) k_decoder_layers(const __grid_c
   __shared__ float ssw[DL_WARPS * R + R];
   __shared__ int lastFlag;
   unsigned target = 0;
+  uint4* ring = reinterpret_cast<uint4*>(reinterpret_cast<char*>(dsm) + P.ringOffset);
   const int hidden = P.hidden, qw = P.nq * P.hd, qkvOut = (P.nq + 2 * P.nkv) * P.hd, rows = P.rows;
   for (int li = 0; li < P.nLayers; li++) {
     const DlLayer& L = P.L[li];
-    dlGemv<R, 1>(L.qkv, qkvOut, hidden, P.ksQkv, dsm, P.qkv, qkvOut, rows, L.qkvBias, P.biasDt, false, red, [&]() {
+    dlGemv<R, 1>(L.qkv, qkvOut, hidden, P.ksQkv, dsm, P.qkv, qkvOut, rows, L.qkvBias, P.biasDt, false, red, ring, [&]() {
       if (li == 0) pdlWait();  // the embedding (or the previous launch) wrote x
       else dlGridSync(P.bar, target);
       dlStage<R>(P.x, hidden, hidden, rows, dsm, L.attnNorm, P.normBf, P.eps, ssw);
     });
+    // The attention phase is latency-bound and leaves HBM idle: the o (and, when they fit in L2
+    // beside it, gate_up and down) rows this block will read start streaming into L2 now.
     dlPrefetchRows(L.o, hidden, qw, P.ksO);
+    if (P.deep) {
+      dlPrefetchRows(L.gateUp, P.inter, hidden, P.ksGu);
+      dlPrefetchRows(L.gateUp + (size_t)P.inter * hidden, P.inter, hidden, P.ksGu);
+      dlPrefetchRows(L.down, hidden, P.inter, P.ksDown);
+    }
     dlGridSync(P.bar, target);
     dlAttention<KT>(P, L, reinterpret_cast<float*>(dsm), &lastFlag);
-    dlGemv<R, 1>(L.o, hidden, qw, P.ksO, dsm, P.x, hidden, rows, L.oBias, P.biasDt, true, red, [&]() {
+    dlGemv<R, 1>(L.o, hidden, qw, P.ksO, dsm, P.x, hidden, rows, L.oBias, P.biasDt, true, red, ring, [&]() {
       dlGridSync(P.bar, target);
       dlStage<R>(P.attn, qw, qw, rows, dsm, nullptr, 0, 0.f, ssw);
     });
-    dlGemv<R, 2>(L.gateUp, P.inter, hidden, P.ksGu, dsm, P.mlp, P.inter, rows, nullptr, 0, false, red, [&]() {
+    const bool lastLayer = li == P.nLayers - 1;
+    dlGemv<R, 2>(L.gateUp, P.inter, hidden, P.ksGu, dsm, P.mlp, P.inter, rows, nullptr, 0, false, red, ring, [&]() {
+      // The next layer's qkv rows stream into L2 over this phase and the next.
+      if (!lastLayer) dlPrefetchRows(P.L[li + 1].qkv, qkvOut, hidden, P.ksQkv);
       dlGridSync(P.bar, target);
       dlStage<R>(P.x, hidden, hidden, rows, dsm, L.mlpNorm, P.normBf, P.eps, ssw);
     });
-    const bool lastLayer = li == P.nLayers - 1;
-    dlGemv<R, 1>(L.down, hidden, P.inter, P.ksDown, dsm, P.x, hidden, rows, nullptr, 0, true, red, [&]() {
+    dlGemv<R, 1>(L.down, hidden, P.inter, P.ksDown, dsm, P.x, hidden, rows, nullptr, 0, true, red, ring, [&]() {
       dlGridSync(P.bar, target);
       if (lastLayer && P.last) pdlTrigger();  // the final norm may be scheduled now; it waits for us
       dlStage<R>(P.mlp, P.inter, P.inter, rows, dsm, nullptr, 0, 0.f, ssw);
     });
-    if (!lastLayer) {
-      // The next layer's qkv rows start streaming into L2 while this block waits.
-      dlPrefetchRows(P.L[li + 1].qkv, qkvOut, hidden, P.ksQkv);
-    }
   }
   // The last block out re-arms the barrier for the next launch (every block has passed every
   // barrier once it exits, so nobody still reads the counter).
@@ -647,11 +679,18 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   const int qkvOut = (nq + 2 * nkv) * hd, qw = nq * hd, gq = nq / nkv;
 
   // Can the persistent kernel take it?
-  bool mega = rows <= 4 && ex->gridSync && hd % 64 == 0 && hd <= 32 * DL_EPL && gq <= DL_MAXQ && gq + 2 <= DL_WARPS &&
+  const bool qkNorm = Ls[0].qNorm.p != nullptr;
+  bool attnOk = hd % 64 == 0 && hd <= 32 * DL_EPL && gq <= DL_MAXQ && gq + 2 <= DL_WARPS;
+  for (auto& l : Ls) {
+    if (l.kc.dt != Ls[0].kc.dt || (l.qNorm.p != nullptr) != qkNorm || (l.kNorm.p != nullptr) != qkNorm) attnOk = false;
+    if (qkNorm && (l.qNorm.dt != Ls[0].qNorm.dt || l.kNorm.dt != Ls[0].qNorm.dt)) attnOk = false;
+  }
+  if (Ls[0].kc.dt != NV_F32 && Ls[0].kc.dt != NV_BF16) attnOk = false;
+  if (qkNorm && Ls[0].qNorm.dt != NV_BF16 && Ls[0].qNorm.dt != NV_F32) attnOk = false;
+  bool mega = attnOk && rows <= 4 && ex->gridSync && hd % 64 == 0 && hd <= 32 * DL_EPL && gq <= DL_MAXQ && gq + 2 <= DL_WARPS &&
               hidden % 8 == 0 && qw % 8 == 0 && inter % 8 == 0 && aligned16(x.p) && aligned16(attn.p) &&
               aligned16(mlp.p) && (size_t)rows * nkv <= ex->counterCount;
   const int normDt = Ls[0].attnNorm.dt, cdt = Ls[0].kc.dt;
-  const bool qkNorm = Ls[0].qNorm.p != nullptr;
   int biasDt = -1;
   for (auto& l : Ls) {
     for (const Buf* w : {&l.qkv, &l.o, &l.gateUp, &l.down})
@@ -672,8 +711,10 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   if (cdt != NV_F32 && cdt != NV_BF16) mega = false;
   const int R = rows == 1 ? 1 : rows == 2 ? 2 : 4;
   const size_t kMax = (size_t)std::max(hidden, std::max(qw, inter));
-  const size_t smem = std::max((size_t)R * kMax, dlAttnSmemFloats(hd, gq)) * sizeof(float);
+  const size_t front = align256(std::max((size_t)R * kMax, dlAttnSmemFloats(hd, gq)) * sizeof(float));
+  const size_t smem = front + DL_RING_BYTES;
   if (smem + 2048 > (size_t)ex->smemOptin) mega = false;  // room for the static shared arrays
+  if (!ex->persistentDecoder) mega = false;
   int G = 0;
   if (mega) {
     DlParams probe;
@@ -721,6 +762,10 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     P.ksDown = dlPickKs(hidden, inter, G);
     P.eps = eps;
     P.scale = scale;
+    P.ringOffset = (int)front;
+    // Deep prefetch while the o, gate_up and down matrices of a layer fit in about half the L2.
+    const size_t mlpBytes = ((size_t)hidden * qw + 3 * (size_t)hidden * inter) * 2;
+    P.deep = mlpBytes <= (size_t)ex->l2Bytes / 2;
     for (int l0 = 0; l0 < nL; l0 += DL_MAX_LAYERS) {
       P.nLayers = std::min(DL_MAX_LAYERS, nL - l0);
       P.last = l0 + P.nLayers == nL;
@@ -746,6 +791,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     return NERVA_OK;
   }
 
+  // Per layer: the per-op path (fused_matmul, rope_append, attention), as separate kernels.
   for (auto& l : Ls) {
     Fuse fq;
     fq.nw = l.attnNorm;

@@ -85,6 +85,10 @@ struct NervaExec {
   unsigned* gridSync = nullptr;
   // Largest dynamic shared memory a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin).
   int smemOptin = 48 * 1024;
+  // L2 cache size (cudaDeviceProp::l2CacheSize).
+  size_t l2Bytes = 0;
+  // Op decoder_layers as one persistent kernel where the shapes allow (else per layer).
+  bool persistentDecoder = false;
   // Error detail for a failure (which call, or why the arguments were rejected).
   char errCall[160] = {0};
 };

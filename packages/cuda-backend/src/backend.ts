@@ -60,9 +60,21 @@ export interface CudaBackendOptions {
    * 'gemv': no cuBLAS, the GEMV kernel in chunks of 8 rows.
    */
   gemm?: GemmPrecision;
+  /**
+   * How op decoder_layers runs. 'layers' (default): the per-layer kernels of the fused ops (6 per
+   * dense layer). 'persistent' (experimental): the whole stack as one persistent kernel with
+   * grid barriers between phases, for at most 4 rows, bf16 weights and headDim 64 or 128; other
+   * shapes still run per layer. On the H100 it is slower than 'layers' so far (see
+   * docs/results). Default from NERVA_CUDA_DECODER when set.
+   */
+  decoder?: DecoderMode;
   /** Path of nerva_cuda.node (default: NERVA_CUDA_ADDON, then the package's build/Release). */
   addonPath?: string;
 }
+
+/** Kernels behind op decoder_layers (CudaBackendOptions.decoder). */
+export type DecoderMode = 'layers' | 'persistent';
+const DECODER_MODES: readonly DecoderMode[] = ['layers', 'persistent'];
 
 /** relTol the backend declares: fp32 accumulation everywhere, activations kept in f32. */
 export const CUDA_REL_TOL = 1e-4;
@@ -480,6 +492,9 @@ export class CudaBackend implements DeviceBackend {
  * arenas. Throws CudaUnavailableError when the addon or a GPU is missing.
  */
 export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
+  // Options first: a bad configuration is named even where no GPU is present.
+  const decoder = opts.decoder ?? ((process.env.NERVA_CUDA_DECODER || 'layers') as DecoderMode);
+  if (!DECODER_MODES.includes(decoder)) throw new CudaArgumentError('decoder', `unknown decoder mode ${String(decoder)} (expected ${DECODER_MODES.join(' or ')})`);
   let addon;
   try {
     addon = loadAddon(opts.addonPath);
@@ -510,7 +525,15 @@ export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
   if (!Number.isSafeInteger(deviceArenaBytes) || deviceArenaBytes < 0) throw new CudaArgumentError('deviceArenaBytes', `must be a non-negative integer, got ${deviceArenaBytes}`);
   let ctx: NativeContext;
   try {
-    ctx = new addon.Context({ device, deviceArenaBytes, pinnedArenaBytes, workspaceBytes, cublasWorkspaceBytes, gemmMode: GEMM_MODES[gemm] });
+    ctx = new addon.Context({
+      device,
+      deviceArenaBytes,
+      pinnedArenaBytes,
+      workspaceBytes,
+      cublasWorkspaceBytes,
+      gemmMode: GEMM_MODES[gemm],
+      persistentDecoder: decoder === 'persistent',
+    });
   } catch (e) {
     throw fromNative(e, 'createCudaBackend');
   }

@@ -10,6 +10,7 @@ export {
   CUDA_REL_TOL_BF16_GEMM,
   type CudaBackendOptions,
   type GemmPrecision,
+  type DecoderMode,
 } from './backend.js';
 export { probeCuda, type CudaProbe } from './probe.js';
 export { Arena, ARENA_ALIGN } from './arena.js';

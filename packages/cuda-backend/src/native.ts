@@ -10,6 +10,8 @@ export interface NativeContextOptions {
   workspaceBytes: number;
   cublasWorkspaceBytes: number;
   gemmMode: number;
+  /** Op decoder_layers as one persistent kernel (CudaBackendOptions.decoder). */
+  persistentDecoder?: boolean;
 }
 
 export interface NativeInfo {
@@ -25,6 +27,8 @@ export interface NativeInfo {
   runtimeVersion: number;
   driverVersion: number;
   gemm: string;
+  /** 'layers' or 'persistent': how op decoder_layers runs. */
+  decoder: string;
   cublas: string;
   cublasNote: string;
   /**

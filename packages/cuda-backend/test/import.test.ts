@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { NervaError } from '@nerva/core';
-import { createCudaBackend, CudaUnavailableError, probeCuda } from '../src/index.js';
+import { createCudaBackend, CudaArgumentError, CudaUnavailableError, probeCuda } from '../src/index.js';
 
 // CI has no GPU (and usually no built addon): the package must import, report why it is
 // unavailable, and refuse to create a backend with one typed error.
@@ -52,5 +52,20 @@ describe('@nerva/cuda-backend without a GPU', () => {
     expect(err).toBeInstanceOf(NervaError);
     expect((err as CudaUnavailableError).code).toBe('CUDA_UNAVAILABLE');
     expect((err as Error).message).toMatch(/CUDA backend unavailable: .*pnpm build:cuda/);
+  });
+
+  it('rejects an unknown decoder mode by name before looking for a GPU', () => {
+    expect(() => createCudaBackend({ addonPath: missing, decoder: 'megakernel' as never })).toThrow(CudaArgumentError);
+    expect(() => createCudaBackend({ addonPath: missing, decoder: 'megakernel' as never })).toThrow(/decoder mode megakernel/);
+    const saved = process.env.NERVA_CUDA_DECODER;
+    process.env.NERVA_CUDA_DECODER = 'fast';
+    try {
+      expect(() => createCudaBackend({ addonPath: missing })).toThrow(/unknown decoder mode fast/);
+      // A valid mode gets past the option check to the missing addon.
+      expect(() => createCudaBackend({ addonPath: missing, decoder: 'persistent' })).toThrow(CudaUnavailableError);
+    } finally {
+      if (saved === undefined) delete process.env.NERVA_CUDA_DECODER;
+      else process.env.NERVA_CUDA_DECODER = saved;
+    }
   });
 });
