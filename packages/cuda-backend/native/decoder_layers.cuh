@@ -486,13 +486,14 @@ __device__ void dlAttention(const DlParams& P, const DlLayer& L, float* sm, int*
         }
       }
     }
-    // Arrive; the last split of (row, KV head) merges the partials of its q heads.
+    // Arrive (live splits only); the last of (row, KV head) merges the partials of its q heads.
+    if (start > last) continue;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
       int* c = P.counters + (size_t)r * nkv + kvh;
       int old = atomicAdd(c, 1);
-      *lastFlag = old == S - 1;
+      *lastFlag = old == nAct - 1;
       if (*lastFlag) *c = 0;
     }
     __syncthreads();

@@ -588,8 +588,10 @@ __device__ __forceinline__ float ldk<uint16_t>(const uint16_t* p, size_t i) { re
 template <>
 __device__ __forceinline__ float ldk<__half>(const __half* p, size_t i) { return __half2float(p[i]); }
 
-// The block that arrives last for its (row, head) merges the nAct live partials into out and
-// re-arms the counter: the combine needs no kernel (node) of its own.
+// The block that arrives last of the nAct live splits of its (row, head) merges their partials
+// into out and re-arms the counter: the combine needs no kernel (node) of its own. Splits past
+// the live length do not arrive at all (every block derives the same nAct from positions[r]),
+// so a short context pays no fence or atomic for the idle splits of the grid.
 __device__ void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
                            int nAct) {
   __shared__ int lastFlag;
@@ -599,7 +601,7 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
   int* c = counters + (size_t)rl * H + h;
   if (threadIdx.x == 0) {
     int old = atomicAdd(c, 1);
-    lastFlag = old == S - 1;
+    lastFlag = old == nAct - 1;
     if (lastFlag) *c = 0;
   }
   __syncthreads();
@@ -654,7 +656,6 @@ __global__ void __launch_bounds__(128) k_attn_partial(const float* q, const KT* 
       dst[0] = -INFINITY;
       dst[1] = 0.f;
     }
-    if (counters) attnArrive(part, out, counters, rl, r, h, H, hd, S, nAct);
     return;
   }
   int end = min(start + chunk - 1, last);
