@@ -5,8 +5,11 @@
 // Why: at batch 1 a small model's layer is six kernels of a few microseconds each, and the
 // kernel boundaries (drain, launch, ramp-up) cost as much as the weights take to stream. Here one
 // block per SM runs every layer; the phases of a layer (qkv, attention, o, gate_up, down) are
-// separated by grid-wide barriers, and each warp issues its first weight loads of the next phase
-// before it waits at the barrier, so the barrier hides behind the weight stream.
+// separated by grid-wide barriers, and each thread issues its first weight copies of the next
+// phase before it waits at the barrier, so the barrier hides behind the weight stream.
+// Status: correct (conformance) but slower than the per-layer kernels on the H100 so far, so it
+// runs only when the backend is created with decoder: 'persistent'; docs/results has the
+// measurements and the next steps (dataflow counters instead of full barriers).
 //
 // The arithmetic is the per-op path's (op fused_matmul, rope_append, attention): warp-per-output
 // GEMV with fp32 accumulation over lane-strided 16-byte weight chunks, the rows normalized once
