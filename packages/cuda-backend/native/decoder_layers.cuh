@@ -131,19 +131,7 @@ __device__ void dlStage(const float* src, int ld, int K, int rows, float4* xs, c
     if (r >= rows) continue;
     float inv = ssw[DL_WARPS * R + r];
     for (int j = threadIdx.x; j < n4; j += blockDim.x) {
-      float4 g;
-      if (nwbf) {
-        uint2 t = __ldg(reinterpret_cast<const uint2*>(nw) + j);
-        g = make_float4(__uint_as_float(t.x << 16), __uint_as_float(t.x & 0xffff0000u), __uint_as_float(t.y << 16),
-                        __uint_as_float(t.y & 0xffff0000u));
-      } else {
-        g = __ldg(reinterpret_cast<const float4*>(nw) + j);
-      }
-      float4& v = xs[r * n4 + (j & 1) * n8 + (j >> 1)];
-      v.x = v.x * inv * g.x;
-      v.y = v.y * inv * g.y;
-      v.z = v.z * inv * g.z;
-      v.w = v.w * inv * g.w;
+      normScale4(xs[r * n4 + (j & 1) * n8 + (j >> 1)], inv, nw, nwbf, j);
     }
   }
   __syncthreads();

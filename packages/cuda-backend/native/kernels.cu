@@ -355,6 +355,23 @@ __global__ void k_advance_positions(int* positions, int* slots, const int* bt, c
 
 // ---------------------------------------------------------------- GEMV (few rows)
 
+// v = v * inv * nw[4j..4j+3] (nw bf16 or f32): the scaling step of RMSNorm on staged rows.
+__device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw, int nwbf, int j) {
+  float4 g;
+  if (nwbf) {
+    uint2 t = __ldg(reinterpret_cast<const uint2*>(nw) + j);
+    g = make_float4(__uint_as_float(t.x << 16), __uint_as_float(t.x & 0xffff0000u), __uint_as_float(t.y << 16),
+                    __uint_as_float(t.y & 0xffff0000u));
+  } else {
+    g = __ldg(reinterpret_cast<const float4*>(nw) + j);
+  }
+  v.x = v.x * inv * g.x;
+  v.y = v.y * inv * g.y;
+  v.z = v.z * inv * g.z;
+  v.w = v.w * inv * g.w;
+}
+
+
 // Warps per block of k_gemv_bf16. Unsplit blocks are 16 outputs wide, so NORM's staged rows are
 // read once per 16 outputs rather than per 4 (per 4 outputs the staging cost the Qwen3-8B shape
 // ~4 % of roofline; at 16 it ran at 90 %), and plain GEMVs gained too (H100: 8B down 87 -> 95 %
@@ -454,19 +471,7 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
       if (r < rows) {
         float inv = invs[r];
         for (int j = threadIdx.x; j < n4; j += blockDim.x) {
-          float4 g;
-          if (nwbf) {
-            uint2 t = __ldg(reinterpret_cast<const uint2*>(nw) + j);
-            g = make_float4(__uint_as_float(t.x << 16), __uint_as_float(t.x & 0xffff0000u), __uint_as_float(t.y << 16),
-                            __uint_as_float(t.y & 0xffff0000u));
-          } else {
-            g = __ldg(reinterpret_cast<const float4*>(nw) + j);
-          }
-          float4& v = xs[r * n4 + (j & 1) * n8 + (j >> 1)];
-          v.x = v.x * inv * g.x;
-          v.y = v.y * inv * g.y;
-          v.z = v.z * inv * g.z;
-          v.w = v.w * inv * g.w;
+          normScale4(xs[r * n4 + (j & 1) * n8 + (j >> 1)], inv, nw, nwbf, j);
         }
       }
     }
