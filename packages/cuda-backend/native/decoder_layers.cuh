@@ -791,8 +791,9 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     int rc = gemvRows(ex, (const float*)x.p, l.qkv, (float*)qkv.p, rows, hidden, qkvOut, l.qkvBias, fq);
     if (!rc) rc = ropeAppendRun(ex, (float*)qkv.p, pos, inv, slots, l.kc, l.vc, l.qNorm, l.kNorm, rows, nq, nkv, hd, qkvOut, eps);
     if (!rc)
+      // Decode rows: the attention streams its first keys in before waiting on rope_append.
       rc = attentionRun(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, hd, bs, mbps,
-                        qkvOut, 0, scale);
+                        qkvOut, 0, scale, 1);
     Fuse fo;
     fo.accumulate = true;
     if (!rc) rc = gemvRows(ex, (const float*)attn.p, l.o, (float*)x.p, rows, qw, hidden, l.oBias, fo);

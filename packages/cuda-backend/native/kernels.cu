@@ -644,8 +644,11 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
                                                       const int* rowSeq, const int* positions, float* part, int H,
                                                       int KVH, int hd, int bs, int mbps, int qStride, int qOff,
                                                       float scale, int minChunk, int S, int rowBase, float* out,
-                                                      int* counters) {
-  PDL_ENTER();
+                                                      int* counters, int decodeOnly) {
+  // decodeOnly (op decoder_layers: every row its own sequence): the keys before a row's own
+  // position were written by earlier steps, so the first batch of them streams in before the
+  // dependency wait, overlapping the kernel before (rope_append, which writes q and the new key).
+  if (!decodeOnly) PDL_ENTER();
   __shared__ float shm[W], shl[W];
   __shared__ float sha[W][ATT_MAX_EPL * 32];
   int s = blockIdx.x, h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
@@ -670,36 +673,50 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   int seq = rowSeq[r];
   const float* qr = q + (size_t)r * qStride + qOff + (size_t)h * hd;
   float qv[ATT_MAX_EPL], acc[ATT_MAX_EPL];
-#pragma unroll
-  for (int j = 0; j < ATT_MAX_EPL; j++) {
-    qv[j] = (j < epl && j * 32 + lane < hd) ? qr[j * 32 + lane] * scale : 0.f;
-    acc[j] = 0.f;
-  }
   float m = -INFINITY, l = 0.f;
   const size_t width = (size_t)KVH * hd;
   const int* btr = bt + (size_t)seq * mbps;
   // ATT_KB keys per warp at a time: their block-table entries, then their key and value rows,
   // are loaded together, so a split pays the memory latency once per ATT_KB keys instead of
   // twice per key; the online softmax then folds the batch in with one rescale.
-  for (int p0 = start + warp; p0 <= end; p0 += W * ATT_KB) {
-    long long slot[ATT_KB];  // -1: past the end of the split
+  long long slot[ATT_KB];  // -1: past the end of the split
+  float kv[ATT_KB][ATT_MAX_EPL], vv[ATT_KB][ATT_MAX_EPL];
+  auto loadKey = [&](int b) {
+    const KT* kr = kc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
+    const KT* vr = vc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
+#pragma unroll
+    for (int j = 0; j < ATT_MAX_EPL; j++) {
+      bool in = slot[b] >= 0 && j < epl && j * 32 + lane < hd;
+      kv[b][j] = in ? ldk<KT>(kr, j * 32 + lane) : 0.f;
+      vv[b][j] = in ? ldk<KT>(vr, j * 32 + lane) : 0.f;
+    }
+  };
+  auto loadBatch = [&](int p0, bool skipOwn) {
 #pragma unroll
     for (int b = 0; b < ATT_KB; b++) {
       int p = p0 + b * W;
       slot[b] = p <= end ? (long long)btr[p / bs] * bs + p % bs : -1;
     }
-    float kv[ATT_KB][ATT_MAX_EPL], vv[ATT_KB][ATT_MAX_EPL];
 #pragma unroll
-    for (int b = 0; b < ATT_KB; b++) {
-      const KT* kr = kc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
-      const KT* vr = vc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
+    for (int b = 0; b < ATT_KB; b++)
+      if (!skipOwn || p0 + b * W != last) loadKey(b);
+  };
+  int p0 = start + warp;
+  if (decodeOnly) {
+    if (p0 <= end) loadBatch(p0, true);
+    pdlWait();
+    pdlTrigger();
 #pragma unroll
-      for (int j = 0; j < ATT_MAX_EPL; j++) {
-        bool in = slot[b] >= 0 && j < epl && j * 32 + lane < hd;
-        kv[b][j] = in ? ldk<KT>(kr, j * 32 + lane) : 0.f;
-        vv[b][j] = in ? ldk<KT>(vr, j * 32 + lane) : 0.f;
-      }
-    }
+    for (int b = 0; b < ATT_KB; b++)
+      if (p0 <= end && p0 + b * W == last) loadKey(b);  // written by the kernel before
+  }
+#pragma unroll
+  for (int j = 0; j < ATT_MAX_EPL; j++) {
+    qv[j] = (j < epl && j * 32 + lane < hd) ? qr[j * 32 + lane] * scale : 0.f;
+    acc[j] = 0.f;
+  }
+  for (bool first = true; p0 <= end; p0 += W * ATT_KB, first = false) {
+    if (!(first && decodeOnly)) loadBatch(p0, false);
     float d[ATT_KB];
 #pragma unroll
     for (int b = 0; b < ATT_KB; b++) {
@@ -1338,8 +1355,9 @@ int opFusedMatmul(NervaExec* ex, Args& A) {
   return gemvRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias, f);
 }
 
+// decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
 int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
-                 int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale) {
+                 int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly = 0) {
   if (hd <= 0 || hd > 32 * ATT_MAX_EPL) return bad(ex, "attention: headDim must be in 1..256");
   if (KVH <= 0 || H % KVH != 0) return bad(ex, "attention: numHeads must be a multiple of numKvHeads");
   if (kc.dt != vc.dt) return bad(ex, "attention: kCache and vCache dtypes differ");
@@ -1375,15 +1393,15 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
     switch (kc.dt) {
       case NV_F32:
         LAUNCH((k_attn_partial<float, ATT_WARPS>), grid, 32 * ATT_WARPS, 0, qp, (const float*)kc.p, (const float*)vc.p, btp, rsp, pp, part, H, KVH,
-               hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt);
+               hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly);
         break;
       case NV_BF16:
         LAUNCH((k_attn_partial<uint16_t, ATT_WARPS>), grid, 32 * ATT_WARPS, 0, qp, (const uint16_t*)kc.p, (const uint16_t*)vc.p, btp, rsp, pp,
-               part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt);
+               part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly);
         break;
       case NV_F16:
         LAUNCH((k_attn_partial<__half, ATT_WARPS>), grid, 32 * ATT_WARPS, 0, qp, (const __half*)kc.p, (const __half*)vc.p, btp, rsp, pp, part, H,
-               KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt);
+               KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly);
         break;
       default: return bad(ex, "attention: unsupported cache dtype");
     }
