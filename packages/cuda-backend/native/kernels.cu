@@ -680,6 +680,8 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   // are loaded together, so a split pays the memory latency once per ATT_KB keys instead of
   // twice per key; the online softmax then folds the batch in with one rescale.
   long long slot[ATT_KB];  // -1: past the end of the split
+#pragma unroll
+  for (int b = 0; b < ATT_KB; b++) slot[b] = -1;
   float kv[ATT_KB][ATT_MAX_EPL], vv[ATT_KB][ATT_MAX_EPL];
   auto loadKey = [&](int b) {
     const KT* kr = kc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
