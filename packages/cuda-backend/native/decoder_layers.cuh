@@ -670,7 +670,8 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   if (rows <= 0 || nL == 0) return NERVA_OK;
   const int qkvOut = (nq + 2 * nkv) * hd, qw = nq * hd, gq = nq / nkv;
 
-  // Can the persistent kernel take it?
+  // Can the persistent kernel take it? First its attention phase (head shape, uniform cache and
+  // QK-norm dtypes across layers), then the rest (bf16 weights, alignment, uniform norm/bias).
   const bool qkNorm = Ls[0].qNorm.p != nullptr;
   bool attnOk = hd % 64 == 0 && hd <= 32 * DL_EPL && gq <= DL_MAXQ && gq + 2 <= DL_WARPS;
   for (auto& l : Ls) {
@@ -679,8 +680,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   }
   if (Ls[0].kc.dt != NV_F32 && Ls[0].kc.dt != NV_BF16) attnOk = false;
   if (qkNorm && Ls[0].qNorm.dt != NV_BF16 && Ls[0].qNorm.dt != NV_F32) attnOk = false;
-  bool mega = attnOk && rows <= 4 && ex->gridSync && hd % 64 == 0 && hd <= 32 * DL_EPL && gq <= DL_MAXQ && gq + 2 <= DL_WARPS &&
-              hidden % 8 == 0 && qw % 8 == 0 && inter % 8 == 0 && aligned16(x.p) && aligned16(attn.p) &&
+  bool mega = attnOk && rows <= 4 && ex->gridSync && hidden % 8 == 0 && qw % 8 == 0 && inter % 8 == 0 && aligned16(x.p) && aligned16(attn.p) &&
               aligned16(mlp.p) && (size_t)rows * nkv <= ex->counterCount;
   const int normDt = Ls[0].attnNorm.dt, cdt = Ls[0].kc.dt;
   int biasDt = -1;
@@ -689,18 +689,13 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
       if (w->dt != NV_BF16 || !aligned16(w->p)) mega = false;
     if (l.attnNorm.dt != normDt || l.mlpNorm.dt != normDt || !aligned16(l.attnNorm.p) || !aligned16(l.mlpNorm.p))
       mega = false;
-    if ((l.qNorm.p != nullptr) != qkNorm || (l.kNorm.p != nullptr) != qkNorm) mega = false;
-    if (qkNorm && (l.qNorm.dt != Ls[0].qNorm.dt || l.kNorm.dt != Ls[0].qNorm.dt)) mega = false;
     for (const Buf* b : {&l.qkvBias, &l.oBias}) {
       if (!b->p) continue;
       if (biasDt >= 0 && b->dt != biasDt) mega = false;
       biasDt = b->dt;
     }
-    if (l.kc.dt != cdt) mega = false;
   }
   if (normDt != NV_BF16 && normDt != NV_F32) mega = false;
-  if (qkNorm && Ls[0].qNorm.dt != NV_BF16 && Ls[0].qNorm.dt != NV_F32) mega = false;
-  if (cdt != NV_F32 && cdt != NV_BF16) mega = false;
   const int R = rows == 1 ? 1 : rows == 2 ? 2 : 4;
   const size_t kMax = (size_t)std::max(hidden, std::max(qw, inter));
   const size_t front = align256(std::max((size_t)R * kMax, dlAttnSmemFloats(hd, gq)) * sizeof(float));

@@ -210,14 +210,10 @@ export class ModelRunner {
     // precondition). meta.logitRows lists one row per sequence (its last), so nLogits === rows
     // means every sequence of the pass has exactly one row: a batch of decode rows. Profiling
     // keeps the per-layer ops, so device time still splits into norm/projection/attention/mlp.
-    if (rows <= FUSED_MAX_ROWS && this.stack !== undefined && nLogits === rows && !this.profiling) {
-      this.forwardStack(rows);
-      this.op('norm', 'rmsnorm', { x: a.residual, weight: w.finalNorm, out: a.normed, rows, dim: H, eps });
-      this.lmHead(nLogits);
-      return;
-    }
-    if (rows <= FUSED_MAX_ROWS && this.fusedOps) {
-      this.forwardFusedLayers(rows);
+    const wholeStack = this.stack !== undefined && nLogits === rows && !this.profiling;
+    if (rows <= FUSED_MAX_ROWS && (wholeStack || this.fusedOps)) {
+      if (wholeStack) this.forwardStack(rows);
+      else this.forwardFusedLayers(rows);
       this.op('norm', 'rmsnorm', { x: a.residual, weight: w.finalNorm, out: a.normed, rows, dim: H, eps });
       this.lmHead(nLogits);
       return;
