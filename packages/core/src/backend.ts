@@ -52,6 +52,19 @@ export interface BackendPrecision {
   relTol: number;
 }
 
+/**
+ * How a backend rounds activations.
+ * - 'exact' (the default): activations stay float32 (or wider) from op to op; the answer is the
+ *   float math of the checkpoint, and the declared precision bounds the distance to it.
+ * - 'bf16': reference-compatibility mode. Activations are rounded to bfloat16 (nearest even) at
+ *   the points where Hugging Face transformers' bf16 eager forward rounds them (ops.ts, "bf16
+ *   numerics"), weights and KV caches are bf16, accumulation stays float32. Use it to reproduce a
+ *   transformers bf16 run, rounding for rounding; it is further from the exact answer.
+ */
+export type Numerics = 'exact' | 'bf16';
+
+export const NUMERICS: readonly Numerics[] = ['exact', 'bf16'];
+
 export interface BackendCapabilities {
   /** 'cpu', 'cuda', ... */
   deviceKind: string;
@@ -66,6 +79,8 @@ export interface BackendCapabilities {
   /** dtype the backend wants weights in. */
   weightDtype: DType;
   precision: BackendPrecision;
+  /** Activation rounding (absent: 'exact'). With 'bf16' the engine stores weights and KV as bf16. */
+  numerics?: Numerics;
   graphCapture: boolean;
   peerAccess: boolean;
   collectives: boolean;

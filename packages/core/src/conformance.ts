@@ -1332,6 +1332,10 @@ export function conformanceCases(opts: ConformanceOptions = {}): ConformanceCase
  * failed result carrying the message; the run itself never throws for a backend's failure.
  */
 export async function runConformance(backend: DeviceBackend, reference: DeviceBackend, opts: ConformanceOptions = {}): Promise<ConformanceReport> {
+  // A bf16-numerics backend rounds where an exact one does not: compare like with like.
+  const bn = backend.capabilities.numerics ?? 'exact';
+  const rn = reference.capabilities.numerics ?? 'exact';
+  if (bn !== rn) throw new RangeError(`conformance: the backend has numerics '${bn}' but the reference has '${rn}'; create the reference with the same numerics`);
   const results: ConformanceCaseResult[] = [];
   for (const c of conformanceCases(opts)) {
     let r: ConformanceCaseResult;

@@ -7,6 +7,21 @@
  *   buffers, never in attributes, so a captured graph can be replayed with new values.
  * - Attributes (numbers, booleans) are fixed for a captured graph.
  * - Accumulation is at least float32; the declared precision of a backend bounds its error.
+ *
+ * bf16 numerics (a backend created with numerics 'bf16'): every value an op stores is rounded to
+ * bfloat16 (nearest even, through float32) where transformers' bf16 eager forward rounds it, and
+ * nowhere else. R(v) below is that rounding; sums and dot products accumulate in float32 or wider.
+ * - embedding: R(table row). add: R(a + b). matmul: R(x.w + bias). rmsnorm: residual =
+ *   R(residual + x), out = R(R(x * inv) * weight), inv = 1/sqrt(mean(x^2) + eps) in float32.
+ * - fused_matmul: the normalized input as rmsnorm's out; y = R(x.w + bias); glu: g = R(x.wg),
+ *   u = R(x.wu), y = R(R(silu(g)) * u); accumulate: out = R(out + y). silu_mul likewise.
+ * - rope / rope_append: QK-norm as rmsnorm; c = R(cos a), s = R(sin a) with the float32 angle
+ *   a = positions[r] * invFreq[i]; x1' = R(R(x1 c) - R(x2 s)), x2' = R(R(x2 c) + R(x1 s)).
+ * - attention: s_p = R(R(q.k_p) * scale) with scale in float32; p = R(softmax_f32(s)_p);
+ *   out = R(sum_p p v_p) (eager attention: scores and probabilities are rounded).
+ * - moe_route: topWeights = R(probability, renormalized when asked). moe_mlp: per expert in
+ *   ascending expert id, y = R(down . R(R(silu(R(g))) * R(u))), acc = R(acc + R(y * weight)).
+ * decoder_layers is its composition; argmax, sample and the index ops do not round.
  */
 import type { DeviceBuffer } from './backend.js';
 

@@ -12,6 +12,7 @@ import {
   SYNC_KINDS,
   UnsupportedOpError,
   emptySyncCounts,
+  NUMERICS,
   type BackendCapabilities,
   type BackendStats,
   type BufferSpec,
@@ -20,6 +21,7 @@ import {
   type EventHandle,
   type GraphHandle,
   type HostArray,
+  type Numerics,
   type OpArgs,
   type OpName,
   type StreamHandle,
@@ -34,6 +36,7 @@ import {
   BufferDTypeError,
   BufferRangeError,
   CaptureStateError,
+  CpuBackendOptionError,
   EventStateError,
   UnknownHandleError,
 } from './errors.js';
@@ -50,6 +53,16 @@ import { DEFAULT_SCRATCH, Scratch, type ScratchSizes } from './scratch.js';
  */
 export const CPU_REL_TOL = 1e-6;
 
+/**
+ * Relative tolerance under bf16 numerics. A bf16 rounding point turns an accumulation-order
+ * difference of ~1e-7 into a whole bf16 ulp (2^-8 = 3.9e-3 relative) on the rare element whose
+ * float32 sum lies next to a rounding boundary, and an op chains up to ~4 such points; 2e-2 of
+ * max |reference| admits those flips and still fails a wrong formula. Whether the rounding points
+ * are transformers' own is tested against its bf16 runs (the fixtures' greedy_bf16_gpu tokens),
+ * which a tolerance of this size cannot tell.
+ */
+export const BF16_NUMERICS_REL_TOL = 2e-2;
+
 export interface CpuBackendOptions {
   /** Name reported by `name` (default 'cpu'). */
   name?: string;
@@ -57,6 +70,11 @@ export interface CpuBackendOptions {
   memoryBytes?: number;
   /** Scratch sizes reserved at construction so decode allocates nothing (defaults fit 256k vocab, 8k context). */
   scratch?: Partial<ScratchSizes>;
+  /**
+   * Activation rounding (default 'exact': float64 accumulation, float32 storage). 'bf16' rounds
+   * activations where transformers' bf16 eager forward does (see `Numerics` in @nerva/core).
+   */
+  numerics?: Numerics;
 }
 
 interface CaptureState {
@@ -88,6 +106,8 @@ export class CpuBackend implements DeviceBackend {
 
   constructor(opts: CpuBackendOptions = {}) {
     this.name = opts.name ?? 'cpu';
+    const numerics = opts.numerics ?? 'exact';
+    if (!NUMERICS.includes(numerics)) throw new CpuBackendOptionError('numerics', `unknown numerics ${String(numerics)} (expected ${NUMERICS.join(' or ')})`);
     const memory = opts.memoryBytes ?? os.totalmem();
     const cpus = os.cpus();
     this.capabilities = Object.freeze({
@@ -98,7 +118,8 @@ export class CpuBackend implements DeviceBackend {
       computeTier: 'dram' as Tier,
       dtypes: Object.freeze(['f32', 'bf16', 'f16', 'i32'] as const),
       weightDtype: 'f32',
-      precision: Object.freeze({ compute: 'f32' as const, relTol: CPU_REL_TOL }),
+      precision: Object.freeze(numerics === 'bf16' ? { compute: 'bf16' as const, relTol: BF16_NUMERICS_REL_TOL } : { compute: 'f32' as const, relTol: CPU_REL_TOL }),
+      numerics,
       graphCapture: true,
       peerAccess: false,
       collectives: false,
@@ -106,7 +127,7 @@ export class CpuBackend implements DeviceBackend {
       ops: OP_NAMES,
     });
     this.buffers = new BufferTable(['dram'], 'dram', memory);
-    this.ctx = new OpContext(this.buffers, new Scratch({ ...DEFAULT_SCRATCH, ...opts.scratch }));
+    this.ctx = new OpContext(this.buffers, new Scratch({ ...DEFAULT_SCRATCH, ...opts.scratch }), numerics);
   }
 
   // ---- memory -------------------------------------------------------------------------------

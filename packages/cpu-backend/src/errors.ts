@@ -83,3 +83,13 @@ export class BackendDisposedError extends BackendError {
     super('DISPOSED', `backend ${name} was disposed`);
   }
 }
+
+/** A CpuBackend option has an unknown or invalid value. */
+export class CpuBackendOptionError extends BackendError {
+  constructor(
+    readonly option: string,
+    detail: string,
+  ) {
+    super('BACKEND_OPTION', `cpu backend option ${option}: ${detail}`);
+  }
+}

@@ -4,8 +4,9 @@
  * size, and throws an OpArgumentError naming the op and the argument otherwise. Nothing an op
  * does can index outside a buffer without one of these checks having passed first.
  */
-import type { DeviceBuffer, OpName } from '@nerva/core';
+import type { DeviceBuffer, Numerics, OpName } from '@nerva/core';
 import type { BufferTable } from './buffers.js';
+import { roundBf16 } from './half.js';
 import { OpArgumentError, UnknownHandleError } from './errors.js';
 import type { Scratch } from './scratch.js';
 
@@ -18,12 +19,19 @@ export class OpContext {
    */
   dry = false;
   readonly scratch: Scratch;
+  /** bf16 numerics: activations are rounded with `round` at transformers' points (core ops.ts). */
+  readonly bf16: boolean;
+  /** R(v) of the op catalogue's "bf16 numerics": bf16 rounding, or the identity when exact. */
+  readonly round: (v: number) => number;
 
   constructor(
     private readonly table: BufferTable,
     scratch: Scratch,
+    numerics: Numerics = 'exact',
   ) {
     this.scratch = scratch;
+    this.bf16 = numerics === 'bf16';
+    this.round = this.bf16 ? roundBf16 : identity;
   }
 
   fail(arg: string, detail: string): never {
@@ -85,4 +93,8 @@ export class OpContext {
 /** Elements spanned by `rows` rows of `width` at `offset` with row stride `stride`. */
 export function span(rows: number, stride: number, offset: number, width: number): number {
   return rows === 0 ? 0 : (rows - 1) * stride + offset + width;
+}
+
+function identity(v: number): number {
+  return v;
 }

@@ -1,4 +1,4 @@
-import type { DeviceBackend } from '@nerva/core';
+import type { DeviceBackend, Numerics } from '@nerva/core';
 import { NervaError } from '@nerva/core';
 
 export type BackendChoice = 'cpu' | 'cuda' | 'auto';
@@ -19,6 +19,8 @@ export interface BackendOptions {
   /** Bytes of device memory the CUDA backend reserves up front (weights + KV + activations). */
   deviceArenaBytes?: number;
   pinnedArenaBytes?: number;
+  /** Activation rounding of the created backend (default 'exact'). */
+  numerics?: Numerics;
 }
 
 /**
@@ -29,7 +31,7 @@ export interface BackendOptions {
 export async function selectBackend(choice: BackendChoice, opts: BackendOptions = {}): Promise<SelectedBackend> {
   if (choice === 'cpu') {
     const { CpuBackend } = await import('@nerva/cpu-backend');
-    return { backend: new CpuBackend(), notes: [] };
+    return { backend: new CpuBackend({ numerics: opts.numerics }), notes: [] };
   }
   let reason: string;
   try {
@@ -44,5 +46,5 @@ export async function selectBackend(choice: BackendChoice, opts: BackendOptions 
   }
   if (choice === 'cuda') throw new BackendUnavailableError(`CUDA backend unavailable: ${reason}`);
   const { CpuBackend } = await import('@nerva/cpu-backend');
-  return { backend: new CpuBackend(), notes: [`backend fallback: cuda -> cpu (${reason})`] };
+  return { backend: new CpuBackend({ numerics: opts.numerics }), notes: [`backend fallback: cuda -> cpu (${reason})`] };
 }

@@ -1,12 +1,12 @@
-import type { BackendStats, DeviceBackend, GraphHandle, TokenLedgerRecord } from '@nerva/core';
-import { emptySyncCounts, LedgerAggregator, NervaError, SYNC_KINDS } from '@nerva/core';
+import type { BackendStats, DeviceBackend, GraphHandle, Numerics, TokenLedgerRecord } from '@nerva/core';
+import { DTYPE_BYTES, emptySyncCounts, LedgerAggregator, NervaError, NUMERICS, SYNC_KINDS } from '@nerva/core';
 import { KvCacheManager } from '@nerva/kv';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
 import { createDetokenizer, loadModelDir } from '@nerva/models';
 import { type BackendChoice, selectBackend } from './backend-select.js';
 import { HostSampler } from './host-sampler.js';
 import { ModelRunner } from './model-runner.js';
-import { freeWeights, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
+import { freeWeights, kvDtypeOf, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';
 import { type RequestLimits, validateRequest } from './request-validation.js';
 import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
@@ -34,6 +34,12 @@ export interface EngineOptions {
   onProgress?: (p: UploadProgress) => void;
   /** Bytes of device memory the CUDA backend reserves, when the engine creates it. */
   deviceArenaBytes?: number;
+  /**
+   * Activation rounding of the backend the engine creates (default 'exact'). 'bf16' reproduces
+   * transformers' bf16 eager forward rounding for rounding (weights and KV then bf16); see
+   * `Numerics` in @nerva/core. With a backend object, its own numerics apply and this must agree.
+   */
+  numerics?: Numerics;
 }
 
 export interface GenerateOptions extends SamplingParams {
@@ -178,7 +184,7 @@ export class Engine {
     this.maxModelLen = Math.min(s.maxPositionEmbeddings, o.maxModelLen ?? 4096);
     const maxNumSeqs = o.maxNumSeqs ?? (cpu ? 64 : 128);
     const maxRows = Math.max(o.maxNumBatchedTokens ?? (cpu ? 256 : 2048), maxNumSeqs);
-    const kvBytesPerToken = 2 * s.numLayers * s.numKvHeads * s.headDim * 4;
+    const kvBytesPerToken = 2 * s.numLayers * s.numKvHeads * s.headDim * DTYPE_BYTES[kvDtypeOf(this.backend)];
     // KV gets a share of what the weights left free (nano-vllm sizes it after a warm-up pass;
     // our activations are known up front, so they are subtracted instead).
     const tier = this.backend.capabilities.computeTier;
@@ -222,8 +228,12 @@ export class Engine {
     const loaded = await loadModelDir(o.model);
     let backend: DeviceBackend;
     let notes: string[] = [];
-    if (typeof o.backend === 'object') backend = o.backend;
-    else ({ backend, notes } = await selectBackend(o.backend ?? 'auto', { deviceArenaBytes: o.deviceArenaBytes }));
+    if (o.numerics !== undefined && !NUMERICS.includes(o.numerics)) throw new RangeError(`numerics must be ${NUMERICS.join(' or ')}, got ${String(o.numerics)}`);
+    if (typeof o.backend === 'object') {
+      backend = o.backend;
+      const has = backend.capabilities.numerics ?? 'exact';
+      if (o.numerics !== undefined && o.numerics !== has) throw new RangeError(`numerics '${o.numerics}' was asked for, but the given backend has '${has}'`);
+    } else ({ backend, notes } = await selectBackend(o.backend ?? 'auto', { deviceArenaBytes: o.deviceArenaBytes, numerics: o.numerics }));
     let weights: ModelWeights | undefined;
     try {
       weights = await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress);

@@ -1,7 +1,8 @@
 import type { DecoderLayerWeights, DeviceBackend, DeviceBuffer, EventHandle, OpArgs, OpName, StreamHandle, Tier } from '@nerva/core';
+import { DTYPE_BYTES } from '@nerva/core';
 import type { ModelSpec } from '@nerva/models';
 import { isMoeLayer } from '@nerva/models';
-import type { ModelWeights } from './model-weights.js';
+import { kvDtypeOf, type ModelWeights } from './model-weights.js';
 
 /**
  * Passes of at most this many rows (decode steps) run the fused layer ops; larger ones (prefill)
@@ -117,11 +118,12 @@ export class ModelRunner {
       this.logits = f32(maxSeqs * s.vocabSize, 'act.logits');
       const slotsTotal = limits.numBlocks * limits.blockSize;
       const kvWidth = s.numKvHeads * hd;
+      const kvDtype = kvDtypeOf(backend);
       for (let l = 0; l < s.numLayers; l++) {
-        this.kCache.push(this.own(backend.alloc({ dtype: 'f32', length: slotsTotal * kvWidth, usage: 'kv', label: `kv.k.${l}` })));
-        this.vCache.push(this.own(backend.alloc({ dtype: 'f32', length: slotsTotal * kvWidth, usage: 'kv', label: `kv.v.${l}` })));
+        this.kCache.push(this.own(backend.alloc({ dtype: kvDtype, length: slotsTotal * kvWidth, usage: 'kv', label: `kv.k.${l}` })));
+        this.vCache.push(this.own(backend.alloc({ dtype: kvDtype, length: slotsTotal * kvWidth, usage: 'kv', label: `kv.v.${l}` })));
       }
-      this.kvBytes = 2 * s.numLayers * slotsTotal * kvWidth * 4;
+      this.kvBytes = 2 * s.numLayers * slotsTotal * kvWidth * DTYPE_BYTES[kvDtype];
       this.stack = backend.capabilities.ops.includes('decoder_layers') && s.moe === undefined ? this.decoderStack() : undefined;
       backend.write(this.meta.ringCursor, new Int32Array(1));
     } catch (e) {

@@ -66,6 +66,8 @@ export async function uploadWeights(
   const dtypeOf = (name: string): DType => {
     const d = fromCkpt[ckpt.info(name).dtype];
     if (wd === 'f32' || !d) return wd;
+    // bf16 numerics reproduces transformers' bf16 run, which casts every weight to bf16 (nearest even).
+    if (backend.capabilities.numerics === 'bf16') return 'bf16';
     return supported.includes(d) ? d : wd;
   };
   const alloc = (length: number, label: string, dtype: DType = wd): DeviceBuffer => {
@@ -92,8 +94,9 @@ export async function uploadWeights(
     await put(b, name);
     return b;
   };
-  // Norm weights stay f32: they are tiny and read once per row.
-  const norm = (name: string, length: number) => tensor(name, length, 'f32');
+  // Norm weights stay f32: they are tiny and read once per row (bf16 under bf16 numerics, as
+  // transformers casts them).
+  const norm = (name: string, length: number) => tensor(name, length, backend.capabilities.numerics === 'bf16' ? 'bf16' : 'f32');
 
   try {
     const embed = await tensor('model.embed_tokens.weight', spec.vocabSize * H);
@@ -160,3 +163,12 @@ export function freeWeights(backend: DeviceBackend, w: ModelWeights): void {
   for (const b of w.buffers) backend.free(b);
   w.buffers.length = 0;
 }
+
+/**
+ * The KV cache dtype: float32 (exact keys and values), or bf16 under bf16 numerics, where
+ * transformers' cache holds bf16.
+ */
+export function kvDtypeOf(backend: DeviceBackend): 'f32' | 'bf16' {
+  return backend.capabilities.numerics === 'bf16' ? 'bf16' : 'f32';
+}
+

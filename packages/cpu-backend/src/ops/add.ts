@@ -8,5 +8,6 @@ export function add(ctx: OpContext, a: OpArgs<'add'>): void {
   const y = ctx.floats('b', a.b, n);
   const out = ctx.f32('out', a.out, n);
   if (ctx.dry) return;
-  for (let i = 0; i < n; i++) out[i] = x[i] + y[i];
+  const R = ctx.round;
+  for (let i = 0; i < n; i++) out[i] = R(x[i] + y[i]);
 }

@@ -47,6 +47,11 @@ export function attention(ctx: OpContext, a: OpArgs<'attention'>): void {
     }
   }
   const group = numHeads / numKvHeads;
+  const R = ctx.round;
+  // bf16 numerics (eager attention): the score matmul, the scaled score and the probabilities are
+  // each rounded, and the scale is the float32 transformers multiplies by.
+  const bf16 = ctx.bf16;
+  const sc = bf16 ? Math.fround(scale) : scale;
   const scores = ctx.scratch.scoreBuf(maxBlocks * blockSize);
   const acc = ctx.scratch.a(headDim);
   for (let r = 0; r < rows; r++) {
@@ -59,15 +64,21 @@ export function attention(ctx: OpContext, a: OpArgs<'attention'>): void {
       let max = -Infinity;
       for (let p = 0; p < n; p++) {
         const slot = tables[tb + Math.floor(p / blockSize)] * blockSize + (p % blockSize);
-        const s = scale * dot(q, qo, kc, slot * kvw + kvo, headDim);
+        const s = R(R(dot(q, qo, kc, slot * kvw + kvo, headDim)) * sc);
         scores[p] = s;
         if (s > max) max = s;
       }
       let sum = 0;
       for (let p = 0; p < n; p++) {
-        const e = Math.exp(scores[p] - max);
+        const e = bf16 ? Math.fround(Math.exp(scores[p] - max)) : Math.exp(scores[p] - max);
         scores[p] = e;
         sum += e;
+      }
+      if (bf16) {
+        // softmax in float32, then the probabilities rounded: the weighted sum needs no division.
+        sum = Math.fround(sum);
+        for (let p = 0; p < n; p++) scores[p] = R(scores[p] / sum);
+        sum = 1;
       }
       acc.fill(0, 0, headDim);
       for (let p = 0; p < n; p++) {
@@ -77,7 +88,7 @@ export function attention(ctx: OpContext, a: OpArgs<'attention'>): void {
         for (let i = 0; i < headDim; i++) acc[i] += wgt * vc[vo + i];
       }
       const oo = r * qw + h * headDim;
-      for (let i = 0; i < headDim; i++) out[oo + i] = acc[i] / sum;
+      for (let i = 0; i < headDim; i++) out[oo + i] = R(acc[i] / sum);
     }
   }
 }

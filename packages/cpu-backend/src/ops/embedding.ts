@@ -9,6 +9,7 @@ export function embedding(ctx: OpContext, a: OpArgs<'embedding'>): void {
   const ids = ctx.ints('ids', a.ids, rows);
   const out = ctx.f32('out', a.out, rows * hidden);
   if (ctx.dry) return;
+  const R = ctx.round;
   const vocab = Math.floor(table.length / hidden);
   for (let r = 0; r < rows; r++) {
     const id = ids[r];
@@ -17,6 +18,6 @@ export function embedding(ctx: OpContext, a: OpArgs<'embedding'>): void {
   for (let r = 0; r < rows; r++) {
     const src = ids[r] * hidden;
     const dst = r * hidden;
-    for (let i = 0; i < hidden; i++) out[dst + i] = table[src + i];
+    for (let i = 0; i < hidden; i++) out[dst + i] = R(table[src + i]);
   }
 }

@@ -25,6 +25,7 @@ export function fusedMatmul(ctx: OpContext, a: OpArgs<'fused_matmul'>): void {
   ctx.distinct('out', a.out, 'x', a.x);
   ctx.distinct('out', a.out, 'weight', a.weight);
   if (ctx.dry) return;
+  const R = ctx.round;
   let input = x;
   if (norm !== undefined) {
     input = ctx.scratch.f32(rows * inDim);
@@ -33,16 +34,16 @@ export function fusedMatmul(ctx: OpContext, a: OpArgs<'fused_matmul'>): void {
       let ss = 0;
       for (let i = 0; i < inDim; i++) ss += x[o + i] * x[o + i];
       const inv = 1 / Math.sqrt(ss / inDim + eps);
-      for (let i = 0; i < inDim; i++) input[o + i] = x[o + i] * inv * norm[i];
+      for (let i = 0; i < inDim; i++) input[o + i] = R(R(x[o + i] * inv) * norm[i]);
     }
   }
   for (let o = 0; o < outDim; o++) {
     const b = bias === undefined ? 0 : bias[o];
     for (let r = 0; r < rows; r++) {
-      let v = dot(input, r * inDim, w, o * inDim, inDim) + b;
-      if (glu) v = silu(Math.fround(v)) * Math.fround(dot(input, r * inDim, w, (outDim + o) * inDim, inDim));
+      let v = R(dot(input, r * inDim, w, o * inDim, inDim) + b);
+      if (glu) v = R(R(silu(Math.fround(v))) * R(Math.fround(dot(input, r * inDim, w, (outDim + o) * inDim, inDim))));
       const i = r * outDim + o;
-      out[i] = a.accumulate === true ? out[i] + Math.fround(v) : v;
+      out[i] = a.accumulate === true ? R(out[i] + Math.fround(v)) : v;
     }
   }
 }

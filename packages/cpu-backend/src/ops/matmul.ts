@@ -18,9 +18,10 @@ export function matmul(ctx: OpContext, a: OpArgs<'matmul'>): void {
   ctx.distinct('out', a.out, 'x', a.x);
   ctx.distinct('out', a.out, 'weight', a.weight);
   if (ctx.dry) return;
+  const R = ctx.round;
   for (let o = 0; o < outDim; o++) {
     const wo = off + o * inDim;
     const b = bias === undefined ? 0 : bias[o];
-    for (let r = 0; r < rows; r++) out[r * outDim + o] = dot(x, r * inDim, w, wo, inDim) + b;
+    for (let r = 0; r < rows; r++) out[r * outDim + o] = R(dot(x, r * inDim, w, wo, inDim) + b);
   }
 }

@@ -28,20 +28,29 @@ export function moeMlp(ctx: OpContext, a: OpArgs<'moe_mlp'>): void {
   }
   const h = ctx.scratch.a(inter);
   const acc = ctx.scratch.b(hidden);
+  const R = ctx.round;
+  const order = ctx.bf16 ? new Int32Array(topK) : undefined;
   for (let r = 0; r < rows; r++) {
     const xo = r * hidden;
     acc.fill(0, 0, hidden);
-    for (let k = 0; k < topK; k++) {
+    if (order !== undefined) {
+      // bf16 numerics: transformers adds the experts' outputs into a bf16 sum in ascending expert id.
+      for (let k = 0; k < topK; k++) order[k] = k;
+      order.sort((i, j) => ids[r * topK + i] - ids[r * topK + j]);
+    }
+    for (let kk = 0; kk < topK; kk++) {
+      const k = order === undefined ? kk : order[kk];
       const e = ids[r * topK + k];
       const wk = wts[r * topK + k];
       const gu = e * perExpertGU;
       for (let j = 0; j < inter; j++) {
-        const g = dot(x, xo, gateUp, gu + j * hidden, hidden);
-        const u = dot(x, xo, gateUp, gu + (inter + j) * hidden, hidden);
-        h[j] = silu(g) * u;
+        const g = R(dot(x, xo, gateUp, gu + j * hidden, hidden));
+        const u = R(dot(x, xo, gateUp, gu + (inter + j) * hidden, hidden));
+        h[j] = R(R(silu(g)) * u);
       }
       const dn = e * perExpertDown;
-      for (let d = 0; d < hidden; d++) acc[d] += wk * dot64(h, down, dn + d * inter, inter);
+      if (order === undefined) for (let d = 0; d < hidden; d++) acc[d] += wk * dot64(h, down, dn + d * inter, inter);
+      else for (let d = 0; d < hidden; d++) acc[d] = R(acc[d] + R(R(dot64(h, down, dn + d * inter, inter)) * wk));
     }
     for (let d = 0; d < hidden; d++) out[xo + d] = acc[d];
   }

@@ -14,6 +14,7 @@ export function moeRoute(ctx: OpContext, a: OpArgs<'moe_route'>): void {
   const ids = ctx.ints('topIds', a.topIds, rows * topK);
   const wts = ctx.f32('topWeights', a.topWeights, rows * topK);
   if (ctx.dry) return;
+  const R = ctx.round;
   const prob = ctx.scratch.a(numExperts);
   const taken = ctx.scratch.flagBuf(numExperts);
   for (let r = 0; r < rows; r++) {
@@ -36,6 +37,6 @@ export function moeRoute(ctx: OpContext, a: OpArgs<'moe_route'>): void {
     }
     // Renormalizing divides by the kept mass; otherwise by the full softmax sum.
     const denom = a.normalize ? kept : sum;
-    for (let k = 0; k < topK; k++) wts[r * topK + k] = prob[ids[r * topK + k]] / denom;
+    for (let k = 0; k < topK; k++) wts[r * topK + k] = R(prob[ids[r * topK + k]] / denom);
   }
 }

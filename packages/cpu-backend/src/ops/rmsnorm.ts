@@ -18,9 +18,10 @@ export function rmsnorm(ctx: OpContext, a: OpArgs<'rmsnorm'>): void {
   const res = a.residual === undefined ? undefined : ctx.f32('residual', a.residual, n);
   if (a.residual !== undefined) ctx.distinct('residual', a.residual, 'x', a.x);
   if (ctx.dry) return;
+  const R = ctx.round;
   let src = x;
   if (res !== undefined) {
-    for (let i = 0; i < n; i++) res[i] += x[i];
+    for (let i = 0; i < n; i++) res[i] = R(res[i] + x[i]);
     src = res;
   }
   for (let r = 0; r < rows; r++) {
@@ -28,6 +29,6 @@ export function rmsnorm(ctx: OpContext, a: OpArgs<'rmsnorm'>): void {
     let ss = 0;
     for (let i = 0; i < dim; i++) ss += src[o + i] * src[o + i];
     const inv = 1 / Math.sqrt(ss / dim + eps);
-    for (let i = 0; i < dim; i++) out[o + i] = src[o + i] * inv * w[i];
+    for (let i = 0; i < dim; i++) out[o + i] = R(R(src[o + i] * inv) * w[i]);
   }
 }

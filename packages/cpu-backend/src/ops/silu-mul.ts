@@ -10,9 +10,10 @@ export function siluMul(ctx: OpContext, a: OpArgs<'silu_mul'>): void {
   const out = ctx.f32('out', a.out, rows * dim);
   ctx.distinct('out', a.out, 'x', a.x);
   if (ctx.dry) return;
+  const R = ctx.round;
   for (let r = 0; r < rows; r++) {
     const xo = r * 2 * dim;
     const oo = r * dim;
-    for (let i = 0; i < dim; i++) out[oo + i] = silu(x[xo + i]) * x[xo + dim + i];
+    for (let i = 0; i < dim; i++) out[oo + i] = R(R(silu(x[xo + i])) * x[xo + dim + i]);
   }
 }
