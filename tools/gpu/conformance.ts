@@ -36,6 +36,21 @@ const persistent = {
   failures: persistentReport.results.filter((r) => !r.ok),
   results: persistentReport.results.map((r) => ({ case: r.name, ok: r.ok, rel: r.maxRef > 0 ? r.maxAbsErr / r.maxRef : r.maxAbsErr })),
 };
+// bf16 numerics: the CUDA kernels against the CPU reference, both rounding at transformers' points.
+const bf16Backend = createCudaBackend({ deviceArenaBytes: 4 * 2 ** 30, numerics: 'bf16' });
+const bf16Report = await runConformance(bf16Backend, createCpuBackend({ numerics: 'bf16' }), { sizes: 'large' });
+const bf16 = {
+  precision: bf16Backend.capabilities.precision,
+  passed: bf16Report.passed,
+  failed: bf16Report.failed,
+  failures: bf16Report.results.filter((r) => !r.ok),
+  worstRelErr: bf16Report.results
+    .filter((r) => r.maxRef > 0 && Number.isFinite(r.maxAbsErr))
+    .map((r) => ({ case: `${r.op}/${r.name}`, rel: r.maxAbsErr / r.maxRef }))
+    .sort((a, b) => b.rel - a.rel)
+    .slice(0, 8),
+};
+bf16Backend.dispose();
 const summary = {
   probe,
   device,
@@ -48,10 +63,13 @@ const summary = {
   results: report.results,
   stats,
   persistent,
+  bf16,
 };
 writeFileSync(path.join(out, 'conformance.json'), JSON.stringify(summary, null, 1));
 console.log(`conformance: ${report.passed} passed, ${report.failed} failed in ${seconds.toFixed(1)} s`);
 for (const f of summary.failures) console.log(`  FAIL ${f.op}/${f.name}: ${f.error}`);
 console.log(`conformance decoder_layers, persistent kernel: ${persistent.passed} passed, ${persistent.failed} failed`);
 for (const f of persistent.failures) console.log(`  FAIL persistent ${f.op}/${f.name}: ${f.error}`);
-process.exit(report.failed === 0 && persistent.failed === 0 ? 0 : 1);
+console.log(`conformance bf16 numerics: ${bf16.passed} passed, ${bf16.failed} failed; worst ${bf16.worstRelErr[0]?.case} ${bf16.worstRelErr[0]?.rel.toExponential(2)}`);
+for (const f of bf16.failures) console.log(`  FAIL bf16 ${f.op}/${f.name}: ${f.error}`);
+process.exit(report.failed === 0 && persistent.failed === 0 && bf16.failed === 0 ? 0 : 1);

@@ -2,7 +2,8 @@
 //   parity.mjs fixtures <modelsDir>        every fixture model vs transformers float64 -> $OUT/parity.json
 //   parity.mjs synth <config> <outDir>     writes a synthetic bf16 checkpoint (HF layout)
 //   parity.mjs force <modelDir> <n>        prompt + n teacher-forced decode steps on CUDA; writes
-//                                          <modelDir>/nerva-forced.{json,f32} for oracle_parity.py
+//                                          <modelDir>/nerva-forced.{json,f32} (and -bf16.f32, bf16
+//                                          numerics) for oracle_parity.py
 import { readdirSync, readFileSync, existsSync, writeFileSync, openSync, writeSync, closeSync } from 'node:fs';
 import path from 'node:path';
 import { Engine } from '@nerva/engine';
@@ -16,10 +17,29 @@ interface Case {
   greedy_f64: number[];
   logits_tensor: string;
   bf16_agrees_for: number;
+  greedy_bf16_gpu: number[];
+}
+
+/** One bf16 ulp at |v|. */
+const bf16Ulp = (v: number) => 2 ** (Math.floor(Math.log2(Math.abs(v))) - 7);
+
+/**
+ * bf16 numerics against transformers' own bf16 greedy run, teacher-forced on its tokens: per step,
+ * how many bf16 ulps transformers' token lies below our top logit (0: our argmax or tied).
+ */
+async function bf16Gaps(engine: Engine, c: Case): Promise<number[]> {
+  const want = c.greedy_bf16_gpu;
+  const o = await engine.submit(c.prompt_ids, { temperature: 0, maxTokens: want.length, ignoreEos: true, forceTokens: want, returnStepLogits: true }).done;
+  return o.stepLogits!.map((l, k) => {
+    let top = -Infinity;
+    for (const v of l) top = Math.max(top, v);
+    return (top - l[want[k]]) / bf16Ulp(top);
+  });
 }
 
 async function fixtures(modelsDir: string): Promise<void> {
   const results: Record<string, unknown>[] = [];
+  const bf16: Record<string, unknown>[] = [];
   let ok = true;
   for (const name of readdirSync(modelsDir).sort()) {
     const dir = path.join(modelsDir, name);
@@ -49,8 +69,23 @@ async function fixtures(modelsDir: string): Promise<void> {
       engine.dispose();
       await ls.close();
     }
+    // bf16 numerics: transformers' bf16 choices, up to one bf16 rounding (see engine's bf16-numerics test).
+    const b16 = await Engine.create({ model: dir, backend: 'cuda', deviceArenaBytes: 2 * 2 ** 30, maxModelLen: 512, numerics: 'bf16' });
+    try {
+      for (const [i, c] of ref.cases.entries()) {
+        const gaps = await bf16Gaps(b16, c);
+        const worst = Math.max(...gaps);
+        const same = gaps.filter((g) => g === 0).length;
+        const pass = worst <= 1;
+        ok &&= pass;
+        bf16.push({ model: name, case: i, steps: gaps.length, steps_on_transformers_bf16_token: same, worst_gap_ulps: worst, pass });
+        console.log(`${name}#${i} bf16 numerics: ${same}/${gaps.length} steps pick transformers-bf16's token, worst gap ${worst.toFixed(2)} ulp ${pass ? 'ok' : 'FAIL'}`);
+      }
+    } finally {
+      b16.dispose();
+    }
   }
-  writeFileSync(path.join(out, 'parity.json'), JSON.stringify({ ok, results }, null, 1));
+  writeFileSync(path.join(out, 'parity.json'), JSON.stringify({ ok, results, bf16 }, null, 1));
   if (!ok) process.exitCode = 1;
 }
 
@@ -60,8 +95,9 @@ async function synth(config: string, dir: string): Promise<void> {
   console.log(`synth ${dir}: ${(r.totalBytes / 1e9).toFixed(2)} GB in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
 }
 
-async function force(dir: string, steps: number): Promise<void> {
-  const engine = await Engine.create({ model: dir, backend: 'cuda', maxModelLen: 1024, maxNumSeqs: 8 });
+async function force(dir: string, steps: number, numerics: 'exact' | 'bf16'): Promise<void> {
+  const engine = await Engine.create({ model: dir, backend: 'cuda', maxModelLen: 1024, maxNumSeqs: 8, numerics });
+  const suffix = numerics === 'bf16' ? '-bf16' : '';
   try {
     let x = 12345;
     const rand = () => ((x = (Math.imul(x, 1103515245) + 12345) >>> 0) >>> 8) % engine.spec.vocabSize;
@@ -69,11 +105,11 @@ async function force(dir: string, steps: number): Promise<void> {
     const forced = Array.from({ length: steps }, rand);
     const o = await engine.submit(prompt, { temperature: 0, maxTokens: steps, ignoreEos: true, forceTokens: forced, returnStepLogits: true }).done;
     const logits = o.stepLogits!;
-    const fd = openSync(path.join(dir, 'nerva-forced.f32'), 'w');
+    const fd = openSync(path.join(dir, `nerva-forced${suffix}.f32`), 'w');
     for (const l of logits) writeSync(fd, new Uint8Array(l.buffer, l.byteOffset, l.byteLength));
     closeSync(fd);
     writeFileSync(path.join(dir, 'nerva-forced.json'), JSON.stringify({ prompt, forced, steps: logits.length, vocab: engine.spec.vocabSize }));
-    console.log(`forced ${logits.length} steps on ${dir}`);
+    console.log(`forced ${logits.length} steps on ${dir} (numerics ${numerics})`);
   } finally {
     engine.dispose();
   }
@@ -110,7 +146,10 @@ async function batch(dir: string): Promise<void> {
 if (mode === 'fixtures') await fixtures(a);
 else if (mode === 'batch') await batch(a);
 else if (mode === 'synth') await synth(a, b);
-else if (mode === 'force') await force(a, Number(b));
+else if (mode === 'force') {
+  await force(a, Number(b), 'exact');
+  await force(a, Number(b), 'bf16');
+}
 else {
   console.error('usage: parity.mjs fixtures DIR | synth CONFIG OUT | force DIR N');
   process.exit(2);

@@ -88,6 +88,7 @@ class Context : public Napi::ObjectWrap<Context> {
     size_t cbWs = (size_t)o.Get("cublasWorkspaceBytes").As<Napi::Number>().DoubleValue();
     int gemmMode = o.Get("gemmMode").As<Napi::Number>().Int32Value();
     ex_.persistentDecoder = o.Has("persistentDecoder") && o.Get("persistentDecoder").ToBoolean().Value();
+    ex_.bf16act = o.Has("bf16Activations") && o.Get("bf16Activations").ToBoolean().Value();
 
     CU(cudaSetDevice(device_));
     CU(cudaGetDeviceProperties(&prop_, device_));
@@ -229,6 +230,7 @@ class Context : public Napi::ObjectWrap<Context> {
     o.Set("runtimeVersion", rt);
     o.Set("driverVersion", drv);
     o.Set("decoder", ex_.persistentDecoder ? "persistent" : "layers");
+    o.Set("numerics", ex_.bf16act ? "bf16" : "exact");
     o.Set("gemm", ex_.gemmMode == GEMM_SPLIT_BF16 ? "cublas-split-bf16" : ex_.gemmMode == GEMM_BF16 ? "cublas-bf16" : "gemv");
     o.Set("cublas", api_.lib ? api_.libName : "");
     o.Set("cublasNote", blasNote_);

@@ -701,7 +701,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   const size_t front = align256(std::max((size_t)R * kMax, dlAttnSmemFloats(hd, gq)) * sizeof(float));
   const size_t smem = front + DL_RING_BYTES;
   if (smem + 2048 > (size_t)ex->smemOptin) mega = false;  // room for the static shared arrays
-  if (!ex->persistentDecoder) mega = false;
+  if (!ex->persistentDecoder || ex->bf16act) mega = false;  // the persistent kernel rounds nothing
   int G = 0;
   if (mega) {
     DlParams probe;

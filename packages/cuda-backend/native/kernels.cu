@@ -34,6 +34,11 @@ __device__ __forceinline__ uint16_t f2bf(float x) {
   return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
+// bf16 numerics (NervaExec::bf16act, passed to kernels as `bfa`): R(v) of the op catalogue, the
+// value rounded to bf16 where transformers' bf16 eager forward rounds it; the identity otherwise.
+__device__ __forceinline__ float rbf(float v) { return bf2f(f2bf(v)); }
+__device__ __forceinline__ float bfr(float v, int bfa) { return bfa ? rbf(v) : v; }
+
 __device__ __forceinline__ float ldf(const void* p, int dt, size_t i) {
   switch (dt) {
     case NV_F32: return ((const float*)p)[i];
@@ -164,14 +169,14 @@ __device__ int blockArgmax(const float* L, int vocab, float* shv, int* shi) {
 
 // ---------------------------------------------------------------- simple ops
 
-__global__ void k_embedding(const void* table, int tdt, const int* ids, float* out, int hidden) {
+__global__ void k_embedding(const void* table, int tdt, const int* ids, float* out, int hidden, int bfa) {
   PDL_ENTER();
   int r = blockIdx.x;
   size_t id = (size_t)ids[r];
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[(size_t)r * hidden + i] = ldf(table, tdt, id * hidden + i);
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[(size_t)r * hidden + i] = bfr(ldf(table, tdt, id * hidden + i), bfa);
 }
 
-__global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, float* residual, int dim, float eps) {
+__global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, float* residual, int dim, float eps, int bfa) {
   PDL_ENTER();
   __shared__ float sh[32];
   int r = blockIdx.x;
@@ -181,7 +186,7 @@ __global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, fl
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     float v = xr[i];
     if (rr) {
-      v += rr[i];
+      v = bfr(v + rr[i], bfa);
       rr[i] = v;
     }
     ss += v * v;
@@ -189,14 +194,30 @@ __global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, fl
   ss = blockSum(ss, sh);
   float inv = rsqrtf(ss / (float)dim + eps);
   const float* src = rr ? rr : xr;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)r * dim + i] = src[i] * inv * ldf(w, wdt, i);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)r * dim + i] = bfr(bfr(src[i] * inv, bfa) * ldf(w, wdt, i), bfa);
+}
+
+// The NeoX rotation of the pair (a, b) by the float32 angle `ang`. Exact: cos/sin and the
+// products in float64. bf16 numerics: cos/sin rounded to bf16 and each product and sum rounded,
+// as transformers computes (q * cos) + (rotate_half(q) * sin) on bf16 tensors.
+__device__ __forceinline__ void rotateHalf(float a, float b, float ang, int bfa, float& ra, float& rb) {
+  double s, c;
+  sincos((double)ang, &s, &c);
+  if (bfa) {
+    float cf = rbf((float)c), sf = rbf((float)s);
+    ra = rbf(rbf(__fmul_rn(a, cf)) - rbf(__fmul_rn(b, sf)));
+    rb = rbf(rbf(__fmul_rn(b, cf)) + rbf(__fmul_rn(a, sf)));
+  } else {
+    ra = (float)((double)a * c - (double)b * s);
+    rb = (float)((double)b * c + (double)a * s);
+  }
 }
 
 // One block per (row, head), headDim/2 threads: optional per-head RMSNorm, then NeoX rotation.
 // The angle is the float32 product positions[r] * invFreq[i] (as Hugging Face and the CPU
 // reference compute it); cos/sin of it are then taken in float64.
 __global__ void k_rope(float* x, const int* positions, const float* invFreq, const void* nw, int nwdt, int headDim,
-                       int rowStride, int headOffset, float eps) {
+                       int rowStride, int headOffset, float eps, int bfa) {
   PDL_ENTER();
   __shared__ float sh[32];
   int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = headDim / 2;
@@ -207,23 +228,22 @@ __global__ void k_rope(float* x, const int* positions, const float* invFreq, con
     float ss = blockSum(a * a + b * b, sh);
     float inv = rsqrtf(ss / (float)headDim + eps);
     if (act) {
-      a = a * inv * ldf(nw, nwdt, i);
-      b = b * inv * ldf(nw, nwdt, i + half);
+      a = bfr(bfr(a * inv, bfa) * ldf(nw, nwdt, i), bfa);
+      b = bfr(bfr(b * inv, bfa) * ldf(nw, nwdt, i + half), bfa);
     }
   }
   if (!act) return;
-  double ang = (double)__fmul_rn((float)positions[r], invFreq[i]);
-  double s, c;
-  sincos(ang, &s, &c);
-  base[i] = (float)((double)a * c - (double)b * s);
-  base[i + half] = (float)((double)b * c + (double)a * s);
+  float ra, rb;
+  rotateHalf(a, b, __fmul_rn((float)positions[r], invFreq[i]), bfa, ra, rb);
+  base[i] = ra;
+  base[i + half] = rb;
 }
 
 // Op rope_append: one block per (row, head) over the q heads then the k heads of a packed qkv
 // row; a k-head block also stores its rotated key and the matching value head in the cache.
 __global__ void k_rope_append(float* x, const int* positions, const float* invFreq, const void* qn, const void* kn,
                               int ndt, int nq, int headDim, int rowStride, float eps, const int* slots, void* kc, void* vc,
-                              int cdt, int nkv) {
+                              int cdt, int nkv, int bfa) {
   PDL_ENTER();
   __shared__ float sh[32];
   int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = headDim / 2;
@@ -236,15 +256,13 @@ __global__ void k_rope_append(float* x, const int* positions, const float* invFr
     float ss = blockSum(a * a + b * b, sh);
     float inv = rsqrtf(ss / (float)headDim + eps);
     if (act) {
-      a = a * inv * ldf(nw, ndt, i);
-      b = b * inv * ldf(nw, ndt, i + half);
+      a = bfr(bfr(a * inv, bfa) * ldf(nw, ndt, i), bfa);
+      b = bfr(bfr(b * inv, bfa) * ldf(nw, ndt, i + half), bfa);
     }
   }
   if (!act) return;
-  double ang = (double)__fmul_rn((float)positions[r], invFreq[i]);
-  double sn, cs;
-  sincos(ang, &sn, &cs);
-  float ra = (float)((double)a * cs - (double)b * sn), rb = (float)((double)b * cs + (double)a * sn);
+  float ra, rb;
+  rotateHalf(a, b, __fmul_rn((float)positions[r], invFreq[i]), bfa, ra, rb);
   base[i] = ra;
   base[i + half] = rb;
   if (!isK) return;
@@ -272,20 +290,20 @@ __global__ void k_kv_append(const float* src, void* kc, void* vc, int cdt, const
   }
 }
 
-__global__ void k_silu_mul(const float* x, float* out, int rows, int dim) {
+__global__ void k_silu_mul(const float* x, float* out, int rows, int dim, int bfa) {
   PDL_ENTER();
   size_t n = (size_t)rows * dim;
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
     size_t r = t / dim, i = t % dim;
     float g = x[r * 2 * dim + i], u = x[r * 2 * dim + dim + i];
-    out[t] = g / (1.f + expf(-g)) * u;
+    out[t] = bfr(bfr(g / (1.f + expf(-g)), bfa) * u, bfa);
   }
 }
 
-__global__ void k_add(const float* a, const float* b, float* out, size_t n) {
+__global__ void k_add(const float* a, const float* b, float* out, size_t n, int bfa) {
   PDL_ENTER();
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
-    out[t] = a[t] + b[t];
+    out[t] = bfr(a[t] + b[t], bfa);
 }
 
 __global__ void k_gather_rows(const char* x, const int* rowIdx, char* out, size_t rowBytes) {
@@ -300,11 +318,12 @@ __global__ void k_gather_rows(const char* x, const int* rowIdx, char* out, size_
   }
 }
 
-__global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int outDim) {
+// GEMM epilogue: out += bias (when given), then R (bf16 numerics).
+__global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int outDim, int bfa) {
   PDL_ENTER();
   size_t n = (size_t)rows * outDim;
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
-    out[t] += ldf(bias, bdt, t % outDim);
+    out[t] = bfr(bias ? out[t] + ldf(bias, bdt, t % outDim) : out[t], bfa);
 }
 
 // x = hi + lo with both halves bf16: the split lets a bf16 tensor-core GEMM keep ~16 bits of
@@ -356,7 +375,7 @@ __global__ void k_advance_positions(int* positions, int* slots, const int* bt, c
 // ---------------------------------------------------------------- GEMV (few rows)
 
 // v = v * inv * nw[4j..4j+3] (nw bf16 or f32): the scaling step of RMSNorm on staged rows.
-__device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw, int nwbf, int j) {
+__device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw, int nwbf, int j, int bfa = 0) {
   float4 g;
   if (nwbf) {
     uint2 t = __ldg(reinterpret_cast<const uint2*>(nw) + j);
@@ -365,10 +384,10 @@ __device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw,
   } else {
     g = __ldg(reinterpret_cast<const float4*>(nw) + j);
   }
-  v.x = v.x * inv * g.x;
-  v.y = v.y * inv * g.y;
-  v.z = v.z * inv * g.z;
-  v.w = v.w * inv * g.w;
+  v.x = bfr(bfr(v.x * inv, bfa) * g.x, bfa);
+  v.y = bfr(bfr(v.y * inv, bfa) * g.y, bfa);
+  v.z = bfr(bfr(v.z * inv, bfa) * g.z, bfa);
+  v.w = bfr(bfr(v.w * inv, bfa) * g.w, bfa);
 }
 
 
@@ -392,7 +411,7 @@ template <int R, int KS, bool NORM, bool GLU>
 __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w,
                                                     float* __restrict__ out, int rows, int inDim, int outDim,
                                                     const void* bias, int bdt, const void* nw, int nwbf, float eps,
-                                                    int accumulate) {
+                                                    int accumulate, int bfa) {
   constexpr int NO = GLU ? 2 : 1;
   constexpr int NW = gemvWarps(KS);
   __shared__ float red[NW][NO][R];
@@ -471,7 +490,7 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
       if (r < rows) {
         float inv = invs[r];
         for (int j = threadIdx.x; j < n4; j += blockDim.x) {
-          normScale4(xs[r * n4 + (j & 1) * n8 + (j >> 1)], inv, nw, nwbf, j);
+          normScale4(xs[r * n4 + (j & 1) * n8 + (j >> 1)], inv, nw, nwbf, j, bfa);
         }
       }
     }
@@ -515,10 +534,10 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
   }
   float bo = bias ? ldf(bias, bdt, o) : 0.f;
   auto finish = [&](int r, float g, float u) {
-    float y = g + bo;
-    if (GLU) y = y / (1.f + expf(-y)) * u;
+    float y = bfr(g + bo, bfa);
+    if (GLU) y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
     float* d = out + (size_t)r * outDim + o;
-    *d = accumulate ? *d + y : y;
+    *d = accumulate ? bfr(*d + y, bfa) : y;
   };
 #pragma unroll
   for (int r = 0; r < R; r++) {
@@ -547,7 +566,8 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
 
 // Any dtype, any alignment: one warp per (row, output), with the same fusions as k_gemv_bf16.
 __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* out, int rows, int inDim, int outDim,
-                               const void* bias, int bdt, const void* nw, int nwdt, float eps, int glu, int accumulate) {
+                               const void* bias, int bdt, const void* nw, int nwdt, float eps, int glu, int accumulate,
+                               int bfa) {
   PDL_ENTER();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int o = blockIdx.x * 4 + warp;
@@ -569,10 +589,11 @@ __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* ou
   if (nw) sq = warpSum(sq);
   if (lane == 0) {
     float inv = nw ? rsqrtf(sq / (float)inDim + eps) : 1.f;
-    float y = g * inv + (bias ? ldf(bias, bdt, o) : 0.f);
-    if (glu) y = y / (1.f + expf(-y)) * (u * inv);
+    // (bf16 numerics never get here with nw: the rounded norm runs as k_rmsnorm first.)
+    float y = bfr(g * inv + (bias ? ldf(bias, bdt, o) : 0.f), bfa);
+    if (glu) y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u * inv, bfa), bfa);
     float* d = out + (size_t)r * outDim + o;
-    *d = accumulate ? *d + y : y;
+    *d = accumulate ? bfr(*d + y, bfa) : y;
   }
 }
 
@@ -796,10 +817,79 @@ __global__ void k_attn_combine(const float* part, float* out, int H, int hd, int
   }
 }
 
+// bf16 numerics: attention as transformers' eager path computes it on bf16 tensors. The score
+// matmul and the scaled score are rounded, the softmax is float32, the probabilities are
+// rounded before they weight the values, and the output is rounded. A probability needs the
+// row's final max and sum, so one block per (head, row) makes two passes: the max and sum of
+// exponentials (online within each warp), then each score again to weight the values.
+constexpr int EAGER_WARPS = 8;
+template <typename KT>
+__global__ void __launch_bounds__(32 * EAGER_WARPS) k_attn_eager(const float* q, const KT* kc, const KT* vc, const int* bt,
+                                                                 const int* rowSeq, const int* positions, float* out,
+                                                                 int H, int KVH, int hd, int bs, int mbps, int qStride,
+                                                                 int qOff, float scale, int rowBase) {
+  PDL_ENTER();
+  __shared__ float qs[32 * ATT_MAX_EPL];
+  __shared__ float wm[EAGER_WARPS], wl[EAGER_WARPS];
+  __shared__ float part[EAGER_WARPS][32 * ATT_MAX_EPL];
+  int h = blockIdx.x, r = rowBase + blockIdx.y;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = positions[r] + 1;
+  const int* tb = bt + (size_t)rowSeq[r] * mbps;
+  size_t width = (size_t)KVH * hd, head = (size_t)(h / (H / KVH)) * hd;
+  const float* qr = q + (size_t)r * qStride + qOff + (size_t)h * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
+  __syncthreads();
+  auto slotOf = [&](int p) { return ((size_t)tb[p / bs] * bs + p % bs) * width + head; };
+  auto score = [&](size_t base) {
+    float d = 0.f;
+    for (int i = lane; i < hd; i += 32) d += qs[i] * ldk<KT>(kc, base + i);
+    return rbf(rbf(warpSum(d)) * scale);
+  };
+  float m = -INFINITY, l = 0.f;
+  for (int p = warp; p < n; p += EAGER_WARPS) {
+    float sc = score(slotOf(p));
+    if (sc > m) {
+      l = l * expf(m - sc) + 1.f;
+      m = sc;
+    } else {
+      l += expf(sc - m);
+    }
+  }
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+  __syncthreads();
+  float M = -INFINITY, L = 0.f;
+  for (int w = 0; w < EAGER_WARPS; w++) M = fmaxf(M, wm[w]);
+  for (int w = 0; w < EAGER_WARPS; w++)
+    if (wl[w] > 0.f) L += wl[w] * expf(wm[w] - M);
+  float a[ATT_MAX_EPL];
+#pragma unroll
+  for (int e = 0; e < ATT_MAX_EPL; e++) a[e] = 0.f;
+  for (int p = warp; p < n; p += EAGER_WARPS) {
+    size_t base = slotOf(p);
+    float pr = rbf(expf(score(base) - M) / L);
+#pragma unroll
+    for (int e = 0; e < ATT_MAX_EPL; e++)
+      if (lane + 32 * e < hd) a[e] += pr * ldk<KT>(vc, base + lane + 32 * e);
+  }
+#pragma unroll
+  for (int e = 0; e < ATT_MAX_EPL; e++)
+    if (lane + 32 * e < hd) part[warp][lane + 32 * e] = a[e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    float t = 0.f;
+    for (int w = 0; w < EAGER_WARPS; w++) t += part[w][i];
+    out[(size_t)r * H * hd + (size_t)h * hd + i] = rbf(t);
+  }
+}
+
 // ---------------------------------------------------------------- MoE
 
 // One warp per row: float32 softmax over experts, top-k by repeated argmax (ties: lower index).
-__global__ void k_moe_route(const float* logits, int* topIds, float* topW, int rows, int E, int K, int normalize) {
+__global__ void k_moe_route(const float* logits, int* topIds, float* topW, int rows, int E, int K, int normalize, int bfa) {
   PDL_ENTER();
   extern __shared__ float smem[];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -841,12 +931,16 @@ __global__ void k_moe_route(const float* logits, int* topIds, float* topW, int r
     tot += bv;
     __syncwarp();
   }
-  if (normalize && lane < K) topW[(size_t)r * K + lane] /= tot;
+  __syncwarp();
+  if (lane < K) {
+    float w = topW[(size_t)r * K + lane];
+    topW[(size_t)r * K + lane] = bfr(normalize ? w / tot : w, bfa);
+  }
 }
 
 // h[(r,k), j] = silu(gate_e[j] . x[r]) * (up_e[j] . x[r]); one warp per j.
 __global__ void k_moe_gate_up(const float* x, const int* topIds, const void* gateUp, int wdt, float* h, int hidden,
-                              int inter, int K, int rowBase) {
+                              int inter, int K, int rowBase, int bfa) {
   PDL_ENTER();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j = blockIdx.x * 4 + warp;
@@ -864,26 +958,43 @@ __global__ void k_moe_gate_up(const float* x, const int* topIds, const void* gat
   }
   g = warpSum(g);
   u = warpSum(u);
-  if (lane == 0) h[(size_t)rk * inter + j] = g / (1.f + expf(-g)) * u;
+  if (lane == 0) {
+    g = bfr(g, bfa);
+    h[(size_t)rk * inter + j] = bfr(bfr(g / (1.f + expf(-g)), bfa) * bfr(u, bfa), bfa);
+  }
 }
 
 // out[r, o] = sum_k w[r,k] * down_e[o] . h[(r,k)]; one warp per o.
 __global__ void k_moe_down(const float* h, const int* topIds, const float* topW, const void* down, int wdt, float* out,
-                           int hidden, int inter, int K, int rowBase) {
+                           int hidden, int inter, int K, int rowBase, int bfa) {
   PDL_ENTER();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int o = blockIdx.x * 4 + warp;
   int rl = blockIdx.y, r = rowBase + rl;
   if (o >= hidden) return;
-  float tot = 0.f;
-  for (int k = 0; k < K; k++) {
-    size_t e = (size_t)topIds[(size_t)r * K + k];
+  const int* ids = topIds + (size_t)r * K;
+  auto expertDot = [&](int k) {
+    size_t e = (size_t)ids[k];
     const float* hr = h + ((size_t)rl * K + k) * inter;
     size_t d0 = (e * hidden + o) * inter;
     float a = 0.f;
     for (int i = lane; i < inter; i += 32) a += hr[i] * ldf(down, wdt, d0 + i);
-    a = warpSum(a);
-    tot += topW[(size_t)r * K + k] * a;
+    return warpSum(a);
+  };
+  float tot = 0.f;
+  if (!bfa) {
+    for (int k = 0; k < K; k++) tot += topW[(size_t)r * K + k] * expertDot(k);
+  } else {
+    // transformers adds each expert's weighted output into a bf16 sum, in ascending expert id.
+    int last = -1;
+    for (int t = 0; t < K; t++) {
+      int kb = -1;
+      for (int k = 0; k < K; k++)
+        if (ids[k] > last && (kb < 0 || ids[k] < ids[kb])) kb = k;
+      if (kb < 0) break;
+      last = ids[kb];
+      tot = rbf(tot + rbf(rbf(expertDot(kb)) * topW[(size_t)r * K + kb]));
+    }
   }
   if (lane == 0) out[(size_t)r * hidden + o] = tot;
 }
@@ -1241,11 +1352,22 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   bool nwOk = !f.nw.p || ((f.nw.dt == NV_BF16 || f.nw.dt == NV_F32) && ((uintptr_t)f.nw.p & 15) == 0);
   bool fast = w.dt == NV_BF16 && inDim % 8 == 0 && ((uintptr_t)w.p & 15) == 0 && ((uintptr_t)x & 15) == 0 && nwOk;
   unsigned gx = (unsigned)((outDim + 3) / 4);
+  int bfa = ex->bf16act ? 1 : 0;
   if (!fast) {
     for (int r0 = 0; r0 < rows; r0 += 65535) {
       int nr = std::min(65535, rows - r0);
-      LAUNCH(k_gemv_generic, dim3(gx, nr), 128, 0, x + (size_t)r0 * inDim, w.p, w.dt, out + (size_t)r0 * outDim, nr,
-             inDim, outDim, bias.p, bias.dt, f.nw.p, f.nw.dt, f.eps, f.glu ? 1 : 0, f.accumulate ? 1 : 0);
+      const float* xr = x + (size_t)r0 * inDim;
+      Buf nw = f.nw;
+      if (bfa && nw.p) {
+        // The generic kernel folds the norm into its dot product; bf16 numerics rounds the
+        // normalized input first, so the norm runs as its own (rounding) kernel.
+        if ((size_t)nr * inDim * sizeof(float) > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
+        LAUNCH(k_rmsnorm, nr, 256, 0, xr, nw.p, nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, bfa);
+        xr = (const float*)ex->ws;
+        nw = Buf{nullptr, 0};
+      }
+      LAUNCH(k_gemv_generic, dim3(gx, nr), 128, 0, xr, w.p, w.dt, out + (size_t)r0 * outDim, nr, inDim, outDim, bias.p,
+             bias.dt, nw.p, nw.dt, f.eps, f.glu ? 1 : 0, f.accumulate ? 1 : 0, bfa);
     }
     return NERVA_OK;
   }
@@ -1265,13 +1387,13 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     bool norm = f.nw.p != nullptr;
     if (norm && (smem > 48 * 1024 || (size_t)nr * inDim * sizeof(float) > ex->wsBytes)) {
       if ((size_t)nr * inDim * sizeof(float) > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
-      LAUNCH(k_rmsnorm, nr, 256, 0, xr, f.nw.p, f.nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps);
+      LAUNCH(k_rmsnorm, nr, 256, 0, xr, f.nw.p, f.nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, bfa);
       xr = (const float*)ex->ws;
       norm = false;
       smem = 0;
     }
 #define GEMV_K(R, KS, N, G) \
-  LAUNCH((k_gemv_bf16<R, KS, N, G>), KS == 1 ? (unsigned)((outDim + gemvWarps(KS) - 1) / gemvWarps(KS)) : gs, 32 * gemvWarps(KS), smem, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc)
+  LAUNCH((k_gemv_bf16<R, KS, N, G>), KS == 1 ? (unsigned)((outDim + gemvWarps(KS) - 1) / gemvWarps(KS)) : gs, 32 * gemvWarps(KS), smem, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc, bfa)
 #define GEMV_NG(R, KS)                  \
   if (norm && f.glu) GEMV_K(R, KS, true, true); \
   else if (norm) GEMV_K(R, KS, true, false);    \
@@ -1295,7 +1417,8 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
 
 int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias) {
   const CublasApi* api = ex->api;
-  bool split = ex->gemmMode == GEMM_SPLIT_BF16;
+  // Under bf16 numerics the activations are bf16 values already: the low half would be zero.
+  bool split = ex->gemmMode == GEMM_SPLIT_BF16 && !ex->bf16act;
   size_t perRow = (size_t)inDim * 2 * (split ? 2 : 1);
   size_t maxRows = ex->wsBytes / (perRow + 512);
   if (maxRows < 1) return bad(ex, "matmul: workspace too small for one row (raise workspaceBytes)");
@@ -1324,7 +1447,8 @@ int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
       snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
       return NERVA_CUBLAS_FAILED;
     }
-    if (bias.p) LAUNCH(k_bias_add, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, o, bias.p, bias.dt, nr, outDim);
+    if (bias.p || ex->bf16act)
+      LAUNCH(k_bias_add, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, o, bias.p, bias.dt, nr, outDim, ex->bf16act ? 1 : 0);
   }
   return NERVA_OK;
 }
@@ -1364,6 +1488,28 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   if (KVH <= 0 || H % KVH != 0) return bad(ex, "attention: numHeads must be a multiple of numKvHeads");
   if (kc.dt != vc.dt) return bad(ex, "attention: kCache and vCache dtypes differ");
   if (rows <= 0) return NERVA_OK;
+  if (ex->bf16act) {
+    for (int r0 = 0; r0 < rows; r0 += 65535) {
+      dim3 grid((unsigned)H, (unsigned)std::min(65535, rows - r0));
+      const int *btp = (const int*)bt.p, *rsp = (const int*)rowSeq.p, *pp = (const int*)pos.p;
+      switch (kc.dt) {
+        case NV_F32:
+          LAUNCH(k_attn_eager<float>, grid, 32 * EAGER_WARPS, 0, qPtr, (const float*)kc.p, (const float*)vc.p, btp, rsp, pp,
+                 outPtr, H, KVH, hd, bs, mbps, qStride, qOff, scale, r0);
+          break;
+        case NV_BF16:
+          LAUNCH(k_attn_eager<uint16_t>, grid, 32 * EAGER_WARPS, 0, qPtr, (const uint16_t*)kc.p, (const uint16_t*)vc.p, btp,
+                 rsp, pp, outPtr, H, KVH, hd, bs, mbps, qStride, qOff, scale, r0);
+          break;
+        case NV_F16:
+          LAUNCH(k_attn_eager<__half>, grid, 32 * EAGER_WARPS, 0, qPtr, (const __half*)kc.p, (const __half*)vc.p, btp, rsp, pp,
+                 outPtr, H, KVH, hd, bs, mbps, qStride, qOff, scale, r0);
+          break;
+        default: return bad(ex, "attention: unsupported cache dtype");
+      }
+    }
+    return NERVA_OK;
+  }
   long long maxLen = (long long)mbps * bs;
   size_t perSplit = (size_t)(hd + 2) * sizeof(float);
   // Splits: enough blocks to fill the GPU when rows*heads is small; bounded by the workspace.
@@ -1431,7 +1577,7 @@ int ropeAppendRun(NervaExec* ex, float* qkv, Buf pos, Buf inv, Buf slots, Buf kc
   if (rows <= 0) return NERVA_OK;
   int ndt = qn.p ? qn.dt : kn.dt;
   LAUNCH(k_rope_append, dim3(rows, nq + nkv), ((hd / 2 + 31) / 32) * 32, 0, qkv, (const int*)pos.p, (const float*)inv.p,
-         qn.p, kn.p, ndt, nq, hd, rowStride, eps, (const int*)slots.p, kc.p, vc.p, kc.dt, nkv);
+         qn.p, kn.p, ndt, nq, hd, rowStride, eps, (const int*)slots.p, kc.p, vc.p, kc.dt, nkv, ex->bf16act ? 1 : 0);
   return NERVA_OK;
 }
 
@@ -1449,9 +1595,9 @@ int opMoeMlp(NervaExec* ex, Args& A) {
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     int nr = std::min(rowChunk, rows - r0);
     LAUNCH(k_moe_gate_up, dim3((inter + 3) / 4, nr * K), 128, 0, (const float*)x.p, (const int*)ids.p, gu.p, gu.dt, h,
-           hidden, inter, K, r0);
+           hidden, inter, K, r0, ex->bf16act ? 1 : 0);
     LAUNCH(k_moe_down, dim3((hidden + 3) / 4, nr), 128, 0, h, (const int*)ids.p, (const float*)tw.p, down.p, down.dt,
-           (float*)out.p, hidden, inter, K, r0);
+           (float*)out.p, hidden, inter, K, r0, ex->bf16act ? 1 : 0);
   }
   return NERVA_OK;
 }
@@ -1490,7 +1636,7 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       int rows = A.num(), hidden = A.num();
       if (!A.ok) return bad(ex, "embedding: argument count");
       if (rows <= 0) return NERVA_OK;
-      LAUNCH(k_embedding, rows, 256, 0, table.p, table.dt, (const int*)ids.p, (float*)out.p, hidden);
+      LAUNCH(k_embedding, rows, 256, 0, table.p, table.dt, (const int*)ids.p, (float*)out.p, hidden, ex->bf16act ? 1 : 0);
       return NERVA_OK;
     }
     case OP_RMSNORM: {
@@ -1500,7 +1646,7 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (!A.ok) return bad(ex, "rmsnorm: argument count");
       if (rows <= 0) return NERVA_OK;
       LAUNCH(k_rmsnorm, rows, std::min(1024, ((dim + 31) / 32) * 32), 0, (const float*)x.p, w.p, w.dt, (float*)out.p,
-             (float*)res.p, dim, eps);
+             (float*)res.p, dim, eps, ex->bf16act ? 1 : 0);
       return NERVA_OK;
     }
     case OP_MATMUL: return opMatmul(ex, A);
@@ -1512,7 +1658,7 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (hd % 2 != 0 || hd > 2048) return bad(ex, "rope: headDim must be even and at most 2048");
       if (rows <= 0 || heads <= 0) return NERVA_OK;
       LAUNCH(k_rope, dim3(rows, heads), ((hd / 2 + 31) / 32) * 32, 0, (float*)x.p, (const int*)pos.p, (const float*)inv.p, nw.p, nw.dt, hd,
-             rowStride, headOffset, eps);
+             rowStride, headOffset, eps, ex->bf16act ? 1 : 0);
       return NERVA_OK;
     }
     case OP_KV_APPEND: {
@@ -1532,7 +1678,7 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (!A.ok) return bad(ex, "silu_mul: argument count");
       size_t n = (size_t)rows * dim;
       if (n == 0) return NERVA_OK;
-      LAUNCH(k_silu_mul, gridFor(n, 256, ex->smCount), 256, 0, (const float*)x.p, (float*)out.p, rows, dim);
+      LAUNCH(k_silu_mul, gridFor(n, 256, ex->smCount), 256, 0, (const float*)x.p, (float*)out.p, rows, dim, ex->bf16act ? 1 : 0);
       return NERVA_OK;
     }
     case OP_ADD: {
@@ -1541,7 +1687,7 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (!A.ok) return bad(ex, "add: argument count");
       size_t n = (size_t)len;
       if (n == 0) return NERVA_OK;
-      LAUNCH(k_add, gridFor(n, 256, ex->smCount), 256, 0, (const float*)a.p, (const float*)b.p, (float*)out.p, n);
+      LAUNCH(k_add, gridFor(n, 256, ex->smCount), 256, 0, (const float*)a.p, (const float*)b.p, (float*)out.p, n, ex->bf16act ? 1 : 0);
       return NERVA_OK;
     }
     case OP_GATHER_ROWS: {
@@ -1561,7 +1707,7 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if ((size_t)E * 4 * sizeof(float) > 48 * 1024) return bad(ex, "moe_route: too many experts (max 3072)");
       if (rows <= 0) return NERVA_OK;
       LAUNCH(k_moe_route, (rows + 3) / 4, 128, (size_t)E * 4 * sizeof(float), (const float*)logits.p, (int*)ids.p,
-             (float*)tw.p, rows, E, K, norm);
+             (float*)tw.p, rows, E, K, norm, ex->bf16act ? 1 : 0);
       return NERVA_OK;
     }
     case OP_MOE_MLP: return opMoeMlp(ex, A);

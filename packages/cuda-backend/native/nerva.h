@@ -89,6 +89,8 @@ struct NervaExec {
   size_t l2Bytes = 0;
   // Op decoder_layers as one persistent kernel where the shapes allow (else per layer).
   bool persistentDecoder = false;
+  // bf16 numerics: kernels round activations where transformers' bf16 eager forward does.
+  bool bf16act = false;
   // Error detail for a failure (which call, or why the arguments were rejected).
   char errCall[160] = {0};
 };

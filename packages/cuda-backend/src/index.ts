@@ -8,6 +8,7 @@ export {
   createCudaBackend,
   CUDA_REL_TOL,
   CUDA_REL_TOL_BF16_GEMM,
+  CUDA_REL_TOL_BF16_NUMERICS,
   type CudaBackendOptions,
   type GemmPrecision,
   type DecoderMode,

@@ -12,6 +12,8 @@ export interface NativeContextOptions {
   gemmMode: number;
   /** Op decoder_layers as one persistent kernel (CudaBackendOptions.decoder). */
   persistentDecoder?: boolean;
+  /** bf16 numerics (CudaBackendOptions.numerics): kernels round activations to bf16. */
+  bf16Activations?: boolean;
 }
 
 export interface NativeInfo {
@@ -29,6 +31,8 @@ export interface NativeInfo {
   gemm: string;
   /** 'layers' or 'persistent': how op decoder_layers runs. */
   decoder: string;
+  /** 'exact' or 'bf16': activation rounding. */
+  numerics: string;
   cublas: string;
   cublasNote: string;
   /**

@@ -68,4 +68,18 @@ describe('@nerva/cuda-backend without a GPU', () => {
       else process.env.NERVA_CUDA_DECODER = saved;
     }
   });
+
+  it('rejects an unknown numerics by name before looking for a GPU', () => {
+    expect(() => createCudaBackend({ addonPath: missing, numerics: 'fp8' as never })).toThrow(CudaArgumentError);
+    expect(() => createCudaBackend({ addonPath: missing, numerics: 'fp8' as never })).toThrow(/unknown numerics fp8/);
+    const saved = process.env.NERVA_NUMERICS;
+    process.env.NERVA_NUMERICS = 'int4';
+    try {
+      expect(() => createCudaBackend({ addonPath: missing })).toThrow(/unknown numerics int4/);
+      expect(() => createCudaBackend({ addonPath: missing, numerics: 'bf16' })).toThrow(CudaUnavailableError);
+    } finally {
+      if (saved === undefined) delete process.env.NERVA_NUMERICS;
+      else process.env.NERVA_NUMERICS = saved;
+    }
+  });
 });
