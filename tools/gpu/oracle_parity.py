@@ -18,8 +18,21 @@ ours = np.fromfile(f"{model_dir}/nerva-forced.f32", dtype=np.float32).reshape(me
 ours_b16 = np.fromfile(f"{model_dir}/nerva-forced-bf16.f32", dtype=np.float32).reshape(meta["steps"], meta["vocab"])
 
 
-def run(dtype, attn="eager"):
+def run(dtype, attn="eager", flip=0.0):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn).cuda().eval()
+    if flip > 0:
+        # Move a random `flip` fraction of layer 0's bf16 outputs by one ulp: the smallest change a
+        # second, not bit-identical bf16 implementation makes (cuBLAS and a correctly rounded dot
+        # product already differ on ~0.1 % of a GEMV's outputs).
+        gen = torch.Generator(device="cpu").manual_seed(1)
+
+        def nudge(mod, inp, out):
+            h = out[0] if isinstance(out, tuple) else out
+            mask = (torch.rand(h.shape, generator=gen) < flip).to(h.device)
+            h2 = torch.where(mask, (h.view(torch.int16) + 1).view(torch.bfloat16), h)
+            return (h2,) + tuple(out[1:]) if isinstance(out, tuple) else h2
+
+        model.model.layers[0].register_forward_hook(nudge)
     out_logits = []
     with torch.no_grad():
         out = model(torch.tensor([meta["prompt"]], device="cuda"), use_cache=True)
@@ -43,6 +56,10 @@ hf_f32 = run(torch.float32)
 # How far two valid bf16 runs of transformers itself are apart (only the attention kernel differs):
 # the noise floor any independent bf16 implementation faces on this checkpoint.
 hf_bf16_sdpa = run(torch.bfloat16, "sdpa")
+# transformers bf16 against itself with 1 in 10,000 of layer 0's outputs one ulp off: once any value
+# differs upstream, every rounding downstream is drawn anew, so this is the floor for any bf16
+# implementation that is not bit-identical to this run.
+hf_bf16_nudged = run(torch.bfloat16, flip=1e-4)
 ours_bf16 = rel(ours, hf_bf16)
 b16_bf16 = rel(ours_b16, hf_bf16)
 res = {
@@ -59,6 +76,7 @@ res = {
     "max_rel_err_vs_hf_f32": max(rel(ours, hf_f32)),
     "hf_bf16_max_rel_err_vs_hf_f32": max(rel(hf_bf16, hf_f32)),
     "hf_bf16_sdpa_max_rel_err_vs_hf_bf16_eager": max(rel(hf_bf16_sdpa, hf_bf16)),
+    "hf_bf16_one_ulp_in_1e-4_of_layer0_vs_hf_bf16": max(rel(hf_bf16_nudged, hf_bf16)),
     "rel_err_vs_hf_bf16_per_step": ours_bf16,
     "pass": max(b16_bf16) <= 2e-2,
     "oracle_s": time.time() - t0,
@@ -66,5 +84,6 @@ res = {
 json.dump(res, open(out_json, "w"), indent=1)
 print(f"oracle {model_dir}: bf16 numerics vs HF bf16 {res['bf16_numerics_max_rel_err_vs_hf_bf16']:.3e} (vs sdpa {res['bf16_numerics_max_rel_err_vs_hf_bf16_sdpa']:.3e}); "
       f"exact numerics vs HF bf16 {res['max_rel_err_vs_hf_bf16']:.3e}, vs HF f32 {res['max_rel_err_vs_hf_f32']:.3e}, "
-      f"HF bf16 vs f32 {res['hf_bf16_max_rel_err_vs_hf_f32']:.3e}, HF bf16 sdpa vs eager {res['hf_bf16_sdpa_max_rel_err_vs_hf_bf16_eager']:.3e} -> {'ok' if res['pass'] else 'FAIL'}")
+      f"HF bf16 vs f32 {res['hf_bf16_max_rel_err_vs_hf_f32']:.3e}, HF bf16 sdpa vs eager {res['hf_bf16_sdpa_max_rel_err_vs_hf_bf16_eager']:.3e}, "
+      f"HF bf16 with 1 ulp on 1e-4 of layer 0 vs HF bf16 {res['hf_bf16_one_ulp_in_1e-4_of_layer0_vs_hf_bf16']:.3e} -> {'ok' if res['pass'] else 'FAIL'}")
 sys.exit(0 if res["pass"] else 1)
