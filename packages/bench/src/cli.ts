@@ -30,8 +30,9 @@ program
   .option('--prompt-len <n>', 'prompt tokens', int('--prompt-len'), 128)
   .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 256)
   .option('--profile', 'time buckets per token (disables graphs)')
+  .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
   .action(async (f) =>
-    print(await decodeProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, promptLen: f.promptLen, newTokens: f.newTokens, profile: f.profile })),
+    print(await decodeProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, numerics: f.numerics, promptLen: f.promptLen, newTokens: f.newTokens, profile: f.profile })),
   );
 
 program

@@ -14,6 +14,8 @@ export interface ServerConfig {
   /** When set, /v1/* requires `Authorization: Bearer <apiKey>`. */
   apiKey?: string;
   backend: 'cpu' | 'cuda' | 'auto';
+  /** Activation rounding: 'exact' (default) or 'bf16' (transformers' bf16 rounding points). */
+  numerics?: 'exact' | 'bf16';
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
   kvCacheBytes?: number;
@@ -42,7 +44,7 @@ export const DEFAULT_CONFIG: ServerConfig = {
   drainTimeoutS: 30,
 };
 
-type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend';
+type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics';
 
 /** The accepted keys: TOML spelling → field and type. Anything else is an error naming the key. */
 const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boolean }> = {
@@ -52,6 +54,7 @@ const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boole
   port: { field: 'port', kind: 'int' },
   api_key: { field: 'apiKey', kind: 'string' },
   backend: { field: 'backend', kind: 'backend' },
+  numerics: { field: 'numerics', kind: 'numerics' },
   max_num_seqs: { field: 'maxNumSeqs', kind: 'posint' },
   max_num_batched_tokens: { field: 'maxNumBatchedTokens', kind: 'posint' },
   kv_cache_bytes: { field: 'kvCacheBytes', kind: 'posint' },
@@ -92,6 +95,9 @@ function check(key: string, kind: Kind, v: unknown, where: string): unknown {
     }
     case 'backend':
       if (v !== 'cpu' && v !== 'cuda' && v !== 'auto') fail('"cpu", "cuda" or "auto"');
+      return v;
+    case 'numerics':
+      if (v !== 'exact' && v !== 'bf16') fail('"exact" or "bf16"');
       return v;
   }
 }

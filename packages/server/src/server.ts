@@ -76,6 +76,7 @@ export async function startServer(config: ServerConfig, o: { log?: (line: string
       const engine = await WorkerEngine.create({
         model: modelDir,
         backend: config.backend,
+        numerics: config.numerics,
         maxNumSeqs: config.maxNumSeqs,
         maxNumBatchedTokens: config.maxNumBatchedTokens,
         kvCacheBytes: config.kvCacheBytes,

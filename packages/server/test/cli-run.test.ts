@@ -47,6 +47,22 @@ describe('nerva run', () => {
     expect(j.first_logits_top5.map((p: number[]) => p[0])).toEqual(ref.top5_ids_f64);
   });
 
+  it('--numerics bf16 follows transformers bf16 where it leaves the float64 path', async () => {
+    const dir = join(FIXTURES, 'models/tiny-random-llama-sharded');
+    const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')).cases[2];
+    expect(ref.bf16_agrees_for).toBeLessThan(ref.greedy_f64.length);
+    const args = ['run', '--model', dir, '--prompt-ids', ref.prompt_ids.join(','), '--temperature', '0', '--max-tokens', String(ref.greedy_bf16_gpu.length), '--backend', 'cpu', '--json'];
+    const j = JSON.parse((await nerva([...args, '--numerics', 'bf16'])).stdout.trimEnd().split('\n').pop()!);
+    expect(j.numerics).toBe('bf16');
+    expect(j.token_ids).toEqual(ref.greedy_bf16_gpu);
+    const bad = await nerva([...args, '--numerics', 'fp8']).then(
+      () => undefined,
+      (e: { stderr: string; code: number }) => e,
+    );
+    expect(bad?.code).not.toBe(0);
+    expect(bad?.stderr).toMatch(/--numerics.*fp8|fp8.*--numerics|Allowed choices/);
+  });
+
   it('a broken model folder exits non-zero with one message naming the file and the problem', async () => {
     const dir = join(tmp, 'broken');
     const src = join(FIXTURES, 'models/tiny-random-qwen3');

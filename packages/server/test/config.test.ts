@@ -37,6 +37,10 @@ describe('config', () => {
     expect((t as Error).message).toMatch(/"port" must be/);
     const b = await loadConfigFile(file('backend = "tpu"\n')).catch((e: unknown) => e);
     expect((b as ConfigError).key).toBe('backend');
+    const n = await loadConfigFile(file('numerics = "fp8"\n')).catch((e: unknown) => e);
+    expect((n as ConfigError).key).toBe('numerics');
+    expect((n as Error).message).toMatch(/"numerics" must be "exact" or "bf16"/);
+    expect(await loadConfigFile(file('numerics = "bf16"\n'))).toEqual({ numerics: 'bf16' });
     const syntax = await loadConfigFile(file('port = = 3\n')).catch((e: unknown) => e);
     expect((syntax as Error).message).toContain('not valid TOML');
     expect(() => checkFlags({ maxQueue: -1 })).toThrow(/max_queue/);

@@ -4,6 +4,8 @@ import { measureCopyBandwidth, syntheticPrompt } from '../measure.js';
 export interface DecodeProbeOptions {
   model: string;
   backend: 'cpu' | 'cuda' | 'auto';
+  /** Activation rounding (default 'exact'). */
+  numerics?: 'exact' | 'bf16';
   promptLen: number;
   newTokens: number;
   profile?: boolean;
@@ -14,7 +16,7 @@ export interface DecodeProbeOptions {
  * the same run on the same backend.
  */
 export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string, unknown>> {
-  const engine = await Engine.create({ model: o.model, backend: o.backend, maxNumSeqs: 8, maxModelLen: o.promptLen + o.newTokens + 16, profile: o.profile });
+  const engine = await Engine.create({ model: o.model, backend: o.backend, numerics: o.numerics, maxNumSeqs: 8, maxModelLen: o.promptLen + o.newTokens + 16, profile: o.profile });
   try {
     const bw = measureCopyBandwidth(engine.backend);
     const prompt = syntheticPrompt(o.promptLen, engine.spec.vocabSize);
@@ -27,6 +29,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       probe: 'decode',
       model: o.model,
       backend: engine.backend.name,
+      numerics: engine.backend.capabilities.numerics ?? 'exact',
       device: engine.backend.capabilities.deviceName,
       prompt_len: o.promptLen,
       new_tokens: out.tokenIds.length,

@@ -15,6 +15,7 @@ interface RunFlags {
   minP?: number;
   seed?: number;
   backend: 'cpu' | 'cuda' | 'auto';
+  numerics?: 'exact' | 'bf16';
   json?: boolean;
   profile?: boolean;
 }
@@ -33,13 +34,14 @@ export function registerRun(program: Command): void {
     .option('--min-p <p>', 'min-p', parseFloatArg('--min-p'))
     .option('--seed <s>', 'seed for reproducible sampling', parseIntArg('--seed'))
     .addOption(new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto'))
+    .addOption(new Option('--numerics <mode>', "activation rounding: exact (default) or bf16 (transformers' bf16 rounding points)").choices(['exact', 'bf16']))
     .option('--profile', 'split device time per token into buckets (projection, norm, attention, mlp, sampling)')
     .option('--json', 'end with one JSON line: ids, text, first-position logits and the ledger summary')
     .action(async (f: RunFlags) => {
       if (f.prompt !== undefined && f.promptIds !== undefined) throw new Error('give --prompt or --prompt-ids, not both');
       const model = f.model ?? defaultModelDir();
       const bar = progressBar('loading weights');
-      const engine = await Engine.create({ model, backend: f.backend, profile: f.profile, onProgress: (p) => bar(p.done, p.total) });
+      const engine = await Engine.create({ model, backend: f.backend, numerics: f.numerics, profile: f.profile, onProgress: (p) => bar(p.done, p.total) });
       try {
         for (const n of engine.notes) process.stderr.write(`nerva: ${n}\n`);
         const gen = engine.generationDefaults;
@@ -69,6 +71,7 @@ export function registerRun(program: Command): void {
           const line = {
             model,
             backend: engine.backend.name,
+            numerics: engine.backend.capabilities.numerics ?? 'exact',
             prompt_ids: promptIds,
             token_ids: out.tokenIds,
             text: out.text,

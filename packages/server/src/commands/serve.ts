@@ -11,6 +11,7 @@ interface ServeFlags {
   port?: number;
   apiKey?: string;
   backend?: 'cpu' | 'cuda' | 'auto';
+  numerics?: 'exact' | 'bf16';
   servedModelName?: string;
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
@@ -33,6 +34,7 @@ export function registerServe(program: Command): void {
     .option('--port <n>', 'port (default 8000; 0 = any free port)', parseIntArg('--port'))
     .option('--api-key <key>', 'require Authorization: Bearer <key> on /v1/*')
     .addOption(new Option('--backend <name>', 'compute backend (default auto)').choices(['cpu', 'cuda', 'auto']))
+    .addOption(new Option('--numerics <mode>', "activation rounding: exact (default) or bf16 (transformers' bf16 rounding points)").choices(['exact', 'bf16']))
     .option('--served-model-name <name>', 'model name clients use (default: the folder name)')
     .option('--max-num-seqs <n>', 'sequences batched together', parseIntArg('--max-num-seqs'))
     .option('--max-num-batched-tokens <n>', 'token budget of one scheduler step', parseIntArg('--max-num-batched-tokens'))
@@ -50,6 +52,7 @@ export function registerServe(program: Command): void {
         port: f.port,
         apiKey: f.apiKey,
         backend: f.backend,
+        numerics: f.numerics,
         servedModelName: f.servedModelName,
         maxNumSeqs: f.maxNumSeqs,
         maxNumBatchedTokens: f.maxNumBatchedTokens,
