@@ -623,7 +623,6 @@ __device__ __forceinline__ float ldk<__half>(const __half* p, size_t i) { return
 __device__ void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
                            int nAct) {
   __shared__ int lastFlag;
-  __shared__ float shML[2];
   __threadfence();  // this block's partial is visible before it is counted
   __syncthreads();
   int* c = counters + (size_t)rl * H + h;
@@ -635,28 +634,52 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
   __syncthreads();
   if (!lastFlag) return;
   __threadfence();
-  const float* base = part + ((size_t)rl * H + h) * S * (hd + 2);
-  if (threadIdx.x == 0) {
-    float M = -INFINITY;
-    for (int s = 0; s < nAct; s++) M = fmaxf(M, __ldcg(base + (size_t)s * (hd + 2)));
-    float L = 0.f;
-    for (int s = 0; s < nAct; s++) {
-      const float* ps = base + (size_t)s * (hd + 2);
-      float l = __ldcg(ps + 1);
-      if (l > 0.f) L += l * expf(__ldcg(ps) - M);
-    }
-    shML[0] = M;
-    shML[1] = L;
+  // The merge loads every split's (m, l) at once, one split per thread, and weights the
+  // accumulators with loads unrolled eight deep: a thread-0 loop over the splits (and a per-output
+  // loop that waited on each split's l before loading the next) cost a dependent L2 round trip
+  // per split.
+  __shared__ float shRed[32];
+  __shared__ float shW[32 * ATT_WARPS];
+  const size_t stride = (size_t)hd + 2;
+  const float* base = part + ((size_t)rl * H + h) * S * stride;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  float m0 = -INFINITY, l0 = 0.f;  // this thread's first split, kept for the later passes
+  if (tid < nAct) {
+    m0 = __ldcg(base + (size_t)tid * stride);
+    l0 = __ldcg(base + (size_t)tid * stride + 1);
   }
-  __syncthreads();
-  float M = shML[0], L = shML[1];
-  for (int t = threadIdx.x; t < hd; t += blockDim.x) {
+  float mt = l0 > 0.f ? m0 : -INFINITY;
+  for (int s = tid + nt; s < nAct; s += nt)
+    if (__ldcg(base + (size_t)s * stride + 1) > 0.f) mt = fmaxf(mt, __ldcg(base + (size_t)s * stride));
+  const float M = blockMax(mt, shRed);
+  float lt = l0 > 0.f ? l0 * expf(m0 - M) : 0.f;
+  for (int s = tid + nt; s < nAct; s += nt) {
+    float l = __ldcg(base + (size_t)s * stride + 1);
+    if (l > 0.f) lt += l * expf(__ldcg(base + (size_t)s * stride) - M);
+  }
+  const float L = blockSum(lt, shRed);
+  for (int t0 = 0; t0 < hd; t0 += nt) {
+    int t = t0 + tid;
     float a = 0.f;
-    for (int s = 0; s < nAct; s++) {
-      const float* ps = base + (size_t)s * (hd + 2);
-      if (__ldcg(ps + 1) > 0.f) a += __ldcg(ps + 2 + t) * expf(__ldcg(ps) - M);
+    for (int s0 = 0; s0 < nAct; s0 += nt) {
+      int n = min(nt, nAct - s0);
+      __syncthreads();
+      if (tid < n) {
+        float m = m0, l = l0;
+        if (s0 > 0) {
+          m = __ldcg(base + (size_t)(s0 + tid) * stride);
+          l = __ldcg(base + (size_t)(s0 + tid) * stride + 1);
+        }
+        shW[tid] = l > 0.f ? expf(m - M) : 0.f;
+      }
+      __syncthreads();
+      if (t < hd) {
+        const float* col = base + (size_t)s0 * stride + 2 + t;
+#pragma unroll 8
+        for (int j = 0; j < n; j++) a += __ldcg(col + (size_t)j * stride) * shW[j];
+      }
     }
-    out[(size_t)r * H * hd + (size_t)h * hd + t] = L > 0.f ? a / L : 0.f;
+    if (t < hd) out[(size_t)r * H * hd + (size_t)h * hd + t] = L > 0.f ? a / L : 0.f;
   }
 }
 
