@@ -36,6 +36,8 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       tokens_per_s: s.decode_tokens_per_s,
       ms_per_token_p50: s.ms_per_token_p50,
       ms_per_token_p99: s.ms_per_token_p99,
+      // Device time between the step's events; the rest of a token's wall time is the host's turn.
+      device_ms_per_token: s.device_active_ms_total !== undefined && s.tokens > 0 ? Math.round((s.device_active_ms_total / s.tokens) * 1000) / 1000 : null,
       weight_bytes: engine.weightBytes,
       copy_bandwidth_gbs: Math.round(bw / 1e7) / 100,
       roofline_tok_s: Math.round(roofline * 100) / 100,
