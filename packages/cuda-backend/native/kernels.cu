@@ -843,16 +843,18 @@ __global__ void k_attn_combine(const float* part, float* out, int H, int hd, int
 // bf16 numerics: attention as transformers' eager path computes it on bf16 tensors. The score
 // matmul and the scaled score are rounded, the softmax is float32, the probabilities are
 // rounded before they weight the values, and the output is rounded. A probability needs the
-// row's final max and sum, so one block per (head, row) makes two passes: the max and sum of
-// exponentials (online within each warp), then each score again to weight the values.
-constexpr int EAGER_WARPS = 8;
+// row's final max and sum, so one block per (head, row) makes two passes over the keys: the max
+// and sum of exponentials (online within each warp), then each score again to weight the values.
+// Each warp has EAGER_KB keys (and values) in flight, so a pass pays one memory round trip per
+// EAGER_WARPS * EAGER_KB keys.
+constexpr int EAGER_WARPS = 16;
+constexpr int EAGER_KB = 4;
 template <typename KT>
 __global__ void __launch_bounds__(32 * EAGER_WARPS) k_attn_eager(const float* q, const KT* kc, const KT* vc, const int* bt,
                                                                  const int* rowSeq, const int* positions, float* out,
                                                                  int H, int KVH, int hd, int bs, int mbps, int qStride,
                                                                  int qOff, float scale, int rowBase) {
   PDL_ENTER();
-  __shared__ float qs[32 * ATT_MAX_EPL];
   __shared__ float wm[EAGER_WARPS], wl[EAGER_WARPS];
   __shared__ float part[EAGER_WARPS][32 * ATT_MAX_EPL];
   int h = blockIdx.x, r = rowBase + blockIdx.y;
@@ -861,22 +863,54 @@ __global__ void __launch_bounds__(32 * EAGER_WARPS) k_attn_eager(const float* q,
   const int* tb = bt + (size_t)rowSeq[r] * mbps;
   size_t width = (size_t)KVH * hd, head = (size_t)(h / (H / KVH)) * hd;
   const float* qr = q + (size_t)r * qStride + qOff + (size_t)h * hd;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
-  __syncthreads();
-  auto slotOf = [&](int p) { return ((size_t)tb[p / bs] * bs + p % bs) * width + head; };
-  auto score = [&](size_t base) {
-    float d = 0.f;
-    for (int i = lane; i < hd; i += 32) d += qs[i] * ldk<KT>(kc, base + i);
-    return rbf(rbf(warpSum(d)) * scale);
+  float qv[ATT_MAX_EPL];
+#pragma unroll
+  for (int e = 0; e < ATT_MAX_EPL; e++) qv[e] = lane + 32 * e < hd ? qr[lane + 32 * e] : 0.f;
+  constexpr int STEP = EAGER_WARPS * EAGER_KB;
+  // Keys p0 + b * EAGER_WARPS (b < EAGER_KB): their rows, and the rounded scaled scores.
+  auto scores = [&](int p0, size_t* base, bool* ok, float* sc, float (*vv)[ATT_MAX_EPL]) {
+    float kv[EAGER_KB][ATT_MAX_EPL];
+#pragma unroll
+    for (int b = 0; b < EAGER_KB; b++) {
+      int p = p0 + b * EAGER_WARPS;
+      ok[b] = p < n;
+      base[b] = ok[b] ? ((size_t)tb[p / bs] * bs + p % bs) * width + head : 0;
+#pragma unroll
+      for (int e = 0; e < ATT_MAX_EPL; e++) {
+        bool in = ok[b] && lane + 32 * e < hd;
+        kv[b][e] = in ? ldk<KT>(kc, base[b] + lane + 32 * e) : 0.f;
+        if (vv) vv[b][e] = in ? ldk<KT>(vc, base[b] + lane + 32 * e) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < EAGER_KB; b++) {
+      float d = 0.f;
+#pragma unroll
+      for (int e = 0; e < ATT_MAX_EPL; e++) d += qv[e] * kv[b][e];
+      sc[b] = d;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int b = 0; b < EAGER_KB; b++) sc[b] += __shfl_xor_sync(0xffffffffu, sc[b], o);
+#pragma unroll
+    for (int b = 0; b < EAGER_KB; b++) sc[b] = rbf(rbf(sc[b]) * scale);
   };
   float m = -INFINITY, l = 0.f;
-  for (int p = warp; p < n; p += EAGER_WARPS) {
-    float sc = score(slotOf(p));
-    if (sc > m) {
-      l = l * expf(m - sc) + 1.f;
-      m = sc;
-    } else {
-      l += expf(sc - m);
+  for (int p0 = warp; p0 < n; p0 += STEP) {
+    size_t base[EAGER_KB];
+    bool ok[EAGER_KB];
+    float sc[EAGER_KB];
+    scores(p0, base, ok, sc, nullptr);
+#pragma unroll
+    for (int b = 0; b < EAGER_KB; b++) {
+      if (!ok[b]) continue;
+      if (sc[b] > m) {
+        l = l * expf(m - sc[b]) + 1.f;
+        m = sc[b];
+      } else {
+        l += expf(sc[b] - m);
+      }
     }
   }
   if (lane == 0) {
@@ -891,12 +925,17 @@ __global__ void __launch_bounds__(32 * EAGER_WARPS) k_attn_eager(const float* q,
   float a[ATT_MAX_EPL];
 #pragma unroll
   for (int e = 0; e < ATT_MAX_EPL; e++) a[e] = 0.f;
-  for (int p = warp; p < n; p += EAGER_WARPS) {
-    size_t base = slotOf(p);
-    float pr = rbf(expf(score(base) - M) / L);
+  for (int p0 = warp; p0 < n; p0 += STEP) {
+    size_t base[EAGER_KB];
+    bool ok[EAGER_KB];
+    float sc[EAGER_KB], vv[EAGER_KB][ATT_MAX_EPL];
+    scores(p0, base, ok, sc, vv);
 #pragma unroll
-    for (int e = 0; e < ATT_MAX_EPL; e++)
-      if (lane + 32 * e < hd) a[e] += pr * ldk<KT>(vc, base + lane + 32 * e);
+    for (int b = 0; b < EAGER_KB; b++) {
+      float pr = ok[b] ? rbf(expf(sc[b] - M) / L) : 0.f;
+#pragma unroll
+      for (int e = 0; e < ATT_MAX_EPL; e++) a[e] += pr * vv[b][e];
+    }
   }
 #pragma unroll
   for (int e = 0; e < ATT_MAX_EPL; e++)
