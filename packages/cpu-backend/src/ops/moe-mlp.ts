@@ -29,14 +29,18 @@ export function moeMlp(ctx: OpContext, a: OpArgs<'moe_mlp'>): void {
   const h = ctx.scratch.a(inter);
   const acc = ctx.scratch.b(hidden);
   const R = ctx.round;
-  const order = ctx.bf16 ? new Int32Array(topK) : undefined;
+  const order = ctx.bf16 ? ctx.scratch.sampler(topK).idx : undefined;
   for (let r = 0; r < rows; r++) {
     const xo = r * hidden;
     acc.fill(0, 0, hidden);
     if (order !== undefined) {
       // bf16 numerics: transformers adds the experts' outputs into a bf16 sum in ascending expert id.
-      for (let k = 0; k < topK; k++) order[k] = k;
-      order.sort((i, j) => ids[r * topK + i] - ids[r * topK + j]);
+      // Insertion sort of the row's k slots by expert id (topK is small; no allocation).
+      for (let k = 0; k < topK; k++) {
+        let j = k;
+        for (; j > 0 && ids[r * topK + order[j - 1]] > ids[r * topK + k]; j--) order[j] = order[j - 1];
+        order[j] = k;
+      }
     }
     for (let kk = 0; kk < topK; kk++) {
       const k = order === undefined ? kk : order[kk];
