@@ -15,6 +15,7 @@ import copy, gc, json, math, sys
 import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
+from hf_probe import nudge_layer0, rel_per_step
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 with_cpu = "--cpu" in sys.argv
@@ -22,21 +23,11 @@ out_json, configs = args[0], args[1:]
 
 
 def rel(a, b):
-    return max(float(np.abs(a[i] - b[i]).max() / np.abs(b[i]).max()) for i in range(len(b)))
+    return max(rel_per_step(a, b))
 
 
 def logits(model, prompt, forced, device="cuda", nudge=0.0):
-    hooks = []
-    if nudge > 0:
-        gen = torch.Generator(device="cpu").manual_seed(1)
-
-        def hook(mod, inp, out):
-            h = out[0] if isinstance(out, tuple) else out
-            mask = (torch.rand(h.shape, generator=gen) < nudge).to(h.device)
-            h2 = torch.where(mask, (h.view(torch.int16) + 1).view(torch.bfloat16), h)
-            return (h2,) + tuple(out[1:]) if isinstance(out, tuple) else h2
-
-        hooks.append(model.model.layers[0].register_forward_hook(hook))
+    hooks = [nudge_layer0(model, nudge)] if nudge > 0 else []
     rows = []
     with torch.no_grad():
         out = model(torch.tensor([prompt], device=device), use_cache=True)

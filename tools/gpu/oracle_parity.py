@@ -10,6 +10,7 @@ import gc, json, sys, time
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
+from hf_probe import nudge_layer0, rel_per_step
 
 model_dir, out_json = sys.argv[1], sys.argv[2]
 meta = json.load(open(f"{model_dir}/nerva-forced.json"))
@@ -21,18 +22,7 @@ ours_b16 = np.fromfile(f"{model_dir}/nerva-forced-bf16.f32", dtype=np.float32).r
 def run(dtype, attn="eager", flip=0.0):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn).cuda().eval()
     if flip > 0:
-        # Move a random `flip` fraction of layer 0's bf16 outputs by one ulp: the smallest change a
-        # second, not bit-identical bf16 implementation makes (cuBLAS and a correctly rounded dot
-        # product already differ on ~0.1 % of a GEMV's outputs).
-        gen = torch.Generator(device="cpu").manual_seed(1)
-
-        def nudge(mod, inp, out):
-            h = out[0] if isinstance(out, tuple) else out
-            mask = (torch.rand(h.shape, generator=gen) < flip).to(h.device)
-            h2 = torch.where(mask, (h.view(torch.int16) + 1).view(torch.bfloat16), h)
-            return (h2,) + tuple(out[1:]) if isinstance(out, tuple) else h2
-
-        model.model.layers[0].register_forward_hook(nudge)
+        nudge_layer0(model, flip)
     out_logits = []
     with torch.no_grad():
         out = model(torch.tensor([meta["prompt"]], device="cuda"), use_cache=True)
@@ -46,8 +36,7 @@ def run(dtype, attn="eager", flip=0.0):
     return np.stack(out_logits)
 
 
-def rel(a, b):
-    return [float(np.abs(a[i] - b[i]).max() / np.abs(b[i]).max()) for i in range(len(b))]
+rel = rel_per_step
 
 
 t0 = time.time()

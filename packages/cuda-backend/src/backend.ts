@@ -565,4 +565,3 @@ export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
   }
   return new CudaBackend(ctx, p.count, gemm);
 }
-
