@@ -784,11 +784,25 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     fq.nw = l.attnNorm;
     fq.eps = eps;
     int rc = gemvRows(ex, (const float*)x.p, l.qkv, (float*)qkv.p, rows, hidden, qkvOut, l.qkvBias, fq);
-    if (!rc) rc = ropeAppendRun(ex, (float*)qkv.p, pos, inv, slots, l.kc, l.vc, l.qNorm, l.kNorm, rows, nq, nkv, hd, qkvOut, eps);
+    // Decode rows with headDim 128: rope_append's work is fused into the attention kernel.
+    const bool fuseRope = hd == 128 && !ex->bf16act && l.kc.dt == l.vc.dt &&
+                          (!l.qNorm.p || !l.kNorm.p || l.qNorm.dt == l.kNorm.dt) && ex->counters &&
+                          (size_t)rows * nq <= ex->counterCount;
+    RopeFuse rf;
+    if (fuseRope) {
+      rf.invFreq = (const float*)inv.p;
+      rf.qn = l.qNorm.p;
+      rf.kn = l.kNorm.p;
+      rf.ndt = l.qNorm.p ? l.qNorm.dt : l.kNorm.dt;
+      rf.slots = (const int*)slots.p;
+      rf.eps = eps;
+    } else if (!rc) {
+      rc = ropeAppendRun(ex, (float*)qkv.p, pos, inv, slots, l.kc, l.vc, l.qNorm, l.kNorm, rows, nq, nkv, hd, qkvOut, eps);
+    }
     if (!rc)
       // Decode rows: the attention streams its first keys in before waiting on rope_append.
       rc = attentionRun(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, hd, bs, mbps,
-                        qkvOut, 0, scale, 1);
+                        qkvOut, 0, scale, 1, fuseRope ? &rf : nullptr);
     Fuse fo;
     fo.accumulate = true;
     if (!rc) rc = gemvRows(ex, (const float*)attn.p, l.o, (float*)x.p, rows, qw, hidden, l.oBias, fo);

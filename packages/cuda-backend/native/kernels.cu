@@ -374,16 +374,27 @@ __global__ void k_advance_positions(int* positions, int* slots, const int* bt, c
 
 // ---------------------------------------------------------------- GEMV (few rows)
 
-// v = v * inv * nw[4j..4j+3] (nw bf16 or f32): the scaling step of RMSNorm on staged rows.
-__device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw, int nwbf, int j, int bfa = 0) {
-  float4 g;
+// nw[4j..4j+3] (bf16 or f32) as floats.
+__device__ __forceinline__ float4 loadNw4(const void* nw, int nwbf, int j) {
   if (nwbf) {
     uint2 t = __ldg(reinterpret_cast<const uint2*>(nw) + j);
-    g = make_float4(__uint_as_float(t.x << 16), __uint_as_float(t.x & 0xffff0000u), __uint_as_float(t.y << 16),
-                    __uint_as_float(t.y & 0xffff0000u));
-  } else {
-    g = __ldg(reinterpret_cast<const float4*>(nw) + j);
+    return make_float4(__uint_as_float(t.x << 16), __uint_as_float(t.x & 0xffff0000u), __uint_as_float(t.y << 16),
+                       __uint_as_float(t.y & 0xffff0000u));
   }
+  return __ldg(reinterpret_cast<const float4*>(nw) + j);
+}
+
+// v = v * inv * g (g = nw[4j..4j+3]): the scaling step of RMSNorm on staged rows.
+__device__ __forceinline__ void normScale4g(float4& v, float inv, float4 g, int bfa) {
+  v.x = bfr(bfr(v.x * inv, bfa) * g.x, bfa);
+  v.y = bfr(bfr(v.y * inv, bfa) * g.y, bfa);
+  v.z = bfr(bfr(v.z * inv, bfa) * g.z, bfa);
+  v.w = bfr(bfr(v.w * inv, bfa) * g.w, bfa);
+}
+
+// v = v * inv * nw[4j..4j+3] (nw bf16 or f32): the scaling step of RMSNorm on staged rows.
+__device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw, int nwbf, int j, int bfa = 0) {
+  float4 g = loadNw4(nw, nwbf, j);
   v.x = bfr(bfr(v.x * inv, bfa) * g.x, bfa);
   v.y = bfr(bfr(v.y * inv, bfa) * g.y, bfa);
   v.z = bfr(bfr(v.z * inv, bfa) * g.z, bfa);
@@ -462,6 +473,8 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
   };
 
   // RMSNorm of the block's R rows into xs: squares (raw rows staged), one block reduction, scale.
+  // The thread's first chunk of norm weights (nw0) is loaded before the dependency wait.
+  float4 nw0 = make_float4(0.f, 0.f, 0.f, 0.f);
   auto stageNorm = [&]() {
     float ss[R];
 #pragma unroll
@@ -490,7 +503,8 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
       if (r < rows) {
         float inv = invs[r];
         for (int j = threadIdx.x; j < n4; j += blockDim.x) {
-          normScale4(xs[r * n4 + (j & 1) * n8 + (j >> 1)], inv, nw, nwbf, j, bfa);
+          float4 g = j == (int)threadIdx.x ? nw0 : loadNw4(nw, nwbf, j);
+          normScale4g(xs[r * n4 + (j & 1) * n8 + (j >> 1)], inv, g, bfa);
         }
       }
     }
@@ -509,6 +523,7 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
 #pragma unroll
       for (int n = 0; n < NO; n++)
         if (k + u * ST < n8) q[u][n] = __ldcs(wr[n] + k + u * ST);
+    if (NORM && (int)threadIdx.x < n4) nw0 = loadNw4(nw, nwbf, threadIdx.x);
     pdlWait();
     pdlTrigger();
     if (NORM) stageNorm();
@@ -615,6 +630,9 @@ template <>
 __device__ __forceinline__ float ldk<uint16_t>(const uint16_t* p, size_t i) { return bf2f(p[i]); }
 template <>
 __device__ __forceinline__ float ldk<__half>(const __half* p, size_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ void stk(float* p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void stk(uint16_t* p, size_t i, float v) { p[i] = f2bf(v); }
+__device__ __forceinline__ void stk(__half* p, size_t i, float v) { p[i] = __float2half_rn(v); }
 
 // The block that arrives last of the nAct live splits of its (row, head) merges their partials
 // into out and re-arms the counter: the combine needs no kernel (node) of its own. Splits past
@@ -623,9 +641,9 @@ __device__ __forceinline__ float ldk<__half>(const __half* p, size_t i) { return
 __device__ void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
                            int nAct) {
   __shared__ int lastFlag;
+  int* c = counters + (size_t)rl * H + h;
   __threadfence();  // this block's partial is visible before it is counted
   __syncthreads();
-  int* c = counters + (size_t)rl * H + h;
   if (threadIdx.x == 0) {
     int old = atomicAdd(c, 1);
     lastFlag = old == nAct - 1;
@@ -683,15 +701,51 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
   }
 }
 
-template <typename KT, int W>
+// What attention takes over from rope_append when it is fused in (ROPE): q/k norms, the rotary
+// angles and the slots the new key and value are appended at.
+struct RopeFuse {
+  const float* invFreq = nullptr;
+  const void* qn = nullptr;
+  const void* kn = nullptr;
+  int ndt = 0;
+  const int* slots = nullptr;
+  float eps = 0.f;
+};
+
+// rope_append's arithmetic on one head held by a warp, headDim 128: lane element j is head
+// element j * 32 + lane, so each rotated pair (i, i + 64) is (j, j + 2) of one lane. cs holds the
+// float64 cos/sin of the lane's two angles.
+__device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int ndt, float eps, const double (&cs)[2][2],
+                                             int lane) {
+  if (nw) {
+    float ss = warpSum(a[0] * a[0] + a[1] * a[1] + a[2] * a[2] + a[3] * a[3]);
+    float inv = rsqrtf(ss / 128.f + eps);
+#pragma unroll
+    for (int j = 0; j < 4; j++) a[j] = a[j] * inv * ldf(nw, ndt, j * 32 + lane);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    double c = cs[j][0], sn = cs[j][1];
+    float x = a[j], y = a[j + 2];
+    a[j] = (float)((double)x * c - (double)y * sn);
+    a[j + 2] = (float)((double)y * c + (double)x * sn);
+  }
+}
+
+template <typename KT, int W, bool ROPE>
 __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const KT* kc, const KT* vc, const int* bt,
                                                       const int* rowSeq, const int* positions, float* part, int H,
                                                       int KVH, int hd, int bs, int mbps, int qStride, int qOff,
                                                       float scale, int minChunk, int S, int rowBase, float* out,
-                                                      int* counters, int decodeOnly) {
+                                                      int* counters, int decodeOnly, RopeFuse rf) {
   // decodeOnly (op decoder_layers: every row its own sequence): the keys before a row's own
   // position were written by earlier steps, so the first batch of them streams in before the
   // dependency wait, overlapping the kernel before (rope_append, which writes q and the new key).
+  // ROPE (decodeOnly, headDim 128): rope_append's work is done here instead. Each block rotates
+  // its own q head; the warp that owns the row's new key (the last split) normalizes and rotates
+  // it from the qkv rows, uses it from registers, and the first q head of each KV head's group
+  // appends key and value to the cache. The angles' cos/sin only need the position, so they are
+  // taken before the wait as well.
   if (!decodeOnly) PDL_ENTER();
   __shared__ float shm[W], shl[W];
   __shared__ float sha[W][ATT_MAX_EPL * 32];
@@ -727,7 +781,17 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
 #pragma unroll
   for (int b = 0; b < ATT_KB; b++) slot[b] = -1;
   float kv[ATT_KB][ATT_MAX_EPL], vv[ATT_KB][ATT_MAX_EPL];
+  float kNew[ATT_MAX_EPL], vNew[ATT_MAX_EPL];  // ROPE: the new key and value (owner warp)
+  long long pOf[ATT_KB] = {-1, -1, -1, -1};  // ATT_KB entries
   auto loadKey = [&](int b) {
+    if (ROPE && pOf[b] == last) {
+#pragma unroll
+      for (int j = 0; j < ATT_MAX_EPL; j++) {
+        kv[b][j] = kNew[j];
+        vv[b][j] = vNew[j];
+      }
+      return;
+    }
     const KT* kr = kc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
     const KT* vr = vc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
 #pragma unroll
@@ -741,6 +805,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
 #pragma unroll
     for (int b = 0; b < ATT_KB; b++) {
       int p = p0 + b * W;
+      pOf[b] = p;
       slot[b] = p <= end ? (long long)btr[p / bs] * bs + p % bs : -1;
     }
 #pragma unroll
@@ -748,18 +813,69 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
       if (!skipOwn || p0 + b * W != last) loadKey(b);
   };
   int p0 = start + warp;
+  // ROPE: the warp that owns key `last` (it lies in the last split, which always exists).
+  const bool owner = ROPE && last <= end && (last - start) % W == warp;
+  double cs[2][2];
+  if (ROPE) {
+    float pf = (float)last;
+#pragma unroll
+    for (int j = 0; j < 2; j++) sincos((double)__fmul_rn(pf, rf.invFreq[j * 32 + lane]), &cs[j][1], &cs[j][0]);
+  }
   if (decodeOnly) {
     if (p0 <= end) loadBatch(p0, true);
     pdlWait();
     pdlTrigger();
+    if (ROPE) {
+      float a[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) a[j] = qr[j * 32 + lane];
+      float kr4[4], vr4[4];
+      if (owner) {
+        const float* krow = q + (size_t)r * qStride + qOff + (size_t)(H + kvh) * hd;
+        const float* vrow = krow + (size_t)KVH * hd;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          kr4[j] = krow[j * 32 + lane];
+          vr4[j] = vrow[j * 32 + lane];
+        }
+      }
+      ropeHeadWarp(a, rf.qn, rf.ndt, rf.eps, cs, lane);
+#pragma unroll
+      for (int j = 0; j < ATT_MAX_EPL; j++) {
+        qv[j] = j < 4 ? a[j] * scale : 0.f;
+        acc[j] = 0.f;
+        kNew[j] = 0.f;
+        vNew[j] = 0.f;
+      }
+      if (owner) {
+        ropeHeadWarp(kr4, rf.kn, rf.ndt, rf.eps, cs, lane);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          kNew[j] = kr4[j];
+          vNew[j] = vr4[j];
+        }
+        int sl = rf.slots[r];
+        if (sl >= 0 && h % (H / KVH) == 0) {
+          KT* kd = const_cast<KT*>(kc) + (size_t)sl * width + (size_t)kvh * hd;
+          KT* vd = const_cast<KT*>(vc) + (size_t)sl * width + (size_t)kvh * hd;
+#pragma unroll
+          for (int j = 0; j < 4; j++) {
+            stk(kd, j * 32 + lane, kNew[j]);
+            stk(vd, j * 32 + lane, vNew[j]);
+          }
+        }
+      }
+    }
 #pragma unroll
     for (int b = 0; b < ATT_KB; b++)
       if (p0 <= end && p0 + b * W == last) loadKey(b);  // written by the kernel before
   }
+  if (!ROPE) {
 #pragma unroll
-  for (int j = 0; j < ATT_MAX_EPL; j++) {
-    qv[j] = (j < epl && j * 32 + lane < hd) ? qr[j * 32 + lane] * scale : 0.f;
-    acc[j] = 0.f;
+    for (int j = 0; j < ATT_MAX_EPL; j++) {
+      qv[j] = (j < epl && j * 32 + lane < hd) ? qr[j * 32 + lane] * scale : 0.f;
+      acc[j] = 0.f;
+    }
   }
   for (bool first = true; p0 <= end; p0 += W * ATT_KB, first = false) {
     if (!(first && decodeOnly)) loadBatch(p0, false);
@@ -1545,7 +1661,8 @@ int opFusedMatmul(NervaExec* ex, Args& A) {
 
 // decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
 int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
-                 int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly = 0) {
+                 int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly = 0,
+                 const RopeFuse* rope = nullptr) {
   if (hd <= 0 || hd > 32 * ATT_MAX_EPL) return bad(ex, "attention: headDim must be in 1..256");
   if (KVH <= 0 || H % KVH != 0) return bad(ex, "attention: numHeads must be a multiple of numKvHeads");
   if (kc.dt != vc.dt) return bad(ex, "attention: kCache and vCache dtypes differ");
@@ -1600,21 +1717,21 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
     const int *btp = (const int*)bt.p, *rsp = (const int*)rowSeq.p, *pp = (const int*)pos.p;
     // One kernel when the re-armed counters cover this chunk of rows; else a separate combine.
     int* cnt = ex->counters && (size_t)nr * H <= ex->counterCount ? ex->counters : nullptr;
+    RopeFuse rf = rope ? *rope : RopeFuse();
+#define ATT_K(KT, RP)                                                                                                  \
+  LAUNCH((k_attn_partial<KT, ATT_WARPS, RP>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, rsp, pp, \
+         part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf)
+#define ATT_KT(KT)        \
+  if (rope) ATT_K(KT, true); \
+  else ATT_K(KT, false);
     switch (kc.dt) {
-      case NV_F32:
-        LAUNCH((k_attn_partial<float, ATT_WARPS>), grid, 32 * ATT_WARPS, 0, qp, (const float*)kc.p, (const float*)vc.p, btp, rsp, pp, part, H, KVH,
-               hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly);
-        break;
-      case NV_BF16:
-        LAUNCH((k_attn_partial<uint16_t, ATT_WARPS>), grid, 32 * ATT_WARPS, 0, qp, (const uint16_t*)kc.p, (const uint16_t*)vc.p, btp, rsp, pp,
-               part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly);
-        break;
-      case NV_F16:
-        LAUNCH((k_attn_partial<__half, ATT_WARPS>), grid, 32 * ATT_WARPS, 0, qp, (const __half*)kc.p, (const __half*)vc.p, btp, rsp, pp, part, H,
-               KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly);
-        break;
+      case NV_F32: ATT_KT(float) break;
+      case NV_BF16: ATT_KT(uint16_t) break;
+      case NV_F16: ATT_KT(__half) break;
       default: return bad(ex, "attention: unsupported cache dtype");
     }
+#undef ATT_KT
+#undef ATT_K
     if (!cnt)
       LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, outPtr, H, hd, (int)S, r0);
   }
