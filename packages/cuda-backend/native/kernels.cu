@@ -713,9 +713,9 @@ struct RopeFuse {
 };
 
 // rope_append's arithmetic on one head held by a warp, headDim 128: lane element j is head
-// element j * 32 + lane, so each rotated pair (i, i + 64) is (j, j + 2) of one lane. cs holds the
-// float64 cos/sin of the lane's two angles.
-__device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int ndt, float eps, const double (&cs)[2][2],
+// element j * 32 + lane, so each rotated pair (i, i + 64) is (j, j + 2) of one lane. cs[i] holds
+// the float64 cos and sin of angle i.
+__device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int ndt, float eps, const double (*cs)[2],
                                              int lane) {
   if (nw) {
     float ss = warpSum(a[0] * a[0] + a[1] * a[1] + a[2] * a[2] + a[3] * a[3]);
@@ -725,14 +725,17 @@ __device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int 
   }
 #pragma unroll
   for (int j = 0; j < 2; j++) {
-    double c = cs[j][0], sn = cs[j][1];
+    double c = cs[j * 32 + lane][0], sn = cs[j * 32 + lane][1];
     float x = a[j], y = a[j + 2];
     a[j] = (float)((double)x * c - (double)y * sn);
     a[j + 2] = (float)((double)y * c + (double)x * sn);
   }
 }
 
-template <typename KT, int W, bool ROPE>
+// EPL: head elements per lane (headDim <= 32 * EPL). Sizing the key/value registers to the
+// head (4 for headDim 128) rather than to the largest head takes the kernel from 128 registers a
+// thread to 80 (103 with ROPE), so more of the next kernel's blocks fit beside it.
+template <typename KT, int W, int EPL, bool ROPE>
 __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const KT* kc, const KT* vc, const int* bt,
                                                       const int* rowSeq, const int* positions, float* part, int H,
                                                       int KVH, int hd, int bs, int mbps, int qStride, int qOff,
@@ -748,7 +751,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   // taken before the wait as well.
   if (!decodeOnly) PDL_ENTER();
   __shared__ float shm[W], shl[W];
-  __shared__ float sha[W][ATT_MAX_EPL * 32];
+  __shared__ float sha[W][EPL * 32];
   int s = blockIdx.x, h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int epl = (hd + 31) >> 5;
@@ -770,7 +773,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   int kvh = h / (H / KVH);
   int seq = rowSeq[r];
   const float* qr = q + (size_t)r * qStride + qOff + (size_t)h * hd;
-  float qv[ATT_MAX_EPL], acc[ATT_MAX_EPL];
+  float qv[EPL], acc[EPL];
   float m = -INFINITY, l = 0.f;
   const size_t width = (size_t)KVH * hd;
   const int* btr = bt + (size_t)seq * mbps;
@@ -780,13 +783,13 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   long long slot[ATT_KB];  // -1: past the end of the split
 #pragma unroll
   for (int b = 0; b < ATT_KB; b++) slot[b] = -1;
-  float kv[ATT_KB][ATT_MAX_EPL], vv[ATT_KB][ATT_MAX_EPL];
-  float kNew[ATT_MAX_EPL], vNew[ATT_MAX_EPL];  // ROPE: the new key and value (owner warp)
+  float kv[ATT_KB][EPL], vv[ATT_KB][EPL];
+  float kNew[EPL], vNew[EPL];  // ROPE: the new key and value (owner warp)
   long long pOf[ATT_KB] = {-1, -1, -1, -1};  // ATT_KB entries
   auto loadKey = [&](int b) {
     if (ROPE && pOf[b] == last) {
 #pragma unroll
-      for (int j = 0; j < ATT_MAX_EPL; j++) {
+      for (int j = 0; j < EPL; j++) {
         kv[b][j] = kNew[j];
         vv[b][j] = vNew[j];
       }
@@ -795,7 +798,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     const KT* kr = kc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
     const KT* vr = vc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
 #pragma unroll
-    for (int j = 0; j < ATT_MAX_EPL; j++) {
+    for (int j = 0; j < EPL; j++) {
       bool in = slot[b] >= 0 && j < epl && j * 32 + lane < hd;
       kv[b][j] = in ? ldk<KT>(kr, j * 32 + lane) : 0.f;
       vv[b][j] = in ? ldk<KT>(vr, j * 32 + lane) : 0.f;
@@ -815,11 +818,13 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   int p0 = start + warp;
   // ROPE: the warp that owns key `last` (it lies in the last split, which always exists).
   const bool owner = ROPE && last <= end && (last - start) % W == warp;
-  double cs[2][2];
+  // ROPE: the 64 angles' cos/sin, one per thread into shared memory, before anything else is
+  // live (float64 sincos needs many registers; a per-lane copy cost the kernel ~30 more).
+  __shared__ double shcs[ROPE ? 64 : 1][2];
   if (ROPE) {
-    float pf = (float)last;
-#pragma unroll
-    for (int j = 0; j < 2; j++) sincos((double)__fmul_rn(pf, rf.invFreq[j * 32 + lane]), &cs[j][1], &cs[j][0]);
+    if (threadIdx.x < 64)
+      sincos((double)__fmul_rn((float)last, rf.invFreq[threadIdx.x]), &shcs[threadIdx.x][1], &shcs[threadIdx.x][0]);
+    __syncthreads();
   }
   if (decodeOnly) {
     if (p0 <= end) loadBatch(p0, true);
@@ -839,16 +844,16 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
           vr4[j] = vrow[j * 32 + lane];
         }
       }
-      ropeHeadWarp(a, rf.qn, rf.ndt, rf.eps, cs, lane);
+      ropeHeadWarp(a, rf.qn, rf.ndt, rf.eps, shcs, lane);
 #pragma unroll
-      for (int j = 0; j < ATT_MAX_EPL; j++) {
+      for (int j = 0; j < EPL; j++) {
         qv[j] = j < 4 ? a[j] * scale : 0.f;
         acc[j] = 0.f;
         kNew[j] = 0.f;
         vNew[j] = 0.f;
       }
       if (owner) {
-        ropeHeadWarp(kr4, rf.kn, rf.ndt, rf.eps, cs, lane);
+        ropeHeadWarp(kr4, rf.kn, rf.ndt, rf.eps, shcs, lane);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
           kNew[j] = kr4[j];
@@ -872,7 +877,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   }
   if (!ROPE) {
 #pragma unroll
-    for (int j = 0; j < ATT_MAX_EPL; j++) {
+    for (int j = 0; j < EPL; j++) {
       qv[j] = (j < epl && j * 32 + lane < hd) ? qr[j * 32 + lane] * scale : 0.f;
       acc[j] = 0.f;
     }
@@ -884,7 +889,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     for (int b = 0; b < ATT_KB; b++) {
       d[b] = 0.f;
 #pragma unroll
-      for (int j = 0; j < ATT_MAX_EPL; j++) d[b] += qv[j] * kv[b][j];
+      for (int j = 0; j < EPL; j++) d[b] += qv[j] * kv[b][j];
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -897,14 +902,14 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     float corr = expf(m - mn);  // the batch's first key always exists: mn is finite
     l *= corr;
 #pragma unroll
-    for (int j = 0; j < ATT_MAX_EPL; j++) acc[j] *= corr;
+    for (int j = 0; j < EPL; j++) acc[j] *= corr;
 #pragma unroll
     for (int b = 0; b < ATT_KB; b++) {
       if (slot[b] < 0) continue;
       float e = expf(d[b] - mn);
       l += e;
 #pragma unroll
-      for (int j = 0; j < ATT_MAX_EPL; j++) acc[j] += e * vv[b][j];
+      for (int j = 0; j < EPL; j++) acc[j] += e * vv[b][j];
     }
     m = mn;
   }
@@ -913,7 +918,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     shl[warp] = l;
   }
 #pragma unroll
-  for (int j = 0; j < ATT_MAX_EPL; j++)
+  for (int j = 0; j < EPL; j++)
     if (j < epl && j * 32 + lane < hd) sha[warp][j * 32 + lane] = acc[j];
   __syncthreads();
   float M = -INFINITY;
@@ -1718,12 +1723,13 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
     // One kernel when the re-armed counters cover this chunk of rows; else a separate combine.
     int* cnt = ex->counters && (size_t)nr * H <= ex->counterCount ? ex->counters : nullptr;
     RopeFuse rf = rope ? *rope : RopeFuse();
-#define ATT_K(KT, RP)                                                                                                  \
-  LAUNCH((k_attn_partial<KT, ATT_WARPS, RP>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, rsp, pp, \
+#define ATT_K(KT, E, RP)                                                                                               \
+  LAUNCH((k_attn_partial<KT, ATT_WARPS, E, RP>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, rsp, pp, \
          part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf)
-#define ATT_KT(KT)        \
-  if (rope) ATT_K(KT, true); \
-  else ATT_K(KT, false);
+#define ATT_KT(KT)              \
+  if (rope) ATT_K(KT, 4, true);    \
+  else if (hd <= 128) ATT_K(KT, 4, false); \
+  else ATT_K(KT, ATT_MAX_EPL, false);
     switch (kc.dt) {
       case NV_F32: ATT_KT(float) break;
       case NV_BF16: ATT_KT(uint16_t) break;
