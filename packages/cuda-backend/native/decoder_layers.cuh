@@ -803,8 +803,11 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
       // Decode rows: the attention streams its first keys in before waiting on rope_append.
       rc = attentionRun(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, hd, bs, mbps,
                         qkvOut, 0, scale, 1, fuseRope ? &rf : nullptr);
+    // The residual x that o and down accumulate into was last written by down of the layer
+    // before (three kernels back) and by o (two back): both read it before their wait.
     Fuse fo;
     fo.accumulate = true;
+    fo.accPre = true;
     if (!rc) rc = gemvRows(ex, (const float*)attn.p, l.o, (float*)x.p, rows, qw, hidden, l.oBias, fo);
     Fuse fg;
     fg.nw = l.mlpNorm;
@@ -813,6 +816,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     if (!rc) rc = gemvRows(ex, (const float*)x.p, l.gateUp, (float*)mlp.p, rows, hidden, inter, Buf{nullptr, 0}, fg);
     Fuse fd;
     fd.accumulate = true;
+    fd.accPre = true;
     if (!rc) rc = gemvRows(ex, (const float*)mlp.p, l.down, (float*)x.p, rows, inter, hidden, Buf{nullptr, 0}, fd);
     if (rc) return rc;
   }

@@ -422,7 +422,7 @@ template <int R, int KS, bool NORM, bool GLU>
 __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w,
                                                     float* __restrict__ out, int rows, int inDim, int outDim,
                                                     const void* bias, int bdt, const void* nw, int nwbf, float eps,
-                                                    int accumulate, int bfa) {
+                                                    int accumulate, int bfa, int accPre) {
   constexpr int NO = GLU ? 2 : 1;
   constexpr int NW = gemvWarps(KS);
   __shared__ float red[NW][NO][R];
@@ -471,6 +471,13 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
       }
     }
   };
+
+  // accPre (with accumulate): `out` was last written at least two kernels before this one, so it
+  // is complete once this kernel runs (each kernel triggers its successor only after its own
+  // wait) and the values to accumulate into are read before the wait. The caller vouches.
+  float pre[R], preLane = 0.f;
+#pragma unroll
+  for (int r = 0; r < R; r++) pre[r] = 0.f;
 
   // RMSNorm of the block's R rows into xs: squares (raw rows staged), one block reduction, scale.
   // The thread's first chunk of norm weights (nw0) is loaded before the dependency wait.
@@ -524,6 +531,16 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
       for (int n = 0; n < NO; n++)
         if (k + u * ST < n8) q[u][n] = __ldcs(wr[n] + k + u * ST);
     if (NORM && (int)threadIdx.x < n4) nw0 = loadNw4(nw, nwbf, threadIdx.x);
+    if (accPre) {
+      // The value this GEMV accumulates into, read before the wait (see accPre above).
+      if (KS == 1) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+          if (lane == 0 && r < rows) pre[r] = __ldcg(out + (size_t)r * outDim + o);
+      } else if (warp == 0 && lane < R && lane < rows) {
+        preLane = __ldcg(out + (size_t)lane * outDim + o);
+      }
+    }
     pdlWait();
     pdlTrigger();
     if (NORM) stageNorm();
@@ -548,18 +565,18 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
     fma8(q, k);
   }
   float bo = bias ? ldf(bias, bdt, o) : 0.f;
-  auto finish = [&](int r, float g, float u) {
+  auto finish = [&](int r, float g, float u, float prev) {
     float y = bfr(g + bo, bfa);
     if (GLU) y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
     float* d = out + (size_t)r * outDim + o;
-    *d = accumulate ? bfr(*d + y, bfa) : y;
+    *d = accumulate ? bfr((accPre ? prev : *d) + y, bfa) : y;
   };
 #pragma unroll
   for (int r = 0; r < R; r++) {
     float v0 = warpSum(acc[0][r]);
     float v1 = GLU ? warpSum(acc[NO - 1][r]) : 0.f;
     if (KS == 1) {
-      if (live && lane == 0 && r < rows) finish(r, v0, v1);
+      if (live && lane == 0 && r < rows) finish(r, v0, v1, pre[r]);
     } else if (lane == 0) {
       red[warp][0][r] = v0;
       if (GLU) red[warp][1][r] = v1;
@@ -574,7 +591,7 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
         g += red[j][0][lane];
         if (GLU) u += red[j][1][lane];
       }
-      finish(lane, g, u);
+      finish(lane, g, u, preLane);
     }
   }
 }
@@ -1528,6 +1545,9 @@ struct Fuse {
   float eps = 0.f;
   bool glu = false;
   bool accumulate = false;
+  // accumulate's current values may be read before the dependency wait: the caller guarantees
+  // `out` was last written two or more kernels earlier in the stream (see k_gemv_bf16).
+  bool accPre = false;
 };
 
 int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
@@ -1576,7 +1596,7 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
       smem = 0;
     }
 #define GEMV_K(R, KS, N, G) \
-  LAUNCH((k_gemv_bf16<R, KS, N, G>), KS == 1 ? (unsigned)((outDim + gemvWarps(KS) - 1) / gemvWarps(KS)) : gs, 32 * gemvWarps(KS), smem, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc, bfa)
+  LAUNCH((k_gemv_bf16<R, KS, N, G>), KS == 1 ? (unsigned)((outDim + gemvWarps(KS) - 1) / gemvWarps(KS)) : gs, 32 * gemvWarps(KS), smem, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc, bfa, f.accPre ? 1 : 0)
 #define GEMV_NG(R, KS)                  \
   if (norm && f.glu) GEMV_K(R, KS, true, true); \
   else if (norm) GEMV_K(R, KS, true, false);    \
