@@ -808,6 +808,10 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     Fuse fo;
     fo.accumulate = true;
     fo.accPre = true;
+    // o triggers gate_up at entry: gate_up (the layer's largest matrix) then streams its weights
+    // during the attention. gate_up reads only weights before its wait, and down (accPre) still
+    // starts after gate_up's wait, when o is complete.
+    fo.early = true;
     if (!rc) rc = gemvRows(ex, (const float*)attn.p, l.o, (float*)x.p, rows, qw, hidden, l.oBias, fo);
     Fuse fg;
     fg.nw = l.mlpNorm;

@@ -406,9 +406,9 @@ __device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw,
 // read once per 16 outputs rather than per 4 (per 4 outputs the staging cost the Qwen3-8B shape
 // ~4 % of roofline; at 16 it ran at 90 %), and plain GEMVs gained too (H100: 8B down 87 -> 95 %
 // of copy bandwidth, qkv 78 -> 86 %). Split blocks stay one output of 4 warps: 4 outputs of 16
-// warps measured slightly slower for the 0.6B o and down projections.
+// warps measured slightly slower for the 0.6B o and down projections (2 warps with Fuse::early).
 constexpr int GEMV_MAX_THREADS = 512;
-__host__ __device__ constexpr int gemvWarps(int ks) { return ks == 1 ? 16 : 4; }
+__host__ __device__ constexpr int gemvWarps(int ks) { return ks == 1 ? 16 : ks; }
 
 // One warp per output feature, R activation rows at once so every weight byte is read once.
 // Weights stream with 16-byte loads, four (eight with GLU) in flight per lane before any math.
@@ -422,7 +422,9 @@ template <int R, int KS, bool NORM, bool GLU>
 __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w,
                                                     float* __restrict__ out, int rows, int inDim, int outDim,
                                                     const void* bias, int bdt, const void* nw, int nwbf, float eps,
-                                                    int accumulate, int bfa, int accPre) {
+                                                    int accumulate, int bfa, int accPre, int trig) {
+  // trig: let the next kernel launch now rather than after our wait (see Fuse::early).
+  if (trig) pdlTrigger();
   constexpr int NO = GLU ? 2 : 1;
   constexpr int NW = gemvWarps(KS);
   __shared__ float red[NW][NO][R];
@@ -473,7 +475,7 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
   };
 
   // accPre (with accumulate): `out` was last written at least two kernels before this one, so it
-  // is complete once this kernel runs (each kernel triggers its successor only after its own
+  // is complete once this kernel runs (the kernel just before triggers it only after its own
   // wait) and the values to accumulate into are read before the wait. The caller vouches.
   float pre[R], preLane = 0.f;
 #pragma unroll
@@ -1548,6 +1550,11 @@ struct Fuse {
   // accumulate's current values may be read before the dependency wait: the caller guarantees
   // `out` was last written two or more kernels earlier in the stream (see k_gemv_bf16).
   bool accPre = false;
+  // Trigger the next kernel at entry instead of after the wait, so it launches (and streams its
+  // weights) while this one still waits; with split blocks, also the leaner block shape (see
+  // split2). The next kernel must then read nothing before its own wait that relies on this
+  // kernel's predecessors being complete (no accPre right after).
+  bool early = false;
 };
 
 int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
@@ -1576,6 +1583,10 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   }
   // Few outputs (e.g. 1024-wide projections): four warps per output so the GPU fills up.
   bool split = (size_t)outDim * (f.glu ? 2 : 1) < (size_t)ex->smCount * 16 && inDim >= 1024;
+  // early: two warps per output instead of four where a row is at most 2048 wide (each lane
+  // still prefetches its whole share): half the threads and registers, so the next kernel's
+  // blocks fit beside this one while it waits. (Without early it measured slower.)
+  bool split2 = split && f.early && inDim <= 2048;
   unsigned gs = (unsigned)outDim;
   int nwbf = f.nw.dt == NV_BF16 ? 1 : 0, acc = f.accumulate ? 1 : 0;
   for (int r0 = 0; r0 < rows; r0 += 8) {
@@ -1596,14 +1607,15 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
       smem = 0;
     }
 #define GEMV_K(R, KS, N, G) \
-  LAUNCH((k_gemv_bf16<R, KS, N, G>), KS == 1 ? (unsigned)((outDim + gemvWarps(KS) - 1) / gemvWarps(KS)) : gs, 32 * gemvWarps(KS), smem, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc, bfa, f.accPre ? 1 : 0)
+  LAUNCH((k_gemv_bf16<R, KS, N, G>), KS == 1 ? (unsigned)((outDim + gemvWarps(KS) - 1) / gemvWarps(KS)) : gs, 32 * gemvWarps(KS), smem, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc, bfa, f.accPre ? 1 : 0, f.early ? 1 : 0)
 #define GEMV_NG(R, KS)                  \
   if (norm && f.glu) GEMV_K(R, KS, true, true); \
   else if (norm) GEMV_K(R, KS, true, false);    \
   else if (f.glu) GEMV_K(R, KS, false, true);   \
   else GEMV_K(R, KS, false, false);
-#define GEMV_CASE(R) \
-  if (split) { GEMV_NG(R, 4) } else { GEMV_NG(R, 1) }
+#define GEMV_CASE(R)                                   \
+  if (split2 && !norm && !f.glu) GEMV_K(R, 2, false, false); \
+  else if (split) { GEMV_NG(R, 4) } else { GEMV_NG(R, 1) }
     switch (nr) {
       case 1: GEMV_CASE(1) break;
       case 2: GEMV_CASE(2) break;
