@@ -821,6 +821,9 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     Fuse fd;
     fd.accumulate = true;
     fd.accPre = true;
+    // down triggers the next layer's qkv at entry, for the same reason (qkv reads only weights
+    // before its wait, and triggers the attention only after it).
+    fd.early = true;
     if (!rc) rc = gemvRows(ex, (const float*)mlp.p, l.down, (float*)x.p, rows, inter, hidden, Buf{nullptr, 0}, fd);
     if (rc) return rc;
   }

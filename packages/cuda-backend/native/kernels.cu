@@ -406,7 +406,7 @@ __device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw,
 // read once per 16 outputs rather than per 4 (per 4 outputs the staging cost the Qwen3-8B shape
 // ~4 % of roofline; at 16 it ran at 90 %), and plain GEMVs gained too (H100: 8B down 87 -> 95 %
 // of copy bandwidth, qkv 78 -> 86 %). Split blocks stay one output of 4 warps: 4 outputs of 16
-// warps measured slightly slower for the 0.6B o and down projections (2 warps with Fuse::early).
+// warps measured slightly slower for the 0.6B o and down projections (2-3 warps with Fuse::early).
 constexpr int GEMV_MAX_THREADS = 512;
 __host__ __device__ constexpr int gemvWarps(int ks) { return ks == 1 ? 16 : ks; }
 
@@ -1583,10 +1583,11 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   }
   // Few outputs (e.g. 1024-wide projections): four warps per output so the GPU fills up.
   bool split = (size_t)outDim * (f.glu ? 2 : 1) < (size_t)ex->smCount * 16 && inDim >= 1024;
-  // early: two warps per output instead of four where a row is at most 2048 wide (each lane
-  // still prefetches its whole share): half the threads and registers, so the next kernel's
-  // blocks fit beside this one while it waits. (Without early it measured slower.)
-  bool split2 = split && f.early && inDim <= 2048;
+  // early: the fewest warps per output (2 or 3 instead of 4) with which each lane still
+  // prefetches its whole share of a row (1024 elements a warp): fewer threads and registers, so
+  // the next kernel's blocks fit beside this one while it waits. (Without early, 2 warps
+  // measured slower.)
+  const int ksLean = split && f.early ? (inDim + 1023) / 1024 : 0;
   unsigned gs = (unsigned)outDim;
   int nwbf = f.nw.dt == NV_BF16 ? 1 : 0, acc = f.accumulate ? 1 : 0;
   for (int r0 = 0; r0 < rows; r0 += 8) {
@@ -1613,8 +1614,9 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   else if (norm) GEMV_K(R, KS, true, false);    \
   else if (f.glu) GEMV_K(R, KS, false, true);   \
   else GEMV_K(R, KS, false, false);
-#define GEMV_CASE(R)                                   \
-  if (split2 && !norm && !f.glu) GEMV_K(R, 2, false, false); \
+#define GEMV_CASE(R)                                                  \
+  if (ksLean == 2 && !norm && !f.glu) GEMV_K(R, 2, false, false);      \
+  else if (ksLean == 3 && !norm && !f.glu) GEMV_K(R, 3, false, false); \
   else if (split) { GEMV_NG(R, 4) } else { GEMV_NG(R, 1) }
     switch (nr) {
       case 1: GEMV_CASE(1) break;
