@@ -63,8 +63,8 @@ export interface CudaBackendOptions {
    */
   gemm?: GemmPrecision;
   /**
-   * How op decoder_layers runs. 'layers' (default): the per-layer kernels of the fused ops (6 per
-   * dense layer). 'persistent' (experimental): the whole stack as one persistent kernel with
+   * How op decoder_layers runs. 'layers' (default): per-layer kernels (5 per dense layer with
+   * headDim 128, where rope_append is folded into the attention; 6 otherwise). 'persistent' (experimental): the whole stack as one persistent kernel with
    * grid barriers between phases, for at most 4 rows, bf16 weights and headDim 64 or 128; other
    * shapes still run per layer. On the H100 it is slower than 'layers' so far (see
    * docs/results). Default from NERVA_CUDA_DECODER when set.
