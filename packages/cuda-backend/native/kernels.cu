@@ -671,52 +671,42 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
   __syncthreads();
   if (!lastFlag) return;
   __threadfence();
-  // The merge loads every split's (m, l) at once, one split per thread, and weights the
-  // accumulators with loads unrolled eight deep: a thread-0 loop over the splits (and a per-output
-  // loop that waited on each split's l before loading the next) cost a dependent L2 round trip
-  // per split.
-  __shared__ float shRed[32];
-  __shared__ float shW[32 * ATT_WARPS];
+  // Each thread merges its output columns on its own: (m, l, acc) of eight splits are loaded
+  // at once and folded in with an online rescale, so the merge is one L2 round trip per eight
+  // splits with no block reductions between the loads. (Loading every (m, l) first, reducing M
+  // and L across the block, then the accumulators cost two round trips and four barriers.)
   const size_t stride = (size_t)hd + 2;
   const float* base = part + ((size_t)rl * H + h) * S * stride;
-  const int tid = threadIdx.x, nt = blockDim.x;
-  float m0 = -INFINITY, l0 = 0.f;  // this thread's first split, kept for the later passes
-  if (tid < nAct) {
-    m0 = __ldcg(base + (size_t)tid * stride);
-    l0 = __ldcg(base + (size_t)tid * stride + 1);
-  }
-  float mt = l0 > 0.f ? m0 : -INFINITY;
-  for (int s = tid + nt; s < nAct; s += nt)
-    if (__ldcg(base + (size_t)s * stride + 1) > 0.f) mt = fmaxf(mt, __ldcg(base + (size_t)s * stride));
-  const float M = blockMax(mt, shRed);
-  float lt = l0 > 0.f ? l0 * expf(m0 - M) : 0.f;
-  for (int s = tid + nt; s < nAct; s += nt) {
-    float l = __ldcg(base + (size_t)s * stride + 1);
-    if (l > 0.f) lt += l * expf(__ldcg(base + (size_t)s * stride) - M);
-  }
-  const float L = blockSum(lt, shRed);
-  for (int t0 = 0; t0 < hd; t0 += nt) {
-    int t = t0 + tid;
-    float a = 0.f;
-    for (int s0 = 0; s0 < nAct; s0 += nt) {
-      int n = min(nt, nAct - s0);
-      __syncthreads();
-      if (tid < n) {
-        float m = m0, l = l0;
-        if (s0 > 0) {
-          m = __ldcg(base + (size_t)(s0 + tid) * stride);
-          l = __ldcg(base + (size_t)(s0 + tid) * stride + 1);
+  for (int t = threadIdx.x; t < hd; t += blockDim.x) {
+    float M = -INFINITY, L = 0.f, a = 0.f;
+    for (int s0 = 0; s0 < nAct; s0 += 8) {
+      float mm[8], ll[8], aa[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const float* ps = base + (size_t)(s0 + j) * stride;
+        const bool in = s0 + j < nAct;
+        mm[j] = in ? __ldcg(ps) : -INFINITY;
+        ll[j] = in ? __ldcg(ps + 1) : 0.f;
+        aa[j] = in ? __ldcg(ps + 2 + t) : 0.f;
+      }
+      float bm = M;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        if (ll[j] > 0.f) bm = fmaxf(bm, mm[j]);
+      if (bm == -INFINITY) continue;  // no live split yet
+      const float c = M == -INFINITY ? 0.f : expf(M - bm);
+      L *= c;
+      a *= c;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        if (ll[j] > 0.f) {
+          const float w = expf(mm[j] - bm);
+          L += ll[j] * w;
+          a += aa[j] * w;
         }
-        shW[tid] = l > 0.f ? expf(m - M) : 0.f;
-      }
-      __syncthreads();
-      if (t < hd) {
-        const float* col = base + (size_t)s0 * stride + 2 + t;
-#pragma unroll 8
-        for (int j = 0; j < n; j++) a += __ldcg(col + (size_t)j * stride) * shW[j];
-      }
+      M = bm;
     }
-    if (t < hd) out[(size_t)r * H * hd + (size_t)h * hd + t] = L > 0.f ? a / L : 0.f;
+    out[(size_t)r * H * hd + (size_t)h * hd + t] = L > 0.f ? a / L : 0.f;
   }
 }
 
