@@ -394,11 +394,7 @@ __device__ __forceinline__ void normScale4g(float4& v, float inv, float4 g, int 
 
 // v = v * inv * nw[4j..4j+3] (nw bf16 or f32): the scaling step of RMSNorm on staged rows.
 __device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw, int nwbf, int j, int bfa = 0) {
-  float4 g = loadNw4(nw, nwbf, j);
-  v.x = bfr(bfr(v.x * inv, bfa) * g.x, bfa);
-  v.y = bfr(bfr(v.y * inv, bfa) * g.y, bfa);
-  v.z = bfr(bfr(v.z * inv, bfa) * g.z, bfa);
-  v.w = bfr(bfr(v.w * inv, bfa) * g.w, bfa);
+  normScale4g(v, inv, loadNw4(nw, nwbf, j), bfa);
 }
 
 
@@ -882,7 +878,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     }
 #pragma unroll
     for (int b = 0; b < ATT_KB; b++)
-      if (p0 <= end && p0 + b * W == last) loadKey(b);  // written by the kernel before
+      if (p0 <= end && p0 + b * W == last) loadKey(b);  // ROPE: from registers; else written by rope_append
   }
   if (!ROPE) {
 #pragma unroll
@@ -1542,7 +1538,7 @@ struct Fuse {
   bool accPre = false;
   // Trigger the next kernel at entry instead of after the wait, so it launches (and streams its
   // weights) while this one still waits; with split blocks, also the leaner block shape (see
-  // split2). The next kernel must then read nothing before its own wait that relies on this
+  // ksLean). The next kernel must then read nothing before its own wait that relies on this
   // kernel's predecessors being complete (no accPre right after).
   bool early = false;
 };
