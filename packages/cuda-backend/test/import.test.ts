@@ -6,6 +6,18 @@ import { createCudaBackend, CudaArgumentError, CudaUnavailableError, probeCuda }
 // unavailable, and refuse to create a backend with one typed error.
 const missing = '/nonexistent/nerva_cuda.node';
 
+/** Runs fn with environment variable `name` set to `value`, then restores it. */
+function withEnv(name: string, value: string, fn: () => void): void {
+  const saved = process.env[name];
+  process.env[name] = value;
+  try {
+    fn();
+  } finally {
+    if (saved === undefined) delete process.env[name];
+    else process.env[name] = saved;
+  }
+}
+
 describe('@nerva/cuda-backend without a GPU', () => {
   it('imports without loading the addon', async () => {
     const mod = await import('../src/index.js');
@@ -57,29 +69,19 @@ describe('@nerva/cuda-backend without a GPU', () => {
   it('rejects an unknown decoder mode by name before looking for a GPU', () => {
     expect(() => createCudaBackend({ addonPath: missing, decoder: 'megakernel' as never })).toThrow(CudaArgumentError);
     expect(() => createCudaBackend({ addonPath: missing, decoder: 'megakernel' as never })).toThrow(/decoder mode megakernel/);
-    const saved = process.env.NERVA_CUDA_DECODER;
-    process.env.NERVA_CUDA_DECODER = 'fast';
-    try {
+    withEnv('NERVA_CUDA_DECODER', 'fast', () => {
       expect(() => createCudaBackend({ addonPath: missing })).toThrow(/unknown decoder mode fast/);
       // A valid mode gets past the option check to the missing addon.
       expect(() => createCudaBackend({ addonPath: missing, decoder: 'persistent' })).toThrow(CudaUnavailableError);
-    } finally {
-      if (saved === undefined) delete process.env.NERVA_CUDA_DECODER;
-      else process.env.NERVA_CUDA_DECODER = saved;
-    }
+    });
   });
 
   it('rejects an unknown numerics by name before looking for a GPU', () => {
     expect(() => createCudaBackend({ addonPath: missing, numerics: 'fp8' as never })).toThrow(CudaArgumentError);
     expect(() => createCudaBackend({ addonPath: missing, numerics: 'fp8' as never })).toThrow(/unknown numerics fp8/);
-    const saved = process.env.NERVA_NUMERICS;
-    process.env.NERVA_NUMERICS = 'int4';
-    try {
+    withEnv('NERVA_NUMERICS', 'int4', () => {
       expect(() => createCudaBackend({ addonPath: missing })).toThrow(/unknown numerics int4/);
       expect(() => createCudaBackend({ addonPath: missing, numerics: 'bf16' })).toThrow(CudaUnavailableError);
-    } finally {
-      if (saved === undefined) delete process.env.NERVA_NUMERICS;
-      else process.env.NERVA_NUMERICS = saved;
-    }
+    });
   });
 });
