@@ -40,6 +40,17 @@ export interface EngineOptions {
    * `Numerics` in @nerva/core. With a backend object, its own numerics apply and this must agree.
    */
   numerics?: Numerics;
+  /**
+   * Bytes of compute-tier memory (VRAM on CUDA) the engine may use for everything: hot weights,
+   * weight staging slots, KV cache and activations. When the weights do not fit, the memory OS
+   * (`@nerva/memos`) keeps some layers hot and streams the rest through a ring of staging slots,
+   * ahead of use; the result is the same tokens as the fully resident run.
+   */
+  vramBudget?: number;
+  /** Bytes of host memory (pinned on CUDA) for streamed weight blocks; beyond it blocks spill to `offloadDir`. */
+  hostBudget?: number;
+  /** Directory for the disk tier: weight blocks the host budget cannot hold are spilled here. */
+  offloadDir?: string;
 }
 
 export interface GenerateOptions extends SamplingParams {

@@ -1,1 +1,2 @@
-export {};
+
+export type { MemoryReport, PathTraffic, TierUsage } from './report.js';
