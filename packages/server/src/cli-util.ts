@@ -1,4 +1,5 @@
 import { InvalidArgumentError } from 'commander';
+import { parseSize } from './size.js';
 
 export function parseIntArg(name: string, opts: { positive?: boolean } = {}) {
   return (v: string): number => {
@@ -14,6 +15,17 @@ export function parseFloatArg(name: string) {
     const n = Number(v);
     if (!Number.isFinite(n)) throw new InvalidArgumentError(`${name} must be a number, got "${v}"`);
     return n;
+  };
+}
+
+/** A byte size flag (`4GiB`, `512MB`, `4G` = 4 GiB, plain bytes; see size.ts); errors name the flag. */
+export function parseSizeArg(name: string) {
+  return (v: string): number => {
+    try {
+      return parseSize(v, name);
+    } catch (e) {
+      throw new InvalidArgumentError((e as Error).message);
+    }
   };
 }
 

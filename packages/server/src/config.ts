@@ -2,6 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { ConfigError } from './errors.js';
+import { parseSize } from './size.js';
 
 /** Everything `nerva serve` can be told, from a TOML file, flags, or code. */
 export interface ServerConfig {
@@ -31,6 +32,15 @@ export interface ServerConfig {
   chatTemplate?: string;
   /** On shutdown, in-flight requests get this long to finish before they are aborted. */
   drainTimeoutS: number;
+  /**
+   * Bytes of compute-tier memory (VRAM on CUDA) the engine may use; weights that do not fit stream
+   * through VRAM staging slots from host memory (the memory OS). Absent: no budget, all resident.
+   */
+  vramBudget?: number;
+  /** Bytes of host memory for streamed weight blocks; beyond it they spill to `offloadDir`. */
+  hostBudget?: number;
+  /** Directory of the disk tier (weight blocks the host budget cannot hold). */
+  offloadDir?: string;
 }
 
 export const DEFAULT_CONFIG: ServerConfig = {
@@ -44,7 +54,7 @@ export const DEFAULT_CONFIG: ServerConfig = {
   drainTimeoutS: 30,
 };
 
-type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics';
+type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics' | 'size';
 
 /** The accepted keys: TOML spelling → field and type. Anything else is an error naming the key. */
 const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boolean }> = {
@@ -65,6 +75,9 @@ const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boole
   body_limit_bytes: { field: 'bodyLimitBytes', kind: 'posint' },
   chat_template: { field: 'chatTemplate', kind: 'string', path: true },
   drain_timeout_s: { field: 'drainTimeoutS', kind: 'int' },
+  vram_budget: { field: 'vramBudget', kind: 'size' },
+  host_budget: { field: 'hostBudget', kind: 'size' },
+  offload_dir: { field: 'offloadDir', kind: 'string', path: true },
 };
 
 const BY_FIELD = new Map(Object.entries(KEYS).map(([k, v]) => [v.field as string, k]));
@@ -99,6 +112,14 @@ function check(key: string, kind: Kind, v: unknown, where: string): unknown {
     case 'numerics':
       if (v !== 'exact' && v !== 'bf16') fail('"exact" or "bf16"');
       return v;
+    case 'size':
+      // A string with a unit ("4GiB", "512MB", "4G" = 4 GiB) or an integer byte count.
+      if (typeof v !== 'string' && typeof v !== 'number' && typeof v !== 'bigint') fail('a size such as "4GiB" or a positive integer byte count');
+      try {
+        return parseSize(v as string | number | bigint, `${where}: "${key}"`);
+      } catch (e) {
+        throw new ConfigError(key, (e as Error).message);
+      }
   }
 }
 

@@ -7,4 +7,6 @@ export * from './metrics.js';
 export * from './openai-schema.js';
 export * from './server.js';
 export * from './state.js';
-export { parseFloatArg, parseIdList, parseIntArg, progressBar } from './cli-util.js';
+export { parseFloatArg, parseIdList, parseIntArg, parseSizeArg, progressBar } from './cli-util.js';
+export { formatSize, parseSize, SizeError } from './size.js';
+export * from './memory-report.js';

@@ -46,4 +46,43 @@ describe('config', () => {
     expect(() => checkFlags({ maxQueue: -1 })).toThrow(/max_queue/);
     await expect(loadConfigFile('/nonexistent/nerva.toml')).rejects.toThrow(/cannot read config file/);
   });
+
+  it('memory budgets: sizes as strings with units or integer bytes, offload_dir resolved against the file', async () => {
+    const p = file('vram_budget = "4GiB"\nhost_budget = 34359738368\noffload_dir = "spill"\n');
+    expect(await loadConfigFile(p)).toEqual({ vramBudget: 4 * 2 ** 30, hostBudget: 32 * 2 ** 30, offloadDir: join(p, '..', 'spill') });
+    // G alone is GiB; SI units are powers of 1000.
+    expect(await loadConfigFile(file('vram_budget = "4G"\nhost_budget = "512MB"\n'))).toEqual({ vramBudget: 4 * 2 ** 30, hostBudget: 512_000_000 });
+    // Flags arrive as numbers (parsed by the CLI) and override the file.
+    const c = mergeConfig(await loadConfigFile(p), checkFlags({ vramBudget: 2 ** 30, offloadDir: '/tmp/nerva-spill' }));
+    expect(c.vramBudget).toBe(2 ** 30);
+    expect(c.hostBudget).toBe(32 * 2 ** 30);
+    expect(c.offloadDir).toBe('/tmp/nerva-spill');
+    expect(DEFAULT_CONFIG.vramBudget).toBeUndefined();
+  });
+
+  it('bad memory budget values are errors naming the key', async () => {
+    const cases: [string, string, RegExp][] = [
+      ['vram_budget = "lots"\n', 'vram_budget', /"vram_budget" must be a size such as 4GiB.*got "lots"/],
+      ['vram_budget = "4 GiBs"\n', 'vram_budget', /"vram_budget" must be .*unknown unit "GiBs"/],
+      ['vram_budget = "-4GiB"\n', 'vram_budget', /"vram_budget" must be greater than zero/],
+      ['vram_budget = 0\n', 'vram_budget', /"vram_budget" must be greater than zero, got 0/],
+      ['host_budget = -1\n', 'host_budget', /"host_budget" must be greater than zero/],
+      ['host_budget = 1.5\n', 'host_budget', /"host_budget" must be a whole number of bytes/],
+      ['vram_budget = true\n', 'vram_budget', /"vram_budget" must be a size such as "4GiB" or a positive integer byte count, got true/],
+      ['vram_budget = ["4GiB"]\n', 'vram_budget', /"vram_budget" must be a size/],
+      ['offload_dir = 3\n', 'offload_dir', /"offload_dir" must be a non-empty string, got 3/],
+      ['offload_dir = ""\n', 'offload_dir', /"offload_dir" must be a non-empty string/],
+      ['vram_bugdet = "4GiB"\n', 'vram_bugdet', /unknown key "vram_bugdet"/],
+    ];
+    for (const [text, key, re] of cases) {
+      const p = file(text);
+      const err = await loadConfigFile(p).catch((e: unknown) => e);
+      expect(err, text).toBeInstanceOf(ConfigError);
+      expect((err as ConfigError).key, text).toBe(key);
+      expect((err as Error).message, text).toMatch(re);
+      // The message names the file too.
+      expect((err as Error).message, text).toContain(p);
+    }
+    expect(() => checkFlags({ vramBudget: 0 })).toThrow(/vram_budget.*greater than zero/);
+  });
 });
