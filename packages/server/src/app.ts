@@ -4,6 +4,7 @@ import { registerChat } from './chat.js';
 import { registerCompletions } from './completions.js';
 import { ApiError, badRequest } from './errors.js';
 import { toApiError } from './generation.js';
+import { memoryReportJson, tiersJson } from './memory-report.js';
 import type { ServerState } from './state.js';
 
 const utf8 = new TextDecoder('utf-8', { fatal: true });
@@ -119,26 +120,39 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
         invariants = (e as Error).message;
       }
     }
-    // The tier the weights and KV pages live in: host memory on the CPU backend, device memory otherwise.
-    const tier = s.deviceKind === 'cpu' ? 'dram' : 'vram';
-    const kvBytesPerBlock = s.kvCacheBytes / s.numBlocks;
+    // Block 0 is the cache's reserved null block: neither free nor ever held by a request.
+    const kvUsed = s.kv.totalBlocks - 1 - s.kv.freeBlocks;
+    const mem = memoryReportJson(s.memory);
     return {
       object: 'memory',
       backend: engine.info.backendName,
-      tiers: [{ tier, weights_bytes: s.weightBytes, kv_cache_bytes: s.kvCacheBytes, kv_used_bytes: Math.round((s.kv.totalBlocks - 1 - s.kv.freeBlocks) * kvBytesPerBlock) }],
+      // Every tier the engine uses (compute tier, pinned/host replicas of streamed weights, disk),
+      // with its budget and the bytes of weights, staging slots, KV pages and the rest.
+      tiers: tiersJson(s.memory, kvUsed / s.numBlocks),
+      mode: mem.mode,
+      fabric: mem.fabric,
+      vram_budget_bytes: state.config.vramBudget ?? null,
+      host_budget_bytes: state.config.hostBudget ?? null,
+      offload_dir: state.config.offloadDir ?? null,
       weights_bytes: s.weightBytes,
       kv_cache_bytes: s.kvCacheBytes,
       kv_block_size: s.blockSize,
-      // Block 0 is the cache's reserved null block: neither free nor ever held by a request.
       kv_blocks_total: s.kv.totalBlocks - 1,
       kv_blocks_free: s.kv.freeBlocks,
-      kv_blocks_used: s.kv.totalBlocks - 1 - s.kv.freeBlocks,
+      kv_blocks_used: kvUsed,
       kv_blocks_cached: s.kv.cachedBlocks,
       kv_sequences: s.kv.sequences,
       kv_usage: s.kvUsage,
       num_requests_running: s.running,
       num_requests_waiting: s.waiting,
       server_sequences_in_flight: admission.inFlight,
+      // Where the weights are (hot in the compute tier, streamed through staging slots, on disk),
+      // what moved by which path since start and what it cost, and how prefetch kept up.
+      weights: mem.weights,
+      moved: mem.moved,
+      streamed_bytes_per_pass: mem.streamed_bytes_per_pass,
+      prefetch: mem.prefetch,
+      notes: mem.notes,
       ...(invariants !== undefined ? { kv_invariants: invariants } : {}),
     };
   });

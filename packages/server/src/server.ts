@@ -82,6 +82,9 @@ export async function startServer(config: ServerConfig, o: { log?: (line: string
         kvCacheBytes: config.kvCacheBytes,
         maxModelLen: config.maxModelLen,
         enablePrefixCaching: config.enablePrefixCaching,
+        vramBudget: config.vramBudget,
+        hostBudget: config.hostBudget,
+        offloadDir: config.offloadDir,
         chatTemplate,
       });
       if (state.draining) {

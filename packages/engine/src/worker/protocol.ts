@@ -1,5 +1,6 @@
 import type { LedgerSummary } from '@nerva/core';
 import type { KvCacheStats } from '@nerva/kv';
+import type { MemoryReport } from '@nerva/memos';
 import type { EngineOptions, GenerateOptions, RequestOutcome, StepSignals } from '../engine.js';
 import type { TokenEvent } from '../request.js';
 import type { SamplingParams } from '../sampling-params.js';
@@ -9,7 +10,10 @@ import type { SamplingParams } from '../sampling-params.js';
  * Everything here is plain data: it crosses the thread boundary by structured clone.
  */
 
-/** Engine options that can cross a thread boundary (no callbacks, no backend object). */
+/**
+ * Engine options that can cross a thread boundary (no callbacks, no backend object). The memory
+ * budgets (`vramBudget`, `hostBudget`, `offloadDir`) are plain data and travel as they are.
+ */
 export type WorkerEngineOptions = Omit<EngineOptions, 'backend' | 'onProgress'> & {
   backend?: 'cpu' | 'cuda' | 'auto';
 };
@@ -52,6 +56,8 @@ export interface WorkerEngineStats extends WorkerLoad {
   kvCacheBytes: number;
   weightBytes: number;
   deviceKind: string;
+  /** The memory OS report: bytes per tier, weight placement, traffic by path, prefetch. */
+  memory: MemoryReport;
 }
 
 /** An error as plain data; rebuilt on the other side with the same class name, code and param. */

@@ -70,6 +70,7 @@ port.on('message', (m: ToWorker) => {
             kvCacheBytes: engine.kvCacheBytes,
             weightBytes: engine.weightBytes,
             deviceKind: engine.backend.capabilities.deviceKind,
+            memory: engine.memoryReport(),
           };
           post({ type: 'reply', qid: m.qid, value });
         }

@@ -1,8 +1,10 @@
+import { resolve } from 'node:path';
 import { Engine, type GenerateOptions } from '@nerva/engine';
 import type { Command } from 'commander';
 import { Option } from 'commander';
 import { defaultModelDir } from '../default-model.js';
-import { parseFloatArg, parseIdList, parseIntArg, progressBar } from '../cli-util.js';
+import { memoryReportJson, tiersJson } from '../memory-report.js';
+import { parseFloatArg, parseIdList, parseIntArg, parseSizeArg, progressBar } from '../cli-util.js';
 
 interface RunFlags {
   model?: string;
@@ -18,6 +20,9 @@ interface RunFlags {
   numerics?: 'exact' | 'bf16';
   json?: boolean;
   profile?: boolean;
+  vramBudget?: number;
+  hostBudget?: number;
+  offloadDir?: string;
 }
 
 export function registerRun(program: Command): void {
@@ -35,13 +40,25 @@ export function registerRun(program: Command): void {
     .option('--seed <s>', 'seed for reproducible sampling', parseIntArg('--seed'))
     .addOption(new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto'))
     .addOption(new Option('--numerics <mode>', "activation rounding: exact (default) or bf16 (transformers' bf16 rounding points)").choices(['exact', 'bf16']))
+    .option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB); weights that do not fit stream from host memory', parseSizeArg('--vram-budget'))
+    .option('--host-budget <size>', 'host memory for streamed weights, e.g. 32GiB; beyond it they spill to --offload-dir', parseSizeArg('--host-budget'))
+    .option('--offload-dir <dir>', 'directory of the disk tier for weights the host budget cannot hold')
     .option('--profile', 'split device time per token into buckets (projection, norm, attention, mlp, sampling)')
     .option('--json', 'end with one JSON line: ids, text, first-position logits and the ledger summary')
     .action(async (f: RunFlags) => {
       if (f.prompt !== undefined && f.promptIds !== undefined) throw new Error('give --prompt or --prompt-ids, not both');
       const model = f.model ?? defaultModelDir();
       const bar = progressBar('loading weights');
-      const engine = await Engine.create({ model, backend: f.backend, numerics: f.numerics, profile: f.profile, onProgress: (p) => bar(p.done, p.total) });
+      const engine = await Engine.create({
+        model,
+        backend: f.backend,
+        numerics: f.numerics,
+        profile: f.profile,
+        vramBudget: f.vramBudget,
+        hostBudget: f.hostBudget,
+        offloadDir: f.offloadDir !== undefined ? resolve(f.offloadDir) : undefined,
+        onProgress: (p) => bar(p.done, p.total),
+      });
       try {
         for (const n of engine.notes) process.stderr.write(`nerva: ${n}\n`);
         const gen = engine.generationDefaults;
@@ -68,6 +85,7 @@ export function registerRun(program: Command): void {
         process.stdout.write('\n');
         if (f.json) {
           const top5 = out.promptLogits ? topK(out.promptLogits, 5) : [];
+          const mem = engine.memoryReport();
           const line = {
             model,
             backend: engine.backend.name,
@@ -78,6 +96,8 @@ export function registerRun(program: Command): void {
             finish_reason: out.finishReason,
             first_logits_top5: top5,
             ledger: out.ledger.summary(),
+            // The memory OS after the run: where the weights were and what moved to compute.
+            memory: { ...memoryReportJson(mem), tiers: tiersJson(mem) },
           };
           process.stdout.write(JSON.stringify(line) + '\n');
         }

@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { Option } from 'commander';
 import { checkFlags, loadConfigFile, mergeConfig, type ServerConfig } from '../config.js';
-import { parseIntArg } from '../cli-util.js';
+import { parseIntArg, parseSizeArg } from '../cli-util.js';
 import { startServer } from '../server.js';
 
 interface ServeFlags {
@@ -22,6 +22,9 @@ interface ServeFlags {
   bodyLimit?: number;
   chatTemplate?: string;
   prefixCaching?: boolean;
+  vramBudget?: number;
+  hostBudget?: number;
+  offloadDir?: string;
 }
 
 export function registerServe(program: Command): void {
@@ -45,6 +48,9 @@ export function registerServe(program: Command): void {
     .option('--body-limit <bytes>', 'largest request body (default 1 MiB)', parseIntArg('--body-limit'))
     .option('--chat-template <file>', 'Jinja chat template replacing the model\'s')
     .option('--no-prefix-caching', 'disable prefix caching')
+    .option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB); weights that do not fit stream from host memory', parseSizeArg('--vram-budget'))
+    .option('--host-budget <size>', 'host memory for streamed weights, e.g. 32GiB; beyond it they spill to --offload-dir', parseSizeArg('--host-budget'))
+    .option('--offload-dir <dir>', 'directory of the disk tier for weights the host budget cannot hold')
     .action(async (f: ServeFlags) => {
       const flags: Partial<ServerConfig> = checkFlags({
         model: f.model,
@@ -64,6 +70,9 @@ export function registerServe(program: Command): void {
         chatTemplate: f.chatTemplate,
         // Commander sets prefixCaching=true unless --no-prefix-caching; only the flag overrides the file.
         enablePrefixCaching: f.prefixCaching === false ? false : undefined,
+        vramBudget: f.vramBudget,
+        hostBudget: f.hostBudget,
+        offloadDir: f.offloadDir,
       });
       const file = f.config ? await loadConfigFile(f.config) : {};
       const config = mergeConfig(file, flags);
