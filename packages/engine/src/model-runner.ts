@@ -2,7 +2,7 @@ import type { DecoderLayerWeights, DeviceBackend, DeviceBuffer, EventHandle, OpA
 import { DTYPE_BYTES } from '@nerva/core';
 import type { ModelSpec } from '@nerva/models';
 import { isMoeLayer } from '@nerva/models';
-import { kvDtypeOf, type ModelWeights } from './model-weights.js';
+import { kvDtypeOf, type LayerWeights, layerBlockId, type ModelWeights } from './model-weights.js';
 
 /**
  * Passes of at most this many rows (decode steps) run the fused layer ops; larger ones (prefill)
@@ -42,6 +42,9 @@ export interface RunnerMeta {
   ringCursor: DeviceBuffer;
 }
 
+/** A run of the decoder stack for op decoder_layers: hot layers together, a streamed layer alone. */
+type StackRun = { layers: DecoderLayerWeights[]; streamed?: string };
+
 /**
  * The decoder forward pass expressed over the backend contract: one batched, paged pass for
  * any mix of prefill chunks and decode rows. Every buffer is allocated here, before the hot
@@ -68,7 +71,7 @@ export class ModelRunner {
    * Every layer's weights and caches as op `decoder_layers` takes them, built once; undefined when
    * the backend lacks the op or the model has a sparse (MoE) layer, which the op does not cover.
    */
-  private readonly stack: readonly DecoderLayerWeights[] | undefined;
+  private readonly stack: readonly StackRun[] | undefined;
 
   constructor(
     readonly backend: DeviceBackend,
@@ -132,13 +135,19 @@ export class ModelRunner {
     }
   }
 
-  /** The dense layers' weights with their KV caches, in the shape op `decoder_layers` takes. */
-  private decoderStack(): DecoderLayerWeights[] | undefined {
-    const stack: DecoderLayerWeights[] = [];
+  /**
+   * The dense layers' weights with their KV caches, in the shape op `decoder_layers` takes: runs of
+   * hot layers, and each streamed layer alone over the staging slot it always passes through.
+   */
+  private decoderStack(): StackRun[] | undefined {
+    const runs: StackRun[] = [];
+    const pager = this.weights.pager;
     for (let l = 0; l < this.spec.numLayers; l++) {
-      const lw = this.weights.layers[l];
-      if (lw.gateUp === undefined || lw.down === undefined) return undefined;
-      stack.push({
+      const id = layerBlockId(l);
+      const streamed = pager?.isStreamed(id) ?? false;
+      const lw = streamed ? (pager!.slotFor(id) as unknown as LayerWeights) : this.weights.layers[l];
+      if (lw === undefined || lw.gateUp === undefined || lw.down === undefined) return undefined;
+      const w: DecoderLayerWeights = {
         attnNorm: lw.attnNorm,
         qkv: lw.qkv,
         qkvBias: lw.qkvBias,
@@ -151,9 +160,25 @@ export class ModelRunner {
         down: lw.down,
         kCache: this.kCache[l],
         vCache: this.vCache[l],
-      });
+      };
+      const last = runs[runs.length - 1];
+      if (streamed) runs.push({ layers: [w], streamed: id });
+      else if (last && last.streamed === undefined) last.layers.push(w);
+      else runs.push({ layers: [w] });
     }
-    return stack;
+    return runs;
+  }
+
+  /** Layer l's weights for ops enqueued next: hot buffers, or the slot the pager loaded it into. */
+  private acquireLayer(l: number): LayerWeights {
+    const hot = this.weights.layers[l];
+    if (hot) return hot;
+    return this.weights.pager!.acquire(layerBlockId(l), this.stream) as unknown as LayerWeights;
+  }
+
+  /** The ops of layer l are enqueued: a streamed layer's slot may take the next block. */
+  private releaseLayer(l: number): void {
+    if (this.weights.layers[l] === undefined) this.weights.pager!.release(layerBlockId(l), this.stream);
   }
 
   private own(b: DeviceBuffer): DeviceBuffer {
@@ -218,10 +243,12 @@ export class ModelRunner {
       else this.forwardFusedLayers(rows);
       this.op('norm', 'rmsnorm', { x: a.residual, weight: w.finalNorm, out: a.normed, rows, dim: H, eps });
       this.lmHead(nLogits);
+      // The compute stream waits for the loads that start the next pass (they overlapped lm_head).
+      w.pager?.endPass(this.stream);
       return;
     }
     for (let l = 0; l < s.numLayers; l++) {
-      const lw = w.layers[l];
+      const lw = this.acquireLayer(l);
       if (l === 0) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut });
@@ -244,16 +271,18 @@ export class ModelRunner {
       this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.o, rows, inDim: nq * hd, outDim: H });
       this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
       if (s.moe && isMoeLayer(s, l)) {
-        this.moeMlp(rows, l);
+        this.moeMlp(rows, lw);
       } else {
         const I = s.intermediateSize;
         this.op('mlp', 'matmul', { x: a.normed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I });
         this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: I });
         this.op('mlp', 'matmul', { x: a.mlpAct, weight: lw.down!, out: a.mlpOut, rows, inDim: I, outDim: H });
       }
+      this.releaseLayer(l);
     }
     this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: w.finalNorm, out: a.normed, rows, dim: H, eps });
     this.lmHead(nLogits);
+    w.pager?.endPass(this.stream);
   }
 
   /** Paged attention of layer l over the q heads of act.qkv -> act.attn (both forward paths). */
@@ -305,7 +334,7 @@ export class ModelRunner {
     const qkvOut = this.qkvOut;
     const eps = s.rmsNormEps;
     for (let l = 0; l < s.numLayers; l++) {
-      const lw = w.layers[l];
+      const lw = this.acquireLayer(l);
       // The input RMSNorm is folded into the GEMV (the backend normalizes the row once per block).
       this.op('projection', 'fused_matmul', {
         x: a.residual,
@@ -338,7 +367,7 @@ export class ModelRunner {
       this.op('projection', 'fused_matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.residual, rows, inDim: nq * hd, outDim: H, accumulate: true });
       if (s.moe && isMoeLayer(s, l)) {
         this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
-        this.moeMlp(rows, l);
+        this.moeMlp(rows, lw);
         this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H });
       } else {
         const I = s.intermediateSize;
@@ -346,6 +375,7 @@ export class ModelRunner {
         this.op('mlp', 'fused_matmul', { x: a.residual, weight: lw.gateUp!, out: a.mlpAct, rows, inDim: H, outDim: I, normWeight: lw.mlpNorm, eps, glu: true });
         this.op('mlp', 'fused_matmul', { x: a.mlpAct, weight: lw.down!, out: a.residual, rows, inDim: I, outDim: H, accumulate: true });
       }
+      this.releaseLayer(l);
     }
   }
 
@@ -358,36 +388,40 @@ export class ModelRunner {
     const s = this.spec;
     const a = this.act;
     const m = this.meta;
-    // Never profiled (forward takes the per-layer path then), so the bucket is nominal.
-    this.op('projection', 'decoder_layers', {
-      x: a.residual,
-      qkv: a.qkv,
-      attn: a.attn,
-      mlp: a.mlpAct,
-      positions: m.positions,
-      slots: m.slots,
-      blockTables: m.blockTables,
-      rowSeq: m.rowSeq,
-      invFreq: this.weights.invFreq,
-      layers: this.stack!,
-      rows,
-      hidden: s.hiddenSize,
-      numHeads: s.numHeads,
-      numKvHeads: s.numKvHeads,
-      headDim: s.headDim,
-      intermediate: s.intermediateSize,
-      blockSize: this.limits.blockSize,
-      maxBlocksPerSeq: this.limits.maxBlocksPerSeq,
-      eps: s.rmsNormEps,
-      scale: 1 / Math.sqrt(s.headDim),
-    });
+    const pager = this.weights.pager;
+    for (const run of this.stack!) {
+      if (run.streamed !== undefined) pager!.acquire(run.streamed, this.stream);
+      // Never profiled (forward takes the per-layer path then), so the bucket is nominal.
+      this.op('projection', 'decoder_layers', {
+        x: a.residual,
+        qkv: a.qkv,
+        attn: a.attn,
+        mlp: a.mlpAct,
+        positions: m.positions,
+        slots: m.slots,
+        blockTables: m.blockTables,
+        rowSeq: m.rowSeq,
+        invFreq: this.weights.invFreq,
+        layers: run.layers,
+        rows,
+        hidden: s.hiddenSize,
+        numHeads: s.numHeads,
+        numKvHeads: s.numKvHeads,
+        headDim: s.headDim,
+        intermediate: s.intermediateSize,
+        blockSize: this.limits.blockSize,
+        maxBlocksPerSeq: this.limits.maxBlocksPerSeq,
+        eps: s.rmsNormEps,
+        scale: 1 / Math.sqrt(s.headDim),
+      });
+      if (run.streamed !== undefined) pager!.release(run.streamed, this.stream);
+    }
   }
 
-  /** The sparse MLP of layer l: act.normed -> act.mlpOut. */
-  private moeMlp(rows: number, l: number): void {
+  /** The sparse MLP of a layer: act.normed -> act.mlpOut. */
+  private moeMlp(rows: number, lw: LayerWeights): void {
     const s = this.spec;
     const moe = s.moe!;
-    const lw = this.weights.layers[l];
     const a = this.act;
     const H = s.hiddenSize;
     this.op('mlp', 'matmul', { x: a.normed, weight: lw.router!, out: a.routerLogits, rows, inDim: H, outDim: moe.numExperts });

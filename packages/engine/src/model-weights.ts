@@ -1,4 +1,6 @@
-import type { DeviceBackend, DeviceBuffer, DType } from '@nerva/core';
+import type { DeviceBackend, DeviceBuffer, DType, HostArray } from '@nerva/core';
+import { DTYPE_BYTES } from '@nerva/core';
+import type { PagedTensor, PlanBlock, WeightPager } from '@nerva/memos';
 import type { Checkpoint, ModelSpec } from '@nerva/models';
 import { isMoeLayer, ropeInvFreq } from '@nerva/models';
 
@@ -26,9 +28,106 @@ export interface ModelWeights {
   lmHead: DeviceBuffer;
   finalNorm: DeviceBuffer;
   invFreq: DeviceBuffer;
-  layers: LayerWeights[];
+  /** Per layer: its buffers when hot, undefined when the pager streams it (see `pager`). */
+  layers: (LayerWeights | undefined)[];
+  /** Bytes of every weight, wherever it lives. */
   bytes: number;
+  /** Bytes of the weights resident in the compute tier (hot). */
+  hotBytes: number;
   buffers: DeviceBuffer[];
+  /** Streams the layers that are not hot (paged mode). */
+  pager?: WeightPager;
+}
+
+/** The pager's block id of decoder layer l. */
+export const layerBlockId = (l: number): string => `layer.${l}`;
+
+/** One tensor slot of a layer (a LayerWeights key) with its storage dtype and length. */
+interface TensorDesc extends PagedTensor {
+  name: keyof LayerWeights;
+}
+
+/**
+ * The storage dtype of every weight (the rules uploadWeights applies), without reading any data:
+ * what the residency planner needs to size blocks.
+ */
+export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: Checkpoint): TensorDesc[][] {
+  const H = spec.hiddenSize;
+  const hd = spec.headDim;
+  const nq = spec.numHeads;
+  const nkv = spec.numKvHeads;
+  const dt = storageDtypes(backend, ckpt);
+  const normDt: DType = backend.capabilities.numerics === 'bf16' ? 'bf16' : 'f32';
+  const out: TensorDesc[][] = [];
+  for (let i = 0; i < spec.numLayers; i++) {
+    const p = `model.layers.${i}.`;
+    const qkvOut = (nq + 2 * nkv) * hd;
+    const t: TensorDesc[] = [
+      { name: 'attnNorm', dtype: normDt, length: H },
+      { name: 'qkv', dtype: dt(`${p}self_attn.q_proj.weight`), length: qkvOut * H },
+      { name: 'o', dtype: dt(`${p}self_attn.o_proj.weight`), length: H * nq * hd },
+      { name: 'mlpNorm', dtype: normDt, length: H },
+    ];
+    if (spec.attentionBias) t.push({ name: 'qkvBias', dtype: 'f32', length: qkvOut });
+    if (spec.oProjBias) t.push({ name: 'oBias', dtype: 'f32', length: H });
+    if (spec.qkNorm) t.push({ name: 'qNorm', dtype: normDt, length: hd }, { name: 'kNorm', dtype: normDt, length: hd });
+    if (spec.moe && isMoeLayer(spec, i)) {
+      const E = spec.moe.numExperts;
+      const I = spec.moe.moeIntermediateSize;
+      t.push(
+        { name: 'router', dtype: 'f32', length: E * H },
+        { name: 'expertsGateUp', dtype: dt(`${p}mlp.experts.0.gate_proj.weight`), length: E * 2 * I * H },
+        { name: 'expertsDown', dtype: dt(`${p}mlp.experts.0.down_proj.weight`), length: E * H * I },
+      );
+    } else {
+      const I = spec.intermediateSize;
+      t.push({ name: 'gateUp', dtype: dt(`${p}mlp.gate_proj.weight`), length: 2 * I * H }, { name: 'down', dtype: dt(`${p}mlp.down_proj.weight`), length: H * I });
+    }
+    out.push(t);
+  }
+  return out;
+}
+
+const blockBytes = (t: readonly PagedTensor[]): number => t.reduce((s, x) => s + x.length * DTYPE_BYTES[x.dtype], 0);
+const layoutKey = (t: readonly PagedTensor[]): string => t.map((x) => `${x.name}:${x.dtype}:${x.length}`).join(',');
+
+/**
+ * The model's weights as planner blocks: one block per decoder layer (in execution order), the
+ * embedding, lm_head and final norm as always-hot blocks. Only layers of the most common tensor
+ * layout may stream (a staging slot holds any of them); the others stay hot.
+ */
+export function weightBlocks(backend: DeviceBackend, spec: ModelSpec, ckpt: Checkpoint, importance?: readonly number[]): { blocks: PlanBlock[]; layout: PagedTensor[] } {
+  const layouts = layerLayouts(backend, spec, ckpt);
+  const count = new Map<string, number>();
+  for (const l of layouts) count.set(layoutKey(l), (count.get(layoutKey(l)) ?? 0) + 1);
+  const common = [...count.entries()].sort((a, b) => b[1] - a[1])[0]?.[0];
+  const dt = storageDtypes(backend, ckpt);
+  const H = spec.hiddenSize;
+  const embedBytes = spec.vocabSize * H * DTYPE_BYTES[dt('model.embed_tokens.weight')];
+  const blocks: PlanBlock[] = [
+    { id: 'embed', bytes: embedBytes },
+    { id: 'final_norm', bytes: H * 4 },
+  ];
+  if (!spec.tieWordEmbeddings) blocks.push({ id: 'lm_head', bytes: spec.vocabSize * H * DTYPE_BYTES[dt('lm_head.weight')] });
+  layouts.forEach((l, i) =>
+    blocks.push({ id: layerBlockId(i), bytes: blockBytes(l), ...(layoutKey(l) === common ? { order: i } : {}), ...(importance ? { importance: importance[i] } : {}) }),
+  );
+  return { blocks, layout: layouts.find((l) => layoutKey(l) === common) ?? [] };
+}
+
+function storageDtypes(backend: DeviceBackend, ckpt: Checkpoint): (name: string) => DType {
+  const wd = backend.capabilities.weightDtype;
+  // Exact by default: a weight is never stored narrower than its checkpoint (an f32 checkpoint
+  // stays f32 on a bf16-preferring backend); it is only narrowed when the backend cannot hold it.
+  const fromCkpt: Record<string, DType> = { F32: 'f32', F16: 'f16', BF16: 'bf16' };
+  const supported = backend.capabilities.dtypes;
+  return (name: string): DType => {
+    const d = fromCkpt[ckpt.info(name).dtype];
+    if (wd === 'f32' || !d) return wd;
+    // bf16 numerics reproduces transformers' bf16 run, which casts every weight to bf16 (nearest even).
+    if (backend.capabilities.numerics === 'bf16') return 'bf16';
+    return supported.includes(d) ? d : wd;
+  };
 }
 
 export interface UploadProgress {
@@ -48,6 +147,7 @@ export async function uploadWeights(
   spec: ModelSpec,
   ckpt: Checkpoint,
   onProgress?: (p: UploadProgress) => void,
+  pager?: WeightPager,
 ): Promise<ModelWeights> {
   const wd = backend.capabilities.weightDtype;
   const buffers: DeviceBuffer[] = [];
@@ -58,34 +158,28 @@ export async function uploadWeights(
   const total = ckpt.totalBytes;
   let done = 0;
   let bytes = 0;
-
-  // Exact by default: a weight is never stored narrower than its checkpoint (an f32 checkpoint
-  // stays f32 on a bf16-preferring backend); it is only narrowed when the backend cannot hold it.
-  const fromCkpt: Record<string, DType> = { F32: 'f32', F16: 'f16', BF16: 'bf16' };
-  const supported = backend.capabilities.dtypes;
-  const dtypeOf = (name: string): DType => {
-    const d = fromCkpt[ckpt.info(name).dtype];
-    if (wd === 'f32' || !d) return wd;
-    // bf16 numerics reproduces transformers' bf16 run, which casts every weight to bf16 (nearest even).
-    if (backend.capabilities.numerics === 'bf16') return 'bf16';
-    return supported.includes(d) ? d : wd;
-  };
+  let streamedBytes = 0;
+  const dtypeOf = storageDtypes(backend, ckpt);
   const alloc = (length: number, label: string, dtype: DType = wd): DeviceBuffer => {
     const b = backend.alloc({ dtype, length, usage: 'weights', label });
     buffers.push(b);
     bytes += b.byteLength;
     return b;
   };
-  const put = async (dst: DeviceBuffer, name: string, offset = 0): Promise<void> => {
+  /** A destination: a buffer of the backend, or a tensor of a streamed block (stored through the pager). */
+  type Dst = DeviceBuffer | { block: string; tensor: string; dtype: DType };
+  const put = async (dst: Dst, name: string, offset = 0): Promise<void> => {
     const info = ckpt.info(name);
+    let data: HostArray;
     if ((dst.dtype === 'bf16' && info.dtype === 'BF16') || (dst.dtype === 'f16' && info.dtype === 'F16')) {
       // Same dtype on both sides: hand the raw bits over, no float32 detour.
       const raw = await ckpt.readRaw(name);
-      const bits = raw.byteOffset % 2 === 0 ? new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2) : new Uint16Array(raw.slice().buffer);
-      backend.write(dst, bits, offset);
+      data = raw.byteOffset % 2 === 0 ? new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2) : new Uint16Array(raw.slice().buffer);
     } else {
-      backend.write(dst, await ckpt.readF32(name), offset);
+      data = await ckpt.readF32(name);
     }
+    if ('block' in dst) pager!.store(dst.block, dst.tensor, data, offset);
+    else backend.write(dst, data, offset);
     done += info.byteLength;
     onProgress?.({ done, total, tensor: name });
   };
@@ -105,53 +199,56 @@ export async function uploadWeights(
     const invFreq = alloc(hd / 2, 'rope.inv_freq', 'f32');
     backend.write(invFreq, Float32Array.from(ropeInvFreq(spec)));
 
-    const layers: LayerWeights[] = [];
+    const layers: (LayerWeights | undefined)[] = [];
+    const layouts = layerLayouts(backend, spec, ckpt);
     for (let i = 0; i < spec.numLayers; i++) {
       const p = `model.layers.${i}.`;
-      const qkvOut = (nq + 2 * nkv) * hd;
-      const qkv = alloc(qkvOut * H, `${p}self_attn.qkv`, dtypeOf(`${p}self_attn.q_proj.weight`));
-      await put(qkv, `${p}self_attn.q_proj.weight`, 0);
-      await put(qkv, `${p}self_attn.k_proj.weight`, nq * hd * H);
-      await put(qkv, `${p}self_attn.v_proj.weight`, (nq + nkv) * hd * H);
-      const lw: LayerWeights = {
-        attnNorm: await norm(`${p}input_layernorm.weight`, H),
-        qkv,
-        o: await tensor(`${p}self_attn.o_proj.weight`, H * nq * hd),
-        mlpNorm: await norm(`${p}post_attention_layernorm.weight`, H),
-      };
-      if (spec.attentionBias) {
-        const b = alloc(qkvOut, `${p}self_attn.qkv_bias`, 'f32');
-        await put(b, `${p}self_attn.q_proj.bias`, 0);
-        await put(b, `${p}self_attn.k_proj.bias`, nq * hd);
-        await put(b, `${p}self_attn.v_proj.bias`, (nq + nkv) * hd);
-        lw.qkvBias = b;
+      const id = layerBlockId(i);
+      const streamed = pager?.isStreamed(id) ?? false;
+      // Every tensor of the layer: a hot buffer, or a place in the streamed block's master copy.
+      const dst = {} as Record<keyof LayerWeights, Dst>;
+      for (const t of layouts[i]) {
+        if (streamed) {
+          dst[t.name] = { block: id, tensor: t.name, dtype: t.dtype };
+          streamedBytes += t.length * DTYPE_BYTES[t.dtype];
+        } else dst[t.name] = alloc(t.length, `${p}${t.name}`, t.dtype);
       }
-      if (spec.oProjBias) lw.oBias = await tensor(`${p}self_attn.o_proj.bias`, H, 'f32');
+      await put(dst.attnNorm, `${p}input_layernorm.weight`);
+      await put(dst.qkv, `${p}self_attn.q_proj.weight`, 0);
+      await put(dst.qkv, `${p}self_attn.k_proj.weight`, nq * hd * H);
+      await put(dst.qkv, `${p}self_attn.v_proj.weight`, (nq + nkv) * hd * H);
+      await put(dst.o, `${p}self_attn.o_proj.weight`);
+      await put(dst.mlpNorm, `${p}post_attention_layernorm.weight`);
+      if (spec.attentionBias) {
+        await put(dst.qkvBias, `${p}self_attn.q_proj.bias`, 0);
+        await put(dst.qkvBias, `${p}self_attn.k_proj.bias`, nq * hd);
+        await put(dst.qkvBias, `${p}self_attn.v_proj.bias`, (nq + nkv) * hd);
+      }
+      if (spec.oProjBias) await put(dst.oBias, `${p}self_attn.o_proj.bias`);
       if (spec.qkNorm) {
-        lw.qNorm = await norm(`${p}self_attn.q_norm.weight`, hd);
-        lw.kNorm = await norm(`${p}self_attn.k_norm.weight`, hd);
+        await put(dst.qNorm, `${p}self_attn.q_norm.weight`);
+        await put(dst.kNorm, `${p}self_attn.k_norm.weight`);
       }
       if (spec.moe && isMoeLayer(spec, i)) {
         const E = spec.moe.numExperts;
         const I = spec.moe.moeIntermediateSize;
-        lw.router = await tensor(`${p}mlp.gate.weight`, E * H, 'f32');
-        lw.expertsGateUp = alloc(E * 2 * I * H, `${p}mlp.experts.gate_up`, dtypeOf(`${p}mlp.experts.0.gate_proj.weight`));
-        lw.expertsDown = alloc(E * H * I, `${p}mlp.experts.down`, dtypeOf(`${p}mlp.experts.0.down_proj.weight`));
+        await put(dst.router, `${p}mlp.gate.weight`);
         for (let e = 0; e < E; e++) {
-          await put(lw.expertsGateUp, `${p}mlp.experts.${e}.gate_proj.weight`, e * 2 * I * H);
-          await put(lw.expertsGateUp, `${p}mlp.experts.${e}.up_proj.weight`, e * 2 * I * H + I * H);
-          await put(lw.expertsDown, `${p}mlp.experts.${e}.down_proj.weight`, e * H * I);
+          await put(dst.expertsGateUp, `${p}mlp.experts.${e}.gate_proj.weight`, e * 2 * I * H);
+          await put(dst.expertsGateUp, `${p}mlp.experts.${e}.up_proj.weight`, e * 2 * I * H + I * H);
+          await put(dst.expertsDown, `${p}mlp.experts.${e}.down_proj.weight`, e * H * I);
         }
       } else {
         const I = spec.intermediateSize;
-        lw.gateUp = alloc(2 * I * H, `${p}mlp.gate_up`, dtypeOf(`${p}mlp.gate_proj.weight`));
-        await put(lw.gateUp, `${p}mlp.gate_proj.weight`, 0);
-        await put(lw.gateUp, `${p}mlp.up_proj.weight`, I * H);
-        lw.down = await tensor(`${p}mlp.down_proj.weight`, H * I);
+        await put(dst.gateUp, `${p}mlp.gate_proj.weight`, 0);
+        await put(dst.gateUp, `${p}mlp.up_proj.weight`, I * H);
+        await put(dst.down, `${p}mlp.down_proj.weight`);
       }
-      layers.push(lw);
+      layers.push(streamed ? undefined : (dst as unknown as LayerWeights));
     }
-    return { embed, lmHead, finalNorm, invFreq, layers, bytes, buffers };
+    const hotBytes = bytes;
+    bytes += streamedBytes;
+    return { embed, lmHead, finalNorm, invFreq, layers, bytes, hotBytes, buffers, ...(pager ? { pager } : {}) };
   } catch (e) {
     // Leave the backend as we found it.
     for (const b of buffers) backend.free(b);
@@ -162,6 +259,7 @@ export async function uploadWeights(
 export function freeWeights(backend: DeviceBackend, w: ModelWeights): void {
   for (const b of w.buffers) backend.free(b);
   w.buffers.length = 0;
+  w.pager?.dispose();
 }
 
 /**

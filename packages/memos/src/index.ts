@@ -1,2 +1,6 @@
-
 export type { MemoryReport, PathTraffic, TierUsage } from './report.js';
+export * from './errors.js';
+export * from './planner.js';
+export * from './staging-ring.js';
+export * from './spill.js';
+export * from './weight-pager.js';
