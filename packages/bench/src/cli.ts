@@ -1,11 +1,15 @@
 #!/usr/bin/env node
 import { Command, Option } from 'commander';
-import { defaultModelDir, parseIntArg } from '@nerva/server';
+import { defaultModelDir, parseIntArg, parseSizeArg } from '@nerva/server';
 import { decodeProbe } from './probes/decode.js';
 import { generateProbe } from './probes/generate.js';
+import { offloadProbe } from './probes/offload.js';
 import { serveProbe } from './probes/serve.js';
 
 const int = (name: string) => parseIntArg(name, { positive: true });
+const vramOpt = () => new Option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB)').argParser(parseSizeArg('--vram-budget'));
+const hostOpt = () => new Option('--host-budget <size>', 'host memory for streamed weights; beyond it they spill to --offload-dir').argParser(parseSizeArg('--host-budget'));
+const offloadDirOpt = () => new Option('--offload-dir <dir>', 'disk tier directory');
 const backendOpt = () => new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto');
 
 const program = new Command().name('nerva-bench').description('NERVA benchmarks: one JSON line per probe').exitOverride();
@@ -31,8 +35,51 @@ program
   .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 256)
   .option('--profile', 'time buckets per token (disables graphs)')
   .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
+  .addOption(vramOpt())
+  .addOption(hostOpt())
+  .addOption(offloadDirOpt())
   .action(async (f) =>
-    print(await decodeProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, numerics: f.numerics, promptLen: f.promptLen, newTokens: f.newTokens, profile: f.profile })),
+    print(
+      await decodeProbe({
+        model: f.model ?? defaultModelDir(),
+        backend: f.backend,
+        numerics: f.numerics,
+        promptLen: f.promptLen,
+        newTokens: f.newTokens,
+        profile: f.profile,
+        vramBudget: f.vramBudget,
+        hostBudget: f.hostBudget,
+        offloadDir: f.offloadDir,
+      }),
+    ),
+  );
+
+program
+  .command('offload')
+  .description('batch-1 greedy decode under a VRAM budget: bytes moved per token by path, prefetch, fraction of the host-to-device limit')
+  .option('--model <dir>')
+  .addOption(backendOpt())
+  .addOption(vramOpt().makeOptionMandatory())
+  .addOption(hostOpt())
+  .addOption(offloadDirOpt())
+  .option('--prompt-len <n>', 'prompt tokens', int('--prompt-len'), 16)
+  .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 32)
+  .option('--kv-cache-bytes <size>', 'KV cache bytes (default: one sequence of the probe\'s length)', parseSizeArg('--kv-cache-bytes'))
+  .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
+  .action(async (f) =>
+    print(
+      await offloadProbe({
+        model: f.model ?? defaultModelDir(),
+        backend: f.backend,
+        numerics: f.numerics,
+        vramBudget: f.vramBudget,
+        hostBudget: f.hostBudget,
+        offloadDir: f.offloadDir,
+        promptLen: f.promptLen,
+        newTokens: f.newTokens,
+        kvCacheBytes: f.kvCacheBytes,
+      }),
+    ),
   );
 
 program

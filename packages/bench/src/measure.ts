@@ -41,3 +41,54 @@ export function syntheticPrompt(len: number, vocab: number, seed = 1): number[] 
   }
   return out;
 }
+
+/** A host-to-device copy rate measured on the backend, and how. */
+export interface H2dBandwidth {
+  /** Bytes moved per second (each byte counted once: it crosses the link once). */
+  bytesPerS: number;
+  /** Size of one timed copy. */
+  bytes: number;
+  iters: number;
+}
+
+/**
+ * Pinned host -> compute-tier copy bandwidth: `iters` copies of one buffer from a 'pinned' buffer
+ * to a compute-tier buffer, timed with the backend's events (the path streamed weight blocks
+ * take). The pinned arena may be mostly taken by the engine's host replicas, so sizes are tried
+ * from `bytes` down by halves to 4 MiB. Returns null on a backend whose compute tier is host
+ * memory (there is no host-to-device link) or when no buffer pair could be allocated.
+ */
+export function measureH2dBandwidth(backend: DeviceBackend, bytes = 256 * 2 ** 20, iters = 8): H2dBandwidth | null {
+  const caps = backend.capabilities;
+  if (caps.deviceKind === 'cpu' || caps.computeTier !== 'vram') return null;
+  for (let size = bytes; size >= 4 * 2 ** 20; size /= 2) {
+    const length = Math.floor(size / 4);
+    let src: ReturnType<DeviceBackend['alloc']> | undefined;
+    let dst: ReturnType<DeviceBackend['alloc']> | undefined;
+    try {
+      src = backend.alloc({ dtype: 'f32', length, tier: 'pinned', usage: 'workspace', label: 'bench.h2d.src' });
+      dst = backend.alloc({ dtype: 'f32', length, tier: caps.computeTier, usage: 'workspace', label: 'bench.h2d.dst' });
+    } catch {
+      if (src) backend.free(src);
+      continue;
+    }
+    const e0 = backend.createEvent();
+    const e1 = backend.createEvent();
+    try {
+      backend.copy(dst, src, length); // warm-up
+      backend.synchronize('debug');
+      backend.record(e0);
+      for (let i = 0; i < iters; i++) backend.copy(dst, src, length);
+      backend.record(e1);
+      backend.synchronize('debug');
+      const ms = backend.elapsedMs(e0, e1);
+      return { bytesPerS: (length * 4 * iters) / (ms / 1000), bytes: length * 4, iters };
+    } finally {
+      backend.destroyEvent(e0);
+      backend.destroyEvent(e1);
+      backend.free(src);
+      backend.free(dst);
+    }
+  }
+  return null;
+}

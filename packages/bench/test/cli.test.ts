@@ -1,9 +1,15 @@
 import { execFile } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { Engine } from '@nerva/engine';
+import { loadModelConfig } from '@nerva/models';
+import { defaultModelDir } from '@nerva/server';
 import { describe, expect, it } from 'vitest';
+import { syntheticPrompt } from '../src/measure.js';
+import { offloadKvCacheBytes } from '../src/probes/offload.js';
 
 const run = promisify(execFile);
 let root = dirname(fileURLToPath(import.meta.url));
@@ -33,9 +39,90 @@ describe('nerva-bench', () => {
     expect(j.graph_replays_per_token).toBe(1);
   }, 120_000);
 
+  it('offload streams the weights a budget below their size cannot hold, with the resident greedy tokens', async () => {
+    const model = defaultModelDir();
+    const [promptLen, newTokens] = [16, 12];
+    // The resident engine sized as the probe sizes its own: its report gives KV and activation bytes.
+    const spec = await loadModelConfig(model);
+    const maxModelLen = promptLen + newTokens + 16;
+    const e = await Engine.create({ model, backend: 'cpu', maxNumSeqs: 1, maxNumBatchedTokens: promptLen, maxModelLen, kvCacheBytes: offloadKvCacheBytes(spec, maxModelLen) });
+    let budget: number;
+    let want: number[];
+    try {
+      const rep = e.memoryReport();
+      expect(rep.mode).toBe('resident');
+      const tier = rep.tiers.find((t) => t.tier === e.backend.capabilities.computeTier)!;
+      budget = tier.kvBytes + tier.otherBytes + Math.floor(0.75 * rep.weights.totalBytes);
+      want = (await e.submit(syntheticPrompt(promptLen, spec.vocabSize), { maxTokens: newTokens, temperature: 0, ignoreEos: true }).done).tokenIds;
+    } finally {
+      e.dispose();
+    }
+    const args = ['offload', '--backend', 'cpu', '--model', model, '--vram-budget', String(budget), '--prompt-len', String(promptLen), '--new-tokens', String(newTokens)];
+    const { stdout } = await run(process.execPath, [CLI, ...args], { cwd: root });
+    const lines = stdout.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    const j = JSON.parse(lines[0]);
+    expect(j.probe).toBe('offload');
+    expect(j.backend).toBe('cpu');
+    expect(j.vram_budget_bytes).toBe(budget);
+    expect(j.mode).toBe('paged');
+    expect(j.new_tokens).toBe(newTokens);
+    // Exact: the same tokens as the resident engine.
+    expect(j.token_ids).toEqual(want);
+    expect(j.tok_s).toBeGreaterThan(0);
+    expect(j.ms_per_token_p50).toBeGreaterThan(0);
+    expect(j.hot_bytes).toBeLessThan(j.weight_bytes);
+    expect(j.hot_bytes + j.streamed_bytes).toBe(j.weight_bytes);
+    expect(j.streamed_blocks).toBeGreaterThan(0);
+    expect(j.slots).toBeGreaterThan(0);
+    expect(j.streamed_bytes_per_pass).toBe(j.streamed_bytes);
+    // Every pass streams the streamed blocks by some path; the counters are per generated token.
+    expect(j.h2d_bytes_per_token + j.disk_read_bytes_per_token + j.cpu_compute_bytes_per_token).toBeGreaterThan(0);
+    expect(j.prefetch_hits + j.prefetch_stalls).toBeGreaterThan(0);
+    expect(j.stall_ms_per_token).toBeGreaterThanOrEqual(0);
+    expect(j.hot_path_allocations).toBe(0);
+    // No host-to-device link on the CPU backend: no limit, and a note saying why.
+    expect(j.h2d_gbs).toBeNull();
+    expect(j.limit_tok_s).toBeNull();
+    expect(j.fraction_of_limit).toBeNull();
+    expect(j.notes.some((n: string) => n.startsWith('CPU backend'))).toBe(true);
+    expect(j).not.toHaveProperty('accelerate_tok_s');
+  }, 120_000);
+
+  it('offload reads the accelerate baseline line and reports the ratio', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'nerva-bench-'));
+    const model = defaultModelDir();
+    const prompt = syntheticPrompt(8, (await loadModelConfig(model)).vocabSize);
+    const acc = join(dir, 'accelerate.json');
+    writeFileSync(acc, JSON.stringify({ tok_s: 0.5, budget_bytes: 2 ** 30, model, prompt_ids: prompt, token_ids: [-1] }) + '\n');
+    // A budget above the weights: resident, nothing crosses a link.
+    const { stdout } = await run(process.execPath, [CLI, 'offload', '--backend', 'cpu', '--vram-budget', '1GiB', '--prompt-len', '8', '--new-tokens', '4'], {
+      cwd: root,
+      env: { ...process.env, NERVA_ACCELERATE_JSON: acc },
+    });
+    const j = JSON.parse(stdout.trim());
+    expect(j.mode).toBe('resident');
+    expect(j.vram_budget_bytes).toBe(2 ** 30);
+    expect(j.streamed_bytes).toBe(0);
+    expect(j.accelerate_tok_s).toBe(0.5);
+    expect(j.speedup_vs_accelerate).toBeCloseTo(j.tok_s / 0.5, 1);
+    expect(j.accelerate_same_prompt).toBe(true);
+    expect(j.accelerate_agreeing_tokens).toBe(0);
+    rmSync(dir, { recursive: true, force: true });
+  }, 120_000);
+
   it('rejects a bad flag with a clear message', async () => {
     const err = await run(process.execPath, [CLI, 'decode', '--new-tokens', '-3'], { cwd: root }).catch((e) => e);
     expect(err.code).not.toBe(0);
     expect(err.stderr).toContain('--new-tokens must be a positive integer');
+    const budget = await run(process.execPath, [CLI, 'offload', '--vram-budget', '4 gigs'], { cwd: root }).catch((e) => e);
+    expect(budget.code).not.toBe(0);
+    expect(budget.stderr).toContain('--vram-budget must be a size such as 4GiB');
+    const missing = await run(process.execPath, [CLI, 'offload', '--backend', 'cpu'], { cwd: root }).catch((e) => e);
+    expect(missing.code).not.toBe(0);
+    expect(missing.stderr).toContain("required option '--vram-budget <size>' not specified");
+    const zero = await run(process.execPath, [CLI, 'decode', '--vram-budget', '0GiB'], { cwd: root }).catch((e) => e);
+    expect(zero.code).not.toBe(0);
+    expect(zero.stderr).toContain('--vram-budget must be greater than zero');
   });
 });

@@ -89,6 +89,40 @@ describe('nerva run', () => {
     expect(err?.code).not.toBe(0);
     expect(err?.stderr).toContain('--max-tokens must be an integer');
   });
+
+  it('--vram-budget takes sizes; garbage, negatives and zero are errors naming the flag', async () => {
+    const fail = (args: string[]) =>
+      nerva(['run', '--backend', 'cpu', '--max-tokens', '1', ...args]).then(
+        () => undefined,
+        (e: { code: number; stderr: string }) => e,
+      );
+    for (const [args, msg] of [
+      [['--vram-budget', 'lots'], '--vram-budget must be a size such as 4GiB'],
+      [['--vram-budget', '-4GiB'], '--vram-budget must be greater than zero'],
+      [['--vram-budget', '0'], '--vram-budget must be greater than zero'],
+      [['--host-budget', '4 gigs'], '--host-budget must be a size'],
+    ] as [string[], string][]) {
+      const err = await fail(args);
+      expect(err?.code, args.join(' ')).not.toBe(0);
+      expect(err?.stderr, args.join(' ')).toContain(msg);
+    }
+  });
+
+  it('with a --vram-budget below the weights the run is paged and gives the resident tokens', async () => {
+    const args = ['run', '--prompt-ids', '1,2,3', '--max-tokens', '8', '--temperature', '0', '--backend', 'cpu', '--json'];
+    const last = (out: string) => JSON.parse(out.trimEnd().split('\n').pop()!);
+    const resident = last((await nerva(args)).stdout);
+    expect(resident.memory.mode).toBe('resident');
+    const dram = resident.memory.tiers.find((t: { tier: string }) => t.tier === 'dram');
+    const budget = dram.kv_cache_bytes + dram.other_bytes + Math.floor(0.75 * resident.memory.weights.total_bytes);
+    // As a size with a unit, the way a user writes it (KiB: rounded down, still below the weights).
+    const paged = last((await nerva([...args, '--vram-budget', `${Math.floor(budget / 1024)}KiB`])).stdout);
+    expect(paged.memory.mode).toBe('paged');
+    expect(paged.memory.weights.streamed_bytes).toBeGreaterThan(0);
+    expect(paged.memory.weights.slots).toBeGreaterThan(0);
+    expect(paged.token_ids).toEqual(resident.token_ids);
+    expect(paged.ledger.hot_path_allocations).toBe(0);
+  });
 });
 
 describe('nerva synth', () => {

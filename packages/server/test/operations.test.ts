@@ -30,12 +30,30 @@ describe('operations', () => {
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
   });
 
-  it('/v1/memory reports weights and KV tiers', async () => {
+  it('/v1/memory reports weights and KV tiers and the memory OS report (resident without a budget)', async () => {
     const m = (await (await fetch(`${server.url}/v1/memory`)).json()) as Record<string, any>;
     expect(m.weights_bytes).toBeGreaterThan(1_000_000);
     expect(m.kv_blocks_total).toBeGreaterThan(0);
     expect(m.kv_blocks_free).toBe(m.kv_blocks_total);
-    expect(m.tiers[0]).toMatchObject({ tier: 'dram', weights_bytes: m.weights_bytes, kv_cache_bytes: m.kv_cache_bytes, kv_used_bytes: 0 });
+    // The CPU backend computes in host memory: one tier holds the weights and the KV pages.
+    const dram = m.tiers.find((t: { tier: string }) => t.tier === 'dram');
+    expect(dram).toMatchObject({ tier: 'dram', weights_bytes: m.weights_bytes, kv_cache_bytes: m.kv_cache_bytes, kv_used_bytes: 0, staging_bytes: 0 });
+    expect(dram.budget_bytes).toBeGreaterThanOrEqual(m.weights_bytes + m.kv_cache_bytes);
+    expect(dram.other_bytes).toBeGreaterThanOrEqual(0);
+    expect(m.mode).toBe('resident');
+    expect(m.fabric).toBe('CoherentSharedPhysical');
+    expect(m.vram_budget_bytes).toBeNull();
+    expect(m.weights).toMatchObject({ total_bytes: m.weights_bytes, hot_bytes: m.weights_bytes, streamed_bytes: 0, disk_bytes: 0, streamed_blocks: 0, disk_blocks: 0, slots: 0 });
+    expect(m.weights.hot_blocks).toBeGreaterThan(0);
+    expect(m.streamed_bytes_per_pass).toBe(0);
+    for (const path of ['h2d', 'disk_read', 'cpu_compute']) {
+      expect(m.moved[path], path).toEqual({ bytes: expect.any(Number), ms: expect.any(Number) });
+    }
+    // Nothing streams when every weight is resident.
+    expect(m.moved.h2d.bytes).toBe(0);
+    expect(m.moved.disk_read.bytes).toBe(0);
+    expect(m.prefetch).toEqual({ hits: 0, stalls: 0, stall_ms: 0 });
+    expect(Array.isArray(m.notes)).toBe(true);
   });
 
   it('/metrics carries the nerva: names with values that match the traffic', async () => {

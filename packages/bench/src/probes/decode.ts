@@ -1,3 +1,4 @@
+import { resolve } from 'node:path';
 import { Engine } from '@nerva/engine';
 import { measureCopyBandwidth, syntheticPrompt } from '../measure.js';
 
@@ -9,6 +10,12 @@ export interface DecodeProbeOptions {
   promptLen: number;
   newTokens: number;
   profile?: boolean;
+  /** Compute-tier bytes the engine may use; weights beyond it stream from host memory. */
+  vramBudget?: number;
+  /** Host bytes for streamed weight blocks (beyond: the disk tier). */
+  hostBudget?: number;
+  /** Disk tier directory. */
+  offloadDir?: string;
 }
 
 /**
@@ -16,7 +23,17 @@ export interface DecodeProbeOptions {
  * the same run on the same backend.
  */
 export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string, unknown>> {
-  const engine = await Engine.create({ model: o.model, backend: o.backend, numerics: o.numerics, maxNumSeqs: 8, maxModelLen: o.promptLen + o.newTokens + 16, profile: o.profile });
+  const engine = await Engine.create({
+    model: o.model,
+    backend: o.backend,
+    numerics: o.numerics,
+    maxNumSeqs: 8,
+    maxModelLen: o.promptLen + o.newTokens + 16,
+    profile: o.profile,
+    vramBudget: o.vramBudget,
+    hostBudget: o.hostBudget,
+    offloadDir: o.offloadDir !== undefined ? resolve(o.offloadDir) : undefined,
+  });
   try {
     const bw = measureCopyBandwidth(engine.backend);
     const prompt = syntheticPrompt(o.promptLen, engine.spec.vocabSize);
@@ -49,6 +66,17 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       ttft_ms: out.times.firstToken !== undefined ? Math.round((out.times.firstToken - out.times.arrival) * 100) / 100 : null,
       notes: s.notes,
     };
+    if (o.vramBudget !== undefined || o.hostBudget !== undefined) {
+      // Under a budget the weights may stream: the copy roofline above then bounds only the hot part.
+      const m = engine.memoryReport();
+      r.vram_budget_bytes = o.vramBudget ?? null;
+      r.host_budget_bytes = o.hostBudget ?? null;
+      r.memory_mode = m.mode;
+      r.hot_bytes = m.weights.hotBytes;
+      r.streamed_bytes_per_pass = m.streamedBytesPerPass;
+      r.slots = m.weights.slots;
+      r.notes = [...s.notes, ...m.notes.filter((n) => !s.notes.includes(n))];
+    }
     if (s.buckets_ms) r.buckets_ms_per_token = Object.fromEntries(Object.entries(s.buckets_ms).map(([k, v]) => [k, Math.round((v / Math.max(1, s.tokens)) * 1000) / 1000]));
     return r;
   } finally {

@@ -1,0 +1,64 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import type { RunningServer } from '../src/server.js';
+import { MODEL, startTestServer } from './helpers.js';
+
+/**
+ * A VRAM budget below the weights: the memory OS keeps some layer blocks hot in the compute tier
+ * and streams the rest through staging slots. On the CPU backend the compute tier is host memory;
+ * the budget still applies to it, and the tokens are those of the resident engine.
+ */
+const KV = 2 * 2 ** 20;
+let resident: RunningServer | undefined;
+let paged: RunningServer | undefined;
+afterAll(async () => {
+  await resident?.shutdown();
+  await paged?.shutdown();
+});
+
+const memory = async (s: RunningServer) => (await (await fetch(`${s.url}/v1/memory`)).json()) as Record<string, any>;
+const complete = async (s: RunningServer, prompt: string) => {
+  const r = await fetch(`${s.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, prompt, max_tokens: 10, temperature: 0, ignore_eos: true, return_token_ids: true }),
+  });
+  expect(r.status).toBe(200);
+  return ((await r.json()) as { choices: { token_ids: number[]; text: string }[] }).choices[0];
+};
+
+describe('serve with vram_budget', () => {
+  it('streams the weights that do not fit, reports tiers, paths and prefetch, and gives the resident tokens', async () => {
+    resident = await startTestServer({ kvCacheBytes: KV });
+    const r = await memory(resident);
+    const dram = r.tiers.find((t: { tier: string }) => t.tier === 'dram');
+    // Room for the KV cache, the activations and three quarters of the weights: some must stream.
+    const budget = dram.kv_cache_bytes + dram.other_bytes + Math.floor(0.75 * r.weights.total_bytes);
+    expect(budget).toBeLessThan(dram.kv_cache_bytes + dram.other_bytes + r.weights.total_bytes);
+    const want = await complete(resident, 'ROMEO:');
+
+    paged = await startTestServer({ kvCacheBytes: KV, vramBudget: budget });
+    const before = await memory(paged);
+    expect(before.mode).toBe('paged');
+    expect(before.vram_budget_bytes).toBe(budget);
+    expect(before.tiers.find((t: { tier: string }) => t.tier === 'dram').budget_bytes).toBe(budget);
+    const w = before.weights;
+    expect(w.total_bytes).toBe(r.weights.total_bytes);
+    expect(w.hot_bytes).toBeLessThan(w.total_bytes);
+    expect(w.hot_bytes + w.streamed_bytes).toBe(w.total_bytes);
+    expect(w.streamed_blocks).toBeGreaterThan(0);
+    expect(w.slots).toBeGreaterThan(0);
+    expect(before.streamed_bytes_per_pass).toBe(w.streamed_bytes);
+    expect(before.notes.length).toBeGreaterThan(0);
+
+    const got = await complete(paged, 'ROMEO:');
+    expect(got.token_ids).toEqual(want.token_ids);
+    expect(got.text).toBe(want.text);
+
+    const after = await memory(paged);
+    const moved = (m: Record<string, any>) => m.moved.h2d.bytes + m.moved.disk_read.bytes + m.moved.cpu_compute.bytes;
+    // Ten tokens are ten passes, each streaming every streamed block by some path.
+    expect(moved(after) - moved(before)).toBeGreaterThan(0);
+    expect(after.prefetch.hits + after.prefetch.stalls).toBeGreaterThan(before.prefetch.hits + before.prefetch.stalls);
+    expect(after.kv_blocks_used).toBe(0);
+  });
+});
