@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (see /work/shared/device/README.md and tools/gpu/README.md).
 # Prepare here with tools/gpu/prepare.sh, then run with carry [".device"]:
-#   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,synth,oracle,bench,profile
-#   NERVA_SIZES="qwen3-0.6b qwen3-8b"   synthetic checkpoints (from .device/configs) for synth/oracle/bench/profile
+#   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,synth,oracle,bench,profile,offload
+#   NERVA_SIZES="qwen3-0.6b qwen3-8b"   synthetic checkpoints (from .device/configs) for synth/oracle/bench/profile/offload
+#   offload (not in the default list; meant for a checkpoint larger than the budget, e.g.
+#   NERVA_SIZES=qwen3-8b bash tools/gpu/run.sh build,synth,offload): accelerate's device_map offload
+#   and `nerva-bench offload` under the same budget (NERVA_OFFLOAD_BUDGET, default 4GiB), 16 prompt
+#   ids, 8 new tokens -> both JSON lines in $OUT/offload.jsonl
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,6 +54,23 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   has bench && runjs "bench $size" bench.mjs "$dir" 128 256
   has bench && NERVA_CUDA_DECODER=persistent runjs "bench $size persistent" bench.mjs "$dir" 128 256
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
+  if has offload; then
+    # The baseline first (it frees the GPU when it exits), then NERVA on the same files, same budget.
+    budget=${NERVA_OFFLOAD_BUDGET:-4GiB}
+    acc=/tmp/accelerate-$size.json
+    rm -f "$acc"
+    t0=$(date +%s)
+    # accelerate offload of an 8B model decodes at ~0.4 tok/s: few tokens, and a time limit.
+    if PYTHONUNBUFFERED=1 timeout 300 python3 tools/gpu/accelerate_offload.py "$dir" --budget "$budget" --prompt-len 16 --new-tokens 8 \
+        --out "$acc" --offload-folder "/tmp/accelerate-offload-$size" 2>>"$log" | tee -a "$log"; then
+      say "accelerate offload $size ok ($(( $(date +%s) - t0 )) s)"
+    else
+      say "accelerate offload $size FAILED (see run.log)"; status=1
+    fi
+    [ -f "$acc" ] || echo "{\"probe\":\"accelerate_offload\",\"model\":\"$dir\",\"tok_s\":null,\"error\":\"no result: timed out after 300 s or crashed (run.log)\"}" > "$acc"
+    cat "$acc" >> "$OUT/offload.jsonl"
+    NERVA_ACCELERATE_JSON="$acc" runjs "offload $size" offload.mjs "$dir" "$budget" 16 8
+  fi
 done
 say "done, status $status"
 exit $status

@@ -1,0 +1,22 @@
+// GPU machine: the offload benchmark (same code as `nerva-bench offload`) on a synthetic checkpoint
+// under a VRAM budget -> one JSON line, appended to $OUT/offload.jsonl (after the accelerate
+// baseline's line when run.sh's offload step wrote one; NERVA_ACCELERATE_JSON names its file).
+//   offload.mjs MODEL_DIR BUDGET [promptLen newTokens]      BUDGET: 4GiB, 4096MiB, 4G (= 4GiB), bytes
+import { appendFileSync } from 'node:fs';
+import path from 'node:path';
+import { offloadProbe } from '@nerva/bench';
+import { parseSize } from '@nerva/server';
+
+const [model, budget, pl, nt] = process.argv.slice(2);
+if (!model || !budget) throw new Error('usage: offload.mjs MODEL_DIR BUDGET [promptLen newTokens]');
+const r = await offloadProbe({
+  model,
+  backend: 'cuda',
+  vramBudget: parseSize(budget, 'BUDGET'),
+  promptLen: Number(pl ?? 16),
+  newTokens: Number(nt ?? 8),
+  offloadDir: process.env.NERVA_OFFLOAD_DIR,
+});
+const line = JSON.stringify(r);
+console.log(line);
+appendFileSync(path.join(process.env.OUT ?? '.', 'offload.jsonl'), line + '\n');
