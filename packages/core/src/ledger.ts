@@ -27,8 +27,11 @@ export interface TokenLedgerRecord {
   hotPathAllocations: number;
   kvPages?: Partial<Record<Tier, number>>;
   kvPagesMoved?: number;
+  /** Weight blocks loaded into staging slots for this token (paged weights). */
   prefetchedBlocks?: number;
   evictedBlocks?: number;
+  /** Bytes read from the disk tier for this token. */
+  diskReadBytes?: number;
   /** Profiling mode: time by bucket (projection, norm, attention, mlp, sampling, ...). */
   buckets?: Record<string, number>;
   /** Decisions the user must see (a fallback, a degraded path). */
@@ -58,6 +61,9 @@ export interface LedgerSummary {
   /** Allocator calls made on decode steps after the first (the warm hot path). */
   hot_path_allocations: number;
   buckets_ms?: Record<string, number>;
+  /** Paged weights: blocks loaded into staging slots, and bytes read from the disk tier. */
+  prefetched_blocks?: number;
+  disk_read_bytes?: number;
   notes: string[];
 }
 
@@ -96,6 +102,8 @@ export class LedgerAggregator {
     let wall = 0, sample = 0, launches = 0, replays = 0, h2d = 0, d2h = 0, d2d = 0, alloc = 0, hot = 0, decodeWall = 0;
     let device = 0;
     let hasDevice = false;
+    let prefetched: number | undefined;
+    let diskRead: number | undefined;
     const notes = [...this.extraNotes];
     for (const r of rs) {
       wall += r.wallMs;
@@ -116,6 +124,8 @@ export class LedgerAggregator {
         device += r.deviceActiveMs;
       }
       for (const k of SYNC_KINDS) syncs[k] += r.syncs[k];
+      if (r.prefetchedBlocks !== undefined) prefetched = (prefetched ?? 0) + r.prefetchedBlocks;
+      if (r.diskReadBytes !== undefined) diskRead = (diskRead ?? 0) + r.diskReadBytes;
       if (r.buckets) for (const [k, v] of Object.entries(r.buckets)) buckets[k] = (buckets[k] ?? 0) + v;
       for (const n of r.notes ?? []) if (!notes.includes(n)) notes.push(n);
     }
@@ -148,6 +158,8 @@ export class LedgerAggregator {
       notes,
     };
     if (hasDevice) s.device_active_ms_total = round(device);
+    if (prefetched !== undefined) s.prefetched_blocks = round(prefetched);
+    if (diskRead !== undefined) s.disk_read_bytes = Math.round(diskRead);
     if (Object.keys(buckets).length) s.buckets_ms = Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, round(v)]));
     return s;
   }

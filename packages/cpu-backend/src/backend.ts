@@ -66,8 +66,14 @@ export const BF16_NUMERICS_REL_TOL = 2e-2;
 export interface CpuBackendOptions {
   /** Name reported by `name` (default 'cpu'). */
   name?: string;
-  /** Bytes of dram the backend may hand out (default: os.totalmem()). */
+  /** Bytes of dram (the compute tier) the backend may hand out (default: os.totalmem()). */
   memoryBytes?: number;
+  /**
+   * Bytes of the 'pinned' tier (default: os.totalmem()). On the CPU it is ordinary memory,
+   * accounted apart from the compute tier, so the memory OS can hold host replicas and stream
+   * them into a compute-tier budget exactly as it does on a GPU.
+   */
+  hostMemoryBytes?: number;
   /** Scratch sizes reserved at construction so decode allocates nothing (defaults fit 256k vocab, 8k context). */
   scratch?: Partial<ScratchSizes>;
   /**
@@ -109,12 +115,13 @@ export class CpuBackend implements DeviceBackend {
     const numerics = opts.numerics ?? 'exact';
     if (!NUMERICS.includes(numerics)) throw new CpuBackendOptionError('numerics', `unknown numerics ${String(numerics)} (expected ${NUMERICS.join(' or ')})`);
     const memory = opts.memoryBytes ?? os.totalmem();
+    const hostMemory = opts.hostMemoryBytes ?? os.totalmem();
     const cpus = os.cpus();
     this.capabilities = Object.freeze({
       deviceKind: 'cpu',
       deviceName: cpus.length > 0 ? cpus[0].model.trim() : 'cpu',
       deviceCount: 1,
-      memory: Object.freeze({ dram: memory }),
+      memory: Object.freeze({ dram: memory, pinned: hostMemory }),
       computeTier: 'dram' as Tier,
       dtypes: Object.freeze(['f32', 'bf16', 'f16', 'i32'] as const),
       weightDtype: 'f32',
@@ -126,7 +133,7 @@ export class CpuBackend implements DeviceBackend {
       fabric: 'CoherentSharedPhysical',
       ops: OP_NAMES,
     });
-    this.buffers = new BufferTable(['dram'], 'dram', memory);
+    this.buffers = new BufferTable({ dram: memory, pinned: hostMemory }, 'dram');
     this.ctx = new OpContext(this.buffers, new Scratch({ ...DEFAULT_SCRATCH, ...opts.scratch }), numerics);
   }
 

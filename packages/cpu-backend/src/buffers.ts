@@ -30,11 +30,21 @@ export class BufferTable {
   hotPathAllocations = 0;
   hotPath = false;
 
+  /** Live bytes per tier; each tier has its own limit. */
+  private readonly tierBytes = new Map<Tier, number>();
+  private readonly tiers: readonly Tier[];
+
   constructor(
-    private readonly tiers: readonly Tier[],
+    private readonly limits: Readonly<Partial<Record<Tier, number>>>,
     private readonly defaultTier: Tier,
-    private readonly memoryLimit: number,
-  ) {}
+  ) {
+    this.tiers = Object.keys(limits) as Tier[];
+  }
+
+  /** Live bytes held in one tier. */
+  bytesIn(tier: Tier): number {
+    return this.tierBytes.get(tier) ?? 0;
+  }
 
   get liveBuffers(): number {
     return this.live.size;
@@ -54,13 +64,15 @@ export class BufferTable {
     const usage = spec.usage ?? 'activations';
     if (!USAGES.includes(usage)) throw new InvalidBufferSpecError(`unknown usage ${String(usage)}`);
     const byteLength = length * DTYPE_BYTES[dtype];
-    if (this.liveBytes + byteLength > this.memoryLimit) throw new OutOfMemoryError(byteLength, this.liveBytes, this.memoryLimit);
+    const limit = this.limits[tier] ?? 0;
+    const used = this.bytesIn(tier);
+    if (used + byteLength > limit) throw new OutOfMemoryError(byteLength, used, limit);
     let data: Storage;
     try {
       data = dtype === 'i32' ? new Int32Array(length) : new Float32Array(length);
     } catch {
       // The JS heap or the typed-array length limit refused it: still an allocation failure.
-      throw new OutOfMemoryError(byteLength, this.liveBytes, this.memoryLimit);
+      throw new OutOfMemoryError(byteLength, used, limit);
     }
     const handle: DeviceBuffer = Object.freeze({
       id: this.nextId++,
@@ -73,6 +85,7 @@ export class BufferTable {
     });
     this.live.set(handle.id, { handle, data });
     this.liveBytes += byteLength;
+    this.tierBytes.set(tier, used + byteLength);
     this.allocCalls++;
     return handle;
   }
@@ -82,6 +95,7 @@ export class BufferTable {
     this.live.delete(buf.id);
     this.freed.add(buf);
     this.liveBytes -= buf.byteLength;
+    this.tierBytes.set(buf.tier, this.bytesIn(buf.tier) - buf.byteLength);
     this.freeCalls++;
   }
 
@@ -104,6 +118,7 @@ export class BufferTable {
     }
     this.live.clear();
     this.liveBytes = 0;
+    this.tierBytes.clear();
   }
 }
 

@@ -35,7 +35,7 @@ function thrown(f: () => unknown): Error {
 
 describe('buffers', () => {
   it('rejects tiers the backend does not have, with a typed error', () => {
-    for (const tier of ['vram', 'pinned', 'disk', 'cxl'] as const) {
+    for (const tier of ['vram', 'disk', 'cxl'] as const) {
       const e = thrown(() => be.alloc({ dtype: 'f32', length: 4, tier }));
       expect(e).toBeInstanceOf(UnsupportedTierError);
       expect(e).toBeInstanceOf(BackendError);
@@ -45,6 +45,19 @@ describe('buffers', () => {
     expect(be.alloc({ dtype: 'f32', length: 4, tier: 'dram' }).tier).toBe('dram');
     expect(be.alloc({ dtype: 'i32', length: 4 }).tier).toBe('dram');
     expect(be.stats().liveBuffers).toBe(2);
+  });
+
+  it("holds a 'pinned' host tier with a limit of its own, apart from the compute tier's", () => {
+    const small = new CpuBackend({ memoryBytes: 64, hostMemoryBytes: 32 });
+    expect(small.capabilities.memory).toEqual({ dram: 64, pinned: 32 });
+    small.alloc({ dtype: 'f32', length: 16 }); // 64 bytes of dram: the compute tier is full
+    const p = small.alloc({ dtype: 'f32', length: 8, tier: 'pinned' });
+    expect(p.tier).toBe('pinned');
+    expect(thrown(() => small.alloc({ dtype: 'f32', length: 1, tier: 'pinned' }))).toBeInstanceOf(OutOfMemoryError);
+    expect(thrown(() => small.alloc({ dtype: 'f32', length: 1 }))).toBeInstanceOf(OutOfMemoryError);
+    small.free(p);
+    expect(small.alloc({ dtype: 'f32', length: 8, tier: 'pinned' }).tier).toBe('pinned');
+    small.dispose();
   });
 
   it('rejects malformed specs and allocations over the memory budget', () => {

@@ -19,6 +19,13 @@ export interface BackendOptions {
   /** Bytes of device memory the CUDA backend reserves up front (weights + KV + activations). */
   deviceArenaBytes?: number;
   pinnedArenaBytes?: number;
+  /**
+   * A budget for everything the backend takes from its compute tier (the memory OS's VRAM
+   * budget): on CUDA the arena plus the op and cuBLAS workspaces; on the CPU the 'dram' tier.
+   */
+  deviceBudgetBytes?: number;
+  /** Host-tier bytes for the CPU backend's 'pinned' tier (the memory OS's host budget). */
+  hostBudgetBytes?: number;
   /** Activation rounding of the created backend (default 'exact'). */
   numerics?: Numerics;
 }
@@ -29,16 +36,30 @@ export interface BackendOptions {
  * lazily so a machine without it never loads native code.
  */
 export async function selectBackend(choice: BackendChoice, opts: BackendOptions = {}): Promise<SelectedBackend> {
+  const cpuOpts = {
+    numerics: opts.numerics,
+    ...(opts.deviceBudgetBytes !== undefined ? { memoryBytes: opts.deviceBudgetBytes } : {}),
+    ...(opts.hostBudgetBytes !== undefined ? { hostMemoryBytes: opts.hostBudgetBytes } : {}),
+  };
   if (choice === 'cpu') {
     const { CpuBackend } = await import('@nerva/cpu-backend');
-    return { backend: new CpuBackend({ numerics: opts.numerics }), notes: [] };
+    return { backend: new CpuBackend(cpuOpts), notes: [] };
   }
   let reason: string;
   try {
     const cuda = await import('@nerva/cuda-backend');
     const probe = cuda.probeCuda();
     if (probe.available) {
-      return { backend: cuda.createCudaBackend(opts), notes: [] };
+      const { deviceBudgetBytes, hostBudgetBytes: _host, ...cudaOpts } = opts;
+      if (deviceBudgetBytes !== undefined) {
+        // The budget covers the workspaces too: the arena gets what they leave.
+        const workspaceBytes = 256 * 2 ** 20;
+        const cublasWorkspaceBytes = 32 * 2 ** 20;
+        const arena = Math.floor((deviceBudgetBytes - workspaceBytes - cublasWorkspaceBytes) / 2 ** 20) * 2 ** 20;
+        if (arena <= 0) throw new RangeError(`a VRAM budget of ${deviceBudgetBytes} bytes does not cover the CUDA workspaces (${workspaceBytes + cublasWorkspaceBytes} bytes)`);
+        return { backend: cuda.createCudaBackend({ ...cudaOpts, deviceArenaBytes: arena, workspaceBytes, cublasWorkspaceBytes }), notes: [] };
+      }
+      return { backend: cuda.createCudaBackend(cudaOpts), notes: [] };
     }
     reason = probe.reason ?? 'CUDA is not available';
   } catch (e) {
@@ -46,5 +67,5 @@ export async function selectBackend(choice: BackendChoice, opts: BackendOptions 
   }
   if (choice === 'cuda') throw new BackendUnavailableError(`CUDA backend unavailable: ${reason}`);
   const { CpuBackend } = await import('@nerva/cpu-backend');
-  return { backend: new CpuBackend({ numerics: opts.numerics }), notes: [`backend fallback: cuda -> cpu (${reason})`] };
+  return { backend: new CpuBackend(cpuOpts), notes: [`backend fallback: cuda -> cpu (${reason})`] };
 }

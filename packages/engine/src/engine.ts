@@ -12,6 +12,8 @@ import { type RequestLimits, validateRequest } from './request-validation.js';
 import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
+import { kvBytesPerToken, memoryReport, placeWeights, type RunnerShape, validateResidency } from './weight-residency.js';
+import type { MemoryReport, PagerStats, WeightPager } from '@nerva/memos';
 
 export interface EngineOptions {
   /** A model folder (config.json + safetensors [+ tokenizer.json]). */
@@ -145,6 +147,8 @@ export class Engine {
   readonly generationDefaults: Pick<SamplingParams, 'temperature' | 'topK' | 'topP' | 'minP' | 'repetitionPenalty'>;
   private readonly runner: ModelRunner;
   private readonly weights: ModelWeights;
+  private readonly pager: WeightPager | undefined;
+  private readonly budgets: { vramBudget?: number; hostBudget?: number; offloadDir?: string };
   private readonly scheduler: Scheduler;
   private readonly sampler: HostSampler;
   private readonly live = new Map<number, Live>();
@@ -176,6 +180,8 @@ export class Engine {
       eos: number[];
       generationConfig?: Record<string, unknown>;
       ownsBackend: boolean;
+      shape: RunnerShape;
+      kvBytes: number;
     },
     o: EngineOptions,
   ) {
@@ -190,20 +196,11 @@ export class Engine {
     this.eosTokenIds = init.eos;
     this.generationDefaults = generationDefaults(init.generationConfig);
     const s = init.spec;
-    const cpu = this.backend.capabilities.deviceKind === 'cpu';
     const blockSize = o.blockSize ?? 16;
     this.maxModelLen = Math.min(s.maxPositionEmbeddings, o.maxModelLen ?? 4096);
-    const maxNumSeqs = o.maxNumSeqs ?? (cpu ? 64 : 128);
-    const maxRows = Math.max(o.maxNumBatchedTokens ?? (cpu ? 256 : 2048), maxNumSeqs);
-    const kvBytesPerToken = 2 * s.numLayers * s.numKvHeads * s.headDim * DTYPE_BYTES[kvDtypeOf(this.backend)];
-    // KV gets a share of what the weights left free (nano-vllm sizes it after a warm-up pass;
-    // our activations are known up front, so they are subtracted instead).
-    const tier = this.backend.capabilities.computeTier;
-    const free = (this.backend.capabilities.memory[tier] ?? 0) - this.backend.stats().liveBytes;
-    const inter = s.moe ? Math.max(s.intermediateSize, s.moe.moeIntermediateSize) : s.intermediateSize;
-    const qkvOut = (s.numHeads + 2 * s.numKvHeads) * s.headDim;
-    const activationBytes = 4 * (maxRows * (4 * s.hiddenSize + qkvOut + s.numHeads * s.headDim + 3 * inter) + maxNumSeqs * (s.vocabSize + s.hiddenSize));
-    const kvBytes = o.kvCacheBytes ?? (cpu ? 256 * 2 ** 20 : Math.min(16 * 2 ** 30, Math.max(32 * 2 ** 20, 0.6 * (free - activationBytes))));
+    const { maxRows, maxNumSeqs, kvBytesPerToken } = init.shape;
+    const kvBytes = init.kvBytes;
+    this.budgets = { vramBudget: o.vramBudget, hostBudget: o.hostBudget, offloadDir: o.offloadDir };
     const numBlocks = Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
     const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
     this.runner = new ModelRunner(this.backend, s, this.weights, {
@@ -218,7 +215,11 @@ export class Engine {
     this.scheduler = new Scheduler({ maxNumBatchedTokens: maxRows, maxNumSeqs }, this.kv);
     this.sampler = new HostSampler(s.vocabSize);
     this.profile = o.profile ?? false;
-    this.useGraphs = (o.useGraphs ?? true) && this.backend.capabilities.graphCapture && !this.profile;
+    this.pager = init.weights.pager;
+    // Disk-tier reads are host work a replayed graph would skip: such a plan runs eagerly.
+    this.useGraphs = (o.useGraphs ?? true) && this.backend.capabilities.graphCapture && !this.profile && (this.pager?.capturable ?? true);
+    if (this.pager && !this.pager.capturable) this.notes.push('paged weights with a disk tier: decode steps run without graph capture');
+    if (this.pager) for (const n of this.pager.plan.notes) this.notes.push(n);
     if (this.profile) this.runner.setProfiling(true);
     this.stage = {
       ids: new Int32Array(maxRows),
@@ -240,14 +241,38 @@ export class Engine {
     let backend: DeviceBackend;
     let notes: string[] = [];
     if (o.numerics !== undefined && !NUMERICS.includes(o.numerics)) throw new RangeError(`numerics must be ${NUMERICS.join(' or ')}, got ${String(o.numerics)}`);
+    validateResidency(o);
+    const budgeted = o.vramBudget !== undefined || o.hostBudget !== undefined;
     if (typeof o.backend === 'object') {
       backend = o.backend;
       const has = backend.capabilities.numerics ?? 'exact';
       if (o.numerics !== undefined && o.numerics !== has) throw new RangeError(`numerics '${o.numerics}' was asked for, but the given backend has '${has}'`);
-    } else ({ backend, notes } = await selectBackend(o.backend ?? 'auto', { deviceArenaBytes: o.deviceArenaBytes, numerics: o.numerics }));
+    } else {
+      try {
+        ({ backend, notes } = await selectBackend(o.backend ?? 'auto', {
+          deviceArenaBytes: o.deviceArenaBytes,
+          numerics: o.numerics,
+          ...(o.vramBudget !== undefined ? { deviceBudgetBytes: o.vramBudget } : {}),
+          ...(o.hostBudget !== undefined ? { hostBudgetBytes: o.hostBudget } : {}),
+          // Pinned host memory for the master copies of streamed blocks: at most the checkpoint.
+          ...(budgeted ? { pinnedArenaBytes: Math.min(o.hostBudget ?? Number.POSITIVE_INFINITY, loaded.checkpoint.totalBytes) + 64 * 2 ** 20 } : {}),
+        }));
+      } catch (e) {
+        await loaded.checkpoint.close();
+        throw e;
+      }
+    }
     let weights: ModelWeights | undefined;
+    let pager: WeightPager | undefined;
     try {
-      weights = await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress);
+      const shape = runnerShape(backend, loaded.spec, o);
+      const maxModelLen = Math.min(loaded.spec.maxPositionEmbeddings, o.maxModelLen ?? 4096);
+      const kvPlanned = kvCacheBytesFor(backend, shape, maxModelLen, o);
+      pager = placeWeights(backend, loaded.spec, loaded.checkpoint, kvPlanned ?? 0, shape, o);
+      weights = await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress, pager);
+      const kvBytes = kvPlanned ?? kvCacheBytesAfterUpload(backend, shape);
+      // The loads that start the first pass; the ring keeps itself primed from then on.
+      pager?.prime();
       const eos = loaded.stopTokenIds;
       return new Engine(
         {
@@ -260,11 +285,14 @@ export class Engine {
           eos,
           generationConfig: loaded.generationConfig as Record<string, unknown> | undefined,
           ownsBackend: typeof o.backend !== 'object',
+          shape,
+          kvBytes,
         },
         o,
       );
     } catch (e) {
       if (weights) freeWeights(backend, weights);
+      else pager?.dispose();
       if (typeof o.backend !== 'object') backend.dispose();
       throw e;
     } finally {
@@ -289,6 +317,11 @@ export class Engine {
 
   get kvCacheBytes(): number {
     return this.runner.kvBytes;
+  }
+
+  /** Where every weight block lives, what moved and what it cost (the memory OS report). */
+  memoryReport(): MemoryReport {
+    return memoryReport(this.backend, this.weights, this.runner.kvBytes, this.budgets);
   }
 
   encode(text: string): number[] {
@@ -404,6 +437,8 @@ export class Engine {
     if (plan.preempted.length) this.graphKey = undefined;
     if (plan.scheduled.length === 0) return;
     const before = this.backend.stats();
+    const pagerBefore = this.pager?.stats();
+    let replayed = false;
     const st = this.stage;
     const mb = this.runner.limits.maxBlocksPerSeq;
     const sampling: Request[] = [];
@@ -469,15 +504,21 @@ export class Engine {
       let g = this.graphs.get(bucket);
       if (!g) {
         be.beginCapture();
-        this.runner.forward(bucket, bucket);
-        this.runner.sampleOnDevice(bucket, m.ids);
-        this.runner.advance(bucket);
+        this.pager?.beginCapture();
+        try {
+          this.runner.forward(bucket, bucket);
+          this.runner.sampleOnDevice(bucket, m.ids);
+          this.runner.advance(bucket);
+        } finally {
+          this.pager?.endCapture();
+        }
         g = be.endCapture();
         this.graphs.set(bucket, g);
       }
       be.setHotPath(true);
       try {
         be.replay(g);
+        this.pager?.replayed();
       } finally {
         be.setHotPath(false);
       }
@@ -485,6 +526,7 @@ export class Engine {
       be.synchronize('policy');
       tokens = this.readRing(bucket).slice(0, nSeq);
       this.graphKey = key;
+      replayed = true;
     } else {
       this.graphKey = undefined;
       this.writeMeta(rows, nl, deviceSample);
@@ -521,6 +563,9 @@ export class Engine {
     const now = performance.now();
     const share = nl > 0 ? 1 / nl : 0;
     const delta = statsDelta(before, after, share);
+    const paging = pagerBefore ? pagerDelta(pagerBefore, this.pager!.stats(), share) : undefined;
+    // A replayed graph's copies are not seen by the backend's counters; the pager accounts for them.
+    if (paging && replayed) delta.h2dBytes += paging.h2dBytes;
     sampling.forEach((req, i) => {
       const l = this.live.get(req.id)!;
       const s = host.get(req);
@@ -534,6 +579,7 @@ export class Engine {
         sampleMs: sampleMs * share,
         deviceActiveMs: deviceMs * share,
         ...delta,
+        ...(paging ? { prefetchedBlocks: paging.loads, evictedBlocks: paging.loads, diskReadBytes: paging.diskReadBytes } : {}),
       };
       if (buckets) record.buckets = Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, v * share]));
       this.accept(l, tokens[i], record, s);
@@ -715,6 +761,38 @@ export class Engine {
   }
 }
 
+/** Runner shapes from the options and the backend (smaller defaults under a VRAM budget). */
+function runnerShape(backend: DeviceBackend, s: ModelSpec, o: EngineOptions): RunnerShape {
+  const cpu = backend.capabilities.deviceKind === 'cpu';
+  const budgeted = o.vramBudget !== undefined;
+  const maxNumSeqs = o.maxNumSeqs ?? (cpu ? 64 : budgeted ? 32 : 128);
+  const maxRows = Math.max(o.maxNumBatchedTokens ?? (cpu ? 256 : budgeted ? 512 : 2048), maxNumSeqs);
+  const inter = s.moe ? Math.max(s.intermediateSize, s.moe.moeIntermediateSize) : s.intermediateSize;
+  const qkvOut = (s.numHeads + 2 * s.numKvHeads) * s.headDim;
+  const activationBytes = 4 * (maxRows * (4 * s.hiddenSize + qkvOut + s.numHeads * s.headDim + 3 * inter) + maxNumSeqs * (s.vocabSize + s.hiddenSize));
+  return { maxRows, maxNumSeqs, activationBytes, kvBytesPerToken: kvBytesPerToken(backend, s) };
+}
+
+/**
+ * KV cache bytes: the option, else a share of what the weights leave (nano-vllm sizes it after a
+ * warm-up pass; our activations are known up front, so they are subtracted instead). Under a
+ * VRAM budget the weights are placed after the cache: it gets a quarter of the budget, at most
+ * one full-length sequence, so the rest can hold weights.
+ */
+function kvCacheBytesFor(backend: DeviceBackend, shape: RunnerShape, maxModelLen: number, o: EngineOptions): number | undefined {
+  if (o.kvCacheBytes !== undefined) return o.kvCacheBytes;
+  if (backend.capabilities.deviceKind === 'cpu') return o.vramBudget !== undefined ? Math.min(256 * 2 ** 20, Math.max(shape.kvBytesPerToken * 64, Math.floor(o.vramBudget / 4))) : 256 * 2 ** 20;
+  if (o.vramBudget !== undefined) return Math.max(shape.kvBytesPerToken * 64, Math.min(Math.floor(o.vramBudget / 4), shape.kvBytesPerToken * maxModelLen));
+  return undefined;
+}
+
+/** The unbudgeted default, once the weights are in: a share of what they left free. */
+function kvCacheBytesAfterUpload(backend: DeviceBackend, shape: RunnerShape): number {
+  const tier = backend.capabilities.computeTier;
+  const free = (backend.capabilities.memory[tier] ?? 0) - backend.stats().liveBytes;
+  return Math.min(16 * 2 ** 30, Math.max(32 * 2 ** 20, 0.6 * (free - shape.activationBytes)));
+}
+
 /** Sampling defaults a model ships in generation_config.json; fields that are not numbers are ignored. */
 function generationDefaults(g: Record<string, unknown> | undefined): Engine['generationDefaults'] {
   const out: Engine['generationDefaults'] = {};
@@ -740,6 +818,11 @@ function holdBack(text: string, stops: readonly string[], from: number): number 
     }
   }
   return hold;
+}
+
+/** The pager's moves during one step, shared among its tokens. */
+function pagerDelta(a: PagerStats, b: PagerStats, share: number) {
+  return { loads: (b.loads - a.loads) * share, h2dBytes: (b.h2dBytes - a.h2dBytes) * share, diskReadBytes: (b.diskReadBytes - a.diskReadBytes) * share };
 }
 
 function statsDelta(a: BackendStats, b: BackendStats, share: number) {

@@ -1,4 +1,4 @@
-import type { DeviceBackend, DeviceBuffer, DType, HostArray } from '@nerva/core';
+import type { DeviceBackend, DeviceBuffer, DType, HostArray, Tier } from '@nerva/core';
 import { DTYPE_BYTES } from '@nerva/core';
 import type { PagedTensor, PlanBlock, WeightPager } from '@nerva/memos';
 import type { Checkpoint, ModelSpec } from '@nerva/models';
@@ -105,7 +105,8 @@ export function weightBlocks(backend: DeviceBackend, spec: ModelSpec, ckpt: Chec
   const H = spec.hiddenSize;
   const embedBytes = spec.vocabSize * H * DTYPE_BYTES[dt('model.embed_tokens.weight')];
   const blocks: PlanBlock[] = [
-    { id: 'embed', bytes: embedBytes },
+    // Tied embeddings are also lm_head, which reads every row each pass.
+    { id: 'embed', bytes: embedBytes, ...(spec.tieWordEmbeddings ? {} : { access: 'gather' as const }) },
     { id: 'final_norm', bytes: H * 4 },
   ];
   if (!spec.tieWordEmbeddings) blocks.push({ id: 'lm_head', bytes: spec.vocabSize * H * DTYPE_BYTES[dt('lm_head.weight')] });
@@ -160,10 +161,12 @@ export async function uploadWeights(
   let bytes = 0;
   let streamedBytes = 0;
   const dtypeOf = storageDtypes(backend, ckpt);
-  const alloc = (length: number, label: string, dtype: DType = wd): DeviceBuffer => {
-    const b = backend.alloc({ dtype, length, usage: 'weights', label });
+  let mappedBytes = 0;
+  const alloc = (length: number, label: string, dtype: DType = wd, tier?: Tier): DeviceBuffer => {
+    const b = backend.alloc({ dtype, length, usage: 'weights', label, ...(tier ? { tier } : {}) });
     buffers.push(b);
-    bytes += b.byteLength;
+    if (tier) mappedBytes += b.byteLength;
+    else bytes += b.byteLength;
     return b;
   };
   /** A destination: a buffer of the backend, or a tensor of a streamed block (stored through the pager). */
@@ -183,8 +186,8 @@ export async function uploadWeights(
     done += info.byteLength;
     onProgress?.({ done, total, tensor: name });
   };
-  const tensor = async (name: string, length: number, dtype: DType = dtypeOf(name)): Promise<DeviceBuffer> => {
-    const b = alloc(length, name, dtype);
+  const tensor = async (name: string, length: number, dtype: DType = dtypeOf(name), tier?: Tier): Promise<DeviceBuffer> => {
+    const b = alloc(length, name, dtype, tier);
     await put(b, name);
     return b;
   };
@@ -193,7 +196,9 @@ export async function uploadWeights(
   const norm = (name: string, length: number) => tensor(name, length, backend.capabilities.numerics === 'bf16' ? 'bf16' : 'f32');
 
   try {
-    const embed = await tensor('model.embed_tokens.weight', spec.vocabSize * H);
+    // Paged weights: an untied embedding table is read in place from host memory (a few rows a pass).
+    const mapped = pager?.plan.placements.get('embed')?.placement === 'mapped';
+    const embed = await tensor('model.embed_tokens.weight', spec.vocabSize * H, dtypeOf('model.embed_tokens.weight'), mapped ? pager!.hostTier : undefined);
     const lmHead = spec.tieWordEmbeddings ? embed : await tensor('lm_head.weight', spec.vocabSize * H);
     const finalNorm = await norm('model.norm.weight', H);
     const invFreq = alloc(hd / 2, 'rope.inv_freq', 'f32');
@@ -247,7 +252,7 @@ export async function uploadWeights(
       layers.push(streamed ? undefined : (dst as unknown as LayerWeights));
     }
     const hotBytes = bytes;
-    bytes += streamedBytes;
+    bytes += streamedBytes + mappedBytes;
     return { embed, lmHead, finalNorm, invFreq, layers, bytes, hotBytes, buffers, ...(pager ? { pager } : {}) };
   } catch (e) {
     // Leave the backend as we found it.

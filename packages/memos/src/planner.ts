@@ -11,6 +11,11 @@ export interface PlanBlock {
   order?: number;
   /** Higher = keep hot first (the importance profile); ties go to earlier blocks. */
   importance?: number;
+  /**
+   * 'gather': each pass reads a few rows of the block (an embedding table), so when weights are
+   * paged it is read in place from host memory instead of taking compute-tier memory.
+   */
+  access?: 'gather';
 }
 
 export interface PlanInput {
@@ -25,7 +30,8 @@ export interface PlanInput {
   disk?: boolean;
 }
 
-export type Placement = 'hot' | 'streamed';
+/** hot: in the compute tier; streamed: through the staging ring; mapped: read in place from host memory. */
+export type Placement = 'hot' | 'streamed' | 'mapped';
 
 export interface BlockPlacement {
   id: string;
@@ -74,8 +80,18 @@ export function planResidency(input: PlanInput): ResidencyPlan {
   }
   const placements = new Map<string, BlockPlacement>();
   const total = blocks.reduce((s, b) => s + b.bytes, 0);
-  const pinnedOnly = blocks.filter((b) => b.order === undefined);
-  const ordered = blocks.filter((b) => b.order !== undefined).sort((a, b) => a.order! - b.order!);
+  // Gathered blocks are read in place from host memory when the host budget has room for them.
+  const gathered: PlanBlock[] = [];
+  let gatheredBytes = 0;
+  for (const b of blocks) {
+    if (b.access === 'gather' && gatheredBytes + b.bytes <= hostBytes) {
+      gathered.push(b);
+      gatheredBytes += b.bytes;
+    }
+  }
+  const isMapped = (b: PlanBlock) => gathered.includes(b);
+  const pinnedOnly = blocks.filter((b) => b.order === undefined && !isMapped(b));
+  const ordered = blocks.filter((b) => b.order !== undefined && !isMapped(b)).sort((a, b) => a.order! - b.order!);
   const fixedHot = pinnedOnly.reduce((s, b) => s + b.bytes, 0);
 
   if (total <= deviceBytes) {
@@ -107,7 +123,12 @@ export function planResidency(input: PlanInput): ResidencyPlan {
   const slotBytes = slotBytesOf();
   let pinnedBytes = 0;
   let diskBytes = 0;
+  for (const b of gathered) {
+    pinnedBytes += b.bytes;
+    placements.set(b.id, { id: b.id, bytes: b.bytes, placement: 'mapped', home: 'pinned' });
+  }
   for (const b of blocks) {
+    if (isMapped(b)) continue;
     if (b.order === undefined || hot.has(b.id)) {
       placements.set(b.id, { id: b.id, bytes: b.bytes, placement: 'hot', home: 'vram' });
     }
@@ -124,7 +145,7 @@ export function planResidency(input: PlanInput): ResidencyPlan {
       placements.set(b.id, { id: b.id, bytes: b.bytes, placement: 'streamed', home: 'disk' });
     }
   }
-  const streamedBytes = pinnedBytes + diskBytes;
+  const streamedBytes = streamedBlocks.reduce((t, b) => t + b.bytes, 0);
   const notes = [
     `paged weights: ${hot.size} of ${ordered.length} layer blocks hot (${fmt(hotBytes)}), ${streamedBlocks.length} streamed (${fmt(streamedBytes)}) through ${slots} slots of ${fmt(slotBytes)}`,
   ];

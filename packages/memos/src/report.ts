@@ -41,6 +41,8 @@ export interface MemoryReport {
     diskBlocks: number;
     /** VRAM staging slots of the ring streamed blocks pass through (0 when resident). */
     slots: number;
+    /** Bytes of one staging slot. */
+    slotBytes: number;
   };
   /** Cumulative traffic by path. */
   moved: { h2d: PathTraffic; diskRead: PathTraffic; cpuCompute: PathTraffic };

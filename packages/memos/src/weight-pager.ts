@@ -18,7 +18,7 @@ export interface WeightPagerInit {
   layout: readonly PagedTensor[];
   /** Host tier for the replicas of streamed blocks ('pinned' on a GPU; any host tier on the CPU backend). */
   hostTier: Tier;
-  /** Stream the loads run on; omitted: the compute stream (a backend without a copy engine). */
+  /** Stream the loads run on; omitted: a stream of the pager's own on a VRAM backend, else the compute stream. */
   copyStream?: StreamHandle;
   /** Required when the plan puts blocks on disk. */
   offloadDir?: string;
@@ -67,6 +67,9 @@ export class WeightPager {
   private readonly issuedThisPass: boolean[];
   private readonly owned: DeviceBuffer[] = [];
   private readonly copyStream: StreamHandle | undefined;
+  private readonly ownsCopyStream: boolean;
+  /** The host tier of master copies (and of blocks read in place). */
+  readonly hostTier: Tier;
   readonly spill: DiskSpill | undefined;
   private readonly blockBytes: number;
   private st: PagerStats = { passes: 0, loads: 0, h2dBytes: 0, diskReadBytes: 0, diskReadMs: 0, hits: 0, stalls: 0, hostWaits: 0 };
@@ -79,7 +82,10 @@ export class WeightPager {
     this.backend = backend;
     this.plan = plan;
     this.layout = layout;
-    this.copyStream = init.copyStream;
+    this.hostTier = init.hostTier;
+    // A backend computing in VRAM has copy engines: loads get a stream of their own.
+    this.ownsCopyStream = init.copyStream === undefined && backend.capabilities.computeTier === 'vram';
+    this.copyStream = init.copyStream ?? (this.ownsCopyStream ? backend.createStream() : undefined);
     this.blockBytes = layout.reduce((s, t) => s + t.length * DTYPE_BYTES[t.dtype], 0);
     if (this.blockBytes > plan.slotBytes) throw new PagerStateError(`a block of ${this.blockBytes} bytes does not fit a slot of ${plan.slotBytes}`);
     this.schedule = new StagingSchedule(plan.streamed, plan.slots);
@@ -134,6 +140,11 @@ export class WeightPager {
    */
   slotFor(id: string): TensorSet {
     return this.slotSets[this.schedule.slotOf(this.indexOf(id))];
+  }
+
+  /** Bytes of host-tier memory the pager holds (master copies and bounce buffers). */
+  get hostBytes(): number {
+    return this.owned.filter((b) => b.tier === this.hostTier).reduce((s, b) => s + b.byteLength, 0);
   }
 
   /** Bytes of compute-tier memory the ring holds. */
@@ -271,5 +282,6 @@ export class WeightPager {
     this.loaded.length = 0;
     this.consumed.length = 0;
     this.spill?.dispose();
+    if (this.ownsCopyStream && this.copyStream) this.backend.destroyStream(this.copyStream);
   }
 }

@@ -1,0 +1,156 @@
+import fs from 'node:fs';
+import type { DeviceBackend, Tier } from '@nerva/core';
+import { DTYPE_BYTES } from '@nerva/core';
+import { fmt, type MemoryReport, OffloadDirError, planResidency, type ResidencyPlan, type TierUsage, WeightPager, WorkingSetTooLargeError } from '@nerva/memos';
+import type { Checkpoint, ModelSpec } from '@nerva/models';
+import { kvDtypeOf, type ModelWeights, weightBlocks } from './model-weights.js';
+
+/** What the memory OS was asked for (EngineOptions' residency fields). */
+export interface ResidencyOptions {
+  vramBudget?: number;
+  hostBudget?: number;
+  offloadDir?: string;
+}
+
+/** The shapes the runner is built with, known before any weight is placed. */
+export interface RunnerShape {
+  maxRows: number;
+  maxNumSeqs: number;
+  activationBytes: number;
+  kvBytesPerToken: number;
+}
+
+/** Reject malformed residency options before anything is created. */
+export function validateResidency(o: ResidencyOptions): void {
+  for (const [k, v] of [
+    ['vramBudget', o.vramBudget],
+    ['hostBudget', o.hostBudget],
+  ] as const) {
+    if (v !== undefined && (!Number.isSafeInteger(v) || v <= 0)) throw new RangeError(`${k} must be a positive whole number of bytes, got ${String(v)}`);
+  }
+  if (o.offloadDir !== undefined) {
+    if (typeof o.offloadDir !== 'string' || o.offloadDir === '') throw new RangeError(`offloadDir must be a directory path, got ${String(o.offloadDir)}`);
+    // Checked up front whether or not a block ends up on disk: a bad dir is a configuration error.
+    let st: fs.Stats;
+    try {
+      st = fs.statSync(o.offloadDir);
+    } catch (e) {
+      throw new OffloadDirError(o.offloadDir, `cannot be read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`, { cause: e });
+    }
+    if (!st.isDirectory()) throw new OffloadDirError(o.offloadDir, 'is not a directory');
+    try {
+      fs.accessSync(o.offloadDir, fs.constants.R_OK | fs.constants.W_OK);
+    } catch (e) {
+      throw new OffloadDirError(o.offloadDir, 'is not readable and writable', { cause: e });
+    }
+  }
+}
+
+/**
+ * Place the weights for a budget: plan hot and streamed blocks from what the compute tier has
+ * left after the KV cache and activations, and create the pager the upload stores streamed
+ * blocks through. Undefined when everything fits (resident).
+ */
+export function placeWeights(backend: DeviceBackend, spec: ModelSpec, ckpt: Checkpoint, kvBytes: number, shape: RunnerShape, o: ResidencyOptions): WeightPager | undefined {
+  if (o.vramBudget === undefined && o.hostBudget === undefined) return undefined;
+  const tier = backend.capabilities.computeTier;
+  const capacity = backend.capabilities.memory[tier] ?? 0;
+  // Arena sub-allocations round up to 256 bytes: room for that on every buffer the engine makes.
+  const margin = 256 * (16 * spec.numLayers + 64);
+  const deviceBytes = Math.max(0, capacity - kvBytes - shape.activationBytes - margin);
+  const hostTier: Tier = 'pinned';
+  const hostCap = backend.capabilities.memory[hostTier] ?? Number.POSITIVE_INFINITY;
+  // Without a host budget, the host tier less what the runner keeps there (the token ring, meta).
+  const hostBytes = o.hostBudget ?? Math.max(0, hostCap - 64 * 2 ** 20);
+  const { blocks, layout } = weightBlocks(backend, spec, ckpt);
+  const fixed = kvBytes + shape.activationBytes + margin + (capacity < (o.vramBudget ?? capacity) ? (o.vramBudget ?? 0) - capacity : 0);
+  const plan = (slots: number): ResidencyPlan => {
+    const p = planResidency({ blocks, deviceBytes, hostBytes, slots, disk: o.offloadDir !== undefined });
+    // Disk-tier blocks pass through host bounce buffers, one slot's worth each: the host budget holds them too.
+    return p.diskBytes > 0 ? planResidency({ blocks, deviceBytes, hostBytes: Math.max(0, hostBytes - p.slots * p.slotBytes), slots, disk: true }) : p;
+  };
+  let p: ResidencyPlan;
+  try {
+    p = plan(2);
+  } catch (e) {
+    if (!(e instanceof WorkingSetTooLargeError) || e.budgetBytes !== deviceBytes) throw e;
+    try {
+      // One slot still runs, exactly, without overlapping a layer's load with the layer before.
+      p = plan(1);
+      p.notes.push('one staging slot: loads do not overlap compute (a budget one layer larger allows two)');
+    } catch (e1) {
+      if (!(e1 instanceof WorkingSetTooLargeError) || e1.budgetBytes !== deviceBytes) throw e1;
+      // Say what the whole budget must be: the smallest weight working set plus KV, activations, workspaces.
+      throw new WorkingSetTooLargeError(
+        o.vramBudget ?? capacity,
+        e1.minimumBytes + fixed,
+        `weights need at least ${fmt(e1.minimumBytes)} (always-hot tensors and one staging slot), KV cache ${fmt(kvBytes)}, activations ${fmt(shape.activationBytes)}, workspaces and margin ${fmt(fixed - kvBytes - shape.activationBytes)}`,
+      );
+    }
+  }
+  if (p.mode === 'resident') return undefined;
+  const planDone = p;
+  return new WeightPager({ backend, plan: planDone, layout, hostTier, ...(o.offloadDir !== undefined ? { offloadDir: o.offloadDir } : {}) });
+}
+
+/** KV bytes per token of the model on this backend (every layer's keys and values). */
+export function kvBytesPerToken(backend: DeviceBackend, spec: ModelSpec): number {
+  return 2 * spec.numLayers * spec.numKvHeads * spec.headDim * DTYPE_BYTES[kvDtypeOf(backend)];
+}
+
+/** The memory OS report for an engine's weights, KV cache and backend. */
+export function memoryReport(backend: DeviceBackend, weights: ModelWeights, kvBytes: number, budgets: ResidencyOptions): MemoryReport {
+  const caps = backend.capabilities;
+  const stats = backend.stats();
+  const pager = weights.pager;
+  const plan = pager?.plan;
+  const ps = pager?.stats();
+  const computeTier = caps.computeTier;
+  const staging = pager?.slotBytes ?? 0;
+  const hostWeights = (plan?.pinnedBytes ?? 0);
+  const tiers: TierUsage[] = [
+    {
+      tier: computeTier,
+      budgetBytes: budgets.vramBudget ?? caps.memory[computeTier] ?? 0,
+      weightBytes: weights.hotBytes,
+      stagingBytes: staging,
+      kvBytes,
+      otherBytes: Math.max(0, stats.liveBytes - weights.hotBytes - staging - kvBytes - hostWeights - (pager ? pagerHostBytes(pager) : 0)),
+    },
+  ];
+  if (plan) {
+    tiers.push({ tier: 'pinned', budgetBytes: budgets.hostBudget ?? caps.memory.pinned ?? 0, weightBytes: hostWeights, stagingBytes: pagerHostBytes(pager!) - hostWeights, kvBytes: 0, otherBytes: 0 });
+    if (plan.diskBytes > 0) tiers.push({ tier: 'disk', budgetBytes: plan.diskBytes, weightBytes: plan.diskBytes, stagingBytes: 0, kvBytes: 0, otherBytes: 0 });
+  }
+  const streamedBlocks = plan?.streamed.length ?? 0;
+  const diskBlocks = plan ? plan.streamed.filter((id) => plan.placements.get(id)?.home === 'disk').length : 0;
+  return {
+    fabric: caps.fabric,
+    mode: plan ? 'paged' : 'resident',
+    tiers,
+    weights: {
+      totalBytes: weights.bytes,
+      hotBytes: weights.hotBytes,
+      streamedBytes: plan?.streamedBytes ?? 0,
+      diskBytes: plan?.diskBytes ?? 0,
+      hotBlocks: plan ? [...plan.placements.values()].filter((p) => p.placement === 'hot').length : weights.layers.length + 3,
+      streamedBlocks,
+      diskBlocks,
+      slots: plan?.slots ?? 0,
+      slotBytes: plan?.slotBytes ?? 0,
+    },
+    moved: {
+      h2d: { bytes: ps?.h2dBytes ?? 0, ms: 0 },
+      diskRead: { bytes: ps?.diskReadBytes ?? 0, ms: ps?.diskReadMs ?? 0 },
+      cpuCompute: { bytes: 0, ms: 0 },
+    },
+    streamedBytesPerPass: plan?.streamedBytes ?? 0,
+    prefetch: { hits: ps?.hits ?? 0, stalls: ps?.stalls ?? 0, stallMs: 0 },
+    notes: plan?.notes ?? [],
+  };
+}
+
+/** Host-tier bytes a pager holds: master copies plus bounce buffers. */
+function pagerHostBytes(p: WeightPager): number {
+  return p.hostBytes;
+}
