@@ -65,11 +65,11 @@ describe.each(models)('paged weights give the resident run\'s tokens: %s', (mode
       e.dispose();
     }
 
-    // A host budget of two slots: the bounce buffers and one block; the rest spill to the offload
+    // A host budget of one and a half slots: the bounce buffers and no whole block; the rest spill to the offload
     // dir and are read back each pass.
     const dir = mkdtempSync(join(tmpdir(), 'nerva-offload-'));
     try {
-      const disk = { hostBudget: 2 * slotBytes, offloadDir: dir };
+      const disk = { hostBudget: Math.floor(1.5 * slotBytes), offloadDir: dir };
       const e = await Engine.create({ model, ...SHAPE, ...disk, vramBudget: await minimumBudget(model, disk) });
       const r = e.memoryReport();
       expect(r.weights.diskBlocks).toBeGreaterThan(0);
