@@ -64,11 +64,11 @@ export function placeWeights(backend: DeviceBackend, spec: ModelSpec, ckpt: Chec
   const hostBytes = o.hostBudget ?? Math.max(0, hostCap - 64 * 2 ** 20);
   const { blocks, layout } = weightBlocks(backend, spec, ckpt);
   const fixed = kvBytes + shape.activationBytes + margin + (capacity < (o.vramBudget ?? capacity) ? (o.vramBudget ?? 0) - capacity : 0);
-  const plan = (slots: number): ResidencyPlan => {
-    const p = planResidency({ blocks, deviceBytes, hostBytes, slots, disk: o.offloadDir !== undefined });
-    // Disk-tier blocks pass through host bounce buffers, one slot's worth each: the host budget holds them too.
-    return p.diskBytes > 0 ? planResidency({ blocks, deviceBytes, hostBytes: Math.max(0, hostBytes - p.slots * p.slotBytes), slots, disk: true }) : p;
-  };
+  const largest = blocks.reduce((m, b) => (b.order !== undefined ? Math.max(m, b.bytes) : m), 0);
+  // With a disk tier, blocks read from disk pass through host bounce buffers, one slot's worth
+  // each: the host budget holds them too (reserved up front, so the minimum budget is one number).
+  const plan = (slots: number): ResidencyPlan =>
+    planResidency({ blocks, deviceBytes, hostBytes: o.offloadDir !== undefined && o.hostBudget !== undefined ? Math.max(0, hostBytes - slots * largest) : hostBytes, slots, disk: o.offloadDir !== undefined });
   let p: ResidencyPlan;
   try {
     p = plan(2);
