@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "nccl_dl.h"
 #include "nerva.h"
 
 namespace {
@@ -74,6 +75,9 @@ class Context : public Napi::ObjectWrap<Context> {
                            InstanceMethod("counters", &Context::Counters),
                            InstanceMethod("copyBandwidth", &Context::CopyBandwidth),
                            InstanceMethod("dispose", &Context::Dispose),
+                           InstanceMethod("ncclCommInit", &Context::NcclCommInit),
+                           InstanceMethod("ncclSend", &Context::NcclSend),
+                           InstanceMethod("ncclRecv", &Context::NcclRecv),
                        });
   }
 
@@ -518,6 +522,20 @@ class Context : public Napi::ObjectWrap<Context> {
     return info.Env().Undefined();
   }
 
+  // NCCL (nccl_dl.cc): a rank on this context's device; send/recv on one of its streams.
+  Napi::Value NcclCommInit(const Napi::CallbackInfo& info) {
+    Live(info.Env());
+    return nerva_nccl::CommInit(info, device_);
+  }
+  Napi::Value NcclSend(const Napi::CallbackInfo& info) {
+    Live(info.Env());
+    return nerva_nccl::SendRecv(info, true, device_, Stream(info.Env(), info[5]));
+  }
+  Napi::Value NcclRecv(const Napi::CallbackInfo& info) {
+    Live(info.Env());
+    return nerva_nccl::SendRecv(info, false, device_, Stream(info.Env(), info[5]));
+  }
+
   struct Graph {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -582,6 +600,7 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
   exports.Set("Context", Context::Init(env));
   exports.Set("probe", Napi::Function::New(env, Probe));
   exports.Set("abiVersion", Napi::Number::New(env, 1));
+  nerva_nccl::Register(env, exports);
   return exports;
 }
 

@@ -34,7 +34,7 @@ import {
   CudaUnsupportedTierError,
   fromNative,
 } from './errors.js';
-import { loadAddon, type NativeContext, type NativeInfo } from './native.js';
+import { loadAddon, type NativeAddon, type NativeContext, type NativeInfo } from './native.js';
 
 /** How matmuls with more than 8 rows run. */
 export type GemmPrecision = 'split-bf16' | 'bf16' | 'gemv';
@@ -102,6 +102,44 @@ const DEFAULTS = {
   cublasWorkspaceBytes: 32 * 2 ** 20,
 };
 
+/**
+ * What src/nccl.ts needs of a backend, kept off the public class: the native context, the addon
+ * it came from (whose NCCL functions share its communicator table), the device ordinal, and
+ * buffer and stream resolution. Not exported from the package index.
+ */
+export interface CudaBackendInternals {
+  readonly ctx: NativeContext;
+  readonly addon: NativeAddon | undefined;
+  readonly device: number;
+  /** Throws CudaDisposedError after dispose(). */
+  live(): void;
+  /** Whether `buf` is a live buffer of this backend. */
+  owns(buf: DeviceBuffer): boolean;
+  /** Address and dtype of elements [offset, offset + length) of a live 'vram' buffer. */
+  vramRange(buf: DeviceBuffer, offset: number, length: number, what: string): { addr: number; dtype: DType };
+  /** The native stream id of a handle of this backend (undefined: the default stream). */
+  streamId(stream: StreamHandle | undefined): number;
+}
+
+let internalsOf: (be: CudaBackend) => CudaBackendInternals;
+const internalsCache = new WeakMap<CudaBackend, CudaBackendInternals>();
+
+/** The backend's internals (package-private; see CudaBackendInternals). */
+export function cudaBackendInternals(be: CudaBackend): CudaBackendInternals {
+  let i = internalsCache.get(be);
+  if (!i) {
+    i = internalsOf(be);
+    internalsCache.set(be, i);
+  }
+  return i;
+}
+
+/** Where a backend's native context came from (set by createCudaBackend). */
+export interface CudaBackendOrigin {
+  readonly device: number;
+  readonly addon: NativeAddon;
+}
+
 interface Entry extends ResolvedBuffer {
   readonly buf: CudaBuffer;
   readonly offset: number;
@@ -152,10 +190,29 @@ export class CudaBackend implements DeviceBackend {
   private d2h = 0;
   private d2d = 0;
   private disposed = false;
+  private readonly origin: CudaBackendOrigin | undefined;
+
+  static {
+    internalsOf = (be) => ({
+      ctx: be.ctx,
+      addon: be.origin?.addon,
+      device: be.origin?.device ?? 0,
+      live: () => be.live(),
+      owns: (buf) => be.buffers.get(buf.id)?.buf === buf,
+      vramRange: (buf, offset, length, what) => {
+        const e = be.entry(buf, what);
+        if (buf.tier !== 'vram') throw new CudaArgumentError(what, `buffer #${buf.id} is in ${buf.tier}; only 'vram' buffers can be sent or received`);
+        be.range(e, what, offset, length);
+        return { addr: e.addr + offset * DTYPE_BYTES[e.dtype], dtype: e.dtype };
+      },
+      streamId: (s) => be.stream(s),
+    });
+  }
 
   /** Use createCudaBackend(); this constructor expects a created native context. */
-  constructor(ctx: NativeContext, deviceCount: number, gemm: GemmPrecision) {
+  constructor(ctx: NativeContext, deviceCount: number, gemm: GemmPrecision, origin?: CudaBackendOrigin) {
     this.ctx = ctx;
+    this.origin = origin;
     this.native = ctx.info();
     this.vram = new Arena('vram', this.native.deviceArenaBytes);
     this.pinned = new Arena('pinned', this.native.pinnedArenaBytes);
@@ -563,5 +620,5 @@ export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
   } catch (e) {
     throw fromNative(e, 'createCudaBackend');
   }
-  return new CudaBackend(ctx, p.count, gemm);
+  return new CudaBackend(ctx, p.count, gemm, { device, addon });
 }

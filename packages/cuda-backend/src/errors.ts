@@ -75,3 +75,41 @@ export function fromNative(e: unknown, what: string): Error {
   if (n.cudaError === 'NERVA_BAD_ARGS') return new CudaArgumentError(what, n.call ?? msg);
   return new CudaError(n.cudaError, n.call ?? what, msg);
 }
+
+/**
+ * NCCL cannot be used here: the CUDA addon is missing or was built without NCCL support, or
+ * libnccl.so.2 was found nowhere (the reason names every place tried).
+ */
+export class NcclUnavailableError extends BackendError {
+  constructor(readonly reason: string) {
+    super(
+      'NCCL_UNAVAILABLE',
+      `NCCL unavailable: ${reason}. Install NCCL 2.x (libnccl.so.2 on the loader path, or the nvidia-nccl pip wheel) or set NERVA_NCCL_PATH to the library or its directory.`,
+    );
+  }
+}
+
+/** An NCCL call failed. `ncclError` is the ncclResult_t name (ncclInvalidUsage, ...), `call` the failing call. */
+export class NcclError extends BackendError {
+  constructor(
+    readonly ncclError: string,
+    readonly call: string,
+    message: string,
+  ) {
+    super('NCCL_ERROR', message);
+  }
+}
+
+interface NativeNcclErrorShape extends NativeErrorShape {
+  ncclError?: string;
+}
+
+/** Maps an exception thrown by the addon's NCCL functions to a typed error. */
+export function fromNativeNccl(e: unknown, what: string): Error {
+  const n = (e ?? {}) as NativeNcclErrorShape;
+  if (typeof n.ncclError !== 'string') return fromNative(e, what);
+  const detail = n.message ?? String(e);
+  if (n.ncclError === 'NCCL_NOT_LOADED' || n.ncclError === 'NCCL_MISSING_SYMBOL') return new NcclUnavailableError(detail);
+  if (n.ncclError === 'NERVA_BAD_ARGS') return new CudaArgumentError(what, detail);
+  return new NcclError(n.ncclError, n.call ?? what, `${what}: ${detail}`);
+}

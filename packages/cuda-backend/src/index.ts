@@ -23,5 +23,20 @@ export {
   CudaUnsupportedTierError,
   CudaCaptureStateError,
   CudaDisposedError,
+  NcclUnavailableError,
+  NcclError,
 } from './errors.js';
-export { addonCandidates, type NativeInfo } from './native.js';
+export {
+  loadNccl,
+  createNcclUniqueId,
+  ncclCandidateDirs,
+  NcclCommunicator,
+  NCCL_DTYPE_OF,
+  NCCL_UNIQUE_ID_BYTES,
+  type NcclStatus,
+  type LoadNcclOptions,
+  type NcclInitOptions,
+  type NcclTransferOptions,
+  type NcclDataTypeName,
+} from './nccl.js';
+export { addonCandidates, type NativeInfo, type NativeNcclCommInfo } from './native.js';

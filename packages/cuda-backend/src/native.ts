@@ -74,6 +74,48 @@ export interface NativeContext {
   counters(): NativeCounters;
   copyBandwidth(bytes: number, iters: number): number;
   dispose(): void;
+  /** NCCL (native/nccl_dl.cc): a rank on this context's device -> communicator id. Absent from builds without NCCL. */
+  ncclCommInit?(nranks: number, rank: number, uniqueId: Uint8Array): number;
+  /** ncclSend(comm, addr, count, dtypeCode, peer, stream): enqueued on this context's stream. */
+  ncclSend?(comm: number, addr: number, count: number, dtype: number, peer: number, stream: number): void;
+  ncclRecv?(comm: number, addr: number, count: number, dtype: number, peer: number, stream: number): void;
+}
+
+/** What ncclLoad reports; the library stays loaded for the process once found. */
+export interface NativeNcclLoad {
+  ok: boolean;
+  /** ncclGetVersion's code (2.28.3 -> 22803). */
+  version?: number;
+  versionString?: string;
+  /** The file the loader mapped. */
+  path?: string;
+  /** Whether the library has ncclCommInitAll. */
+  initAll?: boolean;
+  /** Why not, naming every candidate tried. */
+  error?: string;
+}
+
+export interface NativeNcclCommInfo {
+  nranks: number;
+  rank: number;
+  device: number;
+  /** ncclCommGetAsyncError's result name when it is not ncclSuccess. */
+  asyncError?: string;
+}
+
+/** The addon's module-level NCCL functions (native/nccl_dl.cc); communicator ids are process-wide. */
+export interface NativeNccl {
+  ncclLoad(candidateDirs: string[]): NativeNcclLoad;
+  ncclUniqueId(): Uint8Array;
+  ncclGroupStart(): void;
+  ncclGroupEnd(): void;
+  ncclCommInitAll(devices: number[]): number[];
+  ncclCommInfo(comm: number): NativeNcclCommInfo;
+  ncclCommDestroy(comm: number): void;
+  ncclCommAbort(comm: number): void;
+  /** ncclDataType_t codes by name (int8 ... bfloat16), from native/nccl_dl.h. */
+  ncclDataTypes: Readonly<Record<string, number>>;
+  ncclUniqueIdBytes: number;
 }
 
 export interface NativeProbe {
@@ -84,7 +126,7 @@ export interface NativeProbe {
   error?: string;
 }
 
-export interface NativeAddon {
+export interface NativeAddon extends Partial<NativeNccl> {
   Context: new (opts: NativeContextOptions) => NativeContext;
   probe(): NativeProbe;
   abiVersion: number;
