@@ -4,6 +4,9 @@
 //   parity.mjs force <modelDir> <n>        prompt + n teacher-forced decode steps on CUDA; writes
 //                                          <modelDir>/nerva-forced.{json,f32} (and -bf16.f32, bf16
 //                                          numerics) for oracle_parity.py
+//   parity.mjs paged <dir> [<dir> ...]     paged weights (memory OS) vs the resident run, greedy
+//                                          tokens, at the smallest VRAM budget and at 4 GiB /
+//                                          NERVA_PAGED_BUDGETS -> $OUT/paged.json
 import { readdirSync, readFileSync, existsSync, writeFileSync, openSync, writeSync, closeSync } from 'node:fs';
 import path from 'node:path';
 import { Engine } from '@nerva/engine';
@@ -143,7 +146,49 @@ async function batch(dir: string): Promise<void> {
   }
 }
 
+/** The smallest VRAM budget the engine accepts for a model, read off the error a tiny one gives. */
+async function minimumBudget(dir: string, base: Record<string, unknown>): Promise<number> {
+  try {
+    (await Engine.create({ model: dir, ...base, vramBudget: 2 ** 20 })).dispose();
+  } catch (e) {
+    const min = (e as { minimumBytes?: number }).minimumBytes;
+    if (typeof min === 'number') return min;
+    throw e;
+  }
+  throw new Error(`${dir}: a 1 MiB budget was accepted`);
+}
+
+async function paged(dirs: string[]): Promise<void> {
+  const results: unknown[] = [];
+  const prompt = Array.from({ length: 24 }, (_, i) => (i * 37 + 11) % 1000);
+  const n = 24;
+  const base = { backend: 'cuda' as const, maxModelLen: 512, maxNumSeqs: 4, maxNumBatchedTokens: 64, kvCacheBytes: 64 * 2 ** 20 };
+  for (const dir of dirs) {
+    const name = path.basename(dir);
+    const resident = await Engine.create({ model: dir, ...base });
+    const want = (await resident.submit(prompt, { temperature: 0, maxTokens: n, ignoreEos: true }).done).tokenIds;
+    const total = resident.memoryReport().weights.totalBytes;
+    resident.dispose();
+    const min = await minimumBudget(dir, base);
+    const budgets = (process.env.NERVA_PAGED_BUDGETS ?? '').split(',').filter(Boolean).map(Number);
+    for (const budget of [min, ...(budgets.length ? budgets : [4 * 2 ** 30])]) {
+      if (budget > total + 2 * 2 ** 30 && budget !== min) continue;
+      const e = await Engine.create({ model: dir, ...base, vramBudget: budget });
+      const out = await e.submit(prompt, { temperature: 0, maxTokens: n, ignoreEos: true }).done;
+      const r = e.memoryReport();
+      const s = out.ledger.summary();
+      const identical = out.tokenIds.length === want.length && out.tokenIds.every((t, i) => t === want[i]);
+      const first = out.tokenIds.findIndex((t, i) => t !== want[i]);
+      results.push({ model: name, budget, mode: r.mode, slots: r.weights.slots, streamed_blocks: r.weights.streamedBlocks, hot_bytes: r.weights.hotBytes, streamed_bytes: r.weights.streamedBytes, identical, first_divergence: first, decode_tok_s: s.decode_tokens_per_s, graph_replays_per_decode_token: s.graph_replays_per_decode_token, hot_path_allocations: s.hot_path_allocations, stalls: r.prefetch.stalls, notes: s.notes });
+      console.log(`paged ${name} budget ${(budget / 2 ** 20).toFixed(1)} MiB: ${r.mode} slots ${r.weights.slots} streamed ${r.weights.streamedBlocks}: ${identical ? 'identical' : `DIVERGES at ${first}`} (${s.decode_tokens_per_s} tok/s)`);
+      e.dispose();
+    }
+  }
+  writeFileSync(path.join(out, 'paged.json'), JSON.stringify(results, null, 1));
+}
+
 if (mode === 'fixtures') await fixtures(a);
+else if (mode === 'paged') await paged(process.argv.slice(3));
 else if (mode === 'batch') await batch(a);
 else if (mode === 'synth') await synth(a, b);
 else if (mode === 'force') {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (see /work/shared/device/README.md and tools/gpu/README.md).
 # Prepare here with tools/gpu/prepare.sh, then run with carry [".device"]:
-#   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,synth,oracle,bench,profile,offload
+#   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,paged,synth,oracle,bench,profile,offload
 #   NERVA_SIZES="qwen3-0.6b qwen3-8b"   synthetic checkpoints (from .device/configs) for synth/oracle/bench/profile/offload
 #   offload (not in the default list; meant for a checkpoint larger than the budget, e.g.
 #   NERVA_SIZES=qwen3-8b bash tools/gpu/run.sh build,synth,offload): accelerate's device_map offload
@@ -42,6 +42,7 @@ has conformance && runjs conformance conformance.mjs
 has checks && runjs checks checks.mjs
 has parity && runjs parity parity.mjs fixtures .device/fixtures/models
 has batch && runjs batch parity.mjs batch .device/fixtures/models/tiny-shakespeare-qwen3
+has paged && runjs paged parity.mjs paged .device/fixtures/models/*/ && cp "$OUT/paged.json" "$OUT/paged-fixtures.json"
 has cli && { for m in .device/fixtures/models/*/; do $NODE .device/dist/cli.mjs run --model "$m" --backend cuda --prompt-ids 1,2,3 --max-tokens 8 --temperature 0 --json 2>&1 | tail -1; done > "$OUT/cli-runs.jsonl"; say "cli runs: $(grep -c '"backend":"cuda"' "$OUT/cli-runs.jsonl") cuda json lines"; }
 for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   dir=/tmp/synth/$size
@@ -51,6 +52,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
     runjs "force $size" parity.mjs force "$dir" 32
     if python3 tools/gpu/oracle_parity.py "$dir" "$OUT/oracle-$size.json" 2>&1 | tail -3 | tee -a "$log"; then say "oracle $size done"; else say "oracle $size FAILED"; status=1; fi
   fi
+  has paged && runjs "paged $size" parity.mjs paged "$dir" && cp "$OUT/paged.json" "$OUT/paged-$size.json"
   has bench && runjs "bench $size" bench.mjs "$dir" 128 256
   has bench && NERVA_CUDA_DECODER=persistent runjs "bench $size persistent" bench.mjs "$dir" 128 256
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
