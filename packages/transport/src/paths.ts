@@ -305,7 +305,9 @@ export function planPath(topology: FabricTopology, from: Endpoint, to: Endpoint,
       if (better.length > 0) notes.push(`degraded: ${better.map((p) => p.kind).join(', ')} measured slower than ${chosen.kind}`);
       const failed = planned.filter((p) => p.error !== null && preferred.has(p.kind));
       if (failed.length > 0) notes.push(`degraded: ${failed.map((p) => p.kind).join(', ')} could not be measured`);
-      for (const r of rejected) if (preferred.has(r.kind)) notes.push(`degraded: ${r.kind} unavailable: ${r.reason}`);
+      const byReason = new Map<string, PathKind[]>();
+      for (const r of rejected) if (preferred.has(r.kind)) byReason.set(r.reason, [...(byReason.get(r.reason) ?? []), r.kind]);
+      for (const [reason, kinds] of byReason) notes.push(`degraded: ${kinds.join(', ')} unavailable: ${reason}`);
     }
   }
   const ordered = [...usable, ...planned.filter((p) => p.error !== null)];

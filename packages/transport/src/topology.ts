@@ -495,6 +495,13 @@ function readModules(ctx: Ctx): PeerMemoryInfo {
   return { modules, peerMemory, nvidiaDriver };
 }
 
+/** Network interfaces of a PCI function: `net/`, or `virtioN/net/` for virtio-net. */
+function netdevsOf(ctx: Ctx, dir: string): string[] {
+  const out = [...(ctx.reader.readdir(`${dir}/net`) ?? [])];
+  for (const e of ctx.reader.readdir(dir) ?? []) if (/^virtio\d+$/.test(e)) out.push(...(ctx.reader.readdir(`${dir}/${e}/net`) ?? []));
+  return out;
+}
+
 function nvidiaName(ctx: Ctx, bdf: string): string | undefined {
   const info = ctx.text(`/proc/driver/nvidia/gpus/${bdf}/information`);
   const m = info === undefined ? null : /^Model:\s*(.+)$/m.exec(info);
@@ -691,7 +698,7 @@ export function discoverTopology(reader: SysfsReader, options: DiscoverOptions =
       nics.push({
         ...info,
         kind: sub === 0x0200 ? 'ethernet' : sub === 0x0207 ? 'infiniband' : 'network',
-        netdevs: ctx.reader.readdir(`${dir}/net`) ?? [],
+        netdevs: netdevsOf(ctx, dir),
         rdmaDevices,
         rdma: sub === 0x0207 || rdmaDevices.length > 0,
       });

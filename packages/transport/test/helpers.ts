@@ -1,0 +1,33 @@
+import { readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { createSysfsReader, discoverTopology, type FabricTopology, type RuntimeProbe, type SysfsReader } from '../src/index.js';
+
+/** The recorded (modelled) sysfs trees under test/fixtures, each with the runtime probe it goes with. */
+export const FIXTURES = ['h100-sxm-vm', 'h200-nvlink-2gpu', 'pcie-2gpu-iommu', 'malformed'] as const;
+export type FixtureName = (typeof FIXTURES)[number];
+
+export function fixtureRoot(name: string): string {
+  return fileURLToPath(new URL(`./fixtures/${name}`, import.meta.url));
+}
+
+export function fixtureReader(name: string): SysfsReader {
+  return createSysfsReader(fixtureRoot(name));
+}
+
+/** The fixture's runtime.json, or undefined where it has none (malformed). */
+export function fixtureRuntime(name: string): RuntimeProbe | undefined {
+  try {
+    return JSON.parse(readFileSync(`${fixtureRoot(name)}/runtime.json`, 'utf8')) as RuntimeProbe;
+  } catch {
+    return undefined;
+  }
+}
+
+export function loadFixture(name: string, runtime: RuntimeProbe | undefined | null = fixtureRuntime(name)): FabricTopology {
+  return discoverTopology(fixtureReader(name), { runtime: runtime ?? undefined });
+}
+
+/** A square matrix of one value with a given diagonal. */
+export function matrix<T>(n: number, value: T, diagonal: T): T[][] {
+  return Array.from({ length: n }, (_, i) => Array.from({ length: n }, (_, j) => (i === j ? diagonal : value)));
+}
