@@ -340,7 +340,7 @@ function readLink(ctx: Ctx, dir: string, speedFile: string, widthFile: string): 
   const widthPath = `${dir}/${widthFile}`;
   const width = ctx.text(widthPath);
   if (width !== undefined) {
-    if (!/^\d+$/.test(width)) ctx.bad(widthPath, width, 'not a lane count');
+    if (!/^\d+$/.test(width) || Number(width) > 32) ctx.bad(widthPath, width, 'not a lane count');
     else if (Number(width) > 0) link.width = Number(width);
   }
   return link;
@@ -393,6 +393,7 @@ function readFunction(ctx: Ctx, bdf: string): RawFunction {
   if (numa !== undefined) {
     if (!/^-?\d+$/.test(numa)) numaNode = ctx.bad(numaPath, numa, 'not a NUMA node number');
     else if (Number(numa) < 0) noAffinity = true;
+    else if (Number(numa) > 4095) numaNode = ctx.bad(numaPath, numa, 'NUMA node number out of range');
     else numaNode = Number(numa);
   } else noAffinity = true;
   const link: PcieLinkState = {
@@ -644,6 +645,14 @@ export function discoverTopology(reader: SysfsReader, options: DiscoverOptions =
       const gpuLike = noAffinity.filter((f) => f.info.classCode !== 'unknown' && (f.info.classCode >> 16 === 0x03 || f.info.classCode >> 16 === 0x02));
       if (gpuLike.length > 0)
         ctx.note(`numa_node is -1 or missing for ${gpuLike.map((f) => f.info.bdf).join(', ')} on a machine with ${numaNodes.length} NUMA nodes: node unknown`);
+    }
+  }
+
+  if (numaNodes.length > 0) {
+    for (const f of functions.values()) {
+      const n = f.info.numaNode;
+      if (n !== 'unknown' && !numaNodes.some((x) => x.id === n))
+        f.info.numaNode = ctx.bad(`${PCI_DEVICES}/${f.info.bdf}/numa_node`, String(n), `names no NUMA node of this machine (${numaNodes.map((x) => x.id).join(', ')})`);
     }
   }
 
