@@ -7,6 +7,8 @@
 #   NERVA_SIZES=qwen3-8b bash tools/gpu/run.sh build,synth,offload): accelerate's device_map offload
 #   and `nerva-bench offload` under the same budget (NERVA_OFFLOAD_BUDGET, default 4GiB), 16 prompt
 #   ids, 8 new tokens -> both JSON lines in $OUT/offload.jsonl
+#   nccl (not in the default list; bash tools/gpu/run.sh build,nccl): NCCL load, a one-rank
+#   communicator, and with 2+ GPUs a checked GPU 0 -> GPU 1 send/recv (tools/gpu/nccl_check.ts) -> $OUT/nccl.json
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,6 +42,7 @@ runjs() { # name bundle args...
 
 has conformance && runjs conformance conformance.mjs
 has checks && runjs checks checks.mjs
+has nccl && runjs nccl nccl_check.mjs
 has parity && runjs parity parity.mjs fixtures .device/fixtures/models
 has batch && runjs batch parity.mjs batch .device/fixtures/models/tiny-shakespeare-qwen3
 has paged && runjs paged parity.mjs paged .device/fixtures/models/*/ && cp "$OUT/paged.json" "$OUT/paged-fixtures.json"
