@@ -54,8 +54,9 @@ export interface PeerDecision {
 /**
  * Decide whether devices `a` and `b` (runtime ordinals) may use a GPU-direct path. Rules, in order:
  * no runtime probe: no; backend without `peerAccess`: no; runtime peer access false either way: no;
- * NVLink links > 0: yes over NVLink; across root complexes (or unknown placement) with an IOMMU
- * that may translate DMA: no; otherwise yes over PCIe.
+ * NVLink links > 0: yes over NVLink; PCI relation unknown (a device not matched to sysfs, placement
+ * unknown): no; across root complexes with an IOMMU that may translate DMA: no; otherwise yes over
+ * PCIe.
  */
 export function peerDecision(topology: FabricTopology, a: number, b: number, capabilities?: BackendCapabilities): PeerDecision {
   if (a === b) throw new UnknownEndpointError(`gpu:${a}`, 'a device is not its own peer');
@@ -82,10 +83,12 @@ export function peerDecision(topology: FabricTopology, a: number, b: number, cap
   if (typeof nvlinkLinks === 'number' && nvlinkLinks > 0) {
     return { ...base, gpuDirect: true, transport: 'nvlink', nvlinkLinks, peerAccess, reason: `NVLink (${nvlinkLinks} links) with runtime peer access` };
   }
-  const crossRoot = pcie === 'NODE' || pcie === 'SYS' || pcie === 'unknown';
-  if (crossRoot && (mayTranslate(topology, ga) || mayTranslate(topology, gb))) {
-    const where = pcie === 'unknown' ? 'with unknown PCI placement' : `across root complexes (${pcie})`;
-    return refuse(`P2P ${where} while the IOMMU may translate DMA (${topology.iommu.state}): refused, peer writes would be redirected or faulted`);
+  if (pcie === 'unknown') {
+    const why = !ga || !gb ? 'a device is not matched to a PCI GPU' : 'their PCI relation is unknown';
+    return refuse(`runtime reports peer access but ${why}: the topology cannot confirm PCIe P2P, refused`);
+  }
+  if ((pcie === 'NODE' || pcie === 'SYS') && (mayTranslate(topology, ga) || mayTranslate(topology, gb))) {
+    return refuse(`P2P across root complexes (${pcie}) while the IOMMU may translate DMA (${topology.iommu.state}): refused, peer writes would be redirected or faulted`);
   }
   const notes: string[] = [`PCIe P2P (${pcie}) with runtime peer access`];
   if (nvlinkLinks === 'unknown') notes.push('NVLink unknown, link taken as PCIe');

@@ -1,3 +1,4 @@
+import type { BackendCapabilities } from '@nerva/core';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { createSysfsReader, discoverTopology, type FabricTopology, type RuntimeProbe, type SysfsReader } from '../src/index.js';
@@ -30,4 +31,24 @@ export function loadFixture(name: string, runtime: RuntimeProbe | undefined | nu
 /** A square matrix of one value with a given diagonal. */
 export function matrix<T>(n: number, value: T, diagonal: T): T[][] {
   return Array.from({ length: n }, (_, i) => Array.from({ length: n }, (_, j) => (i === j ? diagonal : value)));
+}
+
+/** Capabilities of a CUDA-like backend; override what a test varies. */
+export function caps(over: Partial<BackendCapabilities> = {}): BackendCapabilities {
+  return {
+    deviceKind: 'cuda',
+    deviceName: 'test',
+    deviceCount: 2,
+    memory: { vram: 80e9, pinned: 1e9 },
+    computeTier: 'vram',
+    dtypes: ['f32', 'bf16'],
+    weightDtype: 'bf16',
+    precision: { compute: 'f32', relTol: 1e-3 },
+    graphCapture: true,
+    peerAccess: true,
+    collectives: true,
+    fabric: 'DiscreteExplicit',
+    ops: [],
+    ...over,
+  };
 }
