@@ -138,7 +138,7 @@ export interface StagePlan {
 /**
  * Split `numLayers` layers into `numStages` contiguous, non-empty ranges, minimizing the largest
  * stage's bytes (`layerBytes[i]` per layer; equal weights when omitted). Among optimal splits the
- * earlier stages take the extra layers. Throws `TransportArgumentError` for numStages < 1,
+ * most even one is taken, earlier stages taking the extra layers on ties. Throws `TransportArgumentError` for numStages < 1,
  * numStages > numLayers, or malformed weights.
  */
 export function planStages(numLayers: number, numStages: number, layerBytes?: readonly number[]): StagePlan {
@@ -172,17 +172,42 @@ export function planStages(numLayers: number, numStages: number, layerBytes?: re
   }
   const limit = best[numLayers];
 
-  // Greedy from the front under the optimal limit: each stage takes as much as fits, leaving one
-  // layer for each stage after it.
+  // Among the splits that reach that limit, take the most even one (least sum of squared stage
+  // weights), preferring larger earlier stages on ties. q[k][i]: least sum of squares splitting
+  // layers i.. into k stages of at most `limit` each.
+  const tol = (x: number) => 1e-9 * Math.max(1, Math.abs(x));
+  const fits = (w: number) => w <= limit + tol(limit);
+  const q: number[][] = [new Array<number>(numLayers + 1).fill(Infinity)];
+  q[0][numLayers] = 0;
+  for (let k = 1; k <= numStages; k++) {
+    const row = new Array<number>(numLayers + 1).fill(Infinity);
+    for (let i = 0; i < numLayers; i++) {
+      for (let e = i + 1; e <= numLayers - (k - 1); e++) {
+        const w = sum(i, e);
+        if (!fits(w)) break;
+        const v = w * w + q[k - 1][e];
+        if (v < row[i]) row[i] = v;
+      }
+    }
+    q.push(row);
+  }
   const stages: StageRange[] = [];
   let pos = 0;
   for (let s = 0; s < numStages; s++) {
-    const maxEnd = numLayers - (numStages - s - 1);
-    let end = pos + 1;
-    if (s === numStages - 1) end = numLayers;
-    else while (end < maxEnd && sum(pos, end + 1) <= limit * (1 + 1e-12)) end++;
-    stages.push({ stage: s, firstLayer: pos, endLayer: end, layers: end - pos, bytes: total > 0 ? sum(pos, end) : 0 });
-    pos = end;
+    const k = numStages - s;
+    let pick = -1;
+    let bestV = Infinity;
+    for (let e = numLayers - (k - 1); e > pos; e--) {
+      const w = sum(pos, e);
+      if (!fits(w)) continue;
+      const v = w * w + q[k - 1][e];
+      if (Number.isFinite(v) && (pick < 0 || v < bestV - tol(bestV))) {
+        bestV = v;
+        pick = e;
+      }
+    }
+    stages.push({ stage: s, firstLayer: pos, endLayer: pick, layers: pick - pos, bytes: total > 0 ? sum(pos, pick) : 0 });
+    pos = pick;
   }
   const maxStageBytes = Math.max(...stages.map((s) => s.bytes));
   const totalBytes = total;
