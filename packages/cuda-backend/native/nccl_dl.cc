@@ -91,16 +91,17 @@ Napi::Error UsageErr(Napi::Env env, const char* kind, const std::string& call, c
   return err;
 }
 
-// Makes `device` current for the NCCL call in scope and restores the previous device after.
+// Makes `device` current for the NCCL call in scope (device -1: keeps the current one) and makes
+// the previous device current again after, whatever the call left current: the Context's calls
+// rely on the device its constructor made current.
 struct DeviceScope {
   int prev = -1;
-  int device;
-  DeviceScope(Napi::Env env, int dev) : device(dev) {
+  DeviceScope(Napi::Env env, int device) {
     if (cudaGetDevice(&prev) != cudaSuccess) {
       cudaGetLastError();
       prev = -1;
     }
-    if (prev == device) return;
+    if (device < 0 || prev == device) return;
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -113,7 +114,11 @@ struct DeviceScope {
     }
   }
   ~DeviceScope() {
-    if (prev >= 0 && prev != device) cudaSetDevice(prev);
+    if (prev < 0) return;
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && cur == prev) return;
+    if (cudaSetDevice(prev) != cudaSuccess || e != cudaSuccess) cudaGetLastError();
   }
 };
 
@@ -269,7 +274,12 @@ Napi::Value GroupStart(const Napi::CallbackInfo& info) {
 // Issues every call queued since ncclGroupStart (communicator inits, sends, receives).
 Napi::Value GroupEnd(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  Result r = Need(env, "ncclGroupEnd").groupEnd();
+  const Api& a = Need(env, "ncclGroupEnd");
+  Result r;
+  {
+    DeviceScope scope(env, -1);  // the group's work is launched on each communicator's device
+    r = a.groupEnd();
+  }
   if (r != ncclSuccess && r != ncclInProgress) throw NcclErr(env, r, "ncclGroupEnd", nullptr);
   return env.Undefined();
 }
@@ -291,7 +301,11 @@ Napi::Value CommInitAll(const Napi::CallbackInfo& info) {
   call += ")";
   if (devs.empty()) throw UsageErr(env, "NERVA_BAD_ARGS", call, "ncclCommInitAll: no devices");
   std::vector<Comm> cs(devs.size(), nullptr);
-  Result r = a.commInitAll(cs.data(), (int)devs.size(), devs.data());
+  Result r;
+  {
+    DeviceScope scope(env, -1);
+    r = a.commInitAll(cs.data(), (int)devs.size(), devs.data());
+  }
   if (r != ncclSuccess) throw NcclErr(env, r, call, nullptr);
   Napi::Array ids = Napi::Array::New(env, devs.size());
   for (size_t i = 0; i < devs.size(); i++) ids.Set((uint32_t)i, AddComm({cs[i], devs[i], (int)devs.size(), (int)i}));
@@ -325,7 +339,11 @@ Napi::Value Destroy(const Napi::CallbackInfo& info, bool abort) {
   const Api& a = Need(env, name);
   CommEntry c = GetComm(env, info[0], name);
   int id = info[0].As<Napi::Number>().Int32Value();
-  Result r = abort ? a.commAbort(c.comm) : a.commDestroy(c.comm);
+  Result r;
+  {
+    DeviceScope scope(env, -1);
+    r = abort ? a.commAbort(c.comm) : a.commDestroy(c.comm);
+  }
   // A failed destroy leaves the entry: ncclCommAbort may still be tried on it.
   if (r != ncclSuccess) throw NcclErr(env, r, std::string(name) + "(comm #" + std::to_string(id) + ")", nullptr);
   std::lock_guard<std::mutex> lock(mu);
