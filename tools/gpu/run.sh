@@ -42,7 +42,7 @@ runjs() { # name bundle args...
 
 has conformance && runjs conformance conformance.mjs
 has checks && runjs checks checks.mjs
-has nccl && runjs nccl nccl_check.mjs
+has nccl && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs nccl nccl_check.mjs
 has parity && runjs parity parity.mjs fixtures .device/fixtures/models
 has batch && runjs batch parity.mjs batch .device/fixtures/models/tiny-shakespeare-qwen3
 has paged && runjs paged parity.mjs paged .device/fixtures/models/*/ && cp "$OUT/paged.json" "$OUT/paged-fixtures.json"
