@@ -131,7 +131,12 @@ function hardwareFabric(topology: FabricTopology): FabricKind | Unknown {
  */
 export function classifyFabric(topology: FabricTopology, capabilities?: BackendCapabilities): FabricClassification {
   const notes: string[] = [];
-  const hw = hardwareFabric(topology);
+  let hw = hardwareFabric(topology);
+  if (capabilities && capabilities.deviceKind !== 'cpu' && topology.source === 'sysfs' && topology.gpus.length === 0 && capabilities.deviceCount > 0) {
+    // A sandbox or container can hide the PCI tree from sysfs while the runtime still sees GPUs.
+    notes.push(`sysfs shows no GPU but the ${capabilities.deviceKind} backend reports ${capabilities.deviceCount}: the hardware fabric is unknown`);
+    hw = 'unknown';
+  }
   const declared = capabilities?.fabric ?? null;
   let fabric: FabricKind;
   let agrees = true;
@@ -140,7 +145,7 @@ export function classifyFabric(topology: FabricTopology, capabilities?: BackendC
     if (topology.gpus.length > 0) notes.push(`the backend computes on the CPU; ${topology.gpus.length} GPU(s) in the tree are not used`);
   } else if (hw === 'unknown') {
     fabric = declared ?? 'DiscreteExplicit';
-    notes.push(declared ? `no sysfs topology: fabric ${declared} taken from the backend` : 'no sysfs topology and no backend: DiscreteExplicit assumed (explicit copies)');
+    notes.push(declared ? `hardware fabric unknown: ${declared} taken from the backend` : 'no sysfs topology and no backend: DiscreteExplicit assumed (explicit copies)');
   } else if (declared === null) {
     fabric = hw;
   } else if (declared === hw) {

@@ -11,6 +11,8 @@
  * its root with one `path -> target` line per link (paths relative to the root, targets as
  * `readlink` printed them). Manifest links are followed by the reader itself, and an absolute
  * target is taken relative to the tree's root, so a recorded tree never reaches outside itself.
+ * (Real links are followed by the filesystem, so a real link with an absolute target leads to this
+ * machine's path; tools/gpu/record_topology.sh writes the manifest instead.)
  */
 import { lstatSync, readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs';
 import { posix } from 'node:path';

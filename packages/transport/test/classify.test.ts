@@ -62,6 +62,13 @@ describe('classifyFabric', () => {
     expect(classifyFabric(none, caps({ fabric: 'DiscreteExplicit' }))).toMatchObject({ fabric: 'DiscreteExplicit', hardwareFabric: 'unknown' });
     expect(classifyFabric(none).notes[0]).toMatch(/DiscreteExplicit assumed/);
   });
+
+  it('does not infer a GPU-less fabric when sysfs hides the GPUs the backend sees', () => {
+    const hidden = discoverTopology(new MemorySysfsReader({ files: { '/sys/bus/pci/devices/.keep': '' } }));
+    const c = classifyFabric(hidden, caps({ deviceCount: 1 }));
+    expect(c).toMatchObject({ fabric: 'DiscreteExplicit', hardwareFabric: 'unknown', agrees: true });
+    expect(c.notes[0]).toBe('sysfs shows no GPU but the cuda backend reports 1: the hardware fabric is unknown');
+  });
 });
 
 describe('peerDecision', () => {
