@@ -3,6 +3,7 @@
 // `launch`. Every CUDA failure becomes a JS exception carrying the CUDA error name and the call.
 #include <napi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 namespace {
 
 constexpr double MAX_SAFE = 9007199254740992.0;  // 2^53: addresses travel as JS numbers
+constexpr size_t kPinnedViewBytes = (size_t)1 << 31;
 
 Napi::Error cudaErr(Napi::Env env, int code, const std::string& call) {
   std::string name, desc;
@@ -55,6 +57,7 @@ class Context : public Napi::ObjectWrap<Context> {
                        {
                            InstanceMethod("info", &Context::Info),
                            InstanceMethod("pinnedArrayBuffer", &Context::PinnedArrayBuffer),
+                           InstanceMethod("peekPinned", &Context::PeekPinned),
                            InstanceMethod("launch", &Context::Launch),
                            InstanceMethod("copy", &Context::Copy),
                            InstanceMethod("write", &Context::Write),
@@ -246,7 +249,21 @@ class Context : public Napi::ObjectWrap<Context> {
   Napi::Value PinnedArrayBuffer(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Live(env);
-    return Napi::ArrayBuffer::New(env, pinBase_, pinBytes_);
+    // Node caps an ArrayBuffer below 4 GiB; a larger arena (host copies of paged weights) is
+    // viewed up to 2 GiB, and peekPinned reads beyond it.
+    return Napi::ArrayBuffer::New(env, pinBase_, std::min(pinBytes_, kPinnedViewBytes));
+  }
+
+  // peekPinned(offset, bytes) -> a copy of pinned-arena bytes, without any CUDA synchronization.
+  Napi::Value PeekPinned(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    size_t off = (size_t)info[0].As<Napi::Number>().DoubleValue();
+    size_t n = (size_t)info[1].As<Napi::Number>().DoubleValue();
+    if (off > pinBytes_ || n > pinBytes_ - off) throw Napi::RangeError::New(env, "peekPinned: range outside the pinned arena");
+    Napi::ArrayBuffer ab = Napi::ArrayBuffer::New(env, n);
+    std::memcpy(ab.Data(), pinBase_ + off, n);
+    return ab;
   }
 
   Napi::Value Launch(const Napi::CallbackInfo& info) {

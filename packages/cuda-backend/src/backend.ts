@@ -360,7 +360,9 @@ export class CudaBackend implements DeviceBackend {
     this.range(e, 'peek', offset, n);
     const eb = DTYPE_BYTES[e.dtype];
     // A copy out of the mapped arena: the caller keeps a stable snapshot while the device writes on.
-    const copy = this.pinnedBytes.slice(e.offset + offset * eb, e.offset + (offset + n) * eb);
+    const start = e.offset + offset * eb;
+    const end = e.offset + (offset + n) * eb;
+    const copy = end <= this.pinnedBytes.byteLength ? this.pinnedBytes.slice(start, end) : this.ctx.peekPinned(start, end - start);
     return this.decode(e.dtype, copy, 0, n);
   }
 

@@ -52,7 +52,10 @@ export interface NativeCounters {
 
 export interface NativeContext {
   info(): NativeInfo;
+  /** The pinned arena as an ArrayBuffer (its first 2 GiB when larger). */
   pinnedArrayBuffer(): ArrayBuffer;
+  /** A copy of pinned-arena bytes at an offset, without synchronizing (for ranges beyond the view). */
+  peekPinned(offset: number, bytes: number): ArrayBuffer;
   launch(op: number, args: Float64Array, nargs: number, stream: number): void;
   copy(dst: number, src: number, bytes: number, stream: number): void;
   /** Returns whether the host waited for the device (a large or unstaged write, or a full ring). */

@@ -7,6 +7,8 @@ export interface SelectedBackend {
   backend: DeviceBackend;
   /** Decisions the user must see, e.g. a fallback; also recorded in every ledger summary. */
   notes: string[];
+  /** Bytes of a device budget the backend keeps for itself, outside the buffers it hands out (workspaces). */
+  reservedBytes?: number;
 }
 
 export class BackendUnavailableError extends NervaError {
@@ -55,9 +57,10 @@ export async function selectBackend(choice: BackendChoice, opts: BackendOptions 
         // The budget covers the workspaces too: the arena gets what they leave.
         const workspaceBytes = 256 * 2 ** 20;
         const cublasWorkspaceBytes = 32 * 2 ** 20;
-        const arena = Math.floor((deviceBudgetBytes - workspaceBytes - cublasWorkspaceBytes) / 2 ** 20) * 2 ** 20;
-        if (arena <= 0) throw new RangeError(`a VRAM budget of ${deviceBudgetBytes} bytes does not cover the CUDA workspaces (${workspaceBytes + cublasWorkspaceBytes} bytes)`);
-        return { backend: cuda.createCudaBackend({ ...cudaOpts, deviceArenaBytes: arena, workspaceBytes, cublasWorkspaceBytes }), notes: [] };
+        // A budget below the workspaces leaves an empty arena: the residency planner then names the
+        // smallest budget that works (workspaces included), rather than failing here.
+        const arena = Math.max(0, Math.floor((deviceBudgetBytes - workspaceBytes - cublasWorkspaceBytes) / 2 ** 20) * 2 ** 20);
+        return { backend: cuda.createCudaBackend({ ...cudaOpts, deviceArenaBytes: arena, workspaceBytes, cublasWorkspaceBytes }), notes: [], reservedBytes: workspaceBytes + cublasWorkspaceBytes };
       }
       return { backend: cuda.createCudaBackend(cudaOpts), notes: [] };
     }

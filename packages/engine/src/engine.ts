@@ -240,6 +240,7 @@ export class Engine {
     const loaded = await loadModelDir(o.model);
     let backend: DeviceBackend;
     let notes: string[] = [];
+    let reservedBytes = 0;
     if (o.numerics !== undefined && !NUMERICS.includes(o.numerics)) throw new RangeError(`numerics must be ${NUMERICS.join(' or ')}, got ${String(o.numerics)}`);
     validateResidency(o);
     const budgeted = o.vramBudget !== undefined || o.hostBudget !== undefined;
@@ -249,7 +250,8 @@ export class Engine {
       if (o.numerics !== undefined && o.numerics !== has) throw new RangeError(`numerics '${o.numerics}' was asked for, but the given backend has '${has}'`);
     } else {
       try {
-        ({ backend, notes } = await selectBackend(o.backend ?? 'auto', {
+        let reserved: number | undefined;
+        ({ backend, notes, reservedBytes: reserved } = await selectBackend(o.backend ?? 'auto', {
           deviceArenaBytes: o.deviceArenaBytes,
           numerics: o.numerics,
           ...(o.vramBudget !== undefined ? { deviceBudgetBytes: o.vramBudget } : {}),
@@ -257,6 +259,7 @@ export class Engine {
           // Pinned host memory for the master copies of streamed blocks: at most the checkpoint.
           ...(budgeted ? { pinnedArenaBytes: Math.min(o.hostBudget ?? Number.POSITIVE_INFINITY, loaded.checkpoint.totalBytes) + 64 * 2 ** 20 } : {}),
         }));
+        reservedBytes = reserved ?? 0;
       } catch (e) {
         await loaded.checkpoint.close();
         throw e;
@@ -268,7 +271,7 @@ export class Engine {
       const shape = runnerShape(backend, loaded.spec, o);
       const maxModelLen = Math.min(loaded.spec.maxPositionEmbeddings, o.maxModelLen ?? 4096);
       const kvPlanned = kvCacheBytesFor(backend, shape, maxModelLen, o);
-      pager = placeWeights(backend, loaded.spec, loaded.checkpoint, kvPlanned ?? 0, shape, o);
+      pager = placeWeights(backend, loaded.spec, loaded.checkpoint, kvPlanned ?? 0, shape, o, reservedBytes);
       weights = await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress, pager);
       const kvBytes = kvPlanned ?? kvCacheBytesAfterUpload(backend, shape);
       // The loads that start the first pass; the ring keeps itself primed from then on.

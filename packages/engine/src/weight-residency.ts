@@ -51,7 +51,15 @@ export function validateResidency(o: ResidencyOptions): void {
  * left after the KV cache and activations, and create the pager the upload stores streamed
  * blocks through. Undefined when everything fits (resident).
  */
-export function placeWeights(backend: DeviceBackend, spec: ModelSpec, ckpt: Checkpoint, kvBytes: number, shape: RunnerShape, o: ResidencyOptions): WeightPager | undefined {
+export function placeWeights(
+  backend: DeviceBackend,
+  spec: ModelSpec,
+  ckpt: Checkpoint,
+  kvBytes: number,
+  shape: RunnerShape,
+  o: ResidencyOptions,
+  reservedBytes = 0,
+): WeightPager | undefined {
   if (o.vramBudget === undefined && o.hostBudget === undefined) return undefined;
   const tier = backend.capabilities.computeTier;
   const capacity = backend.capabilities.memory[tier] ?? 0;
@@ -63,7 +71,7 @@ export function placeWeights(backend: DeviceBackend, spec: ModelSpec, ckpt: Chec
   // Without a host budget, the host tier less what the runner keeps there (the token ring, meta).
   const hostBytes = o.hostBudget ?? Math.max(0, hostCap - 64 * 2 ** 20);
   const { blocks, layout } = weightBlocks(backend, spec, ckpt);
-  const fixed = kvBytes + shape.activationBytes + margin + (capacity < (o.vramBudget ?? capacity) ? (o.vramBudget ?? 0) - capacity : 0);
+  const fixed = kvBytes + shape.activationBytes + margin + reservedBytes;
   const largest = blocks.reduce((m, b) => (b.order !== undefined ? Math.max(m, b.bytes) : m), 0);
   // With a disk tier, blocks read from disk pass through host bounce buffers, one slot's worth
   // each: the host budget holds them too (reserved up front, so the minimum budget is one number).
@@ -81,9 +89,12 @@ export function placeWeights(backend: DeviceBackend, spec: ModelSpec, ckpt: Chec
     } catch (e1) {
       if (!(e1 instanceof WorkingSetTooLargeError) || e1.budgetBytes !== deviceBytes) throw e1;
       // Say what the whole budget must be: the smallest weight working set plus KV, activations, workspaces.
+      // A backend with reserved workspaces (CUDA) carves its arena in whole MiB: round up to one,
+      // so this exact figure is accepted.
+      const unit = reservedBytes > 0 ? 2 ** 20 : 1;
       throw new WorkingSetTooLargeError(
         o.vramBudget ?? capacity,
-        e1.minimumBytes + fixed,
+        Math.ceil((e1.minimumBytes + fixed) / unit) * unit,
         `weights need at least ${fmt(e1.minimumBytes)} (always-hot tensors and one staging slot), KV cache ${fmt(kvBytes)}, activations ${fmt(shape.activationBytes)}, workspaces and margin ${fmt(fixed - kvBytes - shape.activationBytes)}`,
       );
     }
