@@ -51,6 +51,7 @@ const char* ResultName(int r) {
     case ncclInvalidUsage: return "ncclInvalidUsage";
     case ncclRemoteError: return "ncclRemoteError";
     case ncclInProgress: return "ncclInProgress";
+    case ncclTimeout: return "ncclTimeout";
     default: return "ncclUnknownResult";
   }
 }

@@ -1,7 +1,8 @@
 // NCCL, loaded at run time (nccl_dl.cc) like cuBLAS: the addon builds with no NCCL headers or
 // libraries and runs unchanged where NCCL is absent. This header is the one place holding the
 // slice of nccl.h's ABI we rely on (NCCL 2.x; unchanged since 2.0 except where noted); src/nccl.ts
-// reads the data type codes from the addon (ncclDataTypes) instead of repeating them.
+// reads the data type codes from the addon (ncclDataTypes) instead of repeating them. Checked
+// against NVIDIA/nccl src/nccl.h.in.
 #pragma once
 #include <cuda_runtime.h>
 #include <napi.h>
@@ -30,6 +31,7 @@ enum Result : int {
   ncclInvalidUsage = 5,
   ncclRemoteError = 6,  // 2.13+
   ncclInProgress = 7,   // 2.14+ (non-blocking communicators)
+  ncclTimeout = 8,      // recent releases
 };
 
 // ncclDataType_t (ncclBfloat16 is 9 in every CUDA 11+ build of the library; the fp8 types that
