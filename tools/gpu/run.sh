@@ -74,7 +74,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
     fi
     [ -f "$acc" ] || echo "{\"probe\":\"accelerate_offload\",\"model\":\"$dir\",\"tok_s\":null,\"error\":\"no result: timed out after 300 s or crashed (run.log)\"}" > "$acc"
     cat "$acc" >> "$OUT/offload.jsonl"
-    NERVA_ACCELERATE_JSON="$acc" runjs "offload $size" offload.mjs "$dir" "$budget" 16 8
+    NERVA_ACCELERATE_JSON="$acc" runjs "offload $size" offload.mjs "$dir" "$budget" 16 ${NERVA_OFFLOAD_TOKENS:-32}
   fi
 done
 say "done, status $status"
