@@ -74,15 +74,17 @@ export function measureH2dBandwidth(backend: DeviceBackend, bytes = 256 * 2 ** 2
     }
     const e0 = backend.createEvent();
     const e1 = backend.createEvent();
+    // Smaller copies repeat more, so every measurement moves at least `iters` x `bytes`.
+    const n = Math.max(iters, Math.ceil((iters * bytes) / (length * 4)));
     try {
       backend.copy(dst, src, length); // warm-up
       backend.synchronize('debug');
       backend.record(e0);
-      for (let i = 0; i < iters; i++) backend.copy(dst, src, length);
+      for (let i = 0; i < n; i++) backend.copy(dst, src, length);
       backend.record(e1);
       backend.synchronize('debug');
       const ms = backend.elapsedMs(e0, e1);
-      return { bytesPerS: (length * 4 * iters) / (ms / 1000), bytes: length * 4, iters };
+      return { bytesPerS: (length * 4 * n) / (ms / 1000), bytes: length * 4, iters: n };
     } finally {
       backend.destroyEvent(e0);
       backend.destroyEvent(e1);
