@@ -147,7 +147,7 @@ export function planResidency(input: PlanInput): ResidencyPlan {
   }
   const streamedBytes = streamedBlocks.reduce((t, b) => t + b.bytes, 0);
   const notes = [
-    `paged weights: ${hot.size} of ${ordered.length} layer blocks hot (${fmt(hotBytes)}), ${streamedBlocks.length} streamed (${fmt(streamedBytes)}) through ${slots} slots of ${fmt(slotBytes)}`,
+    `paged weights: ${hot.size} of ${ordered.length} layer blocks hot (${fmt(hotBytes)}), ${streamedBlocks.length} streamed (${fmt(streamedBytes)}) through ${Math.min(slots, streamedBlocks.length)} slots of ${fmt(slotBytes)}`,
   ];
   if (diskBytes > 0) notes.push(`disk tier: ${fmt(diskBytes)} of streamed blocks beyond the host budget of ${fmt(hostBytes)} are read from the offload dir each pass`);
   return {
