@@ -1,4 +1,4 @@
 export { decodeProbe } from "./probes/decode.js";
 export { generateProbe } from "./probes/generate.js";
-export { measureCopyBandwidth, measureH2dBandwidth, syntheticPrompt, type H2dBandwidth } from "./measure.js";
+export { measureCopyBandwidth, measureH2dBandwidth, syntheticPrompt, withScratchBackend, type H2dBandwidth } from "./measure.js";
 export { offloadProbe, offloadKvCacheBytes, type OffloadProbeOptions } from "./probes/offload.js";

@@ -1,4 +1,5 @@
 import type { DeviceBackend } from '@nerva/core';
+import { selectBackend } from '@nerva/engine';
 
 /**
  * Copy bandwidth of the backend's compute tier, bytes read + written per second, measured with
@@ -93,4 +94,24 @@ export function measureH2dBandwidth(backend: DeviceBackend, bytes = 256 * 2 ** 2
     }
   }
   return null;
+}
+
+/**
+ * Run `fn` on a short-lived backend of the given kind with room for the scratch buffers of the
+ * measurements above (1 GiB of device memory, 512 MiB pinned), then dispose of it. An engine under
+ * a memory budget sizes its arenas to the budget and fills them by design, so rates are timed
+ * here, before it is created. Undefined when that backend cannot be created (the engine will say why).
+ */
+export async function withScratchBackend<T>(choice: 'cpu' | 'cuda' | 'auto', fn: (b: DeviceBackend) => T): Promise<T | undefined> {
+  let backend: DeviceBackend;
+  try {
+    ({ backend } = await selectBackend(choice, { deviceArenaBytes: 2 ** 30, pinnedArenaBytes: 512 * 2 ** 20 }));
+  } catch {
+    return undefined;
+  }
+  try {
+    return fn(backend);
+  } finally {
+    backend.dispose();
+  }
 }

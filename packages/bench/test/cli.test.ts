@@ -39,6 +39,19 @@ describe('nerva-bench', () => {
     expect(j.graph_replays_per_token).toBe(1);
   }, 120_000);
 
+  it('decode takes a --vram-budget: the copy rate is timed outside the budget, the placement is reported', async () => {
+    // 40 MiB is 1.5x the embedded model's weights; a quarter goes to the KV cache, some to activations.
+    const { stdout } = await run(process.execPath, [CLI, 'decode', '--backend', 'cpu', '--new-tokens', '8', '--prompt-len', '16', '--vram-budget', '40MiB'], { cwd: root });
+    const j = JSON.parse(stdout.trim());
+    expect(j.vram_budget_bytes).toBe(40 * 2 ** 20);
+    expect(j.memory_mode).toBe('paged');
+    expect(j.hot_bytes).toBeLessThan(j.weight_bytes);
+    expect(j.streamed_bytes_per_pass).toBe(j.weight_bytes - j.hot_bytes);
+    expect(j.slots).toBeGreaterThan(0);
+    expect(j.copy_bandwidth_gbs).toBeGreaterThan(0);
+    expect(j.hot_path_allocations).toBe(0);
+  }, 120_000);
+
   it('offload streams the weights a budget below their size cannot hold, with the resident greedy tokens', async () => {
     const model = defaultModelDir();
     const [promptLen, newTokens] = [16, 12];

@@ -1,6 +1,6 @@
 import { resolve } from 'node:path';
 import { Engine } from '@nerva/engine';
-import { measureCopyBandwidth, syntheticPrompt } from '../measure.js';
+import { measureCopyBandwidth, syntheticPrompt, withScratchBackend } from '../measure.js';
 
 export interface DecodeProbeOptions {
   model: string;
@@ -23,6 +23,9 @@ export interface DecodeProbeOptions {
  * the same run on the same backend.
  */
 export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string, unknown>> {
+  // Under a budget the engine's arenas have no room for the copy's scratch buffers: time it first.
+  const budgeted = o.vramBudget !== undefined || o.hostBudget !== undefined;
+  const scratchBw = budgeted ? await withScratchBackend(o.backend, (b) => measureCopyBandwidth(b)) : undefined;
   const engine = await Engine.create({
     model: o.model,
     backend: o.backend,
@@ -35,7 +38,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     offloadDir: o.offloadDir !== undefined ? resolve(o.offloadDir) : undefined,
   });
   try {
-    const bw = measureCopyBandwidth(engine.backend);
+    const bw = scratchBw ?? measureCopyBandwidth(engine.backend);
     const prompt = syntheticPrompt(o.promptLen, engine.spec.vocabSize);
     await engine.submit(prompt.slice(0, 16), { maxTokens: 8, temperature: 0, ignoreEos: true }).done;
     const out = await engine.submit(prompt, { maxTokens: o.newTokens, temperature: 0, ignoreEos: true }).done;
@@ -66,7 +69,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       ttft_ms: out.times.firstToken !== undefined ? Math.round((out.times.firstToken - out.times.arrival) * 100) / 100 : null,
       notes: s.notes,
     };
-    if (o.vramBudget !== undefined || o.hostBudget !== undefined) {
+    if (budgeted) {
       // Under a budget the weights may stream: the copy roofline above then bounds only the hot part.
       const m = engine.memoryReport();
       r.vram_budget_bytes = o.vramBudget ?? null;

@@ -1,8 +1,8 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { Engine, selectBackend, type WorkerEngineStats } from '@nerva/engine';
+import { Engine, type WorkerEngineStats } from '@nerva/engine';
 import { loadModelConfig, type ModelSpec } from '@nerva/models';
-import { type H2dBandwidth, measureH2dBandwidth, syntheticPrompt } from '../measure.js';
+import { measureH2dBandwidth, syntheticPrompt, withScratchBackend } from '../measure.js';
 
 type MemoryReport = WorkerEngineStats['memory'];
 
@@ -38,21 +38,6 @@ export function offloadKvCacheBytes(spec: ModelSpec, maxModelLen: number): numbe
 }
 
 const r3 = (v: number): number => Math.round(v * 1000) / 1000;
-
-/** The pinned -> VRAM copy rate on a scratch backend (null where the choice gives a CPU backend). */
-async function scratchH2d(choice: 'cuda' | 'auto'): Promise<H2dBandwidth | null> {
-  let backend;
-  try {
-    ({ backend } = await selectBackend(choice, { deviceArenaBytes: 512 * 2 ** 20, pinnedArenaBytes: 512 * 2 ** 20 }));
-  } catch {
-    return null; // the engine reports why its backend is unavailable
-  }
-  try {
-    return measureH2dBandwidth(backend);
-  } finally {
-    backend.dispose();
-  }
-}
 
 /** What tools/gpu/accelerate_offload.py wrote, the fields the probe compares. */
 interface AccelerateLine {
@@ -90,7 +75,7 @@ export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<strin
   const spec = await loadModelConfig(o.model);
   // The link's rate, measured first on a short-lived backend of the same kind with room for a
   // 256 MiB copy: the engine's own arenas are sized to the budget and left nearly full by design.
-  let h2d = o.backend === 'cpu' ? null : await scratchH2d(o.backend);
+  let h2d = o.backend === 'cpu' ? null : ((await withScratchBackend(o.backend, (b) => measureH2dBandwidth(b))) ?? null);
   const maxModelLen = o.promptLen + o.newTokens + 16;
   const kvCacheBytes = o.kvCacheBytes ?? offloadKvCacheBytes(spec, maxModelLen);
   const engine = await Engine.create({
