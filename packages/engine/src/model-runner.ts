@@ -42,6 +42,17 @@ export interface RunnerMeta {
   ringCursor: DeviceBuffer;
 }
 
+/**
+ * A pipeline stage's share of the model: decoder layers [firstLayer, endLayer). The stage with
+ * layer 0 runs the embedding; the stage that ends at the last layer runs the final norm and the
+ * LM head. A middle or last stage takes its input hidden states in `hidden` (act.residual) from the
+ * stage before it (see StagePipeline).
+ */
+export interface RunnerStage {
+  firstLayer: number;
+  endLayer: number;
+}
+
 /** A run of the decoder stack for op decoder_layers: hot layers together, a streamed layer alone. */
 type StackRun = { layers: DecoderLayerWeights[]; streamed?: string };
 
@@ -51,7 +62,8 @@ type StackRun = { layers: DecoderLayerWeights[]; streamed?: string };
  * path; `forward` itself never allocates, so it can be captured as a graph and replayed.
  */
 export class ModelRunner {
-  readonly meta: RunnerMeta;
+  /** The meta buffers its ops read; a StagePipeline may point stages at shared or per-micro-batch sets. */
+  meta: RunnerMeta;
   readonly logits: DeviceBuffer;
   readonly kCache: DeviceBuffer[] = [];
   readonly vCache: DeviceBuffer[] = [];
@@ -72,14 +84,28 @@ export class ModelRunner {
    * the backend lacks the op or the model has a sparse (MoE) layer, which the op does not cover.
    */
   private readonly stack: readonly StackRun[] | undefined;
+  /** Decoder layers [firstLayer, endLayer) run here (every layer unless a pipeline stage). */
+  readonly firstLayer: number;
+  readonly endLayer: number;
+  /** Runs the embedding (holds layer 0). */
+  readonly first: boolean;
+  /** Runs the final norm and the LM head (holds the last layer). */
+  readonly last: boolean;
 
   constructor(
     readonly backend: DeviceBackend,
     readonly spec: ModelSpec,
     readonly weights: ModelWeights,
     readonly limits: RunnerLimits,
+    stage?: RunnerStage,
   ) {
     const s = spec;
+    this.firstLayer = stage?.firstLayer ?? 0;
+    this.endLayer = stage?.endLayer ?? s.numLayers;
+    if (!Number.isInteger(this.firstLayer) || !Number.isInteger(this.endLayer) || this.firstLayer < 0 || this.endLayer > s.numLayers || this.firstLayer >= this.endLayer)
+      throw new RangeError(`stage layers [${this.firstLayer}, ${this.endLayer}) are not a non-empty range of the model's ${s.numLayers} layers`);
+    this.first = this.firstLayer === 0;
+    this.last = this.endLayer === s.numLayers;
     const { maxRows, maxSeqs } = limits;
     const hd = s.headDim;
     this.qkvOut = (s.numHeads + 2 * s.numKvHeads) * hd;
@@ -118,15 +144,17 @@ export class ModelRunner {
         this.act.topW = f32(maxRows * s.moe.topK, 'act.top_weights');
         this.act.topIds = i32(maxRows * s.moe.topK, 'act.top_ids');
       }
-      this.logits = f32(maxSeqs * s.vocabSize, 'act.logits');
+      // Only the last stage computes logits.
+      this.logits = f32(this.last ? maxSeqs * s.vocabSize : 1, 'act.logits');
       const slotsTotal = limits.numBlocks * limits.blockSize;
       const kvWidth = s.numKvHeads * hd;
       const kvDtype = kvDtypeOf(backend);
-      for (let l = 0; l < s.numLayers; l++) {
-        this.kCache.push(this.own(backend.alloc({ dtype: kvDtype, length: slotsTotal * kvWidth, usage: 'kv', label: `kv.k.${l}` })));
-        this.vCache.push(this.own(backend.alloc({ dtype: kvDtype, length: slotsTotal * kvWidth, usage: 'kv', label: `kv.v.${l}` })));
+      // Caches of this runner's layers only, indexed by layer.
+      for (let l = this.firstLayer; l < this.endLayer; l++) {
+        this.kCache[l] = this.own(backend.alloc({ dtype: kvDtype, length: slotsTotal * kvWidth, usage: 'kv', label: `kv.k.${l}` }));
+        this.vCache[l] = this.own(backend.alloc({ dtype: kvDtype, length: slotsTotal * kvWidth, usage: 'kv', label: `kv.v.${l}` }));
       }
-      this.kvBytes = 2 * s.numLayers * slotsTotal * kvWidth * DTYPE_BYTES[kvDtype];
+      this.kvBytes = 2 * (this.endLayer - this.firstLayer) * slotsTotal * kvWidth * DTYPE_BYTES[kvDtype];
       this.stack = backend.capabilities.ops.includes('decoder_layers') && s.moe === undefined ? this.decoderStack() : undefined;
       backend.write(this.meta.ringCursor, new Int32Array(1));
     } catch (e) {
@@ -142,7 +170,7 @@ export class ModelRunner {
   private decoderStack(): StackRun[] | undefined {
     const runs: StackRun[] = [];
     const pager = this.weights.pager;
-    for (let l = 0; l < this.spec.numLayers; l++) {
+    for (let l = this.firstLayer; l < this.endLayer; l++) {
       const id = layerBlockId(l);
       const streamed = pager?.isStreamed(id) ?? false;
       const lw = streamed ? (pager!.slotFor(id) as unknown as LayerWeights) : this.weights.layers[l];
@@ -179,6 +207,17 @@ export class ModelRunner {
   /** The ops of layer l are enqueued: a streamed layer's slot may take the next block. */
   private releaseLayer(l: number): void {
     if (this.weights.layers[l] === undefined) this.weights.pager!.release(layerBlockId(l), this.stream);
+  }
+
+  /** The residual stream [maxRows, hidden]: a stage's output, and a later stage's input. */
+  get hidden(): DeviceBuffer {
+    return this.act.residual;
+  }
+
+  /** A weight only some pipeline stages hold (the embedding, final norm, LM head). */
+  private need(b: DeviceBuffer | undefined, what: string): DeviceBuffer {
+    if (b === undefined) throw new RangeError(`this stage (layers ${this.firstLayer}-${this.endLayer - 1}) holds no ${what}`);
+    return b;
   }
 
   private own(b: DeviceBuffer): DeviceBuffer {
@@ -218,8 +257,12 @@ export class ModelRunner {
   /**
    * One forward pass over `rows` token rows described by the meta buffers; writes the logits of
    * the `nLogits` rows listed in meta.logitRows to `logits` ([nLogits, vocab]).
+   *
+   * A pipeline stage runs its layers only: the embedding when it holds layer 0 (else `hidden`
+   * holds its input rows), the final norm and LM head when it holds the last layer and `head` is
+   * not false; otherwise it leaves the complete residual stream of its rows in `hidden`.
    */
-  forward(rows: number, nLogits: number, stream?: StreamHandle): void {
+  forward(rows: number, nLogits: number, stream?: StreamHandle, head = this.last): void {
     this.stream = stream;
     const s = this.spec;
     const w = this.weights;
@@ -232,7 +275,7 @@ export class ModelRunner {
     const qkvOut = this.qkvOut;
     const eps = s.rmsNormEps;
 
-    this.op('embedding', 'embedding', { table: w.embed, ids: m.ids, out: a.residual, rows, hidden: H });
+    if (this.first) this.op('embedding', 'embedding', { table: this.need(w.embed, 'embedding'), ids: m.ids, out: a.residual, rows, hidden: H });
     // The whole stack as one op needs every row to be a different sequence (op decoder_layers'
     // precondition). meta.logitRows lists one row per sequence (its last), so nLogits === rows
     // means every sequence of the pass has exactly one row: a batch of decode rows. Profiling
@@ -241,15 +284,18 @@ export class ModelRunner {
     if (rows <= FUSED_MAX_ROWS && (wholeStack || this.fusedOps)) {
       if (wholeStack) this.forwardStack(rows);
       else this.forwardFusedLayers(rows);
-      this.op('norm', 'rmsnorm', { x: a.residual, weight: w.finalNorm, out: a.normed, rows, dim: H, eps });
-      this.lmHead(nLogits);
+      if (head) {
+        this.op('norm', 'rmsnorm', { x: a.residual, weight: this.need(w.finalNorm, 'final norm'), out: a.normed, rows, dim: H, eps });
+        this.lmHead(nLogits);
+      }
       // The compute stream waits for the loads that start the next pass (they overlapped lm_head).
       w.pager?.endPass(this.stream);
       return;
     }
-    for (let l = 0; l < s.numLayers; l++) {
+    for (let l = this.firstLayer; l < this.endLayer; l++) {
       const lw = this.acquireLayer(l);
-      if (l === 0) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
+      // The first layer of a runner finds the residual stream complete (embedding, or a stage's handoff).
+      if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut });
       const rope = { x: a.qkv, positions: m.positions, invFreq: w.invFreq, rows, headDim: hd, rowStride: qkvOut, eps };
@@ -280,9 +326,26 @@ export class ModelRunner {
       }
       this.releaseLayer(l);
     }
-    this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: w.finalNorm, out: a.normed, rows, dim: H, eps });
-    this.lmHead(nLogits);
+    if (head) {
+      this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: this.need(w.finalNorm, 'final norm'), out: a.normed, rows, dim: H, eps });
+      this.lmHead(nLogits);
+    } else {
+      // The handoff carries the complete stream: the last layer's MLP output is added here, as the
+      // next layer's fused norm would (the same float32 sum, R(residual + x)).
+      this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H });
+    }
     w.pager?.endPass(this.stream);
+  }
+
+  /**
+   * The final norm and LM head over `rows` complete residual rows in `x` (a pipeline's last stage
+   * after its micro-batches were gathered): logits of the meta.logitRows rows, as forward writes them.
+   */
+  head(rows: number, nLogits: number, x: DeviceBuffer, stream?: StreamHandle): void {
+    this.stream = stream;
+    const H = this.spec.hiddenSize;
+    this.op('norm', 'rmsnorm', { x, weight: this.need(this.weights.finalNorm, 'final norm'), out: this.act.normed, rows, dim: H, eps: this.spec.rmsNormEps });
+    this.lmHead(nLogits);
   }
 
   /** Paged attention of layer l over the q heads of act.qkv -> act.attn (both forward paths). */
@@ -313,7 +376,7 @@ export class ModelRunner {
     const H = this.spec.hiddenSize;
     const a = this.act;
     this.op('lm_head', 'gather_rows', { x: a.normed, rowIdx: this.meta.logitRows, out: a.last, n: nLogits, dim: H });
-    this.op('lm_head', 'matmul', { x: a.last, weight: this.weights.lmHead, out: this.logits, rows: nLogits, inDim: H, outDim: this.spec.vocabSize });
+    this.op('lm_head', 'matmul', { x: a.last, weight: this.need(this.weights.lmHead, 'LM head'), out: this.logits, rows: nLogits, inDim: H, outDim: this.spec.vocabSize });
   }
 
   /**
@@ -333,7 +396,7 @@ export class ModelRunner {
     const nkv = s.numKvHeads;
     const qkvOut = this.qkvOut;
     const eps = s.rmsNormEps;
-    for (let l = 0; l < s.numLayers; l++) {
+    for (let l = this.firstLayer; l < this.endLayer; l++) {
       const lw = this.acquireLayer(l);
       // The input RMSNorm is folded into the GEMV (the backend normalizes the row once per block).
       this.op('projection', 'fused_matmul', {
