@@ -8,6 +8,7 @@
  * subset of ops is run. Each case also checks for leaks: every buffer it allocates it frees, so
  * `stats().liveBuffers` must be back where it was afterwards on both backends.
  */
+import type { Tier } from './tiers.js';
 import type { DeviceBackend, DeviceBuffer } from './backend.js';
 import { f32ToBf16 } from './dtype.js';
 import { OP_NAMES, type DecoderLayerWeights, type OpArgs, type OpName } from './ops.js';
@@ -128,6 +129,8 @@ type HostData = Float32Array | Int32Array;
 interface BufDef {
   dtype: 'f32' | 'i32' | 'bf16';
   data: HostData;
+  /** Where to allocate it (default: the backend's compute tier). */
+  tier?: Tier;
 }
 
 type Bufs = Record<string, DeviceBuffer>;
@@ -703,6 +706,34 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
 /** Decode rows (the last position) of every sequence. */
 const decodeRows = (lens: number[]): Array<[number, number]> => lens.map((n, q) => [q, n - 1]);
 
+/** mlp_slice with its weights (and staging) in the host tier: compute near data. */
+function mlpSliceCase(name: string, rows: number, hidden: number, inter: number, weight: 'f32' | 'bf16'): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const w = (n: number, fan: number) => rng.normals(n, 1 / Math.sqrt(fan));
+      const host = (d: BufDef): BufDef => ({ ...d, tier: 'pinned' });
+      const wt = (d: Float32Array) => host(weight === 'bf16' ? bf16(d) : f32(d));
+      return {
+        buffers: {
+          // Far from unit scale, so a backend that skips the normalization is caught.
+          x: f32(rng.normals(rows * hidden, 6)),
+          normWeight: host(f32(rng.normals(hidden, 0.3).map((v) => 1 + v))),
+          gateUp: wt(w(2 * inter * hidden, hidden)),
+          down: wt(w(hidden * inter, Math.max(inter, 1))),
+          out: f32(rng.normals(rows * hidden + 2, 3)),
+          xHost: host(f32(new Float32Array(rows * hidden))),
+          yHost: host(f32(new Float32Array(rows * hidden))),
+        },
+        steps: [
+          step('mlp_slice', (b) => ({ x: b.x, normWeight: b.normWeight, gateUp: b.gateUp, down: b.down, out: b.out, rows, hidden, inter, eps: 1e-6, xHost: b.xHost, yHost: b.yHost })),
+        ],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
 function siluMulCase(name: string, rows: number, dim: number, scale: number): CaseDef {
   return {
     name,
@@ -1089,6 +1120,12 @@ const CASES: { [K in OpName]: CaseDef[] } = {
   ],
   ring_push: [ringPushCase('capacity 8, wraps', 8, 6, [4, 3]), ringPushCase('capacity 5, full pushes', 5, 1000003, [5, 2, 5])],
   advance_positions: [advanceCase('4 sequences, block boundaries, 3 steps', 4, [4, 1, 7, 12], 3), advanceCase('1 sequence, blockSize 16', 16, [31], 2)],
+  mlp_slice: [
+    mlpSliceCase('1 row, hidden 64, 24 channels, bf16', 1, 64, 24, 'bf16'),
+    mlpSliceCase('3 rows, hidden 70, 33 channels (odd tails), bf16', 3, 70, 33, 'bf16'),
+    mlpSliceCase('8 rows, hidden 128, 96 channels, bf16', 8, 128, 96, 'bf16'),
+    mlpSliceCase('2 rows, hidden 48, 16 channels, f32', 2, 48, 16, 'f32'),
+  ],
   fused_matmul: [
     fusedMatmulCase('1 row 64 -> 40, rmsnorm input', { rows: 1, inDim: 64, outDim: 40, norm: true }),
     fusedMatmulCase('3 rows 37 -> 11, rmsnorm input eps 1e-5, bias', { rows: 3, inDim: 37, outDim: 11, norm: true, eps: 1e-5, bias: true }),
@@ -1202,7 +1239,7 @@ function execute(be: DeviceBackend, spec: CaseSpec): Execution {
   try {
     for (const [name, def] of Object.entries(spec.buffers)) {
       const dtype = def.dtype === 'bf16' && !halfOk ? 'f32' : def.dtype;
-      bufs[name] = be.alloc({ dtype, length: def.data.length, label: `conformance.${name}` });
+      bufs[name] = be.alloc({ dtype, length: def.data.length, label: `conformance.${name}`, ...(def.tier ? { tier: def.tier } : {}) });
       be.write(bufs[name], dtype === 'bf16' ? bf16Bits(def.data as Float32Array) : def.data);
     }
     for (const s of spec.steps) s.run(be, bufs);

@@ -236,6 +236,30 @@ export interface OpCatalogue {
     inter: number;
     topK: number;
   };
+  /**
+   * A slice of a dense MLP, from the residual stream (compute near data: the weights may live in
+   * a host tier, and a GPU backend then computes it on the host CPU, stream-ordered):
+   * n = rmsnorm(x[r, :]) * normWeight (as op `rmsnorm` without residual),
+   * a[j] = silu(gate[j] . n) * (up[j] . n) for j < inter (as `fused_matmul` with glu), and
+   * out[r, h] = sum_j down[h*inter + j] * a[j] (written, not accumulated).
+   * gateUp: [2*inter, hidden] (inter gate rows, then inter up rows); down: [hidden, inter].
+   * The caller adds `out` into the residual stream. `xHost` and `yHost` ([rows, hidden] f32 in a
+   * host tier) are staging a backend may need to move x to the weights and the result back;
+   * given once, so the op allocates nothing.
+   */
+  mlp_slice: {
+    x: Buf;
+    normWeight: Buf;
+    gateUp: Buf;
+    down: Buf;
+    out: Buf;
+    rows: number;
+    hidden: number;
+    inter: number;
+    eps: number;
+    xHost?: Buf;
+    yHost?: Buf;
+  };
   /** out[r] = argmax over logits[r, :] (lowest index on ties). out: i32[rows]. */
   argmax: { logits: Buf; out: Buf; rows: number; vocab: number };
   /**
@@ -289,4 +313,5 @@ export const OP_NAMES: readonly OpName[] = [
   'fused_matmul',
   'rope_append',
   'decoder_layers',
+  'mlp_slice',
 ];

@@ -11,6 +11,7 @@ import { fusedMatmul } from './fused-matmul.js';
 import { gatherRows } from './gather-rows.js';
 import { kvAppend } from './kv-append.js';
 import { matmul } from './matmul.js';
+import { mlpSlice } from './mlp-slice.js';
 import { moeMlp } from './moe-mlp.js';
 import { moeRoute } from './moe-route.js';
 import { rmsnorm } from './rmsnorm.js';
@@ -41,6 +42,7 @@ export const KERNELS: { readonly [K in OpName]: Kernel<K> } = {
   fused_matmul: fusedMatmul,
   rope_append: ropeAppend,
   decoder_layers: decoderLayers,
+  mlp_slice: mlpSlice,
 };
 
 export { DEFAULT_QK_NORM_EPS } from './rope.js';
