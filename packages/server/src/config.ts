@@ -67,7 +67,7 @@ const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boole
   numerics: { field: 'numerics', kind: 'numerics' },
   max_num_seqs: { field: 'maxNumSeqs', kind: 'posint' },
   max_num_batched_tokens: { field: 'maxNumBatchedTokens', kind: 'posint' },
-  kv_cache_bytes: { field: 'kvCacheBytes', kind: 'posint' },
+  kv_cache_bytes: { field: 'kvCacheBytes', kind: 'size' },
   max_model_len: { field: 'maxModelLen', kind: 'posint' },
   enable_prefix_caching: { field: 'enablePrefixCaching', kind: 'bool' },
   max_queue: { field: 'maxQueue', kind: 'int' },

@@ -58,6 +58,9 @@ describe('config', () => {
     expect(c.hostBudget).toBe(32 * 2 ** 30);
     expect(c.offloadDir).toBe('/tmp/nerva-spill');
     expect(DEFAULT_CONFIG.vramBudget).toBeUndefined();
+    // kv_cache_bytes takes the same sizes (integers as before).
+    expect(await loadConfigFile(file('kv_cache_bytes = "256MiB"\n'))).toEqual({ kvCacheBytes: 256 * 2 ** 20 });
+    expect(await loadConfigFile(file('kv_cache_bytes = 268435456\n'))).toEqual({ kvCacheBytes: 256 * 2 ** 20 });
   });
 
   it('bad memory budget values are errors naming the key', async () => {

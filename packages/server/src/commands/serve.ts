@@ -42,7 +42,7 @@ export function registerServe(program: Command): void {
     .option('--max-num-seqs <n>', 'sequences batched together', parseIntArg('--max-num-seqs'))
     .option('--max-num-batched-tokens <n>', 'token budget of one scheduler step', parseIntArg('--max-num-batched-tokens'))
     .option('--max-model-len <n>', 'longest prompt + output', parseIntArg('--max-model-len'))
-    .option('--kv-cache-bytes <n>', 'bytes for the paged KV cache', parseIntArg('--kv-cache-bytes'))
+    .option('--kv-cache-bytes <size>', 'bytes for the paged KV cache (a size: 256MiB, or bytes)', parseSizeArg('--kv-cache-bytes'))
     .option('--max-queue <n>', 'sequences that may wait beyond max-num-seqs before 429 (default 256)', parseIntArg('--max-queue'))
     .option('--request-timeout <s>', 'seconds before an unfinished request is aborted (default 600)', parseIntArg('--request-timeout'))
     .option('--body-limit <bytes>', 'largest request body (default 1 MiB)', parseIntArg('--body-limit'))
