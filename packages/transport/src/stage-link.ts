@@ -1,38 +1,30 @@
 /**
  * Pipeline stages: contiguous layer ranges per stage (`planStages`), the order of devices along a
  * pipeline (`pipelineDeviceOrder`), and `StageLink`, the small interface the engine passes hidden
- * states through between stages. `InProcessStageLink` is the reference link for two stages on one
- * backend; device-copy and NCCL links belong to the engine and the CUDA backend.
+ * states through between stages. `StageLink` and the split itself live in `@nerva/core` (the engine
+ * sits below this package and uses them); they are re-exported here. `InProcessStageLink` is the
+ * reference link for two stages on one backend; the engine's own links (in-process, device-copy,
+ * NCCL) are in `@nerva/engine` (`src/stage-links.ts`).
  */
-import { DTYPE_BYTES, type BackendCapabilities, type DeviceBackend, type DeviceBuffer, type DType, type EventHandle, type StreamHandle } from '@nerva/core';
+import {
+  DTYPE_BYTES,
+  planStages as corePlanStages,
+  stageOfLayer as coreStageOfLayer,
+  StagePlanError,
+  type BackendCapabilities,
+  type DeviceBackend,
+  type DeviceBuffer,
+  type DType,
+  type EventHandle,
+  type StagePlan,
+  type StageLink,
+  type StreamHandle,
+} from '@nerva/core';
 import { deviceCount, gpuForDevice, peerDecision } from './classify.js';
 import { StageLinkError, TransportArgumentError } from './errors.js';
 import { gpuPair, type FabricTopology } from './topology.js';
 
-/** How a link moves rows: within one backend, by a device-to-device copy, or through NCCL. */
-export type StageLinkKind = 'in-process' | 'device-copy' | 'nccl';
-
-/**
- * Passes hidden states (rows of `rowWidth` elements) from one stage to the next. A `send` is
- * matched by exactly one `recv` of the same row count; both are ordered on the given stream (the
- * backend's default stream when omitted) and neither allocates.
- */
-export interface StageLink<Buf extends DeviceBuffer = DeviceBuffer, Stream extends StreamHandle = StreamHandle> {
-  readonly kind: StageLinkKind;
-  readonly fromStage: number;
-  readonly toStage: number;
-  /** Elements per row (the hidden size). */
-  readonly rowWidth: number;
-  /** Most rows one handoff carries; staging is sized for it when the link is made. */
-  readonly maxRows: number;
-  readonly dtype: DType;
-  /** Hand the first `rows` rows of `buffer` to the next stage. */
-  send(buffer: Buf, rows: number, stream?: Stream): void;
-  /** Receive the rows last sent into the first `rows` rows of `buffer`. */
-  recv(buffer: Buf, rows: number, stream?: Stream): void;
-  /** Release what the link holds. */
-  close(): void;
-}
+export type { StageLink, StageLinkKind, StagePlan, StageRange } from '@nerva/core';
 
 export interface InProcessStageLinkOptions {
   fromStage: number;
@@ -115,111 +107,30 @@ export class InProcessStageLink implements StageLink {
   }
 }
 
-/** One stage's layers: `[firstLayer, endLayer)`. */
-export interface StageRange {
-  stage: number;
-  firstLayer: number;
-  endLayer: number;
-  layers: number;
-  /** Sum of the layers' weights (bytes when given, else the layer count). */
-  bytes: number;
-}
-
-export interface StagePlan {
-  numLayers: number;
-  numStages: number;
-  stages: StageRange[];
-  totalBytes: number;
-  maxStageBytes: number;
-  /** maxStageBytes / (totalBytes / numStages); 1 is perfect balance. */
-  imbalance: number;
+/** Core's stage-plan errors as this package's argument errors. */
+function asTransportError<T>(fn: () => T): T {
+  try {
+    return fn();
+  } catch (e) {
+    if (e instanceof StagePlanError) throw new TransportArgumentError(e.message);
+    throw e;
+  }
 }
 
 /**
  * Split `numLayers` layers into `numStages` contiguous, non-empty ranges, minimizing the largest
  * stage's bytes (`layerBytes[i]` per layer; equal weights when omitted). Among optimal splits the
- * most even one is taken, earlier stages taking the extra layers on ties. Throws `TransportArgumentError` for numStages < 1,
- * numStages > numLayers, or malformed weights.
+ * most even one is taken, earlier stages taking the extra layers on ties. The split itself is
+ * `planStages` of `@nerva/core` (the engine plans its pipeline with it); here it throws
+ * `TransportArgumentError` for numStages < 1, numStages > numLayers, or malformed weights.
  */
 export function planStages(numLayers: number, numStages: number, layerBytes?: readonly number[]): StagePlan {
-  if (!Number.isInteger(numLayers) || numLayers < 1) throw new TransportArgumentError(`numLayers must be a positive integer, got ${numLayers}`);
-  if (!Number.isInteger(numStages) || numStages < 1) throw new TransportArgumentError(`numStages must be a positive integer, got ${numStages}`);
-  if (numStages > numLayers) throw new TransportArgumentError(`numStages (${numStages}) exceeds numLayers (${numLayers}): every stage needs a layer`);
-  if (layerBytes !== undefined) {
-    if (layerBytes.length !== numLayers) throw new TransportArgumentError(`layerBytes has ${layerBytes.length} entries for ${numLayers} layers`);
-    layerBytes.forEach((b, i) => {
-      if (!Number.isFinite(b) || b < 0) throw new TransportArgumentError(`layerBytes[${i}] = ${b} is not a non-negative number`);
-    });
-  }
-  const given = layerBytes ?? new Array<number>(numLayers).fill(1);
-  const total = given.reduce((a, b) => a + b, 0);
-  const w = total > 0 ? given : new Array<number>(numLayers).fill(1);
-  const prefix = [0];
-  for (const x of w) prefix.push(prefix[prefix.length - 1] + x);
-  const sum = (i: number, j: number) => prefix[j] - prefix[i];
-
-  // best[s][i]: least possible max stage weight splitting the first i layers into s stages.
-  let best = new Array<number>(numLayers + 1).fill(Infinity);
-  for (let i = 1; i <= numLayers; i++) best[i] = sum(0, i);
-  for (let s = 2; s <= numStages; s++) {
-    const next = new Array<number>(numLayers + 1).fill(Infinity);
-    for (let i = s; i <= numLayers; i++) {
-      let m = Infinity;
-      for (let j = s - 1; j < i; j++) m = Math.min(m, Math.max(best[j], sum(j, i)));
-      next[i] = m;
-    }
-    best = next;
-  }
-  const limit = best[numLayers];
-
-  // Among the splits that reach that limit, take the most even one (least sum of squared stage
-  // weights), preferring larger earlier stages on ties. q[k][i]: least sum of squares splitting
-  // layers i.. into k stages of at most `limit` each.
-  const tol = (x: number) => 1e-9 * Math.max(1, Math.abs(x));
-  const fits = (w: number) => w <= limit + tol(limit);
-  const q: number[][] = [new Array<number>(numLayers + 1).fill(Infinity)];
-  q[0][numLayers] = 0;
-  for (let k = 1; k <= numStages; k++) {
-    const row = new Array<number>(numLayers + 1).fill(Infinity);
-    for (let i = 0; i < numLayers; i++) {
-      for (let e = i + 1; e <= numLayers - (k - 1); e++) {
-        const w = sum(i, e);
-        if (!fits(w)) break;
-        const v = w * w + q[k - 1][e];
-        if (v < row[i]) row[i] = v;
-      }
-    }
-    q.push(row);
-  }
-  const stages: StageRange[] = [];
-  let pos = 0;
-  for (let s = 0; s < numStages; s++) {
-    const k = numStages - s;
-    let pick = -1;
-    let bestV = Infinity;
-    for (let e = numLayers - (k - 1); e > pos; e--) {
-      const w = sum(pos, e);
-      if (!fits(w)) continue;
-      const v = w * w + q[k - 1][e];
-      if (Number.isFinite(v) && (pick < 0 || v < bestV - tol(bestV))) {
-        bestV = v;
-        pick = e;
-      }
-    }
-    stages.push({ stage: s, firstLayer: pos, endLayer: pick, layers: pick - pos, bytes: total > 0 ? sum(pos, pick) : 0 });
-    pos = pick;
-  }
-  const maxStageBytes = Math.max(...stages.map((s) => s.bytes));
-  const totalBytes = total;
-  const imbalance = totalBytes > 0 ? maxStageBytes / (totalBytes / numStages) : 1;
-  return { numLayers, numStages, stages, totalBytes, maxStageBytes, imbalance };
+  return asTransportError(() => corePlanStages(numLayers, numStages, layerBytes));
 }
 
 /** The stage that runs `layer`. */
 export function stageOfLayer(plan: StagePlan, layer: number): number {
-  const s = plan.stages.find((st) => layer >= st.firstLayer && layer < st.endLayer);
-  if (!s) throw new TransportArgumentError(`layer ${layer} is outside 0..${plan.numLayers - 1}`);
-  return s.stage;
+  return asTransportError(() => coreStageOfLayer(plan, layer));
 }
 
 const RELATION_SCORE: Record<string, number> = { PIX: 5, PXB: 4, PHB: 3, NODE: 2, SYS: 1, unknown: 0 };
