@@ -9,6 +9,12 @@ export interface PlanBlock {
    * pass but outside the streamed sequence (embedding, final norm, lm_head): they must be hot.
    */
   order?: number;
+  /**
+   * Bytes the block takes when hot, when that differs from what streams through the ring: a layer
+   * whose MLP is partly computed near its host copy streams only the rest (`bytes`), while the
+   * whole of it (`residentBytes`) lives in the host tier.
+   */
+  residentBytes?: number;
   /** Higher = keep hot first (the importance profile); ties go to earlier blocks. */
   importance?: number;
   /**
@@ -77,9 +83,13 @@ export function planResidency(input: PlanInput): ResidencyPlan {
     if (seen.has(b.id)) throw new PlanInputError(`duplicate block id ${b.id}`);
     seen.add(b.id);
     if (!Number.isFinite(b.bytes) || b.bytes < 0) throw new PlanInputError(`block ${b.id}: bad size ${b.bytes}`);
+    if (b.residentBytes !== undefined && !(Number.isFinite(b.residentBytes) && b.residentBytes >= b.bytes)) {
+      throw new PlanInputError(`block ${b.id}: residentBytes ${b.residentBytes} must be at least its streamed bytes ${b.bytes}`);
+    }
   }
+  const full = (b: PlanBlock): number => b.residentBytes ?? b.bytes;
   const placements = new Map<string, BlockPlacement>();
-  const total = blocks.reduce((s, b) => s + b.bytes, 0);
+  const total = blocks.reduce((s, b) => s + full(b), 0);
   // Gathered blocks are read in place from host memory when the host budget has room for them.
   const gathered: PlanBlock[] = [];
   let gatheredBytes = 0;
@@ -95,7 +105,7 @@ export function planResidency(input: PlanInput): ResidencyPlan {
   const fixedHot = pinnedOnly.reduce((s, b) => s + b.bytes, 0);
 
   if (total <= deviceBytes) {
-    for (const b of blocks) placements.set(b.id, { id: b.id, bytes: b.bytes, placement: 'hot', home: 'vram' });
+    for (const b of blocks) placements.set(b.id, { id: b.id, bytes: full(b), placement: 'hot', home: 'vram' });
     return { mode: 'resident', placements, streamed: [], slots: 0, slotBytes: 0, hotBytes: total, streamedBytes: 0, pinnedBytes: 0, diskBytes: 0, deviceBytesUsed: total, notes: [] };
   }
 
@@ -114,9 +124,9 @@ export function planResidency(input: PlanInput): ResidencyPlan {
   const hot = new Set<string>();
   let hotBytes = fixedHot;
   for (const b of byPriority) {
-    if (hotBytes + b.bytes + ring <= deviceBytes) {
+    if (hotBytes + full(b) + ring <= deviceBytes) {
       hot.add(b.id);
-      hotBytes += b.bytes;
+      hotBytes += full(b);
     }
   }
   const streamedBlocks = ordered.filter((b) => !hot.has(b.id));
@@ -130,13 +140,14 @@ export function planResidency(input: PlanInput): ResidencyPlan {
   for (const b of blocks) {
     if (isMapped(b)) continue;
     if (b.order === undefined || hot.has(b.id)) {
-      placements.set(b.id, { id: b.id, bytes: b.bytes, placement: 'hot', home: 'vram' });
+      placements.set(b.id, { id: b.id, bytes: full(b), placement: 'hot', home: 'vram' });
     }
   }
   for (const b of streamedBlocks) {
-    if (pinnedBytes + b.bytes <= hostBytes) {
-      pinnedBytes += b.bytes;
-      placements.set(b.id, { id: b.id, bytes: b.bytes, placement: 'streamed', home: 'pinned' });
+    // The host copy holds the whole block: what streams and what is computed where it lies.
+    if (pinnedBytes + full(b) <= hostBytes) {
+      pinnedBytes += full(b);
+      placements.set(b.id, { id: b.id, bytes: full(b), placement: 'streamed', home: 'pinned' });
     } else {
       if (!input.disk) {
         throw new WorkingSetTooLargeError(hostBytes, pinnedBytes + b.bytes, 'the host budget cannot hold the streamed blocks and no offload dir was given for the disk tier');
