@@ -30,6 +30,8 @@ export interface BackendOptions {
   hostBudgetBytes?: number;
   /** Activation rounding of the created backend (default 'exact'). */
   numerics?: Numerics;
+  /** CUDA device ordinal (default 0); a pipeline stage's GPU. Ignored by the CPU backend. */
+  device?: number;
 }
 
 /**

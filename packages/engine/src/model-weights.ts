@@ -24,9 +24,13 @@ export interface LayerWeights {
 }
 
 export interface ModelWeights {
-  embed: DeviceBuffer;
-  lmHead: DeviceBuffer;
-  finalNorm: DeviceBuffer;
+  /**
+   * The embedding, LM head and final norm. A pipeline stage on a backend of its own holds only
+   * what it runs (see `UploadPart`): the embedding on the first stage, the head on the last.
+   */
+  embed?: DeviceBuffer;
+  lmHead?: DeviceBuffer;
+  finalNorm?: DeviceBuffer;
   invFreq: DeviceBuffer;
   /** Per layer: its buffers when hot, undefined when the pager streams it (see `pager`). */
   layers: (LayerWeights | undefined)[];
@@ -131,6 +135,16 @@ function storageDtypes(backend: DeviceBackend, ckpt: Checkpoint): (name: string)
   };
 }
 
+/**
+ * The share of the checkpoint one pipeline stage uploads to its own backend: decoder layers
+ * [firstLayer, endLayer) (the others stay undefined in `layers`), the embedding when it holds
+ * layer 0, the final norm and LM head when it holds the last layer.
+ */
+export interface UploadPart {
+  firstLayer: number;
+  endLayer: number;
+}
+
 export interface UploadProgress {
   done: number;
   total: number;
@@ -149,7 +163,12 @@ export async function uploadWeights(
   ckpt: Checkpoint,
   onProgress?: (p: UploadProgress) => void,
   pager?: WeightPager,
+  part?: UploadPart,
 ): Promise<ModelWeights> {
+  const from = part?.firstLayer ?? 0;
+  const end = part?.endLayer ?? spec.numLayers;
+  const wantEmbed = from === 0;
+  const wantHead = end === spec.numLayers;
   const wd = backend.capabilities.weightDtype;
   const buffers: DeviceBuffer[] = [];
   const H = spec.hiddenSize;
@@ -198,15 +217,23 @@ export async function uploadWeights(
   try {
     // Paged weights: an untied embedding table is read in place from host memory (a few rows a pass).
     const mapped = pager?.plan.placements.get('embed')?.placement === 'mapped';
-    const embed = await tensor('model.embed_tokens.weight', spec.vocabSize * H, dtypeOf('model.embed_tokens.weight'), mapped ? pager!.hostTier : undefined);
-    const lmHead = spec.tieWordEmbeddings ? embed : await tensor('lm_head.weight', spec.vocabSize * H);
-    const finalNorm = await norm('model.norm.weight', H);
+    // A tied LM head is the embedding table: a last stage of its own needs the table too.
+    const embed =
+      wantEmbed || (wantHead && spec.tieWordEmbeddings)
+        ? await tensor('model.embed_tokens.weight', spec.vocabSize * H, dtypeOf('model.embed_tokens.weight'), mapped ? pager!.hostTier : undefined)
+        : undefined;
+    const lmHead = !wantHead ? undefined : spec.tieWordEmbeddings ? embed : await tensor('lm_head.weight', spec.vocabSize * H);
+    const finalNorm = wantHead ? await norm('model.norm.weight', H) : undefined;
     const invFreq = alloc(hd / 2, 'rope.inv_freq', 'f32');
     backend.write(invFreq, Float32Array.from(ropeInvFreq(spec)));
 
     const layers: (LayerWeights | undefined)[] = [];
     const layouts = layerLayouts(backend, spec, ckpt);
     for (let i = 0; i < spec.numLayers; i++) {
+      if (i < from || i >= end) {
+        layers.push(undefined);
+        continue;
+      }
       const p = `model.layers.${i}.`;
       const id = layerBlockId(i);
       const streamed = pager?.isStreamed(id) ?? false;
