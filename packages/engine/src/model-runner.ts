@@ -54,7 +54,7 @@ export interface RunnerStage {
 }
 
 /** A run of the decoder stack for op decoder_layers: hot layers together, a streamed layer alone. */
-type StackRun = { layers: DecoderLayerWeights[]; streamed?: string };
+type StackRun = { layers: DecoderLayerWeights[]; streamed?: string; layer?: number; split?: boolean };
 
 /**
  * The decoder forward pass expressed over the backend contract: one batched, paged pass for
@@ -138,6 +138,13 @@ export class ModelRunner {
       this.act.gateUp = f32(maxRows * 2 * inter, 'act.gate_up');
       this.act.mlpAct = f32(maxRows * inter, 'act.mlp');
       this.act.mlpOut = f32(maxRows * H, 'act.mlp_out');
+      if (weights.hostParts) {
+        // Compute near data: the host slice's output, and host staging for decode rows.
+        this.act.hostOut = f32(maxRows * H, 'act.host_mlp_out');
+        const fusedRows = Math.min(maxRows, FUSED_MAX_ROWS);
+        this.act.xHost = this.own(backend.alloc({ dtype: 'f32', length: fusedRows * H, usage: 'io', tier: 'pinned', label: 'act.host_mlp_x' }));
+        this.act.yHost = this.own(backend.alloc({ dtype: 'f32', length: fusedRows * H, usage: 'io', tier: 'pinned', label: 'act.host_mlp_y' }));
+      }
       this.act.last = f32(maxSeqs * H, 'act.last_hidden');
       if (s.moe) {
         this.act.routerLogits = f32(maxRows * s.moe.numExperts, 'act.router_logits');
@@ -190,7 +197,8 @@ export class ModelRunner {
         vCache: this.vCache[l],
       };
       const last = runs[runs.length - 1];
-      if (streamed) runs.push({ layers: [w], streamed: id });
+      // A split layer runs as fused ops around its host slice (the stack op has no place for it).
+      if (streamed) runs.push({ layers: [w], streamed: id, layer: l, split: this.weights.hostParts?.[l] !== undefined });
       else if (last && last.streamed === undefined) last.layers.push(w);
       else runs.push({ layers: [w] });
     }
@@ -319,10 +327,19 @@ export class ModelRunner {
       if (s.moe && isMoeLayer(s, l)) {
         this.moeMlp(rows, lw);
       } else {
-        const I = s.intermediateSize;
+        const hp = w.hostParts?.[l];
+        const I = s.intermediateSize - (hp?.inter ?? 0);
+        if (hp) {
+          // A prefill pass reads the host slice's weights in place (once per pass, like a load).
+          const c = hp.inter;
+          this.op('mlp', 'matmul', { x: a.normed, weight: hp.gateUp, out: a.gateUp, rows, inDim: H, outDim: 2 * c });
+          this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: c });
+          this.op('mlp', 'matmul', { x: a.mlpAct, weight: hp.down, out: a.hostOut, rows, inDim: c, outDim: H });
+        }
         this.op('mlp', 'matmul', { x: a.normed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I });
         this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: I });
         this.op('mlp', 'matmul', { x: a.mlpAct, weight: lw.down!, out: a.mlpOut, rows, inDim: I, outDim: H });
+        if (hp) this.op('mlp', 'add', { a: a.mlpOut, b: a.hostOut, out: a.mlpOut, length: rows * H });
       }
       this.releaseLayer(l);
     }
@@ -386,6 +403,11 @@ export class ModelRunner {
    * 6 kernels per dense layer instead of 12; the same arithmetic up to float32 rounding.
    */
   private forwardFusedLayers(rows: number): void {
+    for (let l = this.firstLayer; l < this.endLayer; l++) this.fusedLayer(l, rows);
+  }
+
+  /** One decoder layer as fused ops (see forwardFusedLayers), its weights acquired and released. */
+  private fusedLayer(l: number, rows: number): void {
     const s = this.spec;
     const w = this.weights;
     const a = this.act;
@@ -396,7 +418,7 @@ export class ModelRunner {
     const nkv = s.numKvHeads;
     const qkvOut = this.qkvOut;
     const eps = s.rmsNormEps;
-    for (let l = this.firstLayer; l < this.endLayer; l++) {
+    {
       const lw = this.acquireLayer(l);
       // The input RMSNorm is folded into the GEMV (the backend normalizes the row once per block).
       this.op('projection', 'fused_matmul', {
@@ -433,10 +455,29 @@ export class ModelRunner {
         this.moeMlp(rows, lw);
         this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H });
       } else {
-        const I = s.intermediateSize;
+        const hp = w.hostParts?.[l];
+        // Compute near data: the host slice runs where its weights lie, from the stream before
+        // this layer's MLP touches it; the rest runs here; the two sums meet in the stream.
+        if (hp) {
+          this.op('mlp', 'mlp_slice', {
+            x: a.residual,
+            normWeight: hp.normWeight,
+            gateUp: hp.gateUp,
+            down: hp.down,
+            out: a.hostOut,
+            rows,
+            hidden: H,
+            inter: hp.inter,
+            eps,
+            xHost: a.xHost,
+            yHost: a.yHost,
+          });
+        }
+        const I = s.intermediateSize - (hp?.inter ?? 0);
         // Norm and SiLU-GLU both fold into the gate_up GEMV.
         this.op('mlp', 'fused_matmul', { x: a.residual, weight: lw.gateUp!, out: a.mlpAct, rows, inDim: H, outDim: I, normWeight: lw.mlpNorm, eps, glu: true });
         this.op('mlp', 'fused_matmul', { x: a.mlpAct, weight: lw.down!, out: a.residual, rows, inDim: I, outDim: H, accumulate: true });
+        if (hp) this.op('mlp', 'add', { a: a.residual, b: a.hostOut, out: a.residual, length: rows * H });
       }
       this.releaseLayer(l);
     }
@@ -453,6 +494,10 @@ export class ModelRunner {
     const m = this.meta;
     const pager = this.weights.pager;
     for (const run of this.stack!) {
+      if (run.split) {
+        this.fusedLayer(run.layer!, rows);
+        continue;
+      }
       if (run.streamed !== undefined) pager!.acquire(run.streamed, this.stream);
       // Never profiled (forward takes the per-layer path then), so the bucket is nominal.
       this.op('projection', 'decoder_layers', {

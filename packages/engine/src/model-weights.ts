@@ -41,6 +41,28 @@ export interface ModelWeights {
   buffers: DeviceBuffer[];
   /** Streams the layers that are not hot (paged mode). */
   pager?: WeightPager;
+  /**
+   * Compute near data: per layer, the MLP channels computed where their host copy lies (op
+   * `mlp_slice`), for streamed layers split by {@link HostSplit}; the slot then holds the rest.
+   */
+  hostParts?: (HostPart | undefined)[];
+}
+
+/** The host-computed slice of a streamed layer's MLP: channels [0, inter) of gate, up and down. */
+export interface HostPart {
+  /** A host-tier copy of the layer's post-attention norm weight. */
+  normWeight: DeviceBuffer;
+  /** [2*inter, hidden]: gate rows [0, inter), then up rows [0, inter). */
+  gateUp: DeviceBuffer;
+  /** [hidden, inter]: columns [0, inter) of down. */
+  down: DeviceBuffer;
+  inter: number;
+}
+
+/** How streamed dense layers split their MLP: `inter` channels near the data, in `tier`. */
+export interface HostSplit {
+  inter: number;
+  tier: Tier;
 }
 
 /** The pager's block id of decoder layer l. */
@@ -55,7 +77,7 @@ interface TensorDesc extends PagedTensor {
  * The storage dtype of every weight (the rules uploadWeights applies), without reading any data:
  * what the residency planner needs to size blocks.
  */
-export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: Checkpoint): TensorDesc[][] {
+export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: Checkpoint, hostInter = 0): TensorDesc[][] {
   const H = spec.hiddenSize;
   const hd = spec.headDim;
   const nq = spec.numHeads;
@@ -84,7 +106,8 @@ export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: Chec
         { name: 'expertsDown', dtype: dt(`${p}mlp.experts.0.down_proj.weight`), length: E * H * I },
       );
     } else {
-      const I = spec.intermediateSize;
+      // A split layer's slot holds the channels the host does not compute.
+      const I = spec.intermediateSize - hostInter;
       t.push({ name: 'gateUp', dtype: dt(`${p}mlp.gate_proj.weight`), length: 2 * I * H }, { name: 'down', dtype: dt(`${p}mlp.down_proj.weight`), length: H * I });
     }
     out.push(t);
@@ -100,8 +123,16 @@ const layoutKey = (t: readonly PagedTensor[]): string => t.map((x) => `${x.name}
  * embedding, lm_head and final norm as always-hot blocks. Only layers of the most common tensor
  * layout may stream (a staging slot holds any of them); the others stay hot.
  */
-export function weightBlocks(backend: DeviceBackend, spec: ModelSpec, ckpt: Checkpoint, importance?: readonly number[]): { blocks: PlanBlock[]; layout: PagedTensor[] } {
+export function weightBlocks(
+  backend: DeviceBackend,
+  spec: ModelSpec,
+  ckpt: Checkpoint,
+  importance?: readonly number[],
+  hostInter = 0,
+): { blocks: PlanBlock[]; layout: PagedTensor[] } {
   const layouts = layerLayouts(backend, spec, ckpt);
+  // With compute near data a streamed layer streams only its split layout; hot, it is whole.
+  const streamedLayouts = hostInter > 0 ? layerLayouts(backend, spec, ckpt, hostInter) : layouts;
   const count = new Map<string, number>();
   for (const l of layouts) count.set(layoutKey(l), (count.get(layoutKey(l)) ?? 0) + 1);
   const common = [...count.entries()].sort((a, b) => b[1] - a[1])[0]?.[0];
@@ -115,9 +146,15 @@ export function weightBlocks(backend: DeviceBackend, spec: ModelSpec, ckpt: Chec
   ];
   if (!spec.tieWordEmbeddings) blocks.push({ id: 'lm_head', bytes: spec.vocabSize * H * DTYPE_BYTES[dt('lm_head.weight')] });
   layouts.forEach((l, i) =>
-    blocks.push({ id: layerBlockId(i), bytes: blockBytes(l), ...(layoutKey(l) === common ? { order: i } : {}), ...(importance ? { importance: importance[i] } : {}) }),
+    blocks.push({
+      id: layerBlockId(i),
+      bytes: layoutKey(l) === common ? blockBytes(streamedLayouts[i]) : blockBytes(l),
+      ...(layoutKey(l) === common ? { order: i, residentBytes: blockBytes(l) } : {}),
+      ...(importance ? { importance: importance[i] } : {}),
+    }),
   );
-  return { blocks, layout: layouts.find((l) => layoutKey(l) === common) ?? [] };
+  const at = layouts.findIndex((l) => layoutKey(l) === common);
+  return { blocks, layout: at >= 0 ? streamedLayouts[at] : [] };
 }
 
 function storageDtypes(backend: DeviceBackend, ckpt: Checkpoint): (name: string) => DType {
@@ -164,6 +201,7 @@ export async function uploadWeights(
   onProgress?: (p: UploadProgress) => void,
   pager?: WeightPager,
   part?: UploadPart,
+  split?: HostSplit,
 ): Promise<ModelWeights> {
   const from = part?.firstLayer ?? 0;
   const end = part?.endLayer ?? spec.numLayers;
@@ -190,20 +228,38 @@ export async function uploadWeights(
   };
   /** A destination: a buffer of the backend, or a tensor of a streamed block (stored through the pager). */
   type Dst = DeviceBuffer | { block: string; tensor: string; dtype: DType };
-  const put = async (dst: Dst, name: string, offset = 0): Promise<void> => {
+  /** A tensor's data as the destination dtype takes it (raw 16-bit bits when they match). */
+  const read = async (dtype: DType, name: string): Promise<HostArray> => {
     const info = ckpt.info(name);
-    let data: HostArray;
-    if ((dst.dtype === 'bf16' && info.dtype === 'BF16') || (dst.dtype === 'f16' && info.dtype === 'F16')) {
+    if ((dtype === 'bf16' && info.dtype === 'BF16') || (dtype === 'f16' && info.dtype === 'F16')) {
       // Same dtype on both sides: hand the raw bits over, no float32 detour.
       const raw = await ckpt.readRaw(name);
-      data = raw.byteOffset % 2 === 0 ? new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2) : new Uint16Array(raw.slice().buffer);
-    } else {
-      data = await ckpt.readF32(name);
+      return raw.byteOffset % 2 === 0 ? new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2) : new Uint16Array(raw.slice().buffer);
     }
+    return ckpt.readF32(name);
+  };
+  const store = (dst: Dst, data: HostArray, offset: number): void => {
     if ('block' in dst) pager!.store(dst.block, dst.tensor, data, offset);
     else backend.write(dst, data, offset);
-    done += info.byteLength;
+  };
+  const progress = (name: string): void => {
+    done += ckpt.info(name).byteLength;
     onProgress?.({ done, total, tensor: name });
+  };
+  const put = async (dst: Dst, name: string, offset = 0): Promise<void> => {
+    store(dst, await read(dst.dtype, name), offset);
+    progress(name);
+  };
+  /** Rows [from, to) of a [rows, rowLen] tensor, stored at an element offset. */
+  const putRows = async (dst: Dst, name: string, from: number, to: number, rowLen: number, offset: number): Promise<void> => {
+    store(dst, (await read(dst.dtype, name)).subarray(from * rowLen, to * rowLen), offset);
+  };
+  /** Columns [from, to) of a [rows, cols] tensor, as a [rows, to - from] matrix. */
+  const columns = (data: HostArray, rows: number, cols: number, from: number, to: number): HostArray => {
+    const w = to - from;
+    const outArr = data instanceof Uint16Array ? new Uint16Array(rows * w) : data instanceof Int32Array ? new Int32Array(rows * w) : new Float32Array(rows * w);
+    for (let r = 0; r < rows; r++) outArr.set(data.subarray(r * cols + from, r * cols + to), r * w);
+    return outArr;
   };
   const tensor = async (name: string, length: number, dtype: DType = dtypeOf(name), tier?: Tier): Promise<DeviceBuffer> => {
     const b = alloc(length, name, dtype, tier);
@@ -229,6 +285,9 @@ export async function uploadWeights(
 
     const layers: (LayerWeights | undefined)[] = [];
     const layouts = layerLayouts(backend, spec, ckpt);
+    const splitLayouts = split ? layerLayouts(backend, spec, ckpt, split.inter) : layouts;
+    const hostParts: (HostPart | undefined)[] = [];
+    let hostPartBytes = 0;
     for (let i = 0; i < spec.numLayers; i++) {
       if (i < from || i >= end) {
         layers.push(undefined);
@@ -237,9 +296,12 @@ export async function uploadWeights(
       const p = `model.layers.${i}.`;
       const id = layerBlockId(i);
       const streamed = pager?.isStreamed(id) ?? false;
+      const dense = !(spec.moe && isMoeLayer(spec, i));
+      // Compute near data: a streamed dense layer's first split.inter MLP channels stay in host memory.
+      const c = streamed && dense && split ? split.inter : 0;
       // Every tensor of the layer: a hot buffer, or a place in the streamed block's master copy.
       const dst = {} as Record<keyof LayerWeights, Dst>;
-      for (const t of layouts[i]) {
+      for (const t of c > 0 ? splitLayouts[i] : layouts[i]) {
         if (streamed) {
           dst[t.name] = { block: id, tensor: t.name, dtype: t.dtype };
           streamedBytes += t.length * DTYPE_BYTES[t.dtype];
@@ -270,17 +332,49 @@ export async function uploadWeights(
           await put(dst.expertsGateUp, `${p}mlp.experts.${e}.up_proj.weight`, e * 2 * I * H + I * H);
           await put(dst.expertsDown, `${p}mlp.experts.${e}.down_proj.weight`, e * H * I);
         }
-      } else {
+      } else if (c === 0) {
         const I = spec.intermediateSize;
         await put(dst.gateUp, `${p}mlp.gate_proj.weight`, 0);
         await put(dst.gateUp, `${p}mlp.up_proj.weight`, I * H);
         await put(dst.down, `${p}mlp.down_proj.weight`);
+      } else {
+        // Split: channels [c, I) go to the streamed block, [0, c) to host-tier buffers.
+        const I = spec.intermediateSize;
+        const g = (dst.gateUp as { dtype: DType }).dtype;
+        const hostGU = alloc(2 * c * H, `${p}mlp.host.gate_up`, g, split!.tier);
+        const hostDown = alloc(H * c, `${p}mlp.host.down`, (dst.down as { dtype: DType }).dtype, split!.tier);
+        const hostNorm = alloc(H, `${p}mlp.host.norm`, (dst.mlpNorm as { dtype: DType }).dtype, split!.tier);
+        hostPartBytes += hostGU.byteLength + hostDown.byteLength + hostNorm.byteLength;
+        await put(hostNorm, `${p}post_attention_layernorm.weight`);
+        await putRows(dst.gateUp, `${p}mlp.gate_proj.weight`, c, I, H, 0);
+        await putRows(hostGU, `${p}mlp.gate_proj.weight`, 0, c, H, 0);
+        progress(`${p}mlp.gate_proj.weight`);
+        await putRows(dst.gateUp, `${p}mlp.up_proj.weight`, c, I, H, (I - c) * H);
+        await putRows(hostGU, `${p}mlp.up_proj.weight`, 0, c, H, c * H);
+        progress(`${p}mlp.up_proj.weight`);
+        const down = await read(hostDown.dtype, `${p}mlp.down_proj.weight`);
+        store(dst.down, columns(down, H, I, c, I), 0);
+        store(hostDown, columns(down, H, I, 0, c), 0);
+        progress(`${p}mlp.down_proj.weight`);
+        hostParts[i] = { normWeight: hostNorm, gateUp: hostGU, down: hostDown, inter: c };
       }
       layers.push(streamed ? undefined : (dst as unknown as LayerWeights));
     }
+    // Host-part buffers were counted as mapped (host-tier) bytes by alloc.
     const hotBytes = bytes;
     bytes += streamedBytes + mappedBytes;
-    return { embed, lmHead, finalNorm, invFreq, layers, bytes, hotBytes, buffers, ...(pager ? { pager } : {}) };
+    return {
+      embed,
+      lmHead,
+      finalNorm,
+      invFreq,
+      layers,
+      bytes,
+      hotBytes,
+      buffers,
+      ...(pager ? { pager } : {}),
+      ...(hostPartBytes > 0 ? { hostParts } : {}),
+    };
   } catch (e) {
     // Leave the backend as we found it.
     for (const b of buffers) backend.free(b);
