@@ -6,7 +6,8 @@
 #   offload (not in the default list; meant for a checkpoint larger than the budget, e.g.
 #   NERVA_SIZES=qwen3-8b bash tools/gpu/run.sh build,synth,offload): accelerate's device_map offload
 #   and `nerva-bench offload` under the same budget (NERVA_OFFLOAD_BUDGET, default 4GiB), 16 prompt
-#   ids, 8 new tokens -> both JSON lines in $OUT/offload.jsonl
+#   ids, 8 new tokens for accelerate and NERVA_OFFLOAD_TOKENS (default 32) for NERVA -> both JSON
+#   lines in $OUT/offload.jsonl
 #   nccl (not in the default list; bash tools/gpu/run.sh build,nccl): NCCL load, a one-rank
 #   communicator, and with 2+ GPUs a checked GPU 0 -> GPU 1 send/recv (tools/gpu/nccl_check.ts) -> $OUT/nccl.json
 # Results land in $OUT as JSON (at most 8 files come back).
