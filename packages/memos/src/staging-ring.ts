@@ -13,7 +13,8 @@ export class StagingSchedule {
     readonly order: readonly string[],
     readonly slots: number,
   ) {
-    if (!Number.isInteger(slots) || slots < 1) throw new PagerStateError(`a ring needs at least one slot, got ${slots}`);
+    // A paged plan can stream nothing (a gathered block read in place made room for every layer).
+    if (!Number.isInteger(slots) || slots < (order.length > 0 ? 1 : 0)) throw new PagerStateError(`a ring needs at least one slot, got ${slots}`);
     if (new Set(order).size !== order.length) throw new PagerStateError('a block appears twice in the streamed order');
   }
 

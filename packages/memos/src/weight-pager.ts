@@ -83,15 +83,16 @@ export class WeightPager {
     this.plan = plan;
     this.layout = layout;
     this.hostTier = init.hostTier;
-    // A backend computing in VRAM has copy engines: loads get a stream of their own.
-    this.ownsCopyStream = init.copyStream === undefined && backend.capabilities.computeTier === 'vram';
-    this.copyStream = init.copyStream ?? (this.ownsCopyStream ? backend.createStream() : undefined);
     this.blockBytes = layout.reduce((s, t) => s + t.length * DTYPE_BYTES[t.dtype], 0);
     if (this.blockBytes > plan.slotBytes) throw new PagerStateError(`a block of ${this.blockBytes} bytes does not fit a slot of ${plan.slotBytes}`);
     this.schedule = new StagingSchedule(plan.streamed, plan.slots);
     this.ring = new RingState(this.schedule, () => this.blockBytes, backend.capabilities.computeTier === 'vram' ? 'vram' : 'dram');
     plan.streamed.forEach((id, i) => this.index.set(id, i));
     this.issuedThisPass = new Array(plan.slots).fill(false);
+    // A backend computing in VRAM has copy engines: loads get a stream of their own (created after
+    // the checks above, so a refused plan leaves nothing behind; the catch below destroys it).
+    this.ownsCopyStream = init.copyStream === undefined && backend.capabilities.computeTier === 'vram';
+    this.copyStream = init.copyStream ?? (this.ownsCopyStream ? backend.createStream() : undefined);
     const disk = plan.streamed.filter((id) => plan.placements.get(id)?.home === 'disk');
     try {
       if (disk.length > 0) {
@@ -177,11 +178,15 @@ export class WeightPager {
   /** Wait (in stream order) for the streamed block `id` and return the slot tensors holding it. */
   acquire(id: string, stream?: StreamHandle): TensorSet {
     const i = this.indexOf(id);
+    // The protocol is checked before anything moves: a refused acquire leaves the ring as it was.
+    const expected = this.ring.expected;
+    if (i !== expected) throw new PagerStateError(`streamed blocks are used in order: expected ${this.schedule.order[expected]}, got ${id}`);
+    if (this.inUse(id)) throw new PagerStateError(`block ${id} is already acquired`);
     const slot = this.schedule.slotOf(i);
     if (this.ring.occupantOf(slot) !== i) {
       this.st.stalls++;
       this.load(i);
-    } else this.st.hits++;
+    } else if (!this.capturing) this.st.hits++; // a captured pass's hits are counted when it is replayed
     if (this.issuedThisPass[slot] && this.copyStream !== undefined) this.backend.waitEvent(stream ?? { id: 0 }, this.loaded[slot]);
     this.issuedThisPass[slot] = false;
     this.ring.loadAwaited(i);
@@ -201,8 +206,11 @@ export class WeightPager {
   /** End of a forward pass: the compute stream waits for the loads that start the next one. */
   endPass(stream?: StreamHandle): void {
     if (this.ring.expected !== 0) throw new PagerStateError(`pass ended after ${this.ring.expected} of ${this.schedule.length} streamed blocks`);
+    const first = this.schedule.order[0];
+    if (first !== undefined && this.inUse(first)) throw new PagerStateError(`pass ended while block ${first} is acquired and not released`);
     this.join(stream);
-    this.st.passes++;
+    // Recording a pass serves none: `replayed` counts each replay of it.
+    if (!this.capturing) this.st.passes++;
   }
 
   /** A captured pass is about to be recorded: loads issued until `endCapture` are replayed with it. */
@@ -232,6 +240,10 @@ export class WeightPager {
       if (this.issuedThisPass[s] && this.copyStream !== undefined) this.backend.waitEvent(stream ?? { id: 0 }, this.loaded[s]);
       this.issuedThisPass[s] = false;
     }
+  }
+
+  private inUse(id: string): boolean {
+    return this.ring.blocks.get(id)?.state(this.ring.slotTier) === 'InUse';
   }
 
   private indexOf(id: string): number {
