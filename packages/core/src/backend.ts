@@ -104,6 +104,8 @@ export interface BackendStats {
   launches: number;
   graphReplays: number;
   syncs: SyncCounts;
+  /** Milliseconds the host spent computing ops near host-tier data (op mlp_slice on a device backend). */
+  hostComputeMs?: number;
 }
 
 export type HostArray = Float32Array | Int32Array | Uint16Array;

@@ -12,6 +12,7 @@ import { type RequestLimits, validateRequest } from './request-validation.js';
 import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
+import { hostChannels, measureRates } from './rates.js';
 import { kvBytesPerToken, memoryReport, placeWeights, type RunnerShape, validateResidency } from './weight-residency.js';
 import type { MemoryReport, PagerStats, WeightPager } from '@nerva/memos';
 
@@ -53,6 +54,15 @@ export interface EngineOptions {
   hostBudget?: number;
   /** Directory for the disk tier: weight blocks the host budget cannot hold are spilled here. */
   offloadDir?: string;
+  /**
+   * Compute near data for streamed layers: part of each streamed layer's MLP is computed on the
+   * host CPU, where its weights lie, while the rest streams to the device. 'auto' (the default)
+   * splits by rates measured at start-up (host-to-device copies against the host computing, run
+   * together) on a device backend with bf16 weights; 'off' streams everything; a number in (0, 1)
+   * forces that fraction of the MLP channels (tests, experiments). Float32 math either way; only
+   * the order of one sum changes.
+   */
+  hostCompute?: 'auto' | 'off' | number;
 }
 
 export interface GenerateOptions extends SamplingParams {
@@ -153,6 +163,8 @@ export class Engine {
   private readonly sampler: HostSampler;
   private readonly live = new Map<number, Live>();
   private readonly graphs = new Map<number, GraphHandle>();
+  /** Host-slice weight bytes one replay of each captured bucket computes. */
+  private readonly replayHostBytes = new Map<number, number>();
   private readonly useGraphs: boolean;
   private readonly profile: boolean;
   private readonly stepListeners = new Set<(s: StepSignals) => void>();
@@ -257,7 +269,8 @@ export class Engine {
           ...(o.vramBudget !== undefined ? { deviceBudgetBytes: o.vramBudget } : {}),
           ...(o.hostBudget !== undefined ? { hostBudgetBytes: o.hostBudget } : {}),
           // Pinned host memory for the master copies of streamed blocks: at most the checkpoint.
-          ...(budgeted ? { pinnedArenaBytes: Math.min(o.hostBudget ?? Number.POSITIVE_INFINITY, loaded.checkpoint.totalBytes) + 64 * 2 ** 20 } : {}),
+          // Plus room for the runner's host buffers and the start-up rate measurement.
+          ...(budgeted ? { pinnedArenaBytes: Math.min(o.hostBudget ?? Number.POSITIVE_INFINITY, loaded.checkpoint.totalBytes) + 320 * 2 ** 20 } : {}),
         }));
         reservedBytes = reserved ?? 0;
       } catch (e) {
@@ -271,8 +284,25 @@ export class Engine {
       const shape = runnerShape(backend, loaded.spec, o);
       const maxModelLen = Math.min(loaded.spec.maxPositionEmbeddings, o.maxModelLen ?? 4096);
       const kvPlanned = kvCacheBytesFor(backend, shape, maxModelLen, o);
-      pager = placeWeights(backend, loaded.spec, loaded.checkpoint, kvPlanned ?? 0, shape, o, reservedBytes);
-      weights = await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress, pager);
+      const sp = loaded.spec;
+      const be = backend;
+      const splitFor = (attnBytes: number, mlpBytes: number): number => {
+        const hc = o.hostCompute ?? 'auto';
+        const I = sp.intermediateSize;
+        if (hc === 'off' || sp.moe !== undefined) return 0;
+        if (typeof hc === 'number') return Math.min(I - 64, Math.max(0, Math.round((hc * I) / 64) * 64));
+        const caps = be.capabilities;
+        if (caps.computeTier !== 'vram' || !caps.ops.includes('mlp_slice') || caps.numerics === 'bf16' || caps.weightDtype !== 'bf16') return 0;
+        const rates = measureRates(be, sp.hiddenSize, true);
+        const c = hostChannels(rates, attnBytes, mlpBytes, I);
+        measured = `measured at start-up, together: host->device ${rates.h2dGBs.toFixed(1)} GB/s, host MLP ${rates.hostMlpGBs?.toFixed(1)} GB/s -> host computes ${c} of ${I} channels`;
+        return c;
+      };
+      let measured: string | undefined;
+      const placed = placeWeights(backend, sp, loaded.checkpoint, kvPlanned ?? 0, shape, o, reservedBytes, splitFor);
+      if (measured) notes.push(`compute near data: ${measured}`);
+      pager = placed?.pager;
+      weights = await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress, pager, undefined, placed?.split);
       const kvBytes = kvPlanned ?? kvCacheBytesAfterUpload(backend, shape);
       // The loads that start the first pass; the ring keeps itself primed from then on.
       pager?.prime();
@@ -324,7 +354,7 @@ export class Engine {
 
   /** Where every weight block lives, what moved and what it cost (the memory OS report). */
   memoryReport(): MemoryReport {
-    return memoryReport(this.backend, this.weights, this.runner.kvBytes, this.budgets);
+    return memoryReport(this.backend, this.weights, this.runner.kvBytes, this.budgets, { computeBytes: this.runner.hostComputeBytes, readBytes: this.runner.hostReadBytes });
   }
 
   encode(text: string): number[] {
@@ -508,12 +538,16 @@ export class Engine {
       if (!g) {
         be.beginCapture();
         this.pager?.beginCapture();
+        const hostBefore = this.runner.hostComputeBytes;
         try {
           this.runner.forward(bucket, bucket);
           this.runner.sampleOnDevice(bucket, m.ids);
           this.runner.advance(bucket);
         } finally {
           this.pager?.endCapture();
+          // Captured, not run: counted on each replay instead.
+          this.replayHostBytes.set(bucket, this.runner.hostComputeBytes - hostBefore);
+          this.runner.hostComputeBytes = hostBefore;
         }
         g = be.endCapture();
         this.graphs.set(bucket, g);
@@ -522,6 +556,7 @@ export class Engine {
       try {
         be.replay(g);
         this.pager?.replayed();
+        this.runner.hostComputeBytes += this.replayHostBytes.get(bucket) ?? 0;
       } finally {
         be.setHotPath(false);
       }

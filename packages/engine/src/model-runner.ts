@@ -217,6 +217,11 @@ export class ModelRunner {
     if (this.weights.layers[l] === undefined) this.weights.pager!.release(layerBlockId(l), this.stream);
   }
 
+  /** Weight bytes of host slices enqueued through op mlp_slice (computed near the data). */
+  hostComputeBytes = 0;
+  /** Weight bytes of host slices read in place by the device (prefill passes). */
+  hostReadBytes = 0;
+
   /** The residual stream [maxRows, hidden]: a stage's output, and a later stage's input. */
   get hidden(): DeviceBuffer {
     return this.act.residual;
@@ -332,6 +337,7 @@ export class ModelRunner {
         if (hp) {
           // A prefill pass reads the host slice's weights in place (once per pass, like a load).
           const c = hp.inter;
+          this.hostReadBytes += hp.gateUp.byteLength + hp.down.byteLength;
           this.op('mlp', 'matmul', { x: a.normed, weight: hp.gateUp, out: a.gateUp, rows, inDim: H, outDim: 2 * c });
           this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: c });
           this.op('mlp', 'matmul', { x: a.mlpAct, weight: hp.down, out: a.hostOut, rows, inDim: c, outDim: H });
@@ -459,6 +465,7 @@ export class ModelRunner {
         // Compute near data: the host slice runs where its weights lie, from the stream before
         // this layer's MLP touches it; the rest runs here; the two sums meet in the stream.
         if (hp) {
+          this.hostComputeBytes += hp.gateUp.byteLength + hp.down.byteLength;
           this.op('mlp', 'mlp_slice', {
             x: a.residual,
             normWeight: hp.normWeight,

@@ -3,7 +3,7 @@ import type { DeviceBackend, Tier } from '@nerva/core';
 import { DTYPE_BYTES } from '@nerva/core';
 import { fmt, type MemoryReport, OffloadDirError, planResidency, type ResidencyPlan, type TierUsage, WeightPager, WorkingSetTooLargeError } from '@nerva/memos';
 import type { Checkpoint, ModelSpec } from '@nerva/models';
-import { kvDtypeOf, type ModelWeights, weightBlocks } from './model-weights.js';
+import { type HostSplit, kvDtypeOf, type ModelWeights, weightBlocks } from './model-weights.js';
 
 /** What the memory OS was asked for (EngineOptions' residency fields). */
 export interface ResidencyOptions {
@@ -27,6 +27,10 @@ export function validateResidency(o: ResidencyOptions): void {
     ['hostBudget', o.hostBudget],
   ] as const) {
     if (v !== undefined && (!Number.isSafeInteger(v) || v <= 0)) throw new RangeError(`${k} must be a positive whole number of bytes, got ${String(v)}`);
+  }
+  const hc = (o as { hostCompute?: unknown }).hostCompute;
+  if (hc !== undefined && hc !== 'auto' && hc !== 'off' && !(typeof hc === 'number' && hc > 0 && hc < 1)) {
+    throw new RangeError(`hostCompute must be 'auto', 'off' or a fraction in (0, 1), got ${String(hc)}`);
   }
   if (o.offloadDir !== undefined) {
     if (typeof o.offloadDir !== 'string' || o.offloadDir === '') throw new RangeError(`offloadDir must be a directory path, got ${String(o.offloadDir)}`);
@@ -59,7 +63,9 @@ export function placeWeights(
   shape: RunnerShape,
   o: ResidencyOptions,
   reservedBytes = 0,
-): WeightPager | undefined {
+  /** Compute near data: given a streamed layer's attention and MLP bytes, the MLP channels the host computes. */
+  splitFor?: (attnBytes: number, mlpBytes: number) => number,
+): { pager: WeightPager; split?: HostSplit } | undefined {
   if (o.vramBudget === undefined && o.hostBudget === undefined) return undefined;
   const tier = backend.capabilities.computeTier;
   const capacity = backend.capabilities.memory[tier] ?? 0;
@@ -70,9 +76,9 @@ export function placeWeights(
   const hostCap = backend.capabilities.memory[hostTier] ?? Number.POSITIVE_INFINITY;
   // Without a host budget, the host tier less what the runner keeps there (the token ring, meta).
   const hostBytes = o.hostBudget ?? Math.max(0, hostCap - 64 * 2 ** 20);
-  const { blocks, layout } = weightBlocks(backend, spec, ckpt);
+  let { blocks, layout } = weightBlocks(backend, spec, ckpt);
   const fixed = kvBytes + shape.activationBytes + margin + reservedBytes;
-  const largest = blocks.reduce((m, b) => (b.order !== undefined ? Math.max(m, b.bytes) : m), 0);
+  let largest = blocks.reduce((m, b) => (b.order !== undefined ? Math.max(m, b.bytes) : m), 0);
   // With a disk tier, blocks read from disk pass through host bounce buffers, one slot's worth
   // each: the host budget holds them too (reserved up front, so the minimum budget is one number).
   const plan = (slots: number): ResidencyPlan =>
@@ -100,8 +106,31 @@ export function placeWeights(
     }
   }
   if (p.mode === 'resident') return undefined;
+  let split: HostSplit | undefined;
+  if (splitFor && p.diskBytes === 0) {
+    const mlp = layout.filter((t) => t.name === 'gateUp' || t.name === 'down').reduce((t, x) => t + x.length * DTYPE_BYTES[x.dtype], 0);
+    const all = layout.reduce((t, x) => t + x.length * DTYPE_BYTES[x.dtype], 0);
+    const inter = splitFor(all - mlp, mlp);
+    if (inter > 0) {
+      // Re-plan with the smaller streamed blocks: the ring shrinks, more layers may stay hot.
+      const before = p;
+      ({ blocks, layout } = weightBlocks(backend, spec, ckpt, undefined, inter));
+      largest = blocks.reduce((m, b) => (b.order !== undefined ? Math.max(m, b.bytes) : m), 0);
+      try {
+        p = plan(before.slots);
+        split = { inter, tier: hostTier };
+      } catch {
+        // The split plan needs what the unsplit one did not (host room for the slices): keep the unsplit one.
+        p = before;
+        ({ blocks, layout } = weightBlocks(backend, spec, ckpt));
+      }
+      if (p.mode === 'resident') return undefined;
+    }
+  }
   const planDone = p;
-  return new WeightPager({ backend, plan: planDone, layout, hostTier, ...(o.offloadDir !== undefined ? { offloadDir: o.offloadDir } : {}) });
+  if (split) planDone.notes.push(`compute near data: the host computes ${split.inter} of ${spec.intermediateSize} MLP channels of each streamed layer`);
+  const pager = new WeightPager({ backend, plan: planDone, layout, hostTier, ...(o.offloadDir !== undefined ? { offloadDir: o.offloadDir } : {}) });
+  return { pager, ...(split ? { split } : {}) };
 }
 
 /** KV bytes per token of the model on this backend (every layer's keys and values). */
@@ -110,7 +139,13 @@ export function kvBytesPerToken(backend: DeviceBackend, spec: ModelSpec): number
 }
 
 /** The memory OS report for an engine's weights, KV cache and backend. */
-export function memoryReport(backend: DeviceBackend, weights: ModelWeights, kvBytes: number, budgets: ResidencyOptions): MemoryReport {
+export function memoryReport(
+  backend: DeviceBackend,
+  weights: ModelWeights,
+  kvBytes: number,
+  budgets: ResidencyOptions,
+  host: { computeBytes: number; readBytes: number } = { computeBytes: 0, readBytes: 0 },
+): MemoryReport {
   const caps = backend.capabilities;
   const stats = backend.stats();
   const pager = weights.pager;
@@ -118,7 +153,10 @@ export function memoryReport(backend: DeviceBackend, weights: ModelWeights, kvBy
   const ps = pager?.stats();
   const computeTier = caps.computeTier;
   const staging = pager?.slotBytes ?? 0;
-  const hostWeights = (plan?.pinnedBytes ?? 0);
+  // Host tier: weights held there (streamed blocks' copies, a mapped embedding, host slices) and the
+  // disk tier's bounce buffers.
+  const hostWeights = weights.bytes - weights.hotBytes - (plan?.diskBytes ?? 0);
+  const bounce = pager ? pager.hostBytes - ((plan?.streamedBytes ?? 0) - (plan?.diskBytes ?? 0)) : 0;
   const tiers: TierUsage[] = [
     {
       tier: computeTier,
@@ -126,11 +164,11 @@ export function memoryReport(backend: DeviceBackend, weights: ModelWeights, kvBy
       weightBytes: weights.hotBytes,
       stagingBytes: staging,
       kvBytes,
-      otherBytes: Math.max(0, stats.liveBytes - weights.hotBytes - staging - kvBytes - hostWeights - (pager ? pagerHostBytes(pager) : 0)),
+      otherBytes: Math.max(0, stats.liveBytes - weights.hotBytes - staging - kvBytes - (computeTier === 'pinned' ? 0 : hostWeights + Math.max(0, bounce))),
     },
   ];
   if (plan) {
-    tiers.push({ tier: 'pinned', budgetBytes: budgets.hostBudget ?? caps.memory.pinned ?? 0, weightBytes: hostWeights, stagingBytes: pagerHostBytes(pager!) - hostWeights, kvBytes: 0, otherBytes: 0 });
+    tiers.push({ tier: 'pinned', budgetBytes: budgets.hostBudget ?? caps.memory.pinned ?? 0, weightBytes: hostWeights, stagingBytes: Math.max(0, bounce), kvBytes: 0, otherBytes: 0 });
     if (plan.diskBytes > 0) tiers.push({ tier: 'disk', budgetBytes: plan.diskBytes, weightBytes: plan.diskBytes, stagingBytes: 0, kvBytes: 0, otherBytes: 0 });
   }
   const streamedBlocks = plan?.streamed.length ?? 0;
@@ -144,16 +182,20 @@ export function memoryReport(backend: DeviceBackend, weights: ModelWeights, kvBy
       hotBytes: weights.hotBytes,
       streamedBytes: plan?.streamedBytes ?? 0,
       diskBytes: plan?.diskBytes ?? 0,
-      hotBlocks: plan ? [...plan.placements.values()].filter((p) => p.placement === 'hot').length : weights.layers.length + 3,
+      // The planner's blocks: one per layer, the embedding, the final norm, and an untied LM head.
+      hotBlocks: plan
+        ? [...plan.placements.values()].filter((p) => p.placement === 'hot').length
+        : weights.layers.length + 2 + (weights.lmHead !== undefined && weights.lmHead !== weights.embed ? 1 : 0),
       streamedBlocks,
       diskBlocks,
       slots: plan?.slots ?? 0,
       slotBytes: plan?.slotBytes ?? 0,
     },
     moved: {
-      h2d: { bytes: ps?.h2dBytes ?? 0, ms: 0 },
+      // Loads into staging slots, plus host slices the device read in place (prefill).
+      h2d: { bytes: (ps?.h2dBytes ?? 0) + host.readBytes, ms: 0 },
       diskRead: { bytes: ps?.diskReadBytes ?? 0, ms: ps?.diskReadMs ?? 0 },
-      cpuCompute: { bytes: 0, ms: 0 },
+      cpuCompute: { bytes: host.computeBytes, ms: stats.hostComputeMs ?? 0 },
     },
     streamedBytesPerPass: plan?.streamedBytes ?? 0,
     prefetch: { hits: ps?.hits ?? 0, stalls: ps?.stalls ?? 0, stallMs: 0 },
@@ -161,7 +203,3 @@ export function memoryReport(backend: DeviceBackend, weights: ModelWeights, kvBy
   };
 }
 
-/** Host-tier bytes a pager holds: master copies plus bounce buffers. */
-function pagerHostBytes(p: WeightPager): number {
-  return p.hostBytes;
-}

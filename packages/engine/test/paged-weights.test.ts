@@ -1,4 +1,4 @@
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { OffloadDirError, WorkingSetTooLargeError } from '@nerva/memos';
@@ -15,7 +15,7 @@ async function greedy(e: Engine, n = 12): Promise<number[]> {
 }
 
 /** The smallest VRAM budget the engine accepts for a model, read off the error a tiny one gives. */
-async function minimumBudget(model: string, extra: { hostBudget?: number; offloadDir?: string } = {}): Promise<number> {
+async function minimumBudget(model: string, extra: { hostBudget?: number; offloadDir?: string; hostCompute?: number } = {}): Promise<number> {
   try {
     (await Engine.create({ model, ...SHAPE, ...extra, vramBudget: 2 ** 10 })).dispose();
   } catch (e) {
@@ -84,6 +84,29 @@ describe.each(models)('paged weights give the resident run\'s tokens: %s', (mode
   });
 });
 
+// Sparse (MoE) layers keep their experts whole: compute near data splits dense MLPs only.
+const dense = models.filter((m) => !('num_experts' in JSON.parse(readFileSync(join(m, 'config.json'), 'utf8'))));
+
+describe.each(dense)('compute near data (host MLP slices) gives the resident run\'s tokens: %s', (model) => {
+  it('half of each streamed layer\'s MLP channels computed by op mlp_slice, the rest streamed', async () => {
+    const resident = await Engine.create({ model, ...SHAPE });
+    const want = await greedy(resident);
+    resident.dispose();
+    const split = { hostCompute: 0.5 };
+    const e = await Engine.create({ model, ...SHAPE, ...split, vramBudget: await minimumBudget(model, split) });
+    const r = e.memoryReport();
+    expect(r.mode).toBe('paged');
+    expect(r.notes.join('\n')).toMatch(/compute near data: the host computes \d+ of \d+ MLP channels/);
+    const out = await e.submit(PROMPT, { temperature: 0, maxTokens: 12, ignoreEos: true }).done;
+    expect(out.tokenIds).toEqual(want);
+    expect(out.ledger.summary().hot_path_allocations).toBe(0);
+    const after = e.memoryReport();
+    // Decode passes compute the host slices near the data; the prefill pass read them in place.
+    expect(after.moved.cpuCompute.bytes).toBeGreaterThan(0);
+    e.dispose();
+  });
+});
+
 describe('paged weights: bad input', () => {
   const dirs: string[] = [];
   afterAll(() => {
@@ -103,6 +126,9 @@ describe('paged weights: bad input', () => {
       await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, vramBudget })).rejects.toThrow(/vramBudget must be a positive whole number/);
     }
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, hostBudget: -1 })).rejects.toThrow(/hostBudget/);
+    for (const hostCompute of [0, 1, 'sometimes'] as const) {
+      await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, hostCompute: hostCompute as never })).rejects.toThrow(/hostCompute must be/);
+    }
   });
 
   it('an offload dir that is missing or a file is one clear error', async () => {

@@ -1,0 +1,92 @@
+import type { DeviceBackend, DeviceBuffer, EventHandle, StreamHandle } from '@nerva/core';
+
+/** Transfer and compute rates measured on this machine at start-up (GB/s of weight bytes). */
+export interface MeasuredRates {
+  /** Host-tier (pinned) to compute-tier copies. */
+  h2dGBs: number;
+  /** The host computing an MLP slice over host-tier weights (op mlp_slice), while copies run. */
+  hostMlpGBs?: number;
+}
+
+/**
+ * Measure what the residency planner trades against each other: copying weights to the device
+ * and computing near them on the host. Both run at once, on two streams, because that is how
+ * they will run (and they share the host's memory bandwidth). Everything goes through the
+ * backend contract (copy, run, events); buffers are freed before returning.
+ */
+export function measureRates(backend: DeviceBackend, hidden: number, withHostMlp: boolean): MeasuredRates {
+  const owned: DeviceBuffer[] = [];
+  const events: EventHandle[] = [];
+  const streams: StreamHandle[] = [];
+  const alloc = (dtype: 'f32' | 'bf16', length: number, tier?: 'pinned') => {
+    const b = backend.alloc({ dtype, length, usage: 'workspace', label: 'rates', ...(tier ? { tier } : {}) });
+    owned.push(b);
+    return b;
+  };
+  const ev = () => {
+    const e = backend.createEvent();
+    events.push(e);
+    return e;
+  };
+  try {
+    const copyElems = 32 * 2 ** 20; // 64 MiB of bf16
+    const src = alloc('bf16', copyElems, 'pinned');
+    const dst = alloc('bf16', copyElems);
+    const cs = backend.createStream();
+    streams.push(cs);
+    const [c0, c1] = [ev(), ev()];
+    const reps = 4;
+    let mlp: { run: () => void; bytes: number; e0: EventHandle; e1: EventHandle; stream: StreamHandle } | undefined;
+    if (withHostMlp) {
+      // About 48 MiB of weights: a slice of 2048 channels at hidden 4096.
+      const inter = Math.max(64, Math.floor((24 * 2 ** 20) / (3 * hidden)) * 2);
+      const x = alloc('f32', hidden);
+      const out = alloc('f32', hidden);
+      const nw = alloc('f32', hidden, 'pinned');
+      const gu = alloc('bf16', 2 * inter * hidden, 'pinned');
+      const down = alloc('bf16', hidden * inter, 'pinned');
+      const xHost = alloc('f32', hidden, 'pinned');
+      const yHost = alloc('f32', hidden, 'pinned');
+      backend.write(nw, new Float32Array(hidden).fill(1));
+      backend.write(x, new Float32Array(hidden).fill(0.5));
+      const ms = backend.createStream();
+      streams.push(ms);
+      const args = { x, normWeight: nw, gateUp: gu, down, out, rows: 1, hidden, inter, eps: 1e-6, xHost, yHost };
+      mlp = { run: () => backend.run('mlp_slice', args, ms), bytes: 3 * inter * hidden * 2, e0: ev(), e1: ev(), stream: ms };
+      mlp.run(); // warm-up: threads started, pages touched
+    }
+    backend.copy(dst, src, copyElems, 0, 0, cs); // warm-up
+    backend.synchronize('debug');
+    backend.record(c0, cs);
+    if (mlp) backend.record(mlp.e0, mlp.stream);
+    for (let i = 0; i < reps; i++) {
+      backend.copy(dst, src, copyElems, 0, 0, cs);
+      mlp?.run();
+    }
+    backend.record(c1, cs);
+    if (mlp) backend.record(mlp.e1, mlp.stream);
+    backend.synchronize('debug');
+    const gbs = (bytes: number, ms: number) => (ms > 0 ? bytes / ms / 1e6 : Number.POSITIVE_INFINITY);
+    const out: MeasuredRates = { h2dGBs: gbs(reps * copyElems * 2, backend.elapsedMs(c0, c1)) };
+    if (mlp) out.hostMlpGBs = gbs(reps * mlp.bytes, backend.elapsedMs(mlp.e0, mlp.e1));
+    return out;
+  } finally {
+    for (const b of owned) backend.free(b);
+    for (const e of events) backend.destroyEvent(e);
+    for (const s of streams) backend.destroyStream(s);
+  }
+}
+
+/**
+ * How many of a streamed layer's `inter` MLP channels the host should compute so that its time
+ * matches the copy of the rest: with A attention bytes and M MLP bytes per layer,
+ * (A + (1 - f) M) / h2d = f M / host, so f = (A + M) host / (M (h2d + host)). Rounded down to a
+ * multiple of 128 channels; 0 when the host would get less than that.
+ */
+export function hostChannels(rates: MeasuredRates, attnBytes: number, mlpBytes: number, inter: number): number {
+  const host = rates.hostMlpGBs;
+  if (host === undefined || !(host > 0) || !(rates.h2dGBs > 0) || mlpBytes <= 0) return 0;
+  const f = ((attnBytes + mlpBytes) * host) / (mlpBytes * (rates.h2dGBs + host));
+  const c = Math.floor((Math.min(f, 1) * inter) / 128) * 128;
+  return c >= 128 ? Math.min(c, inter - 128) : 0;
+}
