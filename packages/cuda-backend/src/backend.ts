@@ -25,6 +25,7 @@ import {
   type Tier,
 } from '@nerva/core';
 import { OpEncoder, OP_CODES, type ResolvedBuffer } from './abi.js';
+import { type HostMlpNative, hostMlpKey } from './host-mlp.js';
 import { Arena } from './arena.js';
 import {
   CudaArgumentError,
@@ -388,6 +389,10 @@ export class CudaBackend implements DeviceBackend {
   run<K extends OpName>(op: K, args: OpArgs<K>, stream?: StreamHandle): void {
     this.live();
     const sid = this.stream(stream);
+    if (op === 'mlp_slice') {
+      this.mlpSlice(args as OpArgs<'mlp_slice'>, stream);
+      return;
+    }
     const enc = this.encoder;
     enc.encode(op, args);
     try {
@@ -395,6 +400,43 @@ export class CudaBackend implements DeviceBackend {
     } catch (err) {
       throw fromNative(err, `op ${op}`);
     }
+  }
+
+  /** Native argument blocks of op mlp_slice, one per distinct set of buffers (see host-mlp.ts). */
+  private readonly hostMlps = new Map<string, number>();
+
+  private mlpSlice(a: OpArgs<'mlp_slice'>, stream: StreamHandle | undefined): void {
+    const native = this.ctx as unknown as Partial<HostMlpNative>;
+    if (typeof native.hostMlpCreate !== 'function') throw new CudaArgumentError('mlp_slice', 'the addon was built without the host MLP (rebuild it)');
+    const bufs: Record<string, DeviceBuffer | undefined> = { x: a.x, out: a.out, normWeight: a.normWeight, gateUp: a.gateUp, down: a.down, xHost: a.xHost, yHost: a.yHost };
+    const key = hostMlpKey(a, (name) => {
+      const b = bufs[name];
+      if (!b) return undefined;
+      const e = this.entry(b, `mlp_slice ${name}`);
+      return { addr: e.addr, dtype: e.dtype, length: e.length, tier: b.tier, id: b.id };
+    });
+    const addr = (b: DeviceBuffer | undefined) => this.entry(b!, 'mlp_slice').addr;
+    let id = this.hostMlps.get(key);
+    if (id === undefined) {
+      if (this.hotPath) {
+        this.hotPathAllocations++;
+        throw new HotPathAllocationError('mlp_slice argument block');
+      }
+      try {
+        id = native.hostMlpCreate!({ rows: a.rows, hidden: a.hidden, inter: a.inter, eps: a.eps, x: addr(a.xHost), normW: addr(a.normWeight), gateUp: addr(a.gateUp), down: addr(a.down), y: addr(a.yHost) });
+      } catch (err) {
+        throw fromNative(err, 'mlp_slice');
+      }
+      this.hostMlps.set(key, id);
+    }
+    const n = a.rows * a.hidden;
+    this.copy(a.xHost!, a.x, n, 0, 0, stream);
+    try {
+      native.hostMlpEnqueue!(id, this.stream(stream));
+    } catch (err) {
+      throw fromNative(err, 'mlp_slice');
+    }
+    this.copy(a.out, a.yHost!, n, 0, 0, stream);
   }
 
   createStream(): StreamHandle {
@@ -535,7 +577,14 @@ export class CudaBackend implements DeviceBackend {
       launches: c.launches,
       graphReplays: c.graphReplays,
       syncs: { ...this.syncs },
+      ...this.hostComputeStats(),
     };
+  }
+
+  private hostComputeStats(): { hostComputeMs?: number } {
+    const native = this.ctx as unknown as Partial<HostMlpNative>;
+    if (this.disposed || this.hostMlps.size === 0 || typeof native.hostMlpStats !== 'function') return {};
+    return { hostComputeMs: native.hostMlpStats().ns / 1e6 };
   }
 
   private finalCounters = { allocCalls: 0, freeCalls: 0, launches: 0, graphReplays: 0, hotPathRejected: 0 };
@@ -561,6 +610,9 @@ export class CudaBackend implements DeviceBackend {
 
   dispose(): void {
     if (this.disposed) return;
+    const native = this.ctx as unknown as Partial<HostMlpNative>;
+    for (const id of this.hostMlps.values()) native.hostMlpDestroy?.(id);
+    this.hostMlps.clear();
     this.ctx.dispose();
     this.finalCounters = this.ctx.counters();
     this.disposed = true;
