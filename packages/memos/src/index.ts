@@ -4,3 +4,4 @@ export * from './planner.js';
 export * from './staging-ring.js';
 export * from './spill.js';
 export * from './weight-pager.js';
+export * from './importance.js';
