@@ -6,6 +6,7 @@ import { createDetokenizer, loadModelDir } from '@nerva/models';
 import { type BackendChoice, selectBackend } from './backend-select.js';
 import { HostSampler } from './host-sampler.js';
 import { ModelRunner } from './model-runner.js';
+import { type PassRunner, type PipelineDescription, pipelineRequest, type PreparedStages, prepareStages, StagePipeline } from './pipeline.js';
 import { freeWeights, kvDtypeOf, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';
 import { type RequestLimits, validateRequest } from './request-validation.js';
@@ -37,6 +38,23 @@ export interface EngineOptions {
   onProgress?: (p: UploadProgress) => void;
   /** Bytes of device memory the CUDA backend reserves, when the engine creates it. */
   deviceArenaBytes?: number;
+  /**
+   * Pipeline stages (default 1): the decoder layers split into this many contiguous ranges, each
+   * run by a stage of its own, hidden states passed between them (`StagePipeline`). On CUDA, N > 1
+   * needs N visible GPUs (one backend per GPU, NCCL links) unless `allowSingleDeviceStages`. The
+   * CPU backend allows any N: its stages share one backend and host memory. N may not exceed the
+   * model's layers, and memory budgets (`vramBudget`, `hostBudget`) are not supported with N > 1.
+   */
+  pipelineParallel?: number;
+  /** Place every stage on one GPU (device-copy links): tests the pipeline on a one-GPU machine. */
+  allowSingleDeviceStages?: boolean;
+  /**
+   * The device of each stage (CUDA ordinals; sets pipelineParallel). On the CPU backend, distinct
+   * ordinals give stages CPU backends of their own (the multi-backend path, with host links).
+   */
+  stageDevices?: number[];
+  /** Micro-batches per pipelined pass (default: 1 when stages share a backend, N otherwise). */
+  pipelineMicroBatches?: number;
   /**
    * Activation rounding of the backend the engine creates (default 'exact'). 'bf16' reproduces
    * transformers' bf16 eager forward rounding for rounding (weights and KV then bf16); see
@@ -155,7 +173,9 @@ export class Engine {
   readonly weightBytes: number;
   /** Sampling defaults from the model's generation_config.json (used by front ends when a request leaves them out). */
   readonly generationDefaults: Pick<SamplingParams, 'temperature' | 'topK' | 'topP' | 'minP' | 'repetitionPenalty'>;
-  private readonly runner: ModelRunner;
+  private readonly runner: PassRunner;
+  /** The stages, when the model runs as a pipeline (pipelineParallel > 1); `runner` is then this. */
+  private readonly pipeline: StagePipeline | undefined;
   private readonly weights: ModelWeights;
   private readonly pager: WeightPager | undefined;
   private readonly budgets: { vramBudget?: number; hostBudget?: number; offloadDir?: string };
@@ -194,6 +214,7 @@ export class Engine {
       ownsBackend: boolean;
       shape: RunnerShape;
       kvBytes: number;
+      stages?: PreparedStages;
     },
     o: EngineOptions,
   ) {
@@ -204,7 +225,7 @@ export class Engine {
     this.backend = init.backend;
     this.notes = init.notes;
     this.weights = init.weights;
-    this.weightBytes = init.weights.bytes;
+    this.weightBytes = init.stages?.weightBytes ?? init.weights.bytes;
     this.eosTokenIds = init.eos;
     this.generationDefaults = generationDefaults(init.generationConfig);
     const s = init.spec;
@@ -215,21 +236,23 @@ export class Engine {
     this.budgets = { vramBudget: o.vramBudget, hostBudget: o.hostBudget, offloadDir: o.offloadDir };
     const numBlocks = Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
     const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
-    this.runner = new ModelRunner(this.backend, s, this.weights, {
+    const limits = {
       maxRows,
       maxSeqs: maxNumSeqs,
       blockSize,
       numBlocks,
       maxBlocksPerSeq,
       ringCapacity: Math.max(4096, 4 * maxNumSeqs),
-    });
+    };
+    this.pipeline = init.stages ? new StagePipeline(s, limits, init.stages) : undefined;
+    this.runner = this.pipeline ?? new ModelRunner(this.backend, s, this.weights, limits);
     this.kv = new KvCacheManager({ numBlocks, blockSize, enablePrefixCaching: o.enablePrefixCaching ?? true, maxBlocksPerSeq });
     this.scheduler = new Scheduler({ maxNumBatchedTokens: maxRows, maxNumSeqs }, this.kv);
     this.sampler = new HostSampler(s.vocabSize);
     this.profile = o.profile ?? false;
     this.pager = init.weights.pager;
     // Disk-tier reads are host work a replayed graph would skip: such a plan runs eagerly.
-    this.useGraphs = (o.useGraphs ?? true) && this.backend.capabilities.graphCapture && !this.profile && (this.pager?.capturable ?? true);
+    this.useGraphs = (o.useGraphs ?? true) && this.backend.capabilities.graphCapture && !this.profile && (this.pager?.capturable ?? true) && (this.pipeline?.capturable ?? true);
     if (this.pager && !this.pager.capturable) this.notes.push('paged weights with a disk tier: decode steps run without graph capture');
     if (this.pager) for (const n of this.pager.plan.notes) this.notes.push(n);
     if (this.profile) this.runner.setProfiling(true);
@@ -249,6 +272,8 @@ export class Engine {
 
   /** Load a model folder onto a backend. Errors name the file and the problem. */
   static async create(o: EngineOptions): Promise<Engine> {
+    // Pipeline options are checked before anything loads.
+    const pipe = pipelineRequest(o);
     const loaded = await loadModelDir(o.model);
     let backend: DeviceBackend;
     let notes: string[] = [];
@@ -265,6 +290,7 @@ export class Engine {
         let reserved: number | undefined;
         ({ backend, notes, reservedBytes: reserved } = await selectBackend(o.backend ?? 'auto', {
           deviceArenaBytes: o.deviceArenaBytes,
+          ...(o.stageDevices !== undefined ? { device: o.stageDevices[0] } : {}),
           numerics: o.numerics,
           ...(o.vramBudget !== undefined ? { deviceBudgetBytes: o.vramBudget } : {}),
           ...(o.hostBudget !== undefined ? { hostBudgetBytes: o.hostBudget } : {}),
@@ -280,6 +306,7 @@ export class Engine {
     }
     let weights: ModelWeights | undefined;
     let pager: WeightPager | undefined;
+    let staged: PreparedStages | undefined;
     try {
       const shape = runnerShape(backend, loaded.spec, o);
       const maxModelLen = Math.min(loaded.spec.maxPositionEmbeddings, o.maxModelLen ?? 4096);
@@ -302,8 +329,23 @@ export class Engine {
       const placed = placeWeights(backend, sp, loaded.checkpoint, kvPlanned ?? 0, shape, o, reservedBytes, splitFor);
       if (measured) notes.push(`compute near data: ${measured}`);
       pager = placed?.pager;
-      weights = await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress, pager, undefined, placed?.split);
-      const kvBytes = kvPlanned ?? kvCacheBytesAfterUpload(backend, shape);
+      if (pipe) {
+        const be0 = backend;
+        staged = await prepareStages({
+          request: pipe,
+          primary: be0,
+          spec: loaded.spec,
+          ckpt: loaded.checkpoint,
+          backendOptions: { deviceArenaBytes: o.deviceArenaBytes, numerics: be0.capabilities.numerics ?? 'exact' },
+          kvPlanned,
+          kvAfterUpload: (b, activationBytes) => kvCacheBytesAfterUpload(b, { ...shape, activationBytes }),
+          activationBytes: shape.activationBytes,
+          onProgress: o.onProgress,
+        });
+        notes.push(...staged.notes);
+      }
+      weights = staged ? staged.stages[0].weights : await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress, pager, undefined, placed?.split);
+      const kvBytes = staged?.kvBytes ?? kvPlanned ?? kvCacheBytesAfterUpload(backend, shape);
       // The loads that start the first pass; the ring keeps itself primed from then on.
       pager?.prime();
       const eos = loaded.stopTokenIds;
@@ -320,10 +362,12 @@ export class Engine {
           ownsBackend: typeof o.backend !== 'object',
           shape,
           kvBytes,
+          stages: staged,
         },
         o,
       );
     } catch (e) {
+      staged?.dispose();
       if (weights) freeWeights(backend, weights);
       else pager?.dispose();
       if (typeof o.backend !== 'object') backend.dispose();
@@ -469,7 +513,7 @@ export class Engine {
     this.totalPreemptions += plan.preempted.length;
     if (plan.preempted.length) this.graphKey = undefined;
     if (plan.scheduled.length === 0) return;
-    const before = this.backend.stats();
+    const before = this.pipeline?.stats() ?? this.backend.stats();
     const pagerBefore = this.pager?.stats();
     let replayed = false;
     const st = this.stage;
@@ -575,6 +619,7 @@ export class Engine {
         be.synchronize('policy');
         tokens = this.readRing(nl);
       } else if (nl > 0) {
+        this.pipeline?.logitsHome(nl);
         be.record(this.endEv);
         const logits = be.read(this.runner.logits, 0, nl * V) as Float32Array;
         const ts = performance.now();
@@ -596,7 +641,7 @@ export class Engine {
     }
     const deviceMs = be.elapsedMs(this.startEv, this.endEv);
     const buckets = this.profile ? this.runner.takeProfile() : undefined;
-    const after = be.stats();
+    const after = this.pipeline?.stats() ?? be.stats();
     for (const { req, numTokens } of plan.scheduled) req.numComputedTokens += numTokens;
     const now = performance.now();
     const share = nl > 0 ? 1 / nl : 0;
@@ -646,6 +691,7 @@ export class Engine {
   }
 
   private writeMeta(rows: number, nl: number, withSampling: boolean): void {
+    if (this.pipeline) return this.pipeline.writeMeta(this.stage, rows, nl, withSampling);
     const be = this.backend;
     const m = this.runner.meta;
     const st = this.stage;
@@ -769,6 +815,11 @@ export class Engine {
     if (l.promptLogits) o.promptLogits = l.promptLogits;
     if (l.stepLogits) o.stepLogits = l.stepLogits;
     return o;
+  }
+
+  /** The pipeline's stages, links and micro-batches; undefined when the model runs as one stage. */
+  pipelineDescription(): PipelineDescription | undefined {
+    return this.pipeline?.describe();
   }
 
   /** Nodes of each captured decode graph, by batch-size bucket. */

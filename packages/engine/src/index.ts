@@ -9,3 +9,5 @@ export * from './sampling-params.js';
 export * from './scheduler.js';
 export * from './token-stream.js';
 export * from './worker/index.js';
+export * from './pipeline.js';
+export * from './stage-links.js';
