@@ -14,8 +14,8 @@ import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
 import { hostChannels, measureRates } from './rates.js';
-import { kvBytesPerToken, memoryReport, placeWeights, type RunnerShape, validateResidency } from './weight-residency.js';
-import type { MemoryReport, PagerStats, WeightPager } from '@nerva/memos';
+import { checkpointImportanceKey, kvBytesPerToken, memoryReport, placeWeights, type RunnerShape, validateResidency } from './weight-residency.js';
+import { defaultImportanceDir, ImportanceCache, ImportanceMeter, type ImportanceProfile, type MemoryReport, type PagerStats, type WeightPager } from '@nerva/memos';
 
 export interface EngineOptions {
   /** A model folder (config.json + safetensors [+ tokenizer.json]). */
@@ -81,6 +81,13 @@ export interface EngineOptions {
    * the order of one sum changes.
    */
   hostCompute?: 'auto' | 'off' | number;
+  /**
+   * Directory of cached per-layer importance profiles (MCAP-style; default
+   * $XDG_CACHE_HOME/nerva/importance), or false for none. Under a budget the planner keeps the
+   * most important layers hot; a paged engine without a profile calibrates one at start (one
+   * short prompt) and saves it for the next start.
+   */
+  importanceCache?: string | false;
 }
 
 export interface GenerateOptions extends SamplingParams {
@@ -306,6 +313,7 @@ export class Engine {
     }
     let weights: ModelWeights | undefined;
     let pager: WeightPager | undefined;
+    let importance: { cache: ImportanceCache; key: string; profile?: ImportanceProfile } | undefined;
     let staged: PreparedStages | undefined;
     try {
       const shape = runnerShape(backend, loaded.spec, o);
@@ -326,7 +334,15 @@ export class Engine {
         return c;
       };
       let measured: string | undefined;
-      const placed = placeWeights(backend, sp, loaded.checkpoint, kvPlanned ?? 0, shape, o, reservedBytes, splitFor);
+      // The importance profile of this checkpoint, when one was calibrated before.
+      const cache = budgeted && o.importanceCache !== false ? new ImportanceCache(o.importanceCache ?? defaultImportanceDir()) : undefined;
+      if (cache) {
+        importance = { cache, key: await checkpointImportanceKey(sp, loaded.checkpoint) };
+        const got = cache.load(importance.key, sp.numLayers);
+        importance.profile = got.profile;
+        notes.push(got.profile ? `importance profile: loaded from ${cache.dir} (${got.profile.tokens} calibration tokens)` : `importance profile: ${got.miss}; layers are kept hot in execution order`);
+      }
+      const placed = placeWeights(backend, sp, loaded.checkpoint, kvPlanned ?? 0, shape, o, reservedBytes, splitFor, importance?.profile?.layers);
       if (measured) notes.push(`compute near data: ${measured}`);
       pager = placed?.pager;
       if (pipe) {
@@ -349,7 +365,7 @@ export class Engine {
       // The loads that start the first pass; the ring keeps itself primed from then on.
       pager?.prime();
       const eos = loaded.stopTokenIds;
-      return new Engine(
+      const engine = new Engine(
         {
           dir: loaded.dir,
           spec: loaded.spec,
@@ -366,6 +382,15 @@ export class Engine {
         },
         o,
       );
+      if (importance && pager && !importance.profile) {
+        try {
+          await engine.calibrate(importance.cache, importance.key);
+        } catch (e) {
+          engine.dispose();
+          throw e;
+        }
+      }
+      return engine;
     } catch (e) {
       staged?.dispose();
       if (weights) freeWeights(backend, weights);
@@ -394,6 +419,39 @@ export class Engine {
 
   get kvCacheBytes(): number {
     return this.runner.kvBytes;
+  }
+
+  /**
+   * Measure the per-layer importance profile on one short calibration prompt (how much each
+   * layer changes the residual stream) and save it; the next start's plan keeps the most
+   * important layers hot. The reads it makes synchronize: it runs once, before any request.
+   */
+  private async calibrate(cache: ImportanceCache, key: string): Promise<void> {
+    const s = this.spec;
+    const tokens = Math.min(32, this.maxModelLen - 1);
+    const ids = Array.from({ length: tokens }, (_, i) => (i * 7919 + 13) % s.vocabSize);
+    const meter = new ImportanceMeter(s.numLayers);
+    const H = s.hiddenSize;
+    let prev: Float32Array | undefined;
+    // Paged weights run on one stage (a pipeline rejects a VRAM budget), so this is a ModelRunner.
+    if (!(this.runner instanceof ModelRunner)) return;
+    const runner = this.runner;
+    runner.layerProbe = (l: number, rows: number) => {
+      const cur = this.backend.read(runner.hidden, 0, rows * H) as Float32Array;
+      if (prev !== undefined) {
+        const mlp = this.backend.read(runner.mlpOut, 0, rows * H) as Float32Array;
+        for (let i = 0; i < cur.length; i++) cur[i] += mlp[i];
+        meter.add(l - 1, prev, cur, rows, H);
+      }
+      prev = cur;
+    };
+    try {
+      await this.submit(ids, { temperature: 0, maxTokens: 1, ignoreEos: true }).done;
+    } finally {
+      runner.layerProbe = undefined;
+    }
+    const file = cache.save({ version: 1, key, layers: meter.scores(), tokens, method: 'mean relative residual update per layer' });
+    this.notes.push(`importance profile: calibrated on ${tokens} tokens, saved to ${file} (used by the next start's plan)`);
   }
 
   /** Where every weight block lives, what moved and what it cost (the memory OS report). */

@@ -217,6 +217,18 @@ export class ModelRunner {
     if (this.weights.layers[l] === undefined) this.weights.pager!.release(layerBlockId(l), this.stream);
   }
 
+  /**
+   * Calibration hook: called with l and rows at the start of each decoder layer of an unfused
+   * pass, and with l = the end layer after the last, when the stream is complete in
+   * `hidden` (+ `mlpOut` after the first layer). Reads there synchronize: calibration only.
+   */
+  layerProbe: ((l: number, rows: number) => void) | undefined;
+
+  /** The last layer's MLP output, not yet added to `hidden` in an unfused pass. */
+  get mlpOut(): DeviceBuffer {
+    return this.act.mlpOut;
+  }
+
   /** Weight bytes of host slices enqueued through op mlp_slice (computed near the data). */
   hostComputeBytes = 0;
   /** Weight bytes of host slices read in place by the device (prefill passes). */
@@ -306,6 +318,7 @@ export class ModelRunner {
       return;
     }
     for (let l = this.firstLayer; l < this.endLayer; l++) {
+      this.layerProbe?.(l, rows);
       const lw = this.acquireLayer(l);
       // The first layer of a runner finds the residual stream complete (embedding, or a stage's handoff).
       if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
@@ -349,6 +362,7 @@ export class ModelRunner {
       }
       this.releaseLayer(l);
     }
+    this.layerProbe?.(this.endLayer, rows);
     if (head) {
       this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: this.need(w.finalNorm, 'final norm'), out: a.normed, rows, dim: H, eps });
       this.lmHead(nLogits);

@@ -1,7 +1,7 @@
 import fs from 'node:fs';
 import type { DeviceBackend, Tier } from '@nerva/core';
 import { DTYPE_BYTES } from '@nerva/core';
-import { fmt, type MemoryReport, OffloadDirError, planResidency, type ResidencyPlan, type TierUsage, WeightPager, WorkingSetTooLargeError } from '@nerva/memos';
+import { fmt, importanceKey, type MemoryReport, OffloadDirError, planResidency, type ResidencyPlan, type TierUsage, WeightPager, WorkingSetTooLargeError } from '@nerva/memos';
 import type { Checkpoint, ModelSpec } from '@nerva/models';
 import { type HostSplit, kvDtypeOf, type ModelWeights, weightBlocks } from './model-weights.js';
 
@@ -65,6 +65,8 @@ export function placeWeights(
   reservedBytes = 0,
   /** Compute near data: given a streamed layer's attention and MLP bytes, the MLP channels the host computes. */
   splitFor?: (attnBytes: number, mlpBytes: number) => number,
+  /** Per-layer importance (the calibrated profile): the most important layers stay hot first. */
+  importance?: readonly number[],
 ): { pager: WeightPager; split?: HostSplit } | undefined {
   if (o.vramBudget === undefined && o.hostBudget === undefined) return undefined;
   const tier = backend.capabilities.computeTier;
@@ -76,7 +78,7 @@ export function placeWeights(
   const hostCap = backend.capabilities.memory[hostTier] ?? Number.POSITIVE_INFINITY;
   // Without a host budget, the host tier less what the runner keeps there (the token ring, meta).
   const hostBytes = o.hostBudget ?? Math.max(0, hostCap - 64 * 2 ** 20);
-  let { blocks, layout } = weightBlocks(backend, spec, ckpt);
+  let { blocks, layout } = weightBlocks(backend, spec, ckpt, importance);
   const fixed = kvBytes + shape.activationBytes + margin + reservedBytes;
   let largest = blocks.reduce((m, b) => (b.order !== undefined ? Math.max(m, b.bytes) : m), 0);
   // With a disk tier, blocks read from disk pass through host bounce buffers, one slot's worth
@@ -114,7 +116,7 @@ export function placeWeights(
     if (inter > 0) {
       // Re-plan with the smaller streamed blocks: the ring shrinks, more layers may stay hot.
       const before = p;
-      ({ blocks, layout } = weightBlocks(backend, spec, ckpt, undefined, inter));
+      ({ blocks, layout } = weightBlocks(backend, spec, ckpt, importance, inter));
       largest = blocks.reduce((m, b) => (b.order !== undefined ? Math.max(m, b.bytes) : m), 0);
       try {
         p = plan(before.slots);
@@ -122,7 +124,7 @@ export function placeWeights(
       } catch {
         // The split plan needs what the unsplit one did not (host room for the slices): keep the unsplit one.
         p = before;
-        ({ blocks, layout } = weightBlocks(backend, spec, ckpt));
+        ({ blocks, layout } = weightBlocks(backend, spec, ckpt, importance));
       }
       if (p.mode === 'resident') return undefined;
     }
@@ -131,6 +133,14 @@ export function placeWeights(
   if (split) planDone.notes.push(`compute near data: the host computes ${split.inter} of ${spec.intermediateSize} MLP channels of each streamed layer`);
   const pager = new WeightPager({ backend, plan: planDone, layout, hostTier, ...(o.offloadDir !== undefined ? { offloadDir: o.offloadDir } : {}) });
   return { pager, ...(split ? { split } : {}) };
+}
+
+/** The importance-profile key of a loaded checkpoint: its spec, tensor table and norm weights' bytes. */
+export async function checkpointImportanceKey(spec: ModelSpec, ckpt: Checkpoint): Promise<string> {
+  const names = ckpt.names();
+  const samples: Uint8Array[] = [];
+  for (const n of ['model.norm.weight', 'model.layers.0.input_layernorm.weight']) if (ckpt.has(n)) samples.push(await ckpt.readRaw(n));
+  return importanceKey({ config: spec, tensors: names.map((n) => ({ name: n, dtype: ckpt.info(n).dtype, shape: ckpt.info(n).shape })), samples });
 }
 
 /** KV bytes per token of the model on this backend (every layer's keys and values). */
@@ -190,6 +200,7 @@ export function memoryReport(
       diskBlocks,
       slots: plan?.slots ?? 0,
       slotBytes: plan?.slotBytes ?? 0,
+      streamedIds: [...(plan?.streamed ?? [])],
     },
     moved: {
       // Loads into staging slots, plus host slices the device read in place (prefill).

@@ -8,7 +8,7 @@ import { DEFAULT_MODEL, fixtureModels, MODELS } from './fixtures.js';
 
 const PROMPT = [1, 5, 9, 14, 3, 27, 8, 2, 11, 6, 19, 4];
 // Small shapes keep the activations and the KV cache, and so the smallest budget, small.
-const SHAPE = { backend: 'cpu' as const, maxNumSeqs: 4, maxNumBatchedTokens: 16, kvCacheBytes: 2 ** 20 };
+const SHAPE = { backend: 'cpu' as const, maxNumSeqs: 4, maxNumBatchedTokens: 16, kvCacheBytes: 2 ** 20, importanceCache: false as const };
 
 async function greedy(e: Engine, n = 12): Promise<number[]> {
   return (await e.submit(PROMPT, { temperature: 0, maxTokens: n, ignoreEos: true }).done).tokenIds;
@@ -104,6 +104,46 @@ describe.each(dense)('compute near data (host MLP slices) gives the resident run
     // Decode passes compute the host slices near the data; the prefill pass read them in place.
     expect(after.moved.cpuCompute.bytes).toBeGreaterThan(0);
     e.dispose();
+  });
+});
+
+describe('importance profile', () => {
+  it('a paged start without a profile calibrates and saves one; the next start loads it and keeps the most important layers hot', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'nerva-importance-'));
+    try {
+      const opts = { model: DEFAULT_MODEL, ...SHAPE, importanceCache: dir };
+      const min = await minimumBudget(DEFAULT_MODEL);
+      const first = await Engine.create({ ...opts, vramBudget: min });
+      const slot = first.memoryReport().weights.slotBytes;
+      const want = await greedy(first);
+      expect(first.notes.join('\n')).toMatch(/importance profile: calibrated on \d+ tokens, saved to/);
+      first.dispose();
+      const files = readdirSync(dir);
+      expect(files).toHaveLength(1);
+      const profile = JSON.parse(readFileSync(join(dir, files[0]), 'utf8')) as { layers: number[]; tokens: number };
+      expect(profile.layers).toHaveLength(6);
+      expect(profile.layers.every((v) => v > 0)).toBe(true);
+
+      // Room for two hot layers beside two slots: the hot ones are the profile's top two.
+      const second = await Engine.create({ ...opts, vramBudget: min + 3 * slot });
+      expect(second.notes.join('\n')).toMatch(/importance profile: loaded from/);
+      const r = second.memoryReport();
+      const hot = [0, 1, 2, 3, 4, 5].filter((l) => !r.weights.streamedIds.includes(`layer.${l}`));
+      expect(hot.length).toBeGreaterThan(0);
+      const ranked = profile.layers.map((v, l) => [v, l] as const).sort((a, b) => b[0] - a[0] || a[1] - b[1]).map(([, l]) => l);
+      expect(hot.sort()).toEqual(ranked.slice(0, hot.length).sort());
+      // Placement changes time, never tokens.
+      expect(await greedy(second)).toEqual(want);
+      second.dispose();
+
+      // A corrupt cache file is a miss with a reason, not an error.
+      writeFileSync(join(dir, files[0]), '{ not json');
+      const third = await Engine.create({ ...opts, vramBudget: min });
+      expect(third.notes.join('\n')).toMatch(/is not JSON/);
+      third.dispose();
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

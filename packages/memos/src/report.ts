@@ -43,6 +43,8 @@ export interface MemoryReport {
     slots: number;
     /** Bytes of one staging slot. */
     slotBytes: number;
+    /** Ids of the streamed blocks in execution order (layer.N); the other layers are hot. */
+    streamedIds: string[];
   };
   /** Cumulative traffic by path. */
   moved: { h2d: PathTraffic; diskRead: PathTraffic; cpuCompute: PathTraffic };
