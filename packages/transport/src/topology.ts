@@ -133,7 +133,11 @@ export interface IommuInfo {
 
 /** Kernel modules that matter for GPU transfers. */
 export interface PeerMemoryInfo {
-  /** Loaded modules among the interesting ones (nvidia, nvidia_uvm, nvidia_peermem, ib_core, ...). */
+  /**
+   * Modules among the interesting ones (nvidia, nvidia_uvm, nvidia_peermem, ib_core, ...) that have
+   * a /sys/module entry: loaded, or built into the kernel (an entry without `initstate`, as ib_core
+   * and mlx5_core on the recorded H100 machine).
+   */
   modules: string[];
   /** Loaded peer-memory modules (GPUDirect RDMA through the peer-memory API). */
   peerMemory: string[];

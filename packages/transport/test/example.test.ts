@@ -20,7 +20,7 @@ describe('examples/topology.ts', () => {
       expect(report.topology.source).toBe('sysfs');
       expect(report.summary).toMatch(/^fabric: /);
       // n devices: n(n-1) GPU pairs plus host -> gpu and gpu -> host for each.
-      expect(report.plans).toHaveLength({ 'h100-sxm-vm': 2, 'h200-nvlink-2gpu': 6, 'pcie-2gpu-iommu': 6, malformed: 6 }[name]);
+      expect(report.plans).toHaveLength({ 'h100-recorded': 2, 'h100-sxm-vm': 2, 'h200-nvlink-2gpu': 6, 'pcie-2gpu-iommu': 6, malformed: 6 }[name]);
       for (const p of report.plans) expect(p.chosen === null || typeof p.chosen.kind === 'string').toBe(true);
     });
   }

@@ -3,8 +3,11 @@ import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { createSysfsReader, discoverTopology, type FabricTopology, type RuntimeProbe, type SysfsReader } from '../src/index.js';
 
-/** The recorded (modelled) sysfs trees under test/fixtures, each with the runtime probe it goes with. */
-export const FIXTURES = ['h100-sxm-vm', 'h200-nvlink-2gpu', 'pcie-2gpu-iommu', 'malformed'] as const;
+/**
+ * The sysfs trees under test/fixtures, each with the runtime probe it goes with: h100-recorded was
+ * recorded on a real machine, the others are modelled (see fixtures/README.md).
+ */
+export const FIXTURES = ['h100-recorded', 'h100-sxm-vm', 'h200-nvlink-2gpu', 'pcie-2gpu-iommu', 'malformed'] as const;
 export type FixtureName = (typeof FIXTURES)[number];
 
 export function fixtureRoot(name: string): string {

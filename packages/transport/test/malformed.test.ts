@@ -64,7 +64,8 @@ describe('the malformed fixture', () => {
   });
 
   it('the well-formed fixtures pass strict mode', () => {
-    for (const name of ['h100-sxm-vm', 'h200-nvlink-2gpu', 'pcie-2gpu-iommu']) expect(() => discoverTopology(fixtureReader(name), { strict: true })).not.toThrow();
+    for (const name of ['h100-recorded', 'h100-sxm-vm', 'h200-nvlink-2gpu', 'pcie-2gpu-iommu'])
+      expect(() => discoverTopology(fixtureReader(name), { strict: true })).not.toThrow();
   });
 });
 

@@ -209,6 +209,18 @@ describe('planFabric', () => {
     expect(JSON.parse(JSON.stringify(pcie)).summary).toBe(pcie.summary);
   });
 
+  it('plans the recorded H100 host paths without a fallback and nothing GPU-direct', () => {
+    const r = planFabric(loadFixture('h100-recorded'), { capabilities: caps({ deviceCount: 1, peerAccess: false, collectives: false }) });
+    expect(r.plans.map((p) => [p.from.kind, p.to.kind, p.chosen?.kind])).toEqual([
+      ['host', 'gpu', 'cpu-produced'],
+      ['gpu', 'host', 'pinned-bounce'],
+    ]);
+    expect(r.degraded).toEqual([]);
+    expect(r.classification).toMatchObject({ fabric: 'DiscreteExplicit', hardwareFabric: 'DiscreteExplicit', agrees: true, pairs: [], gpuDirectPairs: 0 });
+    // The recording cannot show whether pinned host memory maps into the GPU: not claimed.
+    expect(r.plans[0].rejected.map((x) => x.kind)).toEqual(['mapped-pinned']);
+  });
+
   it('plans nothing for the CPU backend', () => {
     expect(planFabric(loadFixture('h100-sxm-vm'), { capabilities: caps({ deviceKind: 'cpu', deviceCount: 1 }) }).plans).toEqual([]);
   });
@@ -219,11 +231,14 @@ describe('planFabric', () => {
  * the code under test): whether its PCI topology lets PCIe peer-to-peer through at all.
  * h200: passthrough IOMMU, so yes (across sockets, with a warning). pcie-2gpu-iommu: different
  * root complexes with a translating IOMMU, so no. malformed: placements unknown and a translating
- * IOMMU group, so no. h100: one GPU, no pairs.
+ * IOMMU group, so no. h100 (recorded and modelled): one GPU, no pairs.
  */
-const PCIE_P2P_POSSIBLE: Record<string, boolean> = { 'h100-sxm-vm': false, 'h200-nvlink-2gpu': true, 'pcie-2gpu-iommu': false, malformed: false };
-/** Whether an RDMA NIC and a peer-memory module exist (by hand). */
-const RDMA_POSSIBLE: Record<string, boolean> = { 'h100-sxm-vm': false, 'h200-nvlink-2gpu': true, 'pcie-2gpu-iommu': false, malformed: false };
+const PCIE_P2P_POSSIBLE: Record<string, boolean> = { 'h100-recorded': false, 'h100-sxm-vm': false, 'h200-nvlink-2gpu': true, 'pcie-2gpu-iommu': false, malformed: false };
+/**
+ * Whether an RDMA NIC and a peer-memory module exist (by hand). h100-recorded has ib_core and
+ * mlx5_core built into its kernel but only a virtio NIC and no peer-memory module: no.
+ */
+const RDMA_POSSIBLE: Record<string, boolean> = { 'h100-recorded': false, 'h100-sxm-vm': false, 'h200-nvlink-2gpu': true, 'pcie-2gpu-iommu': false, malformed: false };
 
 function runtimeVariants(name: string, gpus: number): (RuntimeProbe | null)[] {
   const own = fixtureRuntime(name) ?? null;
@@ -294,7 +309,7 @@ describe('zero false GPU-direct claims', () => {
       // The H200 fixture does get direct paths (the check above is not vacuous); elsewhere only a
       // runtime variant that itself reports NVLink links can produce one.
       if (name === 'h200-nvlink-2gpu') expect(direct).toBeGreaterThan(0);
-      if (name === 'h100-sxm-vm') expect(direct).toBe(0);
+      if (name === 'h100-recorded' || name === 'h100-sxm-vm') expect(direct).toBe(0);
     });
   }
 });

@@ -70,6 +70,86 @@ describe('h100-sxm-vm fixture (one H100 SXM in a KVM guest)', () => {
   });
 });
 
+describe('h100-recorded fixture (the lent H100 machine, recorded 2026-11-23)', () => {
+  const t = loadFixture('h100-recorded');
+
+  // What the recording shows (its nvidia-smi output is quoted in fixtures/README.md):
+  // GPU0 at 00000000:00:06.0, NVIDIA H100 80GB HBM3, driver 580.159.04, CPU affinity 0-15, NUMA 0,
+  // no NVLink links, no peer to test.
+  it('finds the GPU on the root bus itself: no root port, no bridge (unlike the modelled q35 guest)', () => {
+    expect(t.source).toBe('sysfs');
+    expect(t.gpus).toHaveLength(1);
+    const g = t.gpus[0];
+    expect(g).toMatchObject({
+      index: 0,
+      bdf: '0000:00:06.0',
+      vendor: 'nvidia',
+      vendorId: 0x10de,
+      deviceId: 0x2330,
+      classCode: 0x030200,
+      name: 'NVIDIA H100 80GB HBM3',
+      nameSource: 'driver',
+      driver: 'nvidia',
+      runtimeIndex: 0,
+    });
+    expect(g.placement).toEqual({
+      rootComplex: 'pci0000:00',
+      bridges: [],
+      rootPort: null,
+      switches: [],
+      sysfsPath: '/sys/devices/pci0000:00/0000:00:06.0',
+    });
+  });
+
+  it('reads the Gen5 x16 link (trained up at recording time) and estimates PCIe bandwidth from the GPU alone', () => {
+    const g = t.gpus[0];
+    expect(g.link).toEqual({ current: { speedGTs: 32, gen: 5, width: 16 }, max: { speedGTs: 32, gen: 5, width: 16 } });
+    expect(g.pcieGBps).toBeCloseTo(63, 0);
+  });
+
+  it('places numa_node -1 on the only node, as nvidia-smi does (NUMA affinity 0, CPUs 0-15)', () => {
+    expect(t.gpus[0].numaNode).toBe(0);
+    expect(t.numaNodes).toEqual([{ id: 0, cpulist: '0-15', cpuCount: 16, distances: [10] }]);
+    expect(t.notes).toEqual(['numa_node is -1 or missing for 2 PCI functions; the machine has one NUMA node, so they are placed on node 0']);
+  });
+
+  it('reports IOMMU off: no groups, no units, no IOMMU arguments', () => {
+    expect(t.gpus[0].iommuGroup).toBeNull();
+    expect(t.gpus[0].iommuType).toBeNull();
+    expect(t.iommu).toEqual({ state: 'off', units: [], groupCount: 0, groupTypes: {}, cmdline: [] });
+  });
+
+  it('lists nvidia, nvidia_uvm and the built-in ib_core, mlx5_core; no peer-memory module', () => {
+    // ib_core, mlx5_core and mlx5_ib are built into this kernel: /sys/module entries without initstate.
+    expect(t.peerMemory).toEqual({ modules: ['nvidia', 'nvidia_uvm', 'ib_core', 'mlx5_core'], peerMemory: [], nvidiaDriver: '580.159.04' });
+  });
+
+  it('finds the virtio NIC on the root bus (PHB from the GPU), no RDMA, no other display', () => {
+    expect(t.nics).toHaveLength(1);
+    expect(t.nics[0]).toMatchObject({ bdf: '0000:00:03.0', vendorId: 0x1af4, kind: 'ethernet', netdevs: ['eth0'], rdma: false, rdmaDevices: [], driver: 'virtio-pci' });
+    expect(t.nics[0].link.max).toEqual({ speedGTs: 'unknown', gen: 'unknown', width: 'unknown' });
+    expect(t.gpuNics).toEqual([{ gpu: 0, nic: '0000:00:03.0', relation: 'PHB' }]);
+    expect(t.otherDisplays).toEqual([]);
+    expect(t.nvlink).toEqual({ state: 'absent', source: 'runtime', nvswitches: [] });
+    expect(t.pairs).toEqual([]);
+    expect(t.cxlMemoryDevices).toEqual([]);
+  });
+
+  it('maps the runtime device by its CUDA bus id; without a probe NVLink stays unknown', () => {
+    expect(t.runtime).toMatchObject({ mapping: 'pci-bus-id', devices: [0], nvlinkLinks: [[0]], mappedPinned: 'unknown', gpuDirectRdma: 'unknown' });
+    const bare = loadFixture('h100-recorded', null);
+    expect(bare.runtime).toBeNull();
+    expect(bare.gpus[0].runtimeIndex).toBeNull();
+    expect(bare.nvlink.state).toBe('unknown');
+    expect(describeTopology(t)).toBe('fabric: 1 GPU(s) (1x NVIDIA H100 80GB HBM3), NVLink absent, IOMMU off, 1 NUMA node(s), 1 NIC(s), peer memory: none');
+    expect(describeTopology(bare)).toBe('fabric: 1 GPU(s) (1x NVIDIA H100 80GB HBM3), NVLink unknown, IOMMU off, 1 NUMA node(s), 1 NIC(s), peer memory: none');
+  });
+
+  it('is JSON-serialisable as is', () => {
+    expect(JSON.parse(JSON.stringify(t))).toEqual(t);
+  });
+});
+
 describe('h200-nvlink-2gpu fixture (two H200 SXM, one per socket, NVLink)', () => {
   const t = loadFixture('h200-nvlink-2gpu');
 
@@ -229,7 +309,7 @@ describe('runtime probes', () => {
   });
 
   it('runtime.json fixtures are well formed', () => {
-    for (const name of ['h100-sxm-vm', 'h200-nvlink-2gpu', 'pcie-2gpu-iommu']) expect(fixtureRuntime(name)?.source).toBe('fixture');
+    for (const name of ['h100-recorded', 'h100-sxm-vm', 'h200-nvlink-2gpu', 'pcie-2gpu-iommu']) expect(fixtureRuntime(name)?.source).toBe('fixture');
   });
 });
 
