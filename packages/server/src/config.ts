@@ -41,6 +41,13 @@ export interface ServerConfig {
   hostBudget?: number;
   /** Directory of the disk tier (weight blocks the host budget cannot hold). */
   offloadDir?: string;
+  /**
+   * Pipeline stages (default 1): contiguous layer ranges, one stage each. On CUDA, N > 1 needs N
+   * visible GPUs unless `allowSingleDeviceStages`; the CPU backend takes any N up to the layer count.
+   */
+  pipelineParallel?: number;
+  /** Put every pipeline stage on one GPU (a test of the pipeline on a one-GPU machine). */
+  allowSingleDeviceStages?: boolean;
 }
 
 export const DEFAULT_CONFIG: ServerConfig = {
@@ -78,6 +85,8 @@ const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boole
   vram_budget: { field: 'vramBudget', kind: 'size' },
   host_budget: { field: 'hostBudget', kind: 'size' },
   offload_dir: { field: 'offloadDir', kind: 'string', path: true },
+  pipeline_parallel: { field: 'pipelineParallel', kind: 'posint' },
+  allow_single_device_stages: { field: 'allowSingleDeviceStages', kind: 'bool' },
 };
 
 const BY_FIELD = new Map(Object.entries(KEYS).map(([k, v]) => [v.field as string, k]));

@@ -85,6 +85,8 @@ export async function startServer(config: ServerConfig, o: { log?: (line: string
         vramBudget: config.vramBudget,
         hostBudget: config.hostBudget,
         offloadDir: config.offloadDir,
+        pipelineParallel: config.pipelineParallel,
+        allowSingleDeviceStages: config.allowSingleDeviceStages,
         chatTemplate,
       });
       if (state.draining) {

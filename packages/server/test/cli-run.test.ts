@@ -130,6 +130,44 @@ describe('nerva run', () => {
   });
 });
 
+describe('nerva run --pipeline-parallel', () => {
+  const args = ['run', '--prompt-ids', '1,5,9,14,3,27,8,2,11,6', '--max-tokens', '8', '--temperature', '0', '--backend', 'cpu', '--json'];
+  const last = (out: string) => JSON.parse(out.trimEnd().split('\n').pop()!);
+  const fail = (extra: string[]) =>
+    nerva([...args, ...extra]).then(
+      () => undefined,
+      (e: { code: number; stderr: string }) => e,
+    );
+
+  it('2 and 3 stages give one stage\'s tokens and say how they ran', async () => {
+    const one = last((await nerva(args)).stdout);
+    expect(one.pipeline).toBeNull();
+    for (const n of [2, 3]) {
+      const r = await nerva([...args, '--pipeline-parallel', String(n)]);
+      const j = last(r.stdout);
+      expect(j.token_ids).toEqual(one.token_ids);
+      expect(j.first_logits_top5).toEqual(one.first_logits_top5);
+      expect(j.pipeline.stages).toHaveLength(n);
+      expect(j.pipeline.links).toEqual(new Array(n - 1).fill('in-process'));
+      expect(r.stderr).toContain(`nerva: pipeline: ${n} stages`);
+      expect(r.stderr).toContain('stages share one backend and its host memory');
+    }
+  });
+
+  it('a bad stage count, more stages than layers, and a budget with stages are clear errors', async () => {
+    for (const [extra, msg] of [
+      [['--pipeline-parallel', '0'], '--pipeline-parallel must be a positive integer, got "0"'],
+      [['--pipeline-parallel', 'two'], '--pipeline-parallel must be an integer, got "two"'],
+      [['--pipeline-parallel', '7'], "pipelineParallel 7 exceeds the model's 6 decoder layers"],
+      [['--pipeline-parallel', '2', '--vram-budget', '1GiB'], 'pipelineParallel 2 with a VRAM budget is not supported yet'],
+    ] as [string[], string][]) {
+      const err = await fail(extra);
+      expect(err?.code, extra.join(' ')).not.toBe(0);
+      expect(err?.stderr, extra.join(' ')).toContain(msg);
+    }
+  });
+});
+
 describe('nerva synth', () => {
   it('writes a checkpoint in HF layout that nerva run loads', async () => {
     const out = join(tmp, 'synth');

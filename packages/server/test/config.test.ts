@@ -63,6 +63,22 @@ describe('config', () => {
     expect(await loadConfigFile(file('kv_cache_bytes = 268435456\n'))).toEqual({ kvCacheBytes: 256 * 2 ** 20 });
   });
 
+  it('pipeline keys: pipeline_parallel (a positive integer) and allow_single_device_stages', async () => {
+    expect(await loadConfigFile(file('pipeline_parallel = 2\nallow_single_device_stages = true\n'))).toEqual({ pipelineParallel: 2, allowSingleDeviceStages: true });
+    const zero = await loadConfigFile(file('pipeline_parallel = 0\n')).catch((e: unknown) => e);
+    expect((zero as ConfigError).key).toBe('pipeline_parallel');
+    expect((zero as Error).message).toMatch(/"pipeline_parallel" must be a positive integer, got 0/);
+    const frac = await loadConfigFile(file('pipeline_parallel = 1.5\n')).catch((e: unknown) => e);
+    expect((frac as ConfigError).key).toBe('pipeline_parallel');
+    const yes = await loadConfigFile(file('allow_single_device_stages = "yes"\n')).catch((e: unknown) => e);
+    expect((yes as Error).message).toMatch(/"allow_single_device_stages" must be true or false/);
+    // Flags override the file.
+    const c = mergeConfig(await loadConfigFile(file('pipeline_parallel = 4\n')), checkFlags({ pipelineParallel: 2 }));
+    expect(c.pipelineParallel).toBe(2);
+    expect(() => checkFlags({ pipelineParallel: -2 })).toThrow(/pipeline_parallel/);
+    expect(DEFAULT_CONFIG.pipelineParallel).toBeUndefined();
+  });
+
   it('bad memory budget values are errors naming the key', async () => {
     const cases: [string, string, RegExp][] = [
       ['vram_budget = "lots"\n', 'vram_budget', /"vram_budget" must be a size such as 4GiB.*got "lots"/],

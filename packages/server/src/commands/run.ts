@@ -23,6 +23,8 @@ interface RunFlags {
   vramBudget?: number;
   hostBudget?: number;
   offloadDir?: string;
+  pipelineParallel?: number;
+  allowSingleDeviceStages?: boolean;
 }
 
 export function registerRun(program: Command): void {
@@ -43,6 +45,8 @@ export function registerRun(program: Command): void {
     .option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB); weights that do not fit stream from host memory', parseSizeArg('--vram-budget'))
     .option('--host-budget <size>', 'host memory for streamed weights, e.g. 32GiB; beyond it they spill to --offload-dir', parseSizeArg('--host-budget'))
     .option('--offload-dir <dir>', 'directory of the disk tier for weights the host budget cannot hold')
+    .option('--pipeline-parallel <n>', 'pipeline stages: the layers split into N contiguous ranges (N > 1 needs N GPUs on CUDA; any N on the CPU backend)', parseIntArg('--pipeline-parallel', { positive: true }))
+    .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
     .option('--profile', 'split device time per token into buckets (projection, norm, attention, mlp, sampling)')
     .option('--json', 'end with one JSON line: ids, text, first-position logits and the ledger summary')
     .action(async (f: RunFlags) => {
@@ -57,6 +61,8 @@ export function registerRun(program: Command): void {
         vramBudget: f.vramBudget,
         hostBudget: f.hostBudget,
         offloadDir: f.offloadDir !== undefined ? resolve(f.offloadDir) : undefined,
+        pipelineParallel: f.pipelineParallel,
+        allowSingleDeviceStages: f.allowSingleDeviceStages,
         onProgress: (p) => bar(p.done, p.total),
       });
       try {
@@ -90,6 +96,8 @@ export function registerRun(program: Command): void {
             model,
             backend: engine.backend.name,
             numerics: engine.backend.capabilities.numerics ?? 'exact',
+            // Stages, links and micro-batches with --pipeline-parallel; null for one stage.
+            pipeline: engine.pipelineDescription() ?? null,
             prompt_ids: promptIds,
             token_ids: out.tokenIds,
             text: out.text,

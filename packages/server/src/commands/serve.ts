@@ -25,6 +25,8 @@ interface ServeFlags {
   vramBudget?: number;
   hostBudget?: number;
   offloadDir?: string;
+  pipelineParallel?: number;
+  allowSingleDeviceStages?: boolean;
 }
 
 export function registerServe(program: Command): void {
@@ -51,6 +53,8 @@ export function registerServe(program: Command): void {
     .option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB); weights that do not fit stream from host memory', parseSizeArg('--vram-budget'))
     .option('--host-budget <size>', 'host memory for streamed weights, e.g. 32GiB; beyond it they spill to --offload-dir', parseSizeArg('--host-budget'))
     .option('--offload-dir <dir>', 'directory of the disk tier for weights the host budget cannot hold')
+    .option('--pipeline-parallel <n>', 'pipeline stages: the layers split into N contiguous ranges (N > 1 needs N GPUs on CUDA; any N on the CPU backend)', parseIntArg('--pipeline-parallel', { positive: true }))
+    .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
     .action(async (f: ServeFlags) => {
       const flags: Partial<ServerConfig> = checkFlags({
         model: f.model,
@@ -73,6 +77,8 @@ export function registerServe(program: Command): void {
         vramBudget: f.vramBudget,
         hostBudget: f.hostBudget,
         offloadDir: f.offloadDir,
+        pipelineParallel: f.pipelineParallel,
+        allowSingleDeviceStages: f.allowSingleDeviceStages,
       });
       const file = f.config ? await loadConfigFile(f.config) : {};
       const config = mergeConfig(file, flags);
