@@ -1,0 +1,597 @@
+// Host MLP: see host_mlp.h for the math, the threading and the environment variables.
+#include "host_mlp.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define NERVA_HOST_X86 1
+#include <immintrin.h>
+#endif
+
+#ifdef __linux__
+#include <pthread.h>
+#include <sched.h>
+#endif
+
+#ifndef NERVA_HOST_MLP_NO_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+inline float bf16ToF32(uint16_t v) {
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline void cpuRelax() {
+#if NERVA_HOST_X86
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dot kernels: out[r] = sum_k bf16(w[k]) * X[r * ldx + k] for r < R, f32 accumulation. Each weight
+// vector is converted once and used for all R rows; U independent accumulators per row hide the
+// FMA latency when R is small. A kernel handles R <= 8 rows; dotRows splits larger counts.
+
+typedef void (*DotFn)(const uint16_t* w, int K, const float* X, size_t ldx, float* out);
+
+template <int R>
+void dotScalar(const uint16_t* w, int K, const float* X, size_t ldx, float* out) {
+  float acc[R];
+  for (int r = 0; r < R; r++) acc[r] = 0.f;
+  for (int k = 0; k < K; k++) {
+    float wk = bf16ToF32(w[k]);
+    for (int r = 0; r < R; r++) acc[r] += wk * X[r * ldx + k];
+  }
+  for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+#if NERVA_HOST_X86
+// GCC 12's intrinsic headers self-initialize "undefined" vectors (`__m512i __Y = __Y;`), which
+// -Wall reports as uninitialized once inlined here: a known false positive.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define NERVA_AVX2 __attribute__((target("avx2,fma")))
+#define NERVA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+
+NERVA_AVX2 inline __m256 bf16x8(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128((const __m128i*)p);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+NERVA_AVX2 inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int R, int U>
+NERVA_AVX2 void dotAvx2(const uint16_t* w, int K, const float* X, size_t ldx, float* out) {
+  __m256 acc[U][R];
+#pragma GCC unroll 8
+  for (int u = 0; u < U; u++)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[u][r] = _mm256_setzero_ps();
+  int k = 0;
+  for (; k + 8 * U <= K; k += 8 * U) {
+#pragma GCC unroll 8
+    for (int u = 0; u < U; u++) {
+      __m256 wv = bf16x8(w + k + 8 * u);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) acc[u][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(X + r * ldx + k + 8 * u), acc[u][r]);
+    }
+  }
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv = bf16x8(w + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[0][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(X + r * ldx + k), acc[0][r]);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    __m256 s = acc[0][r];
+#pragma GCC unroll 8
+    for (int u = 1; u < U; u++) s = _mm256_add_ps(s, acc[u][r]);
+    float t = hsum256(s);
+    for (int kk = k; kk < K; kk++) t += bf16ToF32(w[kk]) * X[r * ldx + kk];
+    out[r] = t;
+  }
+}
+
+NERVA_AVX512 inline __m512 bf16x16(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256((const __m256i*)p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+NERVA_AVX512 inline __m512 bf16x16Masked(const uint16_t* p, __mmask16 m) {
+  __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int R, int U>
+NERVA_AVX512 void dotAvx512(const uint16_t* w, int K, const float* X, size_t ldx, float* out) {
+  __m512 acc[U][R];
+#pragma GCC unroll 8
+  for (int u = 0; u < U; u++)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[u][r] = _mm512_setzero_ps();
+  int k = 0;
+  for (; k + 16 * U <= K; k += 16 * U) {
+#pragma GCC unroll 8
+    for (int u = 0; u < U; u++) {
+      __m512 wv = bf16x16(w + k + 16 * u);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) acc[u][r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(X + r * ldx + k + 16 * u), acc[u][r]);
+    }
+  }
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv = bf16x16(w + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[0][r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(X + r * ldx + k), acc[0][r]);
+  }
+  if (k < K) {  // the tail: masked loads (masked-off lanes are not read)
+    __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
+    __m512 wv = bf16x16Masked(w + k, m);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[0][r] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, X + r * ldx + k), acc[0][r]);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    __m512 s = acc[0][r];
+#pragma GCC unroll 8
+    for (int u = 1; u < U; u++) s = _mm512_add_ps(s, acc[u][r]);
+    out[r] = _mm512_reduce_add_ps(s);
+  }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif  // NERVA_HOST_X86
+
+// Kernel tables indexed by R (1..8). Accumulators per kernel U*R: AVX2 has 16 ymm registers
+// (<= 12 accumulators), AVX-512 32 zmm (<= 24).
+const DotFn kScalar[9] = {nullptr,       dotScalar<1>, dotScalar<2>, dotScalar<3>, dotScalar<4>,
+                          dotScalar<5>,  dotScalar<6>, dotScalar<7>, dotScalar<8>};
+#if NERVA_HOST_X86
+const DotFn kAvx2[9] = {nullptr,        dotAvx2<1, 4>, dotAvx2<2, 4>, dotAvx2<3, 3>, dotAvx2<4, 2>,
+                        dotAvx2<5, 2>,  dotAvx2<6, 1>, dotAvx2<7, 1>, dotAvx2<8, 1>};
+const DotFn kAvx512[9] = {nullptr,          dotAvx512<1, 4>, dotAvx512<2, 4>, dotAvx512<3, 4>, dotAvx512<4, 4>,
+                          dotAvx512<5, 4>,  dotAvx512<6, 3>, dotAvx512<7, 3>, dotAvx512<8, 2>};
+#endif
+
+const DotFn* kernelsFor(int isa) {
+#if NERVA_HOST_X86
+  if (isa == HOST_ISA_AVX512) return kAvx512;
+  if (isa == HOST_ISA_AVX2) return kAvx2;
+#endif
+  (void)isa;
+  return kScalar;
+}
+
+// out[r] for all R rows, 8 rows per weight pass.
+inline void dotRows(const DotFn* tab, const uint16_t* w, int K, const float* X, size_t ldx, int R, float* out) {
+  for (int r0 = 0; r0 < R; r0 += 8) {
+    int n = R - r0 < 8 ? R - r0 : 8;
+    tab[n](w, K, X + (size_t)r0 * ldx, ldx, out + r0);
+  }
+}
+
+bool cpuHas(int isa) {
+  if (isa == HOST_ISA_SCALAR) return true;
+#if NERVA_HOST_X86 && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (isa == HOST_ISA_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == HOST_ISA_AVX512)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return false;
+}
+
+int envInt(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  return end && *end == 0 ? (int)n : dflt;
+}
+
+int defaultIsa() {
+  int cap = HOST_ISA_AVX512;
+  if (const char* v = std::getenv("NERVA_HOST_ISA")) {
+    if (!std::strcmp(v, "scalar")) cap = HOST_ISA_SCALAR;
+    else if (!std::strcmp(v, "avx2")) cap = HOST_ISA_AVX2;
+  }
+  for (int i = cap; i > HOST_ISA_SCALAR; i--)
+    if (cpuHas(i)) return i;
+  return HOST_ISA_SCALAR;
+}
+
+int defaultThreads() {
+  int n = envInt("NERVA_HOST_THREADS", 0);
+  if (n <= 0) n = (int)std::thread::hardware_concurrency();
+  if (n <= 0) n = 1;
+  return n > 256 ? 256 : n;
+}
+
+// Grow-only 64-byte-aligned float scratch.
+struct Scratch {
+  float* p = nullptr;
+  size_t cap = 0;
+  void reserve(size_t n) {
+    if (n <= cap) return;
+    size_t bytes = ((n * sizeof(float)) + 63) & ~(size_t)63;
+    void* q = std::aligned_alloc(64, bytes);
+    if (!q) throw std::bad_alloc();
+    std::free(p);
+    p = (float*)q;
+    cap = bytes / sizeof(float);
+  }
+};
+
+inline size_t padded(int n) { return ((size_t)n + 15) & ~(size_t)15; }
+
+// One call's plan. Phase 0: RMSNorm, a chunk per row. Phase 1: gate/up + silu*mul, chunks of
+// `per[1]` intermediate channels. Phase 2: down, chunks of `per[2]` output rows of H.
+struct Job {
+  const HostMlpArgs* a = nullptr;
+  const DotFn* tab = nullptr;
+  float* xn = nullptr;  // [rows, ldx]
+  size_t ldx = 0;
+  float* act = nullptr;  // [rows, lda]
+  size_t lda = 0;
+  int n[3] = {0, 0, 0};    // chunks per phase
+  int per[3] = {1, 1, 1};  // items per chunk
+};
+
+struct alignas(64) Counter {
+  std::atomic<int> v{0};
+};
+
+class Pool {
+ public:
+  Pool() : isa_(defaultIsa()) { start(defaultThreads(), envInt("NERVA_HOST_PIN", 0) == 1); }
+
+  void configure(int threads, int pin) {
+    std::lock_guard<std::mutex> call(callMu_);
+    stopWorkers();
+    start(threads > 0 ? (threads > 256 ? 256 : threads) : defaultThreads(), pin < 0 ? envInt("NERVA_HOST_PIN", 0) == 1 : pin != 0);
+  }
+
+  int setIsa(int isa) {
+    if (isa < HOST_ISA_SCALAR || isa > HOST_ISA_AVX512 || !cpuHas(isa)) return -1;
+    std::lock_guard<std::mutex> call(callMu_);
+    isa_ = isa;
+    return isa;
+  }
+
+  void reserve(int rows, int hidden, int inter) {
+    std::lock_guard<std::mutex> call(callMu_);
+    reserveLocked(rows, hidden, inter);
+  }
+
+  HostMlpStats stats() {
+    HostMlpStats s;
+    s.calls = calls_.load(std::memory_order_relaxed);
+    s.ns = ns_.load(std::memory_order_relaxed);
+    std::lock_guard<std::mutex> call(callMu_);
+    s.threads = nthreads_;
+    s.isa = isa_;
+    s.pinned = pinned_;
+    return s;
+  }
+
+  void run(const HostMlpArgs& a) {
+    std::lock_guard<std::mutex> call(callMu_);
+    Clock::time_point t0 = Clock::now();
+    const int rows = a.rows, H = a.hidden, c = a.inter;
+    if (c == 0) {
+      std::memset(a.y, 0, sizeof(float) * (size_t)rows * H);
+    } else {
+      reserveLocked(rows, H, c);
+      plan(a);
+      if (workers_.empty()) {
+        work();
+      } else {
+        for (int p = 0; p < 3; p++) {
+          next_[p].v.store(0, std::memory_order_relaxed);
+          done_[p].v.store(0, std::memory_order_relaxed);
+        }
+        finished_.v.store(0, std::memory_order_relaxed);
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          gen_.fetch_add(1, std::memory_order_release);
+        }
+        cv_.notify_all();
+        work();
+        const int nw = (int)workers_.size();
+        waitUntil([&] { return finished_.v.load(std::memory_order_acquire) == nw; });
+      }
+    }
+    uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    calls_.fetch_add(1, std::memory_order_relaxed);
+    ns_.fetch_add(ns, std::memory_order_relaxed);
+    if (a.counters) {
+      a.counters->calls++;
+      a.counters->ns += ns;
+    }
+  }
+
+ private:
+  void start(int threads, bool pin) {
+    nthreads_ = threads;
+    pinned_ = pin;
+    spinNs_ = (int64_t)envInt("NERVA_HOST_SPIN_US", 100) * 1000;
+    stop_.store(false);
+    std::vector<int> cpus;
+#ifdef __linux__
+    if (pin) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int i = 0; i < CPU_SETSIZE; i++)
+          if (CPU_ISSET(i, &set)) cpus.push_back(i);
+    }
+#endif
+    // The calling thread is one of the `threads`; the others are workers 1..threads-1. A worker
+    // starts from the generation current now (callMu_ is held or the pool is being built), not
+    // from the one it reads when it gets to run: a call may have been posted by then.
+    const uint64_t gen = gen_.load();
+    for (int i = 1; i < threads; i++) {
+      int cpu = cpus.empty() ? -1 : cpus[i % cpus.size()];
+      workers_.emplace_back([this, cpu, gen] { workerMain(cpu, gen); });
+    }
+  }
+
+  void stopWorkers() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_.store(true);
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  void reserveLocked(int rows, int hidden, int inter) {
+    if (rows <= 0) return;
+    xn_.reserve((size_t)rows * padded(hidden));
+    act_.reserve((size_t)rows * padded(inter > 0 ? inter : 1));
+  }
+
+  void plan(const HostMlpArgs& a) {
+    const int rows = a.rows, H = a.hidden, c = a.inter;
+    const int T = nthreads_;
+    Job& j = job_;
+    j.a = &a;
+    j.tab = kernelsFor(isa_);
+    j.ldx = padded(H);
+    j.xn = xn_.p;
+    j.lda = padded(c);
+    j.act = act_.p;
+    // Chunks of about 128 KiB of weights, and at least ~8 chunks per thread where the sizes allow
+    // (dynamic balance against a slow or descheduled thread).
+    const size_t target = 128 * 1024;
+    auto chunk = [&](int items, size_t bytesPerItem) {
+      size_t per = target / (bytesPerItem ? bytesPerItem : 1);
+      size_t fair = ((size_t)items + 8 * (size_t)T - 1) / (8 * (size_t)T);
+      if (per > fair) per = fair;
+      if (per < 1) per = 1;
+      return (int)per;
+    };
+    j.per[0] = 1;
+    j.n[0] = rows;
+    j.per[1] = chunk(c, (size_t)4 * H);
+    j.n[1] = (c + j.per[1] - 1) / j.per[1];
+    j.per[2] = chunk(H, (size_t)2 * c);
+    j.n[2] = (H + j.per[2] - 1) / j.per[2];
+  }
+
+  void chunkWork(int phase, int i) {
+    const Job& j = job_;
+    const HostMlpArgs& a = *j.a;
+    const int rows = a.rows, H = a.hidden, c = a.inter;
+    if (phase == 0) {
+      const float* x = a.x + (size_t)i * H;
+      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int k = 0;
+      for (; k + 4 <= H; k += 4) {
+        s0 += (double)x[k] * x[k];
+        s1 += (double)x[k + 1] * x[k + 1];
+        s2 += (double)x[k + 2] * x[k + 2];
+        s3 += (double)x[k + 3] * x[k + 3];
+      }
+      for (; k < H; k++) s0 += (double)x[k] * x[k];
+      float inv = (float)(1.0 / std::sqrt((s0 + s1 + s2 + s3) / H + (double)a.eps));
+      float* xn = j.xn + (size_t)i * j.ldx;
+      for (k = 0; k < H; k++) xn[k] = x[k] * inv * a.normW[k];
+      return;
+    }
+    float g[8], u[8], d[8];
+    if (phase == 1) {
+      int j0 = i * j.per[1], j1 = j0 + j.per[1] < c ? j0 + j.per[1] : c;
+      for (int ch = j0; ch < j1; ch++) {
+        const uint16_t* gw = a.gateUp + (size_t)ch * H;
+        const uint16_t* uw = a.gateUp + ((size_t)c + ch) * H;
+        for (int r0 = 0; r0 < rows; r0 += 8) {
+          int n = rows - r0 < 8 ? rows - r0 : 8;
+          const float* X = j.xn + (size_t)r0 * j.ldx;
+          j.tab[n](gw, H, X, j.ldx, g);
+          j.tab[n](uw, H, X, j.ldx, u);
+          for (int r = 0; r < n; r++) j.act[(size_t)(r0 + r) * j.lda + ch] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
+        }
+      }
+      return;
+    }
+    int h0 = i * j.per[2], h1 = h0 + j.per[2] < H ? h0 + j.per[2] : H;
+    for (int h = h0; h < h1; h++) {
+      const uint16_t* dw = a.down + (size_t)h * c;
+      for (int r0 = 0; r0 < rows; r0 += 8) {
+        int n = rows - r0 < 8 ? rows - r0 : 8;
+        j.tab[n](dw, c, j.act + (size_t)r0 * j.lda, j.lda, d);
+        for (int r = 0; r < n; r++) a.y[(size_t)(r0 + r) * H + h] = d[r];
+      }
+    }
+  }
+
+  // The calling thread and every worker run this for each call.
+  void work() {
+    const bool single = workers_.empty();
+    for (int p = 0; p < 3; p++) {
+      const int n = job_.n[p];
+      if (single) {
+        for (int i = 0; i < n; i++) chunkWork(p, i);
+        continue;
+      }
+      for (;;) {
+        int i = next_[p].v.fetch_add(1, std::memory_order_relaxed);
+        if (i >= n) break;
+        chunkWork(p, i);
+        done_[p].v.fetch_add(1, std::memory_order_release);
+      }
+      // The barrier between phases counts finished chunks, not threads: a worker that wakes late
+      // joins whichever phase is running.
+      if (p < 2) waitUntil([&] { return done_[p].v.load(std::memory_order_acquire) >= n; });
+    }
+  }
+
+  template <class F>
+  static void waitUntil(F ready) {
+    for (unsigned spins = 0; !ready(); spins++) {
+      if (spins < 4096) cpuRelax();
+      else std::this_thread::yield();
+    }
+  }
+
+  void workerMain(int cpu, uint64_t seen) {
+#ifdef __linux__
+    if (cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    }
+#else
+    (void)cpu;
+#endif
+    for (;;) {
+      // Spin a little (back-to-back layers), then sleep.
+      Clock::time_point t0 = Clock::now();
+      for (unsigned spins = 0; gen_.load(std::memory_order_acquire) == seen && !stop_.load(std::memory_order_relaxed); spins++) {
+        cpuRelax();
+        if ((spins & 255) == 255 && std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count() > spinNs_) {
+          std::unique_lock<std::mutex> lk(mu_);
+          cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen || stop_.load(); });
+          break;
+        }
+      }
+      if (stop_.load()) return;
+      seen = gen_.load(std::memory_order_acquire);
+      work();
+      finished_.v.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  std::mutex callMu_;  // one call at a time; also guards configuration
+  std::mutex mu_;      // the sleepers' condition variable
+  std::condition_variable cv_;
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<bool> stop_{false};
+  Counter next_[3], done_[3], finished_;
+  Job job_;
+  std::vector<std::thread> workers_;
+  Scratch xn_, act_;
+  int nthreads_ = 1;
+  bool pinned_ = false;
+  int isa_ = HOST_ISA_SCALAR;
+  int64_t spinNs_ = 100000;
+  std::atomic<uint64_t> calls_{0}, ns_{0};
+};
+
+// The process-wide pool, created on first use and never destroyed (its threads sleep at exit).
+std::atomic<Pool*> gPool{nullptr};
+std::mutex gPoolMu;
+
+Pool& pool() {
+  Pool* p = gPool.load(std::memory_order_acquire);
+  if (p) return *p;
+  std::lock_guard<std::mutex> lk(gPoolMu);
+  p = gPool.load(std::memory_order_relaxed);
+  if (!p) {
+    p = new Pool();
+    gPool.store(p, std::memory_order_release);
+  }
+  return *p;
+}
+
+}  // namespace
+
+const char* nerva_host_mlp_validate(const HostMlpArgs& a) {
+  if (a.rows < 1) return "rows must be >= 1";
+  if (a.hidden < 1) return "hidden must be >= 1";
+  if (a.inter < 0) return "inter must be >= 0";
+  if (!(a.eps >= 0.f) || !std::isfinite(a.eps)) return "eps must be finite and >= 0";
+  if (!a.y) return "y is null";
+  if (a.inter > 0 && (!a.x || !a.normW || !a.gateUp || !a.down)) return "x, normW, gateUp and down must be non-null when inter > 0";
+  return nullptr;
+}
+
+void nerva_host_mlp(const HostMlpArgs& a) {
+  if (nerva_host_mlp_validate(a)) return;
+  pool().run(a);
+}
+
+void nerva_host_mlp_reserve(int rows, int hidden, int inter) { pool().reserve(rows, hidden, inter); }
+
+HostMlpStats nerva_host_mlp_stats() { return pool().stats(); }
+
+const char* nerva_host_mlp_isa_name(int isa) {
+  return isa == HOST_ISA_AVX512 ? "avx512" : isa == HOST_ISA_AVX2 ? "avx2" : "scalar";
+}
+
+bool nerva_host_mlp_isa_supported(int isa) { return cpuHas(isa); }
+
+int nerva_host_mlp_set_isa(int isa) { return pool().setIsa(isa); }
+
+void nerva_host_mlp_configure(int threads, int pin) { pool().configure(threads, pin); }
+
+#ifndef NERVA_HOST_MLP_NO_CUDA
+namespace {
+void CUDART_CB hostMlpHostFn(void* p) {
+  const HostMlpArgs& a = *static_cast<const HostMlpArgs*>(p);
+  try {
+    nerva_host_mlp(a);
+  } catch (...) {
+    // Only a failed scratch allocation can throw (nerva_host_mlp_reserve avoids it): poison y so
+    // the failure shows instead of stale values.
+    if (a.y && a.rows > 0 && a.hidden > 0)
+      for (size_t i = 0; i < (size_t)a.rows * a.hidden; i++) a.y[i] = std::nanf("");
+  }
+}
+}  // namespace
+
+int nerva_host_mlp_enqueue(CUstream_st* s, const HostMlpArgs* a) {
+  if (!a || nerva_host_mlp_validate(*a)) return (int)cudaErrorInvalidValue;
+  return (int)cudaLaunchHostFunc(s, hostMlpHostFn, const_cast<HostMlpArgs*>(a));
+}
+#endif

@@ -1,0 +1,89 @@
+// Host MLP ("compute near data"): part of a streamed decoder layer's MLP computed on the CPU,
+// where its weights already sit in pinned host memory, while the GPU computes the rest.
+//
+//   xn   = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * normW      RMSNorm (sum of squares in f64)
+//   g, u = gate . xn, up . xn                                   the host's c intermediate channels
+//   a    = silu(g) * u                                          silu(v) = v / (1 + exp(-v))
+//   y[r] = down . a                                             y is written, not accumulated
+//
+// Plain C++17 (no CUDA in the math, no napi): compiled by g++ into the addon and into the
+// standalone test (test/native/host_mlp_test.cc) and benchmark (tools/gpu/host_mlp_bench.cc).
+// Define NERVA_HOST_MLP_NO_CUDA to build without the CUDA runtime (drops nerva_host_mlp_enqueue).
+//
+// The math is memory-bound (the weights are read once per call, rows is 1..8): every weight row
+// is converted bf16 -> f32 once and multiplied against all rows. Vector paths: AVX-512 (F, BW,
+// VL), AVX2 + FMA, and scalar, chosen at run time; the file itself builds with plain -O2 on any
+// x86-64 (function-level target attributes), and elsewhere only the scalar path exists.
+//
+// Threads: one persistent process-wide pool, created on first use with NERVA_HOST_THREADS threads
+// (default std::thread::hardware_concurrency()), the calling thread being one of them. Work is
+// split into chunks taken from an atomic counter (gate/up by output channel, down by output row of
+// H), so a descheduled thread delays only its current chunk. Idle workers spin for
+// NERVA_HOST_SPIN_US microseconds (default 100), then sleep on a condition variable: an idle pool
+// costs nothing. NERVA_HOST_PIN=1 pins worker i to the (i+1)-th CPU of the process's affinity mask.
+// NERVA_HOST_ISA=scalar|avx2|avx512 caps the vector path. Calls are serialized (one pool).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+// Optional per-args counters (nerva_host_mlp adds to them; read them between calls).
+struct HostMlpCounters {
+  uint64_t calls = 0;
+  uint64_t ns = 0;  // wall time inside nerva_host_mlp, including the wait for the pool
+};
+
+struct HostMlpArgs {
+  int rows = 0;    // >= 1 (any number; 1..8 is the designed case, larger counts reload weights per 8 rows)
+  int hidden = 0;  // H >= 1
+  int inter = 0;   // c >= 0: the intermediate channels computed here (0: y = 0)
+  float eps = 1e-6f;
+  const float* x = nullptr;         // f32 [rows, H]
+  const float* normW = nullptr;     // f32 [H]
+  const uint16_t* gateUp = nullptr;  // bf16 [2c, H]: c gate rows, then c up rows
+  const uint16_t* down = nullptr;    // bf16 [H, c]: H rows of c
+  float* y = nullptr;               // f32 [rows, H], written
+  HostMlpCounters* counters = nullptr;  // optional
+};
+
+enum HostMlpIsa { HOST_ISA_SCALAR = 0, HOST_ISA_AVX2 = 1, HOST_ISA_AVX512 = 2 };
+
+// Computes the MLP for a (on the calling thread plus the pool). Blocks until y is written.
+// Allocates nothing once nerva_host_mlp_reserve has covered the shape (it grows its scratch on
+// the first call of a larger shape otherwise). Arguments must pass nerva_host_mlp_validate.
+void nerva_host_mlp(const HostMlpArgs& a);
+
+// Null when a is well-formed, else why not (a static string).
+const char* nerva_host_mlp_validate(const HostMlpArgs& a);
+
+// Grows the pool's scratch for rows x hidden and rows x inter (call it where allocating is fine;
+// nerva_host_mlp itself then never allocates). Creates the pool if needed.
+void nerva_host_mlp_reserve(int rows, int hidden, int inter);
+
+// Process-wide counters and configuration.
+struct HostMlpStats {
+  uint64_t calls;
+  uint64_t ns;
+  int threads;  // pool size, the calling thread included
+  int isa;      // HostMlpIsa in use
+  bool pinned;
+};
+HostMlpStats nerva_host_mlp_stats();
+const char* nerva_host_mlp_isa_name(int isa);  // "scalar", "avx2", "avx512"
+bool nerva_host_mlp_isa_supported(int isa);     // compiled in and supported by this CPU and OS
+// Selects the vector path (tests, benchmarks). Returns the isa now in use, or -1 (unchanged)
+// when it is not supported here.
+int nerva_host_mlp_set_isa(int isa);
+// Re-creates the pool with `threads` threads (<= 0: the default) and pinning on or off
+// (pin < 0: NERVA_HOST_PIN). Waits for a running call. For benchmarks and tests.
+void nerva_host_mlp_configure(int threads, int pin);
+
+#ifndef NERVA_HOST_MLP_NO_CUDA
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+// Enqueues nerva_host_mlp(*a) on stream s with cudaLaunchHostFunc: work queued after it on s
+// waits for it, work before it is complete (and its writes to host memory visible) when it runs,
+// and it can be captured into a CUDA graph. `a` (and what it points to) must stay valid until the
+// call has run, and for as long as any graph captured with it exists: the caller owns it. The
+// host function runs on a CUDA runtime thread and must not call CUDA (it does not); while it runs,
+// the stream (and a graph launched on it) is blocked. Returns the cudaError_t (0 = queued).
+int nerva_host_mlp_enqueue(CUstream_st* s, const HostMlpArgs* a);
+#endif
