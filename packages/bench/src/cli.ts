@@ -38,6 +38,8 @@ program
   .addOption(vramOpt())
   .addOption(hostOpt())
   .addOption(offloadDirOpt())
+  .option('--pipeline-parallel <n>', 'pipeline stages (N > 1 needs N GPUs on CUDA unless --allow-single-device-stages)', int('--pipeline-parallel'))
+  .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
   .action(async (f) =>
     print(
       await decodeProbe({
@@ -50,6 +52,8 @@ program
         vramBudget: f.vramBudget,
         hostBudget: f.hostBudget,
         offloadDir: f.offloadDir,
+        pipelineParallel: f.pipelineParallel,
+        allowSingleDeviceStages: f.allowSingleDeviceStages,
       }),
     ),
   );

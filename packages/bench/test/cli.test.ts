@@ -39,6 +39,24 @@ describe('nerva-bench', () => {
     expect(j.graph_replays_per_token).toBe(1);
   }, 120_000);
 
+  it('decode takes --pipeline-parallel: the stages, their layers and links are reported', async () => {
+    const { stdout } = await run(process.execPath, [CLI, 'decode', '--backend', 'cpu', '--new-tokens', '8', '--prompt-len', '16', '--pipeline-parallel', '2'], { cwd: root });
+    const j = JSON.parse(stdout.trim());
+    expect(j.pipeline_parallel).toBe(2);
+    expect(j.pipeline.stages.map((s: { firstLayer: number; endLayer: number }) => [s.firstLayer, s.endLayer])).toEqual([
+      [0, 4],
+      [4, 6],
+    ]);
+    expect(j.pipeline.links).toEqual(['in-process']);
+    // Stages on one backend are captured as one decode graph.
+    expect(j.graph_replays_per_token).toBe(1);
+    expect(j.hot_path_allocations).toBe(0);
+    expect(j.notes.some((n: string) => n.startsWith('pipeline: 2 stages'))).toBe(true);
+    const bad = await run(process.execPath, [CLI, 'decode', '--backend', 'cpu', '--pipeline-parallel', '0'], { cwd: root }).catch((e) => e);
+    expect(bad.code).not.toBe(0);
+    expect(bad.stderr).toContain('--pipeline-parallel must be a positive integer');
+  }, 120_000);
+
   it('decode takes a --vram-budget: the copy rate is timed outside the budget, the placement is reported', async () => {
     // 40 MiB is 1.5x the embedded model's weights; a quarter goes to the KV cache, some to activations.
     const { stdout } = await run(process.execPath, [CLI, 'decode', '--backend', 'cpu', '--new-tokens', '8', '--prompt-len', '16', '--vram-budget', '40MiB'], { cwd: root });

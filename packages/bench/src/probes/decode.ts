@@ -16,6 +16,10 @@ export interface DecodeProbeOptions {
   hostBudget?: number;
   /** Disk tier directory. */
   offloadDir?: string;
+  /** Pipeline stages (engine option pipelineParallel). */
+  pipelineParallel?: number;
+  /** Every stage on one GPU (engine option allowSingleDeviceStages). */
+  allowSingleDeviceStages?: boolean;
 }
 
 /**
@@ -36,6 +40,8 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     vramBudget: o.vramBudget,
     hostBudget: o.hostBudget,
     offloadDir: o.offloadDir !== undefined ? resolve(o.offloadDir) : undefined,
+    pipelineParallel: o.pipelineParallel,
+    allowSingleDeviceStages: o.allowSingleDeviceStages,
   });
   try {
     const bw = scratchBw ?? measureCopyBandwidth(engine.backend);
@@ -52,6 +58,9 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       numerics: engine.backend.capabilities.numerics ?? 'exact',
       device: engine.backend.capabilities.deviceName,
       prompt_len: o.promptLen,
+      // Stages, their layers and links (null: one stage).
+      pipeline_parallel: engine.pipelineDescription()?.stages.length ?? 1,
+      pipeline: engine.pipelineDescription() ?? null,
       new_tokens: out.tokenIds.length,
       tokens_per_s: s.decode_tokens_per_s,
       ms_per_token_p50: s.ms_per_token_p50,
