@@ -3,6 +3,7 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest }
 import { registerChat } from './chat.js';
 import { registerCompletions } from './completions.js';
 import { ApiError, badRequest } from './errors.js';
+import { unknownFabricTopology } from './fabric-topology.js';
 import { toApiError } from './generation.js';
 import { memoryReportJson, tiersJson } from './memory-report.js';
 import type { ServerState } from './state.js';
@@ -153,6 +154,9 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
       streamed_bytes_per_pass: mem.streamed_bytes_per_pass,
       prefetch: mem.prefetch,
       notes: mem.notes,
+      // The machine's fabric, discovered once at start: GPUs and their links, NVLink, IOMMU, NUMA,
+      // the fabric classification and every transfer path that falls back (and why).
+      fabric_topology: state.fabricTopology ?? unknownFabricTopology('fabric not discovered', engine.info.deviceKind),
       ...(invariants !== undefined ? { kv_invariants: invariants } : {}),
     };
   });

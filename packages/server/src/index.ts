@@ -10,3 +10,4 @@ export * from './state.js';
 export { parseFloatArg, parseIdList, parseIntArg, parseSizeArg, progressBar } from './cli-util.js';
 export { formatSize, parseSize, SizeError } from './size.js';
 export * from './memory-report.js';
+export * from './fabric-topology.js';

@@ -2,12 +2,14 @@ import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import { WorkerEngine } from '@nerva/engine';
+import type { SysfsReader } from '@nerva/transport';
 import type { FastifyInstance } from 'fastify';
 import { Admission } from './admission.js';
 import { buildApp } from './app.js';
 import type { ServerConfig } from './config.js';
 import { defaultModelDir } from './default-model.js';
 import { ConfigError } from './errors.js';
+import { discoverFabricTopology, reportedCapabilities } from './fabric-topology.js';
 import { ServerMetrics } from './metrics.js';
 import { ServerState } from './state.js';
 
@@ -45,9 +47,13 @@ async function hasChatTemplate(dir: string): Promise<boolean> {
 
 /**
  * Listen first, then load the model in a worker: /health answers 503 until the engine is ready,
- * so orchestrators can probe while weights load.
+ * so orchestrators can probe while weights load. Once the engine is up, the fabric topology is
+ * discovered (from `o.sysfs`, default the machine's /sys) and its one line is logged.
  */
-export async function startServer(config: ServerConfig, o: { log?: (line: string) => void; logger?: boolean } = {}): Promise<RunningServer> {
+export async function startServer(
+  config: ServerConfig,
+  o: { log?: (line: string) => void; logger?: boolean; sysfs?: SysfsReader } = {},
+): Promise<RunningServer> {
   const log = o.log ?? (() => {});
   const modelDir = resolve(config.model ?? defaultModelDir());
   if (!existsSync(join(modelDir, 'config.json'))) throw new ConfigError('model', `model folder ${modelDir} has no config.json`);
@@ -93,6 +99,10 @@ export async function startServer(config: ServerConfig, o: { log?: (line: string
         await engine.dispose();
         return;
       }
+      // Once per start; never throws (an unreadable sysfs gives an object that says unknown).
+      const fabric = discoverFabricTopology({ reader: o.sysfs, deviceKind: engine.info.deviceKind, capabilities: reportedCapabilities(engine.info) });
+      state.fabricTopology = fabric.json;
+      log(`nerva: ${fabric.line}`);
       const running = config.maxNumSeqs ?? (engine.info.deviceKind === 'cpu' ? 64 : 128);
       state.admission = new Admission(running, config.maxQueue);
       metrics.attach(engine);

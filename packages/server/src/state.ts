@@ -2,6 +2,7 @@ import type { WorkerEngine } from '@nerva/engine';
 import type { Admission } from './admission.js';
 import type { ServerConfig } from './config.js';
 import { ApiError } from './errors.js';
+import type { FabricTopologyJson } from './fabric-topology.js';
 import type { ServerMetrics } from './metrics.js';
 
 /** What the routes share: the configuration and, once loaded, the engine. */
@@ -11,6 +12,8 @@ export class ServerState {
   loadError: Error | undefined;
   /** Set when the server stops accepting requests (shutdown). */
   draining = false;
+  /** The fabric as discovered once the engine is up (`fabric_topology` of GET /v1/memory). */
+  fabricTopology: FabricTopologyJson | undefined;
   /** Notes for the user about decisions made while loading (fallbacks). */
   readonly notes: string[] = [];
   readonly created = Math.floor(Date.now() / 1000);

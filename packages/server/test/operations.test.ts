@@ -54,6 +54,26 @@ describe('operations', () => {
     expect(m.moved.disk_read.bytes).toBe(0);
     expect(m.prefetch).toEqual({ hits: 0, stalls: 0, stall_ms: 0 });
     expect(Array.isArray(m.notes)).toBe(true);
+    // This machine's fabric, whatever its /sys holds (a CI container may have no PCI tree at all).
+    const f = m.fabric_topology;
+    expect(Object.keys(f).sort()).toEqual(
+      ['classification', 'degraded', 'device_kind', 'gpus', 'iommu', 'nics', 'notes', 'numa_nodes', 'nvidia_driver', 'nvlink', 'peer_memory', 'rdma_nics', 'runtime_probe', 'source', 'summary'].sort(),
+    );
+    expect(['sysfs', 'unavailable']).toContain(f.source);
+    expect(f.summary).toMatch(/^fabric: /);
+    expect(f.device_kind).toBe('cpu');
+    expect(f.runtime_probe).toBeNull();
+    // No CUDA probe of NVLink exists: never claimed.
+    expect(f.nvlink).toBe('unknown');
+    expect(Array.isArray(f.gpus) && Array.isArray(f.notes) && Array.isArray(f.peer_memory)).toBe(true);
+    // The CPU backend moves nothing between devices.
+    expect(f.degraded).toEqual([]);
+    expect(f.classification).toMatchObject({ fabric: expect.any(String), hardware_fabric: expect.any(String), backend_fabric: null, gpu_direct_pairs: 0 });
+    if (f.source === 'unavailable') {
+      expect(f.summary).toBe('fabric: unknown (no sysfs PCI tree)');
+      expect(f.classification.hardware_fabric).toBe('unknown');
+      expect(f.notes.length).toBeGreaterThan(0);
+    }
   });
 
   it('/metrics carries the nerva: names with values that match the traffic', async () => {
