@@ -12,7 +12,9 @@ import type { SamplingParams } from '../sampling-params.js';
 
 /**
  * Engine options that can cross a thread boundary (no callbacks, no backend object). The memory
- * budgets (`vramBudget`, `hostBudget`, `offloadDir`) are plain data and travel as they are.
+ * budgets (`vramBudget`, `hostBudget`, `offloadDir`) and the pipeline options (`pipelineParallel`,
+ * `allowSingleDeviceStages`, `stageDevices`, `pipelineMicroBatches`) are plain data and travel as
+ * they are.
  */
 export type WorkerEngineOptions = Omit<EngineOptions, 'backend' | 'onProgress'> & {
   backend?: 'cpu' | 'cuda' | 'auto';
