@@ -10,6 +10,13 @@
 #   lines in $OUT/offload.jsonl
 #   nccl (not in the default list; bash tools/gpu/run.sh build,nccl): NCCL load, a one-rank
 #   communicator, and with 2+ GPUs a checked GPU 0 -> GPU 1 send/recv (tools/gpu/nccl_check.ts) -> $OUT/nccl.json
+#   pipeline (not in the default list; bash tools/gpu/run.sh build,synth,pipeline): the engine's stage
+#   pipeline on ONE GPU (--allow-single-device-stages, device-copy links) against one stage, on every
+#   fixture model and each NERVA_SIZES checkpoint: same greedy tokens (batch 1 and 4 concurrent),
+#   logits bit for bit, decode tok/s of both and the overhead per token (tools/gpu/pipeline.ts;
+#   NERVA_PIPELINE_STAGES=2,3 for more stage counts) -> $OUT/pipeline-fixtures.json, $OUT/pipeline-<size>.json
+#   pipeline2 (not in the default list; 2+ GPUs): the same with a stage per GPU (stageDevices 0,1: one
+#   CudaBackend per GPU, NCCL links, micro-batches) -> $OUT/pipeline-multi-fixtures.json, $OUT/pipeline-multi-<size>.json
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,6 +54,8 @@ has nccl && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs nccl nccl_check.mjs
 has parity && runjs parity parity.mjs fixtures .device/fixtures/models
 has batch && runjs batch parity.mjs batch .device/fixtures/models/tiny-shakespeare-qwen3
 has paged && runjs paged parity.mjs paged $(ls -d .device/fixtures/models/*/ | grep -v tiny-shakespeare) models/tiny-shakespeare-qwen3 && cp "$OUT/paged.json" "$OUT/paged-fixtures.json"
+has pipeline && runjs pipeline pipeline.mjs single $(ls -d .device/fixtures/models/*/ | grep -v tiny-shakespeare) models/tiny-shakespeare-qwen3 && cp "$OUT/pipeline.json" "$OUT/pipeline-fixtures.json"
+has pipeline2 && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs pipeline2 pipeline.mjs multi $(ls -d .device/fixtures/models/*/ | grep -v tiny-shakespeare) models/tiny-shakespeare-qwen3 && cp "$OUT/pipeline-multi.json" "$OUT/pipeline-multi-fixtures.json"
 has cli && { for m in .device/fixtures/models/*/; do $NODE .device/dist/cli.mjs run --model "$m" --backend cuda --prompt-ids 1,2,3 --max-tokens 8 --temperature 0 --json 2>&1 | tail -1; done > "$OUT/cli-runs.jsonl"; say "cli runs: $(grep -c '"backend":"cuda"' "$OUT/cli-runs.jsonl") cuda json lines"; }
 for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   dir=/tmp/synth/$size
@@ -57,6 +66,8 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
     if python3 tools/gpu/oracle_parity.py "$dir" "$OUT/oracle-$size.json" 2>&1 | tail -3 | tee -a "$log"; then say "oracle $size done"; else say "oracle $size FAILED"; status=1; fi
   fi
   has paged && runjs "paged $size" parity.mjs paged "$dir" && cp "$OUT/paged.json" "$OUT/paged-$size.json"
+  has pipeline && runjs "pipeline $size" pipeline.mjs single "$dir" && cp "$OUT/pipeline.json" "$OUT/pipeline-$size.json"
+  has pipeline2 && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs "pipeline2 $size" pipeline.mjs multi "$dir" && cp "$OUT/pipeline-multi.json" "$OUT/pipeline-multi-$size.json"
   has bench && runjs "bench $size" bench.mjs "$dir" 128 256
   has bench && NERVA_CUDA_DECODER=persistent runjs "bench $size persistent" bench.mjs "$dir" 128 256
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
