@@ -8,9 +8,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "host_mlp.h"
 #include "nccl_dl.h"
 #include "nerva.h"
 
@@ -81,6 +83,11 @@ class Context : public Napi::ObjectWrap<Context> {
                            InstanceMethod("ncclCommInit", &Context::NcclCommInit),
                            InstanceMethod("ncclSend", &Context::NcclSend),
                            InstanceMethod("ncclRecv", &Context::NcclRecv),
+                           InstanceMethod("hostMlpCreate", &Context::HostMlpCreate),
+                           InstanceMethod("hostMlpEnqueue", &Context::HostMlpEnqueue),
+                           InstanceMethod("hostMlpRun", &Context::HostMlpRun),
+                           InstanceMethod("hostMlpDestroy", &Context::HostMlpDestroy),
+                           InstanceMethod("hostMlpStats", &Context::HostMlpStats),
                        });
   }
 
@@ -178,6 +185,7 @@ class Context : public Napi::ObjectWrap<Context> {
       if (g.graph) cudaGraphDestroy(g.graph);
     }
     graphs_.clear();
+    hostMlps_.clear();  // after the graphs that may hold them, and with no host function pending
     for (auto ev : events_)
       if (ev) cudaEventDestroy(ev);
     events_.clear();
@@ -553,6 +561,89 @@ class Context : public Napi::ObjectWrap<Context> {
     return nerva_nccl::SendRecv(info, false, device_, Stream(info.Env(), info[5]));
   }
 
+  // Host MLP (host_mlp.cc): CPU-computed MLP channels of a streamed layer. The args live here,
+  // at a stable address, for the host functions and graphs that reference them.
+  struct HostMlp {
+    HostMlpArgs args;
+    HostMlpCounters counters;
+  };
+
+  HostMlp& HostMlpAt(Napi::Env env, const Napi::Value& v) {
+    int id = v.IsNumber() ? v.As<Napi::Number>().Int32Value() : -1;
+    if (id < 0 || id >= (int)hostMlps_.size() || !hostMlps_[id]) throw Napi::Error::New(env, "unknown host MLP " + std::to_string(id));
+    return *hostMlps_[id];
+  }
+
+  // hostMlpCreate({ rows, hidden, inter, eps, x, normW, gateUp, down, y }) -> id
+  Napi::Value HostMlpCreate(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    if (hotPath_) {
+      hotPathRejected_++;
+      throw Napi::Error::New(env, "HOT_PATH: hostMlpCreate allocates and the hot-path guard is armed");
+    }
+    Napi::Object o = info[0].As<Napi::Object>();
+    const char* keys[9] = {"rows", "hidden", "inter", "eps", "x", "normW", "gateUp", "down", "y"};
+    double v[9];
+    for (int i = 0; i < 9; i++) v[i] = o.Has(keys[i]) ? o.Get(keys[i]).ToNumber().DoubleValue() : (i == 3 ? 1e-6 : 0);
+    auto m = std::make_unique<HostMlp>();
+    char why[160] = {0};
+    if (!nerva_host_mlp_resolve(&m->args, v, {pinBase_, pinDev_, pinBytes_}, why, sizeof why))
+      throw Napi::Error::New(env, std::string("hostMlpCreate: ") + why);
+    m->args.counters = &m->counters;
+    nerva_host_mlp_reserve(m->args.rows, m->args.hidden, m->args.inter);  // no allocation when it runs
+    hostMlps_.push_back(std::move(m));
+    return Napi::Number::New(env, (double)(hostMlps_.size() - 1));
+  }
+
+  // hostMlpEnqueue(id, stream): cudaLaunchHostFunc on the stream (capturable into a graph).
+  Napi::Value HostMlpEnqueue(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    HostMlp& m = HostMlpAt(env, info[0]);
+    int rc = nerva_host_mlp_enqueue(Stream(env, info[1]), &m.args);
+    if (rc != 0) throw cudaErr(env, rc, "cudaLaunchHostFunc(host MLP " + std::to_string(info[0].As<Napi::Number>().Int32Value()) + ")");
+    return env.Undefined();
+  }
+
+  // hostMlpRun(id): now, on this thread and the pool; no CUDA call.
+  Napi::Value HostMlpRun(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    nerva_host_mlp(HostMlpAt(env, info[0]).args);
+    return env.Undefined();
+  }
+
+  // hostMlpDestroy(id): waits for the device first, so no queued host function still reads it;
+  // graphs captured with it must be destroyed before.
+  Napi::Value HostMlpDestroy(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    HostMlpAt(env, info[0]);
+    CU(cudaDeviceSynchronize());
+    hostMlps_[info[0].As<Napi::Number>().Int32Value()].reset();
+    return env.Undefined();
+  }
+
+  // hostMlpStats(id?) -> { calls, ns, threads, isa, pinned }: the process-wide pool, or one id's calls.
+  Napi::Value HostMlpStats(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    ::HostMlpStats s = nerva_host_mlp_stats();
+    Napi::Object o = Napi::Object::New(env);
+    if (info.Length() > 0 && !info[0].IsUndefined()) {
+      const HostMlpCounters& c = HostMlpAt(env, info[0]).counters;
+      o.Set("calls", (double)c.calls);
+      o.Set("ns", (double)c.ns);
+    } else {
+      o.Set("calls", (double)s.calls);
+      o.Set("ns", (double)s.ns);
+    }
+    o.Set("threads", s.threads);
+    o.Set("isa", nerva_host_mlp_isa_name(s.isa));
+    o.Set("pinned", s.pinned);
+    return o;
+  }
+
   struct Graph {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -581,6 +672,7 @@ class Context : public Napi::ObjectWrap<Context> {
   std::vector<cudaStream_t> streams_;
   std::vector<cudaEvent_t> events_;
   std::vector<Graph> graphs_;
+  std::vector<std::unique_ptr<HostMlp>> hostMlps_;
   uint64_t allocCalls_ = 0, freeCalls_ = 0, graphReplays_ = 0, hotPathRejected_ = 0;
   bool hotPath_ = false;
   bool disposed_ = false;

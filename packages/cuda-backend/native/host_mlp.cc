@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -229,6 +230,13 @@ int defaultIsa() {
 
 int defaultThreads() {
   int n = envInt("NERVA_HOST_THREADS", 0);
+#ifdef __linux__
+  if (n <= 0) {  // the CPUs this process may run on (a container's cpuset), as Node's availableParallelism
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+  }
+#endif
   if (n <= 0) n = (int)std::thread::hardware_concurrency();
   if (n <= 0) n = 1;
   return n > 256 ? 256 : n;
@@ -593,5 +601,62 @@ void CUDART_CB hostMlpHostFn(void* p) {
 int nerva_host_mlp_enqueue(CUstream_st* s, const HostMlpArgs* a) {
   if (!a || nerva_host_mlp_validate(*a)) return (int)cudaErrorInvalidValue;
   return (int)cudaLaunchHostFunc(s, hostMlpHostFn, const_cast<HostMlpArgs*>(a));
+}
+
+bool nerva_host_mlp_resolve(HostMlpArgs* a, const double v[9], const HostMlpArena& arena, char* why, size_t whyLen) {
+  static const char* const names[9] = {"rows", "hidden", "inter", "eps", "x", "normW", "gateUp", "down", "y"};
+  for (int i = 0; i < 3; i++)
+    if (!(v[i] >= (i == 2 ? 0 : 1) && v[i] <= 2147483647.0 && v[i] == std::floor(v[i]))) {
+      std::snprintf(why, whyLen, "%s must be an integer >= %d", names[i], i == 2 ? 0 : 1);
+      return false;
+    }
+  a->rows = (int)v[0];
+  a->hidden = (int)v[1];
+  a->inter = (int)v[2];
+  a->eps = (float)v[3];
+  const size_t rh = (size_t)a->rows * a->hidden, ch = (size_t)a->inter * a->hidden;
+  const size_t bytes[5] = {rh * 4, (size_t)a->hidden * 4, 2 * ch * 2, ch * 2, rh * 4};
+  void* ptr[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+  for (int i = 0; i < 5; i++) {
+    const char* name = names[4 + i];
+    double d = v[4 + i];
+    if (d == 0) continue;
+    if (!(d > 0 && d < 9007199254740992.0 && d == std::floor(d))) {
+      std::snprintf(why, whyLen, "%s is not an address", name);
+      return false;
+    }
+    char* p = (char*)(uintptr_t)d;
+    bool inArena = false;
+    for (char* base : {arena.dev, arena.host}) {
+      if (!base || p < base || p >= base + arena.bytes) continue;
+      if (bytes[i] > (size_t)(base + arena.bytes - p)) {
+        std::snprintf(why, whyLen, "%s runs past the pinned arena", name);
+        return false;
+      }
+      p = arena.host + (p - base);
+      inArena = true;
+      break;
+    }
+    if (!inArena) {
+      cudaPointerAttributes at{};
+      if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        cudaGetLastError();
+      } else if (at.type == cudaMemoryTypeDevice) {
+        std::snprintf(why, whyLen, "%s is device memory; the host MLP reads and writes host memory", name);
+        return false;
+      }
+    }
+    ptr[i] = p;
+  }
+  a->x = (const float*)ptr[0];
+  a->normW = (const float*)ptr[1];
+  a->gateUp = (const uint16_t*)ptr[2];
+  a->down = (const uint16_t*)ptr[3];
+  a->y = (float*)ptr[4];
+  if (const char* bad = nerva_host_mlp_validate(*a)) {
+    std::snprintf(why, whyLen, "%s", bad);
+    return false;
+  }
+  return true;
 }
 #endif

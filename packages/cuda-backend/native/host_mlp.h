@@ -16,7 +16,8 @@
 // x86-64 (function-level target attributes), and elsewhere only the scalar path exists.
 //
 // Threads: one persistent process-wide pool, created on first use with NERVA_HOST_THREADS threads
-// (default std::thread::hardware_concurrency()), the calling thread being one of them. Work is
+// (default: the CPUs of the process's affinity mask, else std::thread::hardware_concurrency()),
+// the calling thread being one of them. Work is
 // split into chunks taken from an atomic counter (gate/up by output channel, down by output row of
 // H), so a descheduled thread delays only its current chunk. Idle workers spin for
 // NERVA_HOST_SPIN_US microseconds (default 100), then sleep on a condition variable: an idle pool
@@ -86,4 +87,17 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 // host function runs on a CUDA runtime thread and must not call CUDA (it does not); while it runs,
 // the stream (and a graph launched on it) is blocked. Returns the cudaError_t (0 = queued).
 int nerva_host_mlp_enqueue(CUstream_st* s, const HostMlpArgs* a);
+
+// The addon's pinned arena: its host view and the device view JavaScript sees (they coincide
+// under unified addressing).
+struct HostMlpArena {
+  char* host;
+  char* dev;
+  size_t bytes;
+};
+// Fills a from { rows, hidden, inter, eps, x, normW, gateUp, down, y } as numbers (addresses as
+// JS numbers, 0 = none): an address in the arena's device view maps to its host view, a buffer
+// starting in the arena must end in it, device memory is refused (the CPU would fault on it).
+// Returns false with the reason in why. Calls CUDA (cudaPointerGetAttributes): not for host functions.
+bool nerva_host_mlp_resolve(HostMlpArgs* a, const double v[9], const HostMlpArena& arena, char* why, size_t whyLen);
 #endif

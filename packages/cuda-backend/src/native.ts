@@ -50,6 +50,45 @@ export interface NativeCounters {
   hotPathRejected: number;
 }
 
+/**
+ * A host MLP (native/host_mlp.cc): part of a streamed layer's MLP computed on the CPU, where its
+ * weights are. For r < rows: xn = RMSNorm(x[r]) * normW (eps), a = silu(gate . xn) * (up . xn)
+ * over the `inter` channels given here, y[r] = down . a (written, not accumulated). Addresses as
+ * JS numbers; the pinned arena's addresses (info().pinnedBase + offset) are translated to its host
+ * view; device memory is refused. All buffers must stay valid while the id exists.
+ */
+export interface NativeHostMlpArgs {
+  rows: number;
+  hidden: number;
+  /** Intermediate channels computed on the host, c >= 0 (0: y = 0). */
+  inter: number;
+  /** RMSNorm epsilon (default 1e-6). */
+  eps?: number;
+  /** f32 [rows, hidden]. */
+  x: number;
+  /** f32 [hidden]. */
+  normW: number;
+  /** bf16 [2 * inter, hidden]: inter gate rows, then inter up rows. */
+  gateUp: number;
+  /** bf16 [hidden, inter] (hidden rows of inter). */
+  down: number;
+  /** f32 [rows, hidden], written. */
+  y: number;
+}
+
+export interface NativeHostMlpStats {
+  /** Calls completed (process-wide, or of one id). */
+  calls: number;
+  /** Nanoseconds spent in them, wall time (process-wide, or of one id). */
+  ns: number;
+  /** Pool size, the calling thread included (NERVA_HOST_THREADS, default the CPUs available). */
+  threads: number;
+  /** Vector path in use (NERVA_HOST_ISA caps it). */
+  isa: 'avx512' | 'avx2' | 'scalar';
+  /** Whether the pool's workers are pinned to CPUs (NERVA_HOST_PIN=1). */
+  pinned: boolean;
+}
+
 export interface NativeContext {
   info(): NativeInfo;
   /** The pinned arena as an ArrayBuffer (its first 2 GiB when larger). */
@@ -82,6 +121,19 @@ export interface NativeContext {
   /** ncclSend(comm, addr, count, dtypeCode, peer, stream): enqueued on this context's stream. */
   ncclSend?(comm: number, addr: number, count: number, dtype: number, peer: number, stream: number): void;
   ncclRecv?(comm: number, addr: number, count: number, dtype: number, peer: number, stream: number): void;
+  /** Host MLP: stores the arguments natively (validated; the pool's scratch reserved) -> id. Refused on the hot path. Absent from older builds. */
+  hostMlpCreate?(args: NativeHostMlpArgs): number;
+  /**
+   * Enqueues the host MLP on a stream (cudaLaunchHostFunc): stream-ordered, capturable into a
+   * graph (the id must then outlive the graph). It blocks the stream while the CPU computes.
+   */
+  hostMlpEnqueue?(id: number, stream: number): void;
+  /** Runs the host MLP now on the calling thread and the pool (no CUDA call; tests, benchmarks). */
+  hostMlpRun?(id: number): void;
+  /** Waits for the device (no queued call still reads it), then frees the id. Destroy graphs using it first. */
+  hostMlpDestroy?(id: number): void;
+  /** The pool's counters, or one id's calls and time. */
+  hostMlpStats?(id?: number): NativeHostMlpStats;
 }
 
 /** What ncclLoad reports; the library stays loaded for the process once found. */

@@ -198,6 +198,8 @@ void check(Problem& p, int isa, int threads, const char* tag) {
 }  // namespace
 
 int main() {
+  // The default pool, as NERVA_HOST_THREADS / NERVA_HOST_ISA / NERVA_HOST_PIN made it.
+  const HostMlpStats initial = nerva_host_mlp_stats();
   std::vector<int> isas;
   for (int i = HOST_ISA_SCALAR; i <= HOST_ISA_AVX512; i++)
     if (nerva_host_mlp_isa_supported(i)) isas.push_back(i);
@@ -260,7 +262,9 @@ int main() {
 
   std::printf("{\"summary\":true,\"cases\":%d,\"failures\":%d,\"isas\":[", gCases, gFailures);
   for (size_t i = 0; i < isas.size(); i++) std::printf("%s\"%s\"", i ? "," : "", nerva_host_mlp_isa_name(isas[i]));
-  std::printf("],\"allocsDuringCalls\":%ld,\"repeatMismatches\":%d,\"ns\":%llu}\n", allocs, mismatches,
+  std::printf("],\"allocsDuringCalls\":%ld,\"repeatMismatches\":%d,\"ns\":%llu,", allocs, mismatches,
               (unsigned long long)(after.ns - before.ns));
+  std::printf("\"initial\":{\"threads\":%d,\"isa\":\"%s\",\"pinned\":%s}}\n", initial.threads,
+              nerva_host_mlp_isa_name(initial.isa), initial.pinned ? "true" : "false");
   return gFailures ? 1 : 0;
 }
