@@ -1,5 +1,5 @@
 import type { BackendStats, DeviceBackend, GraphHandle, Numerics, TokenLedgerRecord } from '@nerva/core';
-import { DTYPE_BYTES, emptySyncCounts, LedgerAggregator, NervaError, NUMERICS, SYNC_KINDS } from '@nerva/core';
+import { emptySyncCounts, LedgerAggregator, NervaError, NUMERICS, SYNC_KINDS } from '@nerva/core';
 import { KvCacheManager } from '@nerva/kv';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
 import { createDetokenizer, loadModelDir } from '@nerva/models';
@@ -7,7 +7,7 @@ import { type BackendChoice, selectBackend } from './backend-select.js';
 import { HostSampler } from './host-sampler.js';
 import { ModelRunner } from './model-runner.js';
 import { type PassRunner, type PipelineDescription, pipelineRequest, type PreparedStages, prepareStages, StagePipeline } from './pipeline.js';
-import { freeWeights, kvDtypeOf, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
+import { freeWeights, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';
 import { type RequestLimits, validateRequest } from './request-validation.js';
 import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';

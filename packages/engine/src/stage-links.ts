@@ -184,6 +184,8 @@ export class NcclStageLink extends BaseLink {
   private readonly ev: { ready: EventHandle; sent: EventHandle; arrived: EventHandle; consumed: EventHandle } | undefined;
   private sentRecorded = false;
   private consumedRecorded = false;
+  /** What close() frees (staged links), in reverse order of making. */
+  private release: (() => void)[] = [];
 
   constructor(
     private readonly comm: NcclPointToPoint,
@@ -222,8 +224,6 @@ export class NcclStageLink extends BaseLink {
       throw e;
     }
   }
-
-  private release: (() => void)[] = [];
 
   protected override onSend(buffer: DeviceBuffer, rows: number, stream: StreamHandle | undefined): void {
     if (!this.staged || rows === 0) return;
