@@ -47,21 +47,27 @@ inline void cpuRelax() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dot kernels: out[r] = sum_k bf16(w[k]) * X[r * ldx + k] for r < R, f32 accumulation. Each weight
-// vector is converted once and used for all R rows; U independent accumulators per row hide the
-// FMA latency when R is small. A kernel handles R <= 8 rows; dotRows splits larger counts.
+// Dot kernels: out[n * R + r] = sum_k bf16(w[n][k]) * X[r * ldx + k] for n < N weight rows and
+// r < R activation rows, f32 accumulation. Each weight vector is converted once and used for all R
+// rows, and each activation vector is loaded once for all N weight rows: the N*R accumulators are
+// independent chains (FMA latency hidden) and the activations (up to 8 rows of H or c floats, more
+// than L1 holds) are read N times less often. A kernel handles R <= 8; larger counts take several
+// passes of 8.
 
-typedef void (*DotFn)(const uint16_t* w, int K, const float* X, size_t ldx, float* out);
+typedef void (*DotFn)(const uint16_t* const* w, int K, const float* X, size_t ldx, float* out);
 
-template <int R>
-void dotScalar(const uint16_t* w, int K, const float* X, size_t ldx, float* out) {
-  float acc[R];
-  for (int r = 0; r < R; r++) acc[r] = 0.f;
-  for (int k = 0; k < K; k++) {
-    float wk = bf16ToF32(w[k]);
-    for (int r = 0; r < R; r++) acc[r] += wk * X[r * ldx + k];
-  }
-  for (int r = 0; r < R; r++) out[r] = acc[r];
+template <int N, int R>
+void dotScalar(const uint16_t* const* w, int K, const float* X, size_t ldx, float* out) {
+  float acc[N][R];
+  for (int n = 0; n < N; n++)
+    for (int r = 0; r < R; r++) acc[n][r] = 0.f;
+  for (int k = 0; k < K; k++)
+    for (int n = 0; n < N; n++) {
+      float wk = bf16ToF32(w[n][k]);
+      for (int r = 0; r < R; r++) acc[n][r] += wk * X[r * ldx + k];
+    }
+  for (int n = 0; n < N; n++)
+    for (int r = 0; r < R; r++) out[n * R + r] = acc[n][r];
 }
 
 #if NERVA_HOST_X86
@@ -87,36 +93,36 @@ NERVA_AVX2 inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-template <int R, int U>
-NERVA_AVX2 void dotAvx2(const uint16_t* w, int K, const float* X, size_t ldx, float* out) {
-  __m256 acc[U][R];
+template <int N, int R>
+NERVA_AVX2 void dotAvx2(const uint16_t* const* w, int K, const float* X, size_t ldx, float* out) {
+  __m256 acc[N][R];
+  const uint16_t* wp[N];
 #pragma GCC unroll 8
-  for (int u = 0; u < U; u++)
+  for (int n = 0; n < N; n++) {
+    wp[n] = w[n];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) acc[u][r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) acc[n][r] = _mm256_setzero_ps();
+  }
   int k = 0;
-  for (; k + 8 * U <= K; k += 8 * U) {
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[N];
 #pragma GCC unroll 8
-    for (int u = 0; u < U; u++) {
-      __m256 wv = bf16x8(w + k + 8 * u);
+    for (int n = 0; n < N; n++) wv[n] = bf16x8(wp[n] + k);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; r++) acc[u][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(X + r * ldx + k + 8 * u), acc[u][r]);
+    for (int r = 0; r < R; r++) {
+      __m256 xv = _mm256_loadu_ps(X + r * ldx + k);
+#pragma GCC unroll 8
+      for (int n = 0; n < N; n++) acc[n][r] = _mm256_fmadd_ps(wv[n], xv, acc[n][r]);
     }
   }
-  for (; k + 8 <= K; k += 8) {
-    __m256 wv = bf16x8(w + k);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) acc[0][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(X + r * ldx + k), acc[0][r]);
-  }
+  for (int n = 0; n < N; n++)
 #pragma GCC unroll 8
-  for (int r = 0; r < R; r++) {
-    __m256 s = acc[0][r];
-#pragma GCC unroll 8
-    for (int u = 1; u < U; u++) s = _mm256_add_ps(s, acc[u][r]);
-    float t = hsum256(s);
-    for (int kk = k; kk < K; kk++) t += bf16ToF32(w[kk]) * X[r * ldx + kk];
-    out[r] = t;
-  }
+    for (int r = 0; r < R; r++) {
+      float t = hsum256(acc[n][r]);
+      for (int kk = k; kk < K; kk++) t += bf16ToF32(wp[n][kk]) * X[r * ldx + kk];
+      out[n * R + r] = t;
+    }
 }
 
 NERVA_AVX512 inline __m512 bf16x16(const uint16_t* p) {
@@ -129,72 +135,79 @@ NERVA_AVX512 inline __m512 bf16x16Masked(const uint16_t* p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-template <int R, int U>
-NERVA_AVX512 void dotAvx512(const uint16_t* w, int K, const float* X, size_t ldx, float* out) {
-  __m512 acc[U][R];
+template <int N, int R>
+NERVA_AVX512 void dotAvx512(const uint16_t* const* w, int K, const float* X, size_t ldx, float* out) {
+  __m512 acc[N][R];
+  const uint16_t* wp[N];
 #pragma GCC unroll 8
-  for (int u = 0; u < U; u++)
+  for (int n = 0; n < N; n++) {
+    wp[n] = w[n];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) acc[u][r] = _mm512_setzero_ps();
-  int k = 0;
-  for (; k + 16 * U <= K; k += 16 * U) {
-#pragma GCC unroll 8
-    for (int u = 0; u < U; u++) {
-      __m512 wv = bf16x16(w + k + 16 * u);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; r++) acc[u][r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(X + r * ldx + k + 16 * u), acc[u][r]);
-    }
+    for (int r = 0; r < R; r++) acc[n][r] = _mm512_setzero_ps();
   }
+  int k = 0;
   for (; k + 16 <= K; k += 16) {
-    __m512 wv = bf16x16(w + k);
+    __m512 wv[N];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) acc[0][r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(X + r * ldx + k), acc[0][r]);
+    for (int n = 0; n < N; n++) wv[n] = bf16x16(wp[n] + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      __m512 xv = _mm512_loadu_ps(X + r * ldx + k);
+#pragma GCC unroll 8
+      for (int n = 0; n < N; n++) acc[n][r] = _mm512_fmadd_ps(wv[n], xv, acc[n][r]);
+    }
   }
   if (k < K) {  // the tail: masked loads (masked-off lanes are not read)
     __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
-    __m512 wv = bf16x16Masked(w + k, m);
+    __m512 wv[N];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) acc[0][r] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, X + r * ldx + k), acc[0][r]);
+    for (int n = 0; n < N; n++) wv[n] = bf16x16Masked(wp[n] + k, m);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      __m512 xv = _mm512_maskz_loadu_ps(m, X + r * ldx + k);
+#pragma GCC unroll 8
+      for (int n = 0; n < N; n++) acc[n][r] = _mm512_fmadd_ps(wv[n], xv, acc[n][r]);
+    }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < R; r++) {
-    __m512 s = acc[0][r];
+  for (int n = 0; n < N; n++)
 #pragma GCC unroll 8
-    for (int u = 1; u < U; u++) s = _mm512_add_ps(s, acc[u][r]);
-    out[r] = _mm512_reduce_add_ps(s);
-  }
+    for (int r = 0; r < R; r++) out[n * R + r] = _mm512_reduce_add_ps(acc[n][r]);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
 #endif  // NERVA_HOST_X86
 
-// Kernel tables indexed by R (1..8). Accumulators per kernel U*R: AVX2 has 16 ymm registers
-// (<= 12 accumulators), AVX-512 32 zmm (<= 24).
-const DotFn kScalar[9] = {nullptr,       dotScalar<1>, dotScalar<2>, dotScalar<3>, dotScalar<4>,
-                          dotScalar<5>,  dotScalar<6>, dotScalar<7>, dotScalar<8>};
-#if NERVA_HOST_X86
-const DotFn kAvx2[9] = {nullptr,        dotAvx2<1, 4>, dotAvx2<2, 4>, dotAvx2<3, 3>, dotAvx2<4, 2>,
-                        dotAvx2<5, 2>,  dotAvx2<6, 1>, dotAvx2<7, 1>, dotAvx2<8, 1>};
-const DotFn kAvx512[9] = {nullptr,          dotAvx512<1, 4>, dotAvx512<2, 4>, dotAvx512<3, 4>, dotAvx512<4, 4>,
-                          dotAvx512<5, 4>,  dotAvx512<6, 3>, dotAvx512<7, 3>, dotAvx512<8, 2>};
-#endif
+// Kernel tables [N = 1, 2, 4][R = 1..8], and the weight-row count N each ISA uses for R rows:
+// N * R accumulators + N weight vectors + 1 activation vector fit the registers (AVX2: 16 ymm,
+// AVX-512: 32 zmm; the scalar path relies on the compiler).
+struct Kernels {
+  DotFn f[3][9];
+  int n[9];
+};
 
-const DotFn* kernelsFor(int isa) {
+#define NERVA_ROW(fn, N) \
+  { nullptr, fn<N, 1>, fn<N, 2>, fn<N, 3>, fn<N, 4>, fn<N, 5>, fn<N, 6>, fn<N, 7>, fn<N, 8> }
+const Kernels kScalar = {{NERVA_ROW(dotScalar, 1), NERVA_ROW(dotScalar, 2), NERVA_ROW(dotScalar, 4)},
+                         {0, 2, 2, 2, 2, 2, 2, 2, 2}};
 #if NERVA_HOST_X86
-  if (isa == HOST_ISA_AVX512) return kAvx512;
-  if (isa == HOST_ISA_AVX2) return kAvx2;
+const Kernels kAvx2 = {{NERVA_ROW(dotAvx2, 1), NERVA_ROW(dotAvx2, 2), NERVA_ROW(dotAvx2, 4)},
+                       {0, 4, 4, 2, 2, 2, 2, 1, 1}};
+const Kernels kAvx512 = {{NERVA_ROW(dotAvx512, 1), NERVA_ROW(dotAvx512, 2), NERVA_ROW(dotAvx512, 4)},
+                         {0, 4, 4, 4, 4, 4, 4, 2, 2}};
+#endif
+#undef NERVA_ROW
+
+inline DotFn kernel(const Kernels* k, int N, int R) { return k->f[N == 4 ? 2 : N == 2 ? 1 : 0][R]; }
+
+const Kernels* kernelsFor(int isa) {
+#if NERVA_HOST_X86
+  if (isa == HOST_ISA_AVX512) return &kAvx512;
+  if (isa == HOST_ISA_AVX2) return &kAvx2;
 #endif
   (void)isa;
-  return kScalar;
-}
-
-// out[r] for all R rows, 8 rows per weight pass.
-inline void dotRows(const DotFn* tab, const uint16_t* w, int K, const float* X, size_t ldx, int R, float* out) {
-  for (int r0 = 0; r0 < R; r0 += 8) {
-    int n = R - r0 < 8 ? R - r0 : 8;
-    tab[n](w, K, X + (size_t)r0 * ldx, ldx, out + r0);
-  }
+  return &kScalar;
 }
 
 bool cpuHas(int isa) {
@@ -263,7 +276,7 @@ inline size_t padded(int n) { return ((size_t)n + 15) & ~(size_t)15; }
 // `per[1]` intermediate channels. Phase 2: down, chunks of `per[2]` output rows of H.
 struct Job {
   const HostMlpArgs* a = nullptr;
-  const DotFn* tab = nullptr;
+  const Kernels* tab = nullptr;
   float* xn = nullptr;  // [rows, ldx]
   size_t ldx = 0;
   float* act = nullptr;  // [rows, lda]
@@ -435,29 +448,54 @@ class Pool {
       for (k = 0; k < H; k++) xn[k] = x[k] * inv * a.normW[k];
       return;
     }
-    float g[8], u[8], d[8];
+    const Kernels* kt = j.tab;
+    float out[4 * 8];
+    const uint16_t* w[4];
     if (phase == 1) {
-      int j0 = i * j.per[1], j1 = j0 + j.per[1] < c ? j0 + j.per[1] : c;
-      for (int ch = j0; ch < j1; ch++) {
-        const uint16_t* gw = a.gateUp + (size_t)ch * H;
-        const uint16_t* uw = a.gateUp + ((size_t)c + ch) * H;
-        for (int r0 = 0; r0 < rows; r0 += 8) {
-          int n = rows - r0 < 8 ? rows - r0 : 8;
-          const float* X = j.xn + (size_t)r0 * j.ldx;
-          j.tab[n](gw, H, X, j.ldx, g);
-          j.tab[n](uw, H, X, j.ldx, u);
-          for (int r = 0; r < n; r++) j.act[(size_t)(r0 + r) * j.lda + ch] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
+      // Weight rows in groups of N: N/2 channels' gate rows then their up rows (N = 1: a
+      // channel's gate row, then its up row).
+      const int j0 = i * j.per[1], j1 = j0 + j.per[1] < c ? j0 + j.per[1] : c;
+      for (int r0 = 0; r0 < rows; r0 += 8) {
+        const int R = rows - r0 < 8 ? rows - r0 : 8;
+        const float* X = j.xn + (size_t)r0 * j.ldx;
+        float* act = j.act + (size_t)r0 * j.lda;
+        const int N = kt->n[R];
+        for (int ch = j0; ch < j1;) {
+          const int G = N == 1 ? 1 : (j1 - ch >= N / 2 ? N / 2 : 1);
+          for (int q = 0; q < G; q++) {
+            w[q] = a.gateUp + (size_t)(ch + q) * H;
+            w[G + q] = a.gateUp + ((size_t)c + ch + q) * H;
+          }
+          if (N == 1) {
+            kernel(kt, 1, R)(w, H, X, j.ldx, out);
+            kernel(kt, 1, R)(w + 1, H, X, j.ldx, out + R);
+          } else {
+            kernel(kt, 2 * G, R)(w, H, X, j.ldx, out);
+          }
+          for (int q = 0; q < G; q++)
+            for (int r = 0; r < R; r++) {
+              const float g = out[q * R + r], u = out[(G + q) * R + r];
+              act[(size_t)r * j.lda + ch + q] = g / (1.0f + std::exp(-g)) * u;
+            }
+          ch += G;
         }
       }
       return;
     }
-    int h0 = i * j.per[2], h1 = h0 + j.per[2] < H ? h0 + j.per[2] : H;
-    for (int h = h0; h < h1; h++) {
-      const uint16_t* dw = a.down + (size_t)h * c;
-      for (int r0 = 0; r0 < rows; r0 += 8) {
-        int n = rows - r0 < 8 ? rows - r0 : 8;
-        j.tab[n](dw, c, j.act + (size_t)r0 * j.lda, j.lda, d);
-        for (int r = 0; r < n; r++) a.y[(size_t)(r0 + r) * H + h] = d[r];
+    // Phase 2: down rows h in groups of N.
+    const int h0 = i * j.per[2], h1 = h0 + j.per[2] < H ? h0 + j.per[2] : H;
+    for (int r0 = 0; r0 < rows; r0 += 8) {
+      const int R = rows - r0 < 8 ? rows - r0 : 8;
+      const float* X = j.act + (size_t)r0 * j.lda;
+      float* y = a.y + (size_t)r0 * H;
+      const int N = kt->n[R];
+      for (int h = h0; h < h1;) {
+        const int G = h1 - h >= N ? N : h1 - h >= 2 && N >= 2 ? 2 : 1;
+        for (int q = 0; q < G; q++) w[q] = a.down + (size_t)(h + q) * c;
+        kernel(kt, G, R)(w, c, X, j.lda, out);
+        for (int q = 0; q < G; q++)
+          for (int r = 0; r < R; r++) y[(size_t)r * H + h + q] = out[q * R + r];
+        h += G;
       }
     }
   }
