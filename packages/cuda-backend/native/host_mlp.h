@@ -11,7 +11,10 @@
 // Define NERVA_HOST_MLP_NO_CUDA to build without the CUDA runtime (drops nerva_host_mlp_enqueue).
 //
 // The math is memory-bound (the weights are read once per call, rows is 1..8): every weight row
-// is converted bf16 -> f32 once and multiplied against all rows. Vector paths: AVX-512 (F, BW,
+// is converted bf16 -> f32 once and multiplied against all rows, and each kernel pass takes up to
+// 4 weight rows at once so the activations (L2-resident) are loaded once per 4 weight rows. The
+// result is bitwise reproducible for a given ISA and thread count-independent (each output is
+// summed by one thread in a fixed order, whichever thread that is). Vector paths: AVX-512 (F, BW,
 // VL), AVX2 + FMA, and scalar, chosen at run time; the file itself builds with plain -O2 on any
 // x86-64 (function-level target attributes), and elsewhere only the scalar path exists.
 //
@@ -27,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// Optional per-args counters (nerva_host_mlp adds to them; read them between calls).
+// Optional per-args counters (nerva_host_mlp adds to them, plain stores: read them between calls).
 struct HostMlpCounters {
   uint64_t calls = 0;
   uint64_t ns = 0;  // wall time inside nerva_host_mlp, including the wait for the pool

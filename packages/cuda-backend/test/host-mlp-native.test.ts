@@ -32,6 +32,8 @@ interface Summary {
   isas: string[];
   allocsDuringCalls: number;
   repeatMismatches: number;
+  /** Cases where the 4-thread pool's y differs from the 1-thread pool's (bitwise). */
+  threadMismatches: number;
   /** The default pool before the program reconfigures it. */
   initial: { threads: number; isa: string; pinned: boolean };
 }
@@ -83,6 +85,7 @@ describe.skipIf(!hasGxx)('host MLP math (native/host_mlp.cc, g++, no CUDA)', () 
     }
     expect(summary.allocsDuringCalls).toBe(0);
     expect(summary.repeatMismatches).toBe(0);
+    expect(summary.threadMismatches).toBe(0);
   });
 
   it('gives the same results when idle workers sleep at once (NERVA_HOST_SPIN_US=0)', () => {

@@ -218,13 +218,25 @@ int main() {
     for (int r : rowsList) problems.push_back(make(r, s.H, s.c, s.gateScale));
   problems.push_back(make(11, 131, 77, 1.0));  // more than 8 rows: two weight passes
 
+  // y of the 1-thread pool per (isa, problem): the 4-thread pool must give the same bits (every
+  // output is summed by one thread in a fixed order, whatever the chunking).
+  std::vector<std::vector<float>> single(isas.size() * problems.size());
+  int threadMismatches = 0;
   for (int threads : {1, 4}) {
     nerva_host_mlp_configure(threads, 0);
-    for (int isa : isas) {
+    for (size_t ii = 0; ii < isas.size(); ii++) {
+      const int isa = isas[ii];
       if (nerva_host_mlp_set_isa(isa) != isa) fail(std::string("set_isa ") + nerva_host_mlp_isa_name(isa));
-      for (Problem& p : problems) check(p, isa, threads, "random");
+      for (size_t pi = 0; pi < problems.size(); pi++) {
+        Problem& p = problems[pi];
+        check(p, isa, threads, "random");
+        std::vector<float>& one = single[ii * problems.size() + pi];
+        if (threads == 1) one = p.y;
+        else if (std::memcmp(one.data(), p.y.data(), one.size() * sizeof(float)) != 0) threadMismatches++;
+      }
     }
   }
+  if (threadMismatches) fail("1 and 4 threads differ on " + std::to_string(threadMismatches) + " cases");
 
   // Repeated calls give bitwise the same y (each output is summed by one thread in a fixed order,
   // whichever thread takes its chunk), and allocate nothing once the scratch is reserved.
@@ -262,7 +274,7 @@ int main() {
 
   std::printf("{\"summary\":true,\"cases\":%d,\"failures\":%d,\"isas\":[", gCases, gFailures);
   for (size_t i = 0; i < isas.size(); i++) std::printf("%s\"%s\"", i ? "," : "", nerva_host_mlp_isa_name(isas[i]));
-  std::printf("],\"allocsDuringCalls\":%ld,\"repeatMismatches\":%d,\"ns\":%llu,", allocs, mismatches,
+  std::printf("],\"allocsDuringCalls\":%ld,\"repeatMismatches\":%d,\"threadMismatches\":%d,\"ns\":%llu,", allocs, mismatches, threadMismatches,
               (unsigned long long)(after.ns - before.ns));
   std::printf("\"initial\":{\"threads\":%d,\"isa\":\"%s\",\"pinned\":%s}}\n", initial.threads,
               nerva_host_mlp_isa_name(initial.isa), initial.pinned ? "true" : "false");
