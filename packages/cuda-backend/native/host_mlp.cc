@@ -315,10 +315,10 @@ class Pool {
     HostMlpStats s;
     s.calls = calls_.load(std::memory_order_relaxed);
     s.ns = ns_.load(std::memory_order_relaxed);
-    std::lock_guard<std::mutex> call(callMu_);
-    s.threads = nthreads_;
-    s.isa = isa_;
-    s.pinned = pinned_;
+    // No lock: stats must not wait for a running call.
+    s.threads = nthreads_.load(std::memory_order_relaxed);
+    s.isa = isa_.load(std::memory_order_relaxed);
+    s.pinned = pinned_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -567,9 +567,9 @@ class Pool {
   Job job_;
   std::vector<std::thread> workers_;
   Scratch xn_, act_;
-  int nthreads_ = 1;
-  bool pinned_ = false;
-  int isa_ = HOST_ISA_SCALAR;
+  std::atomic<int> nthreads_{1};  // written under callMu_, read by stats() without it
+  std::atomic<bool> pinned_{false};
+  std::atomic<int> isa_{HOST_ISA_SCALAR};
   int64_t spinNs_ = 100000;
   std::atomic<uint64_t> calls_{0}, ns_{0};
 };
