@@ -212,6 +212,10 @@ class Context : public Napi::ObjectWrap<Context> {
 
   void Live(Napi::Env env) {
     if (disposed_) throw Napi::Error::New(env, "CUDA context already disposed");
+    // Several contexts (one per GPU: pipeline stages) live in one process: every call acts on
+    // this context's device. Cheap when it is already current.
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != device_) CU(cudaSetDevice(device_));
   }
 
   cudaStream_t Stream(Napi::Env env, const Napi::Value& v) {
