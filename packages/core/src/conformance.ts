@@ -706,7 +706,11 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
 /** Decode rows (the last position) of every sequence. */
 const decodeRows = (lens: number[]): Array<[number, number]> => lens.map((n, q) => [q, n - 1]);
 
-/** mlp_slice with its weights (and staging) in the host tier: compute near data. */
+/**
+ * mlp_slice with its weights (and staging) in the host tier: compute near data. Weights are bf16,
+ * what a GPU backend stores and its host kernels read (the CPU reference also takes f32: its own
+ * tests cover that).
+ */
 function mlpSliceCase(name: string, rows: number, hidden: number, inter: number, weight: 'f32' | 'bf16'): CaseDef {
   return {
     name,
@@ -1124,7 +1128,6 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     mlpSliceCase('1 row, hidden 64, 24 channels, bf16', 1, 64, 24, 'bf16'),
     mlpSliceCase('3 rows, hidden 70, 33 channels (odd tails), bf16', 3, 70, 33, 'bf16'),
     mlpSliceCase('8 rows, hidden 128, 96 channels, bf16', 8, 128, 96, 'bf16'),
-    mlpSliceCase('2 rows, hidden 48, 16 channels, f32', 2, 48, 16, 'f32'),
   ],
   fused_matmul: [
     fusedMatmulCase('1 row 64 -> 40, rmsnorm input', { rows: 1, inDim: 64, outDim: 40, norm: true }),

@@ -242,7 +242,8 @@ export interface OpCatalogue {
    * n = rmsnorm(x[r, :]) * normWeight (as op `rmsnorm` without residual),
    * a[j] = silu(gate[j] . n) * (up[j] . n) for j < inter (as `fused_matmul` with glu), and
    * out[r, h] = sum_j down[h*inter + j] * a[j] (written, not accumulated).
-   * gateUp: [2*inter, hidden] (inter gate rows, then inter up rows); down: [hidden, inter].
+   * gateUp: [2*inter, hidden] (inter gate rows, then inter up rows); down: [hidden, inter];
+   * bf16 on every backend (a backend may also take f32: the CPU reference does).
    * The caller adds `out` into the residual stream. `xHost` and `yHost` ([rows, hidden] f32 in a
    * host tier) are staging a backend may need to move x to the weights and the result back;
    * given once, so the op allocates nothing.

@@ -328,6 +328,8 @@ export class Engine {
         if (typeof hc === 'number') return Math.min(I - 64, Math.max(0, Math.round((hc * I) / 64) * 64));
         const caps = be.capabilities;
         if (caps.computeTier !== 'vram' || !caps.ops.includes('mlp_slice') || caps.numerics === 'bf16' || caps.weightDtype !== 'bf16') return 0;
+        // The host kernels read bf16 weights: an f32 checkpoint (kept f32, exact) streams whole.
+        if (loaded.checkpoint.info('model.layers.0.mlp.gate_proj.weight').dtype !== 'BF16') return 0;
         const rates = measureRates(be, sp.hiddenSize, true);
         const c = hostChannels(rates, attnBytes, mlpBytes, I);
         measured = `measured at start-up, together: host->device ${rates.h2dGBs.toFixed(1)} GB/s, host MLP ${rates.hostMlpGBs?.toFixed(1)} GB/s -> host computes ${c} of ${I} channels`;
