@@ -68,7 +68,8 @@ describe('operations', () => {
     expect(Array.isArray(f.gpus) && Array.isArray(f.notes) && Array.isArray(f.peer_memory)).toBe(true);
     // The CPU backend moves nothing between devices.
     expect(f.degraded).toEqual([]);
-    expect(f.classification).toMatchObject({ fabric: expect.any(String), hardware_fabric: expect.any(String), backend_fabric: null, gpu_direct_pairs: 0 });
+    // The worker reports the backend's capabilities: the CPU backend declares a coherent shared memory.
+    expect(f.classification).toMatchObject({ fabric: expect.any(String), hardware_fabric: expect.any(String), backend_fabric: 'CoherentSharedPhysical', gpu_direct_pairs: 0 });
     if (f.source === 'unavailable') {
       expect(f.summary).toBe('fabric: unknown (no sysfs PCI tree)');
       expect(f.classification.hardware_fabric).toBe('unknown');

@@ -1,3 +1,4 @@
+import type { BackendCapabilities } from '@nerva/core';
 import type { LedgerSummary } from '@nerva/core';
 import type { KvCacheStats } from '@nerva/kv';
 import type { MemoryReport } from '@nerva/memos';
@@ -28,6 +29,8 @@ export interface WorkerEngineInfo {
   modelDir: string;
   backendName: string;
   deviceKind: string;
+  /** What the backend declares (device count, peer access, tiers): the server's fabric probe reads it. */
+  capabilities: BackendCapabilities;
   notes: string[];
   vocabSize: number;
   maxModelLen: number;

@@ -92,6 +92,7 @@ post({
     modelDir: engine.modelDir,
     backendName: engine.backend.name,
     deviceKind: engine.backend.capabilities.deviceKind,
+    capabilities: engine.backend.capabilities,
     notes: [...engine.notes],
     vocabSize: engine.spec.vocabSize,
     maxModelLen: engine.maxModelLen,
