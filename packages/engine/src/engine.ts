@@ -344,7 +344,9 @@ export class Engine {
         importance.profile = got.profile;
         notes.push(got.profile ? `importance profile: loaded from ${cache.dir} (${got.profile.tokens} calibration tokens)` : `importance profile: ${got.miss}; layers are kept hot in execution order`);
       }
-      const placed = placeWeights(backend, sp, loaded.checkpoint, kvPlanned ?? 0, shape, o, reservedBytes, splitFor, importance?.profile?.layers);
+      // Under a budget the engine's own KV default may shrink to 64 tokens before weights are refused.
+      const kvFloor = o.kvCacheBytes === undefined && kvPlanned !== undefined ? shape.kvBytesPerToken * 64 : undefined;
+      const placed = placeWeights(backend, sp, loaded.checkpoint, kvPlanned ?? 0, shape, o, reservedBytes, splitFor, importance?.profile?.layers, kvFloor);
       if (measured) notes.push(`compute near data: ${measured}`);
       pager = placed?.pager;
       if (pipe) {
@@ -363,7 +365,7 @@ export class Engine {
         notes.push(...staged.notes);
       }
       weights = staged ? staged.stages[0].weights : await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress, pager, undefined, placed?.split);
-      const kvBytes = staged?.kvBytes ?? kvPlanned ?? kvCacheBytesAfterUpload(backend, shape);
+      const kvBytes = staged?.kvBytes ?? placed?.kvBytes ?? kvPlanned ?? kvCacheBytesAfterUpload(backend, shape);
       // The loads that start the first pass; the ring keeps itself primed from then on.
       pager?.prime();
       const eos = loaded.stopTokenIds;

@@ -59,7 +59,7 @@ export function placeWeights(
   backend: DeviceBackend,
   spec: ModelSpec,
   ckpt: Checkpoint,
-  kvBytes: number,
+  kvDefault: number,
   shape: RunnerShape,
   o: ResidencyOptions,
   reservedBytes = 0,
@@ -67,47 +67,65 @@ export function placeWeights(
   splitFor?: (attnBytes: number, mlpBytes: number) => number,
   /** Per-layer importance (the calibrated profile): the most important layers stay hot first. */
   importance?: readonly number[],
-): { pager: WeightPager; split?: HostSplit } | undefined {
+  /** The smallest KV cache the engine accepts when `kvBytes` was its own default (not the user's). */
+  kvFloor?: number,
+): { pager?: WeightPager; split?: HostSplit; kvBytes: number } | undefined {
   if (o.vramBudget === undefined && o.hostBudget === undefined) return undefined;
   const tier = backend.capabilities.computeTier;
   const capacity = backend.capabilities.memory[tier] ?? 0;
   // Arena sub-allocations round up to 256 bytes: room for that on every buffer the engine makes.
   const margin = 256 * (16 * spec.numLayers + 64);
-  const deviceBytes = Math.max(0, capacity - kvBytes - shape.activationBytes - margin);
+  // A default KV cache shrinks to its floor before the weights are refused.
+  const kvChoices = kvFloor !== undefined && kvFloor < kvDefault ? [kvDefault, kvFloor] : [kvDefault];
+  let kvBytes = kvDefault;
+  let deviceBytes = 0;
   const hostTier: Tier = 'pinned';
   const hostCap = backend.capabilities.memory[hostTier] ?? Number.POSITIVE_INFINITY;
   // Without a host budget, the host tier less what the runner keeps there (the token ring, meta).
   const hostBytes = o.hostBudget ?? Math.max(0, hostCap - 64 * 2 ** 20);
   let { blocks, layout } = weightBlocks(backend, spec, ckpt, importance);
-  const fixed = kvBytes + shape.activationBytes + margin + reservedBytes;
+  let fixed = 0;
   let largest = blocks.reduce((m, b) => (b.order !== undefined ? Math.max(m, b.bytes) : m), 0);
   // With a disk tier, blocks read from disk pass through host bounce buffers, one slot's worth
   // each: the host budget holds them too (reserved up front, so the minimum budget is one number).
   const plan = (slots: number): ResidencyPlan =>
     planResidency({ blocks, deviceBytes, hostBytes: o.offloadDir !== undefined && o.hostBudget !== undefined ? Math.max(0, hostBytes - slots * largest) : hostBytes, slots, disk: o.offloadDir !== undefined });
+  const attempt = (kv: number): ResidencyPlan => {
+    kvBytes = kv;
+    deviceBytes = Math.max(0, capacity - kv - shape.activationBytes - margin);
+    fixed = kv + shape.activationBytes + margin + reservedBytes;
+    let p: ResidencyPlan;
+    try {
+      p = plan(2);
+    } catch (e) {
+      if (!(e instanceof WorkingSetTooLargeError) || e.budgetBytes !== deviceBytes) throw e;
+      try {
+        // One slot still runs, exactly, without overlapping a layer's load with the layer before.
+        p = plan(1);
+        p.notes.push('one staging slot: loads do not overlap compute (a budget one layer larger allows two)');
+      } catch (e1) {
+        if (!(e1 instanceof WorkingSetTooLargeError) || e1.budgetBytes !== deviceBytes) throw e1;
+        // Say what the whole budget must be: the smallest weight working set plus KV, activations, workspaces.
+        // A backend with reserved workspaces (CUDA) carves its arena in whole MiB: round up to one,
+        // so this exact figure is accepted.
+        const unit = reservedBytes > 0 ? 2 ** 20 : 1;
+        throw new WorkingSetTooLargeError(
+          o.vramBudget ?? capacity,
+          Math.ceil((e1.minimumBytes + fixed) / unit) * unit,
+          `weights need at least ${fmt(e1.minimumBytes)} (always-hot tensors and one staging slot), KV cache ${fmt(kvBytes)}, activations ${fmt(shape.activationBytes)}, workspaces and margin ${fmt(fixed - kvBytes - shape.activationBytes)}`,
+        );
+      }
+    }
+    return p;
+  };
   let p: ResidencyPlan;
   try {
-    p = plan(2);
+    p = attempt(kvChoices[0]);
   } catch (e) {
-    if (!(e instanceof WorkingSetTooLargeError) || e.budgetBytes !== deviceBytes) throw e;
-    try {
-      // One slot still runs, exactly, without overlapping a layer's load with the layer before.
-      p = plan(1);
-      p.notes.push('one staging slot: loads do not overlap compute (a budget one layer larger allows two)');
-    } catch (e1) {
-      if (!(e1 instanceof WorkingSetTooLargeError) || e1.budgetBytes !== deviceBytes) throw e1;
-      // Say what the whole budget must be: the smallest weight working set plus KV, activations, workspaces.
-      // A backend with reserved workspaces (CUDA) carves its arena in whole MiB: round up to one,
-      // so this exact figure is accepted.
-      const unit = reservedBytes > 0 ? 2 ** 20 : 1;
-      throw new WorkingSetTooLargeError(
-        o.vramBudget ?? capacity,
-        Math.ceil((e1.minimumBytes + fixed) / unit) * unit,
-        `weights need at least ${fmt(e1.minimumBytes)} (always-hot tensors and one staging slot), KV cache ${fmt(kvBytes)}, activations ${fmt(shape.activationBytes)}, workspaces and margin ${fmt(fixed - kvBytes - shape.activationBytes)}`,
-      );
-    }
+    if (!(e instanceof WorkingSetTooLargeError) || kvChoices.length === 1) throw e;
+    p = attempt(kvChoices[1]);
   }
-  if (p.mode === 'resident') return undefined;
+  if (p.mode === 'resident') return { kvBytes };
   let split: HostSplit | undefined;
   if (splitFor && p.diskBytes === 0) {
     const mlp = layout.filter((t) => t.name === 'gateUp' || t.name === 'down').reduce((t, x) => t + x.length * DTYPE_BYTES[x.dtype], 0);
@@ -126,13 +144,13 @@ export function placeWeights(
         p = before;
         ({ blocks, layout } = weightBlocks(backend, spec, ckpt, importance));
       }
-      if (p.mode === 'resident') return undefined;
+      if (p.mode === 'resident') return { kvBytes };
     }
   }
   const planDone = p;
   if (split) planDone.notes.push(`compute near data: the host computes ${split.inter} of ${spec.intermediateSize} MLP channels of each streamed layer`);
   const pager = new WeightPager({ backend, plan: planDone, layout, hostTier, ...(o.offloadDir !== undefined ? { offloadDir: o.offloadDir } : {}) });
-  return { pager, ...(split ? { split } : {}) };
+  return { pager, kvBytes, ...(split ? { split } : {}) };
 }
 
 /** The importance-profile key of a loaded checkpoint: its spec, tensor table and norm weights' bytes. */

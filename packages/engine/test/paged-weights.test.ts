@@ -31,7 +31,6 @@ describe.each(models)('paged weights give the resident run\'s tokens: %s', (mode
   it('at the smallest budget (one staging slot), at two slots, and with a disk tier', async () => {
     const resident = await Engine.create({ model, ...SHAPE });
     const want = await greedy(resident);
-    const total = resident.memoryReport().weights.totalBytes;
     expect(resident.memoryReport().mode).toBe('resident');
     resident.dispose();
 
@@ -159,6 +158,21 @@ describe('paged weights: bad input', () => {
     expect(err).toBeInstanceOf(WorkingSetTooLargeError);
     expect((err as Error).message).toMatch(/cannot hold the minimum working set/);
     expect((err as WorkingSetTooLargeError).minimumBytes).toBe(min);
+  });
+
+  it('with the default KV cache, the smallest budget the error names is accepted (the cache shrinks first)', async () => {
+    const { kvCacheBytes: _kv, ...noKv } = SHAPE;
+    let min = 0;
+    try {
+      (await Engine.create({ model: DEFAULT_MODEL, ...noKv, vramBudget: 2 ** 20 })).dispose();
+    } catch (e) {
+      min = (e as WorkingSetTooLargeError).minimumBytes;
+    }
+    expect(min).toBeGreaterThan(2 ** 20);
+    const e = await Engine.create({ model: DEFAULT_MODEL, ...noKv, vramBudget: min });
+    expect(e.memoryReport().mode).toBe('paged');
+    expect((await e.submit(PROMPT, { temperature: 0, maxTokens: 4, ignoreEos: true }).done).tokenIds).toHaveLength(4);
+    e.dispose();
   });
 
   it('rejects malformed budgets before loading anything', async () => {
