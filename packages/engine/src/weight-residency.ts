@@ -1,7 +1,6 @@
-import fs from 'node:fs';
 import type { DeviceBackend, Tier } from '@nerva/core';
 import { DTYPE_BYTES } from '@nerva/core';
-import { fmt, importanceKey, type MemoryReport, OffloadDirError, planResidency, type ResidencyPlan, type TierUsage, WeightPager, WorkingSetTooLargeError } from '@nerva/memos';
+import { fmt, importanceKey, type MemoryReport, checkOffloadDir, planResidency, type ResidencyPlan, type TierUsage, WeightPager, WorkingSetTooLargeError } from '@nerva/memos';
 import type { Checkpoint, ModelSpec } from '@nerva/models';
 import { type HostSplit, kvDtypeOf, type ModelWeights, weightBlocks } from './model-weights.js';
 
@@ -35,18 +34,7 @@ export function validateResidency(o: ResidencyOptions): void {
   if (o.offloadDir !== undefined) {
     if (typeof o.offloadDir !== 'string' || o.offloadDir === '') throw new RangeError(`offloadDir must be a directory path, got ${String(o.offloadDir)}`);
     // Checked up front whether or not a block ends up on disk: a bad dir is a configuration error.
-    let st: fs.Stats;
-    try {
-      st = fs.statSync(o.offloadDir);
-    } catch (e) {
-      throw new OffloadDirError(o.offloadDir, `cannot be read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`, { cause: e });
-    }
-    if (!st.isDirectory()) throw new OffloadDirError(o.offloadDir, 'is not a directory');
-    try {
-      fs.accessSync(o.offloadDir, fs.constants.R_OK | fs.constants.W_OK);
-    } catch (e) {
-      throw new OffloadDirError(o.offloadDir, 'is not readable and writable', { cause: e });
-    }
+    checkOffloadDir(o.offloadDir);
   }
 }
 

@@ -10,6 +10,22 @@ export interface SpillTensor {
   length: number;
 }
 
+/** An offload dir must exist, be a directory, and be readable and writable: else one OffloadDirError. */
+export function checkOffloadDir(dir: string): void {
+  let st: fs.Stats;
+  try {
+    st = fs.statSync(dir);
+  } catch (e) {
+    throw new OffloadDirError(dir, `cannot be read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`, { cause: e });
+  }
+  if (!st.isDirectory()) throw new OffloadDirError(dir, 'is not a directory');
+  try {
+    fs.accessSync(dir, fs.constants.R_OK | fs.constants.W_OK);
+  } catch (e) {
+    throw new OffloadDirError(dir, `is not readable and writable (${(e as NodeJS.ErrnoException).code ?? 'EACCES'})`, { cause: e });
+  }
+}
+
 /**
  * The disk tier: one spill file in the offload dir holding the blocks the host budget cannot,
  * in the backend's storage dtype, each tensor at a fixed offset. Checked before anything is
@@ -39,18 +55,7 @@ export class DiskSpill {
 
   /** Check the directory and the free space, then create the (empty) spill file. */
   static open(dir: string, layout: ReadonlyMap<string, readonly SpillTensor[]>): DiskSpill {
-    let st: fs.Stats;
-    try {
-      st = fs.statSync(dir);
-    } catch (e) {
-      throw new OffloadDirError(dir, `cannot be read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`, { cause: e });
-    }
-    if (!st.isDirectory()) throw new OffloadDirError(dir, 'is not a directory');
-    try {
-      fs.accessSync(dir, fs.constants.R_OK | fs.constants.W_OK);
-    } catch (e) {
-      throw new OffloadDirError(dir, `is not readable and writable (${(e as NodeJS.ErrnoException).code ?? 'EACCES'})`, { cause: e });
-    }
+    checkOffloadDir(dir);
     let need = 0;
     for (const tensors of layout.values()) for (const t of tensors) need += t.length * DTYPE_BYTES[t.dtype];
     const fsStat = fs.statfsSync(dir);
