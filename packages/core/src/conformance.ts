@@ -9,7 +9,7 @@
  * `stats().liveBuffers` must be back where it was afterwards on both backends.
  */
 import type { Tier } from './tiers.js';
-import type { DeviceBackend, DeviceBuffer } from './backend.js';
+import type { DeviceBackend, DeviceBuffer, Numerics } from './backend.js';
 import { f32ToBf16 } from './dtype.js';
 import { OP_NAMES, type DecoderLayerWeights, type OpArgs, type OpName } from './ops.js';
 import { mix32, sampleRow, uniformFromSeed, type SampleParams } from './sampling.js';
@@ -39,6 +39,8 @@ export interface ConformanceOptions {
   sizes?: 'small' | 'large';
   /** Absolute tolerance floor added to relTol × max|reference| (default 1e-6). */
   absTol?: number;
+  /** The numerics of the backends compared (runConformance sets it): 'bf16' leaves out exact-only cases. */
+  numerics?: Numerics;
 }
 
 export interface ConformanceCase {
@@ -162,6 +164,8 @@ interface CaseSpec {
 interface CaseDef {
   name: string;
   large?: boolean;
+  /** Defined for exact numerics only (partial attention): left out for a bf16 backend. */
+  exactOnly?: boolean;
   build(rng: ConformanceRng): CaseSpec;
 }
 
@@ -367,6 +371,8 @@ interface AttnShape {
   rows: Array<[number, number]>;
   /** Extra q row elements before (qOffset) and after the heads. */
   qPad?: [number, number];
+  /** Sliding window (op attention's `window`). */
+  window?: number;
 }
 
 /**
@@ -422,8 +428,13 @@ function attentionCase(name: string, s: AttnShape, large = false): CaseDef {
       const k = rng.normals(slots * kvw);
       const v = rng.normals(slots * kvw);
       const visible = new Uint8Array(slots);
-      for (let q = 0; q < s.seqLens.length; q++) {
-        for (let p = 0; p < s.seqLens[q]; p++) visible[slotOf(q, p)] = 1;
+      if (s.window) {
+        // Only what some row's window covers is visible.
+        for (const [q, pos] of s.rows) for (let p = Math.max(0, pos - s.window + 1); p <= pos; p++) visible[slotOf(q, p)] = 1;
+      } else {
+        for (let q = 0; q < s.seqLens.length; q++) {
+          for (let p = 0; p < s.seqLens[q]; p++) visible[slotOf(q, p)] = 1;
+        }
       }
       poisonSlots(k, v, kvw, visible);
       const [before, after] = s.qPad ?? [0, 0];
@@ -457,9 +468,134 @@ function attentionCase(name: string, s: AttnShape, large = false): CaseDef {
             qRowStride: stride,
             qOffset: before,
             scale: 1 / Math.sqrt(s.headDim),
+            ...(s.window !== undefined ? { window: s.window } : {}),
           })),
         ],
         outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+/**
+ * Tiered KV: each sequence's blocks are split at random between a hot cache (the compute tier)
+ * and a warm one (the pinned host tier, with host staging); two partial attentions and
+ * attention_merge give the whole attention. Sequence 0 is all hot and sequence 1 all warm, so
+ * the empty partial (-Infinity) is exercised on both sides. Slots of the other tier's blocks are
+ * poisoned in each cache.
+ */
+function tieredAttentionCase(name: string, s: AttnShape, large = false): CaseDef {
+  return {
+    name,
+    large,
+    exactOnly: true,
+    build: (rng) => {
+      const kvw = s.numKvHeads * s.headDim;
+      const qw = s.numHeads * s.headDim;
+      const { tables, maxBlocks, numBlocks } = pagedLayout(rng, s.seqLens, s.blockSize);
+      const slots = numBlocks * s.blockSize;
+      const hotT = new Int32Array(tables.length).fill(-1);
+      const warmT = new Int32Array(tables.length).fill(-1);
+      const hotVis = new Uint8Array(slots);
+      const warmVis = new Uint8Array(slots);
+      for (let q = 0; q < s.seqLens.length; q++) {
+        const need = Math.ceil(s.seqLens[q] / s.blockSize);
+        for (let b = 0; b < need; b++) {
+          const id = tables[q * maxBlocks + b];
+          const hot = q === 0 ? true : q === 1 ? false : rng.next() < 0.5;
+          (hot ? hotT : warmT)[q * maxBlocks + b] = id;
+          const vis = hot ? hotVis : warmVis;
+          for (let i = 0; i < s.blockSize; i++) vis[id * s.blockSize + i] = 1;
+        }
+      }
+      const kh = rng.normals(slots * kvw);
+      const vh = rng.normals(slots * kvw);
+      const kw = rng.normals(slots * kvw);
+      const vw = rng.normals(slots * kvw);
+      poisonSlots(kh, vh, kvw, hotVis);
+      poisonSlots(kw, vw, kvw, warmVis);
+      const [before, after] = s.qPad ?? [0, 0];
+      const stride = before + qw + after;
+      const rows = s.rows.length;
+      const host = (d: BufDef): BufDef => ({ ...d, tier: 'pinned' });
+      const common = {
+        rows,
+        numHeads: s.numHeads,
+        numKvHeads: s.numKvHeads,
+        headDim: s.headDim,
+        blockSize: s.blockSize,
+        maxBlocksPerSeq: maxBlocks,
+        qRowStride: stride,
+        qOffset: before,
+        scale: 1 / Math.sqrt(s.headDim),
+        ...(s.window !== undefined ? { window: s.window } : {}),
+      };
+      return {
+        buffers: {
+          q: f32(rng.normals(rows * stride)),
+          kHot: f32(kh),
+          vHot: f32(vh),
+          kWarm: host(f32(kw)),
+          vWarm: host(f32(vw)),
+          out: f32(rng.normals(rows * qw)),
+          lse: f32(rng.normals(rows * s.numHeads)),
+          warmOut: f32(rng.normals(rows * qw)),
+          warmLse: f32(rng.normals(rows * s.numHeads)),
+          qHost: host(f32(new Float32Array(rows * qw))),
+          outHost: host(f32(new Float32Array(rows * qw))),
+          lseHost: host(f32(new Float32Array(rows * s.numHeads))),
+          hotTables: i32(hotT),
+          warmTables: i32(warmT),
+          rowSeq: i32(s.rows.map((r) => r[0])),
+          positions: i32(s.rows.map((r) => r[1])),
+        },
+        steps: [
+          step('attention', (b) => ({ ...common, q: b.q, kCache: b.kHot, vCache: b.vHot, out: b.out, lse: b.lse, blockTables: b.hotTables, rowSeq: b.rowSeq, positions: b.positions })),
+          step('attention', (b) => ({
+            ...common,
+            q: b.q,
+            kCache: b.kWarm,
+            vCache: b.vWarm,
+            out: b.warmOut,
+            lse: b.warmLse,
+            blockTables: b.warmTables,
+            rowSeq: b.rowSeq,
+            positions: b.positions,
+            qHost: b.qHost,
+            outHost: b.outHost,
+            lseHost: b.lseHost,
+          })),
+          step('attention_merge', (b) => ({ out: b.out, lse: b.lse, other: b.warmOut, otherLse: b.warmLse, rows, numHeads: s.numHeads, headDim: s.headDim })),
+        ],
+        outputs: [floatOut('out'), floatOut('lse')],
+      };
+    },
+  };
+}
+
+/** attention_merge alone, with empty partials (-Infinity) on either side and on both. */
+function attentionMergeCase(name: string, rows: number, numHeads: number, headDim: number): CaseDef {
+  return {
+    name,
+    exactOnly: true,
+    build: (rng) => {
+      const n = rows * numHeads;
+      const la = rng.normals(n, 4);
+      const lb = rng.normals(n, 4);
+      for (let i = 0; i < n; i++) {
+        if (i % 5 === 1) la[i] = -Infinity;
+        if (i % 7 === 2) lb[i] = -Infinity;
+        if (i % 11 === 3) la[i] = lb[i] = -Infinity;
+      }
+      return {
+        buffers: {
+          out: f32(rng.normals(n * headDim)),
+          lse: f32(la),
+          other: f32(rng.normals(n * headDim)),
+          otherLse: f32(lb),
+        },
+        steps: [step('attention_merge', (b) => ({ out: b.out, lse: b.lse, other: b.other, otherLse: b.otherLse, rows, numHeads, headDim }))],
+        outputs: [floatOut('out'), floatOut('lse')],
       };
     },
   };
@@ -1076,7 +1212,34 @@ const CASES: { [K in OpName]: CaseDef[] } = {
       },
       true,
     ),
+    attentionCase('decode, sliding window 5 (blocks before it unread)', { numHeads: 4, numKvHeads: 2, headDim: 16, blockSize: 4, seqLens: [3, 13, 22], rows: decodeRows([3, 13, 22]), window: 5 }),
+    attentionCase('prefill chunk, sliding window 7', {
+      numHeads: 4,
+      numKvHeads: 2,
+      headDim: 16,
+      blockSize: 4,
+      seqLens: [18],
+      rows: Array.from({ length: 10 }, (_, i): [number, number] => [0, 8 + i]),
+      window: 7,
+    }),
+    tieredAttentionCase('tiered: hot + warm partials merged, decode, GQA 2', { numHeads: 8, numKvHeads: 4, headDim: 32, blockSize: 4, seqLens: [9, 14, 30, 23], rows: decodeRows([9, 14, 30, 23]) }),
+    tieredAttentionCase('tiered: prefill chunk + decode, MQA, headDim 24', {
+      numHeads: 4,
+      numKvHeads: 1,
+      headDim: 24,
+      blockSize: 3,
+      seqLens: [7, 10, 19],
+      rows: [[0, 6], [1, 9], [2, 14], [2, 15], [2, 16], [2, 17], [2, 18]],
+      qPad: [4, 9],
+    }),
+    tieredAttentionCase('tiered with a sliding window 6', { numHeads: 4, numKvHeads: 2, headDim: 16, blockSize: 2, seqLens: [5, 11, 17], rows: decodeRows([5, 11, 17]), window: 6 }),
+    tieredAttentionCase(
+      'tiered, model-sized: 32 heads, 8 kv heads, 128 dim',
+      { numHeads: 32, numKvHeads: 8, headDim: 128, blockSize: 16, seqLens: [100, 70, 517, 300], rows: decodeRows([100, 70, 517, 300]) },
+      true,
+    ),
   ],
+  attention_merge: [attentionMergeCase('4 rows x 3 heads x 16, empty partials', 4, 3, 16), attentionMergeCase('1 row x 32 heads x 128', 1, 32, 128)],
   silu_mul: [siluMulCase('3 x 21', 3, 21, 1), siluMulCase('1 x 256', 1, 256, 1), siluMulCase('2 x 33, large gates', 2, 33, 12)],
   add: [addCase('length 1', 1), addCase('length 7', 7), addCase('length 1001', 1001)],
   gather_rows: [gatherCase('5 of 12 rows x 9', 12, 5, 9), gatherCase('1 of 3 rows x 64', 3, 1, 64), gatherCase('4 of 6 rows x 1', 6, 4, 1)],
@@ -1277,7 +1440,9 @@ function compare(spec: CaseSpec, got: Record<string, HostData>, ref: Record<stri
   for (const o of spec.outputs) {
     if (o.kind !== 'float') continue;
     hasFloat = true;
-    for (const v of ref[o.name]) maxRef = Math.max(maxRef, Math.abs(v));
+    // Infinite references (an empty partial's log-sum-exp is -Infinity) must match exactly and
+    // do not widen the tolerance.
+    for (const v of ref[o.name]) if (Number.isFinite(v)) maxRef = Math.max(maxRef, Math.abs(v));
   }
   const tol = hasFloat ? relTol * maxRef + absTol : 0;
   let maxAbsErr = 0;
@@ -1292,7 +1457,7 @@ function compare(spec: CaseSpec, got: Record<string, HostData>, ref: Record<stri
     }
     if (o.kind === 'float') {
       for (let i = 0; i < r.length; i++) {
-        const err = Number.isNaN(g[i]) !== Number.isNaN(r[i]) ? Infinity : Number.isNaN(r[i]) ? 0 : Math.abs(g[i] - r[i]);
+        const err = g[i] === r[i] ? 0 : Number.isNaN(g[i]) !== Number.isNaN(r[i]) ? Infinity : Number.isNaN(r[i]) ? 0 : Math.abs(g[i] - r[i]);
         if (err > maxAbsErr) maxAbsErr = err;
         if (err > tol) mismatch ??= `${o.name}[${i}]: got ${g[i]}, reference ${r[i]} (tol ${tol.toExponential(2)})`;
       }
@@ -1361,6 +1526,7 @@ export function conformanceCases(opts: ConformanceOptions = {}): ConformanceCase
     if (!ops.includes(op)) continue;
     for (const def of CASES[op]) {
       if (def.large && opts.sizes !== 'large') continue;
+      if (def.exactOnly && opts.numerics === 'bf16') continue;
       out.push(makeCase(op, def, seed, absTol));
     }
   }
@@ -1377,7 +1543,7 @@ export async function runConformance(backend: DeviceBackend, reference: DeviceBa
   const rn = reference.capabilities.numerics ?? 'exact';
   if (bn !== rn) throw new RangeError(`conformance: the backend has numerics '${bn}' but the reference has '${rn}'; create the reference with the same numerics`);
   const results: ConformanceCaseResult[] = [];
-  for (const c of conformanceCases(opts)) {
+  for (const c of conformanceCases({ ...opts, numerics: bn })) {
     let r: ConformanceCaseResult;
     try {
       r = c.run(backend, reference);

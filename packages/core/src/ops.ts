@@ -124,7 +124,42 @@ export interface OpCatalogue {
     qRowStride: number;
     qOffset: number;
     scale: number;
+    /**
+     * Sliding-window attention: when given and > 0, a row at position p attends to positions
+     * max(0, p - window + 1)..p only (transformers' sliding mask: key k is seen when p - k < window).
+     * Block-table entries of blocks wholly before the window are not read.
+     */
+    window?: number;
+    /**
+     * Partial attention (tiered KV: some of a sequence's blocks live in another cache). With `lse`
+     * (f32 [rows*numHeads]), a block-table entry < 0 means "this block is not in this cache" and
+     * its positions are skipped; `out` is the attention over the positions that remain, normalized
+     * over them, and lse[r*numHeads + h] = m + ln(sum_p exp(s_p - m)) of their scaled scores s_p
+     * (m their max; -Infinity, with out = 0, when none remain). Two partials over disjoint position
+     * sets combine exactly with op `attention_merge`. Exact numerics only: a backend with bf16
+     * numerics rejects `lse` (eager bf16 attention rounds probabilities of the whole row).
+     */
+    lse?: Buf;
+    /**
+     * Host staging for caches in a host tier on a device backend (compute near data: the host CPU
+     * computes over the pages where they lie): qHost f32 [rows, numHeads*headDim] receives the q
+     * heads, outHost (same shape) and lseHost (f32 [rows*numHeads]) the result before it is copied
+     * to `out` and `lse`. Given once, so the op allocates nothing. A backend whose compute tier is
+     * host memory ignores them.
+     */
+    qHost?: Buf;
+    outHost?: Buf;
+    lseHost?: Buf;
   };
+  /**
+   * Combine two partial attentions over disjoint key sets (op `attention` with `lse`), in place:
+   * for each row r and head h, M = max(lse, otherLse), wa = exp(lse - M), wb = exp(otherLse - M),
+   * out = (out * wa + other * wb) / (wa + wb) and lse = M + ln(wa + wb); when both are -Infinity
+   * out = 0 and lse stays -Infinity. The online-softmax rule: merging the partials of a split of a
+   * row's positions gives the attention over all of them, up to float rounding.
+   * out, other: f32 [rows, numHeads*headDim]; lse, otherLse: f32 [rows*numHeads].
+   */
+  attention_merge: { out: Buf; lse: Buf; other: Buf; otherLse: Buf; rows: number; numHeads: number; headDim: number };
   /**
    * A matmul with its neighbours fused in: y[r, j] = sum_i in[r, i] * weight[j*inDim + i]
    * (+ bias[j]), where in[r, :] = rmsnorm(x[r, :]) * normWeight (float32, as op `rmsnorm` without
@@ -315,4 +350,5 @@ export const OP_NAMES: readonly OpName[] = [
   'rope_append',
   'decoder_layers',
   'mlp_slice',
+  'attention_merge',
 ];

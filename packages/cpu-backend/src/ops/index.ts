@@ -5,6 +5,7 @@ import { add } from './add.js';
 import { advancePositions } from './advance-positions.js';
 import { argmax } from './argmax.js';
 import { attention } from './attention.js';
+import { attentionMerge } from './attention-merge.js';
 import { decoderLayers } from './decoder-layers.js';
 import { embedding } from './embedding.js';
 import { fusedMatmul } from './fused-matmul.js';
@@ -43,6 +44,7 @@ export const KERNELS: { readonly [K in OpName]: Kernel<K> } = {
   rope_append: ropeAppend,
   decoder_layers: decoderLayers,
   mlp_slice: mlpSlice,
+  attention_merge: attentionMerge,
 };
 
 export { DEFAULT_QK_NORM_EPS } from './rope.js';
