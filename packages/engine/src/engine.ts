@@ -88,6 +88,19 @@ export interface EngineOptions {
    * short prompt) and saves it for the next start.
    */
   importanceCache?: string | false;
+  /**
+   * Tiered KV (KV pages as virtual memory): bytes of the hot KV pool in the compute tier (VRAM on
+   * CUDA). Pages that do not fit are demoted to a warm pool in pinned host memory
+   * (`kvHostBudget`) and, past it, to disk (`kvOffloadDir`); the attention sinks and the recent
+   * window stay hot. Attention over warm pages runs on the host where they lie and is merged with
+   * the device's partial by the online-softmax rule, so the tokens are those of the all-hot run.
+   * Sets the KV cache size (overrides `kvCacheBytes`).
+   */
+  kvVramBudget?: number;
+  /** Bytes of the warm KV pool (pinned host memory). Default with `kvVramBudget`: 8x the hot pool. */
+  kvHostBudget?: number;
+  /** Directory for cold KV pages (swapped-out sequences); checked up front like `offloadDir`. */
+  kvOffloadDir?: string;
 }
 
 export interface GenerateOptions extends SamplingParams {

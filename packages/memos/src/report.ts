@@ -58,6 +58,42 @@ export interface MemoryReport {
     /** Device time the compute stream waited for copies, where measured. */
     stallMs: number;
   };
+  /** KV pages by tier, when the engine runs tiered KV (`kvVramBudget`). */
+  kv?: KvMemoryReport;
   /** Decisions the user must see (why a block is where it is, a degraded path). */
   notes: string[];
+}
+
+/** Pages of one KV tier. */
+export interface KvTierPages {
+  /** Pages the tier can hold. */
+  capacity: number;
+  /** Pages holding a sequence's (or the prefix cache's) K/V now. */
+  used: number;
+  /** Bytes reserved for the tier's pages. */
+  bytes: number;
+}
+
+/**
+ * KV as virtual memory: each page (one block of tokens, K and V of every layer) lives in the hot
+ * tier (the compute tier's KV pool), warm (pinned host memory) or cold (a file in the KV offload
+ * dir). Attention reads hot pages on the device and warm pages where they lie (host partials,
+ * merged exactly); cold pages are brought back to warm before a step needs them.
+ */
+export interface KvMemoryReport {
+  blockSize: number;
+  /** Bytes of one page: blockSize tokens of K and V for every layer. */
+  pageBytes: number;
+  tiers: { hot: KvTierPages; warm: KvTierPages; cold: KvTierPages };
+  /** Pages moved to a lower tier (hot -> warm, warm -> cold) and back up, since start. */
+  demotions: number;
+  promotions: number;
+  /** Bytes and time of the page moves by path, since start. */
+  moved: { d2h: PathTraffic; h2d: PathTraffic; diskWrite: PathTraffic; diskRead: PathTraffic };
+  /** Forward passes whose attention merged host partials over warm pages. */
+  tieredPasses: number;
+  /** Sequences whose pages were written to the cold tier instead of being preempted by recompute. */
+  swappedOut: number;
+  /** Sequences preempted by recompute (the last resort). */
+  preemptions: number;
 }
