@@ -127,6 +127,20 @@ export class BlockPool {
     }
   }
 
+  /**
+   * Drops the prefix-cache entry of a free block (its K/V are about to be discarded: a tiered
+   * cache evicting a page it has no room for). The block stays in the free queue. Returns whether
+   * it was registered. A held block is refused: its sequences rely on its identity.
+   */
+  forget(id: number): boolean {
+    const b = this.block(id);
+    if (b.refCount !== 0) throw new KvError('KV_STATE', `block ${id} is held (refCount ${b.refCount}); only a free block can be forgotten`);
+    if (b.hash === undefined) return false;
+    this.unregister(b);
+    this.evicted++;
+    return true;
+  }
+
   /** Blocks registered under `hash` (possibly several; callers must verify tokens). */
   lookup(hash: BlockHash): readonly KvBlock[] {
     return this.cache.get(hash) ?? EMPTY;

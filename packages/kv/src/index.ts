@@ -25,6 +25,7 @@ export {
   type NormalizedExtraKeys,
 } from './block-hash.js';
 export { BlockTable } from './block-table.js';
+export { KvTiers, KvTierPressureError, type KvTier, type KvPageMove, type KvTiersOptions, type KvStepNeed, type KvTierStats } from './tiers.js';
 export {
   KvCacheManager,
   type KvCacheManagerOptions,
