@@ -86,6 +86,10 @@ export interface CpuBackendOptions {
 interface CaptureState {
   stream: number;
   nodes: GraphNode[];
+  /** Streams forked from the capture (they waited on an event it recorded). */
+  joined: Set<number>;
+  /** Events recorded inside the capture. */
+  recorded: Set<number>;
 }
 
 const DEFAULT_STREAM = 0;
@@ -198,8 +202,8 @@ export class CpuBackend implements DeviceBackend {
     this.live();
     const s = this.streamId(stream);
     this.checkCopy(dst, src, length, dstOffset, srcOffset);
-    if (this.capture !== undefined && this.capture.stream === s) {
-      this.capture.nodes.push({ kind: 'copy', dst, src, length, dstOffset, srcOffset });
+    if (this.capturing(s)) {
+      this.capture!.nodes.push({ kind: 'copy', dst, src, length, dstOffset, srcOffset });
       return;
     }
     this.doCopy(dst, src, length, dstOffset, srcOffset);
@@ -230,11 +234,11 @@ export class CpuBackend implements DeviceBackend {
     const s = this.streamId(stream);
     const kernel = KERNELS[op] as Kernel<K> | undefined;
     if (kernel === undefined || !Object.prototype.hasOwnProperty.call(KERNELS, op)) throw new UnsupportedOpError(this.name, String(op));
-    if (this.capture !== undefined && this.capture.stream === s) {
+    if (this.capturing(s)) {
       // A mis-sized op fails here, at capture, like a bad launch would; the checks that depend on
       // buffer contents (ids, slots, positions) can only run at replay.
       this.exec(op, args, true);
-      this.capture.nodes.push({ kind: 'op', op, args: { ...args } });
+      this.capture!.nodes.push({ kind: 'op', op, args: { ...args } });
       return;
     }
     this.exec(op, args);
@@ -287,17 +291,28 @@ export class CpuBackend implements DeviceBackend {
     this.live();
     const s = this.streamId(stream);
     this.eventTime(event);
-    if (this.capture !== undefined && this.capture.stream === s) {
-      this.capture.nodes.push({ kind: 'record', event });
+    if (this.capturing(s)) {
+      this.capture!.nodes.push({ kind: 'record', event });
+      this.capture!.recorded.add(event.id);
       return;
     }
     this.events.set(event.id, performance.now());
   }
 
+  /**
+   * Whether work issued on stream s is captured: the capture's own stream, and (as in CUDA) any
+   * stream that waited on an event recorded inside the capture, which joins it until it ends.
+   */
+  private capturing(s: number): boolean {
+    return this.capture !== undefined && (this.capture.stream === s || this.capture.joined.has(s));
+  }
+
   /** Work is already complete when it is issued, so there is nothing to wait for; still counted. */
   waitEvent(stream: StreamHandle, event: EventHandle): void {
     this.live();
-    this.streamId(stream);
+    const ws = this.streamId(stream);
+    // A stream waiting on an event recorded inside the capture forks from it: it joins the capture.
+    if (this.capture !== undefined && this.capture.recorded.has(event.id)) this.capture.joined.add(ws);
     this.eventTime(event);
     this.syncs.soft_visibility++;
   }
@@ -325,7 +340,7 @@ export class CpuBackend implements DeviceBackend {
     this.live();
     const s = this.streamId(stream);
     if (this.capture !== undefined) throw new CaptureStateError(`a capture is already open on stream #${this.capture.stream}`);
-    this.capture = { stream: s, nodes: [] };
+    this.capture = { stream: s, nodes: [], joined: new Set(), recorded: new Set() };
   }
 
   endCapture(stream?: StreamHandle): GraphHandle {

@@ -14,6 +14,7 @@ import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
 import { hostChannels, measureRates } from './rates.js';
+import { KvBudgetError, planKvTiers, TieredKv, validateKvTiers } from './kv-tiering.js';
 import { checkpointImportanceKey, kvBytesPerToken, memoryReport, placeWeights, type RunnerShape, validateResidency } from './weight-residency.js';
 import { defaultImportanceDir, ImportanceCache, ImportanceMeter, type ImportanceProfile, type MemoryReport, type PagerStats, type WeightPager } from '@nerva/memos';
 
@@ -200,6 +201,8 @@ export class Engine {
   private readonly pager: WeightPager | undefined;
   private readonly budgets: { vramBudget?: number; hostBudget?: number; offloadDir?: string };
   private readonly scheduler: Scheduler;
+  /** Tiered KV (kvVramBudget): the page policy and its moves; undefined when all KV is hot. */
+  private readonly kvTiers: TieredKv | undefined;
   private readonly sampler: HostSampler;
   private readonly live = new Map<number, Live>();
   private readonly graphs = new Map<number, GraphHandle>();
@@ -217,7 +220,18 @@ export class Engine {
   private ringRead = 0;
   private graphKey: string | undefined;
   private totalPreemptions = 0;
-  private readonly stage: { ids: Int32Array; pos: Int32Array; seq: Int32Array; slots: Int32Array; tables: Int32Array; logitRows: Int32Array; params: Float32Array; rng: Int32Array };
+  private readonly stage: {
+    ids: Int32Array;
+    pos: Int32Array;
+    seq: Int32Array;
+    slots: Int32Array;
+    tables: Int32Array;
+    /** Tiered KV: the warm slot of each block (-1 where it is not warm). */
+    warmTables?: Int32Array;
+    logitRows: Int32Array;
+    params: Float32Array;
+    rng: Int32Array;
+  };
   private readonly startEv;
   private readonly endEv;
 
@@ -254,7 +268,8 @@ export class Engine {
     const { maxRows, maxNumSeqs, kvBytesPerToken } = init.shape;
     const kvBytes = init.kvBytes;
     this.budgets = { vramBudget: o.vramBudget, hostBudget: o.hostBudget, offloadDir: o.offloadDir };
-    const numBlocks = Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
+    const tierPlan = o.kvVramBudget !== undefined ? planKvTiers(o, kvBytesPerToken * blockSize) : undefined;
+    const numBlocks = tierPlan?.hotSlots ?? Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
     const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
     const limits = {
       maxRows,
@@ -263,11 +278,34 @@ export class Engine {
       numBlocks,
       maxBlocksPerSeq,
       ringCapacity: Math.max(4096, 4 * maxNumSeqs),
+      ...(tierPlan ? { warmBlocks: Math.max(1, tierPlan.warmSlots) } : {}),
     };
     this.pipeline = init.stages ? new StagePipeline(s, limits, init.stages) : undefined;
     this.runner = this.pipeline ?? new ModelRunner(this.backend, s, this.weights, limits);
-    this.kv = new KvCacheManager({ numBlocks, blockSize, enablePrefixCaching: o.enablePrefixCaching ?? true, maxBlocksPerSeq });
-    this.scheduler = new Scheduler({ maxNumBatchedTokens: maxRows, maxNumSeqs }, this.kv);
+    // With tiers, the manager's pages are every tier's slots; KvTiers maps each to its tier.
+    const pages = tierPlan ? tierPlan.hotSlots + tierPlan.warmSlots + tierPlan.coldSlots : numBlocks;
+    this.kv = new KvCacheManager({ numBlocks: pages, blockSize, enablePrefixCaching: o.enablePrefixCaching ?? true, maxBlocksPerSeq });
+    try {
+      this.kvTiers = tierPlan ? new TieredKv(this.kv.pool, tierPlan, this.backend, o.kvOffloadDir) : undefined;
+    } catch (e) {
+      this.runner.dispose();
+      throw e;
+    }
+    const tiers = this.kvTiers?.tiers;
+    this.scheduler = new Scheduler(
+      {
+        maxNumBatchedTokens: maxRows,
+        maxNumSeqs,
+        // A prefill chunk writes its pages hot: at most what the hot pool has beside the window.
+        ...(tiers ? { longPrefillTokenThreshold: (tiers.hotSlots - 1 - 2) * blockSize, kvFits: (held: number, written: number) => tiers.fits(held, written) } : {}),
+      },
+      this.kv,
+    );
+    if (tierPlan) {
+      this.notes.push(
+        `tiered KV: ${tierPlan.hotSlots - 1} hot pages, ${tierPlan.warmSlots} warm (pinned host), ${tierPlan.coldSlots} cold (disk) of ${blockSize} tokens; attention over warm pages runs on the host and is merged exactly`,
+      );
+    }
     this.sampler = new HostSampler(s.vocabSize);
     this.profile = o.profile ?? false;
     this.pager = init.weights.pager;
@@ -282,6 +320,7 @@ export class Engine {
       seq: new Int32Array(maxRows),
       slots: new Int32Array(maxRows),
       tables: new Int32Array(maxNumSeqs * maxBlocksPerSeq),
+      ...(this.kvTiers ? { warmTables: new Int32Array(maxNumSeqs * maxBlocksPerSeq) } : {}),
       logitRows: new Int32Array(maxNumSeqs),
       params: new Float32Array(maxNumSeqs * 4),
       rng: new Int32Array(maxNumSeqs * 2),
@@ -300,6 +339,7 @@ export class Engine {
     let reservedBytes = 0;
     if (o.numerics !== undefined && !NUMERICS.includes(o.numerics)) throw new RangeError(`numerics must be ${NUMERICS.join(' or ')}, got ${String(o.numerics)}`);
     validateResidency(o);
+    validateKvTiers(o);
     const budgeted = o.vramBudget !== undefined || o.hostBudget !== undefined;
     if (typeof o.backend === 'object') {
       backend = o.backend;
@@ -316,7 +356,7 @@ export class Engine {
           ...(o.hostBudget !== undefined ? { hostBudgetBytes: o.hostBudget } : {}),
           // Pinned host memory for the master copies of streamed blocks: at most the checkpoint.
           // Plus room for the runner's host buffers and the start-up rate measurement.
-          ...(budgeted ? { pinnedArenaBytes: Math.min(o.hostBudget ?? Number.POSITIVE_INFINITY, loaded.checkpoint.totalBytes) + 320 * 2 ** 20 } : {}),
+          ...(budgeted || o.kvVramBudget !== undefined ? { pinnedArenaBytes: pinnedBytesFor(o, loaded.spec, loaded.checkpoint.totalBytes, budgeted) } : {}),
         }));
         reservedBytes = reserved ?? 0;
       } catch (e) {
@@ -424,7 +464,8 @@ export class Engine {
     return {
       vocabSize: this.spec.vocabSize,
       maxModelLen: this.maxModelLen,
-      numBlocks: this.runner.limits.numBlocks,
+      // Tiered KV: a sequence's pages may be hot or warm (the null page aside).
+      numBlocks: this.kvTiers ? this.kvTiers.plan.hotSlots + this.kvTiers.plan.warmSlots : this.runner.limits.numBlocks,
       blockSize: this.kv.blockSize,
       hasTokenizer: this.tokenizer !== undefined,
     };
@@ -473,7 +514,9 @@ export class Engine {
 
   /** Where every weight block lives, what moved and what it cost (the memory OS report). */
   memoryReport(): MemoryReport {
-    return memoryReport(this.backend, this.weights, this.runner.kvBytes, this.budgets, { computeBytes: this.runner.hostComputeBytes, readBytes: this.runner.hostReadBytes });
+    const r = memoryReport(this.backend, this.weights, this.runner.kvBytes, this.budgets, { computeBytes: this.runner.hostComputeBytes, readBytes: this.runner.hostReadBytes });
+    if (this.kvTiers) r.kv = this.kvTiers.report(this.runner as ModelRunner, this.totalPreemptions, this.kv.blockSize);
+    return r;
   }
 
   encode(text: string): number[] {
@@ -562,6 +605,7 @@ export class Engine {
     try {
       if (this.scheduler.hasWork) this.step();
     } catch (e) {
+      if (process.env.NERVA_DEBUG_FAIL) console.error(e);
       this.failAll(e as Error);
     }
     if (this.scheduler.hasWork && !this.disposed) setImmediate(() => this.loop());
@@ -596,20 +640,40 @@ export class Engine {
     const sampling: Request[] = [];
     let rows = 0;
     let promptTokens = 0;
+    const kt = this.kvTiers;
+    const bs = this.kv.blockSize;
+    if (kt) {
+      // Page moves first (demotions, cold pages up to warm): the step reads the tables after them.
+      const epoch = kt.tiers.epoch;
+      if (plan.preempted.length) kt.swappedOut += plan.preempted.length;
+      kt.prepare(
+        plan.scheduled.map(({ req }) => ({ pages: this.kv.blockTable(req.id), firstWritten: Math.floor(req.numComputedTokens / bs), firstFresh: Math.ceil(req.numComputedTokens / bs) })),
+        this.runner as ModelRunner,
+      );
+      if (kt.tiers.epoch !== epoch) this.graphKey = undefined;
+    }
     plan.scheduled.forEach(({ req, numTokens }, k) => {
       const start = req.numComputedTokens;
       if (req.times.firstScheduled === undefined) req.times.firstScheduled = t0;
+      const table = this.kv.blockTable(req.id);
       for (let p = start; p < start + numTokens; p++) {
         st.ids[rows] = req.allIds[p];
         st.pos[rows] = p;
         st.seq[rows] = k;
-        st.slots[rows] = this.kv.slotFor(req.id, p);
+        st.slots[rows] = kt ? kt.tiers.hotSlot(table[Math.floor(p / bs)]) * bs + (p % bs) : this.kv.slotFor(req.id, p);
         rows++;
         if (p < req.promptIds.length) promptTokens++;
       }
-      const table = this.kv.blockTable(req.id);
       st.tables.fill(0, k * mb, (k + 1) * mb);
-      for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
+      if (kt) {
+        // Two views of one table: the hot slot of each block for the device, the warm slot for the host.
+        const wt = st.warmTables!;
+        wt.fill(-1, k * mb, (k + 1) * mb);
+        for (let b = 0; b < table.length; b++) {
+          st.tables[k * mb + b] = kt.tiers.hotSlot(table[b]);
+          wt[k * mb + b] = kt.tiers.warmSlot(table[b]);
+        }
+      } else for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
       if (start + numTokens === req.numTokens) {
         const i = sampling.length;
         st.logitRows[i] = rows - 1;
@@ -634,10 +698,11 @@ export class Engine {
     const host: Map<Request, ReturnType<HostSampler['sample']>> = new Map();
     let sampleMs = 0;
 
+    const tiered = kt?.tiered ?? false;
     be.record(this.startEv);
     if (this.useGraphs && decodeOnly && deviceSample && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs) {
       const bucket = BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq;
-      const key = `${bucket}|` + plan.scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',');
+      const key = `${bucket}|${tiered}|` + plan.scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',');
       if (key !== this.graphKey) {
         for (let r = nSeq; r < bucket; r++) {
           // Padding rows: a slot of -1 is skipped by kv_append; their own sequence row has only the null block.
@@ -646,6 +711,7 @@ export class Engine {
           st.seq[r] = r;
           st.slots[r] = -1;
           st.tables.fill(0, r * mb, (r + 1) * mb);
+          st.warmTables?.fill(-1, r * mb, (r + 1) * mb);
           st.params[r * 4] = 0;
           st.rng[r * 2] = 0;
           st.rng[r * 2 + 1] = 0;
@@ -653,13 +719,16 @@ export class Engine {
         for (let r = 0; r < bucket; r++) st.logitRows[r] = r;
         this.writeMeta(bucket, bucket, true);
       }
-      let g = this.graphs.get(bucket);
+      // Passes with host partials (some page warm) and without are different graphs.
+      const gk = tiered ? -bucket : bucket;
+      let g = this.graphs.get(gk);
       if (!g) {
         be.beginCapture();
         this.pager?.beginCapture();
         const hostBefore = this.runner.hostComputeBytes;
         try {
-          this.runner.forward(bucket, bucket);
+          if (tiered) (this.runner as ModelRunner).forward(bucket, bucket, undefined, undefined, true);
+          else this.runner.forward(bucket, bucket);
           this.runner.sampleOnDevice(bucket, m.ids);
           this.runner.advance(bucket);
         } finally {
@@ -669,13 +738,14 @@ export class Engine {
           this.runner.hostComputeBytes = hostBefore;
         }
         g = be.endCapture();
-        this.graphs.set(bucket, g);
+        this.graphs.set(gk, g);
       }
       be.setHotPath(true);
       try {
         be.replay(g);
         this.pager?.replayed();
         this.runner.hostComputeBytes += this.replayHostBytes.get(bucket) ?? 0;
+        if (tiered) (this.runner as ModelRunner).tieredPasses++;
       } finally {
         be.setHotPath(false);
       }
@@ -687,7 +757,8 @@ export class Engine {
     } else {
       this.graphKey = undefined;
       this.writeMeta(rows, nl, deviceSample);
-      this.runner.forward(rows, nl);
+      if (tiered) (this.runner as ModelRunner).forward(rows, nl, undefined, undefined, true);
+      else this.runner.forward(rows, nl);
       if (deviceSample) {
         this.runner.sampleOnDevice(nl, m.sampled);
         be.record(this.endEv);
@@ -778,6 +849,7 @@ export class Engine {
     let seqs = 0;
     for (let r = 0; r < rows; r++) seqs = Math.max(seqs, st.seq[r] + 1);
     be.write(m.blockTables, st.tables.subarray(0, seqs * mb));
+    if (m.warmTables && st.warmTables) be.write(m.warmTables, st.warmTables.subarray(0, seqs * mb));
     if (nl > 0) be.write(m.logitRows, st.logitRows.subarray(0, nl));
     if (withSampling && nl > 0) {
       be.write(m.sampleParams, st.params.subarray(0, nl * 4));
@@ -912,6 +984,7 @@ export class Engine {
     this.failAll(new EngineError('DISPOSED', 'engine disposed'));
     this.disposed = true;
     for (const g of this.graphs.values()) this.backend.destroyGraph(g);
+    this.kvTiers?.dispose();
     this.graphs.clear();
     this.backend.destroyEvent(this.startEv);
     this.backend.destroyEvent(this.endEv);
@@ -944,6 +1017,7 @@ function runnerShape(backend: DeviceBackend, s: ModelSpec, o: EngineOptions): Ru
  * one full-length sequence, so the rest can hold weights.
  */
 function kvCacheBytesFor(backend: DeviceBackend, shape: RunnerShape, maxModelLen: number, o: EngineOptions): number | undefined {
+  if (o.kvVramBudget !== undefined) return o.kvVramBudget;
   if (o.kvCacheBytes !== undefined) return o.kvCacheBytes;
   if (backend.capabilities.deviceKind === 'cpu') return o.vramBudget !== undefined ? Math.min(256 * 2 ** 20, Math.max(shape.kvBytesPerToken * 64, Math.floor(o.vramBudget / 4))) : 256 * 2 ** 20;
   if (o.vramBudget !== undefined) return Math.max(shape.kvBytesPerToken * 64, Math.min(Math.floor(o.vramBudget / 4), shape.kvBytesPerToken * maxModelLen));
@@ -1003,4 +1077,20 @@ function statsDelta(a: BackendStats, b: BackendStats, share: number) {
     allocatorCalls: allocs * share,
     hotPathAllocations: (b.hotPathAllocations - a.hotPathAllocations) * share,
   };
+}
+
+/**
+ * Pinned host memory the CUDA backend reserves: the master copies of streamed weight blocks (a
+ * VRAM budget) and the warm KV pool (tiered KV, float32 pages), plus room for host buffers and the
+ * start-up rate measurement.
+ */
+function pinnedBytesFor(o: EngineOptions, s: ModelSpec, checkpointBytes: number, budgeted: boolean): number {
+  let bytes = 320 * 2 ** 20;
+  if (budgeted) bytes += Math.min(o.hostBudget ?? Number.POSITIVE_INFINITY, checkpointBytes);
+  if (o.kvVramBudget !== undefined) {
+    const pageBytes = 2 * s.numLayers * s.numKvHeads * s.headDim * 4 * (o.blockSize ?? 16);
+    const hot = Math.floor(o.kvVramBudget / pageBytes);
+    bytes += Math.max(1, Math.floor((o.kvHostBudget ?? 8 * hot * pageBytes) / pageBytes)) * pageBytes;
+  }
+  return bytes;
 }

@@ -10,6 +10,9 @@ import { kvDtypeOf, type LayerWeights, layerBlockId, type ModelWeights } from '.
  */
 export const FUSED_MAX_ROWS = 8;
 
+/** The default stream (id 0 on every backend), for waits that need a stream handle. */
+const DEFAULT_STREAM: StreamHandle = Object.freeze({ id: 0 });
+
 export interface RunnerLimits {
   /** Most token rows one forward pass takes (the scheduler's token budget). */
   maxRows: number;
@@ -20,6 +23,19 @@ export interface RunnerLimits {
   maxBlocksPerSeq: number;
   /** Capacity of the device token ring. */
   ringCapacity: number;
+  /**
+   * Tiered KV: pages of the warm pool (pinned host memory; the host tier of a CPU backend). With
+   * warm pages, `numBlocks` is the hot pool and attention merges a host partial over warm pages.
+   */
+  warmBlocks?: number;
+}
+
+/** Where a tiered KV page sits when it moves (see @nerva/kv KvPageMove); cold pages are host arrays. */
+export interface KvPageCopy {
+  from: 'hot' | 'warm';
+  fromSlot: number;
+  to: 'hot' | 'warm';
+  toSlot: number;
 }
 
 export const PROFILE_BUCKETS = ['embedding', 'norm', 'projection', 'attention', 'mlp', 'lm_head', 'sampling'] as const;
@@ -40,6 +56,8 @@ export interface RunnerMeta {
   /** Host-visible device token ring and its cursor. */
   ring: DeviceBuffer;
   ringCursor: DeviceBuffer;
+  /** Tiered KV: each sequence's warm slot per block (-1 where the block is not warm). */
+  warmTables?: DeviceBuffer;
 }
 
 /**
@@ -67,7 +85,17 @@ export class ModelRunner {
   readonly logits: DeviceBuffer;
   readonly kCache: DeviceBuffer[] = [];
   readonly vCache: DeviceBuffer[] = [];
+  /** Tiered KV: the warm pool of each layer (host tier), and its bytes. */
+  readonly kWarm: DeviceBuffer[] = [];
+  readonly vWarm: DeviceBuffer[] = [];
+  readonly warmKvBytes: number = 0;
   readonly kvBytes: number;
+  /** Tiered KV: the side stream warm partials run on, and the fork/join events. */
+  private sideStream: StreamHandle | undefined;
+  private forkEv: EventHandle | undefined;
+  private joinEv: EventHandle | undefined;
+  /** Forward passes run with host partials over warm pages. */
+  tieredPasses = 0;
   private readonly act: Record<string, DeviceBuffer> = {};
   private readonly owned: DeviceBuffer[] = [];
   private readonly qkvOut: number;
@@ -162,6 +190,28 @@ export class ModelRunner {
         this.vCache[l] = this.own(backend.alloc({ dtype: kvDtype, length: slotsTotal * kvWidth, usage: 'kv', label: `kv.v.${l}` }));
       }
       this.kvBytes = 2 * (this.endLayer - this.firstLayer) * slotsTotal * kvWidth * DTYPE_BYTES[kvDtype];
+      const warm = limits.warmBlocks ?? 0;
+      if (warm > 0) {
+        // The warm pool lives where the host CPU computes over it: pinned memory on a GPU backend.
+        const warmSlots = warm * limits.blockSize;
+        for (let l = this.firstLayer; l < this.endLayer; l++) {
+          this.kWarm[l] = this.own(backend.alloc({ dtype: kvDtype, length: warmSlots * kvWidth, usage: 'kv', tier: 'pinned', label: `kv.warm.k.${l}` }));
+          this.vWarm[l] = this.own(backend.alloc({ dtype: kvDtype, length: warmSlots * kvWidth, usage: 'kv', tier: 'pinned', label: `kv.warm.v.${l}` }));
+        }
+        this.warmKvBytes = 2 * (this.endLayer - this.firstLayer) * warmSlots * kvWidth * DTYPE_BYTES[kvDtype];
+        this.meta.warmTables = i32(maxSeqs * limits.maxBlocksPerSeq, 'meta.warm_tables');
+        const qw = s.numHeads * hd;
+        this.act.hotLse = f32(maxRows * s.numHeads, 'act.attn_lse');
+        this.act.warmOut = f32(maxRows * qw, 'act.warm_attn');
+        this.act.warmLse = f32(maxRows * s.numHeads, 'act.warm_attn_lse');
+        const pinned = (length: number, label: string) => this.own(backend.alloc({ dtype: 'f32', length, usage: 'io', tier: 'pinned', label }));
+        this.act.qHost = pinned(maxRows * qw, 'act.warm_q_host');
+        this.act.outHost = pinned(maxRows * qw, 'act.warm_out_host');
+        this.act.lseHost = pinned(maxRows * s.numHeads, 'act.warm_lse_host');
+        this.sideStream = backend.createStream();
+        this.forkEv = backend.createEvent();
+        this.joinEv = backend.createEvent();
+      }
       this.stack = backend.capabilities.ops.includes('decoder_layers') && s.moe === undefined ? this.decoderStack() : undefined;
       backend.write(this.meta.ringCursor, new Int32Array(1));
     } catch (e) {
@@ -287,8 +337,11 @@ export class ModelRunner {
    * holds its input rows), the final norm and LM head when it holds the last layer and `head` is
    * not false; otherwise it leaves the complete residual stream of its rows in `hidden`.
    */
-  forward(rows: number, nLogits: number, stream?: StreamHandle, head = this.last): void {
+  forward(rows: number, nLogits: number, stream?: StreamHandle, head = this.last, tiered = false): void {
     this.stream = stream;
+    if (tiered && this.meta.warmTables === undefined) throw new RangeError('a tiered pass needs a runner created with warm KV blocks');
+    this.tiered = tiered;
+    if (tiered) this.tieredPasses++;
     const s = this.spec;
     const w = this.weights;
     const a = this.act;
@@ -305,7 +358,7 @@ export class ModelRunner {
     // precondition). meta.logitRows lists one row per sequence (its last), so nLogits === rows
     // means every sequence of the pass has exactly one row: a batch of decode rows. Profiling
     // keeps the per-layer ops, so device time still splits into norm/projection/attention/mlp.
-    const wholeStack = this.stack !== undefined && nLogits === rows && !this.profiling;
+    const wholeStack = this.stack !== undefined && nLogits === rows && !this.profiling && !tiered;
     if (rows <= FUSED_MAX_ROWS && (wholeStack || this.fusedOps)) {
       if (wholeStack) this.forwardStack(rows);
       else this.forwardFusedLayers(rows);
@@ -385,8 +438,16 @@ export class ModelRunner {
     this.lmHead(nLogits);
   }
 
-  /** Paged attention of layer l over the q heads of act.qkv -> act.attn (both forward paths). */
+  /** The pass being enqueued merges host partials over warm pages. */
+  private tiered = false;
+
+  /**
+   * Paged attention of layer l over the q heads of act.qkv -> act.attn (both forward paths). In a
+   * tiered pass: the warm partial runs on the side stream (on the host, where the pages lie) while
+   * the hot partial runs here, and attention_merge joins them (the online-softmax rule: exact).
+   */
   private attend(l: number, rows: number): void {
+    if (this.tiered) return this.attendTiered(l, rows);
     const s = this.spec;
     const m = this.meta;
     this.op('attention', 'attention', {
@@ -407,6 +468,85 @@ export class ModelRunner {
       qOffset: 0,
       scale: 1 / Math.sqrt(s.headDim),
     });
+  }
+
+  private attendTiered(l: number, rows: number): void {
+    const s = this.spec;
+    const m = this.meta;
+    const a = this.act;
+    const be = this.backend;
+    const common = {
+      q: a.qkv,
+      rowSeq: m.rowSeq,
+      positions: m.positions,
+      rows,
+      numHeads: s.numHeads,
+      numKvHeads: s.numKvHeads,
+      headDim: s.headDim,
+      blockSize: this.limits.blockSize,
+      maxBlocksPerSeq: this.limits.maxBlocksPerSeq,
+      qRowStride: this.qkvOut,
+      qOffset: 0,
+      scale: 1 / Math.sqrt(s.headDim),
+    };
+    const side = this.sideStream!;
+    be.record(this.forkEv!, this.stream);
+    be.waitEvent(side, this.forkEv!);
+    const main = this.stream;
+    this.stream = side;
+    this.op('attention', 'attention', {
+      ...common,
+      kCache: this.kWarm[l],
+      vCache: this.vWarm[l],
+      out: a.warmOut,
+      lse: a.warmLse,
+      blockTables: m.warmTables!,
+      qHost: a.qHost,
+      outHost: a.outHost,
+      lseHost: a.lseHost,
+    });
+    be.record(this.joinEv!, side);
+    this.stream = main;
+    this.op('attention', 'attention', { ...common, kCache: this.kCache[l], vCache: this.vCache[l], out: a.attn, lse: a.hotLse, blockTables: m.blockTables });
+    be.waitEvent(main ?? DEFAULT_STREAM, this.joinEv!);
+    this.op('attention', 'attention_merge', { out: a.attn, lse: a.hotLse, other: a.warmOut, otherLse: a.warmLse, rows, numHeads: s.numHeads, headDim: s.headDim });
+  }
+
+  /**
+   * Tiered KV page moves between the hot and warm pools, every layer, in order on the compute
+   * stream (a page's slot is vacated before it is reused). `rows` of each pool are blockSize.
+   */
+  copyKvPage(c: KvPageCopy): void {
+    const w = this.spec.numKvHeads * this.spec.headDim * this.limits.blockSize;
+    for (let l = this.firstLayer; l < this.endLayer; l++) {
+      const [kd, vd] = c.to === 'hot' ? [this.kCache[l], this.vCache[l]] : [this.kWarm[l], this.vWarm[l]];
+      const [ks, vs] = c.from === 'hot' ? [this.kCache[l], this.vCache[l]] : [this.kWarm[l], this.vWarm[l]];
+      this.backend.copy(kd, ks, w, c.toSlot * w, c.fromSlot * w, this.stream);
+      this.backend.copy(vd, vs, w, c.toSlot * w, c.fromSlot * w, this.stream);
+    }
+  }
+
+  /** A warm page's K and V of every layer, read to the host (cold-tier spill): [layers][K | V]. */
+  readWarmPage(slot: number): Float32Array {
+    const w = this.spec.numKvHeads * this.spec.headDim * this.limits.blockSize;
+    const n = this.endLayer - this.firstLayer;
+    const out = new Float32Array(2 * n * w);
+    for (let l = this.firstLayer; l < this.endLayer; l++) {
+      const i = l - this.firstLayer;
+      out.set(this.backend.read(this.kWarm[l], slot * w, w) as Float32Array, 2 * i * w);
+      out.set(this.backend.read(this.vWarm[l], slot * w, w) as Float32Array, (2 * i + 1) * w);
+    }
+    return out;
+  }
+
+  /** The inverse of readWarmPage: a page read back from the cold tier into warm slot `slot`. */
+  writeWarmPage(slot: number, data: Float32Array): void {
+    const w = this.spec.numKvHeads * this.spec.headDim * this.limits.blockSize;
+    for (let l = this.firstLayer; l < this.endLayer; l++) {
+      const i = l - this.firstLayer;
+      this.backend.write(this.kWarm[l], data.subarray(2 * i * w, (2 * i + 1) * w), slot * w);
+      this.backend.write(this.vWarm[l], data.subarray((2 * i + 1) * w, (2 * i + 2) * w), slot * w);
+    }
   }
 
   private lmHead(nLogits: number): void {
@@ -599,6 +739,10 @@ export class ModelRunner {
   }
 
   dispose(): void {
+    if (this.sideStream) this.backend.destroyStream(this.sideStream);
+    if (this.forkEv) this.backend.destroyEvent(this.forkEv);
+    if (this.joinEv) this.backend.destroyEvent(this.joinEv);
+    this.sideStream = this.forkEv = this.joinEv = undefined;
     for (const b of this.owned) this.backend.free(b);
     this.owned.length = 0;
     for (const e of this.events) this.backend.destroyEvent(e);

@@ -7,6 +7,12 @@ export interface SchedulerConfig {
   maxNumSeqs: number;
   /** Longest prompt chunk one request may take in a step (chunked prefill). */
   longPrefillTokenThreshold?: number;
+  /**
+   * Tiered KV: whether the pages held in all (`held`) and those the step writes (`written`) can
+   * be placed in the tiers. Work that does not fit is treated like a failed allocation, so
+   * demotion to lower tiers is what is tried first and preemption stays the last resort.
+   */
+  kvFits?: (held: number, written: number) => boolean;
 }
 
 export interface ScheduledRequest {
@@ -78,6 +84,14 @@ export class Scheduler {
     const chunkCap = this.config.longPrefillTokenThreshold ?? Infinity;
     const scheduled: ScheduledRequest[] = [];
     const preempted: Request[] = [];
+    const bs = this.kv.blockSize;
+    // Pages the step writes (tiered KV): from the block of the first new token to the last's.
+    const writes = (req: Request, n: number) => Math.ceil((req.numComputedTokens + n) / bs) - Math.floor(req.numComputedTokens / bs);
+    let written = 0;
+    const fits = (extra: number) => {
+      const f = this.config.kvFits;
+      return f === undefined || f(this.kv.pool.numBlocks - this.kv.pool.numFree - 1, written + extra);
+    };
 
     for (let i = 0; i < this.running.length && budget > 0; ) {
       const req = this.running[i];
@@ -88,7 +102,7 @@ export class Scheduler {
       }
       let ok = false;
       for (;;) {
-        if (this.kv.allocateSlots(req.id, req.allIds, n) !== null) {
+        if (this.kv.allocateSlots(req.id, req.allIds, n) !== null && fits(writes(req, n))) {
           ok = true;
           break;
         }
@@ -98,6 +112,7 @@ export class Scheduler {
         const already = scheduled.findIndex((s) => s.req === v);
         if (already >= 0) {
           budget += scheduled[already].numTokens;
+          written -= writes(v, scheduled[already].numTokens);
           scheduled.splice(already, 1);
           i--;
         }
@@ -105,6 +120,7 @@ export class Scheduler {
       }
       if (!ok) continue;
       scheduled.push({ req, numTokens: n });
+      written += writes(req, n);
       budget -= n;
       i++;
     }
@@ -116,6 +132,13 @@ export class Scheduler {
         const hit = this.kv.getComputedBlocks(req.id, req.allIds, req.cacheSalt ? { cacheSalt: req.cacheSalt } : undefined);
         const n = Math.min(req.numTokens - hit.numComputedTokens, budget, chunkCap);
         if (this.kv.allocateSlots(req.id, req.allIds, n, hit) === null) break;
+        const w = Math.ceil((hit.numComputedTokens + n) / bs) - Math.floor(hit.numComputedTokens / bs);
+        if (!fits(w)) {
+          // The tiers cannot place it this step: it waits (its pages go back to the pool).
+          this.kv.free(req.id);
+          break;
+        }
+        written += w;
         this.waiting.shift();
         req.status = 'RUNNING';
         req.numComputedTokens = hit.numComputedTokens;

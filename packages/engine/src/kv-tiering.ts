@@ -1,0 +1,193 @@
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import type { DeviceBackend } from '@nerva/core';
+import { type BlockPool, KvTiers, type KvPageMove, type KvStepNeed } from '@nerva/kv';
+import { checkOffloadDir, type KvMemoryReport, type PathTraffic } from '@nerva/memos';
+import type { ModelRunner } from './model-runner.js';
+
+/** Options of tiered KV (EngineOptions' kv* fields). */
+export interface KvTierOptions {
+  kvVramBudget?: number;
+  kvHostBudget?: number;
+  kvOffloadDir?: string;
+}
+
+/** Pages kept hot in every sequence (attention sinks, then the recent window). */
+export const KV_SINK_BLOCKS = 1;
+export const KV_WINDOW_BLOCKS = 2;
+/** The cold tier holds this many times the hot + warm pages (prefix-cache spill and swapped-out work). */
+const COLD_FACTOR = 4;
+
+/** A KV budget that cannot hold what one step of one sequence needs. */
+export class KvBudgetError extends RangeError {
+  constructor(message: string) {
+    super(message);
+    this.name = 'KvBudgetError';
+  }
+}
+
+/** Checks the options before anything loads; a bad offload dir is one clear error. */
+export function validateKvTiers(o: KvTierOptions & { numerics?: string; pipelineParallel?: number; stageDevices?: number[] }): void {
+  for (const [k, v] of [
+    ['kvVramBudget', o.kvVramBudget],
+    ['kvHostBudget', o.kvHostBudget],
+  ] as const) {
+    if (v !== undefined && (!Number.isSafeInteger(v) || v <= 0)) throw new RangeError(`${k} must be a positive whole number of bytes, got ${String(v)}`);
+  }
+  const tiered = o.kvVramBudget !== undefined;
+  if (!tiered && (o.kvHostBudget !== undefined || o.kvOffloadDir !== undefined)) throw new RangeError('kvHostBudget and kvOffloadDir need kvVramBudget (the hot KV pool they extend)');
+  if (!tiered) return;
+  if (o.numerics === 'bf16') throw new RangeError("tiered KV (kvVramBudget) needs numerics 'exact': bf16 eager attention rounds the probabilities of the whole row, which partial attentions cannot reproduce");
+  if ((o.pipelineParallel ?? 1) > 1 || (o.stageDevices?.length ?? 1) > 1) throw new RangeError('tiered KV (kvVramBudget) is not supported with pipeline stages yet');
+  if (o.kvOffloadDir !== undefined) {
+    if (typeof o.kvOffloadDir !== 'string' || o.kvOffloadDir === '') throw new RangeError(`kvOffloadDir must be a directory path, got ${String(o.kvOffloadDir)}`);
+    checkOffloadDir(o.kvOffloadDir);
+  }
+}
+
+/** Pool sizes of tiered KV, in pages (hot includes the null page). */
+export interface KvTierPlan {
+  hotSlots: number;
+  warmSlots: number;
+  coldSlots: number;
+  pageBytes: number;
+}
+
+/**
+ * Pages per tier for the budgets. The hot pool must hold the sinks, the recent window and a page
+ * written past it (what one decode step of one sequence touches); a smaller budget is refused
+ * with the smallest that works.
+ */
+export function planKvTiers(o: KvTierOptions, pageBytes: number): KvTierPlan {
+  const hotSlots = Math.floor(o.kvVramBudget! / pageBytes);
+  const minHot = KV_SINK_BLOCKS + KV_WINDOW_BLOCKS + 1 + 1;
+  if (hotSlots < minHot) {
+    throw new KvBudgetError(
+      `kvVramBudget ${o.kvVramBudget} bytes holds ${hotSlots} KV pages of ${pageBytes} bytes; one sequence's window needs ${minHot} ` +
+        `(${KV_SINK_BLOCKS} sink, ${KV_WINDOW_BLOCKS} recent, the page being written and the null page): use at least ${minHot * pageBytes} bytes`,
+    );
+  }
+  const warmSlots = Math.floor((o.kvHostBudget ?? 8 * hotSlots * pageBytes) / pageBytes);
+  const coldSlots = o.kvOffloadDir !== undefined ? COLD_FACTOR * (hotSlots + warmSlots) : 0;
+  return { hotSlots, warmSlots, coldSlots, pageBytes };
+}
+
+const traffic = (): PathTraffic => ({ bytes: 0, ms: 0 });
+
+/**
+ * The engine's side of tiered KV: the page policy (@nerva/kv KvTiers), the page moves it orders
+ * (hot <-> warm copies on the compute stream, warm <-> cold through a file in the offload dir),
+ * and the block tables the two attention partials read.
+ */
+export class TieredKv {
+  readonly tiers: KvTiers;
+  private readonly coldFile: string | undefined;
+  private coldFd: number | undefined;
+  private readonly moved = { d2h: traffic(), h2d: traffic(), diskWrite: traffic(), diskRead: traffic() };
+  swappedOut = 0;
+
+  constructor(
+    pool: BlockPool,
+    readonly plan: KvTierPlan,
+    private readonly backend: DeviceBackend,
+    offloadDir: string | undefined,
+  ) {
+    this.tiers = new KvTiers(pool, { hotSlots: plan.hotSlots, warmSlots: plan.warmSlots, coldSlots: plan.coldSlots, sinkBlocks: KV_SINK_BLOCKS, windowBlocks: KV_WINDOW_BLOCKS });
+    if (offloadDir !== undefined && plan.coldSlots > 0) {
+      this.coldFile = path.join(offloadDir, `nerva-kv-${process.pid}-${Date.now().toString(36)}.bin`);
+      const need = plan.coldSlots * this.coldPageBytes;
+      const free = freeBytes(offloadDir);
+      if (free !== undefined && free < need) throw new KvBudgetError(`kvOffloadDir ${offloadDir} has ${free} bytes free; the cold KV tier needs ${need}`);
+      try {
+        this.coldFd = fs.openSync(this.coldFile, 'w+');
+      } catch (e) {
+        throw new KvBudgetError(`kvOffloadDir ${offloadDir}: cannot create ${this.coldFile} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
+      }
+    }
+  }
+
+  /** Bytes of one page on disk: float32 K and V of every layer. */
+  private get coldPageBytes(): number {
+    // pageBytes counts the cache dtype; the file holds float32 (bf16 pages read back exactly).
+    return this.plan.pageBytes * (this.backendKvBytes === 2 ? 2 : 1);
+  }
+
+  private get backendKvBytes(): number {
+    return this.backend.capabilities.numerics === 'bf16' ? 2 : 4;
+  }
+
+  /** Make the step's pages addressable and execute the moves, in order. */
+  prepare(needs: readonly KvStepNeed[], runner: ModelRunner): void {
+    const moves = this.tiers.prepare(needs);
+    for (const m of moves) this.execute(m, runner);
+  }
+
+  private execute(m: KvPageMove, runner: ModelRunner): void {
+    if (m.to === 'none') return;
+    const t0 = performance.now();
+    if (m.from === 'cold' || m.to === 'cold') {
+      if (this.coldFd === undefined) throw new Error('a cold KV page move without an offload dir');
+      const bytes = this.coldPageBytes;
+      if (m.to === 'cold') {
+        const data = runner.readWarmPage(m.fromSlot);
+        fs.writeSync(this.coldFd, new Uint8Array(data.buffer, data.byteOffset, data.byteLength), 0, data.byteLength, m.toSlot * bytes);
+        this.moved.diskWrite.bytes += data.byteLength;
+        this.moved.diskWrite.ms += performance.now() - t0;
+      } else {
+        const data = new Float32Array(bytes / 4);
+        const n = fs.readSync(this.coldFd, new Uint8Array(data.buffer), 0, bytes, m.fromSlot * bytes);
+        if (n !== bytes) throw new Error(`cold KV page ${m.page}: read ${n} of ${bytes} bytes from ${this.coldFile}`);
+        runner.writeWarmPage(m.toSlot, data);
+        this.moved.diskRead.bytes += bytes;
+        this.moved.diskRead.ms += performance.now() - t0;
+      }
+      return;
+    }
+    runner.copyKvPage({ from: m.from, fromSlot: m.fromSlot, to: m.to, toSlot: m.toSlot });
+    // Stream-ordered copies: their time is device time, accounted in the step's.
+    (m.to === 'warm' ? this.moved.d2h : this.moved.h2d).bytes += this.plan.pageBytes;
+  }
+
+  /** Whether a pass needs host partials: some page is warm. */
+  get tiered(): boolean {
+    return this.tiers.warmPages > 0;
+  }
+
+  report(runner: ModelRunner, preemptions: number, blockSize: number): KvMemoryReport {
+    this.tiers.reclaim();
+    const s = this.tiers.stats();
+    const pb = this.plan.pageBytes;
+    return {
+      blockSize,
+      pageBytes: pb,
+      tiers: {
+        hot: { capacity: s.hot.capacity, used: s.hot.used, bytes: runner.kvBytes },
+        warm: { capacity: s.warm.capacity, used: s.warm.used, bytes: runner.warmKvBytes },
+        cold: { capacity: s.cold.capacity, used: s.cold.used, bytes: s.cold.capacity * this.coldPageBytes },
+      },
+      demotions: s.demotions,
+      promotions: s.promotions,
+      moved: structuredClone(this.moved),
+      tieredPasses: runner.tieredPasses,
+      swappedOut: this.swappedOut,
+      preemptions,
+    };
+  }
+
+  dispose(): void {
+    if (this.coldFd !== undefined) {
+      fs.closeSync(this.coldFd);
+      this.coldFd = undefined;
+      fs.rmSync(this.coldFile!, { force: true });
+    }
+  }
+}
+
+function freeBytes(dir: string): number | undefined {
+  try {
+    const s = fs.statfsSync(dir);
+    return s.bavail * s.bsize;
+  } catch {
+    return undefined;
+  }
+}
