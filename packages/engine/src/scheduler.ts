@@ -70,9 +70,23 @@ export class Scheduler {
     return v;
   }
 
+  /**
+   * Free a sequence's pages. Pages registered for the prefix cache at allocation but never written
+   * (allocated in this step, or past its computed tokens) are forgotten, so no later hit reads them.
+   */
+  private release(id: number, computedTokens: number): void {
+    const table = this.kv.blockTable(id).slice();
+    this.kv.free(id);
+    const pool = this.kv.pool;
+    for (let b = Math.floor(computedTokens / this.kv.blockSize); b < table.length; b++) {
+      const blk = pool.block(table[b]);
+      if (blk.refCount === 0 && blk.hash !== undefined) pool.forget(blk.id);
+    }
+  }
+
   private preempt(req: Request): void {
     this.running.splice(this.running.indexOf(req), 1);
-    this.kv.free(req.id);
+    this.release(req.id, req.numComputedTokens);
     req.status = 'PREEMPTED';
     req.numComputedTokens = 0;
     req.numPreemptions++;
@@ -135,7 +149,7 @@ export class Scheduler {
         const w = Math.ceil((hit.numComputedTokens + n) / bs) - Math.floor(hit.numComputedTokens / bs);
         if (!fits(w)) {
           // The tiers cannot place it this step: it waits (its pages go back to the pool).
-          this.kv.free(req.id);
+          this.release(req.id, hit.numComputedTokens);
           break;
         }
         written += w;
