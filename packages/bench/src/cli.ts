@@ -3,6 +3,7 @@ import { Command, Option } from 'commander';
 import { defaultModelDir, parseIntArg, parseSizeArg } from '@nerva/server';
 import { decodeProbe } from './probes/decode.js';
 import { generateProbe } from './probes/generate.js';
+import { longContextProbe } from './probes/long-context.js';
 import { offloadProbe } from './probes/offload.js';
 import { serveProbe } from './probes/serve.js';
 
@@ -25,6 +26,16 @@ program
   .option('--prompt-len <n>', 'prompt tokens', int('--prompt-len'), 16)
   .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 128)
   .action(async (f) => print(await generateProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, promptLen: f.promptLen, newTokens: f.newTokens })));
+
+program
+  .command('long-context')
+  .description('decode at a long context with the KV all hot, then 2x and 4x the hot KV budget (the rest warm, attended on the host)')
+  .option('--model <dir>')
+  .addOption(backendOpt())
+  .option('--context <n>', 'context tokens (the prompt)', int('--context'), 2048)
+  .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 64)
+  .option('--ratios <list>', 'KV-to-hot-budget ratios besides all-hot, comma-separated', (v: string) => v.split(',').map(Number), [2, 4])
+  .action(async (f) => print(await longContextProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, context: f.context, newTokens: f.newTokens, ratios: f.ratios })));
 
 program
   .command('decode')

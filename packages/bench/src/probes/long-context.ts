@@ -1,0 +1,69 @@
+import { Engine } from '@nerva/engine';
+import { syntheticPrompt } from '../measure.js';
+
+export interface LongContextProbeOptions {
+  model: string;
+  backend: 'cpu' | 'cuda' | 'auto';
+  /** Prompt tokens: the context the decode steps attend over. */
+  context: number;
+  newTokens: number;
+  /** KV-to-hot-budget ratios to run besides all-hot (default 2 and 4). */
+  ratios?: number[];
+  blockSize?: number;
+}
+
+/**
+ * Decode at a long context with the KV in each tier mix: all hot, then hot budgets of 1/R of the
+ * sequence's pages (the rest warm, attended on the host and merged). One engine per mix, run one
+ * after the other in the same process on the same prompt; every mix must give the all-hot tokens.
+ */
+export async function longContextProbe(o: LongContextProbeOptions): Promise<Record<string, unknown>> {
+  const bs = o.blockSize ?? 16;
+  const ratios = o.ratios ?? [2, 4];
+  const mixes: Record<string, unknown>[] = [];
+  let allHot: { tokS: number; tokens: number[] } | undefined;
+  let device = '';
+  let backendName = '';
+  for (const ratio of [1, ...ratios]) {
+    const base = { model: o.model, backend: o.backend, maxNumSeqs: 4, blockSize: bs, maxModelLen: o.context + o.newTokens + 2 * bs, importanceCache: false as const };
+    // Pages of the sequence, and one page of KV (every layer's K and V, float32).
+    let engine = await Engine.create({ ...base, kvCacheBytes: ratio === 1 ? undefined : 1 });
+    const pageBytes = 2 * engine.spec.numLayers * engine.spec.numKvHeads * engine.spec.headDim * 4 * bs;
+    const pages = Math.ceil((o.context + o.newTokens) / bs);
+    if (ratio !== 1) {
+      engine.dispose();
+      const hot = Math.max(5, Math.ceil(pages / ratio) + 1);
+      engine = await Engine.create({ ...base, kvVramBudget: hot * pageBytes, kvHostBudget: (pages + 4) * pageBytes });
+    }
+    try {
+      device = engine.backend.capabilities.deviceName;
+      backendName = engine.backend.name;
+      const prompt = syntheticPrompt(o.context, engine.spec.vocabSize);
+      await engine.submit(prompt.slice(0, 16), { maxTokens: 4, temperature: 0, ignoreEos: true }).done;
+      const out = await engine.submit(prompt, { maxTokens: o.newTokens, temperature: 0, ignoreEos: true }).done;
+      const s = out.ledger.summary();
+      const kv = engine.memoryReport().kv;
+      const tokS = s.decode_tokens_per_s;
+      if (ratio === 1) allHot = { tokS, tokens: out.tokenIds };
+      mixes.push({
+        kv_to_hot_ratio: ratio,
+        hot_pages: kv ? kv.tiers.hot.capacity : pages,
+        warm_pages_used: kv?.tiers.warm.used ?? 0,
+        tokens_per_s: tokS,
+        fraction_of_all_hot: allHot ? Math.round((tokS / allHot.tokS) * 1000) / 1000 : null,
+        same_tokens_as_all_hot: allHot ? JSON.stringify(out.tokenIds) === JSON.stringify(allHot.tokens) : null,
+        // Warm pages the host reads per decode step (every layer's K and V).
+        warm_bytes_per_token: kv ? (kv.tiers.warm.used * pageBytes) : 0,
+        ms_per_token_p50: s.ms_per_token_p50,
+        added_ms_per_token: allHot && ratio !== 1 ? Math.round((1000 / tokS - 1000 / allHot.tokS) * 1000) / 1000 : 0,
+        demotions: kv?.demotions ?? 0,
+        moved_d2h_bytes: kv?.moved.d2h.bytes ?? 0,
+        tiered_passes: kv?.tieredPasses ?? 0,
+        hot_path_allocations: s.hot_path_allocations,
+      });
+    } finally {
+      engine.dispose();
+    }
+  }
+  return { probe: 'long-context', model: o.model, backend: backendName, device, context: o.context, new_tokens: o.newTokens, block_size: bs, mixes };
+}
