@@ -134,6 +134,9 @@ export class OpEncoder {
         if (H % KVH !== 0) this.fail(`numHeads ${H} is not a multiple of numKvHeads ${KVH}`);
         if (hd > 256) this.fail(`headDim ${hd} > 256 is not supported`);
         if (qOff + H * hd > qStride) this.fail(`q heads exceed qRowStride ${qStride}`);
+        // Not in the kernels yet: refused, never ignored (a silent full attention would be wrong).
+        if (x.lse !== undefined) this.fail('partial attention (lse, tiered KV) is not implemented on the CUDA backend yet');
+        if (x.window !== undefined && (x.window as number) > 0) this.fail('sliding-window attention is not implemented on the CUDA backend yet');
         this.buf('q', B('q'), rows > 0 ? (rows - 1) * qStride + qOff + H * hd : 0, FLOAT);
         this.buf('kCache', B('kCache'), KVH * hd, WEIGHT);
         this.buf('vCache', B('vCache'), KVH * hd, WEIGHT);

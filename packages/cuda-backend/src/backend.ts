@@ -241,7 +241,8 @@ export class CudaBackend implements DeviceBackend {
       peerAccess: false,
       collectives: false,
       fabric: 'DiscreteExplicit' as const,
-      ops: OP_NAMES,
+      // attention_merge (tiered KV) has no kernel yet; the engine checks for it.
+      ops: OP_NAMES.filter((n) => n !== 'attention_merge'),
     });
   }
 

@@ -14,7 +14,7 @@ import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
 import { hostChannels, measureRates } from './rates.js';
-import { KvBudgetError, planKvTiers, TieredKv, validateKvTiers } from './kv-tiering.js';
+import { planKvTiers, TieredKv, validateKvTiers } from './kv-tiering.js';
 import { checkpointImportanceKey, kvBytesPerToken, memoryReport, placeWeights, type RunnerShape, validateResidency } from './weight-residency.js';
 import { defaultImportanceDir, ImportanceCache, ImportanceMeter, type ImportanceProfile, type MemoryReport, type PagerStats, type WeightPager } from '@nerva/memos';
 
@@ -268,6 +268,9 @@ export class Engine {
     const { maxRows, maxNumSeqs, kvBytesPerToken } = init.shape;
     const kvBytes = init.kvBytes;
     this.budgets = { vramBudget: o.vramBudget, hostBudget: o.hostBudget, offloadDir: o.offloadDir };
+    if (o.kvVramBudget !== undefined && !this.backend.capabilities.ops.includes('attention_merge')) {
+      throw new RangeError(`tiered KV (kvVramBudget) needs op attention_merge, which backend ${this.backend.name} does not have yet`);
+    }
     const tierPlan = o.kvVramBudget !== undefined ? planKvTiers(o, kvBytesPerToken * blockSize) : undefined;
     const numBlocks = tierPlan?.hotSlots ?? Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
     const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
@@ -605,7 +608,6 @@ export class Engine {
     try {
       if (this.scheduler.hasWork) this.step();
     } catch (e) {
-      if (process.env.NERVA_DEBUG_FAIL) console.error(e);
       this.failAll(e as Error);
     }
     if (this.scheduler.hasWork && !this.disposed) setImmediate(() => this.loop());

@@ -11,3 +11,4 @@ export * from './token-stream.js';
 export * from './worker/index.js';
 export * from './pipeline.js';
 export * from './stage-links.js';
+export { KvBudgetError } from './kv-tiering.js';
