@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "host_attention.h"
 #include "host_mlp.h"
 #include "nccl_dl.h"
 #include "nerva.h"
@@ -88,6 +89,10 @@ class Context : public Napi::ObjectWrap<Context> {
                            InstanceMethod("hostMlpRun", &Context::HostMlpRun),
                            InstanceMethod("hostMlpDestroy", &Context::HostMlpDestroy),
                            InstanceMethod("hostMlpStats", &Context::HostMlpStats),
+                           InstanceMethod("hostAttnCreate", &Context::HostAttnCreate),
+                           InstanceMethod("hostAttnEnqueue", &Context::HostAttnEnqueue),
+                           InstanceMethod("hostAttnDestroy", &Context::HostAttnDestroy),
+                           InstanceMethod("hostAttnStats", &Context::HostAttnStats),
                        });
   }
 
@@ -186,6 +191,7 @@ class Context : public Napi::ObjectWrap<Context> {
     }
     graphs_.clear();
     hostMlps_.clear();  // after the graphs that may hold them, and with no host function pending
+    hostAttns_.clear();
     for (auto ev : events_)
       if (ev) cudaEventDestroy(ev);
     events_.clear();
@@ -648,6 +654,133 @@ class Context : public Napi::ObjectWrap<Context> {
     return o;
   }
 
+  // Host attention (host_attention.cc): the warm partial of tiered KV, computed by the CPU over
+  // KV pages in the pinned arena. The args, the staging description and a pinned copy of the
+  // int buffers (block tables, rowSeq, positions) live here for the host functions and graphs.
+  struct HostAttn {
+    HostAttnArgs args;
+    HostAttnStage stage;
+    HostAttnCounters counters;
+    int* ints = nullptr;  // cudaHostAlloc: tables, then rowSeq, then positions
+    ~HostAttn() {
+      if (ints) cudaFreeHost(ints);
+    }
+  };
+
+  HostAttn& HostAttnAt(Napi::Env env, const Napi::Value& v) {
+    int id = v.IsNumber() ? v.As<Napi::Number>().Int32Value() : -1;
+    if (id < 0 || id >= (int)hostAttns_.size() || !hostAttns_[id]) throw Napi::Error::New(env, "unknown host attention " + std::to_string(id));
+    return *hostAttns_[id];
+  }
+
+  // The host view of `bytes` at a JS address that must lie in the pinned arena (device or host view).
+  char* PinnedHostView(Napi::Env env, double addr, size_t bytes, const char* name) {
+    char* p = (char*)(uintptr_t)addr;
+    for (char* base : {pinDev_, pinBase_}) {
+      if (!base || p < base || p >= base + pinBytes_) continue;
+      if (bytes > (size_t)(base + pinBytes_ - p)) throw Napi::Error::New(env, std::string("hostAttnCreate: ") + name + " runs past the pinned arena");
+      return pinBase_ + (p - base);
+    }
+    throw Napi::Error::New(env, std::string("hostAttnCreate: ") + name + " is not in the pinned arena (the CPU computes on it)");
+  }
+
+  // hostAttnCreate({ rows, numHeads, numKvHeads, headDim, blockSize, maxBlocksPerSeq, numSeqs,
+  //   numBlocks, window, scale, kvDtype, k, v, qHost, outHost, lseHost, q, qStride, qOffset,
+  //   tables, rowSeq, positions }) -> id. k, v, qHost, outHost, lseHost: pinned arena; q, tables,
+  //   rowSeq, positions: any (copied on the stream before the host function).
+  Napi::Value HostAttnCreate(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    if (hotPath_) {
+      hotPathRejected_++;
+      throw Napi::Error::New(env, "HOT_PATH: hostAttnCreate allocates and the hot-path guard is armed");
+    }
+    Napi::Object o = info[0].As<Napi::Object>();
+    auto num = [&](const char* k) -> double {
+      if (!o.Has(k)) throw Napi::Error::New(env, std::string("hostAttnCreate: missing ") + k);
+      double d = o.Get(k).ToNumber().DoubleValue();
+      if (!(d >= 0 && d < MAX_SAFE) && std::string(k) != "scale") throw Napi::Error::New(env, std::string("hostAttnCreate: bad ") + k);
+      return d;
+    };
+    auto h = std::make_unique<HostAttn>();
+    HostAttnArgs& a = h->args;
+    a.rows = (int)num("rows");
+    a.numHeads = (int)num("numHeads");
+    a.numKvHeads = (int)num("numKvHeads");
+    a.headDim = (int)num("headDim");
+    a.blockSize = (int)num("blockSize");
+    a.maxBlocksPerSeq = (int)num("maxBlocksPerSeq");
+    a.numSeqs = (int)num("numSeqs");
+    a.numBlocks = (long long)num("numBlocks");
+    a.window = (int)num("window");
+    a.scale = (float)num("scale");
+    a.kvDtype = (int)num("kvDtype");
+    if (const char* why = nerva_host_attention_validate(a)) throw Napi::Error::New(env, std::string("hostAttnCreate: ") + why);
+    const size_t eb = a.kvDtype == HOST_ATTN_F32 ? 4 : 2;
+    const size_t kvBytes = (size_t)a.numBlocks * a.blockSize * a.numKvHeads * a.headDim * eb;
+    const size_t qBytes = (size_t)a.rows * a.numHeads * a.headDim * 4;
+    a.k = PinnedHostView(env, num("k"), kvBytes, "k");
+    a.v = PinnedHostView(env, num("v"), kvBytes, "v");
+    a.q = (const float*)PinnedHostView(env, num("qHost"), qBytes, "qHost");
+    a.out = (float*)PinnedHostView(env, num("outHost"), qBytes, "outHost");
+    a.lse = num("lseHost") ? (float*)PinnedHostView(env, num("lseHost"), (size_t)a.rows * a.numHeads * 4, "lseHost") : nullptr;
+    const size_t nTables = (size_t)a.numSeqs * a.maxBlocksPerSeq;
+    CU(cudaHostAlloc((void**)&h->ints, (nTables + 2 * (size_t)a.rows + 1) * sizeof(int), cudaHostAllocDefault));
+    a.tables = h->ints;
+    a.rowSeq = h->ints + nTables;
+    a.positions = h->ints + nTables + a.rows;
+    a.counters = &h->counters;
+    HostAttnStage& st = h->stage;
+    st.qSrc = (const float*)(uintptr_t)num("q");
+    st.qStride = (int)num("qStride");
+    st.qOffset = (int)num("qOffset");
+    st.tablesSrc = (const int*)(uintptr_t)num("tables");
+    st.rowSeqSrc = (const int*)(uintptr_t)num("rowSeq");
+    st.positionsSrc = (const int*)(uintptr_t)num("positions");
+    nerva_host_attention_reserve(a.rows, a.numHeads, a.numKvHeads, a.headDim);  // no allocation when it runs
+    hostAttns_.push_back(std::move(h));
+    return Napi::Number::New(env, (double)(hostAttns_.size() - 1));
+  }
+
+  // hostAttnEnqueue(id, stream): staging copies + cudaLaunchHostFunc (capturable into a graph).
+  Napi::Value HostAttnEnqueue(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    HostAttn& h = HostAttnAt(env, info[0]);
+    int rc = nerva_host_attention_enqueue(Stream(env, info[1]), &h.args, &h.stage);
+    if (rc != 0) throw cudaErr(env, rc, "host attention " + std::to_string(info[0].As<Napi::Number>().Int32Value()));
+    return env.Undefined();
+  }
+
+  Napi::Value HostAttnDestroy(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    HostAttnAt(env, info[0]);
+    CU(cudaDeviceSynchronize());
+    hostAttns_[info[0].As<Napi::Number>().Int32Value()].reset();
+    return env.Undefined();
+  }
+
+  // hostAttnStats() -> { calls, ns, keys, badBlocks, threads } summed over every argument block.
+  Napi::Value HostAttnStats(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    HostAttnCounters t;
+    for (auto& h : hostAttns_)
+      if (h) {
+        t.calls += h->counters.calls;
+        t.ns += h->counters.ns;
+        t.keys += h->counters.keys;
+        t.badBlocks += h->counters.badBlocks;
+      }
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("calls", (double)t.calls);
+    o.Set("ns", (double)t.ns);
+    o.Set("keys", (double)t.keys);
+    o.Set("badBlocks", (double)t.badBlocks);
+    o.Set("threads", nerva_host_attention_threads());
+    return o;
+  }
+
   struct Graph {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -677,6 +810,7 @@ class Context : public Napi::ObjectWrap<Context> {
   std::vector<cudaEvent_t> events_;
   std::vector<Graph> graphs_;
   std::vector<std::unique_ptr<HostMlp>> hostMlps_;
+  std::vector<std::unique_ptr<HostAttn>> hostAttns_;
   uint64_t allocCalls_ = 0, freeCalls_ = 0, graphReplays_ = 0, hotPathRejected_ = 0;
   bool hotPath_ = false;
   bool disposed_ = false;

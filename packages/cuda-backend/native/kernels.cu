@@ -654,7 +654,7 @@ __device__ __forceinline__ void stk(__half* p, size_t i, float v) { p[i] = __flo
 // the live length do not arrive at all (every block derives the same nAct from positions[r]),
 // so a short context pays no fence or atomic for the idle splits of the grid.
 __device__ void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
-                           int nAct) {
+                           int nAct, float* lse) {
   __shared__ int lastFlag;
   int* c = counters + (size_t)rl * H + h;
   __threadfence();  // this block's partial is visible before it is counted
@@ -703,6 +703,7 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
       M = bm;
     }
     out[(size_t)r * H * hd + (size_t)h * hd + t] = L > 0.f ? a / L : 0.f;
+    if (lse && t == 0) lse[(size_t)r * H + h] = L > 0.f ? M + logf(L) : -INFINITY;
   }
 }
 
@@ -745,7 +746,8 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
                                                       const int* rowSeq, const int* positions, float* part, int H,
                                                       int KVH, int hd, int bs, int mbps, int qStride, int qOff,
                                                       float scale, int minChunk, int S, int rowBase, float* out,
-                                                      int* counters, int decodeOnly, RopeFuse rf) {
+                                                      int* counters, int decodeOnly, RopeFuse rf, int window,
+                                                      float* lse) {
   // decodeOnly (op decoder_layers: every row its own sequence): the keys before a row's own
   // position were written by earlier steps, so the first batch of them streams in before the
   // dependency wait, overlapping the kernel before (rope_append, which writes q and the new key).
@@ -762,11 +764,13 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   int epl = (hd + 31) >> 5;
   float* dst = part + (((size_t)rl * H + h) * S + s) * (hd + 2);
   int last = positions[r];
+  // A sliding window (window > 0) starts the keys at last - window + 1.
+  int lo = window > 0 ? max(0, last - window + 1) : 0;
   // Splits are sized from the live length (read here, so a replayed graph adapts every step):
   // a short context uses few splits of at least minChunk keys, the rest exit at once.
-  int chunk = max(minChunk, (last + S) / S);
-  int nAct = last / chunk + 1;
-  int start = s * chunk;
+  int chunk = max(minChunk, (last - lo + S) / S);
+  int nAct = (last - lo) / chunk + 1;
+  int start = lo + s * chunk;
   if (start > last) {
     if (!counters && threadIdx.x == 0) {
       dst[0] = -INFINITY;
@@ -814,7 +818,9 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     for (int b = 0; b < ATT_KB; b++) {
       int p = p0 + b * W;
       pOf[b] = p;
-      slot[b] = p <= end ? (long long)btr[p / bs] * bs + p % bs : -1;
+      // A negative entry: the block lives in another cache (partial attention); skipped.
+      int e = p <= end ? btr[p / bs] : -1;
+      slot[b] = e >= 0 ? (long long)e * bs + p % bs : -1;
     }
 #pragma unroll
     for (int b = 0; b < ATT_KB; b++)
@@ -904,7 +910,8 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
 #pragma unroll
     for (int b = 0; b < ATT_KB; b++)
       if (slot[b] >= 0) mn = fmaxf(mn, d[b]);
-    float corr = expf(m - mn);  // the batch's first key always exists: mn is finite
+    if (mn == -INFINITY) continue;  // every key of the batch is in another cache
+    float corr = expf(m - mn);
     l *= corr;
 #pragma unroll
     for (int j = 0; j < EPL; j++) acc[j] *= corr;
@@ -941,11 +948,11 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     dst[0] = M;
     dst[1] = L;
   }
-  if (counters) attnArrive(part, out, counters, rl, r, h, H, hd, S, nAct);
+  if (counters) attnArrive(part, out, counters, rl, r, h, H, hd, S, nAct, lse);
 }
 
 // Exact merge of the split partials (online-softmax combine), one block per (head, row).
-__global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase) {
+__global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase, float* lse) {
   PDL_ENTER();
   int h = blockIdx.x, rl = blockIdx.y, r = rowBase + rl;
   const float* base = part + ((size_t)rl * H + h) * S * (hd + 2);
@@ -964,6 +971,24 @@ __global__ void k_attn_combine(const float* part, float* out, int H, int hd, int
     }
     out[(size_t)r * H * hd + (size_t)h * hd + t] = L > 0.f ? a / L : 0.f;
   }
+  if (lse && threadIdx.x == 0) lse[(size_t)r * H + h] = L > 0.f ? M + logf(L) : -INFINITY;
+}
+
+// Partial attentions over disjoint key sets combined in place (op attention_merge): the
+// online-softmax rule on (out, lse) and (other, otherLse). One block per (head, row).
+__global__ void k_attn_merge(float* out, float* lse, const float* other, const float* otherLse, int H, int hd) {
+  PDL_ENTER();
+  int h = blockIdx.x, r = blockIdx.y;
+  size_t li = (size_t)r * H + h;
+  float la = lse[li], lb = otherLse[li];
+  float M = fmaxf(la, lb);
+  float wa = M == -INFINITY ? 0.f : expf(la - M), wb = M == -INFINITY ? 0.f : expf(lb - M);
+  float den = wa + wb;
+  float* o = out + li * hd;
+  const float* b = other + li * hd;
+  for (int t = threadIdx.x; t < hd; t += blockDim.x) o[t] = den > 0.f ? (o[t] * wa + b[t] * wb) / den : 0.f;
+  __syncthreads();  // every thread has read lse[li] before it changes
+  if (threadIdx.x == 0) lse[li] = den > 0.f ? M + logf(den) : -INFINITY;
 }
 
 // bf16 numerics: attention as transformers' eager path computes it on bf16 tensors. The score
@@ -979,13 +1004,14 @@ template <typename KT>
 __global__ void __launch_bounds__(32 * EAGER_WARPS) k_attn_eager(const float* q, const KT* kc, const KT* vc, const int* bt,
                                                                  const int* rowSeq, const int* positions, float* out,
                                                                  int H, int KVH, int hd, int bs, int mbps, int qStride,
-                                                                 int qOff, float scale, int rowBase) {
+                                                                 int qOff, float scale, int rowBase, int window) {
   PDL_ENTER();
   __shared__ float wm[EAGER_WARPS], wl[EAGER_WARPS];
   __shared__ float part[EAGER_WARPS][32 * ATT_MAX_EPL];
   int h = blockIdx.x, r = rowBase + blockIdx.y;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = positions[r] + 1;
+  int lo = window > 0 ? max(0, n - window) : 0;  // a sliding window's first key
   const int* tb = bt + (size_t)rowSeq[r] * mbps;
   size_t width = (size_t)KVH * hd, head = (size_t)(h / (H / KVH)) * hd;
   const float* qr = q + (size_t)r * qStride + qOff + (size_t)h * hd;
@@ -1023,7 +1049,7 @@ __global__ void __launch_bounds__(32 * EAGER_WARPS) k_attn_eager(const float* q,
     for (int b = 0; b < EAGER_KB; b++) sc[b] = rbf(rbf(sc[b]) * scale);
   };
   float m = -INFINITY, l = 0.f;
-  for (int p0 = warp; p0 < n; p0 += STEP) {
+  for (int p0 = lo + warp; p0 < n; p0 += STEP) {
     size_t base[EAGER_KB];
     bool ok[EAGER_KB];
     float sc[EAGER_KB];
@@ -1051,7 +1077,7 @@ __global__ void __launch_bounds__(32 * EAGER_WARPS) k_attn_eager(const float* q,
   float a[ATT_MAX_EPL];
 #pragma unroll
   for (int e = 0; e < ATT_MAX_EPL; e++) a[e] = 0.f;
-  for (int p0 = warp; p0 < n; p0 += STEP) {
+  for (int p0 = lo + warp; p0 < n; p0 += STEP) {
     size_t base[EAGER_KB];
     bool ok[EAGER_KB];
     float sc[EAGER_KB], vv[EAGER_KB][ATT_MAX_EPL];
@@ -1687,27 +1713,31 @@ int opFusedMatmul(NervaExec* ex, Args& A) {
 // decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
 int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
                  int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly = 0,
-                 const RopeFuse* rope = nullptr) {
+                 const RopeFuse* rope = nullptr, int window = 0, float* lse = nullptr) {
   if (hd <= 0 || hd > 32 * ATT_MAX_EPL) return bad(ex, "attention: headDim must be in 1..256");
   if (KVH <= 0 || H % KVH != 0) return bad(ex, "attention: numHeads must be a multiple of numKvHeads");
   if (kc.dt != vc.dt) return bad(ex, "attention: kCache and vCache dtypes differ");
+  if (window < 0) return bad(ex, "attention: window must be >= 0");
+  if ((window > 0 || lse) && (decodeOnly || rope)) return bad(ex, "attention: window and lse are not for the decoder stack");
   if (rows <= 0) return NERVA_OK;
   if (ex->bf16act) {
+    // Eager bf16 attention rounds the probabilities of the whole row: no partial form.
+    if (lse) return bad(ex, "attention: partial attention (lse) is defined for exact numerics only");
     for (int r0 = 0; r0 < rows; r0 += 65535) {
       dim3 grid((unsigned)H, (unsigned)std::min(65535, rows - r0));
       const int *btp = (const int*)bt.p, *rsp = (const int*)rowSeq.p, *pp = (const int*)pos.p;
       switch (kc.dt) {
         case NV_F32:
           LAUNCH(k_attn_eager<float>, grid, 32 * EAGER_WARPS, 0, qPtr, (const float*)kc.p, (const float*)vc.p, btp, rsp, pp,
-                 outPtr, H, KVH, hd, bs, mbps, qStride, qOff, scale, r0);
+                 outPtr, H, KVH, hd, bs, mbps, qStride, qOff, scale, r0, window);
           break;
         case NV_BF16:
           LAUNCH(k_attn_eager<uint16_t>, grid, 32 * EAGER_WARPS, 0, qPtr, (const uint16_t*)kc.p, (const uint16_t*)vc.p, btp,
-                 rsp, pp, outPtr, H, KVH, hd, bs, mbps, qStride, qOff, scale, r0);
+                 rsp, pp, outPtr, H, KVH, hd, bs, mbps, qStride, qOff, scale, r0, window);
           break;
         case NV_F16:
           LAUNCH(k_attn_eager<__half>, grid, 32 * EAGER_WARPS, 0, qPtr, (const __half*)kc.p, (const __half*)vc.p, btp, rsp, pp,
-                 outPtr, H, KVH, hd, bs, mbps, qStride, qOff, scale, r0);
+                 outPtr, H, KVH, hd, bs, mbps, qStride, qOff, scale, r0, window);
           break;
         default: return bad(ex, "attention: unsupported cache dtype");
       }
@@ -1745,7 +1775,7 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
     RopeFuse rf = rope ? *rope : RopeFuse();
 #define ATT_K(KT, E, RP)                                                                                               \
   LAUNCH((k_attn_partial<KT, ATT_WARPS, E, RP>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, rsp, pp, \
-         part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf)
+         part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf, window, lse)
 #define ATT_KT(KT)              \
   if (rope) ATT_K(KT, 4, true);    \
   else if (hd <= 128) ATT_K(KT, 4, false); \
@@ -1759,7 +1789,7 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
 #undef ATT_KT
 #undef ATT_K
     if (!cnt)
-      LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, outPtr, H, hd, (int)S, r0);
+      LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, outPtr, H, hd, (int)S, r0, lse);
   }
   return NERVA_OK;
 }
@@ -1769,9 +1799,25 @@ int opAttention(NervaExec* ex, Args& A) {
   int rows = A.num(), H = A.num(), KVH = A.num(), hd = A.num(), bs = A.num(), mbps = A.num(), qStride = A.num(),
       qOff = A.num();
   float scale = (float)A.next();
+  int window = A.num();
+  Buf lse = buf(A);
   if (!A.ok) return bad(ex, "attention: argument count");
   return attentionRun(ex, (const float*)q.p, kc, vc, (float*)out.p, bt, rowSeq, pos, rows, H, KVH, hd, bs, mbps, qStride,
-                      qOff, scale);
+                      qOff, scale, 0, nullptr, window, (float*)lse.p);
+}
+
+int opAttentionMerge(NervaExec* ex, Args& A) {
+  Buf out = buf(A), lse = buf(A), other = buf(A), otherLse = buf(A);
+  int rows = A.num(), H = A.num(), hd = A.num();
+  if (!A.ok) return bad(ex, "attention_merge: argument count");
+  if (rows <= 0 || H <= 0 || hd <= 0) return NERVA_OK;
+  for (int r0 = 0; r0 < rows; r0 += 65535) {
+    int nr = std::min(65535, rows - r0);
+    size_t o = (size_t)r0 * H;
+    LAUNCH(k_attn_merge, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, (float*)out.p + o * hd, (float*)lse.p + o,
+           (const float*)other.p + o * hd, (const float*)otherLse.p + o, H, hd);
+  }
+  return NERVA_OK;
 }
 
 int ropeAppendRun(NervaExec* ex, float* qkv, Buf pos, Buf inv, Buf slots, Buf kc, Buf vc, Buf qn, Buf kn, int rows, int nq,
@@ -1953,6 +1999,7 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       return ropeAppendRun(ex, (float*)x.p, pos, inv, slots, kc, vc, qn, kn, rows, nq, nkv, hd, rowStride, eps);
     }
     case OP_DECODER_LAYERS: return opDecoderLayers(ex, A);
+    case OP_ATTENTION_MERGE: return opAttentionMerge(ex, A);
     default: return bad(ex, "unknown op code");
   }
 }

@@ -29,6 +29,8 @@ enum NervaOp {
   OP_FUSED_MATMUL,
   OP_ROPE_APPEND,
   OP_DECODER_LAYERS,
+  OP_MLP_SLICE,  // host path (src/host-mlp.ts), never launched here
+  OP_ATTENTION_MERGE,
   OP_COUNT
 };
 

@@ -134,9 +134,7 @@ export class OpEncoder {
         if (H % KVH !== 0) this.fail(`numHeads ${H} is not a multiple of numKvHeads ${KVH}`);
         if (hd > 256) this.fail(`headDim ${hd} > 256 is not supported`);
         if (qOff + H * hd > qStride) this.fail(`q heads exceed qRowStride ${qStride}`);
-        // Not in the kernels yet: refused, never ignored (a silent full attention would be wrong).
-        if (x.lse !== undefined) this.fail('partial attention (lse, tiered KV) is not implemented on the CUDA backend yet');
-        if (x.window !== undefined && (x.window as number) > 0) this.fail('sliding-window attention is not implemented on the CUDA backend yet');
+        const window = x.window === undefined ? 0 : c('window');
         this.buf('q', B('q'), rows > 0 ? (rows - 1) * qStride + qOff + H * hd : 0, FLOAT);
         this.buf('kCache', B('kCache'), KVH * hd, WEIGHT);
         this.buf('vCache', B('vCache'), KVH * hd, WEIGHT);
@@ -146,6 +144,18 @@ export class OpEncoder {
         this.buf('positions', B('positions'), rows, INT);
         this.num(rows); this.num(H); this.num(KVH); this.num(hd); this.num(bs); this.num(mbps); this.num(qStride); this.num(qOff);
         this.num(x.scale as number);
+        this.num(window);
+        // Partial attention (tiered KV): skips negative block-table entries, writes the log-sum-exp.
+        this.optBuf('lse', B('lse'), rows * H, FLOAT);
+        return;
+      }
+      case 'attention_merge': {
+        const rows = c('rows'), H = c('numHeads', 1), hd = c('headDim', 1);
+        this.buf('out', B('out'), rows * H * hd, FLOAT);
+        this.buf('lse', B('lse'), rows * H, FLOAT);
+        this.buf('other', B('other'), rows * H * hd, FLOAT);
+        this.buf('otherLse', B('otherLse'), rows * H, FLOAT);
+        this.num(rows); this.num(H); this.num(hd);
         return;
       }
       case 'silu_mul': {

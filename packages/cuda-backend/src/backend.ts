@@ -25,6 +25,7 @@ import {
   type Tier,
 } from '@nerva/core';
 import { OpEncoder, OP_CODES, type ResolvedBuffer } from './abi.js';
+import { type HostAttnNative, hostAttentionPlan } from './host-attention.js';
 import { type HostMlpNative, hostMlpKey } from './host-mlp.js';
 import { Arena } from './arena.js';
 import {
@@ -241,8 +242,7 @@ export class CudaBackend implements DeviceBackend {
       peerAccess: false,
       collectives: false,
       fabric: 'DiscreteExplicit' as const,
-      // attention_merge (tiered KV) has no kernel yet; the engine checks for it.
-      ops: OP_NAMES.filter((n) => n !== 'attention_merge'),
+      ops: OP_NAMES,
     });
   }
 
@@ -394,6 +394,10 @@ export class CudaBackend implements DeviceBackend {
       this.mlpSlice(args as OpArgs<'mlp_slice'>, stream);
       return;
     }
+    if (op === 'attention' && (args as OpArgs<'attention'>).kCache?.tier === 'pinned') {
+      this.hostAttention(args as OpArgs<'attention'>, stream);
+      return;
+    }
     const enc = this.encoder;
     enc.encode(op, args);
     try {
@@ -438,6 +442,44 @@ export class CudaBackend implements DeviceBackend {
       throw fromNative(err, 'mlp_slice');
     }
     this.copy(a.out, a.yHost!, n, 0, 0, stream);
+  }
+
+  /** Native argument blocks of host attention (KV in pinned memory), see host-attention.ts. */
+  private readonly hostAttns = new Map<string, number>();
+
+  private hostAttention(a: OpArgs<'attention'>, stream: StreamHandle | undefined): void {
+    const native = this.ctx as unknown as Partial<HostAttnNative>;
+    if (typeof native.hostAttnCreate !== 'function') throw new CudaArgumentError('op attention', 'the addon was built without host attention (rebuild it)');
+    if (a.lse && this.capabilities.numerics === 'bf16') throw new CudaArgumentError('op attention', 'partial attention (lse) is defined for exact numerics only');
+    const bufs = a as unknown as Record<string, DeviceBuffer | undefined>;
+    const { key, create } = hostAttentionPlan(a, (name) => {
+      const b = bufs[name];
+      if (!b) return undefined;
+      const e = this.entry(b, `op attention ${name}`);
+      return { addr: e.addr, dtype: e.dtype, length: e.length, tier: b.tier, id: b.id };
+    });
+    if (a.rows === 0) return;
+    let id = this.hostAttns.get(key);
+    if (id === undefined) {
+      if (this.hotPath) {
+        this.hotPathAllocations++;
+        throw new HotPathAllocationError('host attention argument block');
+      }
+      try {
+        id = native.hostAttnCreate!(create);
+      } catch (err) {
+        throw fromNative(err, 'op attention');
+      }
+      this.hostAttns.set(key, id);
+    }
+    try {
+      native.hostAttnEnqueue!(id, this.stream(stream));
+    } catch (err) {
+      throw fromNative(err, 'op attention');
+    }
+    const n = a.rows * a.numHeads * a.headDim;
+    this.copy(a.out, a.outHost!, n, 0, 0, stream);
+    if (a.lse) this.copy(a.lse, a.lseHost!, a.rows * a.numHeads, 0, 0, stream);
   }
 
   createStream(): StreamHandle {
@@ -582,10 +624,21 @@ export class CudaBackend implements DeviceBackend {
     };
   }
 
+  /** Time the host CPU spent computing ops near data (host MLP slices, host attention). */
   private hostComputeStats(): { hostComputeMs?: number } {
-    const native = this.ctx as unknown as Partial<HostMlpNative>;
-    if (this.disposed || this.hostMlps.size === 0 || typeof native.hostMlpStats !== 'function') return {};
-    return { hostComputeMs: native.hostMlpStats().ns / 1e6 };
+    const native = this.ctx as unknown as Partial<HostMlpNative & HostAttnNative>;
+    if (this.disposed) return {};
+    let ns = 0;
+    let any = false;
+    if (this.hostMlps.size > 0 && typeof native.hostMlpStats === 'function') {
+      ns += native.hostMlpStats().ns;
+      any = true;
+    }
+    if (this.hostAttns.size > 0 && typeof native.hostAttnStats === 'function') {
+      ns += native.hostAttnStats().ns;
+      any = true;
+    }
+    return any ? { hostComputeMs: ns / 1e6 } : {};
   }
 
   private finalCounters = { allocCalls: 0, freeCalls: 0, launches: 0, graphReplays: 0, hotPathRejected: 0 };
@@ -614,6 +667,9 @@ export class CudaBackend implements DeviceBackend {
     const native = this.ctx as unknown as Partial<HostMlpNative>;
     for (const id of this.hostMlps.values()) native.hostMlpDestroy?.(id);
     this.hostMlps.clear();
+    const attn = this.ctx as unknown as Partial<HostAttnNative>;
+    for (const id of this.hostAttns.values()) attn.hostAttnDestroy?.(id);
+    this.hostAttns.clear();
     this.ctx.dispose();
     this.finalCounters = this.ctx.counters();
     this.disposed = true;

@@ -1,0 +1,61 @@
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+// The host attention math (native/host_attention.cc: tiered KV's warm partial, computed by the
+// CPU where the pages lie) without CUDA or the addon: test/native/host_attention_test.cc is
+// compiled with g++ and checks f32/bf16/f16 caches, GQA, windows and missing blocks against a
+// float64 reference, with its error bound stated in that file. Skipped where there is no g++.
+
+const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const hasGxx = spawnSync('g++', ['--version'], { stdio: 'ignore' }).status === 0;
+
+interface CaseLine { case: string; threads: number; boundUsed: number; keys: number }
+interface Summary { summary: true; cases: number; failures: number; allocsDuringCalls: number; threadMismatches: number; threads: number }
+
+function runProgram(exe: string, env: Record<string, string>): { cases: CaseLine[]; summary: Summary; failures: string[] } {
+  const r = spawnSync(exe, [], { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 120_000 });
+  const lines = r.stdout.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as Record<string, unknown>);
+  const summary = lines.find((l) => l.summary) as Summary | undefined;
+  if (!summary) throw new Error(`no summary from host_attention_test (status ${r.status}, signal ${r.signal}): ${r.stderr}`);
+  return {
+    cases: lines.filter((l) => 'case' in l) as unknown as CaseLine[],
+    summary,
+    failures: lines.filter((l) => 'fail' in l).map((l) => String(l.fail)),
+  };
+}
+
+describe.skipIf(!hasGxx)('host attention math (native/host_attention.cc, g++, no CUDA)', () => {
+  let tmp = '';
+  let exe = '';
+
+  beforeAll(() => {
+    tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-host-attn-'));
+    exe = path.join(tmp, 'host_attention_test');
+    const args = ['-O2', '-std=c++17', '-pthread', '-DNERVA_HOST_ATTN_NO_CUDA', '-Inative', 'test/native/host_attention_test.cc', 'native/host_attention.cc', '-o', exe];
+    const r = spawnSync('g++', args, { cwd: pkgDir, encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`g++ failed: ${r.stderr}`);
+  }, 120_000);
+  afterAll(() => {
+    if (tmp) rmSync(tmp, { recursive: true, force: true });
+  });
+
+  it('matches the float64 reference (dtypes, GQA 1/4/12, windows, missing blocks), thread-count independent, allocation-free', () => {
+    const { cases, summary, failures } = runProgram(exe, {});
+    expect(failures).toEqual([]);
+    expect(summary.failures).toBe(0);
+    expect(cases).toHaveLength(14); // 7 shapes at 1 and 4 threads
+    expect(cases.every((c) => c.boundUsed <= 1 && c.keys > 0)).toBe(true);
+    expect(summary.allocsDuringCalls).toBe(0);
+    expect(summary.threadMismatches).toBe(0);
+  });
+
+  it('gives the same results when idle workers sleep at once (NERVA_HOST_SPIN_US=0) with a pool of 3 (NERVA_HOST_THREADS)', () => {
+    const { summary, failures } = runProgram(exe, { NERVA_HOST_SPIN_US: '0', NERVA_HOST_THREADS: '3' });
+    expect(failures).toEqual([]);
+    expect(summary.failures).toBe(0);
+  });
+});
