@@ -7,6 +7,10 @@
 //   parity.mjs paged <dir> [<dir> ...]     paged weights (memory OS) vs the resident run, greedy
 //                                          tokens, at the smallest VRAM budget and at 4 GiB /
 //                                          NERVA_PAGED_BUDGETS -> $OUT/paged.json
+//   parity.mjs tiered <dir> [<dir> ...]    tiered KV (a hot budget of a few pages, the rest warm in
+//                                          pinned memory, attended by the host and merged) vs all
+//                                          hot: greedy tokens, last prompt position's logits, 1 and
+//                                          4 concurrent requests -> $OUT/tiered.json
 import { readdirSync, readFileSync, existsSync, writeFileSync, openSync, writeSync, closeSync } from 'node:fs';
 import path from 'node:path';
 import { Engine } from '@nerva/engine';
@@ -187,7 +191,62 @@ async function paged(dirs: string[]): Promise<void> {
   writeFileSync(path.join(out, 'paged.json'), JSON.stringify(results, null, 1));
 }
 
+async function tiered(dirs: string[]): Promise<void> {
+  const results: unknown[] = [];
+  const n = 24;
+  const base = { backend: 'cuda' as const, maxModelLen: 1024, maxNumSeqs: 4, blockSize: 16, importanceCache: false as const };
+  let ok = true;
+  for (const dir of dirs) {
+    const name = path.basename(dir.replace(/\/$/, ''));
+    const allHot = await Engine.create({ model: dir, ...base });
+    const vocab = allHot.spec.vocabSize;
+    const promptLen = Number(process.env.NERVA_TIERED_PROMPT ?? 300);
+    const prompts = [0, 1, 2, 3].map((k) => Array.from({ length: promptLen - 17 * k }, (_, i) => (i * 37 + 11 + 101 * k) % Math.min(vocab, 500)));
+    const want = await Promise.all(prompts.map((p) => allHot.submit(p, { temperature: 0, maxTokens: n, ignoreEos: true, returnPromptLogits: true }).done));
+    const kvElem = allHot.backend.capabilities.numerics === 'bf16' ? 2 : 4;
+    const pageBytes = 2 * allHot.spec.numLayers * allHot.spec.numKvHeads * allHot.spec.headDim * kvElem * 16;
+    allHot.dispose();
+    for (const hotPages of [6, 12]) {
+      const e = await Engine.create({ model: dir, ...base, kvVramBudget: hotPages * pageBytes, kvHostBudget: 4 * (Math.ceil((promptLen + n) / 16) + 2) * pageBytes });
+      try {
+        const t0 = performance.now();
+        const one = await e.submit(prompts[0], { temperature: 0, maxTokens: n, ignoreEos: true, returnPromptLogits: true }).done;
+        const oneMs = performance.now() - t0;
+        const four = await Promise.all(prompts.map((p) => e.submit(p, { temperature: 0, maxTokens: n, ignoreEos: true }).done));
+        const lastLogits = (o: typeof one) => o.promptLogits![o.promptLogits!.length - 1];
+        const a = lastLogits(one), w = lastLogits(want[0]);
+        let maxErr = 0, maxAbs = 0;
+        for (let i = 0; i < w.length; i++) {
+          maxErr = Math.max(maxErr, Math.abs(a[i] - w[i]));
+          maxAbs = Math.max(maxAbs, Math.abs(w[i]));
+        }
+        const same = (x: number[], y: number[]) => x.length === y.length && x.every((t, i) => t === y[i]);
+        const kv = e.memoryReport().kv!;
+        const r = {
+          model: name, hot_pages: hotPages, prompt_len: promptLen,
+          identical_1: same(one.tokenIds, want[0].tokenIds),
+          identical_4: four.every((o, i) => same(o.tokenIds, want[i].tokenIds)),
+          last_logits_rel_err: maxErr / maxAbs,
+          tiered_passes: kv.tieredPasses, demotions: kv.demotions, promotions: kv.promotions, warm_used: kv.tiers.warm.used,
+          ms_one_request: Math.round(oneMs), hot_path_allocations: one.ledger.summary().hot_path_allocations,
+        };
+        if (!r.identical_1 || !r.identical_4 || !(r.last_logits_rel_err < 1e-4) || r.tiered_passes === 0) ok = false;
+        results.push(r);
+        console.log(`tiered ${name} hot ${hotPages} pages: ${JSON.stringify(r)}`);
+      } finally {
+        e.dispose();
+      }
+    }
+  }
+  writeFileSync(path.join(out, 'tiered.json'), JSON.stringify(results, null, 1));
+  if (!ok) {
+    console.error('tiered: a run differs from all-hot (or never used the warm tier)');
+    process.exitCode = 1;
+  }
+}
+
 if (mode === 'fixtures') await fixtures(a);
+else if (mode === 'tiered') await tiered(process.argv.slice(3));
 else if (mode === 'paged') await paged(process.argv.slice(3));
 else if (mode === 'batch') await batch(a);
 else if (mode === 'synth') await synth(a, b);

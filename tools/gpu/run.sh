@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (see /work/shared/device/README.md and tools/gpu/README.md).
 # Prepare here with tools/gpu/prepare.sh, then run with carry [".device"]:
-#   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,paged,synth,oracle,bench,profile,offload
+#   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,paged,synth,oracle,bench,profile,offload,
+#                                      tiered (tiered KV vs all hot on the fixtures and each size), longctx (nerva-bench long-context
+#                                      on each size; NERVA_LONGCTX_CONTEXT, default 4096, NERVA_LONGCTX_RATIOS, default 2,4)
 #   NERVA_SIZES="qwen3-0.6b qwen3-8b"   synthetic checkpoints (from .device/configs) for synth/oracle/bench/profile/offload
 #   offload (not in the default list; meant for a checkpoint larger than the budget, e.g.
 #   NERVA_SIZES=qwen3-8b bash tools/gpu/run.sh build,synth,offload): accelerate's device_map offload
@@ -71,6 +73,7 @@ has batch && runjs batch parity.mjs batch .device/fixtures/models/tiny-shakespea
 has paged && runjs paged parity.mjs paged $(ls -d .device/fixtures/models/*/ | grep -v tiny-shakespeare) models/tiny-shakespeare-qwen3 && cp "$OUT/paged.json" "$OUT/paged-fixtures.json"
 has pipeline && runjs pipeline pipeline.mjs single $(ls -d .device/fixtures/models/*/ | grep -v tiny-shakespeare) models/tiny-shakespeare-qwen3 && cp "$OUT/pipeline.json" "$OUT/pipeline-fixtures.json"
 has pipeline2 && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs pipeline2 pipeline.mjs multi $(ls -d .device/fixtures/models/*/ | grep -v tiny-shakespeare) models/tiny-shakespeare-qwen3 && cp "$OUT/pipeline-multi.json" "$OUT/pipeline-multi-fixtures.json"
+has tiered && runjs tiered parity.mjs tiered $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3 && cp "$OUT/tiered.json" "$OUT/tiered-fixtures.json"
 has cli && { for m in .device/fixtures/models/*/; do $NODE .device/dist/cli.mjs run --model "$m" --backend cuda --prompt-ids 1,2,3 --max-tokens 8 --temperature 0 --json 2>&1 | tail -1; done > "$OUT/cli-runs.jsonl"; say "cli runs: $(grep -c '"backend":"cuda"' "$OUT/cli-runs.jsonl") cuda json lines"; }
 for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   dir=/tmp/synth/$size
@@ -83,6 +86,8 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   has paged && runjs "paged $size" parity.mjs paged "$dir" && cp "$OUT/paged.json" "$OUT/paged-$size.json"
   has pipeline && runjs "pipeline $size" pipeline.mjs single "$dir" && cp "$OUT/pipeline.json" "$OUT/pipeline-$size.json"
   has pipeline2 && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs "pipeline2 $size" pipeline.mjs multi "$dir" && cp "$OUT/pipeline-multi.json" "$OUT/pipeline-multi-$size.json"
+  has tiered && NERVA_TIERED_PROMPT=600 runjs "tiered $size" parity.mjs tiered "$dir" && cp "$OUT/tiered.json" "$OUT/tiered-$size.json"
+  has longctx && runjs "long-context $size" long_context.mjs "$dir" ${NERVA_LONGCTX_CONTEXT:-4096} ${NERVA_LONGCTX_TOKENS:-32} ${NERVA_LONGCTX_RATIOS:-2,4}
   has bench && runjs "bench $size" bench.mjs "$dir" 128 256
   has bench && NERVA_CUDA_DECODER=persistent runjs "bench $size persistent" bench.mjs "$dir" 128 256
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile

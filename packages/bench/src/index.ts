@@ -2,3 +2,4 @@ export { decodeProbe } from "./probes/decode.js";
 export { generateProbe } from "./probes/generate.js";
 export { measureCopyBandwidth, measureH2dBandwidth, syntheticPrompt, withScratchBackend, type H2dBandwidth } from "./measure.js";
 export { offloadProbe, offloadKvCacheBytes, type OffloadProbeOptions } from "./probes/offload.js";
+export { longContextProbe, type LongContextProbeOptions } from "./probes/long-context.js";

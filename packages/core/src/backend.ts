@@ -104,7 +104,7 @@ export interface BackendStats {
   launches: number;
   graphReplays: number;
   syncs: SyncCounts;
-  /** Milliseconds the host spent computing ops near host-tier data (op mlp_slice on a device backend). */
+  /** Milliseconds the host spent computing ops near host-tier data on a device backend (op mlp_slice; op attention over a KV cache in pinned memory). */
   hostComputeMs?: number;
 }
 

@@ -1,4 +1,4 @@
-import { Engine } from '@nerva/engine';
+import { Engine, kvDtypeOf } from '@nerva/engine';
 import { syntheticPrompt } from '../measure.js';
 
 export interface LongContextProbeOptions {
@@ -26,9 +26,10 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
   let backendName = '';
   for (const ratio of [1, ...ratios]) {
     const base = { model: o.model, backend: o.backend, maxNumSeqs: 4, blockSize: bs, maxModelLen: o.context + o.newTokens + 2 * bs, importanceCache: false as const };
-    // Pages of the sequence, and one page of KV (every layer's K and V, float32).
+    // Pages of the sequence, and one page of KV (every layer's K and V, in the backend's KV dtype).
     let engine = await Engine.create({ ...base, kvCacheBytes: ratio === 1 ? undefined : 1 });
-    const pageBytes = 2 * engine.spec.numLayers * engine.spec.numKvHeads * engine.spec.headDim * 4 * bs;
+    const kvElem = kvDtypeOf(engine.backend) === 'f32' ? 4 : 2;
+    const pageBytes = 2 * engine.spec.numLayers * engine.spec.numKvHeads * engine.spec.headDim * kvElem * bs;
     const pages = Math.ceil((o.context + o.newTokens) / bs);
     if (ratio !== 1) {
       engine.dispose();
@@ -40,11 +41,20 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
       backendName = engine.backend.name;
       const prompt = syntheticPrompt(o.context, engine.spec.vocabSize);
       await engine.submit(prompt.slice(0, 16), { maxTokens: 4, temperature: 0, ignoreEos: true }).done;
+      const before = engine.backend.stats().hostComputeMs ?? 0;
       const out = await engine.submit(prompt, { maxTokens: o.newTokens, temperature: 0, ignoreEos: true }).done;
+      // Host time near data (the warm partials), per generated token (prefill's share included).
+      const hostMs = ((engine.backend.stats().hostComputeMs ?? 0) - before) / Math.max(1, out.tokenIds.length);
       const s = out.ledger.summary();
       const kv = engine.memoryReport().kv;
       const tokS = s.decode_tokens_per_s;
       if (ratio === 1) allHot = { tokS, tokens: out.tokenIds };
+      const warmBytes = kv ? kv.tiers.warm.used * pageBytes : 0;
+      // The serial bound at the rates measured here: every layer's warm partial must finish before
+      // that layer's merge, so a step takes at least the all-hot step plus the host's time over the
+      // warm pages (its overlap with the hot partial is at most the hot attention, small at 4x).
+      const hostGbps = hostMs > 0 ? warmBytes / (hostMs * 1e6) : null;
+      const limitTokS = allHot && ratio !== 1 && hostMs > 0 ? Math.round((1000 / (1000 / allHot.tokS + hostMs)) * 100) / 100 : null;
       mixes.push({
         kv_to_hot_ratio: ratio,
         hot_pages: kv ? kv.tiers.hot.capacity : pages,
@@ -53,7 +63,11 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
         fraction_of_all_hot: allHot ? Math.round((tokS / allHot.tokS) * 1000) / 1000 : null,
         same_tokens_as_all_hot: allHot ? JSON.stringify(out.tokenIds) === JSON.stringify(allHot.tokens) : null,
         // Warm pages the host reads per decode step (every layer's K and V).
-        warm_bytes_per_token: kv ? (kv.tiers.warm.used * pageBytes) : 0,
+        warm_bytes_per_token: warmBytes,
+        host_attention_ms_per_token: Math.round(hostMs * 1000) / 1000,
+        host_attention_gbps: hostGbps === null ? null : Math.round(hostGbps * 10) / 10,
+        limit_tok_s: limitTokS,
+        fraction_of_limit: limitTokS ? Math.round((tokS / limitTokS) * 1000) / 1000 : null,
         ms_per_token_p50: s.ms_per_token_p50,
         added_ms_per_token: allHot && ratio !== 1 ? Math.round((1000 / tokS - 1000 / allHot.tokS) * 1000) / 1000 : 0,
         demotions: kv?.demotions ?? 0,

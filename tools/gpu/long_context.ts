@@ -1,0 +1,21 @@
+// GPU machine: `nerva-bench long-context` (same code) on a synthetic checkpoint: decode at a long
+// context all hot, then with the hot KV budget at 1/2 and 1/4 of the sequence's pages (the rest
+// warm in pinned memory, attended by the host CPU and merged) -> one JSON line appended to
+// $OUT/long-context.jsonl.
+//   long_context.mjs MODEL_DIR CONTEXT NEW_TOKENS [ratios, default 2,4]
+import { appendFileSync } from 'node:fs';
+import path from 'node:path';
+import { longContextProbe } from '@nerva/bench';
+
+const [model, context, newTokens, ratios] = process.argv.slice(2);
+if (!model || !context) throw new Error('usage: long_context.mjs MODEL_DIR CONTEXT NEW_TOKENS [ratios]');
+const r = await longContextProbe({
+  model,
+  backend: 'cuda',
+  context: Number(context),
+  newTokens: Number(newTokens ?? 32),
+  ratios: (ratios ?? '2,4').split(',').map(Number),
+});
+const line = JSON.stringify(r);
+console.log(line);
+appendFileSync(path.join(process.env.OUT ?? '.', 'long-context.jsonl'), line + '\n');
