@@ -57,6 +57,14 @@ export interface ModelSpec {
   eosTokenIds: number[];
   /** Dtype the checkpoint was published in (`torch_dtype`/`dtype`), e.g. 'bfloat16'. */
   torchDtype: string;
+  /**
+   * Sliding-window attention, per decoder layer: `layerWindows[l] > 0` means a query at position p
+   * of layer l attends to positions max(0, p - layerWindows[l] + 1)..p only (transformers' sliding
+   * mask: key k is seen when p - k < window); 0 means full causal attention. Absent when every
+   * layer is full attention (read it through {@link layerWindow}). Derived from the config exactly
+   * as transformers 5.x derives its layer types; see {@link parseModelConfig}.
+   */
+  layerWindows?: number[];
 }
 
 /** Dtype names that HF configs use, normalized. */
@@ -77,8 +85,22 @@ const DEFAULT_MAX_POSITIONS: Record<ModelArch, number> = { llama: 2048, qwen2: 3
 /**
  * Normalize a Hugging Face `config.json` into a {@link ModelSpec}. `source` names the file in
  * error messages. Throws {@link ConfigError} for an unsupported `model_type`, a missing or invalid
- * field, an unsupported RoPE scaling, or a feature NERVA does not run exactly (sliding window,
- * MLP bias, activations other than SiLU).
+ * field, an unsupported RoPE scaling, or a feature NERVA does not run exactly (MLP bias,
+ * activations other than SiLU, a sliding window on an architecture that has none).
+ *
+ * Sliding windows ({@link ModelSpec.layerWindows}) follow transformers 5.x:
+ * - qwen2 / qwen3 (`Qwen2Config` / `Qwen3Config.__post_init__`): the window in effect is
+ *   `sliding_window` (default 4096 when the key is absent) if `use_sliding_window`, else none.
+ *   `layer_types` ("full_attention" | "sliding_attention", one per layer), when present, says which
+ *   layers slide; when absent, layer i slides iff a window is in effect and
+ *   i >= `max_window_layers` (default 28). A sliding layer without a window in effect is an error
+ *   in transformers' mask construction, and here.
+ * - qwen3_moe (`Qwen3MoeModel`, one mask for all layers): every layer slides iff
+ *   `use_sliding_window` and `sliding_window` is set; `max_window_layers` and `layer_types` are not
+ *   read by transformers (a `layer_types` that disagrees is refused as ambiguous).
+ * - llama: `LlamaForCausalLM` has no sliding window (`sliding_window` is ignored, as transformers
+ *   does); `use_sliding_window: true` or sliding `layer_types` are refused (likely a Mistral-style
+ *   checkpoint, which NERVA does not run).
  */
 export function parseModelConfig(json: unknown, source = 'config.json'): ModelSpec {
   if (typeof json !== 'object' || json === null || Array.isArray(json)) {
@@ -116,15 +138,10 @@ export function parseModelConfig(json: unknown, source = 'config.json'): ModelSp
   const act = c.hidden_act ?? c.hidden_activation ?? 'silu';
   if (act !== 'silu') throw new ConfigError('UNSUPPORTED_FEATURE', source, `hidden_act "${String(act)}" is not supported (only silu)`, 'hidden_act');
   if (c.mlp_bias === true) throw new ConfigError('UNSUPPORTED_FEATURE', source, 'mlp_bias=true is not supported', 'mlp_bias');
-  if (c.use_sliding_window === true) {
-    throw new ConfigError('UNSUPPORTED_FEATURE', source, 'use_sliding_window=true is not supported (NERVA runs full attention only)', 'use_sliding_window');
-  }
-  if (Array.isArray(c.layer_types) && c.layer_types.some((t) => t !== 'full_attention')) {
-    throw new ConfigError('UNSUPPORTED_FEATURE', source, `layer_types contains ${JSON.stringify(c.layer_types.find((t) => t !== 'full_attention'))}; only full_attention layers are supported`, 'layer_types');
-  }
 
   const attentionBias = arch === 'qwen2' ? r.bool('attention_bias', true) : r.bool('attention_bias', false);
   const numLayers = r.posInt('num_hidden_layers');
+  const layerWindows = parseLayerWindows(c, arch, numLayers, source);
 
   let moe: MoeSpec | undefined;
   if (arch === 'qwen3_moe') {
@@ -181,8 +198,25 @@ export function parseModelConfig(json: unknown, source = 'config.json'): ModelSp
     torchDtype: DTYPE_ALIASES[rawDtype],
   };
   if (moe) spec.moe = moe;
+  if (layerWindows) spec.layerWindows = layerWindows;
   if (c.bos_token_id !== undefined && c.bos_token_id !== null) spec.bosTokenId = r.nonNegInt('bos_token_id');
   return spec;
+}
+
+/** The sliding window of decoder layer `layer` (see {@link ModelSpec.layerWindows}); 0 = full attention. */
+export function layerWindow(spec: ModelSpec, layer: number): number {
+  return spec.layerWindows?.[layer] ?? 0;
+}
+
+/**
+ * When every layer slides, the largest window W: the KV of positions before p - W + 1 is never
+ * read again once a sequence computes position p, so its pages can be freed. 0 when any layer is
+ * full attention (it reads every position, so nothing can be freed).
+ */
+export function kvReadWindow(spec: ModelSpec): number {
+  const w = spec.layerWindows;
+  if (w === undefined || w.length !== spec.numLayers || w.some((x) => !(x > 0))) return 0;
+  return Math.max(...w);
 }
 
 /** True when `layer` uses the routed-expert MLP (mirrors HF Qwen3MoeDecoderLayer). */
@@ -208,6 +242,89 @@ export async function loadModelConfig(dir: string): Promise<ModelSpec> {
     throw new ConfigError('NOT_JSON', path, `not valid JSON: ${(e as Error).message}`);
   }
   return parseModelConfig(json, path);
+}
+
+const LAYER_TYPES = ['full_attention', 'sliding_attention'] as const;
+
+/** Per-layer sliding windows (see parseModelConfig); undefined when every layer is full attention. */
+function parseLayerWindows(c: Record<string, unknown>, arch: ModelArch, numLayers: number, source: string): number[] | undefined {
+  const use = c.use_sliding_window;
+  if (use !== undefined && use !== null && typeof use !== 'boolean') {
+    throw new ConfigError('INVALID_FIELD', source, `"use_sliding_window" must be a boolean, got ${JSON.stringify(use)}`, 'use_sliding_window');
+  }
+  const lt = c.layer_types;
+  let types: (typeof LAYER_TYPES)[number][] | undefined;
+  if (lt !== undefined && lt !== null) {
+    if (!Array.isArray(lt)) throw new ConfigError('INVALID_FIELD', source, `"layer_types" must be a list of ${LAYER_TYPES.join(' / ')}, got ${JSON.stringify(lt)}`, 'layer_types');
+    if (lt.length !== numLayers) {
+      throw new ConfigError('INVALID_FIELD', source, `"layer_types" has ${lt.length} entries but num_hidden_layers is ${numLayers}`, 'layer_types');
+    }
+    lt.forEach((t, i) => {
+      if (!(LAYER_TYPES as readonly unknown[]).includes(t)) {
+        throw new ConfigError('INVALID_FIELD', source, `layer_types[${i}] is ${JSON.stringify(t)}; ${arch} layers are "full_attention" or "sliding_attention"`, 'layer_types');
+      }
+    });
+    types = lt as (typeof LAYER_TYPES)[number][];
+  }
+  const anySlidingType = types?.some((t) => t === 'sliding_attention') ?? false;
+
+  if (arch === 'llama') {
+    if (use === true) {
+      throw new ConfigError('UNSUPPORTED_FEATURE', source, 'use_sliding_window=true: LlamaForCausalLM has no sliding window (a Mistral-style checkpoint is not supported)', 'use_sliding_window');
+    }
+    if (anySlidingType) {
+      throw new ConfigError('UNSUPPORTED_FEATURE', source, 'layer_types has sliding_attention layers: LlamaForCausalLM has no sliding window (a Mistral-style checkpoint is not supported)', 'layer_types');
+    }
+    return undefined; // transformers' Llama ignores `sliding_window`
+  }
+
+  // transformers: sliding_window = sliding_window if use_sliding_window else None; the dataclass
+  // default (4096) applies only when the key is absent.
+  let window = 0;
+  if (use === true) {
+    const raw = 'sliding_window' in c ? c.sliding_window : 4096;
+    if (raw !== null && raw !== undefined) {
+      if (typeof raw !== 'number' || !Number.isSafeInteger(raw) || raw <= 0) {
+        throw new ConfigError('INVALID_FIELD', source, `"sliding_window" must be a positive integer (tokens a query sees, itself included), got ${JSON.stringify(raw)}`, 'sliding_window');
+      }
+      window = raw;
+    }
+  }
+
+  let windows: number[];
+  if (arch === 'qwen3_moe') {
+    // One mask for every layer (Qwen3MoeModel); layer_types and max_window_layers are not read.
+    windows = new Array<number>(numLayers).fill(window);
+    if (types && types.some((t) => (t === 'sliding_attention') !== window > 0)) {
+      throw new ConfigError(
+        'UNSUPPORTED_FEATURE',
+        source,
+        `layer_types disagrees with use_sliding_window/sliding_window; transformers' Qwen3-MoE ignores layer_types and ${window > 0 ? 'slides every layer' : 'slides no layer'}`,
+        'layer_types',
+      );
+    }
+  } else if (types) {
+    if (anySlidingType && window === 0) {
+      throw new ConfigError(
+        'INVALID_FIELD',
+        source,
+        `layer_types has sliding_attention layers but no window is in effect (use_sliding_window is ${String(use ?? false)}, sliding_window ${JSON.stringify(c.sliding_window ?? null)}); transformers cannot build their mask`,
+        'layer_types',
+      );
+    }
+    windows = types.map((t) => (t === 'sliding_attention' ? window : 0));
+  } else {
+    let maxWindowLayers = 28;
+    if (window > 0 && c.max_window_layers !== undefined && c.max_window_layers !== null) {
+      const m = c.max_window_layers;
+      if (typeof m !== 'number' || !Number.isSafeInteger(m) || m < 0) {
+        throw new ConfigError('INVALID_FIELD', source, `"max_window_layers" must be a non-negative integer, got ${JSON.stringify(m)}`, 'max_window_layers');
+      }
+      maxWindowLayers = m;
+    }
+    windows = Array.from({ length: numLayers }, (_, i) => (window > 0 && i >= maxWindowLayers ? window : 0));
+  }
+  return windows.some((w) => w > 0) ? windows : undefined;
 }
 
 function parseRope(c: Record<string, unknown>, source: string): { ropeTheta: number; ropeScaling: RopeScaling } {

@@ -1,7 +1,7 @@
 import { readFile, readdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { ConfigError, isMoeLayer, loadModelConfig, parseModelConfig } from '../src/index.js';
+import { ConfigError, isMoeLayer, kvReadWindow, layerWindow, loadModelConfig, parseModelConfig } from '../src/index.js';
 import { CONFIGS, MODELS, tempDir } from './helpers.js';
 
 async function rawConfig(dir: string): Promise<Record<string, any>> {
@@ -133,7 +133,6 @@ describe('parseModelConfig on real model shapes and edge cases', () => {
     expect(configErr({ ...base, num_key_value_heads: 3 }).field).toBe('num_key_value_heads');
     expect(configErr({ ...base, hidden_size: 'big' }).code).toBe('INVALID_FIELD');
     expect(configErr({ ...base, hidden_act: 'gelu' }).code).toBe('UNSUPPORTED_FEATURE');
-    expect(configErr({ ...base, use_sliding_window: true }).field).toBe('use_sliding_window');
     expect(configErr({ ...base, torch_dtype: 'int8' }).field).toBe('torch_dtype');
   });
 
@@ -174,6 +173,113 @@ describe('parseModelConfig on real model shapes and edge cases', () => {
     });
     expect([0, 1, 2, 3, 4, 5].map((l) => isMoeLayer(s, l))).toEqual([false, true, false, false, false, true]);
     expect(s.moe?.normTopkProb).toBe(false);
+  });
+
+  describe('sliding-window attention (transformers 5.x Qwen2Config / Qwen3Config / Qwen3MoeModel semantics)', () => {
+    const q = { ...base, num_hidden_layers: 4 };
+    const windows = (json: Record<string, unknown>) => {
+      const s = parseModelConfig(json);
+      return Array.from({ length: s.numLayers }, (_, l) => layerWindow(s, l));
+    };
+
+    it('real configs with use_sliding_window=false have no windows', async () => {
+      for (const f of await readdir(CONFIGS)) {
+        const s = parseModelConfig(JSON.parse(await readFile(join(CONFIGS, f), 'utf8')), f);
+        expect(s.layerWindows).toBeUndefined();
+        expect(kvReadWindow(s)).toBe(0);
+      }
+      // Qwen2.5-0.5B: sliding_window 32768 and max_window_layers 24, but use_sliding_window false.
+      const q25 = JSON.parse(await readFile(join(CONFIGS, 'qwen2.5-0.5b.json'), 'utf8'));
+      expect(q25.sliding_window).toBe(32768);
+      expect(parseModelConfig({ ...q25, use_sliding_window: true }).layerWindows).toBeUndefined(); // 24 >= 24 layers
+      expect(parseModelConfig({ ...q25, use_sliding_window: true, max_window_layers: 20 }).layerWindows).toEqual([...Array(20).fill(0), 32768, 32768, 32768, 32768]);
+    });
+
+    it('without layer_types: layer i slides iff use_sliding_window, a window, and i >= max_window_layers', () => {
+      for (const arch of ['qwen2', 'qwen3']) {
+        expect(windows({ ...q, model_type: arch, use_sliding_window: true, sliding_window: 6, max_window_layers: 1 })).toEqual([0, 6, 6, 6]);
+        expect(windows({ ...q, model_type: arch, use_sliding_window: true, sliding_window: 6, max_window_layers: 0 })).toEqual([6, 6, 6, 6]);
+        expect(windows({ ...q, model_type: arch, use_sliding_window: true, sliding_window: 6, max_window_layers: 4 })).toEqual([0, 0, 0, 0]);
+        // use_sliding_window false (or absent): transformers sets sliding_window to None.
+        expect(windows({ ...q, model_type: arch, use_sliding_window: false, sliding_window: 6, max_window_layers: 0 })).toEqual([0, 0, 0, 0]);
+        expect(windows({ ...q, model_type: arch, sliding_window: 6, max_window_layers: 0 })).toEqual([0, 0, 0, 0]);
+        // Explicit null: no window in effect.
+        expect(windows({ ...q, model_type: arch, use_sliding_window: true, sliding_window: null, max_window_layers: 0 })).toEqual([0, 0, 0, 0]);
+      }
+      // Dataclass defaults when the keys are absent: sliding_window 4096, max_window_layers 28.
+      expect(windows({ ...q, num_hidden_layers: 30, use_sliding_window: true }).slice(26)).toEqual([0, 0, 4096, 4096]);
+      expect(windows({ ...q, use_sliding_window: true, max_window_layers: 2 })).toEqual([0, 0, 4096, 4096]);
+      const s = parseModelConfig({ ...q, use_sliding_window: true, sliding_window: 6, max_window_layers: 1 });
+      expect(s.layerWindows).toEqual([0, 6, 6, 6]);
+      expect(kvReadWindow(s)).toBe(0); // layer 0 is full attention: nothing can be freed
+      expect(kvReadWindow(parseModelConfig({ ...q, use_sliding_window: true, sliding_window: 6, max_window_layers: 0 }))).toBe(6);
+    });
+
+    it('layer_types, when present, wins over max_window_layers', () => {
+      const lt = ['sliding_attention', 'full_attention', 'sliding_attention', 'full_attention'];
+      expect(windows({ ...q, use_sliding_window: true, sliding_window: 5, max_window_layers: 3, layer_types: lt })).toEqual([5, 0, 5, 0]);
+      expect(windows({ ...q, model_type: 'qwen2', use_sliding_window: true, sliding_window: 5, max_window_layers: 0, layer_types: Array(4).fill('full_attention') })).toEqual([0, 0, 0, 0]);
+      // All full attention with no window in effect is what transformers saves for ordinary models.
+      expect(parseModelConfig({ ...q, use_sliding_window: false, sliding_window: null, layer_types: Array(4).fill('full_attention') }).layerWindows).toBeUndefined();
+    });
+
+    it('qwen3_moe slides every layer when use_sliding_window and sliding_window are set', () => {
+      const moe = { ...q, model_type: 'qwen3_moe', num_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 8 };
+      expect(windows({ ...moe, use_sliding_window: true, sliding_window: 7, max_window_layers: 2 })).toEqual([7, 7, 7, 7]);
+      expect(windows({ ...moe, use_sliding_window: false, sliding_window: 7 })).toEqual([0, 0, 0, 0]);
+      const e = configErr({ ...moe, use_sliding_window: true, sliding_window: 7, layer_types: ['full_attention', 'sliding_attention', 'sliding_attention', 'sliding_attention'] });
+      expect(e.code).toBe('UNSUPPORTED_FEATURE');
+      expect(e.field).toBe('layer_types');
+    });
+
+    it('llama has no sliding window: sliding_window is ignored, a use flag or sliding layer types are refused', () => {
+      const llama = { ...q, model_type: 'llama' };
+      expect(parseModelConfig({ ...llama, sliding_window: 4096 }).layerWindows).toBeUndefined();
+      const e = configErr({ ...llama, use_sliding_window: true, sliding_window: 8 });
+      expect(e.code).toBe('UNSUPPORTED_FEATURE');
+      expect(e.field).toBe('use_sliding_window');
+      expect(e.message).toContain('Mistral');
+      expect(configErr({ ...llama, layer_types: ['sliding_attention', 'full_attention', 'full_attention', 'full_attention'] }).field).toBe('layer_types');
+    });
+
+    const sw = { ...q, use_sliding_window: true, max_window_layers: 0 };
+    it('a negative, zero or non-integer window is an INVALID_FIELD naming sliding_window', () => {
+      for (const bad of [-4, 0, 2.5, '8', true]) {
+        const e = configErr({ ...sw, sliding_window: bad });
+        expect(e.code).toBe('INVALID_FIELD');
+        expect(e.field).toBe('sliding_window');
+        expect(e.message).toContain('sliding_window');
+      }
+    });
+
+    it('a layer_types list of the wrong length is an INVALID_FIELD', () => {
+      const e = configErr({ ...sw, sliding_window: 4, layer_types: ['sliding_attention', 'sliding_attention', 'sliding_attention'] });
+      expect(e.code).toBe('INVALID_FIELD');
+      expect(e.field).toBe('layer_types');
+      expect(e.message).toContain('3 entries but num_hidden_layers is 4');
+      expect(configErr({ ...sw, sliding_window: 4, layer_types: 'sliding_attention' }).field).toBe('layer_types');
+    });
+
+    it('an unknown layer type is an INVALID_FIELD naming the entry', () => {
+      const e = configErr({ ...sw, sliding_window: 4, layer_types: ['full_attention', 'chunked_attention', 'full_attention', 'full_attention'] });
+      expect(e.code).toBe('INVALID_FIELD');
+      expect(e.field).toBe('layer_types');
+      expect(e.message).toContain('layer_types[1] is "chunked_attention"');
+    });
+
+    it('sliding layer types without a window in effect are refused (transformers cannot build their mask)', () => {
+      const lt = ['sliding_attention', 'full_attention', 'full_attention', 'full_attention'];
+      const e = configErr({ ...q, use_sliding_window: false, sliding_window: 4, layer_types: lt });
+      expect(e.code).toBe('INVALID_FIELD');
+      expect(e.field).toBe('layer_types');
+      expect(configErr({ ...q, use_sliding_window: true, sliding_window: null, layer_types: lt }).field).toBe('layer_types');
+    });
+
+    it('a non-integer max_window_layers or non-boolean use_sliding_window is an INVALID_FIELD', () => {
+      expect(configErr({ ...sw, sliding_window: 4, max_window_layers: -1 }).field).toBe('max_window_layers');
+      expect(configErr({ ...sw, sliding_window: 4, max_window_layers: 1.5 }).field).toBe('max_window_layers');
+      expect(configErr({ ...q, use_sliding_window: 'yes' }).field).toBe('use_sliding_window');
+    });
   });
 
   it('loadModelConfig reports a missing or malformed file', async () => {
