@@ -1,7 +1,7 @@
 import type { DecoderLayerWeights, DeviceBackend, DeviceBuffer, EventHandle, OpArgs, OpName, StreamHandle, Tier } from '@nerva/core';
 import { DTYPE_BYTES } from '@nerva/core';
 import type { ModelSpec } from '@nerva/models';
-import { isMoeLayer } from '@nerva/models';
+import { isMoeLayer, layerWindow } from '@nerva/models';
 import { kvDtypeOf, type LayerWeights, layerBlockId, type ModelWeights } from './model-weights.js';
 
 /**
@@ -112,6 +112,12 @@ export class ModelRunner {
    * the backend lacks the op or the model has a sparse (MoE) layer, which the op does not cover.
    */
   private readonly stack: readonly StackRun[] | undefined;
+  /**
+   * Sliding window of each decoder layer (indexed by layer; 0 = full attention), passed to op
+   * `attention` as `window`: the op masks each row to its last `window` positions, whatever the
+   * mix of prefill chunks and decode rows, so chunked prefill and prefix-cache hits need nothing more.
+   */
+  private readonly windows: readonly number[];
   /** Decoder layers [firstLayer, endLayer) run here (every layer unless a pipeline stage). */
   readonly firstLayer: number;
   readonly endLayer: number;
@@ -134,6 +140,7 @@ export class ModelRunner {
       throw new RangeError(`stage layers [${this.firstLayer}, ${this.endLayer}) are not a non-empty range of the model's ${s.numLayers} layers`);
     this.first = this.firstLayer === 0;
     this.last = this.endLayer === s.numLayers;
+    this.windows = Array.from({ length: s.numLayers }, (_, l) => layerWindow(s, l));
     const { maxRows, maxSeqs } = limits;
     const hd = s.headDim;
     this.qkvOut = (s.numHeads + 2 * s.numKvHeads) * hd;
@@ -212,7 +219,9 @@ export class ModelRunner {
         this.forkEv = backend.createEvent();
         this.joinEv = backend.createEvent();
       }
-      this.stack = backend.capabilities.ops.includes('decoder_layers') && s.moe === undefined ? this.decoderStack() : undefined;
+      // Op decoder_layers has no sliding window: a model with a windowed layer runs per-layer ops.
+      const windowed = this.windows.slice(this.firstLayer, this.endLayer).some((w) => w > 0);
+      this.stack = backend.capabilities.ops.includes('decoder_layers') && s.moe === undefined && !windowed ? this.decoderStack() : undefined;
       backend.write(this.meta.ringCursor, new Int32Array(1));
     } catch (e) {
       this.dispose();
@@ -467,7 +476,14 @@ export class ModelRunner {
       qRowStride: this.qkvOut,
       qOffset: 0,
       scale: 1 / Math.sqrt(s.headDim),
+      ...this.windowArg(l),
     });
+  }
+
+  /** `window` for op attention on a sliding layer; nothing on a full-attention one. */
+  private windowArg(l: number): { window?: number } {
+    const w = this.windows[l];
+    return w > 0 ? { window: w } : {};
   }
 
   private attendTiered(l: number, rows: number): void {
@@ -488,6 +504,8 @@ export class ModelRunner {
       qRowStride: this.qkvOut,
       qOffset: 0,
       scale: 1 / Math.sqrt(s.headDim),
+      // Both partials mask to the window; positions outside it are in neither.
+      ...this.windowArg(l),
     };
     const side = this.sideStream!;
     be.record(this.forkEv!, this.stream);
