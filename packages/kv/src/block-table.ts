@@ -16,6 +16,14 @@ export class BlockTable {
   readonly hashes: BlockHash[] = [];
   /** Token positions that have a slot (computed from cache or scheduled for compute). */
   numTokens = 0;
+  /**
+   * Leading blocks given back to the pool because no attention can read them again (sliding-window
+   * attention, {@link KvCacheManager.releaseBlocksBefore}): their entries hold the null block and
+   * their positions have no slot. The table keeps its logical length.
+   */
+  numReleased = 0;
+  /** `regId` the last released block had when it was released: the parent stamp of the next registration. */
+  releasedRegId = 0;
 
   constructor(
     readonly seqId: SeqId,
@@ -37,18 +45,33 @@ export class BlockTable {
     }
   }
 
+  /** Held (not released) blocks, logical order. */
+  get liveBlocks(): KvBlock[] {
+    return this.blocks.slice(this.numReleased);
+  }
+
+  /** `regId` of logical block i as a registration's parent stamp (released blocks: their stamp at release). */
+  parentStamp(i: number): number {
+    if (i >= this.numReleased) return this.blocks[i].regId;
+    if (i === this.numReleased - 1) return this.releasedRegId;
+    throw new KvArgumentError(`block ${i} of ${String(this.seqId)} was released before its successor was registered`);
+  }
+
   /** Physical slot of token `position`: `ids[position / blockSize] * blockSize + position % blockSize`. */
   slotFor(position: number): number {
     if (!Number.isInteger(position) || position < 0 || position >= this.numTokens) {
       throw new SlotOutOfRangeError(this.seqId, position, this.numTokens);
     }
     const bs = this.blockSize;
+    if (position < this.numReleased * bs) {
+      throw new KvArgumentError(`sequence ${String(this.seqId)}: position ${position} is in a released block (positions below ${this.numReleased * bs} have no slot)`);
+    }
     return this.ids[Math.floor(position / bs)] * bs + (position % bs);
   }
 
   /**
    * Writes the block ids into `out[offset … offset + width)` and pads the rest with the null
-   * block, the layout paged-attention kernels take. Allocation-free, so it may run on the hot path.
+   * block, the layout paged-attention kernels take (released leading blocks read as the null block). Allocation-free, so it may run on the hot path.
    */
   writeTo(out: Int32Array, offset: number, width: number): void {
     if (!Number.isInteger(width) || width < this.ids.length) {

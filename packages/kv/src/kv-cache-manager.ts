@@ -283,11 +283,44 @@ export class KvCacheManager {
         hash: pending[k].hash,
         tokens: pending[k].tokens,
         extraTag: i === 0 ? extra.firstTag : extra.restTag,
-        parentRegId: i === 0 ? 0 : table.blocks[i - 1].regId,
+        parentRegId: i === 0 ? 0 : table.parentStamp(i - 1),
       });
       table.hashes.push(pending[k].hash);
     }
     return fresh.map((b) => b.id);
+  }
+
+  /**
+   * Sliding-window attention: gives back to the pool every block of `seqId` whose positions are all
+   * below `position` (when every layer's window is W and the sequence next computes position p,
+   * `position` = p - W + 1: no attention reads those blocks again). Only blocks whose K/V were
+   * written may be released (`position` at most the computed tokens); the caller guarantees it.
+   * Released blocks keep their prefix-cache registration (their K/V stay valid for a request with
+   * the same prefix) and are reused in LRU order like any freed block. The table keeps its logical
+   * length; released entries read as the null block. Returns the number of blocks released now.
+   */
+  releaseBlocksBefore(seqId: SeqId, position: number): number {
+    const t = this.table(seqId);
+    if (!Number.isFinite(position)) throw new KvArgumentError(`position must be a finite number, got ${position}`);
+    const upTo = Math.min(Math.floor(Math.max(0, position) / this.blockSize), t.blocks.length, Math.floor(t.numTokens / this.blockSize));
+    if (upTo <= t.numReleased) return 0;
+    const released = t.blocks.slice(t.numReleased, upTo);
+    // Tail-first, as in free(): a chain's tail is evicted before its prefix.
+    this.pool.free(released.slice().reverse());
+    t.releasedRegId = released[released.length - 1].regId;
+    const nb = this.pool.nullBlock;
+    for (let i = t.numReleased; i < upTo; i++) {
+      t.blocks[i] = nb;
+      t.ids[i] = nb.id;
+    }
+    const n = upTo - t.numReleased;
+    t.numReleased = upTo;
+    return n;
+  }
+
+  /** Leading blocks of `seqId` released by {@link releaseBlocksBefore}. */
+  numReleasedBlocks(seqId: SeqId): number {
+    return this.table(seqId).numReleased;
   }
 
   /** The physical block ids of `seqId`, logical order. A live view: do not mutate. */
@@ -319,7 +352,7 @@ export class KvCacheManager {
       if (this.recentlyFreed.has(seqId)) throw new DoubleFreeError(`sequence ${String(seqId)}`);
       throw new UnknownSequenceError(seqId);
     }
-    const reversed = table.blocks.slice().reverse();
+    const reversed = table.liveBlocks.reverse();
     this.pool.free(reversed);
     this.seqs.delete(seqId);
     if (this.freedSeqMemory > 0) {
@@ -363,11 +396,13 @@ export class KvCacheManager {
     for (const [id, t] of this.seqs) {
       const name = `sequence ${String(id)}`;
       const seen = new Set<number>();
-      for (const b of t.blocks) {
+      for (const b of t.liveBlocks) {
         if (seen.has(b.id)) v.push(`${name}: block ${b.id} appears twice in one table`);
         seen.add(b.id);
         holders.set(b.id, (holders.get(b.id) ?? 0) + 1);
       }
+      for (let i = 0; i < t.numReleased; i++) if (t.blocks[i] !== this.pool.nullBlock) v.push(`${name}: released entry ${i} is not the null block`);
+      if (t.numReleased * bs > t.numTokens) v.push(`${name}: ${t.numReleased} released blocks but only ${t.numTokens} tokens`);
       if (t.numTokens < 1 || t.blocks.length !== Math.ceil(t.numTokens / bs)) {
         v.push(`${name}: ${t.blocks.length} blocks for ${t.numTokens} tokens`);
       }
@@ -378,10 +413,10 @@ export class KvCacheManager {
       if (seen.has(this.pool.nullBlock.id)) v.push(`${name}: holds the null block`);
       const expectHashed = this.enablePrefixCaching ? Math.floor(t.numTokens / bs) : 0;
       if (t.numHashed !== expectHashed) v.push(`${name}: ${t.numHashed} hashed blocks, expected ${expectHashed}`);
-      for (let i = 0; i < Math.min(t.numHashed, t.blocks.length); i++) {
+      for (let i = t.numReleased; i < Math.min(t.numHashed, t.blocks.length); i++) {
         const b = t.blocks[i];
         if (b.hash !== t.hashes[i]) v.push(`${name}: block ${b.id} hash ${String(b.hash)} != table hash ${t.hashes[i]}`);
-        const parentReg = i === 0 ? 0 : t.blocks[i - 1].regId;
+        const parentReg = i === 0 ? 0 : t.parentStamp(i - 1);
         if (b.parentRegId !== parentReg) v.push(`${name}: block ${b.id} is not chained to its predecessor`);
       }
     }

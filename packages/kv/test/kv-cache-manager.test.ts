@@ -405,3 +405,83 @@ describe('KvCacheManager: misuse raises typed errors', () => {
     }
   });
 });
+
+describe('KvCacheManager: releasing blocks behind a sliding window', () => {
+  /** Decode `n` tokens one at a time, releasing what a window of `w` no longer reads before each. */
+  function decode(m: KvCacheManager, id: SeqId, all: number[], n: number, w: number, from = 1000): number[] {
+    const held: number[] = [];
+    for (let i = 0; i < n; i++) {
+      m.releaseBlocksBefore(id, m.numTokens(id) - w + 1);
+      all.push(from + i);
+      expect(m.allocateSlots(id, all, 1)).not.toBeNull();
+      held.push(m.stats().usedBlocks - 1);
+      m.checkInvariants();
+    }
+    return held;
+  }
+
+  it('returns blocks wholly before the window to the pool; a long generation holds a bounded number', () => {
+    const m = mgr({ numBlocks: 8, maxBlocksPerSeq: 64 }); // 7 usable blocks of 4 tokens: 28 tokens without releasing
+    const all = range(100, 6);
+    admit(m, 'a', all);
+    expect(m.releaseBlocksBefore('a', 3)).toBe(0); // block 0 still holds position 3
+    expect(m.releaseBlocksBefore('a', 4)).toBe(1);
+    expect(m.releaseBlocksBefore('a', 4)).toBe(0); // idempotent
+    expect(m.numReleasedBlocks('a')).toBe(1);
+    expect(m.blockTable('a')).toEqual([NULL_BLOCK_ID, 2]);
+    expect(() => m.slotFor('a', 3)).toThrow(/released block/);
+    expect(m.slotFor('a', 4)).toBe(2 * 4);
+    m.checkInvariants();
+    // 100 more tokens with a window of 6: never more than ceil((6 - 1) / 4) + 1 = 3 blocks held.
+    const held = decode(m, 'a', all, 100, 6);
+    expect(Math.max(...held)).toBeLessThanOrEqual(3);
+    expect(m.numTokens('a')).toBe(106);
+    expect(m.blockTable('a')).toHaveLength(27);
+    const row = new Int32Array(30);
+    m.writeBlockTable('a', row, 0, 30);
+    expect(Array.from(row.subarray(0, 25)).every((x) => x === NULL_BLOCK_ID)).toBe(true);
+    m.free('a');
+    expect(m.stats().freeBlocks).toBe(7);
+    m.checkInvariants();
+  });
+
+  it('never releases past the slotted tokens, and refuses a non-finite position', () => {
+    const m = mgr();
+    admit(m, 'a', range(1, 6));
+    expect(m.releaseBlocksBefore('a', 1000)).toBe(1); // only block 0 is full
+    expect(m.releaseBlocksBefore('a', -5)).toBe(0);
+    expect(() => m.releaseBlocksBefore('a', Number.NaN)).toThrow(KvArgumentError);
+    expect(() => m.releaseBlocksBefore('zz', 4)).toThrow(UnknownSequenceError);
+    m.checkInvariants();
+  });
+
+  it('released blocks stay valid prefix-cache pages, and the chain continues past them', () => {
+    const m = mgr({ numBlocks: 32 });
+    const all = range(100, 5);
+    admit(m, 'a', all);
+    decode(m, 'a', all, 15, 5); // 20 tokens, 5 full blocks, the early ones released
+    expect(m.numReleasedBlocks('a')).toBeGreaterThanOrEqual(3);
+    m.checkInvariants();
+    // A request with the same 20 tokens (+1) finds all 5 blocks, released ones included: their
+    // K/V are intact until the pool reuses them, and later blocks chain to them by stamp.
+    const again = [...all, 7];
+    const c = m.getComputedBlocks('b', again);
+    expect(c.numComputedTokens).toBe(20);
+    m.allocateSlots('b', again, 1, c);
+    m.checkInvariants();
+    m.free('a');
+    m.free('b');
+    m.checkInvariants();
+  });
+
+  it('a released page the pool reused is a miss, never a wrong hit', () => {
+    const m = mgr({ numBlocks: 5, maxBlocksPerSeq: 64 }); // 4 usable: releasing is what lets 'a' grow past 16 tokens
+    const all = range(100, 4);
+    admit(m, 'a', all);
+    decode(m, 'a', all, 20, 4); // 24 tokens through 4 blocks: the first ones were reused
+    const c = m.getComputedBlocks('b', [...all.slice(0, 8), 1]);
+    expect(c.numComputedTokens).toBe(0);
+    m.free('a');
+    m.checkInvariants();
+  });
+});

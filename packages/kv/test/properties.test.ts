@@ -30,7 +30,9 @@ type Op =
   | { t: 'admit'; s: number; prefix: number; cut: number; suffix: number[]; salt: number }
   | { t: 'append'; s: number; toks: number[] }
   | { t: 'free'; s: number }
-  | { t: 'preempt'; s: number };
+  | { t: 'preempt'; s: number }
+  /** Sliding-window release: give back the blocks wholly before numTokens - keep. */
+  | { t: 'release'; s: number; keep: number };
 
 const tok = fc.integer({ min: 0, max: 3 });
 const seq = fc.integer({ min: 0, max: SEQS - 1 });
@@ -49,6 +51,7 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
   { weight: 4, arbitrary: fc.record({ t: fc.constant('append' as const), s: seq, toks: fc.array(tok, { minLength: 1, maxLength: 3 }) }) },
   { weight: 2, arbitrary: fc.record({ t: fc.constant('free' as const), s: seq }) },
   { weight: 1, arbitrary: fc.record({ t: fc.constant('preempt' as const), s: seq }) },
+  { weight: 2, arbitrary: fc.record({ t: fc.constant('release' as const), s: seq, keep: fc.integer({ min: 0, max: 8 }) }) },
 );
 
 const HASHES: Record<string, BlockHashFn | undefined> = {
@@ -87,7 +90,7 @@ interface SeqModel {
 }
 
 /** Counts of interesting events across all runs, to assert the generator reaches every path. */
-const tally = { hits: 0, refusals: 0, tooLong: 0, readmitHits: 0, collidingHits: 0, doubleFrees: 0 };
+const tally = { hits: 0, refusals: 0, tooLong: 0, readmitHits: 0, collidingHits: 0, doubleFrees: 0, releases: 0 };
 
 function run(cfg: Config, ops: Op[]): void {
   const bs = cfg.blockSize;
@@ -213,11 +216,15 @@ function run(cfg: Config, ops: Op[]): void {
       expect(m.hasSequence(id(s))).toBe(model[s].live);
       if (!model[s].live) continue;
       const table = m.blockTable(id(s));
-      expect(new Set(table).size).toBe(table.length);
-      expect(table).not.toContain(NULL_BLOCK_ID);
+      // Released leading entries are the null block; the rest are distinct held blocks.
+      const rel = m.numReleasedBlocks(id(s));
+      const held = table.slice(rel);
+      expect(table.slice(0, rel).every((b) => b === NULL_BLOCK_ID)).toBe(true);
+      expect(new Set(held).size).toBe(held.length);
+      expect(held).not.toContain(NULL_BLOCK_ID);
       expect(table.length).toBe(Math.ceil(model[s].tokens.length / bs));
-      for (const b of table) refs.set(b, (refs.get(b) ?? 0) + 1);
-      for (let p = 0; p < model[s].tokens.length; p++) {
+      for (const b of held) refs.set(b, (refs.get(b) ?? 0) + 1);
+      for (let p = rel * bs; p < model[s].tokens.length; p++) {
         ensure(kv[m.slotFor(id(s), p)] === ctx(model[s], p), () => `${id(s)} position ${p} lost its KV`);
       }
     }
@@ -255,6 +262,10 @@ function run(cfg: Config, ops: Op[]): void {
       }
       case 'free':
         freeSeq(op.s);
+        break;
+      case 'release':
+        if (!sm.live) break;
+        if (m.releaseBlocksBefore(id(op.s), m.numTokens(id(op.s)) - op.keep) > 0) tally.releases++;
         break;
       case 'preempt':
         if (!sm.live) break;
@@ -301,7 +312,7 @@ describe('KvCacheManager properties', () => {
     );
   });
 
-  it('exercised hits, refusals, length limits, cached re-admission and double frees', () => {
+  it('exercised hits, refusals, length limits, cached re-admission, double frees and window releases', () => {
     // Runs after the properties above (vitest runs a file's tests in order).
     for (const [k, v] of Object.entries(tally)) expect(v, k).toBeGreaterThan(0);
   });
