@@ -200,7 +200,7 @@ async function tiered(dirs: string[]): Promise<void> {
     const name = path.basename(dir.replace(/\/$/, ''));
     const allHot = await Engine.create({ model: dir, ...base });
     const vocab = allHot.spec.vocabSize;
-    const promptLen = Number(process.env.NERVA_TIERED_PROMPT ?? 300);
+    const promptLen = Math.min(Number(process.env.NERVA_TIERED_PROMPT ?? 300), allHot.maxModelLen - n - 1);
     const prompts = [0, 1, 2, 3].map((k) => Array.from({ length: promptLen - 17 * k }, (_, i) => (i * 37 + 11 + 101 * k) % Math.min(vocab, 500)));
     const want = await Promise.all(prompts.map((p) => allHot.submit(p, { temperature: 0, maxTokens: n, ignoreEos: true, returnPromptLogits: true }).done));
     const kvElem = allHot.backend.capabilities.numerics === 'bf16' ? 2 : 4;
@@ -211,6 +211,7 @@ async function tiered(dirs: string[]): Promise<void> {
       try {
         const t0 = performance.now();
         const one = await e.submit(prompts[0], { temperature: 0, maxTokens: n, ignoreEos: true, returnPromptLogits: true }).done;
+        if (!one.promptLogits) throw new Error(`${name}: the tiered run failed: ${JSON.stringify(one).slice(0, 400)}`);
         const oneMs = performance.now() - t0;
         const four = await Promise.all(prompts.map((p) => e.submit(p, { temperature: 0, maxTokens: n, ignoreEos: true }).done));
         const lastLogits = (o: typeof one) => o.promptLogits![o.promptLogits!.length - 1];

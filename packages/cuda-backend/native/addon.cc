@@ -715,7 +715,11 @@ class Context : public Napi::ObjectWrap<Context> {
     a.window = (int)num("window");
     a.scale = (float)num("scale");
     a.kvDtype = (int)num("kvDtype");
-    if (const char* why = nerva_host_attention_validate(a)) throw Napi::Error::New(env, std::string("hostAttnCreate: ") + why);
+    {
+      HostAttnArgs shape = a;  // the shape alone (rows 0 skips the pointer checks)
+      shape.rows = 0;
+      if (const char* why = nerva_host_attention_validate(shape)) throw Napi::Error::New(env, std::string("hostAttnCreate: ") + why);
+    }
     const size_t eb = a.kvDtype == HOST_ATTN_F32 ? 4 : 2;
     const size_t kvBytes = (size_t)a.numBlocks * a.blockSize * a.numKvHeads * a.headDim * eb;
     const size_t qBytes = (size_t)a.rows * a.numHeads * a.headDim * 4;
@@ -725,7 +729,13 @@ class Context : public Napi::ObjectWrap<Context> {
     a.out = (float*)PinnedHostView(env, num("outHost"), qBytes, "outHost");
     a.lse = num("lseHost") ? (float*)PinnedHostView(env, num("lseHost"), (size_t)a.rows * a.numHeads * 4, "lseHost") : nullptr;
     const size_t nTables = (size_t)a.numSeqs * a.maxBlocksPerSeq;
-    CU(cudaHostAlloc((void**)&h->ints, (nTables + 2 * (size_t)a.rows + 1) * sizeof(int), cudaHostAllocDefault));
+    // The first pass of a shape may be the one being captured into a graph: a host allocation is
+    // not a stream operation, so it is allowed (relaxed mode) without invalidating the capture.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaError_t ae = cudaHostAlloc((void**)&h->ints, (nTables + 2 * (size_t)a.rows + 1) * sizeof(int), cudaHostAllocDefault);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (ae != cudaSuccess) throw cudaErr(env, (int)ae, "cudaHostAlloc(host attention staging)");
     a.tables = h->ints;
     a.rowSeq = h->ints + nTables;
     a.positions = h->ints + nTables + a.rows;
@@ -737,6 +747,7 @@ class Context : public Napi::ObjectWrap<Context> {
     st.tablesSrc = (const int*)(uintptr_t)num("tables");
     st.rowSeqSrc = (const int*)(uintptr_t)num("rowSeq");
     st.positionsSrc = (const int*)(uintptr_t)num("positions");
+    if (const char* why = nerva_host_attention_validate(a)) throw Napi::Error::New(env, std::string("hostAttnCreate: ") + why);
     nerva_host_attention_reserve(a.rows, a.numHeads, a.numKvHeads, a.headDim);  // no allocation when it runs
     hostAttns_.push_back(std::move(h));
     return Napi::Number::New(env, (double)(hostAttns_.size() - 1));
