@@ -2,7 +2,7 @@ import type { BackendStats, DeviceBackend, GraphHandle, Numerics, TokenLedgerRec
 import { emptySyncCounts, LedgerAggregator, NervaError, NUMERICS, SYNC_KINDS } from '@nerva/core';
 import { KvCacheManager } from '@nerva/kv';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
-import { createDetokenizer, loadModelDir } from '@nerva/models';
+import { createDetokenizer, kvReadWindow, loadModelDir } from '@nerva/models';
 import { type BackendChoice, selectBackend } from './backend-select.js';
 import { HostSampler } from './host-sampler.js';
 import { ModelRunner } from './model-runner.js';
@@ -102,6 +102,14 @@ export interface EngineOptions {
   kvHostBudget?: number;
   /** Directory for cold KV pages (swapped-out sequences); checked up front like `offloadDir`. */
   kvOffloadDir?: string;
+  /**
+   * Sliding-window models whose every layer slides (ModelSpec.layerWindows): give KV pages that
+   * fell wholly behind every layer's window back to the pool as sequences advance (default true),
+   * so a sequence holds about window / blockSize + 1 pages however long it runs. The tokens are
+   * those of the run that keeps every page. No effect when some layer attends to every position
+   * (nothing is ever out of its reach) or the model has no window.
+   */
+  kvFreeOutsideWindow?: boolean;
 }
 
 export interface GenerateOptions extends SamplingParams {
@@ -203,6 +211,8 @@ export class Engine {
   private readonly scheduler: Scheduler;
   /** Tiered KV (kvVramBudget): the page policy and its moves; undefined when all KV is hot. */
   private readonly kvTiers: TieredKv | undefined;
+  /** Every layer slides and pages behind this window are freed (0: none are). */
+  private readonly kvWindow: number;
   private readonly sampler: HostSampler;
   private readonly live = new Map<number, Live>();
   private readonly graphs = new Map<number, GraphHandle>();
@@ -295,12 +305,17 @@ export class Engine {
       throw e;
     }
     const tiers = this.kvTiers?.tiers;
+    // Every layer slides: pages behind the widest window are never read again (with a
+    // full-attention layer anywhere, every page stays readable and nothing is freed early).
+    this.kvWindow = (o.kvFreeOutsideWindow ?? true) ? kvReadWindow(s) : 0;
+    if (this.kvWindow > 0) this.notes.push(`sliding window of ${this.kvWindow} tokens in every layer: KV pages behind it go back to the pool`);
     this.scheduler = new Scheduler(
       {
         maxNumBatchedTokens: maxRows,
         maxNumSeqs,
         // A prefill chunk writes its pages hot: at most what the hot pool has beside the window.
         ...(tiers ? { longPrefillTokenThreshold: (tiers.hotSlots - 1 - 2) * blockSize, kvFits: (held: number, written: number) => tiers.fits(held, written) } : {}),
+        ...(this.kvWindow > 0 ? { kvReadWindow: this.kvWindow } : {}),
       },
       this.kv,
     );
@@ -471,6 +486,8 @@ export class Engine {
       numBlocks: this.kvTiers ? this.kvTiers.plan.hotSlots + this.kvTiers.plan.warmSlots : this.runner.limits.numBlocks,
       blockSize: this.kv.blockSize,
       hasTokenizer: this.tokenizer !== undefined,
+      // Freeing behind the window: a sequence holds at most the pages of its window and one chunk.
+      ...(this.kvWindow > 0 ? { maxHeldBlocks: Math.ceil((this.kvWindow - 1 + this.runner.limits.maxRows) / this.kv.blockSize) + 1 } : {}),
     };
   }
 
@@ -632,7 +649,8 @@ export class Engine {
     const t0 = performance.now();
     const plan = this.scheduler.schedule();
     this.totalPreemptions += plan.preempted.length;
-    if (plan.preempted.length) this.graphKey = undefined;
+    // Freed pages change staged block tables (their entries become the null page).
+    if (plan.preempted.length || plan.freedBlocks) this.graphKey = undefined;
     if (plan.scheduled.length === 0) return;
     const before = this.pipeline?.stats() ?? this.backend.stats();
     const pagerBefore = this.pager?.stats();

@@ -7,6 +7,11 @@ export interface RequestLimits {
   numBlocks: number;
   blockSize: number;
   hasTokenizer: boolean;
+  /**
+   * When pages behind a sliding window are freed (every layer slides): the most blocks one
+   * sequence holds at once, however long it grows. Absent: a sequence holds all of its blocks.
+   */
+  maxHeldBlocks?: number;
 }
 
 export interface RequestCheckOptions extends SamplingParams {
@@ -26,7 +31,7 @@ export function validateRequest(limits: RequestLimits, ids: readonly number[], o
   }
   if (ids.length >= maxModelLen) throw new InvalidParamsError('prompt', `${ids.length} tokens leave no room under max_model_len ${maxModelLen}`);
   const params = resolveSamplingParams(o, { maxTokens: maxModelLen - ids.length, vocabSize });
-  const need = Math.ceil((ids.length + params.maxTokens) / blockSize);
+  const need = Math.min(Math.ceil((ids.length + params.maxTokens) / blockSize), limits.maxHeldBlocks ?? Infinity);
   if (need > numBlocks - 1) throw new InvalidParamsError('max_tokens', `prompt + max_tokens need ${need} KV blocks, the cache has ${numBlocks - 1}`);
   if (params.stop.length > 0 && !limits.hasTokenizer) throw new InvalidParamsError('stop', 'stop strings need a tokenizer');
   if (o.priority !== undefined && !Number.isInteger(o.priority)) throw new InvalidParamsError('priority', 'must be an integer');

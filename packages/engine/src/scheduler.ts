@@ -13,6 +13,13 @@ export interface SchedulerConfig {
    * demotion to lower tiers is what is tried first and preemption stays the last resort.
    */
   kvFits?: (held: number, written: number) => boolean;
+  /**
+   * Sliding-window attention in every layer (@nerva/models kvReadWindow): the largest window W.
+   * Before a sequence computes from position p, its blocks wholly before p - W + 1 go back to the
+   * pool (no layer reads them again), so a long sequence holds about W / blockSize + 1 blocks.
+   * 0 or absent: nothing is freed early (a full-attention layer reads every position).
+   */
+  kvReadWindow?: number;
 }
 
 export interface ScheduledRequest {
@@ -26,6 +33,8 @@ export interface SchedulerOutput {
   scheduled: readonly ScheduledRequest[];
   preempted: readonly Request[];
   numScheduledTokens: number;
+  /** Blocks given back this step because they fell behind every layer's window. */
+  freedBlocks: number;
 }
 
 /**
@@ -102,6 +111,8 @@ export class Scheduler {
     // Pages the step writes (tiered KV): from the block of the first new token to the last's.
     const writes = (req: Request, n: number) => Math.ceil((req.numComputedTokens + n) / bs) - Math.floor(req.numComputedTokens / bs);
     let written = 0;
+    const W = this.config.kvReadWindow ?? 0;
+    let freedBlocks = 0;
     const fits = (extra: number) => {
       const f = this.config.kvFits;
       return f === undefined || f(this.kv.pool.numBlocks - this.kv.pool.numFree - 1, written + extra);
@@ -114,6 +125,8 @@ export class Scheduler {
         i++;
         continue;
       }
+      // Rows from position p read back to p - W + 1 at most; earlier blocks are never read again.
+      if (W > 0) freedBlocks += this.kv.releaseBlocksBefore(req.id, req.numComputedTokens - W + 1);
       let ok = false;
       for (;;) {
         if (this.kv.allocateSlots(req.id, req.allIds, n) !== null && fits(writes(req, n))) {
@@ -143,9 +156,17 @@ export class Scheduler {
       this.waiting.sort((a, b) => a.priority - b.priority || a.times.arrival - b.times.arrival || a.id - b.id);
       while (this.waiting.length > 0 && budget > 0 && this.running.length < this.config.maxNumSeqs) {
         const req = this.waiting[0];
-        const hit = this.kv.getComputedBlocks(req.id, req.allIds, req.cacheSalt ? { cacheSalt: req.cacheSalt } : undefined);
-        const n = Math.min(req.numTokens - hit.numComputedTokens, budget, chunkCap);
-        if (this.kv.allocateSlots(req.id, req.allIds, n, hit) === null) break;
+        let hit = this.kv.getComputedBlocks(req.id, req.allIds, req.cacheSalt ? { cacheSalt: req.cacheSalt } : undefined);
+        let n = Math.min(req.numTokens - hit.numComputedTokens, budget, chunkCap);
+        let got = this.kv.allocateSlots(req.id, req.allIds, n, hit);
+        if (got === null && W > 0 && hit.numComputedTokens > 0) {
+          // Freeing behind the window bounds what a sequence holds, but a cached prefix is held
+          // whole at admission: when it does not fit beside the chunk, compute from scratch.
+          hit = { ...hit, blocks: [], hashes: [], stamps: [], numComputedTokens: 0 };
+          n = Math.min(req.numTokens, budget, chunkCap);
+          got = this.kv.allocateSlots(req.id, req.allIds, n, hit);
+        }
+        if (got === null) break;
         const w = Math.ceil((hit.numComputedTokens + n) / bs) - Math.floor(hit.numComputedTokens / bs);
         if (!fits(w)) {
           // The tiers cannot place it this step: it waits (its pages go back to the pool).
@@ -153,6 +174,8 @@ export class Scheduler {
           break;
         }
         written += w;
+        // A cached prefix longer than the window: what is behind the first row's window goes back.
+        if (W > 0) freedBlocks += this.kv.releaseBlocksBefore(req.id, hit.numComputedTokens - W + 1);
         this.waiting.shift();
         req.status = 'RUNNING';
         req.numComputedTokens = hit.numComputedTokens;
@@ -162,6 +185,6 @@ export class Scheduler {
         budget -= n;
       }
     }
-    return { scheduled, preempted, numScheduledTokens: this.config.maxNumBatchedTokens - budget };
+    return { scheduled, preempted, numScheduledTokens: this.config.maxNumBatchedTokens - budget, freedBlocks };
   }
 }

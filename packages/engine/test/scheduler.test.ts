@@ -98,4 +98,66 @@ describe('Scheduler', () => {
     expect(kv.stats().freeBlocks).toBe(15);
     expect(s.hasWork).toBe(false);
   });
+
+  describe('with kvReadWindow (every layer slides)', () => {
+    it('frees the blocks behind the window before each step; a long sequence holds a bounded number', () => {
+      const kv = new KvCacheManager({ numBlocks: 5, blockSize: 4, enablePrefixCaching: true, maxBlocksPerSeq: 64 });
+      const s = new Scheduler({ maxNumBatchedTokens: 8, maxNumSeqs: 2, kvReadWindow: 6 }, kv);
+      const a = req(10);
+      s.add(a);
+      let freed = 0;
+      for (let step = 0; step < 60; step++) {
+        const p = s.schedule();
+        expect(p.preempted).toEqual([]);
+        freed += p.freedBlocks;
+        // Positions p - 5 .. p (+ this step's rows) span at most 3 blocks of 4.
+        expect(kv.stats().usedBlocks - 1).toBeLessThanOrEqual(3);
+        finishStep(p);
+        kv.checkInvariants();
+      }
+      expect(a.numTokens).toBe(10 + 59);
+      expect(freed).toBe(kv.numReleasedBlocks(a.id));
+      expect(freed).toBeGreaterThan(10);
+    });
+
+    it('a cached prefix that cannot be held beside the chunk is dropped: the request computes from scratch instead of waiting forever', () => {
+      // 5 usable blocks; a 21-token prompt whose first 20 tokens sit in 5 cached (free) blocks.
+      const kv = new KvCacheManager({ numBlocks: 6, blockSize: 4, enablePrefixCaching: true, maxBlocksPerSeq: 64 });
+      const a = req(21);
+      const warm = kv.getComputedBlocks('warm', a.allIds);
+      kv.allocateSlots('warm', a.allIds, 20, warm);
+      kv.free('warm');
+      expect(kv.getComputedBlocks(a.id, a.allIds).numComputedTokens).toBe(20);
+      const s = new Scheduler({ maxNumBatchedTokens: 8, maxNumSeqs: 2, kvReadWindow: 6 }, kv);
+      s.add(a);
+      const p = s.schedule();
+      expect(p.scheduled.map((x) => [x.req.id, x.numTokens])).toEqual([[a.id, 8]]);
+      expect(a.numCachedTokens).toBe(0);
+      // Without a window the same request must wait: its prefix + chunk is more than the pool.
+      const kv2 = new KvCacheManager({ numBlocks: 6, blockSize: 4, enablePrefixCaching: true, maxBlocksPerSeq: 64 });
+      kv2.allocateSlots('warm', a.allIds, 20, kv2.getComputedBlocks('warm', a.allIds));
+      kv2.free('warm');
+      const b = req(21, 0, a.times.arrival);
+      b.allIds.splice(0, b.allIds.length, ...a.allIds);
+      const s2 = new Scheduler({ maxNumBatchedTokens: 8, maxNumSeqs: 2 }, kv2);
+      s2.add(b);
+      expect(s2.schedule().scheduled).toEqual([]);
+    });
+
+    it('a cached prefix longer than the window is released behind the first computed row at admission', () => {
+      const kv = new KvCacheManager({ numBlocks: 16, blockSize: 4, enablePrefixCaching: true, maxBlocksPerSeq: 64 });
+      const a = req(21);
+      kv.allocateSlots('warm', a.allIds, 20, kv.getComputedBlocks('warm', a.allIds));
+      kv.free('warm');
+      const s = new Scheduler({ maxNumBatchedTokens: 8, maxNumSeqs: 2, kvReadWindow: 6 }, kv);
+      s.add(a);
+      const p = s.schedule();
+      expect(p.scheduled.map((x) => [x.req.id, x.numTokens])).toEqual([[a.id, 1]]);
+      expect(a.numCachedTokens).toBe(20);
+      // Position 20 reads 15..20: blocks 0-2 (positions 0-11) went back.
+      expect(p.freedBlocks).toBe(3);
+      expect(kv.blockTable(a.id).slice(0, 3)).toEqual([0, 0, 0]);
+      kv.checkInvariants();
+    });
+  });
 });

@@ -149,3 +149,111 @@ describe.each([
     expect(a.ledger.summary().graph_replays_per_decode_token).toBeGreaterThan(0);
   });
 });
+
+describe('pages behind the window go back to the pool (every layer slides)', () => {
+  const W = 6;
+  const BS = 4;
+  const LONG = 120;
+  let dir: string;
+  let ref: ReferenceModel;
+  let prompt: number[];
+  const engines: Engine[] = [];
+  const make = async (o: Partial<EngineOptions> = {}) => {
+    const e = await Engine.create({ model: dir, backend: 'cpu', maxNumSeqs: 4, blockSize: BS, kvCacheBytes: 2 ** 20, importanceCache: false, ...o });
+    engines.push(e);
+    return e;
+  };
+  /** Blocks held after each step (the null block aside). */
+  const watch = (e: Engine): number[] => {
+    const held: number[] = [];
+    e.onStep(() => held.push(e.kv.stats().usedBlocks - 1));
+    return held;
+  };
+  const pageBytes = (e: Engine) => 2 * e.spec.numLayers * e.spec.numKvHeads * e.spec.headDim * 4 * BS;
+  beforeAll(async () => {
+    dir = await slidingCopy('tiny-random-qwen3', { use_sliding_window: true, sliding_window: W, max_window_layers: 0 });
+    ref = await ReferenceModel.load(dir);
+    prompt = promptOf(21, ref.spec.vocabSize, 5);
+  });
+  afterAll(() => {
+    for (const e of engines) e.dispose();
+  });
+
+  it('a long generation holds ceil((W - 1) / blockSize) + 1 blocks while decoding, with the tokens and logits of the run that keeps every page', async () => {
+    const keep = await make({ kvFreeOutsideWindow: false });
+    const keepHeld = watch(keep);
+    const want = await greedy(keep, prompt, LONG);
+    expect(Math.max(...keepHeld)).toBe(Math.ceil((prompt.length + LONG - 1) / BS));
+
+    const free = await make();
+    expect(free.notes.some((n) => n.includes('KV pages behind it go back to the pool'))).toBe(true);
+    const held = watch(free);
+    const got = await greedy(free, prompt, LONG);
+    expect(got.tokenIds).toEqual(want.tokenIds);
+    expect(got.promptLogits).toEqual(want.promptLogits);
+    for (let i = 0; i < LONG; i++) expect(got.stepLogits![i]).toEqual(want.stepLogits![i]);
+    // Step 0 is the prefill (all 21 prompt positions); every decode step after it holds the
+    // blocks of positions p - W + 1 .. p only.
+    expect(held[0]).toBe(Math.ceil(prompt.length / BS));
+    expect(Math.max(...held.slice(1))).toBe(Math.ceil((W - 1) / BS) + 1);
+    // The first 40 tokens against the float64 reference (it recomputes the whole sequence per token).
+    const r = ref.greedy(prompt, 40);
+    expect(got.tokenIds.slice(0, 40)).toEqual(r.tokens);
+    expect(relErr(got.stepLogits![39], r.logits[39])).toBeLessThan(1e-5);
+    // Everything comes back, and the bookkeeping is sound.
+    const s = free.kv.stats();
+    expect(s.sequences).toBe(0);
+    expect(s.freeBlocks).toBe(s.totalBlocks - 1);
+    free.kv.checkInvariants();
+  });
+
+  it('a pool of 7 blocks serves a 141-token sequence and concurrent ones (preempted and re-admitted), with the unconstrained tokens', async () => {
+    const big = await make({ kvFreeOutsideWindow: false, maxNumBatchedTokens: 8 });
+    const tiny = await make({ maxNumBatchedTokens: 8, kvCacheBytes: 8 * pageBytes(big) });
+    expect(tiny.numBlocks).toBe(8);
+    // Without freeing, the same pool refuses the request up front.
+    const strict = await make({ maxNumBatchedTokens: 8, kvCacheBytes: 8 * pageBytes(big), kvFreeOutsideWindow: false });
+    expect(() => strict.submit(prompt, { maxTokens: LONG })).toThrow(/KV blocks/);
+
+    const prompts = [prompt, promptOf(13, ref.spec.vocabSize, 6), promptOf(30, ref.spec.vocabSize, 7)];
+    const opts = (i: number) => ({ temperature: i === 0 ? 0 : 0.9, seed: 40 + i, maxTokens: LONG - 20 * i, ignoreEos: true });
+    const want = await Promise.all(prompts.map((p, i) => big.submit(p, opts(i)).done));
+    let preemptions = 0;
+    tiny.onStep((s) => (preemptions = s.preemptions));
+    const got = await Promise.all(prompts.map((p, i) => tiny.submit(p, opts(i)).done));
+    for (let i = 0; i < prompts.length; i++) expect(got[i].tokenIds).toEqual(want[i].tokenIds);
+    expect(preemptions).toBeGreaterThan(0);
+    tiny.kv.checkInvariants();
+    expect(tiny.kv.stats().freeBlocks).toBe(7);
+  });
+
+  it('with tiered KV: windows across hot and warm partials, with and without freeing, give the reference tokens', async () => {
+    const pb = pageBytes(await make());
+    const r = ref.greedy(prompt, 24);
+    for (const kvFreeOutsideWindow of [false, true]) {
+      const e = await make({ maxNumSeqs: 8, maxNumBatchedTokens: 32, kvVramBudget: 5 * pb, kvFreeOutsideWindow });
+      const out = await greedy(e, prompt, 24);
+      expect(out.tokenIds).toEqual(r.tokens);
+      for (let i = 0; i < 24; i++) expect(relErr(out.stepLogits![i], r.logits[i])).toBeLessThan(1e-5);
+      const rep = e.memoryReport().kv!;
+      // Keeping every page needs the warm pool; freeing keeps the window hot.
+      if (!kvFreeOutsideWindow) expect(rep.tieredPasses).toBeGreaterThan(0);
+    }
+  });
+});
+
+describe('a model with a full-attention layer frees nothing early', () => {
+  it('mixed layers: every page stays held until the request ends', async () => {
+    const dir = await slidingCopy('tiny-random-qwen3', { use_sliding_window: true, sliding_window: 4, max_window_layers: 1 });
+    const e = await Engine.create({ model: dir, backend: 'cpu', maxNumSeqs: 2, blockSize: 4, kvCacheBytes: 2 ** 20 });
+    try {
+      const held: number[] = [];
+      e.onStep(() => held.push(e.kv.stats().usedBlocks - 1));
+      await e.submit(promptOf(10, 512), { temperature: 0, maxTokens: 30, ignoreEos: true }).done;
+      expect(Math.max(...held)).toBe(Math.ceil(39 / 4));
+      expect(e.notes.some((n) => n.includes('go back to the pool'))).toBe(false);
+    } finally {
+      e.dispose();
+    }
+  });
+});
