@@ -751,6 +751,14 @@ export class Engine {
           else this.runner.forward(bucket, bucket);
           this.runner.sampleOnDevice(bucket, m.ids);
           this.runner.advance(bucket);
+        } catch (err) {
+          // End the failed capture, so the stream is usable (and disposable) again; its error stands.
+          try {
+            be.destroyGraph(be.endCapture());
+          } catch {
+            // an invalidated capture ends with an error of its own
+          }
+          throw err;
         } finally {
           this.pager?.endCapture();
           // Captured, not run: counted on each replay instead.
