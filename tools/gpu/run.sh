@@ -3,7 +3,8 @@
 # Prepare here with tools/gpu/prepare.sh, then run with carry [".device"]:
 #   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,paged,synth,oracle,bench,profile,offload,
 #                                      tiered (tiered KV vs all hot on the fixtures and each size), longctx (nerva-bench long-context
-#                                      on each size; NERVA_LONGCTX_CONTEXT, default 4096, NERVA_LONGCTX_RATIOS, default 2,4)
+#                                      on each size; NERVA_LONGCTX_CONTEXT, default "1024 4096", NERVA_LONGCTX_RATIOS, default 2,4),
+#                                      hostattn (host attention GB/s on the 8B shape vs the host's DRAM read rate, no Node needed)
 #   NERVA_SIZES="qwen3-0.6b qwen3-8b"   synthetic checkpoints (from .device/configs) for synth/oracle/bench/profile/offload
 #   offload (not in the default list; meant for a checkpoint larger than the budget, e.g.
 #   NERVA_SIZES=qwen3-8b bash tools/gpu/run.sh build,synth,offload): accelerate's device_map offload
@@ -65,6 +66,16 @@ if has hostmlp; then
   fi
 fi
 
+if has hostattn; then
+  t0=$(date +%s)
+  if g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Ipackages/cuda-backend/native tools/gpu/host_attention_bench.cc \
+      packages/cuda-backend/native/host_attention.cc -o /tmp/host_attention_bench >>"$log" 2>&1 && /tmp/host_attention_bench > "$OUT/hostattn.json" 2>>"$log"; then
+    say "hostattn ok ($(( $(date +%s) - t0 )) s)"; cat "$OUT/hostattn.json" | tee -a "$log"
+  else
+    say "hostattn FAILED"; status=1
+  fi
+fi
+
 has conformance && runjs conformance conformance.mjs
 has checks && runjs checks checks.mjs
 has nccl && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs nccl nccl_check.mjs
@@ -87,7 +98,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   has pipeline && runjs "pipeline $size" pipeline.mjs single "$dir" && cp "$OUT/pipeline.json" "$OUT/pipeline-$size.json"
   has pipeline2 && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs "pipeline2 $size" pipeline.mjs multi "$dir" && cp "$OUT/pipeline-multi.json" "$OUT/pipeline-multi-$size.json"
   has tiered && NERVA_TIERED_PROMPT=600 runjs "tiered $size" parity.mjs tiered "$dir" && cp "$OUT/tiered.json" "$OUT/tiered-$size.json"
-  has longctx && runjs "long-context $size" long_context.mjs "$dir" ${NERVA_LONGCTX_CONTEXT:-4096} ${NERVA_LONGCTX_TOKENS:-32} ${NERVA_LONGCTX_RATIOS:-2,4}
+  if has longctx; then for ctx in ${NERVA_LONGCTX_CONTEXT:-1024 4096}; do runjs "long-context $size $ctx" long_context.mjs "$dir" $ctx ${NERVA_LONGCTX_TOKENS:-32} ${NERVA_LONGCTX_RATIOS:-2,4}; done; fi
   has bench && runjs "bench $size" bench.mjs "$dir" 128 256
   has bench && NERVA_CUDA_DECODER=persistent runjs "bench $size persistent" bench.mjs "$dir" 128 256
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile

@@ -29,15 +29,16 @@ using Clock = std::chrono::steady_clock;
 // Vectorizable inner loops: one source, compiled for AVX-512, AVX2 (+FMA) and baseline x86-64,
 // chosen by the loader (ifunc). Elsewhere, plain code.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NERVA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), optimize("O3")))
+#define NERVA_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), optimize("O3", "fp-contract=fast")))
 #else
 #define NERVA_CLONES
 #endif
 
 constexpr int kMaxHd = 256;
 constexpr int kLanes = 16;   // partial sums per dot product (one AVX-512 register of floats)
-constexpr int kHeadsAt = 8;  // query heads of a group handled per pass over the keys
-constexpr int kSplitKeys = 256;  // positions per split (fewer cost more in merging than they spread)
+constexpr int kKeysAt = 16;  // keys scored before one online-softmax update
+constexpr int kSplitKeys = 64;  // fewest positions per split (fewer cost more in merging than they spread)
 
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -88,56 +89,88 @@ float halfToFloat(uint16_t h) {
   return f;
 }
 
-// One KV row (headDim values) as floats; dst has room for a whole number of kLanes.
-NERVA_CLONES void loadRow(const void* base, size_t at, int dtype, int hd, float* dst) {
-  if (dtype == HOST_ATTN_F32) {
-    std::memcpy(dst, (const float*)base + at, sizeof(float) * hd);
-  } else if (dtype == HOST_ATTN_BF16) {
-    const uint16_t* s = (const uint16_t*)base + at;
+// One KV row (headDim values) as floats: f32 rows are used in place, others converted into dst
+// (which has room for a whole number of kLanes; its padding stays zero).
+inline const float* rowOf(const void* base, size_t at, int dtype, int hd, float* dst) {
+  if (dtype == HOST_ATTN_F32) return (const float*)base + at;
+  const uint16_t* s = (const uint16_t*)base + at;
+  if (dtype == HOST_ATTN_BF16) {
     for (int i = 0; i < hd; i++) {
       uint32_t u = (uint32_t)s[i] << 16;
       std::memcpy(dst + i, &u, 4);
     }
   } else {
-    const uint16_t* s = (const uint16_t*)base + at;
     for (int i = 0; i < hd; i++) dst[i] = halfToFloat(s[i]);
   }
+  return dst;
 }
 
-// The partials (m, l, acc[hdp]) of J query heads (qs: J rows of hdp floats, pre-scaled) over
-// the positions [p0, p1] of one KV head; keys and values are read once for the J heads.
-// Returns false when a block id is outside the cache.
-NERVA_CLONES bool attendSpan(const HostAttnArgs& a, const int* table, int kvh, int p0, int p1, const float* qs, int J,
-                             int hdp, float* m, float* l, float* acc, float* kf, float* vf) {
-  const int bs = a.blockSize, hd = a.headDim;
-  const size_t width = (size_t)a.numKvHeads * hd;
+// q . k over hd (q padded with zeros to a whole number of kLanes, k read only to hd): kLanes
+// partial sums, then a fixed pairwise tree, so the order is the same on every path.
+inline float dotRow(const float* q, const float* k, int hd) {
+  float part[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= hd; i += kLanes)
+    for (int t = 0; t < kLanes; t++) part[t] += q[i + t] * k[i + t];
+  for (int t = 0; i + t < hd; t++) part[t] += q[i + t] * k[i + t];
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int t = 0; t < w; t++) part[t] += part[t + w];
+  return part[0];
+}
+
+// The partials (m, l, acc[hdp]) of every query head (qs: numHeads rows of hdp floats,
+// pre-scaled) over the positions [p0, p1]. A position's keys (and values) of all KV heads are one
+// contiguous row, so a split streams through contiguous memory (per-KV-head tasks read 512-byte
+// pieces 4 KiB apart and were latency-bound). Keys are taken kKeysAt at a time: their scores
+// first, then one online-softmax update per head (one accumulator rescale per batch, not per
+// key). Returns false when a block id is outside the cache.
+NERVA_CLONES bool attendSpan(const HostAttnArgs& a, const int* table, int p0, int p1, const float* qs, int hdp, float* m,
+                             float* l, float* acc, float* kf, float* vf, float* sc) {
+  const int bs = a.blockSize, hd = a.headDim, KVH = a.numKvHeads, H = a.numHeads, G = H / KVH;
+  const size_t width = (size_t)KVH * hd;
   for (int b = p0 / bs; b <= p1 / bs; b++) {
     const int e = table[b];
     if (e < 0) continue;  // not in this cache
     if (e >= a.numBlocks) return false;
     const int lo = std::max(p0, b * bs), hi = std::min(p1, b * bs + bs - 1);
-    for (int p = lo; p <= hi; p++) {
-      const size_t at = ((size_t)e * bs + (size_t)(p - b * bs)) * width + (size_t)kvh * hd;
-      loadRow(a.k, at, a.kvDtype, hd, kf);
-      loadRow(a.v, at, a.kvDtype, hd, vf);
-      for (int j = 0; j < J; j++) {
-        const float* qj = qs + (size_t)j * hdp;
-        float part[kLanes] = {};
-        for (int i = 0; i < hdp; i += kLanes)
-          for (int t = 0; t < kLanes; t++) part[t] += qj[i + t] * kf[i + t];
-        float s = 0.f;
-        for (int t = 0; t < kLanes; t++) s += part[t];
-        float* aj = acc + (size_t)j * hdp;
-        if (s > m[j]) {
-          const float c = m[j] == -INFINITY ? 0.f : std::exp(m[j] - s);
-          l[j] = l[j] * c + 1.f;
-          for (int i = 0; i < hdp; i++) aj[i] = aj[i] * c + vf[i];
-          m[j] = s;
-        } else {
-          const float w = std::exp(s - m[j]);
-          l[j] += w;
-          for (int i = 0; i < hdp; i++) aj[i] += w * vf[i];
+    for (int c0 = lo; c0 <= hi; c0 += kKeysAt) {
+      const int n = std::min(kKeysAt, hi - c0 + 1);
+      const size_t at0 = ((size_t)e * bs + (size_t)(c0 - b * bs)) * width;
+      for (int x = 0; x < n; x++) {
+        const float* kr = rowOf(a.k, at0 + (size_t)x * width, a.kvDtype, (int)width, kf);
+        for (int g = 0; g < KVH; g++)
+          for (int j = 0; j < G; j++) {
+            const int h = g * G + j;
+            sc[(size_t)h * kKeysAt + x] = dotRow(qs + (size_t)h * hdp, kr + (size_t)g * hd, hd);
+          }
+      }
+      for (int h = 0; h < H; h++) {
+        float* sh = sc + (size_t)h * kKeysAt;
+        float mx = m[h];
+        for (int x = 0; x < n; x++) mx = std::max(mx, sh[x]);
+        const float c = m[h] == -INFINITY ? 0.f : std::exp(m[h] - mx);
+        float sum = 0.f;
+        for (int x = 0; x < n; x++) {
+          sh[x] = std::exp(sh[x] - mx);
+          sum += sh[x];
         }
+        l[h] = l[h] * c + sum;
+        m[h] = mx;
+        if (c != 1.f) {
+          float* ah = acc + (size_t)h * hdp;
+          for (int i = 0; i < hd; i++) ah[i] *= c;
+        }
+      }
+      for (int x = 0; x < n; x++) {
+        const float* vr = rowOf(a.v, at0 + (size_t)x * width, a.kvDtype, (int)width, vf);
+        for (int g = 0; g < KVH; g++)
+          for (int j = 0; j < G; j++) {
+            const int h = g * G + j;
+            const float w = sc[(size_t)h * kKeysAt + x];
+            const float* vg = vr + (size_t)g * hd;
+            float* ah = acc + (size_t)h * hdp;
+            for (int i = 0; i < hd; i++) ah[i] += w * vg[i];
+          }
       }
     }
   }
@@ -211,33 +244,35 @@ class Pool {
   }
 
  private:
-  // Most splits per (row, KV head): up to 2048 tasks a call, at most 64 per (row, KV head). A
-  // split covers at least kSplitKeys positions. Neither depends on the thread count, so neither
-  // does the result (each partial is summed by one thread in position order).
-  static int splitsFor(int rows, int KVH) {
-    const long long s = 2048LL / ((long long)rows * KVH);
-    return (int)std::max(1LL, std::min(64LL, s));
-  }
+  // Most splits per row: up to 256 tasks a call, at most 64 per row; a split covers at least
+  // kSplitKeys positions. Neither depends on the thread count, so neither does the result (each
+  // partial is summed by one thread in position order, the merge is in split order).
+  static int splitsFor(int rows) { return (int)std::max(1, std::min(64, 256 / std::max(1, rows))); }
 
   static size_t padHd(int hd) { return ((size_t)hd + kLanes - 1) / kLanes * kLanes; }
 
+  // Floats of one thread's scratch: q and accumulators of every head, a converted key and value
+  // row, m, l, and the scores of a batch; a multiple of 16 (64 bytes) so threads share no lines.
+  static size_t threadFloats(int H, int KVH, int hd) {
+    const size_t n = 2 * (size_t)H * padHd(hd) + 2 * ((size_t)KVH * hd + kLanes) + 2 * (size_t)H + (size_t)H * kKeysAt;
+    return (n + 15) / 16 * 16;
+  }
+
   void reserveLocked(int rows, int H, int KVH, int hd) {
     if (rows <= 0 || H <= 0 || KVH <= 0 || hd <= 0) return;
-    const size_t S = (size_t)splitsFor(rows, KVH);
-    part_.reserve((size_t)rows * H * S * (padHd(hd) + 2));
+    part_.reserve((size_t)rows * H * (size_t)splitsFor(rows) * (padHd(hd) + 2));
     nsplit_.reserve((size_t)rows);
     lo_.reserve((size_t)rows);
     bad_.reserve((size_t)rows);
-    // Per-thread scratch for q heads, accumulators and one key and value row.
-    const size_t per = (size_t)(2 * kHeadsAt + 2) * kMaxHd + 2 * kHeadsAt;
-    threadScratch_.reserve(per * (size_t)std::max(1, nthreads_.load()));
+    threadScratch_.reserve(threadFloats(H, KVH, hd) * (size_t)std::max(1, nthreads_.load()));
   }
 
   void plan(const HostAttnArgs& a) {
     const int rows = a.rows, KVH = a.numKvHeads, bs = a.blockSize;
     reserveLocked(rows, a.numHeads, KVH, a.headDim);
     a_ = &a;
-    S_ = splitsFor(rows, KVH);
+    S_ = splitsFor(rows);
+    stride_ = threadFloats(a.numHeads, KVH, a.headDim);
     hdp_ = (int)padHd(a.headDim);
     keys_ = 0;
     for (int r = 0; r < rows; r++) {
@@ -250,7 +285,7 @@ class Pool {
       nsplit_.p[r] = len <= 0 ? 0 : std::min(S_, (len + kSplitKeys - 1) / kSplitKeys);
       keys_ += (uint64_t)len * KVH;
     }
-    n_[0] = rows * KVH * S_;
+    n_[0] = rows * S_;
     n_[1] = rows * a.numHeads;
   }
 
@@ -260,43 +295,39 @@ class Pool {
 
   void task(int i, float* scratch) {
     const HostAttnArgs& a = *a_;
-    const int KVH = a.numKvHeads, G = a.numHeads / KVH, hd = a.headDim, hdp = hdp_;
-    const int s = i % S_, g = (i / S_) % KVH, r = i / (S_ * KVH);
+    const int H = a.numHeads, KVH = a.numKvHeads, hd = a.headDim, hdp = hdp_;
+    const int s = i % S_, r = i / S_;
     const int ns = nsplit_.p[r];
     if (s >= ns || bad_.p[r].load(std::memory_order_relaxed)) return;
     const int lo = lo_.p[r], len = a.positions[r] - lo + 1;
     const int chunk = (len + ns - 1) / ns;
     const int p0 = lo + s * chunk, p1 = std::min(a.positions[r], p0 + chunk - 1);
     float* qs = scratch;
-    float* acc = qs + (size_t)kHeadsAt * kMaxHd;
-    float* kf = acc + (size_t)kHeadsAt * kMaxHd;
-    float* vf = kf + kMaxHd;
-    float* m = vf + kMaxHd;
-    float* l = m + kHeadsAt;
-    std::memset(kf, 0, sizeof(float) * hdp);  // the padding past headDim stays zero
-    std::memset(vf, 0, sizeof(float) * hdp);
+    float* acc = qs + (size_t)H * hdp;
+    float* kf = acc + (size_t)H * hdp;
+    float* vf = kf + (size_t)KVH * hd + kLanes;
+    float* m = vf + (size_t)KVH * hd + kLanes;
+    float* l = m + H;
+    float* sc = l + H;  // H x kKeysAt scores
+    for (int h = 0; h < H; h++) {
+      const float* qr = a.q + (size_t)r * H * hd + (size_t)h * hd;
+      float* d = qs + (size_t)h * hdp;
+      for (int t = 0; t < hd; t++) d[t] = qr[t] * a.scale;
+      for (int t = hd; t < hdp; t++) d[t] = 0.f;
+      std::memset(acc + (size_t)h * hdp, 0, sizeof(float) * hdp);
+      m[h] = -INFINITY;
+      l[h] = 0.f;
+    }
     const int* table = a.tables + (size_t)a.rowSeq[r] * a.maxBlocksPerSeq;
-    for (int j0 = 0; j0 < G; j0 += kHeadsAt) {
-      const int J = std::min(kHeadsAt, G - j0);
-      for (int j = 0; j < J; j++) {
-        const float* qr = a.q + (size_t)r * a.numHeads * hd + (size_t)(g * G + j0 + j) * hd;
-        float* d = qs + (size_t)j * hdp;
-        for (int t = 0; t < hd; t++) d[t] = qr[t] * a.scale;
-        for (int t = hd; t < hdp; t++) d[t] = 0.f;
-        std::memset(acc + (size_t)j * hdp, 0, sizeof(float) * hdp);
-        m[j] = -INFINITY;
-        l[j] = 0.f;
-      }
-      if (!attendSpan(a, table, g, p0, p1, qs, J, hdp, m, l, acc, kf, vf)) {
-        bad_.p[r].store(1, std::memory_order_relaxed);
-        return;
-      }
-      for (int j = 0; j < J; j++) {
-        float* d = partAt(r, g * G + j0 + j, s);
-        d[0] = m[j];
-        d[1] = l[j];
-        std::memcpy(d + 2, acc + (size_t)j * hdp, sizeof(float) * hd);
-      }
+    if (!attendSpan(a, table, p0, p1, qs, hdp, m, l, acc, kf, vf, sc)) {
+      bad_.p[r].store(1, std::memory_order_relaxed);
+      return;
+    }
+    for (int h = 0; h < H; h++) {
+      float* d = partAt(r, h, s);
+      d[0] = m[h];
+      d[1] = l[h];
+      std::memcpy(d + 2, acc + (size_t)h * hdp, sizeof(float) * hd);
     }
   }
 
@@ -331,7 +362,7 @@ class Pool {
   }
 
   void work(int self = 0) {
-    float* scratch = threadScratch_.p + (size_t)self * ((size_t)(2 * kHeadsAt + 2) * kMaxHd + 2 * kHeadsAt);
+    float* scratch = threadScratch_.p + (size_t)self * stride_;
     const bool single = workers_.empty();
     for (int p = 0; p < 2; p++) {
       const int n = n_[p];
@@ -404,6 +435,7 @@ class Pool {
   int64_t spinNs_ = 100000;
   const HostAttnArgs* a_ = nullptr;
   int S_ = 1, hdp_ = 0, n_[2] = {0, 0};
+  size_t stride_ = 0;
   uint64_t keys_ = 0;
   Scratch<float> part_, threadScratch_;
   Scratch<int> nsplit_, lo_;

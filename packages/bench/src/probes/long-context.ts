@@ -25,7 +25,7 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
   let device = '';
   let backendName = '';
   for (const ratio of [1, ...ratios]) {
-    const base = { model: o.model, backend: o.backend, maxNumSeqs: 4, blockSize: bs, maxModelLen: o.context + o.newTokens + 2 * bs, importanceCache: false as const };
+    const base = { model: o.model, backend: o.backend, enablePrefixCaching: false, maxNumSeqs: 4, blockSize: bs, maxModelLen: o.context + o.newTokens + 2 * bs, importanceCache: false as const };
     // Pages of the sequence, and one page of KV (every layer's K and V, in the backend's KV dtype).
     let engine = await Engine.create({ ...base, kvCacheBytes: ratio === 1 ? undefined : 1 });
     const kvElem = kvDtypeOf(engine.backend) === 'f32' ? 4 : 2;
@@ -41,10 +41,14 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
       backendName = engine.backend.name;
       const prompt = syntheticPrompt(o.context, engine.spec.vocabSize);
       await engine.submit(prompt.slice(0, 16), { maxTokens: 4, temperature: 0, ignoreEos: true }).done;
-      const before = engine.backend.stats().hostComputeMs ?? 0;
+      // Host time near data (the warm partials) per decode step: a run of the same prompt to one
+      // token first (prefill alone; no prefix caching, so both prefill the same), then the run.
+      const h0 = engine.backend.stats().hostComputeMs ?? 0;
+      await engine.submit(prompt, { maxTokens: 1, temperature: 0, ignoreEos: true }).done;
+      const h1 = engine.backend.stats().hostComputeMs ?? 0;
       const out = await engine.submit(prompt, { maxTokens: o.newTokens, temperature: 0, ignoreEos: true }).done;
-      // Host time near data (the warm partials), per generated token (prefill's share included).
-      const hostMs = ((engine.backend.stats().hostComputeMs ?? 0) - before) / Math.max(1, out.tokenIds.length);
+      const h2 = engine.backend.stats().hostComputeMs ?? 0;
+      const hostMs = Math.max(0, h2 - h1 - (h1 - h0)) / Math.max(1, out.tokenIds.length - 1);
       const s = out.ledger.summary();
       const kv = engine.memoryReport().kv;
       const tokS = s.decode_tokens_per_s;
