@@ -18,6 +18,15 @@ export const FIXTURES = process.env.NERVA_FIXTURES ?? resolve(ROOT, '../shared/f
 export const MODELS = join(FIXTURES, 'models');
 export const DEFAULT_MODEL = join(ROOT, 'models', 'tiny-shakespeare-qwen3');
 
+/** Fixtures made in this repository (<repo root>/fixtures/models), e.g. by tools/gpu/make_swa_fixture.py. */
+export const LOCAL_MODELS = join(ROOT, 'fixtures', 'models');
+
+/** Folders of LOCAL_MODELS that carry a reference.json (none when the folder is absent). */
+export function localFixtureModels(): string[] {
+  if (!existsSync(LOCAL_MODELS)) return [];
+  return readdirSync(LOCAL_MODELS).filter((d) => existsSync(join(LOCAL_MODELS, d, 'reference.json')));
+}
+
 export function fixtureModels(): string[] {
   return readdirSync(MODELS).filter((d) => existsSync(join(MODELS, d, 'reference.json')));
 }

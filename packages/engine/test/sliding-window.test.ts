@@ -1,10 +1,11 @@
+import { readFileSync } from 'node:fs';
 import { copyFile, mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SafetensorsFile } from '@nerva/models';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Engine, type EngineOptions, type RequestOutcome } from '../src/index.js';
-import { MODELS, type ReferenceCase } from './fixtures.js';
+import { LOCAL_MODELS, localFixtureModels, MODELS, type ReferenceCase } from './fixtures.js';
 import { ReferenceModel } from './reference-forward.js';
 
 /**
@@ -255,5 +256,50 @@ describe('a model with a full-attention layer frees nothing early', () => {
     } finally {
       e.dispose();
     }
+  });
+});
+
+// Fixtures with sliding windows made by transformers 5.x (tools/gpu/make_swa_fixture.py, in
+// <repo root>/fixtures/models): the engine against transformers' own float64 answers.
+describe.each(localFixtureModels())('CPU parity with transformers float64 on a sliding-window fixture: %s', (name) => {
+  const dir = join(LOCAL_MODELS, name);
+  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { cases: ReferenceCase[]; sliding: { sliding_window: number; layer_types: string[] } };
+  let logitsFile: SafetensorsFile;
+  const engines: Engine[] = [];
+  const make = async (o: Partial<EngineOptions> = {}) => {
+    const e = await Engine.create({ model: dir, backend: 'cpu', maxNumSeqs: 4, blockSize: 4, kvCacheBytes: 2 ** 20, ...o });
+    engines.push(e);
+    return e;
+  };
+  beforeAll(async () => {
+    logitsFile = await SafetensorsFile.open(join(dir, 'reference.safetensors'));
+  });
+  afterAll(async () => {
+    for (const e of engines) e.dispose();
+    await logitsFile?.close();
+  });
+
+  it('the config gives the layer windows transformers used', async () => {
+    const e = await make();
+    const w = ref.sliding.sliding_window;
+    expect(ref.sliding.layer_types.map((_, l) => e.spec.layerWindows?.[l] ?? 0)).toEqual(ref.sliding.layer_types.map((t) => (t === 'sliding_attention' ? w : 0)));
+  });
+
+  it.each(ref.cases.map((c, i) => [i, c] as const))('case %i: greedy tokens and last-position logits, in one chunk, chunked, with and without freeing pages', async (_i, c) => {
+    const want = await logitsFile.readF32(c.logits_tensor);
+    // A float32 engine may legitimately flip a step whose top-2 margin is below its error.
+    const low = c.step_top2_margin.findIndex((m) => m < 1e-4);
+    const comparable = low >= 0 ? low + 1 : c.greedy_f64.length;
+    const outs: RequestOutcome[] = [];
+    for (const o of [{}, { maxNumSeqs: 1, maxNumBatchedTokens: 3 }, { kvFreeOutsideWindow: false }]) {
+      const out = await greedy(await make(o), c.prompt_ids, c.greedy_f64.length);
+      expect(out.tokenIds.slice(0, comparable)).toEqual(c.greedy_f64.slice(0, comparable));
+      expect(relErr(out.promptLogits!, want)).toBeLessThan(1e-5);
+      outs.push(out);
+    }
+    for (const o of outs.slice(1)) expect(o.tokenIds).toEqual(outs[0].tokenIds);
+    // The independent float64 forward agrees with transformers too.
+    const mine = await ReferenceModel.load(dir);
+    expect(relErr(mine.lastLogits(c.prompt_ids), want)).toBeLessThan(1e-5);
   });
 });
