@@ -291,7 +291,8 @@ describe.each(localFixtureModels())('CPU parity with transformers float64 on a s
     const low = c.step_top2_margin.findIndex((m) => m < 1e-4);
     const comparable = low >= 0 ? low + 1 : c.greedy_f64.length;
     const outs: RequestOutcome[] = [];
-    for (const o of [{}, { maxNumSeqs: 1, maxNumBatchedTokens: 3 }, { kvFreeOutsideWindow: false }]) {
+    // Also as a 2-stage pipeline (CPU stages share one backend): each stage's layers keep their windows.
+    for (const o of [{}, { maxNumSeqs: 1, maxNumBatchedTokens: 3 }, { kvFreeOutsideWindow: false }, { pipelineParallel: 2 }]) {
       const out = await greedy(await make(o), c.prompt_ids, c.greedy_f64.length);
       expect(out.tokenIds.slice(0, comparable)).toEqual(c.greedy_f64.slice(0, comparable));
       expect(relErr(out.promptLogits!, want)).toBeLessThan(1e-5);
