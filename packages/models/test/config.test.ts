@@ -2,7 +2,7 @@ import { readFile, readdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ConfigError, isMoeLayer, kvReadWindow, layerWindow, loadModelConfig, parseModelConfig } from '../src/index.js';
-import { CONFIGS, MODELS, tempDir } from './helpers.js';
+import { CONFIGS, LOCAL_MODELS, MODELS, tempDir } from './helpers.js';
 
 async function rawConfig(dir: string): Promise<Record<string, any>> {
   return JSON.parse(await readFile(join(dir, 'config.json'), 'utf8'));
@@ -193,6 +193,17 @@ describe('parseModelConfig on real model shapes and edge cases', () => {
       expect(q25.sliding_window).toBe(32768);
       expect(parseModelConfig({ ...q25, use_sliding_window: true }).layerWindows).toBeUndefined(); // 24 >= 24 layers
       expect(parseModelConfig({ ...q25, use_sliding_window: true, max_window_layers: 20 }).layerWindows).toEqual([...Array(20).fill(0), 32768, 32768, 32768, 32768]);
+    });
+
+    it('the transformers-made sliding-window fixtures: the layer types transformers read back', async () => {
+      for (const name of ['tiny-random-qwen2-swa', 'tiny-random-qwen3-swa']) {
+        const dir = join(LOCAL_MODELS, name);
+        const s = await loadModelConfig(dir);
+        const ref = JSON.parse(await readFile(join(dir, 'reference.json'), 'utf8')) as { sliding: { sliding_window: number; layer_types: string[] } };
+        expect(s.layerWindows).toEqual(ref.sliding.layer_types.map((t) => (t === 'sliding_attention' ? ref.sliding.sliding_window : 0)));
+      }
+      expect(kvReadWindow(await loadModelConfig(join(LOCAL_MODELS, 'tiny-random-qwen2-swa')))).toBe(0);
+      expect(kvReadWindow(await loadModelConfig(join(LOCAL_MODELS, 'tiny-random-qwen3-swa')))).toBe(5);
     });
 
     it('without layer_types: layer i slides iff use_sliding_window, a window, and i >= max_window_layers', () => {

@@ -20,6 +20,8 @@ export const FIXTURES = process.env.NERVA_FIXTURES ?? resolve(repoRoot(), '../sh
 export const MODELS = join(FIXTURES, 'models');
 export const QWEN3_TOKENIZER = join(FIXTURES, 'tokenizers', 'qwen3');
 export const CONFIGS = resolve(FIXTURES, '../configs');
+/** Fixtures made in this repository (tools/gpu/make_swa_fixture.py). */
+export const LOCAL_MODELS = join(repoRoot(), 'fixtures', 'models');
 
 const made: string[] = [];
 afterAll(async () => {
