@@ -135,6 +135,10 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
       vram_budget_bytes: state.config.vramBudget ?? null,
       host_budget_bytes: state.config.hostBudget ?? null,
       offload_dir: state.config.offloadDir ?? null,
+      // Tiered KV: the hot pool's budget, the warm pool's (pinned host) and the cold tier's directory.
+      kv_vram_budget_bytes: state.config.kvVramBudget ?? null,
+      kv_host_budget_bytes: state.config.kvHostBudget ?? null,
+      kv_offload_dir: state.config.kvOffloadDir ?? null,
       weights_bytes: s.weightBytes,
       kv_cache_bytes: s.kvCacheBytes,
       kv_block_size: s.blockSize,
@@ -153,6 +157,9 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
       moved: mem.moved,
       streamed_bytes_per_pass: mem.streamed_bytes_per_pass,
       prefetch: mem.prefetch,
+      // KV pages by tier (hot, warm, cold), their moves and the passes that merged host partials;
+      // null when every KV page is hot (no kv_vram_budget).
+      kv: mem.kv ?? null,
       notes: mem.notes,
       // The machine's fabric, discovered once at start: GPUs and their links, NVLink, IOMMU, NUMA,
       // the fabric classification and every transfer path that falls back (and why).

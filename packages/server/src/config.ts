@@ -42,6 +42,17 @@ export interface ServerConfig {
   /** Directory of the disk tier (weight blocks the host budget cannot hold). */
   offloadDir?: string;
   /**
+   * Tiered KV: bytes of the hot KV pool in the compute tier (VRAM on CUDA). KV pages beyond it are
+   * demoted to pinned host memory (`kvHostBudget`) and past that to `kvOffloadDir`; the attention
+   * sinks and the recent window stay hot, and the tokens are those of the all-hot run. Sets the KV
+   * cache size (overrides `kvCacheBytes`). Absent: every KV page is hot.
+   */
+  kvVramBudget?: number;
+  /** Bytes of the warm KV pool in pinned host memory (default with `kvVramBudget`: 8x the hot pool). */
+  kvHostBudget?: number;
+  /** Directory of the cold KV tier (pages of swapped-out sequences). Needs `kvVramBudget`. */
+  kvOffloadDir?: string;
+  /**
    * Pipeline stages (default 1): contiguous layer ranges, one stage each. On CUDA, N > 1 needs N
    * visible GPUs unless `allowSingleDeviceStages`; the CPU backend takes any N up to the layer count.
    */
@@ -85,6 +96,9 @@ const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boole
   vram_budget: { field: 'vramBudget', kind: 'size' },
   host_budget: { field: 'hostBudget', kind: 'size' },
   offload_dir: { field: 'offloadDir', kind: 'string', path: true },
+  kv_vram_budget: { field: 'kvVramBudget', kind: 'size' },
+  kv_host_budget: { field: 'kvHostBudget', kind: 'size' },
+  kv_offload_dir: { field: 'kvOffloadDir', kind: 'string', path: true },
   pipeline_parallel: { field: 'pipelineParallel', kind: 'posint' },
   allow_single_device_stages: { field: 'allowSingleDeviceStages', kind: 'bool' },
 };
@@ -175,6 +189,20 @@ export function mergeConfig(file: Partial<ServerConfig>, flags: Partial<ServerCo
     for (const [k, v] of Object.entries(layer)) if (v !== undefined) (out as unknown as Record<string, unknown>)[k] = v;
   }
   return out;
+}
+
+/**
+ * The KV tiers below the hot pool extend it: a warm budget or a cold directory without
+ * `kv_vram_budget` is a configuration error before anything listens or loads.
+ */
+export function checkKvTiers(config: Pick<ServerConfig, 'kvVramBudget' | 'kvHostBudget' | 'kvOffloadDir'>): void {
+  if (config.kvVramBudget !== undefined) return;
+  const extra: [string, string][] = [];
+  if (config.kvHostBudget !== undefined) extra.push(['kv_host_budget', '--kv-host-budget']);
+  if (config.kvOffloadDir !== undefined) extra.push(['kv_offload_dir', '--kv-offload-dir']);
+  if (extra.length === 0) return;
+  const named = extra.map(([k, f]) => `${k} (${f})`).join(' and ');
+  throw new ConfigError(extra[0][0], `${named} need${extra.length === 1 ? 's' : ''} kv_vram_budget (--kv-vram-budget): the hot KV pool that the warm and cold KV tiers extend`);
 }
 
 /** Validate flag values with the same rules as file keys (flags arrive already typed). */

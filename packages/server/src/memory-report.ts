@@ -29,7 +29,36 @@ export interface MemoryReportJson {
   moved: { h2d: PathTrafficJson; disk_read: PathTrafficJson; cpu_compute: PathTrafficJson };
   streamed_bytes_per_pass: number;
   prefetch: { hits: number; stalls: number; stall_ms: number };
+  /** KV pages by tier, present when the engine runs tiered KV (`kv_vram_budget`). */
+  kv?: KvReportJson;
   notes: string[];
+}
+
+/** One KV tier's pages: how many it can hold, how many hold K/V now, and its reserved bytes. */
+export interface KvTierPagesJson {
+  capacity_pages: number;
+  used_pages: number;
+  bytes: number;
+}
+
+/** The engine's tiered-KV report (`@nerva/memos` KvMemoryReport) in snake case. */
+export interface KvReportJson {
+  block_size: number;
+  /** Bytes of one page: block_size tokens of K and V for every layer. */
+  page_bytes: number;
+  /** hot: the compute tier's KV pool; warm: pinned host memory; cold: a file in kv_offload_dir. */
+  tiers: { hot: KvTierPagesJson; warm: KvTierPagesJson; cold: KvTierPagesJson };
+  /** Pages moved down a tier (hot -> warm, warm -> cold) and back up, since start. */
+  demotions: number;
+  promotions: number;
+  /** Page moves by path since start: device to host, host to device, and the cold file. */
+  moved: { d2h: PathTrafficJson; h2d: PathTrafficJson; disk_write: PathTrafficJson; disk_read: PathTrafficJson };
+  /** Forward passes whose attention merged host partials over warm pages. */
+  tiered_passes: number;
+  /** Sequences swapped out to the cold tier instead of preempted by recompute. */
+  swapped_out: number;
+  /** Sequences preempted by recompute. */
+  preemptions: number;
 }
 
 /** One tier: its budget and what holds its bytes. */
@@ -64,7 +93,25 @@ export function memoryReportJson(r: MemoryReport): MemoryReportJson {
     moved: { h2d: path(r.moved.h2d), disk_read: path(r.moved.diskRead), cpu_compute: path(r.moved.cpuCompute) },
     streamed_bytes_per_pass: r.streamedBytesPerPass,
     prefetch: { hits: r.prefetch.hits, stalls: r.prefetch.stalls, stall_ms: ms(r.prefetch.stallMs) },
+    ...(r.kv ? { kv: kvReportJson(r.kv) } : {}),
     notes: [...r.notes],
+  };
+}
+
+/** The tiered-KV section of the memory report in snake case. */
+export function kvReportJson(kv: NonNullable<MemoryReport['kv']>): KvReportJson {
+  const path = (p: { bytes: number; ms: number }): PathTrafficJson => ({ bytes: p.bytes, ms: ms(p.ms) });
+  const tier = (t: { capacity: number; used: number; bytes: number }): KvTierPagesJson => ({ capacity_pages: t.capacity, used_pages: t.used, bytes: t.bytes });
+  return {
+    block_size: kv.blockSize,
+    page_bytes: kv.pageBytes,
+    tiers: { hot: tier(kv.tiers.hot), warm: tier(kv.tiers.warm), cold: tier(kv.tiers.cold) },
+    demotions: kv.demotions,
+    promotions: kv.promotions,
+    moved: { d2h: path(kv.moved.d2h), h2d: path(kv.moved.h2d), disk_write: path(kv.moved.diskWrite), disk_read: path(kv.moved.diskRead) },
+    tiered_passes: kv.tieredPasses,
+    swapped_out: kv.swappedOut,
+    preemptions: kv.preemptions,
   };
 }
 

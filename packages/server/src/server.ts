@@ -6,7 +6,7 @@ import type { SysfsReader } from '@nerva/transport';
 import type { FastifyInstance } from 'fastify';
 import { Admission } from './admission.js';
 import { buildApp } from './app.js';
-import type { ServerConfig } from './config.js';
+import { checkKvTiers, type ServerConfig } from './config.js';
 import { defaultModelDir } from './default-model.js';
 import { ConfigError } from './errors.js';
 import { discoverFabricTopology, reportedCapabilities } from './fabric-topology.js';
@@ -57,6 +57,7 @@ export async function startServer(
   const log = o.log ?? (() => {});
   const modelDir = resolve(config.model ?? defaultModelDir());
   if (!existsSync(join(modelDir, 'config.json'))) throw new ConfigError('model', `model folder ${modelDir} has no config.json`);
+  checkKvTiers(config);
   const modelName = config.servedModelName ?? basename(modelDir);
   let chatTemplate: string | undefined;
   if (config.chatTemplate !== undefined) {
@@ -91,6 +92,9 @@ export async function startServer(
         vramBudget: config.vramBudget,
         hostBudget: config.hostBudget,
         offloadDir: config.offloadDir,
+        kvVramBudget: config.kvVramBudget,
+        kvHostBudget: config.kvHostBudget,
+        kvOffloadDir: config.kvOffloadDir,
         pipelineParallel: config.pipelineParallel,
         allowSingleDeviceStages: config.allowSingleDeviceStages,
         chatTemplate,

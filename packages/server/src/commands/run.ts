@@ -2,6 +2,7 @@ import { resolve } from 'node:path';
 import { Engine, type GenerateOptions } from '@nerva/engine';
 import type { Command } from 'commander';
 import { Option } from 'commander';
+import { checkKvTiers } from '../config.js';
 import { defaultModelDir } from '../default-model.js';
 import { memoryReportJson, tiersJson } from '../memory-report.js';
 import { parseFloatArg, parseIdList, parseIntArg, parseSizeArg, progressBar } from '../cli-util.js';
@@ -23,6 +24,9 @@ interface RunFlags {
   vramBudget?: number;
   hostBudget?: number;
   offloadDir?: string;
+  kvVramBudget?: number;
+  kvHostBudget?: number;
+  kvOffloadDir?: string;
   pipelineParallel?: number;
   allowSingleDeviceStages?: boolean;
 }
@@ -45,12 +49,16 @@ export function registerRun(program: Command): void {
     .option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB); weights that do not fit stream from host memory', parseSizeArg('--vram-budget'))
     .option('--host-budget <size>', 'host memory for streamed weights, e.g. 32GiB; beyond it they spill to --offload-dir', parseSizeArg('--host-budget'))
     .option('--offload-dir <dir>', 'directory of the disk tier for weights the host budget cannot hold')
+    .option('--kv-vram-budget <size>', 'tiered KV: compute-tier memory for hot KV pages, e.g. 64MiB; pages beyond it move to pinned host memory (same tokens)', parseSizeArg('--kv-vram-budget'))
+    .option('--kv-host-budget <size>', 'tiered KV: pinned host memory for warm KV pages (default 8x --kv-vram-budget); beyond it they spill to --kv-offload-dir', parseSizeArg('--kv-host-budget'))
+    .option('--kv-offload-dir <dir>', 'tiered KV: directory of the cold tier for KV pages (swapped-out sequences)')
     .option('--pipeline-parallel <n>', 'pipeline stages: the layers split into N contiguous ranges (N > 1 needs N GPUs on CUDA; any N on the CPU backend)', parseIntArg('--pipeline-parallel', { positive: true }))
     .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
     .option('--profile', 'split device time per token into buckets (projection, norm, attention, mlp, sampling)')
     .option('--json', 'end with one JSON line: ids, text, first-position logits and the ledger summary')
     .action(async (f: RunFlags) => {
       if (f.prompt !== undefined && f.promptIds !== undefined) throw new Error('give --prompt or --prompt-ids, not both');
+      checkKvTiers(f);
       const model = f.model ?? defaultModelDir();
       const bar = progressBar('loading weights');
       const engine = await Engine.create({
@@ -61,6 +69,9 @@ export function registerRun(program: Command): void {
         vramBudget: f.vramBudget,
         hostBudget: f.hostBudget,
         offloadDir: f.offloadDir !== undefined ? resolve(f.offloadDir) : undefined,
+        kvVramBudget: f.kvVramBudget,
+        kvHostBudget: f.kvHostBudget,
+        kvOffloadDir: f.kvOffloadDir !== undefined ? resolve(f.kvOffloadDir) : undefined,
         pipelineParallel: f.pipelineParallel,
         allowSingleDeviceStages: f.allowSingleDeviceStages,
         onProgress: (p) => bar(p.done, p.total),
@@ -104,8 +115,18 @@ export function registerRun(program: Command): void {
             finish_reason: out.finishReason,
             first_logits_top5: top5,
             ledger: out.ledger.summary(),
-            // The memory OS after the run: where the weights were and what moved to compute.
-            memory: { ...memoryReportJson(mem), tiers: tiersJson(mem) },
+            // The memory OS after the run: where the weights were and what moved to compute, the
+            // configured budgets and, with --kv-vram-budget, the KV pages by tier (memory.kv).
+            memory: {
+              ...memoryReportJson(mem),
+              tiers: tiersJson(mem),
+              vram_budget_bytes: f.vramBudget ?? null,
+              host_budget_bytes: f.hostBudget ?? null,
+              offload_dir: f.offloadDir !== undefined ? resolve(f.offloadDir) : null,
+              kv_vram_budget_bytes: f.kvVramBudget ?? null,
+              kv_host_budget_bytes: f.kvHostBudget ?? null,
+              kv_offload_dir: f.kvOffloadDir !== undefined ? resolve(f.kvOffloadDir) : null,
+            },
           };
           process.stdout.write(JSON.stringify(line) + '\n');
         }

@@ -25,6 +25,9 @@ interface ServeFlags {
   vramBudget?: number;
   hostBudget?: number;
   offloadDir?: string;
+  kvVramBudget?: number;
+  kvHostBudget?: number;
+  kvOffloadDir?: string;
   pipelineParallel?: number;
   allowSingleDeviceStages?: boolean;
 }
@@ -53,6 +56,9 @@ export function registerServe(program: Command): void {
     .option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB); weights that do not fit stream from host memory', parseSizeArg('--vram-budget'))
     .option('--host-budget <size>', 'host memory for streamed weights, e.g. 32GiB; beyond it they spill to --offload-dir', parseSizeArg('--host-budget'))
     .option('--offload-dir <dir>', 'directory of the disk tier for weights the host budget cannot hold')
+    .option('--kv-vram-budget <size>', 'tiered KV: compute-tier memory for hot KV pages, e.g. 64MiB; pages beyond it move to pinned host memory (same tokens)', parseSizeArg('--kv-vram-budget'))
+    .option('--kv-host-budget <size>', 'tiered KV: pinned host memory for warm KV pages (default 8x --kv-vram-budget); beyond it they spill to --kv-offload-dir', parseSizeArg('--kv-host-budget'))
+    .option('--kv-offload-dir <dir>', 'tiered KV: directory of the cold tier for KV pages (swapped-out sequences)')
     .option('--pipeline-parallel <n>', 'pipeline stages: the layers split into N contiguous ranges (N > 1 needs N GPUs on CUDA; any N on the CPU backend)', parseIntArg('--pipeline-parallel', { positive: true }))
     .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
     .action(async (f: ServeFlags) => {
@@ -77,6 +83,9 @@ export function registerServe(program: Command): void {
         vramBudget: f.vramBudget,
         hostBudget: f.hostBudget,
         offloadDir: f.offloadDir,
+        kvVramBudget: f.kvVramBudget,
+        kvHostBudget: f.kvHostBudget,
+        kvOffloadDir: f.kvOffloadDir,
         pipelineParallel: f.pipelineParallel,
         allowSingleDeviceStages: f.allowSingleDeviceStages,
       });
