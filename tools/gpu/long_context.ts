@@ -15,6 +15,7 @@ const r = await longContextProbe({
   context: Number(context),
   newTokens: Number(newTokens ?? 32),
   ratios: (ratios ?? '2,4').split(',').map(Number),
+  hostReadGbps: process.env.NERVA_HOST_READ_GBPS ? Number(process.env.NERVA_HOST_READ_GBPS) : undefined,
 });
 const line = JSON.stringify(r);
 console.log(line);

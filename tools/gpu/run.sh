@@ -98,7 +98,8 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   has pipeline && runjs "pipeline $size" pipeline.mjs single "$dir" && cp "$OUT/pipeline.json" "$OUT/pipeline-$size.json"
   has pipeline2 && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs "pipeline2 $size" pipeline.mjs multi "$dir" && cp "$OUT/pipeline-multi.json" "$OUT/pipeline-multi-$size.json"
   has tiered && NERVA_TIERED_PROMPT=600 runjs "tiered $size" parity.mjs tiered "$dir" && cp "$OUT/tiered.json" "$OUT/tiered-$size.json"
-  if has longctx; then for ctx in ${NERVA_LONGCTX_CONTEXT:-1024 4096}; do runjs "long-context $size $ctx" long_context.mjs "$dir" $ctx ${NERVA_LONGCTX_TOKENS:-32} ${NERVA_LONGCTX_RATIOS:-2,4}; done; fi
+  # The limit of a tiered mix uses the DRAM read rate the hostattn phase measured (when it ran).
+  if has longctx; then export NERVA_HOST_READ_GBPS=$(grep -o '"read_gbps":[0-9.]*' "$OUT/hostattn.json" 2>/dev/null | cut -d: -f2); for ctx in ${NERVA_LONGCTX_CONTEXT:-1024 4096}; do runjs "long-context $size $ctx" long_context.mjs "$dir" $ctx ${NERVA_LONGCTX_TOKENS:-32} ${NERVA_LONGCTX_RATIOS:-2,4}; done; fi
   has bench && runjs "bench $size" bench.mjs "$dir" 128 256
   has bench && NERVA_CUDA_DECODER=persistent runjs "bench $size persistent" bench.mjs "$dir" 128 256
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile

@@ -53,8 +53,8 @@ describe.skipIf(!hasGxx)('host attention math (native/host_attention.cc, g++, no
     expect(summary.threadMismatches).toBe(0);
   });
 
-  it('gives the same results when idle workers sleep at once (NERVA_HOST_SPIN_US=0) with a pool of 3 (NERVA_HOST_THREADS)', () => {
-    const { summary, failures } = runProgram(exe, { NERVA_HOST_SPIN_US: '0', NERVA_HOST_THREADS: '3' });
+  it('gives the same results when idle workers sleep at once (NERVA_HOST_ATTN_SPIN_US=0) with a pool of 3 (NERVA_HOST_THREADS)', () => {
+    const { summary, failures } = runProgram(exe, { NERVA_HOST_ATTN_SPIN_US: '0', NERVA_HOST_THREADS: '3' });
     expect(failures).toEqual([]);
     expect(summary.failures).toBe(0);
   });

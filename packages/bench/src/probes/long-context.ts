@@ -10,6 +10,11 @@ export interface LongContextProbeOptions {
   /** KV-to-hot-budget ratios to run besides all-hot (default 2 and 4). */
   ratios?: number[];
   blockSize?: number;
+  /**
+   * The host's DRAM read rate in GB/s, measured beside this run (tools/gpu phase hostattn): the
+   * limit of a mix is the all-hot step plus the warm pages read at this rate.
+   */
+  hostReadGbps?: number;
 }
 
 /**
@@ -53,16 +58,19 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
       const kv = engine.memoryReport().kv;
       const tokS = s.decode_tokens_per_s;
       if (ratio === 1) allHot = { tokS, tokens: out.tokenIds };
-      const warmBytes = kv ? kv.tiers.warm.used * pageBytes : 0;
+      // Pages past the hot pool at the middle of the decode (every layer's K and V), read by the
+      // host each step; the pool keeps one page for the null block.
+      const warmPages = kv ? Math.max(0, Math.ceil((o.context + o.newTokens / 2) / bs) - (kv.tiers.hot.capacity - 1)) : 0;
+      const warmBytes = warmPages * pageBytes;
       // The serial bound at the rates measured here: every layer's warm partial must finish before
       // that layer's merge, so a step takes at least the all-hot step plus the host's time over the
       // warm pages (its overlap with the hot partial is at most the hot attention, small at 4x).
       const hostGbps = hostMs > 0 ? warmBytes / (hostMs * 1e6) : null;
-      const limitTokS = allHot && ratio !== 1 && hostMs > 0 ? Math.round((1000 / (1000 / allHot.tokS + hostMs)) * 100) / 100 : null;
+      const limitTokS = allHot && ratio !== 1 && o.hostReadGbps ? Math.round((1000 / (1000 / allHot.tokS + warmBytes / (o.hostReadGbps * 1e6))) * 100) / 100 : null;
       mixes.push({
         kv_to_hot_ratio: ratio,
         hot_pages: kv ? kv.tiers.hot.capacity : pages,
-        warm_pages_used: kv?.tiers.warm.used ?? 0,
+        warm_pages: warmPages,
         tokens_per_s: tokS,
         fraction_of_all_hot: allHot ? Math.round((tokS / allHot.tokS) * 1000) / 1000 : null,
         same_tokens_as_all_hot: allHot ? JSON.stringify(out.tokenIds) === JSON.stringify(allHot.tokens) : null,
@@ -70,6 +78,7 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
         warm_bytes_per_token: warmBytes,
         host_attention_ms_per_token: Math.round(hostMs * 1000) / 1000,
         host_attention_gbps: hostGbps === null ? null : Math.round(hostGbps * 10) / 10,
+        host_read_gbps: o.hostReadGbps ?? null,
         limit_tok_s: limitTokS,
         fraction_of_limit: limitTokS ? Math.round((tokS / limitTokS) * 1000) / 1000 : null,
         ms_per_token_p50: s.ms_per_token_p50,
