@@ -129,7 +129,8 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
       backend: engine.info.backendName,
       // Every tier the engine uses (compute tier, pinned/host replicas of streamed weights, disk),
       // with its budget and the bytes of weights, staging slots, KV pages and the rest.
-      tiers: tiersJson(s.memory, kvUsed / s.numBlocks),
+      // With tiered KV the compute tier's KV pool holds the hot pages only (the rest are warm or cold).
+      tiers: tiersJson(s.memory, s.memory.kv ? s.memory.kv.tiers.hot.used / s.numBlocks : kvUsed / s.numBlocks),
       mode: mem.mode,
       fabric: mem.fabric,
       vram_budget_bytes: state.config.vramBudget ?? null,
