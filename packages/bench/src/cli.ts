@@ -11,6 +11,10 @@ const int = (name: string) => parseIntArg(name, { positive: true });
 const vramOpt = () => new Option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB)').argParser(parseSizeArg('--vram-budget'));
 const hostOpt = () => new Option('--host-budget <size>', 'host memory for streamed weights; beyond it they spill to --offload-dir').argParser(parseSizeArg('--host-budget'));
 const offloadDirOpt = () => new Option('--offload-dir <dir>', 'disk tier directory');
+const kvVramOpt = () =>
+  new Option('--kv-vram-budget <size>', 'tiered KV: compute-tier memory for hot KV pages, e.g. 64MiB; pages beyond it move to pinned host memory').argParser(parseSizeArg('--kv-vram-budget'));
+const kvHostOpt = () => new Option('--kv-host-budget <size>', 'tiered KV: pinned host memory for warm KV pages (default 8x the hot pool)').argParser(parseSizeArg('--kv-host-budget'));
+const kvOffloadDirOpt = () => new Option('--kv-offload-dir <dir>', 'tiered KV: cold tier directory');
 const backendOpt = () => new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto');
 
 const program = new Command().name('nerva-bench').description('NERVA benchmarks: one JSON line per probe').exitOverride();
@@ -49,6 +53,9 @@ program
   .addOption(vramOpt())
   .addOption(hostOpt())
   .addOption(offloadDirOpt())
+  .addOption(kvVramOpt())
+  .addOption(kvHostOpt())
+  .addOption(kvOffloadDirOpt())
   .option('--pipeline-parallel <n>', 'pipeline stages (N > 1 needs N GPUs on CUDA unless --allow-single-device-stages)', int('--pipeline-parallel'))
   .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
   .action(async (f) =>
@@ -63,6 +70,9 @@ program
         vramBudget: f.vramBudget,
         hostBudget: f.hostBudget,
         offloadDir: f.offloadDir,
+        kvVramBudget: f.kvVramBudget,
+        kvHostBudget: f.kvHostBudget,
+        kvOffloadDir: f.kvOffloadDir,
         pipelineParallel: f.pipelineParallel,
         allowSingleDeviceStages: f.allowSingleDeviceStages,
       }),

@@ -1,5 +1,6 @@
 import { resolve } from 'node:path';
 import { Engine } from '@nerva/engine';
+import { kvReportJson } from '@nerva/server';
 import { measureCopyBandwidth, syntheticPrompt, withScratchBackend } from '../measure.js';
 
 export interface DecodeProbeOptions {
@@ -16,6 +17,12 @@ export interface DecodeProbeOptions {
   hostBudget?: number;
   /** Disk tier directory. */
   offloadDir?: string;
+  /** Tiered KV: compute-tier bytes for hot KV pages (engine option kvVramBudget). */
+  kvVramBudget?: number;
+  /** Tiered KV: pinned host bytes for warm KV pages (kvHostBudget). */
+  kvHostBudget?: number;
+  /** Tiered KV: cold tier directory (kvOffloadDir). */
+  kvOffloadDir?: string;
   /** Pipeline stages (engine option pipelineParallel). */
   pipelineParallel?: number;
   /** Every stage on one GPU (engine option allowSingleDeviceStages). */
@@ -40,6 +47,9 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     vramBudget: o.vramBudget,
     hostBudget: o.hostBudget,
     offloadDir: o.offloadDir !== undefined ? resolve(o.offloadDir) : undefined,
+    kvVramBudget: o.kvVramBudget,
+    kvHostBudget: o.kvHostBudget,
+    kvOffloadDir: o.kvOffloadDir !== undefined ? resolve(o.kvOffloadDir) : undefined,
     pipelineParallel: o.pipelineParallel,
     allowSingleDeviceStages: o.allowSingleDeviceStages,
   });
@@ -88,6 +98,14 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       r.streamed_bytes_per_pass = m.streamedBytesPerPass;
       r.slots = m.weights.slots;
       r.notes = [...s.notes, ...m.notes.filter((n) => !s.notes.includes(n))];
+    }
+    if (o.kvVramBudget !== undefined) {
+      // Tiered KV: the budgets and the pages by tier after the run (moves, merged passes).
+      const m = engine.memoryReport();
+      r.kv_vram_budget_bytes = o.kvVramBudget;
+      r.kv_host_budget_bytes = o.kvHostBudget ?? null;
+      r.kv_offload_dir = o.kvOffloadDir !== undefined ? resolve(o.kvOffloadDir) : null;
+      r.kv = m.kv ? kvReportJson(m.kv) : null;
     }
     if (s.buckets_ms) r.buckets_ms_per_token = Object.fromEntries(Object.entries(s.buckets_ms).map(([k, v]) => [k, Math.round((v / Math.max(1, s.tokens)) * 1000) / 1000]));
     return r;
