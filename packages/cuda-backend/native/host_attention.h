@@ -13,7 +13,7 @@
 // runtime. Work: tasks of (row, KV head, split of the positions), each computing the partials of
 // the KV head's whole query group so every key and value row is read once, on a process-wide pool
 // (NERVA_HOST_THREADS threads, default the CPUs of the affinity mask; idle workers spin
-// NERVA_HOST_ATTN_SPIN_US, default 1000, then sleep); then a merge per (row, head). The inner loops
+// NERVA_HOST_ATTN_SPIN_US, default 100, then sleep); then a merge per (row, head). The inner loops
 // are compiled for AVX-512, AVX2+FMA and generic x86-64 (target_clones, picked at load time).
 // The result does not depend on the thread count (each partial is computed by one thread over a
 // fixed split, and the merge is in split order).

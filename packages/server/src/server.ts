@@ -46,22 +46,6 @@ async function hasChatTemplate(dir: string): Promise<boolean> {
 }
 
 /**
- * Tiered KV: a sequence's pages may be hot or warm, and the engine validates requests against
- * both pools (Engine.limits), but the worker's ready message carries the hot pool's block count
- * (Engine.numBlocks), which the proxy checks requests against first: a prompt longer than the hot
- * pool would get a 400 the engine itself accepts. Until the worker ships its limits, raise the
- * proxy's count to the pages of both tiers, from the engine's own memory report.
- */
-async function widenTieredKvLimit(engine: WorkerEngine): Promise<void> {
-  const kv = (await engine.stats()).memory.kv;
-  if (!kv) return;
-  // hot.capacity excludes the null page; Engine.limits.numBlocks = hot slots + warm slots.
-  const numBlocks = kv.tiers.hot.capacity + 1 + kv.tiers.warm.capacity;
-  const info = engine.info as { numBlocks: number };
-  if (numBlocks > info.numBlocks) info.numBlocks = numBlocks;
-}
-
-/**
  * Listen first, then load the model in a worker: /health answers 503 until the engine is ready,
  * so orchestrators can probe while weights load. Once the engine is up, the fabric topology is
  * discovered (from `o.sysfs`, default the machine's /sys) and its one line is logged.
@@ -119,7 +103,6 @@ export async function startServer(
         await engine.dispose();
         return;
       }
-      if (config.kvVramBudget !== undefined) await widenTieredKvLimit(engine);
       // Once per start; never throws (an unreadable sysfs gives an object that says unknown).
       const fabric = discoverFabricTopology({ reader: o.sysfs, deviceKind: engine.info.deviceKind, capabilities: reportedCapabilities(engine.info) });
       state.fabricTopology = fabric.json;

@@ -1,3 +1,4 @@
+import type { RequestLimits } from '../request-validation.js';
 import type { BackendCapabilities } from '@nerva/core';
 import type { LedgerSummary } from '@nerva/core';
 import type { KvCacheStats } from '@nerva/kv';
@@ -41,6 +42,8 @@ export interface WorkerEngineInfo {
   eosTokenIds: number[];
   generationDefaults: Pick<SamplingParams, 'temperature' | 'topK' | 'topP' | 'minP' | 'repetitionPenalty'>;
   hasTokenizer: boolean;
+  /** What the engine validates requests against (Engine.limits: tiered KV's warm pages, sliding windows). */
+  limits: RequestLimits;
 }
 
 /** The last known scheduler state, sent with every step and every finish. */

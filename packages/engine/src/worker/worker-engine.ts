@@ -248,7 +248,7 @@ export class WorkerEngine {
   }
 
   private validate(ids: number[], o: WorkerGenerateOptions): void {
-    validateRequest({ ...this.info, hasTokenizer: this.info.hasTokenizer }, ids, o);
+    validateRequest(this.info.limits, ids, o);
   }
 
   private query(what: 'stats' | 'checkInvariants'): Promise<unknown> {

@@ -103,5 +103,6 @@ post({
     eosTokenIds: [...engine.eosTokenIds],
     generationDefaults: { ...engine.generationDefaults },
     hasTokenizer: engine.tokenizer !== undefined,
+    limits: engine.limits,
   },
 });
