@@ -62,7 +62,7 @@ describe('tiered attention on CUDA (host half)', () => {
     const a = attentionArgs('pinned', { window: 6, lse: buf('f32', 8), qHost: buf('f32', 64, 'pinned'), outHost: buf('f32', 64, 'pinned'), lseHost: buf('f32', 8, 'pinned') });
     const p = hostAttentionPlan(a, res(a));
     expect(p.create).toMatchObject({ rows: 2, numHeads: 4, numKvHeads: 2, headDim: 8, blockSize: 4, maxBlocksPerSeq: 3, numSeqs: 2, numBlocks: 10, window: 6, kvDtype: 1, qStride: 96 });
-    expect(p.create.lseHost).toBe(resolved.get(a.lseHost.id)!.addr);
+    expect(p.create.lseHost).toBe(resolved.get((a as unknown as { lseHost: DeviceBuffer }).lseHost.id)!.addr);
     expect(hostAttentionPlan(a, res(a)).key).toBe(p.key);
     const b = { ...a, window: 7 };
     expect(hostAttentionPlan(b, res(b)).key).not.toBe(p.key);
