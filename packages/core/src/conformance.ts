@@ -1212,6 +1212,34 @@ const CASES: { [K in OpName]: CaseDef[] } = {
       },
       true,
     ),
+    // Many rows of one sequence: backends may take tiles of them to a tensor-core prefill kernel
+    // (CUDA: 64 rows), the rest (sequence seams, decode rows) to the split-KV path.
+    attentionCase(
+      'prefill tiles: a 200-token prompt + 2 decode rows, 32 heads, 8 kv heads, 128 dim',
+      {
+        numHeads: 32,
+        numKvHeads: 8,
+        headDim: 128,
+        blockSize: 16,
+        seqLens: [200, 517, 64],
+        rows: [...Array.from({ length: 200 }, (_, p): [number, number] => [0, p]), [1, 516], [2, 63]],
+      },
+      true,
+    ),
+    attentionCase(
+      'prefill tiles: chunks of two sequences (one after a cached prefix) meeting mid-tile, window 100, 64 dim',
+      {
+        numHeads: 16,
+        numKvHeads: 4,
+        headDim: 64,
+        blockSize: 16,
+        seqLens: [428, 70],
+        rows: [...Array.from({ length: 100 }, (_, i): [number, number] => [0, 328 + i]), ...Array.from({ length: 70 }, (_, p): [number, number] => [1, p])],
+        qPad: [0, 2 * 4 * 64],
+        window: 100,
+      },
+      true,
+    ),
     attentionCase('decode, sliding window 5 (blocks before it unread)', { numHeads: 4, numKvHeads: 2, headDim: 16, blockSize: 4, seqLens: [3, 13, 22], rows: decodeRows([3, 13, 22]), window: 5 }),
     attentionCase('prefill chunk, sliding window 7', {
       numHeads: 4,
@@ -1233,6 +1261,18 @@ const CASES: { [K in OpName]: CaseDef[] } = {
       qPad: [4, 9],
     }),
     tieredAttentionCase('tiered with a sliding window 6', { numHeads: 4, numKvHeads: 2, headDim: 16, blockSize: 2, seqLens: [5, 11, 17], rows: decodeRows([5, 11, 17]), window: 6 }),
+    tieredAttentionCase(
+      'tiered prefill tiles: a 200-row chunk after 250 cached + decode rows, 128 dim',
+      {
+        numHeads: 16,
+        numKvHeads: 4,
+        headDim: 128,
+        blockSize: 16,
+        seqLens: [40, 33, 450, 90],
+        rows: [[0, 39], [1, 32], ...Array.from({ length: 200 }, (_, i): [number, number] => [2, 250 + i]), [3, 89]],
+      },
+      true,
+    ),
     tieredAttentionCase(
       'tiered, model-sized: 32 heads, 8 kv heads, 128 dim',
       { numHeads: 32, numKvHeads: 8, headDim: 128, blockSize: 16, seqLens: [100, 70, 517, 300], rows: decodeRows([100, 70, 517, 300]) },

@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <climits>
+#include <cstdlib>
+
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -629,6 +632,8 @@ __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* ou
 
 // ---------------------------------------------------------------- attention
 
+#include "attn_prefill.cuh"
+
 // Split-KV paged attention, one block per (split, head, row), W warps; each warp takes every
 // W-th key of the split with an online softmax, then the warps merge. Writes (m, l, acc[hd]).
 // 8 warps: a 32-key split is one batch of ATT_KB keys per warp, one memory round trip (4 warps
@@ -747,7 +752,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
                                                       int KVH, int hd, int bs, int mbps, int qStride, int qOff,
                                                       float scale, int minChunk, int S, int rowBase, float* out,
                                                       int* counters, int decodeOnly, RopeFuse rf, int window,
-                                                      float* lse) {
+                                                      float* lse, int flashRows) {
   // decodeOnly (op decoder_layers: every row its own sequence): the keys before a row's own
   // position were written by earlier steps, so the first batch of them streams in before the
   // dependency wait, overlapping the kernel before (rope_append, which writes q and the new key).
@@ -757,6 +762,8 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   // appends key and value to the cache. The angles' cos/sin only need the position, so they are
   // taken before the wait as well.
   if (!decodeOnly) PDL_ENTER();
+  // Rows of tiles that k_attn_prefill took (flashRows: the row count it saw; 0 when it did not run).
+  if (flashRows && attnTileUniform(rowSeq, flashRows, (rowBase + (int)blockIdx.z) / PF_ROWS)) return;
   __shared__ float shm[W], shl[W];
   __shared__ float sha[W][EPL * 32];
   int s = blockIdx.x, h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
@@ -952,9 +959,11 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
 }
 
 // Exact merge of the split partials (online-softmax combine), one block per (head, row).
-__global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase, float* lse) {
+__global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase, float* lse, const int* rowSeq,
+                               int flashRows) {
   PDL_ENTER();
   int h = blockIdx.x, rl = blockIdx.y, r = rowBase + rl;
+  if (flashRows && attnTileUniform(rowSeq, flashRows, r / PF_ROWS)) return;
   const float* base = part + ((size_t)rl * H + h) * S * (hd + 2);
   float M = -INFINITY;
   for (int s = 0; s < S; s++) M = fmaxf(M, base[(size_t)s * (hd + 2)]);
@@ -1710,6 +1719,40 @@ int opFusedMatmul(NervaExec* ex, Args& A) {
   return gemvRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias, f);
 }
 
+// NERVA_FLASH_PREFILL=0 keeps prefill tiles on the split-KV kernel (A/B measurements).
+bool flashPrefillEnabled() {
+  static const bool on = [] {
+    const char* v = getenv("NERVA_FLASH_PREFILL");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+
+template <int HD, bool SPLIT>
+int attnPrefillRun(NervaExec* ex, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows, int H,
+                   int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse) {
+  constexpr size_t smem = attnPrefillSmem<HD, SPLIT>();
+  // Above 48 KiB a block must opt in (per function, per device: set on every launch).
+  cudaError_t e = cudaFuncSetAttribute(k_attn_prefill<HD, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return check(ex, "k_attn_prefill (shared memory opt-in)", e);
+  dim3 grid((unsigned)((rows + PF_ROWS - 1) / PF_ROWS), (unsigned)H);
+  LAUNCH((k_attn_prefill<HD, SPLIT>), grid, 128, smem, q, (const float*)kc.p, (const float*)vc.p, (const int*)bt.p,
+         (const int*)rowSeq.p, (const int*)pos.p, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse);
+  return NERVA_OK;
+}
+
+// Exact numerics split every operand in two bf16 halves; matmul precision 'bf16' rounds once.
+int attnPrefillLaunch(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out,
+                      int rows, int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window,
+                      float* lse) {
+  bool split = ex->gemmMode != GEMM_BF16;
+  if (hd == 128)
+    return split ? attnPrefillRun<128, true>(ex, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse)
+                 : attnPrefillRun<128, false>(ex, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse);
+  return split ? attnPrefillRun<64, true>(ex, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse)
+               : attnPrefillRun<64, false>(ex, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse);
+}
+
 // decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
 int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
                  int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly = 0,
@@ -1744,12 +1787,21 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
     }
     return NERVA_OK;
   }
+  // Tiles of 64 rows of one sequence (prefill chunks) run on tensor cores; the split-KV kernel
+  // below skips their rows. It then needs no splits for long contexts: the rows left are few.
+  int flashRows = 0;
+  if (!decodeOnly && !rope && rows >= PF_ROWS && kc.dt == NV_F32 && (hd == 64 || hd == 128) && flashPrefillEnabled()) {
+    int rc = attnPrefillLaunch(ex, hd, qPtr, kc, vc, bt, rowSeq, pos, outPtr, rows, H, KVH, bs, mbps, qStride, qOff, scale,
+                               window, lse);
+    if (rc) return rc;
+    flashRows = rows;
+  }
   long long maxLen = (long long)mbps * bs;
   size_t perSplit = (size_t)(hd + 2) * sizeof(float);
   // Splits: enough blocks to fill the GPU when rows*heads is small; bounded by the workspace.
   long long target = (long long)ex->smCount * 8;
   long long S = std::max<long long>(1, (target + (long long)rows * H - 1) / ((long long)rows * H));
-  S = std::max<long long>(S, (maxLen + 1023) / 1024);  // long contexts: at most 1024 keys per block
+  if (!flashRows) S = std::max<long long>(S, (maxLen + 1023) / 1024);  // long contexts: at most 1024 keys per block
   // At least minChunk keys per split: a split fewer keys than that costs more in merging than it
   // saves. (Capping S at maxLen/64 instead kept a short-context decode at 7 splits of ~55 keys,
   // 12 us per layer on the 0.6B shape.)
@@ -1775,7 +1827,8 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
     RopeFuse rf = rope ? *rope : RopeFuse();
 #define ATT_K(KT, E, RP)                                                                                               \
   LAUNCH((k_attn_partial<KT, ATT_WARPS, E, RP>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, rsp, pp, \
-         part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf, window, lse)
+         part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf, window, lse, \
+         flashRows)
 #define ATT_KT(KT)              \
   if (rope) ATT_K(KT, 4, true);    \
   else if (hd <= 128) ATT_K(KT, 4, false); \
@@ -1789,7 +1842,7 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
 #undef ATT_KT
 #undef ATT_K
     if (!cnt)
-      LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, outPtr, H, hd, (int)S, r0, lse);
+      LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, outPtr, H, hd, (int)S, r0, lse, rsp, flashRows);
   }
   return NERVA_OK;
 }

@@ -1,0 +1,306 @@
+// Causal attention of prefill tiles on tensor cores (included by kernels.cu, inside its
+// anonymous namespace). FlashAttention-2's scheme: one block per (64 query rows of one sequence,
+// q head); four warps of 16 rows each hold their q fragments, the scores and the output in
+// registers; keys and values come from the paged f32 cache in tiles of 64, converted to bf16 in
+// shared memory; mma.sync m16n8k16 (bf16 in, fp32 accumulate); online softmax per row.
+//
+// SPLIT (exact numerics): q, k, p and v are each split into a bf16 high part and a bf16 low part
+// (x - hi), and every product keeps hi*hi + hi*lo + lo*hi. The dropped lo*lo term and the
+// rounding of lo are about 2^-16 of each product: f32-grade against the declared relTol 1e-4
+// (the same split the many-row GEMMs use). Without SPLIT (matmul precision 'bf16') the operands
+// are rounded to bf16 once, as PyTorch's bf16 sdpa does.
+//
+// A tile takes this path only when all its rows belong to one sequence (attnTileUniform); the
+// split-KV kernel skips exactly those rows and handles the rest (decode rows, sequence seams).
+
+constexpr int PF_ROWS = 64;  // query rows per block (4 warps x 16)
+constexpr int PF_KEYS = 64;  // keys per shared-memory tile
+
+// Whether every row of tile `tile` (rows [64 tile, min(rows, 64 tile + 64))) has one sequence.
+// Called by whole warps; every warp of a block gets the same answer.
+__device__ __forceinline__ bool attnTileUniform(const int* rowSeq, int rows, int tile) {
+  int lane = threadIdx.x & 31;
+  int r0 = tile * PF_ROWS;
+  int s0 = rowSeq[r0];
+  int ra = r0 + lane, rb = r0 + 32 + lane;
+  bool ok = (ra >= rows || rowSeq[ra] == s0) && (rb >= rows || rowSeq[rb] == s0);
+  return __all_sync(0xffffffffu, ok);
+}
+
+__device__ __forceinline__ uint32_t pfPack(float lo, float hi) {
+  return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+}
+// hi and lo halves of the pair (a, b), packed as mma operands (a in the low 16 bits).
+__device__ __forceinline__ void pfSplit(float a, float b, uint32_t& hi, uint32_t& lo) {
+  uint16_t ha = f2bf(a), hb = f2bf(b);
+  hi = (uint32_t)ha | ((uint32_t)hb << 16);
+  lo = pfPack(a - bf2f(ha), b - bf2f(hb));
+}
+
+__device__ __forceinline__ void pfMma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+template <bool TRANS>
+__device__ __forceinline__ void pfLdsm4(uint32_t (&r)[4], const uint16_t* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+#endif
+}
+
+// Dynamic shared memory of k_attn_prefill: K and V tiles (hi, and lo with SPLIT), rows padded
+// by 8 elements so ldmatrix's eight row addresses fall in distinct banks.
+template <int HD, bool SPLIT>
+constexpr size_t attnPrefillSmem() {
+  return (size_t)(SPLIT ? 4 : 2) * PF_KEYS * (HD + 8) * sizeof(uint16_t);
+}
+
+template <int HD, bool SPLIT>
+__global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const float* kc, const float* vc, const int* bt,
+                                                     const int* rowSeq, const int* positions, float* out, int rows,
+                                                     int H, int KVH, int bs, int mbps, int qStride, int qOff,
+                                                     float scale, int window, float* lse) {
+  PDL_ENTER();
+  constexpr int LD = HD + 8;
+  constexpr int KS = HD / 16;  // k-steps of q.k
+  constexpr int NT = HD / 8;   // n-tiles of the output
+  extern __shared__ __align__(16) uint16_t pfsm[];
+  uint16_t* Kh = pfsm;
+  uint16_t* Vh = Kh + PF_KEYS * LD;
+  uint16_t* Kl = Vh + PF_KEYS * LD;  // SPLIT only
+  uint16_t* Vl = Kl + PF_KEYS * LD;
+  __shared__ long long slot[PF_KEYS];
+  __shared__ int sLo, sHi;
+
+  // Heaviest tiles (latest positions) first: the grid's tail is then short tiles.
+  int tile = gridDim.x - 1 - blockIdx.x;
+  int h = blockIdx.y;
+  int r0 = tile * PF_ROWS;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (!attnTileUniform(rowSeq, rows, tile)) return;  // the split-KV kernel takes these rows
+  if (threadIdx.x == 0) {
+    sLo = INT_MAX;
+    sHi = -1;
+  }
+  __syncthreads();
+  if (threadIdx.x < PF_ROWS && r0 + (int)threadIdx.x < rows) {
+    int p = positions[r0 + threadIdx.x];
+    atomicMin(&sLo, window > 0 ? max(0, p - window + 1) : 0);
+    atomicMax(&sHi, p);
+  }
+  __syncthreads();
+  const int kLo = sLo, kHi = sHi;
+  const int seq = rowSeq[r0];
+  const int kvh = h / (H / KVH);
+  const int* btr = bt + (size_t)seq * mbps;
+  const size_t width = (size_t)KVH * HD;
+
+  const int g = lane >> 2, c = lane & 3;
+  const int ra = r0 + warp * 16 + g, rb = ra + 8;
+  // A row past the end attends to nothing (its position -1 masks every key).
+  const int pa = ra < rows ? positions[ra] : -1, pb = rb < rows ? positions[rb] : -1;
+  const int la = window > 0 ? max(0, pa - window + 1) : 0, lb = window > 0 ? max(0, pb - window + 1) : 0;
+
+  // q fragments (scaled in f32 first, as the split-KV kernel does): A operand of q.k^T.
+  uint32_t qh[KS][4], ql[SPLIT ? KS : 1][4];
+  {
+    const float* qa = q + (size_t)ra * qStride + qOff + (size_t)h * HD;
+    const float* qb = q + (size_t)rb * qStride + qOff + (size_t)h * HD;
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+      int d0 = kk * 16 + 2 * c;
+      float a0 = 0.f, a1 = 0.f, a8 = 0.f, a9 = 0.f, b0 = 0.f, b1 = 0.f, b8 = 0.f, b9 = 0.f;
+      if (ra < rows) {
+        a0 = qa[d0] * scale;
+        a1 = qa[d0 + 1] * scale;
+        a8 = qa[d0 + 8] * scale;
+        a9 = qa[d0 + 9] * scale;
+      }
+      if (rb < rows) {
+        b0 = qb[d0] * scale;
+        b1 = qb[d0 + 1] * scale;
+        b8 = qb[d0 + 8] * scale;
+        b9 = qb[d0 + 9] * scale;
+      }
+      uint32_t lo[4];
+      pfSplit(a0, a1, qh[kk][0], lo[0]);
+      pfSplit(b0, b1, qh[kk][1], lo[1]);
+      pfSplit(a8, a9, qh[kk][2], lo[2]);
+      pfSplit(b8, b9, qh[kk][3], lo[3]);
+      if (SPLIT) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) ql[SPLIT ? kk : 0][i] = lo[i];
+      }
+    }
+  }
+
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float ma = -INFINITY, mb = -INFINITY, sa = 0.f, sb = 0.f;  // row max and (this thread's part of) the row sum
+
+  for (int k0 = kLo & ~(PF_KEYS - 1); k0 <= kHi; k0 += PF_KEYS) {
+    __syncthreads();  // the previous tile is no longer read
+    if (threadIdx.x < PF_KEYS) {
+      int p = k0 + threadIdx.x;
+      long long s = -1;
+      if (p >= kLo && p <= kHi) {
+        int e = btr[p / bs];  // < 0: the block lives in another cache (partial attention)
+        if (e >= 0) s = (long long)e * bs + p % bs;
+      }
+      slot[threadIdx.x] = s;
+    }
+    __syncthreads();
+    constexpr int F4 = HD / 4;
+    for (int i = threadIdx.x; i < PF_KEYS * F4; i += 128) {
+      int j = i / F4, f = i - j * F4;
+      long long s = slot[j];
+      float4 kx = make_float4(0.f, 0.f, 0.f, 0.f), vx = kx;
+      if (s >= 0) {
+        kx = *(const float4*)(kc + (size_t)s * width + (size_t)kvh * HD + f * 4);
+        vx = *(const float4*)(vc + (size_t)s * width + (size_t)kvh * HD + f * 4);
+      }
+      uint32_t k01, k23, v01, v23, kl01, kl23, vl01, vl23;
+      pfSplit(kx.x, kx.y, k01, kl01);
+      pfSplit(kx.z, kx.w, k23, kl23);
+      pfSplit(vx.x, vx.y, v01, vl01);
+      pfSplit(vx.z, vx.w, v23, vl23);
+      *(uint2*)(Kh + j * LD + f * 4) = make_uint2(k01, k23);
+      *(uint2*)(Vh + j * LD + f * 4) = make_uint2(v01, v23);
+      if (SPLIT) {
+        *(uint2*)(Kl + j * LD + f * 4) = make_uint2(kl01, kl23);
+        *(uint2*)(Vl + j * LD + f * 4) = make_uint2(vl01, vl23);
+      }
+    }
+    __syncthreads();
+
+    // Scores: S[16 rows x 64 keys] per warp.
+    float sc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+    const int mat = lane >> 3, mr = lane & 7;
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        // Matrices: (keys of n-tile 2np, dims lo/hi half of the k-step), then n-tile 2np + 1.
+        int key = (2 * np + (mat >> 1)) * 8 + mr, col = kk * 16 + (mat & 1) * 8;
+        uint32_t b[4];
+        pfLdsm4<false>(b, Kh + key * LD + col);
+        pfMma(sc[2 * np], qh[kk], b[0], b[1]);
+        pfMma(sc[2 * np + 1], qh[kk], b[2], b[3]);
+        if (SPLIT) {
+          pfMma(sc[2 * np], ql[SPLIT ? kk : 0], b[0], b[1]);
+          pfMma(sc[2 * np + 1], ql[SPLIT ? kk : 0], b[2], b[3]);
+          uint32_t bl[4];
+          pfLdsm4<false>(bl, Kl + key * LD + col);
+          pfMma(sc[2 * np], qh[kk], bl[0], bl[1]);
+          pfMma(sc[2 * np + 1], qh[kk], bl[2], bl[3]);
+        }
+      }
+    }
+    // Mask (causal bound, window, missing blocks) and the row maxima.
+    float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        int j = n * 8 + 2 * c + e, p = k0 + j;
+        bool have = slot[j] >= 0;
+        if (!(have && p >= la && p <= pa)) sc[n][e] = -INFINITY;
+        if (!(have && p >= lb && p <= pb)) sc[n][2 + e] = -INFINITY;
+        xa = fmaxf(xa, sc[n][e]);
+        xb = fmaxf(xb, sc[n][2 + e]);
+      }
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, off));
+      xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, off));
+    }
+    float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+    // A row with nothing visible yet keeps max -inf: exponents taken against 0 give 0, not NaN.
+    float ba = na == -INFINITY ? 0.f : na, bb = nb == -INFINITY ? 0.f : nb;
+    float ca = expf(ma - ba), cb = expf(mb - bb);
+    ma = na;
+    mb = nb;
+    sa *= ca;
+    sb *= cb;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      o[n][0] *= ca;
+      o[n][1] *= ca;
+      o[n][2] *= cb;
+      o[n][3] *= cb;
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+      sc[n][0] = expf(sc[n][0] - ba);
+      sc[n][1] = expf(sc[n][1] - ba);
+      sc[n][2] = expf(sc[n][2] - bb);
+      sc[n][3] = expf(sc[n][3] - bb);
+      sa += sc[n][0] + sc[n][1];
+      sb += sc[n][2] + sc[n][3];
+    }
+    // out += P . V: the score accumulators are the A operand (keys 16 ks .. 16 ks + 15).
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+      uint32_t ph[4], pl[4];
+      pfSplit(sc[2 * ks][0], sc[2 * ks][1], ph[0], pl[0]);
+      pfSplit(sc[2 * ks][2], sc[2 * ks][3], ph[1], pl[1]);
+      pfSplit(sc[2 * ks + 1][0], sc[2 * ks + 1][1], ph[2], pl[2]);
+      pfSplit(sc[2 * ks + 1][2], sc[2 * ks + 1][3], ph[3], pl[3]);
+#pragma unroll
+      for (int dp = 0; dp < NT / 2; dp++) {
+        // Matrices (transposed): keys 0-7 / 8-15 of the k-step for dims 16 dp .. +7, then +8 .. +15.
+        int key = ks * 16 + (mat & 1) * 8 + mr, col = dp * 16 + (mat >> 1) * 8;
+        uint32_t b[4];
+        pfLdsm4<true>(b, Vh + key * LD + col);
+        pfMma(o[2 * dp], ph, b[0], b[1]);
+        pfMma(o[2 * dp + 1], ph, b[2], b[3]);
+        if (SPLIT) {
+          pfMma(o[2 * dp], pl, b[0], b[1]);
+          pfMma(o[2 * dp + 1], pl, b[2], b[3]);
+          uint32_t bl[4];
+          pfLdsm4<true>(bl, Vl + key * LD + col);
+          pfMma(o[2 * dp], ph, bl[0], bl[1]);
+          pfMma(o[2 * dp + 1], ph, bl[2], bl[3]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    sa += __shfl_xor_sync(0xffffffffu, sa, off);
+    sb += __shfl_xor_sync(0xffffffffu, sb, off);
+  }
+  float ia = sa > 0.f ? 1.f / sa : 0.f, ib = sb > 0.f ? 1.f / sb : 0.f;
+#pragma unroll
+  for (int n = 0; n < NT; n++) {
+    int d = n * 8 + 2 * c;
+    if (ra < rows) {
+      float* oa = out + (size_t)ra * H * HD + (size_t)h * HD + d;
+      oa[0] = o[n][0] * ia;
+      oa[1] = o[n][1] * ia;
+    }
+    if (rb < rows) {
+      float* ob = out + (size_t)rb * H * HD + (size_t)h * HD + d;
+      ob[0] = o[n][2] * ib;
+      ob[1] = o[n][3] * ib;
+    }
+  }
+  if (lse && c == 0) {
+    if (ra < rows) lse[(size_t)ra * H + h] = sa > 0.f ? ma + logf(sa) : -INFINITY;
+    if (rb < rows) lse[(size_t)rb * H + h] = sb > 0.f ? mb + logf(sb) : -INFINITY;
+  }
+}
