@@ -1345,6 +1345,10 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     fusedMatmulCase('1 row 1024 -> 3072, bf16, rmsnorm, glu', { rows: 1, inDim: 1024, outDim: 3072, norm: true, glu: true, weight: 'bf16' }, true),
     fusedMatmulCase('1 row 3072 -> 1024, bf16, accumulate', { rows: 1, inDim: 3072, outDim: 1024, accumulate: true, weight: 'bf16' }, true),
     fusedMatmulCase('4 rows 2048 -> 1024, bf16, rmsnorm, accumulate', { rows: 4, inDim: 2048, outDim: 1024, norm: true, accumulate: true, weight: 'bf16' }, true),
+    // Batched decode: past 8 rows a backend may switch to a GEMM with a fused epilogue.
+    fusedMatmulCase('40 rows 1024 -> 3072, bf16, rmsnorm, glu', { rows: 40, inDim: 1024, outDim: 3072, norm: true, glu: true, weight: 'bf16' }, true),
+    fusedMatmulCase('33 rows 3072 -> 1024, bf16, accumulate', { rows: 33, inDim: 3072, outDim: 1024, accumulate: true, weight: 'bf16' }, true),
+    fusedMatmulCase('17 rows 256 -> 96, bf16, rmsnorm, bias', { rows: 17, inDim: 256, outDim: 96, norm: true, bias: true, weight: 'bf16' }, true),
   ],
   rope_append: [
     ropeAppendCase('GQA 2, QK-norm, one padding row', { rows: 3, numHeads: 4, numKvHeads: 2, headDim: 16, pad: 0, norm: true, slots: 9, padding: 1, maxPos: 5000 }),
@@ -1402,6 +1406,11 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     decoderLayersCase(
       'Qwen3-0.6B-like: 2 layers, 4 rows, contexts 1, 17, 200, 513',
       { ...QWEN3_06B, seqLens: [1, 17, 200, 513] },
+      true,
+    ),
+    decoderLayersCase(
+      'Qwen3-0.6B-like: 2 layers, 12 rows (batched decode)',
+      { ...QWEN3_06B, seqLens: [1, 5, 17, 40, 64, 65, 100, 130, 200, 257, 300, 513] },
       true,
     ),
     decoderLayersCase(

@@ -329,6 +329,28 @@ __global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int 
     out[t] = bfr(bias ? out[t] + ldf(bias, bdt, t % outDim) : out[t], bfa);
 }
 
+// Epilogue of fused_matmul's many-row GEMM (gemmRowsBlas): t holds x.W^T as [rows, wOut] (and,
+// split, the lo half's product as rows more), wOut = outDim (2 outDim with glu: gate then up).
+// The same formulas as k_gemv_generic: y = R(g + bias); glu: R(R(silu(y)) * R(u)); accumulate.
+__global__ void k_gemm_epilogue(const float* t, int split, float* out, const void* bias, int bdt, int rows, int outDim,
+                                int glu, int accumulate, int bfa) {
+  PDL_ENTER();
+  size_t n = (size_t)rows * outDim;
+  int wOut = glu ? 2 * outDim : outDim;
+  size_t loOff = (size_t)rows * wOut;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    size_t r = i / outDim, o = i % outDim;
+    const float* tr = t + r * wOut;
+    float g = tr[o] + (split ? tr[loOff + o] : 0.f);
+    float y = bfr(g + (bias ? ldf(bias, bdt, o) : 0.f), bfa);
+    if (glu) {
+      float u = tr[outDim + o] + (split ? tr[loOff + outDim + o] : 0.f);
+      y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
+    }
+    out[i] = accumulate ? bfr(out[i] + y, bfa) : y;
+  }
+}
+
 // x = hi + lo with both halves bf16: the split lets a bf16 tensor-core GEMM keep ~16 bits of
 // every activation's mantissa.
 __global__ void k_split_bf16(const float* x, uint16_t* hi, uint16_t* lo, size_t n) {
@@ -1578,8 +1600,16 @@ struct Fuse {
   bool early = false;
 };
 
+int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
+                 const Fuse& f);
+
 int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
              const Fuse& f = Fuse()) {
+  // Past 8 rows the GEMV reads the weights once per 8 rows; a tensor-core GEMM reads them once.
+  if (rows > 8 && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
+    int rc = gemmRowsBlas(ex, x, w, out, rows, inDim, outDim, bias, f);
+    if (rc != NERVA_BAD_ARGS) return rc;  // BAD_ARGS here: the workspace is too small, the GEMV path below takes it
+  }
   bool nwOk = !f.nw.p || ((f.nw.dt == NV_BF16 || f.nw.dt == NV_F32) && ((uintptr_t)f.nw.p & 15) == 0);
   bool fast = w.dt == NV_BF16 && inDim % 8 == 0 && ((uintptr_t)w.p & 15) == 0 && ((uintptr_t)x & 15) == 0 && nwOk;
   unsigned gx = (unsigned)((outDim + 3) / 4);
@@ -1691,6 +1721,49 @@ int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
   return NERVA_OK;
 }
 
+// fused_matmul over many rows (batched decode): the norm (if any) into the workspace, the
+// activations split hi/lo (exact) or rounded (bf16), ONE cuBLAS GEMM over the stacked hi and lo
+// rows (so the weights are read once), then k_gemm_epilogue (lo + hi, bias, glu, accumulate).
+// Returns NERVA_BAD_ARGS, having enqueued nothing, when the workspace cannot hold it.
+int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
+                 const Fuse& f) {
+  const CublasApi* api = ex->api;
+  const int bfa = ex->bf16act ? 1 : 0;
+  const bool split = ex->gemmMode == GEMM_SPLIT_BF16 && !ex->bf16act;
+  const int halves = split ? 2 : 1;
+  const int wOut = outDim * (f.glu ? 2 : 1);
+  const size_t n = (size_t)rows * inDim;
+  const size_t normBytes = f.nw.p ? align256(n * sizeof(float)) : 0;
+  const size_t tBytes = align256((size_t)halves * rows * wOut * sizeof(float));
+  const size_t xBytes = align256((size_t)halves * n * sizeof(uint16_t));
+  if (normBytes + tBytes + xBytes > ex->wsBytes) return NERVA_BAD_ARGS;
+  char* ws = ex->ws;
+  const float* xin = x;
+  if (f.nw.p) {
+    LAUNCH(k_rmsnorm, rows, 256, 0, x, f.nw.p, f.nw.dt, (float*)ws, (float*)nullptr, inDim, f.eps, bfa);
+    xin = (const float*)ws;
+  }
+  float* t = (float*)(ws + normBytes);
+  uint16_t* xh = (uint16_t*)(ws + normBytes + tBytes);
+  // lo rows right after the hi rows: the GEMM sees one [halves * rows, inDim] operand.
+  LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, xin, xh, split ? xh + n : (uint16_t*)nullptr, n);
+  if (api->setStream(ex->cublas, ex->stream) != 0) {
+    snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
+    return NERVA_CUBLAS_FAILED;
+  }
+  float one = 1.f, zero = 0.f;
+  int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, wOut, halves * rows, inDim, &one, w.p, CUDA_R_16BF_, inDim, xh,
+                       CUDA_R_16BF_, inDim, &zero, t, CUDA_R_32F_, wOut, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+  if (!ex->capturing) ex->launches++;
+  if (st != 0) {
+    snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
+    return NERVA_CUBLAS_FAILED;
+  }
+  LAUNCH(k_gemm_epilogue, gridFor((size_t)rows * outDim, 256, ex->smCount), 256, 0, t, split ? 1 : 0, out, bias.p, bias.dt,
+         rows, outDim, f.glu ? 1 : 0, f.accumulate ? 1 : 0, bfa);
+  return NERVA_OK;
+}
+
 int opMatmul(NervaExec* ex, Args& A) {
   Buf x = buf(A), w = buf(A), out = buf(A), bias = buf(A);
   int rows = A.num(), inDim = A.num(), outDim = A.num();
@@ -1704,7 +1777,7 @@ int opMatmul(NervaExec* ex, Args& A) {
   return gemvRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
 }
 
-// fused_matmul always runs the GEMV kernels (in chunks of 8 rows): it is meant for decode.
+// fused_matmul: the GEMV kernels up to 8 rows, a cuBLAS GEMM with a fused epilogue beyond (batched decode).
 int opFusedMatmul(NervaExec* ex, Args& A) {
   Buf x = buf(A), w = buf(A), out = buf(A), bias = buf(A);
   Fuse f;
