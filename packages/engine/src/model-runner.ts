@@ -5,8 +5,10 @@ import { isMoeLayer, layerWindow } from '@nerva/models';
 import { kvDtypeOf, type LayerWeights, layerBlockId, type ModelWeights } from './model-weights.js';
 
 /**
- * Passes of at most this many rows (decode steps) run the fused layer ops; larger ones (prefill)
- * the unfused ops, whose matmuls can use the backend's GEMM.
+ * Passes of at most this many rows run the fused layer ops (fused_matmul & co., the memory OS's
+ * paths); larger ones (prefill) the unfused ops, whose matmuls can use the backend's GEMM. A batch
+ * of decode rows (one row per sequence) takes op decoder_layers at any size: its matmuls switch
+ * from GEMV to a GEMM with the fusions as an epilogue past 8 rows on CUDA.
  */
 export const FUSED_MAX_ROWS = 8;
 
@@ -367,8 +369,10 @@ export class ModelRunner {
     // precondition). meta.logitRows lists one row per sequence (its last), so nLogits === rows
     // means every sequence of the pass has exactly one row: a batch of decode rows. Profiling
     // keeps the per-layer ops, so device time still splits into norm/projection/attention/mlp.
-    const wholeStack = this.stack !== undefined && nLogits === rows && !this.profiling && !tiered;
-    if (rows <= FUSED_MAX_ROWS && (wholeStack || this.fusedOps)) {
+    // Split layers (compute near data) stage host rows in buffers of FUSED_MAX_ROWS rows.
+    const wholeStack =
+      this.stack !== undefined && nLogits === rows && !this.profiling && !tiered && (rows <= FUSED_MAX_ROWS || !this.stack.some((r) => r.split));
+    if (wholeStack || (rows <= FUSED_MAX_ROWS && this.fusedOps)) {
       if (wholeStack) this.forwardStack(rows);
       else this.forwardFusedLayers(rows);
       if (head) {
