@@ -373,6 +373,8 @@ interface AttnShape {
   qPad?: [number, number];
   /** Sliding window (op attention's `window`). */
   window?: number;
+  /** Cache dtype (default f32). */
+  cache?: 'bf16';
 }
 
 /**
@@ -443,8 +445,8 @@ function attentionCase(name: string, s: AttnShape, large = false): CaseDef {
       return {
         buffers: {
           q: f32(rng.normals(rows * stride)),
-          kCache: f32(k),
-          vCache: f32(v),
+          kCache: s.cache === 'bf16' ? bf16(k) : f32(k),
+          vCache: s.cache === 'bf16' ? bf16(v) : f32(v),
           out: f32(rng.normals(rows * qw + 3)),
           blockTables: i32(tables),
           rowSeq: i32(s.rows.map((r) => r[0])),
@@ -1237,6 +1239,19 @@ const CASES: { [K in OpName]: CaseDef[] } = {
         rows: [...Array.from({ length: 100 }, (_, i): [number, number] => [0, 328 + i]), ...Array.from({ length: 70 }, (_, p): [number, number] => [1, p])],
         qPad: [0, 2 * 4 * 64],
         window: 100,
+      },
+      true,
+    ),
+    attentionCase(
+      'prefill tiles over a bf16 cache: 130-row chunk after 60 cached + decode rows, 128 dim',
+      {
+        numHeads: 16,
+        numKvHeads: 2,
+        headDim: 128,
+        blockSize: 16,
+        seqLens: [190, 77],
+        rows: [...Array.from({ length: 130 }, (_, i): [number, number] => [0, 60 + i]), [1, 76]],
+        cache: 'bf16',
       },
       true,
     ),

@@ -58,15 +58,23 @@ __device__ __forceinline__ void pfLdsm4(uint32_t (&r)[4], const uint16_t* p) {
 #endif
 }
 
-// Dynamic shared memory of k_attn_prefill: K and V tiles (hi, and lo with SPLIT), rows padded
-// by 8 elements so ldmatrix's eight row addresses fall in distinct banks.
-template <int HD, bool SPLIT>
-constexpr size_t attnPrefillSmem() {
-  return (size_t)(SPLIT ? 4 : 2) * PF_KEYS * (HD + 8) * sizeof(uint16_t);
+// Whether the cache's keys and values need a lo half: f32 caches under SPLIT (a bf16 cache holds
+// bf16 values exactly, so its lo half is zero and those products are skipped).
+template <bool SPLIT, typename KT>
+__host__ __device__ constexpr bool pfKvLo() {
+  return SPLIT && sizeof(KT) == 4;
 }
 
-template <int HD, bool SPLIT>
-__global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const float* kc, const float* vc, const int* bt,
+// Dynamic shared memory of k_attn_prefill: K and V tiles (hi, and lo for f32 caches with SPLIT),
+// rows padded by 8 elements so ldmatrix's eight row addresses fall in distinct banks.
+template <int HD, bool SPLIT, typename KT>
+constexpr size_t attnPrefillSmem() {
+  return (size_t)(pfKvLo<SPLIT, KT>() ? 4 : 2) * PF_KEYS * (HD + 8) * sizeof(uint16_t);
+}
+
+// KT: float (f32 cache) or uint16_t (bf16 cache).
+template <int HD, bool SPLIT, typename KT>
+__global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const KT* kc, const KT* vc, const int* bt,
                                                      const int* rowSeq, const int* positions, float* out, int rows,
                                                      int H, int KVH, int bs, int mbps, int qStride, int qOff,
                                                      float scale, int window, float* lse) {
@@ -74,10 +82,11 @@ __global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const floa
   constexpr int LD = HD + 8;
   constexpr int KS = HD / 16;  // k-steps of q.k
   constexpr int NT = HD / 8;   // n-tiles of the output
+  constexpr bool KLO = pfKvLo<SPLIT, KT>();
   extern __shared__ __align__(16) uint16_t pfsm[];
   uint16_t* Kh = pfsm;
   uint16_t* Vh = Kh + PF_KEYS * LD;
-  uint16_t* Kl = Vh + PF_KEYS * LD;  // SPLIT only
+  uint16_t* Kl = Vh + PF_KEYS * LD;  // KLO only
   uint16_t* Vl = Kl + PF_KEYS * LD;
   __shared__ long long slot[PF_KEYS];
   __shared__ int sLo, sHi;
@@ -161,25 +170,41 @@ __global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const floa
       slot[threadIdx.x] = s;
     }
     __syncthreads();
-    constexpr int F4 = HD / 4;
-    for (int i = threadIdx.x; i < PF_KEYS * F4; i += 128) {
-      int j = i / F4, f = i - j * F4;
-      long long s = slot[j];
-      float4 kx = make_float4(0.f, 0.f, 0.f, 0.f), vx = kx;
-      if (s >= 0) {
-        kx = *(const float4*)(kc + (size_t)s * width + (size_t)kvh * HD + f * 4);
-        vx = *(const float4*)(vc + (size_t)s * width + (size_t)kvh * HD + f * 4);
+    if (sizeof(KT) == 4) {
+      constexpr int F4 = HD / 4;
+      for (int i = threadIdx.x; i < PF_KEYS * F4; i += 128) {
+        int j = i / F4, f = i - j * F4;
+        long long s = slot[j];
+        float4 kx = make_float4(0.f, 0.f, 0.f, 0.f), vx = kx;
+        if (s >= 0) {
+          kx = *(const float4*)((const float*)kc + (size_t)s * width + (size_t)kvh * HD + f * 4);
+          vx = *(const float4*)((const float*)vc + (size_t)s * width + (size_t)kvh * HD + f * 4);
+        }
+        uint32_t k01, k23, v01, v23, kl01, kl23, vl01, vl23;
+        pfSplit(kx.x, kx.y, k01, kl01);
+        pfSplit(kx.z, kx.w, k23, kl23);
+        pfSplit(vx.x, vx.y, v01, vl01);
+        pfSplit(vx.z, vx.w, v23, vl23);
+        *(uint2*)(Kh + j * LD + f * 4) = make_uint2(k01, k23);
+        *(uint2*)(Vh + j * LD + f * 4) = make_uint2(v01, v23);
+        if (KLO) {
+          *(uint2*)(Kl + j * LD + f * 4) = make_uint2(kl01, kl23);
+          *(uint2*)(Vl + j * LD + f * 4) = make_uint2(vl01, vl23);
+        }
       }
-      uint32_t k01, k23, v01, v23, kl01, kl23, vl01, vl23;
-      pfSplit(kx.x, kx.y, k01, kl01);
-      pfSplit(kx.z, kx.w, k23, kl23);
-      pfSplit(vx.x, vx.y, v01, vl01);
-      pfSplit(vx.z, vx.w, v23, vl23);
-      *(uint2*)(Kh + j * LD + f * 4) = make_uint2(k01, k23);
-      *(uint2*)(Vh + j * LD + f * 4) = make_uint2(v01, v23);
-      if (SPLIT) {
-        *(uint2*)(Kl + j * LD + f * 4) = make_uint2(kl01, kl23);
-        *(uint2*)(Vl + j * LD + f * 4) = make_uint2(vl01, vl23);
+    } else {
+      // bf16 cache: rows copied as they are, 8 elements at a time.
+      constexpr int F8 = HD / 8;
+      for (int i = threadIdx.x; i < PF_KEYS * F8; i += 128) {
+        int j = i / F8, f = i - j * F8;
+        long long s = slot[j];
+        uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
+        if (s >= 0) {
+          kx = *(const uint4*)((const uint16_t*)kc + (size_t)s * width + (size_t)kvh * HD + f * 8);
+          vx = *(const uint4*)((const uint16_t*)vc + (size_t)s * width + (size_t)kvh * HD + f * 8);
+        }
+        *(uint4*)(Kh + j * LD + f * 8) = kx;
+        *(uint4*)(Vh + j * LD + f * 8) = vx;
       }
     }
     __syncthreads();
@@ -202,6 +227,8 @@ __global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const floa
         if (SPLIT) {
           pfMma(sc[2 * np], ql[SPLIT ? kk : 0], b[0], b[1]);
           pfMma(sc[2 * np + 1], ql[SPLIT ? kk : 0], b[2], b[3]);
+        }
+        if (KLO) {
           uint32_t bl[4];
           pfLdsm4<false>(bl, Kl + key * LD + col);
           pfMma(sc[2 * np], qh[kk], bl[0], bl[1]);
@@ -271,6 +298,8 @@ __global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const floa
         if (SPLIT) {
           pfMma(o[2 * dp], pl, b[0], b[1]);
           pfMma(o[2 * dp + 1], pl, b[2], b[3]);
+        }
+        if (KLO) {
           uint32_t bl[4];
           pfLdsm4<true>(bl, Vl + key * LD + col);
           pfMma(o[2 * dp], ph, bl[0], bl[1]);

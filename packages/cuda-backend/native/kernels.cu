@@ -1801,15 +1801,15 @@ bool flashPrefillEnabled() {
   return on;
 }
 
-template <int HD, bool SPLIT>
+template <int HD, bool SPLIT, typename KT>
 int attnPrefillRun(NervaExec* ex, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows, int H,
                    int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse) {
-  constexpr size_t smem = attnPrefillSmem<HD, SPLIT>();
+  constexpr size_t smem = attnPrefillSmem<HD, SPLIT, KT>();
   // Above 48 KiB a block must opt in (per function, per device: set on every launch).
-  cudaError_t e = cudaFuncSetAttribute(k_attn_prefill<HD, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaError_t e = cudaFuncSetAttribute(k_attn_prefill<HD, SPLIT, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return check(ex, "k_attn_prefill (shared memory opt-in)", e);
   dim3 grid((unsigned)((rows + PF_ROWS - 1) / PF_ROWS), (unsigned)H);
-  LAUNCH((k_attn_prefill<HD, SPLIT>), grid, 128, smem, q, (const float*)kc.p, (const float*)vc.p, (const int*)bt.p,
+  LAUNCH((k_attn_prefill<HD, SPLIT, KT>), grid, 128, smem, q, (const KT*)kc.p, (const KT*)vc.p, (const int*)bt.p,
          (const int*)rowSeq.p, (const int*)pos.p, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse);
   return NERVA_OK;
 }
@@ -1818,12 +1818,20 @@ int attnPrefillRun(NervaExec* ex, const float* q, Buf kc, Buf vc, Buf bt, Buf ro
 int attnPrefillLaunch(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out,
                       int rows, int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window,
                       float* lse) {
-  bool split = ex->gemmMode != GEMM_BF16;
-  if (hd == 128)
-    return split ? attnPrefillRun<128, true>(ex, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse)
-                 : attnPrefillRun<128, false>(ex, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse);
-  return split ? attnPrefillRun<64, true>(ex, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse)
-               : attnPrefillRun<64, false>(ex, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse);
+  const bool split = ex->gemmMode != GEMM_BF16, f32 = kc.dt == NV_F32;
+#define PF_RUN(HD, SP, KT) \
+  return attnPrefillRun<HD, SP, KT>(ex, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse)
+#define PF_KT(HD, SP) \
+  if (f32) PF_RUN(HD, SP, float); \
+  else PF_RUN(HD, SP, uint16_t);
+#define PF_SP(HD) \
+  if (split) { PF_KT(HD, true) } \
+  else { PF_KT(HD, false) }
+  if (hd == 128) { PF_SP(128) }
+  PF_SP(64)
+#undef PF_SP
+#undef PF_KT
+#undef PF_RUN
 }
 
 // decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
@@ -1863,7 +1871,7 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   // Tiles of 64 rows of one sequence (prefill chunks) run on tensor cores; the split-KV kernel
   // below skips their rows. It then needs no splits for long contexts: the rows left are few.
   int flashRows = 0;
-  if (!decodeOnly && !rope && rows >= PF_ROWS && kc.dt == NV_F32 && (hd == 64 || hd == 128) && flashPrefillEnabled()) {
+  if (!decodeOnly && !rope && rows >= PF_ROWS && (kc.dt == NV_F32 || kc.dt == NV_BF16) && (hd == 64 || hd == 128) && flashPrefillEnabled()) {
     int rc = attnPrefillLaunch(ex, hd, qPtr, kc, vc, bt, rowSeq, pos, outPtr, rows, H, KVH, bs, mbps, qStride, qOff, scale,
                                window, lse);
     if (rc) return rc;
