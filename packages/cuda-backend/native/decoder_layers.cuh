@@ -392,8 +392,9 @@ __device__ void dlAttention(const DlParams& P, const DlLayer& L, float* sm, int*
             if (ok[b] && p == last) {
 #pragma unroll
               for (int j = 0; j < DL_EPL; j++) {
-                kv[b][j] = j < epl ? kn[j * 32 + lane] : 0.f;
-                vv[b][j] = j < epl ? vn[j * 32 + lane] : 0.f;
+                // Rounded as the cache stores them (a bf16 cache under exact numerics).
+                kv[b][j] = j < epl ? asStored(kc, kn[j * 32 + lane]) : 0.f;
+                vv[b][j] = j < epl ? asStored(kc, vn[j * 32 + lane]) : 0.f;
               }
             } else {
               size_t sl = ok[b] ? (size_t)btr[p / P.bs] * P.bs + p % P.bs : 0;

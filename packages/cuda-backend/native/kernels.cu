@@ -675,6 +675,10 @@ __device__ __forceinline__ float ldk<__half>(const __half* p, size_t i) { return
 __device__ __forceinline__ void stk(float* p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void stk(uint16_t* p, size_t i, float v) { p[i] = f2bf(v); }
 __device__ __forceinline__ void stk(__half* p, size_t i, float v) { p[i] = __float2half_rn(v); }
+// v as a cache of element type KT holds it (what ldk reads back after stk).
+__device__ __forceinline__ float asStored(const float*, float v) { return v; }
+__device__ __forceinline__ float asStored(const uint16_t*, float v) { return rbf(v); }
+__device__ __forceinline__ float asStored(const __half*, float v) { return __half2float(__float2half_rn(v)); }
 
 // The block that arrives last of the nAct live splits of its (row, head) merges their partials
 // into out and re-arms the counter: the combine needs no kernel (node) of its own. Splits past
@@ -826,10 +830,12 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   long long pOf[ATT_KB] = {-1, -1, -1, -1};  // ATT_KB entries
   auto loadKey = [&](int b) {
     if (ROPE && pOf[b] == last) {
+      // The new key and value from registers, rounded as the cache stores them, so a row sees the
+      // same key whether it reads it back or not.
 #pragma unroll
       for (int j = 0; j < EPL; j++) {
-        kv[b][j] = kNew[j];
-        vv[b][j] = vNew[j];
+        kv[b][j] = asStored(kc, kNew[j]);
+        vv[b][j] = asStored(kc, vNew[j]);
       }
       return;
     }

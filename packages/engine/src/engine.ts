@@ -7,7 +7,7 @@ import { type BackendChoice, selectBackend } from './backend-select.js';
 import { HostSampler } from './host-sampler.js';
 import { ModelRunner } from './model-runner.js';
 import { type PassRunner, type PipelineDescription, pipelineRequest, type PreparedStages, prepareStages, StagePipeline } from './pipeline.js';
-import { freeWeights, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
+import { freeWeights, KV_CACHE_DTYPES, type KvCacheDtype, kvDtypeOf, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';
 import { type RequestLimits, validateRequest } from './request-validation.js';
 import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
@@ -29,6 +29,12 @@ export interface EngineOptions {
   blockSize?: number;
   /** Bytes reserved for the paged KV cache. */
   kvCacheBytes?: number;
+  /**
+   * KV cache element type: 'auto' (default: f32 under exact numerics, bf16 under bf16 numerics),
+   * 'f32', or 'bf16' (keys and values rounded once when stored, half the bytes a token: twice the
+   * tokens in the same memory, and half the bytes decode attention reads). See kvDtypeOf.
+   */
+  kvCacheDtype?: 'auto' | KvCacheDtype;
   maxModelLen?: number;
   enablePrefixCaching?: boolean;
   /** Replay captured decode graphs where the backend supports them (default true). */
@@ -197,6 +203,8 @@ export class Engine {
   readonly notes: string[];
   readonly modelDir: string;
   readonly maxModelLen: number;
+  /** The KV cache's element type (EngineOptions.kvCacheDtype resolved against the backend). */
+  readonly kvDtype: KvCacheDtype;
   readonly eosTokenIds: readonly number[];
   readonly kv: KvCacheManager;
   readonly weightBytes: number;
@@ -275,6 +283,7 @@ export class Engine {
     const s = init.spec;
     const blockSize = o.blockSize ?? 16;
     this.maxModelLen = Math.min(s.maxPositionEmbeddings, o.maxModelLen ?? 4096);
+    this.kvDtype = kvDtypeOf(this.backend, o.kvCacheDtype);
     const { maxRows, maxNumSeqs, kvBytesPerToken } = init.shape;
     const kvBytes = init.kvBytes;
     this.budgets = { vramBudget: o.vramBudget, hostBudget: o.hostBudget, offloadDir: o.offloadDir };
@@ -292,6 +301,7 @@ export class Engine {
       maxBlocksPerSeq,
       ringCapacity: Math.max(4096, 4 * maxNumSeqs),
       ...(tierPlan ? { warmBlocks: Math.max(1, tierPlan.warmSlots) } : {}),
+      kvDtype: this.kvDtype,
     };
     this.pipeline = init.stages ? new StagePipeline(s, limits, init.stages) : undefined;
     this.runner = this.pipeline ?? new ModelRunner(this.backend, s, this.weights, limits);
@@ -356,6 +366,7 @@ export class Engine {
     let notes: string[] = [];
     let reservedBytes = 0;
     if (o.numerics !== undefined && !NUMERICS.includes(o.numerics)) throw new RangeError(`numerics must be ${NUMERICS.join(' or ')}, got ${String(o.numerics)}`);
+    if (o.kvCacheDtype !== undefined && !KV_CACHE_DTYPES.includes(o.kvCacheDtype)) throw new RangeError(`kvCacheDtype must be ${KV_CACHE_DTYPES.join(', ')}, got ${String(o.kvCacheDtype)}`);
     validateResidency(o);
     validateKvTiers(o);
     const budgeted = o.vramBudget !== undefined || o.hostBudget !== undefined;
@@ -1035,7 +1046,7 @@ function runnerShape(backend: DeviceBackend, s: ModelSpec, o: EngineOptions): Ru
   const inter = s.moe ? Math.max(s.intermediateSize, s.moe.moeIntermediateSize) : s.intermediateSize;
   const qkvOut = (s.numHeads + 2 * s.numKvHeads) * s.headDim;
   const activationBytes = 4 * (maxRows * (4 * s.hiddenSize + qkvOut + s.numHeads * s.headDim + 3 * inter) + maxNumSeqs * (s.vocabSize + s.hiddenSize));
-  return { maxRows, maxNumSeqs, activationBytes, kvBytesPerToken: kvBytesPerToken(backend, s) };
+  return { maxRows, maxNumSeqs, activationBytes, kvBytesPerToken: kvBytesPerToken(backend, s, kvDtypeOf(backend, o.kvCacheDtype)) };
 }
 
 /**

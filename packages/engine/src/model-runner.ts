@@ -2,7 +2,7 @@ import type { DecoderLayerWeights, DeviceBackend, DeviceBuffer, EventHandle, OpA
 import { DTYPE_BYTES } from '@nerva/core';
 import type { ModelSpec } from '@nerva/models';
 import { isMoeLayer, layerWindow } from '@nerva/models';
-import { kvDtypeOf, type LayerWeights, layerBlockId, type ModelWeights } from './model-weights.js';
+import { type KvCacheDtype, kvDtypeOf, type LayerWeights, layerBlockId, type ModelWeights } from './model-weights.js';
 
 /**
  * Passes of at most this many rows run the fused layer ops (fused_matmul & co., the memory OS's
@@ -30,6 +30,8 @@ export interface RunnerLimits {
    * warm pages, `numBlocks` is the hot pool and attention merges a host partial over warm pages.
    */
   warmBlocks?: number;
+  /** KV cache element type (default: kvDtypeOf(backend), i.e. by the backend's numerics). */
+  kvDtype?: KvCacheDtype;
 }
 
 /** Where a tiered KV page sits when it moves (see @nerva/kv KvPageMove); cold pages are host arrays. */
@@ -192,7 +194,7 @@ export class ModelRunner {
       this.logits = f32(this.last ? maxSeqs * s.vocabSize : 1, 'act.logits');
       const slotsTotal = limits.numBlocks * limits.blockSize;
       const kvWidth = s.numKvHeads * hd;
-      const kvDtype = kvDtypeOf(backend);
+      const kvDtype = limits.kvDtype ?? kvDtypeOf(backend);
       // Caches of this runner's layers only, indexed by layer.
       for (let l = this.firstLayer; l < this.endLayer; l++) {
         this.kCache[l] = this.own(backend.alloc({ dtype: kvDtype, length: slotsTotal * kvWidth, usage: 'kv', label: `kv.k.${l}` }));

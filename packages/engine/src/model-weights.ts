@@ -388,11 +388,22 @@ export function freeWeights(backend: DeviceBackend, w: ModelWeights): void {
   w.pager?.dispose();
 }
 
+/** KV cache element types: float32 keys and values, or bf16 (half the bytes a token). */
+export type KvCacheDtype = 'f32' | 'bf16';
+export const KV_CACHE_DTYPES: readonly ('auto' | KvCacheDtype)[] = ['auto', 'f32', 'bf16'];
+
 /**
- * The KV cache dtype: float32 (exact keys and values), or bf16 under bf16 numerics, where
- * transformers' cache holds bf16.
+ * The KV cache dtype. 'auto' (default): float32 under exact numerics (keys and values as the
+ * projections computed them), bf16 under bf16 numerics (transformers' cache holds bf16). 'bf16'
+ * under exact numerics rounds each key and value once when it is stored (what a bf16 PyTorch
+ * model's cache holds; halves the cache's bytes); 'f32' under bf16 numerics is refused (that mode
+ * reproduces transformers' bf16 cache).
  */
-export function kvDtypeOf(backend: DeviceBackend): 'f32' | 'bf16' {
-  return backend.capabilities.numerics === 'bf16' ? 'bf16' : 'f32';
+export function kvDtypeOf(backend: DeviceBackend, requested: 'auto' | KvCacheDtype = 'auto'): KvCacheDtype {
+  const numerics = backend.capabilities.numerics ?? 'exact';
+  if (!KV_CACHE_DTYPES.includes(requested)) throw new RangeError(`kvCacheDtype must be ${KV_CACHE_DTYPES.join(', ')}, got ${String(requested)}`);
+  if (requested === 'f32' && numerics === 'bf16') throw new RangeError("kvCacheDtype 'f32' contradicts bf16 numerics (whose cache holds bf16, as transformers' does)");
+  if (requested !== 'auto') return requested;
+  return numerics === 'bf16' ? 'bf16' : 'f32';
 }
 

@@ -2,7 +2,7 @@ import type { DeviceBackend, Tier } from '@nerva/core';
 import { DTYPE_BYTES } from '@nerva/core';
 import { fmt, importanceKey, type MemoryReport, checkOffloadDir, planResidency, type ResidencyPlan, type TierUsage, WeightPager, WorkingSetTooLargeError } from '@nerva/memos';
 import type { Checkpoint, ModelSpec } from '@nerva/models';
-import { type HostSplit, kvDtypeOf, type ModelWeights, weightBlocks } from './model-weights.js';
+import { type HostSplit, type KvCacheDtype, kvDtypeOf, type ModelWeights, weightBlocks } from './model-weights.js';
 
 /** What the memory OS was asked for (EngineOptions' residency fields). */
 export interface ResidencyOptions {
@@ -150,8 +150,8 @@ export async function checkpointImportanceKey(spec: ModelSpec, ckpt: Checkpoint)
 }
 
 /** KV bytes per token of the model on this backend (every layer's keys and values). */
-export function kvBytesPerToken(backend: DeviceBackend, spec: ModelSpec): number {
-  return 2 * spec.numLayers * spec.numKvHeads * spec.headDim * DTYPE_BYTES[kvDtypeOf(backend)];
+export function kvBytesPerToken(backend: DeviceBackend, spec: ModelSpec, kvDtype: KvCacheDtype = kvDtypeOf(backend)): number {
+  return 2 * spec.numLayers * spec.numKvHeads * spec.headDim * DTYPE_BYTES[kvDtype];
 }
 
 /** The memory OS report for an engine's weights, KV cache and backend. */

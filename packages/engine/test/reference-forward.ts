@@ -39,8 +39,11 @@ export class ReferenceModel {
     return x;
   }
 
-  /** Logits of the last position of `ids` (float64). */
-  lastLogits(ids: readonly number[], windows = this.windows()): Float64Array {
+  /**
+   * Logits of the last position of `ids` (float64). kvBf16: keys (after norm and RoPE) and values
+   * rounded to bf16 (round to nearest even), as a bf16 KV cache stores them.
+   */
+  lastLogits(ids: readonly number[], windows = this.windows(), opts: { kvBf16?: boolean } = {}): Float64Array {
     const s = this.spec;
     const H = s.hiddenSize;
     const hd = s.headDim;
@@ -60,6 +63,10 @@ export class ReferenceModel {
       for (let i = 0; i < n; i++) {
         for (let hh = 0; hh < nq; hh++) this.headNormRope(q[i], hh * hd, s.qkNorm ? this.t(p + 'self_attn.q_norm.weight') : undefined, i);
         for (let hh = 0; hh < nkv; hh++) this.headNormRope(k[i], hh * hd, s.qkNorm ? this.t(p + 'self_attn.k_norm.weight') : undefined, i);
+        if (opts.kvBf16) {
+          k[i] = k[i].map(bf16Round);
+          v[i] = v[i].map(bf16Round);
+        }
       }
       const group = nq / nkv;
       const attn = x.map(() => new Float64Array(nq * hd));
@@ -135,6 +142,14 @@ export class ReferenceModel {
       x[off + c + half] = x2 * cos + x1 * sin;
     }
   }
+}
+
+/** x rounded to float32, then to bf16 (nearest, ties to even). */
+function bf16Round(x: number): number {
+  const f = new Float32Array([x]);
+  const u = new Uint32Array(f.buffer);
+  u[0] = ((u[0] + 0x7fff + ((u[0] >>> 16) & 1)) >>> 16) << 16;
+  return f[0];
 }
 
 function rmsnorm(x: Float64Array, w: Float64Array, eps: number): Float64Array {

@@ -1,4 +1,4 @@
-import { Engine, kvDtypeOf } from '@nerva/engine';
+import { Engine } from '@nerva/engine';
 import { syntheticPrompt } from '../measure.js';
 
 export interface LongContextProbeOptions {
@@ -33,7 +33,7 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
     const base = { model: o.model, backend: o.backend, enablePrefixCaching: false, maxNumSeqs: 4, blockSize: bs, maxModelLen: o.context + o.newTokens + 2 * bs, importanceCache: false as const };
     // Pages of the sequence, and one page of KV (every layer's K and V, in the backend's KV dtype).
     let engine = await Engine.create({ ...base, kvCacheBytes: ratio === 1 ? undefined : 1 });
-    const kvElem = kvDtypeOf(engine.backend) === 'f32' ? 4 : 2;
+    const kvElem = engine.kvDtype === 'f32' ? 4 : 2;
     const pageBytes = 2 * engine.spec.numLayers * engine.spec.numKvHeads * engine.spec.headDim * kvElem * bs;
     const pages = Math.ceil((o.context + o.newTokens) / bs);
     if (ratio !== 1) {

@@ -38,6 +38,8 @@ export interface WorkerEngineInfo {
   numBlocks: number;
   blockSize: number;
   kvCacheBytes: number;
+  /** Engine.kvDtype. */
+  kvDtype: 'f32' | 'bf16';
   weightBytes: number;
   eosTokenIds: number[];
   generationDefaults: Pick<SamplingParams, 'temperature' | 'topK' | 'topP' | 'minP' | 'repetitionPenalty'>;

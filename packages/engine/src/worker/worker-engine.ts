@@ -149,6 +149,11 @@ export class WorkerEngine {
     return this.info.maxModelLen;
   }
 
+  /** The worker engine's KV cache element type. */
+  get kvDtype(): 'f32' | 'bf16' {
+    return this.info.kvDtype;
+  }
+
   /** Requests running at the last report from the worker. */
   get numRunning(): number {
     return this.load.running;

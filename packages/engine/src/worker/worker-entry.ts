@@ -99,6 +99,7 @@ post({
     numBlocks: engine.numBlocks,
     blockSize: engine.kv.blockSize,
     kvCacheBytes: engine.kvCacheBytes,
+    kvDtype: engine.kvDtype,
     weightBytes: engine.weightBytes,
     eosTokenIds: [...engine.eosTokenIds],
     generationDefaults: { ...engine.generationDefaults },
