@@ -67,9 +67,29 @@ __host__ __device__ constexpr bool pfKvLo() {
 
 // Dynamic shared memory of k_attn_prefill: K and V tiles (hi, and lo for f32 caches with SPLIT),
 // rows padded by 8 elements so ldmatrix's eight row addresses fall in distinct banks.
+// bf16 caches: two stages, the next tile's cp.async copies in flight while this one is used; f32
+// caches: one (their rows are converted on the way in).
 template <int HD, bool SPLIT, typename KT>
 constexpr size_t attnPrefillSmem() {
-  return (size_t)(pfKvLo<SPLIT, KT>() ? 4 : 2) * PF_KEYS * (HD + 8) * sizeof(uint16_t);
+  return (size_t)(sizeof(KT) == 2 ? 4 : pfKvLo<SPLIT, KT>() ? 4 : 2) * PF_KEYS * (HD + 8) * sizeof(uint16_t);
+}
+
+__device__ __forceinline__ void pfCopy16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  int n = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n) : "memory");
+#endif
+}
+__device__ __forceinline__ void pfCommit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pfWaitPrev() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
 }
 
 // KT: float (f32 cache) or uint16_t (bf16 cache).
@@ -83,12 +103,13 @@ __global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const KT* 
   constexpr int KS = HD / 16;  // k-steps of q.k
   constexpr int NT = HD / 8;   // n-tiles of the output
   constexpr bool KLO = pfKvLo<SPLIT, KT>();
+  constexpr bool BF = sizeof(KT) == 2;  // bf16 cache: two cp.async stages
+  constexpr int TILE = PF_KEYS * LD;
   extern __shared__ __align__(16) uint16_t pfsm[];
-  uint16_t* Kh = pfsm;
-  uint16_t* Vh = Kh + PF_KEYS * LD;
-  uint16_t* Kl = Vh + PF_KEYS * LD;  // KLO only
-  uint16_t* Vl = Kl + PF_KEYS * LD;
-  __shared__ long long slot[PF_KEYS];
+  // f32: Kh, Vh, Kl, Vl (KLO). bf16: Kh, Vh of stage 0, then of stage 1.
+  uint16_t* const Kl = pfsm + 2 * TILE;
+  uint16_t* const Vl = pfsm + 3 * TILE;
+  __shared__ long long slotSt[BF ? 2 : 1][PF_KEYS];
   __shared__ int sLo, sHi;
 
   // Heaviest tiles (latest positions) first: the grid's tail is then short tiles.
@@ -158,56 +179,83 @@ __global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const KT* 
   for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float ma = -INFINITY, mb = -INFINITY, sa = 0.f, sb = 0.f;  // row max and (this thread's part of) the row sum
 
-  for (int k0 = kLo & ~(PF_KEYS - 1); k0 <= kHi; k0 += PF_KEYS) {
-    __syncthreads();  // the previous tile is no longer read
+  // The cache slots of the 64 keys of the tile at k0 (-1: none, or the block lives in another cache).
+  auto slotsFor = [&](int k0, long long* sl) {
     if (threadIdx.x < PF_KEYS) {
       int p = k0 + threadIdx.x;
-      long long s = -1;
+      long long v = -1;
       if (p >= kLo && p <= kHi) {
-        int e = btr[p / bs];  // < 0: the block lives in another cache (partial attention)
-        if (e >= 0) s = (long long)e * bs + p % bs;
+        int e = btr[p / bs];
+        if (e >= 0) v = (long long)e * bs + p % bs;
       }
-      slot[threadIdx.x] = s;
+      sl[threadIdx.x] = v;
     }
+  };
+  // bf16: the tile's rows as they are, 16 bytes per cp.async, into stage st.
+  auto issue = [&](const long long* sl, int st) {
+    constexpr int F8 = HD / 8;
+    uint16_t* kd = pfsm + (size_t)st * 2 * TILE;
+    uint16_t* vd = kd + TILE;
+    for (int i = threadIdx.x; i < PF_KEYS * F8; i += 128) {
+      int j = i / F8, f = i - j * F8;
+      long long sv = sl[j];
+      size_t off = (size_t)max(sv, 0ll) * width + (size_t)kvh * HD + f * 8;
+      pfCopy16(kd + j * LD + f * 8, (const uint16_t*)kc + off, sv >= 0);
+      pfCopy16(vd + j * LD + f * 8, (const uint16_t*)vc + off, sv >= 0);
+    }
+  };
+  const int kBeg = kLo & ~(PF_KEYS - 1);
+  if (BF) {
+    slotsFor(kBeg, slotSt[0]);
     __syncthreads();
-    if (sizeof(KT) == 4) {
+    issue(slotSt[0], 0);
+    pfCommit();
+  }
+  for (int k0 = kBeg, it = 0; k0 <= kHi; k0 += PF_KEYS, it++) {
+    const int cur = BF ? (it & 1) : 0;
+    const long long* slot = slotSt[cur];
+    const uint16_t* Kh = pfsm + (size_t)cur * 2 * TILE;
+    const uint16_t* Vh = Kh + TILE;
+    if (BF) {
+      // The next tile's copies go out before this one is used (its stage was last read by the
+      // iteration before, which ended at a barrier).
+      if (k0 + PF_KEYS <= kHi) {
+        slotsFor(k0 + PF_KEYS, slotSt[cur ^ 1]);
+        __syncthreads();
+        issue(slotSt[cur ^ 1], cur ^ 1);
+      }
+      pfCommit();
+      pfWaitPrev();
+      __syncthreads();
+    } else {
+      __syncthreads();  // the previous tile is no longer read
+      slotsFor(k0, slotSt[0]);
+      __syncthreads();
       constexpr int F4 = HD / 4;
+      uint16_t* kd = pfsm;
+      uint16_t* vd = pfsm + TILE;
       for (int i = threadIdx.x; i < PF_KEYS * F4; i += 128) {
         int j = i / F4, f = i - j * F4;
-        long long s = slot[j];
+        long long sv = slot[j];
         float4 kx = make_float4(0.f, 0.f, 0.f, 0.f), vx = kx;
-        if (s >= 0) {
-          kx = *(const float4*)((const float*)kc + (size_t)s * width + (size_t)kvh * HD + f * 4);
-          vx = *(const float4*)((const float*)vc + (size_t)s * width + (size_t)kvh * HD + f * 4);
+        if (sv >= 0) {
+          kx = *(const float4*)((const float*)kc + (size_t)sv * width + (size_t)kvh * HD + f * 4);
+          vx = *(const float4*)((const float*)vc + (size_t)sv * width + (size_t)kvh * HD + f * 4);
         }
         uint32_t k01, k23, v01, v23, kl01, kl23, vl01, vl23;
         pfSplit(kx.x, kx.y, k01, kl01);
         pfSplit(kx.z, kx.w, k23, kl23);
         pfSplit(vx.x, vx.y, v01, vl01);
         pfSplit(vx.z, vx.w, v23, vl23);
-        *(uint2*)(Kh + j * LD + f * 4) = make_uint2(k01, k23);
-        *(uint2*)(Vh + j * LD + f * 4) = make_uint2(v01, v23);
+        *(uint2*)(kd + j * LD + f * 4) = make_uint2(k01, k23);
+        *(uint2*)(vd + j * LD + f * 4) = make_uint2(v01, v23);
         if (KLO) {
           *(uint2*)(Kl + j * LD + f * 4) = make_uint2(kl01, kl23);
           *(uint2*)(Vl + j * LD + f * 4) = make_uint2(vl01, vl23);
         }
       }
-    } else {
-      // bf16 cache: rows copied as they are, 8 elements at a time.
-      constexpr int F8 = HD / 8;
-      for (int i = threadIdx.x; i < PF_KEYS * F8; i += 128) {
-        int j = i / F8, f = i - j * F8;
-        long long s = slot[j];
-        uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
-        if (s >= 0) {
-          kx = *(const uint4*)((const uint16_t*)kc + (size_t)s * width + (size_t)kvh * HD + f * 8);
-          vx = *(const uint4*)((const uint16_t*)vc + (size_t)s * width + (size_t)kvh * HD + f * 8);
-        }
-        *(uint4*)(Kh + j * LD + f * 8) = kx;
-        *(uint4*)(Vh + j * LD + f * 8) = vx;
-      }
+      __syncthreads();
     }
-    __syncthreads();
 
     // Scores: S[16 rows x 64 keys] per warp.
     float sc[8][4];
@@ -307,6 +355,7 @@ __global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const KT* 
         }
       }
     }
+    if (BF) __syncthreads();  // this stage is refilled two tiles on
   }
 #pragma unroll
   for (int off = 1; off <= 2; off <<= 1) {
