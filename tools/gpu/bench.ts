@@ -8,7 +8,9 @@ import { decodeProbe } from '@nerva/bench';
 const args = process.argv.slice(2);
 const profile = args.includes('--profile');
 const [model, pl, nt] = args.filter((x) => !x.startsWith('--'));
-const r = await decodeProbe({ model, backend: 'cuda', promptLen: Number(pl ?? 128), newTokens: Number(nt ?? 256), profile });
+// NERVA_KV_DTYPE: the KV cache element type (auto, f32, bf16).
+const kvCacheDtype = (process.env.NERVA_KV_DTYPE ?? 'auto') as 'auto' | 'f32' | 'bf16';
+const r = await decodeProbe({ model, backend: 'cuda', promptLen: Number(pl ?? 128), newTokens: Number(nt ?? 256), profile, kvCacheDtype });
 // Which kernels ran op decoder_layers (CudaBackendOptions.decoder, from the environment here).
 r.cuda_decoder = process.env.NERVA_CUDA_DECODER ?? 'layers';
 const line = JSON.stringify(r);

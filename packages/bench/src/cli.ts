@@ -15,6 +15,7 @@ const kvVramOpt = () =>
   new Option('--kv-vram-budget <size>', 'tiered KV: compute-tier memory for hot KV pages, e.g. 64MiB; pages beyond it move to pinned host memory').argParser(parseSizeArg('--kv-vram-budget'));
 const kvHostOpt = () => new Option('--kv-host-budget <size>', 'tiered KV: pinned host memory for warm KV pages (default 8x the hot pool)').argParser(parseSizeArg('--kv-host-budget'));
 const kvOffloadDirOpt = () => new Option('--kv-offload-dir <dir>', 'tiered KV: cold tier directory');
+const kvDtypeOpt = () => new Option('--kv-cache-dtype <dtype>', 'KV cache element type: auto (f32 under exact numerics), f32 or bf16').choices(['auto', 'f32', 'bf16']).default('auto');
 const backendOpt = () => new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto');
 
 const program = new Command().name('nerva-bench').description('NERVA benchmarks: one JSON line per probe').exitOverride();
@@ -50,6 +51,7 @@ program
   .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 256)
   .option('--profile', 'time buckets per token (disables graphs)')
   .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
+  .addOption(kvDtypeOpt())
   .addOption(vramOpt())
   .addOption(hostOpt())
   .addOption(offloadDirOpt())
@@ -64,6 +66,7 @@ program
         model: f.model ?? defaultModelDir(),
         backend: f.backend,
         numerics: f.numerics,
+        kvCacheDtype: f.kvCacheDtype,
         promptLen: f.promptLen,
         newTokens: f.newTokens,
         profile: f.profile,

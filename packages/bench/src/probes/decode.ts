@@ -8,6 +8,8 @@ export interface DecodeProbeOptions {
   backend: 'cpu' | 'cuda' | 'auto';
   /** Activation rounding (default 'exact'). */
   numerics?: 'exact' | 'bf16';
+  /** KV cache element type (engine option kvCacheDtype; default 'auto'). */
+  kvCacheDtype?: 'auto' | 'f32' | 'bf16';
   promptLen: number;
   newTokens: number;
   profile?: boolean;
@@ -41,6 +43,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     model: o.model,
     backend: o.backend,
     numerics: o.numerics,
+    kvCacheDtype: o.kvCacheDtype,
     maxNumSeqs: 8,
     maxModelLen: o.promptLen + o.newTokens + 16,
     profile: o.profile,
@@ -66,6 +69,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       model: o.model,
       backend: engine.backend.name,
       numerics: engine.backend.capabilities.numerics ?? 'exact',
+      kv_cache_dtype: engine.kvDtype,
       device: engine.backend.capabilities.deviceName,
       prompt_len: o.promptLen,
       // Stages, their layers and links (null: one stage).
