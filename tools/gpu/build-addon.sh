@@ -25,9 +25,10 @@ flags=(-c -fPIC -O2 -std=c++17 -fexceptions -DNAPI_VERSION=8 -DNAPI_CPP_EXCEPTIO
 g++ "${flags[@]}" $pkg/native/addon.cc -o "$out/addon.o"
 g++ "${flags[@]}" $pkg/native/cublas_dl.cc -o "$out/cublas_dl.o"
 g++ "${flags[@]}" $pkg/native/nccl_dl.cc -o "$out/nccl_dl.o"
+g++ "${flags[@]}" $pkg/native/host_pool.cc -o "$out/host_pool.o"
 g++ "${flags[@]}" $pkg/native/host_mlp.cc -o "$out/host_mlp.o"
 g++ "${flags[@]}" $pkg/native/host_attention.cc -o "$out/host_attention.o"
 wait $nvcc_pid
-g++ -shared -o "$out/nerva_cuda.node" "$out/addon.o" "$out/cublas_dl.o" "$out/nccl_dl.o" "$out/host_mlp.o" "$out/host_attention.o" "$out/kernels.o" \
+g++ -shared -o "$out/nerva_cuda.node" "$out/addon.o" "$out/cublas_dl.o" "$out/nccl_dl.o" "$out/host_pool.o" "$out/host_mlp.o" "$out/host_attention.o" "$out/kernels.o" \
   -L"$cuda/lib64" -L"$cuda/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread
 echo "[build-addon] $out/nerva_cuda.node"

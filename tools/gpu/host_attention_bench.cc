@@ -3,7 +3,7 @@
 // row over W warm keys, f32 and bf16 caches, against the host's DRAM read rate measured in the
 // same process (threads summing a 2 GiB buffer). One JSON line per probe on stdout.
 //   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Ipackages/cuda-backend/native \
-//     tools/gpu/host_attention_bench.cc packages/cuda-backend/native/host_attention.cc
+//     tools/gpu/host_attention_bench.cc packages/cuda-backend/native/host_attention.cc packages/cuda-backend/native/host_pool.cc
 #include <algorithm>
 #include <atomic>
 #include <chrono>

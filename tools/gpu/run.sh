@@ -14,9 +14,9 @@
 #   nccl (not in the default list; bash tools/gpu/run.sh build,nccl): NCCL load, a one-rank
 #   communicator, and with 2+ GPUs a checked GPU 0 -> GPU 1 send/recv (tools/gpu/nccl_check.ts) -> $OUT/nccl.json
 #   hostmlp (not in the default list; bash tools/gpu/run.sh hostmlp, needs no Node and no addon):
-#   builds tools/gpu/host_mlp_bench.cc with packages/cuda-backend/native/host_mlp.cc (g++, cudart
-#   as build-addon.sh links it) and runs it: the host MLP's weight GB/s for the Qwen3-8B MLP shape,
-#   alone and during a 1 GiB H2D copy loop -> one JSON object per line in $OUT/hostmlp.json
+#   builds tools/gpu/host_mlp_bench.cc with packages/cuda-backend/native/host_mlp.cc and host_pool.cc
+#   (g++, cudart as build-addon.sh links it) and runs it: the host MLP's weight GB/s for the Qwen3-8B
+#   MLP shape, alone and during a 1 GiB H2D copy loop -> one JSON object per line in $OUT/hostmlp.json
 #   pipeline (not in the default list; bash tools/gpu/run.sh build,synth,pipeline): the engine's stage
 #   pipeline on ONE GPU (--allow-single-device-stages, device-copy links) against one stage, on every
 #   fixture model and each NERVA_SIZES checkpoint: same greedy tokens (batch 1 and 4 concurrent),
@@ -58,7 +58,7 @@ runjs() { # name bundle args...
 if has hostmlp; then
   cuda=${CUDA_HOME:-/usr/local/cuda}
   t0=$(date +%s)
-  if g++ -O2 -std=c++17 -pthread -Ipackages/cuda-backend/native -I"$cuda/include" tools/gpu/host_mlp_bench.cc packages/cuda-backend/native/host_mlp.cc \
+  if g++ -O2 -std=c++17 -pthread -Ipackages/cuda-backend/native -I"$cuda/include" tools/gpu/host_mlp_bench.cc packages/cuda-backend/native/host_mlp.cc packages/cuda-backend/native/host_pool.cc \
       -o /tmp/host_mlp_bench -L"$cuda/lib64" -L"$cuda/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread >>"$log" 2>&1; then
     if /tmp/host_mlp_bench > "$OUT/hostmlp.json" 2>>"$log"; then say "hostmlp ok ($(( $(date +%s) - t0 )) s): $(wc -l < "$OUT/hostmlp.json") JSON lines"; else say "hostmlp FAILED"; tail -3 "$OUT/hostmlp.json"; status=1; fi
   else
@@ -69,7 +69,7 @@ fi
 if has hostattn; then
   t0=$(date +%s)
   if g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Ipackages/cuda-backend/native tools/gpu/host_attention_bench.cc \
-      packages/cuda-backend/native/host_attention.cc -o /tmp/host_attention_bench >>"$log" 2>&1 && /tmp/host_attention_bench > "$OUT/hostattn.json" 2>>"$log"; then
+      packages/cuda-backend/native/host_attention.cc packages/cuda-backend/native/host_pool.cc -o /tmp/host_attention_bench >>"$log" 2>&1 && /tmp/host_attention_bench > "$OUT/hostattn.json" 2>>"$log"; then
     say "hostattn ok ($(( $(date +%s) - t0 )) s)"; cat "$OUT/hostattn.json" | tee -a "$log"
   else
     say "hostattn FAILED"; status=1

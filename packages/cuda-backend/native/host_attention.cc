@@ -5,18 +5,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <new>
-#include <thread>
-#include <vector>
 
-#ifdef __linux__
-#include <pthread.h>
-#include <sched.h>
-#endif
+#include "host_pool.h"
 
 #ifndef NERVA_HOST_ATTN_NO_CUDA
 #include <cuda_runtime.h>
@@ -39,32 +32,6 @@ constexpr int kMaxHd = 256;
 constexpr int kLanes = 16;   // partial sums per dot product (one AVX-512 register of floats)
 constexpr int kKeysAt = 16;  // keys scored before one online-softmax update
 constexpr int kSplitKeys = 64;  // fewest positions per split (fewer cost more in merging than they spread)
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-int envInt(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  return end && *end == 0 ? (int)x : dflt;
-}
-
-int defaultThreads() {
-  int n = envInt("NERVA_HOST_THREADS", 0);
-  if (n > 0) return n > 256 ? 256 : n;
-#ifdef __linux__
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
-#endif
-  if (n <= 0) n = (int)std::thread::hardware_concurrency();
-  if (n <= 0) n = 1;
-  return n > 256 ? 256 : n;
-}
 
 float halfToFloat(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -193,48 +160,31 @@ struct Scratch {
   }
 };
 
-struct alignas(64) Counter {
-  std::atomic<int> v{0};
-};
-
-class Pool {
+// The module's state: scratch and the current call's plan. The threads are the shared host
+// pool's (host_pool.h); its hold (HostPoolCall) also guards this.
+class Attn {
  public:
-  Pool() { start(defaultThreads()); }
-
-  void configure(int threads) {
-    std::lock_guard<std::mutex> call(callMu_);
-    stopWorkers();
-    start(threads > 0 ? std::min(threads, 256) : defaultThreads());
-  }
-
-  int threads() const { return nthreads_.load(std::memory_order_relaxed); }
-
   void reserve(int rows, int H, int KVH, int hd) {
-    std::lock_guard<std::mutex> call(callMu_);
-    reserveLocked(rows, H, KVH, hd);
+    HostPoolCall call;
+    reserveLocked(rows, H, KVH, hd, call.threads());
   }
 
   void run(const HostAttnArgs& a) {
-    std::lock_guard<std::mutex> call(callMu_);
+    HostPoolCall call;
     Clock::time_point t0 = Clock::now();
-    plan(a);
-    if (workers_.empty()) {
-      work();
-    } else {
-      for (int p = 0; p < 2; p++) {
-        next_[p].v.store(0, std::memory_order_relaxed);
-        done_[p].v.store(0, std::memory_order_relaxed);
-      }
-      finished_.v.store(0, std::memory_order_relaxed);
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        gen_.fetch_add(1, std::memory_order_release);
-      }
-      cv_.notify_all();
-      work();
-      const int nw = (int)workers_.size();
-      waitUntil([&] { return finished_.v.load(std::memory_order_acquire) == nw; });
-    }
+    plan(a, call.threads());
+    // Phase 0: the partials of (row, split) tasks; phase 1: the merge of each (row, head).
+    HostPoolJob job;
+    job.fn = [](void* self, int phase, int i, int thread) {
+      Attn& m = *static_cast<Attn*>(self);
+      if (phase == 0) m.task(i, m.threadScratch_.p + (size_t)thread * m.stride_);
+      else m.merge(i);
+    };
+    job.ctx = this;
+    job.phases = 2;
+    job.tasks[0] = n_[0];
+    job.tasks[1] = n_[1];
+    call.run(job);
     if (a.counters) {
       a.counters->calls++;
       a.counters->ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
@@ -258,18 +208,19 @@ class Pool {
     return (n + 15) / 16 * 16;
   }
 
-  void reserveLocked(int rows, int H, int KVH, int hd) {
+  // Per-thread scratch for `threads` threads: sized under the hold that runs the call.
+  void reserveLocked(int rows, int H, int KVH, int hd, int threads) {
     if (rows <= 0 || H <= 0 || KVH <= 0 || hd <= 0) return;
     part_.reserve((size_t)rows * H * (size_t)splitsFor(rows) * (padHd(hd) + 2));
     nsplit_.reserve((size_t)rows);
     lo_.reserve((size_t)rows);
     bad_.reserve((size_t)rows);
-    threadScratch_.reserve(threadFloats(H, KVH, hd) * (size_t)std::max(1, nthreads_.load()));
+    threadScratch_.reserve(threadFloats(H, KVH, hd) * (size_t)std::max(1, threads));
   }
 
-  void plan(const HostAttnArgs& a) {
+  void plan(const HostAttnArgs& a, int threads) {
     const int rows = a.rows, KVH = a.numKvHeads, bs = a.blockSize;
-    reserveLocked(rows, a.numHeads, KVH, a.headDim);
+    reserveLocked(rows, a.numHeads, KVH, a.headDim, threads);
     a_ = &a;
     S_ = splitsFor(rows);
     stride_ = threadFloats(a.numHeads, KVH, a.headDim);
@@ -361,81 +312,6 @@ class Pool {
     if (a.lse) a.lse[(size_t)r * H + h] = L > 0.f ? M + std::log(L) : -INFINITY;
   }
 
-  void work(int self = 0) {
-    float* scratch = threadScratch_.p + (size_t)self * stride_;
-    const bool single = workers_.empty();
-    for (int p = 0; p < 2; p++) {
-      const int n = n_[p];
-      if (single) {
-        for (int i = 0; i < n; i++) p == 0 ? task(i, scratch) : merge(i);
-        continue;
-      }
-      for (;;) {
-        const int i = next_[p].v.fetch_add(1, std::memory_order_relaxed);
-        if (i >= n) break;
-        p == 0 ? task(i, scratch) : merge(i);
-        done_[p].v.fetch_add(1, std::memory_order_release);
-      }
-      // Counts finished tasks, not threads: a worker that wakes late joins the running phase.
-      if (p == 0) waitUntil([&] { return done_[0].v.load(std::memory_order_acquire) >= n; });
-    }
-  }
-
-  template <class F>
-  static void waitUntil(F ready) {
-    for (unsigned spins = 0; !ready(); spins++) {
-      if (spins < 4096) cpuRelax();
-      else std::this_thread::yield();
-    }
-  }
-
-  void start(int threads) {
-    nthreads_ = threads;
-    // Decode calls come once per layer, ~0.15 ms apart. Spinning 1 ms between them was measured
-    // 4x slower on the 16-CPU GPU machine (the spinning pool starved the CUDA host-function and
-    // Node threads), so workers spin 100 us (NERVA_HOST_ATTN_SPIN_US), then sleep.
-    spinNs_ = (int64_t)envInt("NERVA_HOST_ATTN_SPIN_US", 100) * 1000;
-    stop_.store(false);
-    const uint64_t gen = gen_.load();
-    for (int i = 1; i < threads; i++) workers_.emplace_back([this, i, gen] { workerMain(i, gen); });
-  }
-
-  void stopWorkers() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_.store(true);
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
-    workers_.clear();
-  }
-
-  void workerMain(int self, uint64_t seen) {
-    for (;;) {
-      Clock::time_point t0 = Clock::now();
-      for (unsigned spins = 0; gen_.load(std::memory_order_acquire) == seen && !stop_.load(std::memory_order_relaxed); spins++) {
-        cpuRelax();
-        if ((spins & 255) == 255 && std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count() > spinNs_) {
-          std::unique_lock<std::mutex> lk(mu_);
-          cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen || stop_.load(); });
-          break;
-        }
-      }
-      if (stop_.load()) return;
-      seen = gen_.load(std::memory_order_acquire);
-      work(self);
-      finished_.v.fetch_add(1, std::memory_order_release);
-    }
-  }
-
-  std::mutex callMu_, mu_;
-  std::condition_variable cv_;
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<bool> stop_{false};
-  Counter next_[2], done_[2], finished_;
-  std::vector<std::thread> workers_;
-  std::atomic<int> nthreads_{1};
-  int64_t spinNs_ = 100000;
   const HostAttnArgs* a_ = nullptr;
   int S_ = 1, hdp_ = 0, n_[2] = {0, 0};
   size_t stride_ = 0;
@@ -445,19 +321,10 @@ class Pool {
   Scratch<std::atomic<int>> bad_;
 };
 
-std::atomic<Pool*> gPool{nullptr};
-std::mutex gPoolMu;
-
-Pool& pool() {
-  Pool* p = gPool.load(std::memory_order_acquire);
-  if (p) return *p;
-  std::lock_guard<std::mutex> lk(gPoolMu);
-  p = gPool.load(std::memory_order_relaxed);
-  if (!p) {
-    p = new Pool();
-    gPool.store(p, std::memory_order_release);
-  }
-  return *p;
+// Created on first use, never destroyed (like the pool).
+Attn& attn() {
+  static Attn* m = new Attn();
+  return *m;
 }
 
 }  // namespace
@@ -476,16 +343,16 @@ const char* nerva_host_attention_validate(const HostAttnArgs& a) {
 }
 
 void nerva_host_attention_reserve(int rows, int numHeads, int numKvHeads, int headDim) {
-  pool().reserve(rows, numHeads, numKvHeads, headDim);
+  attn().reserve(rows, numHeads, numKvHeads, headDim);
 }
 
 void nerva_host_attention(const HostAttnArgs& a) {
   if (a.rows <= 0) return;
-  pool().run(a);
+  attn().run(a);
 }
 
-void nerva_host_attention_configure(int threads) { pool().configure(threads); }
-int nerva_host_attention_threads() { return pool().threads(); }
+void nerva_host_attention_configure(int threads) { nerva_host_pool_configure(threads, -1); }
+int nerva_host_attention_threads() { return nerva_host_pool_threads(); }
 
 #ifndef NERVA_HOST_ATTN_NO_CUDA
 namespace {

@@ -8,13 +8,16 @@
 // (q . k) * scale in float32, softmax by the online rule (running max, sum, rescaled accumulator,
 // float32), out = acc / sum, and lse = max + ln(sum) (-inf, out = 0, when no position remains).
 //
-// Plain C++17 (no CUDA in the math, no napi), built into the addon and into the standalone test
-// (test/native/host_attention_test.cc). Define NERVA_HOST_ATTN_NO_CUDA to build without the CUDA
-// runtime. Work: tasks of (row, KV head, split of the positions), each computing the partials of
-// the KV head's whole query group so every key and value row is read once, on a process-wide pool
-// (NERVA_HOST_THREADS threads, default the CPUs of the affinity mask; idle workers spin
-// NERVA_HOST_ATTN_SPIN_US, default 100, then sleep); then a merge per (row, head). The inner loops
-// are compiled for AVX-512, AVX2+FMA and generic x86-64 (target_clones, picked at load time).
+// Plain C++17 (no CUDA in the math, no napi), built with host_pool.cc into the addon and into the
+// standalone test (test/native/host_attention_test.cc). Define NERVA_HOST_ATTN_NO_CUDA to build without the CUDA
+// runtime. Work: tasks of (row, split of the positions), each computing the partials of every
+// query head over every KV head so each key and value row is read once, then (after the pool's
+// barrier) a merge per (row, head), on the process-wide host pool shared with the host MLP
+// (host_pool.h: NERVA_HOST_THREADS threads, default the CPUs of the affinity mask; idle workers
+// spin NERVA_HOST_SPIN_US, default 100, then sleep; NERVA_HOST_ATTN_SPIN_US, this module's own
+// setting before the pools were merged, is a deprecated alias; calls are serialized with the host
+// MLP's). The inner loops are compiled for AVX-512, AVX2+FMA and generic x86-64 (target_clones,
+// picked at load time).
 // The result does not depend on the thread count (each partial is computed by one thread over a
 // fixed split, and the merge is in split order).
 #pragma once
@@ -62,12 +65,14 @@ const char* nerva_host_attention_validate(const HostAttnArgs& a);
 // that shape or smaller then allocates nothing.
 void nerva_host_attention_reserve(int rows, int numHeads, int numKvHeads, int headDim);
 
-// Computes on the calling thread plus the pool; blocks until out (and lse) are written.
+// Computes on the calling thread plus the host pool; blocks until out (and lse) are written.
 void nerva_host_attention(const HostAttnArgs& a);
 
-// Re-creates the pool with `threads` threads (<= 0: the default). Tests and benchmarks.
+// Re-creates the host pool with `threads` threads (<= 0: the default), pinning as NERVA_HOST_PIN.
+// The pool is shared: this sizes the host MLP's threads too (nerva_host_pool_configure). Tests
+// and benchmarks.
 void nerva_host_attention_configure(int threads);
-int nerva_host_attention_threads();
+int nerva_host_attention_threads();  // the host pool's size, the calling thread included
 
 #ifndef NERVA_HOST_ATTN_NO_CUDA
 struct CUstream_st;

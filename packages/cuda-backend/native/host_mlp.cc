@@ -5,22 +5,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <new>
-#include <thread>
-#include <vector>
+
+#include "host_pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define NERVA_HOST_X86 1
 #include <immintrin.h>
-#endif
-
-#ifdef __linux__
-#include <pthread.h>
-#include <sched.h>
 #endif
 
 #ifndef NERVA_HOST_MLP_NO_CUDA
@@ -36,14 +29,6 @@ inline float bf16ToF32(uint16_t v) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
-}
-
-inline void cpuRelax() {
-#if NERVA_HOST_X86
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -222,14 +207,6 @@ bool cpuHas(int isa) {
   return false;
 }
 
-int envInt(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  long n = std::strtol(v, &end, 10);
-  return end && *end == 0 ? (int)n : dflt;
-}
-
 int defaultIsa() {
   int cap = HOST_ISA_AVX512;
   if (const char* v = std::getenv("NERVA_HOST_ISA")) {
@@ -239,20 +216,6 @@ int defaultIsa() {
   for (int i = cap; i > HOST_ISA_SCALAR; i--)
     if (cpuHas(i)) return i;
   return HOST_ISA_SCALAR;
-}
-
-int defaultThreads() {
-  int n = envInt("NERVA_HOST_THREADS", 0);
-#ifdef __linux__
-  if (n <= 0) {  // the CPUs this process may run on (a container's cpuset), as Node's availableParallelism
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
-  }
-#endif
-  if (n <= 0) n = (int)std::thread::hardware_concurrency();
-  if (n <= 0) n = 1;
-  return n > 256 ? 256 : n;
 }
 
 // Grow-only 64-byte-aligned float scratch.
@@ -285,69 +248,50 @@ struct Job {
   int per[3] = {1, 1, 1};  // items per chunk
 };
 
-struct alignas(64) Counter {
-  std::atomic<int> v{0};
-};
-
-class Pool {
+// The module's state: scratch, the current call's plan, the vector path and the counters. The
+// threads are the shared host pool's (host_pool.h); its hold (HostPoolCall) also guards this.
+class Mlp {
  public:
-  Pool() : isa_(defaultIsa()) { start(defaultThreads(), envInt("NERVA_HOST_PIN", 0) == 1); }
-
-  void configure(int threads, int pin) {
-    std::lock_guard<std::mutex> call(callMu_);
-    stopWorkers();
-    start(threads > 0 ? (threads > 256 ? 256 : threads) : defaultThreads(), pin < 0 ? envInt("NERVA_HOST_PIN", 0) == 1 : pin != 0);
-  }
+  Mlp() : isa_(defaultIsa()) {}
 
   int setIsa(int isa) {
     if (isa < HOST_ISA_SCALAR || isa > HOST_ISA_AVX512 || !cpuHas(isa)) return -1;
-    std::lock_guard<std::mutex> call(callMu_);
+    HostPoolCall call;  // waits for a running call
     isa_ = isa;
     return isa;
   }
 
   void reserve(int rows, int hidden, int inter) {
-    std::lock_guard<std::mutex> call(callMu_);
+    HostPoolCall call;
     reserveLocked(rows, hidden, inter);
   }
 
   HostMlpStats stats() {
     HostMlpStats s;
+    // No hold: stats must not wait for a running call.
     s.calls = calls_.load(std::memory_order_relaxed);
     s.ns = ns_.load(std::memory_order_relaxed);
-    // No lock: stats must not wait for a running call.
-    s.threads = nthreads_.load(std::memory_order_relaxed);
+    s.threads = nerva_host_pool_threads();
     s.isa = isa_.load(std::memory_order_relaxed);
-    s.pinned = pinned_.load(std::memory_order_relaxed);
+    s.pinned = nerva_host_pool_pinned();
     return s;
   }
 
   void run(const HostMlpArgs& a) {
-    std::lock_guard<std::mutex> call(callMu_);
+    HostPoolCall call;
     Clock::time_point t0 = Clock::now();
     const int rows = a.rows, H = a.hidden, c = a.inter;
     if (c == 0) {
       std::memset(a.y, 0, sizeof(float) * (size_t)rows * H);
     } else {
       reserveLocked(rows, H, c);
-      plan(a);
-      if (workers_.empty()) {
-        work();
-      } else {
-        for (int p = 0; p < 3; p++) {
-          next_[p].v.store(0, std::memory_order_relaxed);
-          done_[p].v.store(0, std::memory_order_relaxed);
-        }
-        finished_.v.store(0, std::memory_order_relaxed);
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          gen_.fetch_add(1, std::memory_order_release);
-        }
-        cv_.notify_all();
-        work();
-        const int nw = (int)workers_.size();
-        waitUntil([&] { return finished_.v.load(std::memory_order_acquire) == nw; });
-      }
+      plan(a, call.threads());
+      HostPoolJob job;
+      job.fn = [](void* self, int phase, int i, int) { static_cast<Mlp*>(self)->chunkWork(phase, i); };
+      job.ctx = this;
+      job.phases = 3;
+      for (int p = 0; p < 3; p++) job.tasks[p] = job_.n[p];
+      call.run(job);
     }
     uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     calls_.fetch_add(1, std::memory_order_relaxed);
@@ -359,50 +303,14 @@ class Pool {
   }
 
  private:
-  void start(int threads, bool pin) {
-    nthreads_ = threads;
-    pinned_ = pin;
-    spinNs_ = (int64_t)envInt("NERVA_HOST_SPIN_US", 100) * 1000;
-    stop_.store(false);
-    std::vector<int> cpus;
-#ifdef __linux__
-    if (pin) {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      if (sched_getaffinity(0, sizeof set, &set) == 0)
-        for (int i = 0; i < CPU_SETSIZE; i++)
-          if (CPU_ISSET(i, &set)) cpus.push_back(i);
-    }
-#endif
-    // The calling thread is one of the `threads`; the others are workers 1..threads-1. A worker
-    // starts from the generation current now (callMu_ is held or the pool is being built), not
-    // from the one it reads when it gets to run: a call may have been posted by then.
-    const uint64_t gen = gen_.load();
-    for (int i = 1; i < threads; i++) {
-      int cpu = cpus.empty() ? -1 : cpus[i % cpus.size()];
-      workers_.emplace_back([this, cpu, gen] { workerMain(cpu, gen); });
-    }
-  }
-
-  void stopWorkers() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_.store(true);
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
-    workers_.clear();
-  }
-
   void reserveLocked(int rows, int hidden, int inter) {
     if (rows <= 0) return;
     xn_.reserve((size_t)rows * padded(hidden));
     act_.reserve((size_t)rows * padded(inter > 0 ? inter : 1));
   }
 
-  void plan(const HostMlpArgs& a) {
+  void plan(const HostMlpArgs& a, int T) {
     const int rows = a.rows, H = a.hidden, c = a.inter;
-    const int T = nthreads_;
     Job& j = job_;
     j.a = &a;
     j.tab = kernelsFor(isa_);
@@ -500,94 +408,16 @@ class Pool {
     }
   }
 
-  // The calling thread and every worker run this for each call.
-  void work() {
-    const bool single = workers_.empty();
-    for (int p = 0; p < 3; p++) {
-      const int n = job_.n[p];
-      if (single) {
-        for (int i = 0; i < n; i++) chunkWork(p, i);
-        continue;
-      }
-      for (;;) {
-        int i = next_[p].v.fetch_add(1, std::memory_order_relaxed);
-        if (i >= n) break;
-        chunkWork(p, i);
-        done_[p].v.fetch_add(1, std::memory_order_release);
-      }
-      // The barrier between phases counts finished chunks, not threads: a worker that wakes late
-      // joins whichever phase is running.
-      if (p < 2) waitUntil([&] { return done_[p].v.load(std::memory_order_acquire) >= n; });
-    }
-  }
-
-  template <class F>
-  static void waitUntil(F ready) {
-    for (unsigned spins = 0; !ready(); spins++) {
-      if (spins < 4096) cpuRelax();
-      else std::this_thread::yield();
-    }
-  }
-
-  void workerMain(int cpu, uint64_t seen) {
-#ifdef __linux__
-    if (cpu >= 0) {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(cpu, &set);
-      pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-    }
-#else
-    (void)cpu;
-#endif
-    for (;;) {
-      // Spin a little (back-to-back layers), then sleep.
-      Clock::time_point t0 = Clock::now();
-      for (unsigned spins = 0; gen_.load(std::memory_order_acquire) == seen && !stop_.load(std::memory_order_relaxed); spins++) {
-        cpuRelax();
-        if ((spins & 255) == 255 && std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count() > spinNs_) {
-          std::unique_lock<std::mutex> lk(mu_);
-          cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen || stop_.load(); });
-          break;
-        }
-      }
-      if (stop_.load()) return;
-      seen = gen_.load(std::memory_order_acquire);
-      work();
-      finished_.v.fetch_add(1, std::memory_order_release);
-    }
-  }
-
-  std::mutex callMu_;  // one call at a time; also guards configuration
-  std::mutex mu_;      // the sleepers' condition variable
-  std::condition_variable cv_;
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<bool> stop_{false};
-  Counter next_[3], done_[3], finished_;
   Job job_;
-  std::vector<std::thread> workers_;
   Scratch xn_, act_;
-  std::atomic<int> nthreads_{1};  // written under callMu_, read by stats() without it
-  std::atomic<bool> pinned_{false};
-  std::atomic<int> isa_{HOST_ISA_SCALAR};
-  int64_t spinNs_ = 100000;
+  std::atomic<int> isa_{HOST_ISA_SCALAR};  // written under the hold, read by stats() without it
   std::atomic<uint64_t> calls_{0}, ns_{0};
 };
 
-// The process-wide pool, created on first use and never destroyed (its threads sleep at exit).
-std::atomic<Pool*> gPool{nullptr};
-std::mutex gPoolMu;
-
-Pool& pool() {
-  Pool* p = gPool.load(std::memory_order_acquire);
-  if (p) return *p;
-  std::lock_guard<std::mutex> lk(gPoolMu);
-  p = gPool.load(std::memory_order_relaxed);
-  if (!p) {
-    p = new Pool();
-    gPool.store(p, std::memory_order_release);
-  }
-  return *p;
+// Created on first use, never destroyed (like the pool).
+Mlp& mlp() {
+  static Mlp* m = new Mlp();
+  return *m;
 }
 
 }  // namespace
@@ -604,12 +434,12 @@ const char* nerva_host_mlp_validate(const HostMlpArgs& a) {
 
 void nerva_host_mlp(const HostMlpArgs& a) {
   if (nerva_host_mlp_validate(a)) return;
-  pool().run(a);
+  mlp().run(a);
 }
 
-void nerva_host_mlp_reserve(int rows, int hidden, int inter) { pool().reserve(rows, hidden, inter); }
+void nerva_host_mlp_reserve(int rows, int hidden, int inter) { mlp().reserve(rows, hidden, inter); }
 
-HostMlpStats nerva_host_mlp_stats() { return pool().stats(); }
+HostMlpStats nerva_host_mlp_stats() { return mlp().stats(); }
 
 const char* nerva_host_mlp_isa_name(int isa) {
   return isa == HOST_ISA_AVX512 ? "avx512" : isa == HOST_ISA_AVX2 ? "avx2" : "scalar";
@@ -617,9 +447,9 @@ const char* nerva_host_mlp_isa_name(int isa) {
 
 bool nerva_host_mlp_isa_supported(int isa) { return cpuHas(isa); }
 
-int nerva_host_mlp_set_isa(int isa) { return pool().setIsa(isa); }
+int nerva_host_mlp_set_isa(int isa) { return mlp().setIsa(isa); }
 
-void nerva_host_mlp_configure(int threads, int pin) { pool().configure(threads, pin); }
+void nerva_host_mlp_configure(int threads, int pin) { nerva_host_pool_configure(threads, pin); }
 
 #ifndef NERVA_HOST_MLP_NO_CUDA
 namespace {

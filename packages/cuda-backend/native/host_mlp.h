@@ -6,8 +6,8 @@
 //   a    = silu(g) * u                                          silu(v) = v / (1 + exp(-v))
 //   y[r] = down . a                                             y is written, not accumulated
 //
-// Plain C++17 (no CUDA in the math, no napi): compiled by g++ into the addon and into the
-// standalone test (test/native/host_mlp_test.cc) and benchmark (tools/gpu/host_mlp_bench.cc).
+// Plain C++17 (no CUDA in the math, no napi): compiled by g++ with host_pool.cc into the addon and
+// into the standalone test (test/native/host_mlp_test.cc) and benchmark (tools/gpu/host_mlp_bench.cc).
 // Define NERVA_HOST_MLP_NO_CUDA to build without the CUDA runtime (drops nerva_host_mlp_enqueue).
 //
 // The math is memory-bound (the weights are read once per call, rows is 1..8): every weight row
@@ -18,14 +18,14 @@
 // VL), AVX2 + FMA, and scalar, chosen at run time; the file itself builds with plain -O2 on any
 // x86-64 (function-level target attributes), and elsewhere only the scalar path exists.
 //
-// Threads: one persistent process-wide pool, created on first use with NERVA_HOST_THREADS threads
-// (default: the CPUs of the process's affinity mask, else std::thread::hardware_concurrency()),
-// the calling thread being one of them. Work is
-// split into chunks taken from an atomic counter (gate/up by output channel, down by output row of
-// H), so a descheduled thread delays only its current chunk. Idle workers spin for
-// NERVA_HOST_SPIN_US microseconds (default 100), then sleep on a condition variable: an idle pool
-// costs nothing. NERVA_HOST_PIN=1 pins worker i to the (i+1)-th CPU of the process's affinity mask.
-// NERVA_HOST_ISA=scalar|avx2|avx512 caps the vector path. Calls are serialized (one pool).
+// Threads: the process-wide host pool (host_pool.h), shared with host attention: NERVA_HOST_THREADS
+// threads (default: the CPUs of the process's affinity mask), the calling thread being one of
+// them; idle workers spin NERVA_HOST_SPIN_US microseconds (default 100), then sleep;
+// NERVA_HOST_PIN=1 pins them. Work is split into chunks taken from an atomic counter (gate/up by
+// output channel, down by output row of H), so a descheduled thread delays only its current
+// chunk; the phases (RMSNorm, gate/up, down) are separated by the pool's barriers.
+// NERVA_HOST_ISA=scalar|avx2|avx512 caps the vector path. Calls are serialized (one pool), host
+// attention's included.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -59,17 +59,17 @@ void nerva_host_mlp(const HostMlpArgs& a);
 // Null when a is well-formed, else why not (a static string).
 const char* nerva_host_mlp_validate(const HostMlpArgs& a);
 
-// Grows the pool's scratch for rows x hidden and rows x inter (call it where allocating is fine;
-// nerva_host_mlp itself then never allocates). Creates the pool if needed.
+// Grows the scratch for rows x hidden and rows x inter (call it where allocating is fine;
+// nerva_host_mlp itself then never allocates). Creates the host pool if needed.
 void nerva_host_mlp_reserve(int rows, int hidden, int inter);
 
 // Process-wide counters and configuration.
 struct HostMlpStats {
   uint64_t calls;
   uint64_t ns;
-  int threads;  // pool size, the calling thread included
+  int threads;  // the host pool's size, the calling thread included
   int isa;      // HostMlpIsa in use
-  bool pinned;
+  bool pinned;  // the host pool's workers are pinned
 };
 HostMlpStats nerva_host_mlp_stats();
 const char* nerva_host_mlp_isa_name(int isa);  // "scalar", "avx2", "avx512"
@@ -77,8 +77,9 @@ bool nerva_host_mlp_isa_supported(int isa);     // compiled in and supported by 
 // Selects the vector path (tests, benchmarks). Returns the isa now in use, or -1 (unchanged)
 // when it is not supported here.
 int nerva_host_mlp_set_isa(int isa);
-// Re-creates the pool with `threads` threads (<= 0: the default) and pinning on or off
-// (pin < 0: NERVA_HOST_PIN). Waits for a running call. For benchmarks and tests.
+// Re-creates the host pool with `threads` threads (<= 0: the default) and pinning on or off
+// (pin < 0: NERVA_HOST_PIN). Waits for a running call. The pool is shared: this sizes host
+// attention's threads too (nerva_host_pool_configure). For benchmarks and tests.
 void nerva_host_mlp_configure(int threads, int pin);
 
 #ifndef NERVA_HOST_MLP_NO_CUDA

@@ -14,7 +14,16 @@ const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const hasGxx = spawnSync('g++', ['--version'], { stdio: 'ignore' }).status === 0;
 
 interface CaseLine { case: string; threads: number; boundUsed: number; keys: number }
-interface Summary { summary: true; cases: number; failures: number; allocsDuringCalls: number; threadMismatches: number; threads: number }
+interface Summary {
+  summary: true;
+  cases: number;
+  failures: number;
+  allocsDuringCalls: number;
+  threadMismatches: number;
+  threads: number;
+  /** The shared host pool's spin before sleeping (NERVA_HOST_SPIN_US, or its deprecated alias NERVA_HOST_ATTN_SPIN_US). */
+  spinUs: number;
+}
 
 function runProgram(exe: string, env: Record<string, string>): { cases: CaseLine[]; summary: Summary; failures: string[] } {
   const r = spawnSync(exe, [], { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 120_000 });
@@ -35,7 +44,7 @@ describe.skipIf(!hasGxx)('host attention math (native/host_attention.cc, g++, no
   beforeAll(() => {
     tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-host-attn-'));
     exe = path.join(tmp, 'host_attention_test');
-    const args = ['-O2', '-std=c++17', '-pthread', '-DNERVA_HOST_ATTN_NO_CUDA', '-Inative', 'test/native/host_attention_test.cc', 'native/host_attention.cc', '-o', exe];
+    const args = ['-O2', '-std=c++17', '-pthread', '-DNERVA_HOST_ATTN_NO_CUDA', '-Inative', 'test/native/host_attention_test.cc', 'native/host_attention.cc', 'native/host_pool.cc', '-o', exe];
     const r = spawnSync('g++', args, { cwd: pkgDir, encoding: 'utf8' });
     if (r.status !== 0) throw new Error(`g++ failed: ${r.stderr}`);
   }, 120_000);
@@ -53,9 +62,19 @@ describe.skipIf(!hasGxx)('host attention math (native/host_attention.cc, g++, no
     expect(summary.threadMismatches).toBe(0);
   });
 
-  it('gives the same results when idle workers sleep at once (NERVA_HOST_ATTN_SPIN_US=0) with a pool of 3 (NERVA_HOST_THREADS)', () => {
-    const { summary, failures } = runProgram(exe, { NERVA_HOST_ATTN_SPIN_US: '0', NERVA_HOST_THREADS: '3' });
+  it('gives the same results when idle workers sleep at once (NERVA_HOST_SPIN_US=0) with a pool of 3 (NERVA_HOST_THREADS)', () => {
+    const { summary, failures } = runProgram(exe, { NERVA_HOST_SPIN_US: '0', NERVA_HOST_THREADS: '3' });
     expect(failures).toEqual([]);
     expect(summary.failures).toBe(0);
+    expect(summary.spinUs).toBe(0);
+  });
+
+  it('reads NERVA_HOST_ATTN_SPIN_US as a deprecated alias of NERVA_HOST_SPIN_US (the pool is shared with the host MLP)', () => {
+    const env = { NERVA_HOST_SPIN_US: '', NERVA_HOST_ATTN_SPIN_US: '' };
+    expect(runProgram(exe, env).summary.spinUs).toBe(100);
+    const alias = runProgram(exe, { ...env, NERVA_HOST_ATTN_SPIN_US: '0' });
+    expect(alias.failures).toEqual([]);
+    expect(alias.summary.spinUs).toBe(0);
+    expect(runProgram(exe, { NERVA_HOST_SPIN_US: '50', NERVA_HOST_ATTN_SPIN_US: '0' }).summary.spinUs).toBe(50);
   });
 });

@@ -61,7 +61,7 @@ describe.skipIf(!hasGxx)('host MLP math (native/host_mlp.cc, g++, no CUDA)', () 
   beforeAll(() => {
     tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-host-mlp-'));
     exe = path.join(tmp, 'host_mlp_test');
-    const args = ['-O2', '-std=c++17', '-pthread', '-DNERVA_HOST_MLP_NO_CUDA', '-Inative', 'test/native/host_mlp_test.cc', 'native/host_mlp.cc', '-o', exe];
+    const args = ['-O2', '-std=c++17', '-pthread', '-DNERVA_HOST_MLP_NO_CUDA', '-Inative', 'test/native/host_mlp_test.cc', 'native/host_mlp.cc', 'native/host_pool.cc', '-o', exe];
     const r = spawnSync('g++', args, { cwd: pkgDir, encoding: 'utf8' });
     if (r.status !== 0) throw new Error(`g++ failed: ${r.stderr}`);
   }, 120_000);

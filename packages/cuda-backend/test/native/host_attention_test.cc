@@ -4,7 +4,8 @@
 // lse), rows with no position left, pools of 1 and 4 threads (bitwise equal), out-of-range block
 // ids (NaN rows, counted), no allocation once reserved. Built and run by
 // test/host-attention-native.test.ts:
-//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Inative test/native/host_attention_test.cc native/host_attention.cc
+//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Inative test/native/host_attention_test.cc native/host_attention.cc \
+//     native/host_pool.cc
 // Prints one JSON line per case and a summary line; exits 1 when a case fails.
 //
 // Error bound. The kernel rounds each score s_p to f32 (a dot of hd terms: error <= hd u
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "host_attention.h"
+#include "host_pool.h"
 
 static std::atomic<bool> gArmed{false};
 static std::atomic<long> gAllocs{0};
@@ -318,7 +320,14 @@ int main() {
     z.numKvHeads = 3;
     if (!nerva_host_attention_validate(z)) fail("validate: numHeads 4 over numKvHeads 3 accepted");
   }
-  std::printf("{\"summary\":true,\"cases\":%d,\"failures\":%d,\"allocsDuringCalls\":%ld,\"threadMismatches\":%d,\"threads\":%d}\n", count,
-              gFailures, allocs, mismatches, nerva_host_attention_threads());
+  // One pool for both modules: configuring through host attention configures it (the host MLP's
+  // configure lands on it too), and the threads reported are its threads.
+  const int threads = nerva_host_attention_threads();
+  nerva_host_attention_configure(2);
+  if (nerva_host_pool_threads() != 2 || nerva_host_attention_threads() != 2) fail("configure: the shared pool is not 2 threads");
+  nerva_host_pool_configure(threads, -1);
+  if (nerva_host_attention_threads() != threads) fail("configure: host attention does not see the shared pool's threads");
+  std::printf("{\"summary\":true,\"cases\":%d,\"failures\":%d,\"allocsDuringCalls\":%ld,\"threadMismatches\":%d,\"threads\":%d,\"spinUs\":%d}\n",
+              count, gFailures, allocs, mismatches, threads, nerva_host_pool_spin_us());
   return gFailures ? 1 : 0;
 }

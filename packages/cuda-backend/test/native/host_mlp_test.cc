@@ -1,7 +1,7 @@
 // Standalone check of native/host_mlp.cc (no CUDA): every vector path this CPU supports against a
 // float64 reference, on odd sizes, rows 1/3/8/11, pools of 1 and 4 threads. Built and run by
 // test/host-mlp-native.test.ts:
-//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_MLP_NO_CUDA -Inative test/native/host_mlp_test.cc native/host_mlp.cc
+//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_MLP_NO_CUDA -Inative test/native/host_mlp_test.cc native/host_mlp.cc native/host_pool.cc
 // Prints one JSON line per case and a summary line; exits 1 when a case fails.
 //
 // Error bound. Per output h the f64 reference also computes

@@ -1,0 +1,217 @@
+// The host compute pool shared by the host MLP and host attention: see host_pool.h.
+#include "host_pool.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#ifdef __linux__
+#include <pthread.h>
+#include <sched.h>
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+int envInt(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  return end && *end == 0 ? (int)n : dflt;
+}
+
+int defaultThreads() {
+  int n = envInt("NERVA_HOST_THREADS", 0);
+#ifdef __linux__
+  if (n <= 0) {  // the CPUs this process may run on (a container's cpuset), as Node's availableParallelism
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+  }
+#endif
+  if (n <= 0) n = (int)std::thread::hardware_concurrency();
+  if (n <= 0) n = 1;
+  return n > 256 ? 256 : n;
+}
+
+bool defaultPin() { return envInt("NERVA_HOST_PIN", 0) == 1; }
+
+// NERVA_HOST_ATTN_SPIN_US: deprecated alias (the host attention pool's setting before the merge).
+int64_t spinNs() { return (int64_t)envInt("NERVA_HOST_SPIN_US", envInt("NERVA_HOST_ATTN_SPIN_US", 100)) * 1000; }
+
+struct alignas(64) Counter {
+  std::atomic<int> v{0};
+};
+
+template <class F>
+void waitUntil(F ready) {
+  for (unsigned spins = 0; !ready(); spins++) {
+    if (spins < 4096) cpuRelax();
+    else std::this_thread::yield();
+  }
+}
+
+}  // namespace
+
+struct HostPool {
+  HostPool() { start(defaultThreads(), defaultPin()); }
+
+  void configure(int threads, int pin) {
+    std::lock_guard<std::mutex> call(callMu);
+    stopWorkers();
+    start(threads > 0 ? (threads > 256 ? 256 : threads) : defaultThreads(), pin < 0 ? defaultPin() : pin != 0);
+  }
+
+  // callMu held.
+  void run(const HostPoolJob& j) {
+    if (j.phases <= 0) return;
+    if (workers.empty()) {
+      for (int p = 0; p < j.phases; p++)
+        for (int i = 0; i < j.tasks[p]; i++) j.fn(j.ctx, p, i, 0);
+      return;
+    }
+    job = j;
+    for (int p = 0; p < j.phases; p++) {
+      next[p].v.store(0, std::memory_order_relaxed);
+      done[p].v.store(0, std::memory_order_relaxed);
+    }
+    finished.v.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      gen.fetch_add(1, std::memory_order_release);  // publishes job and the counters
+    }
+    cv.notify_all();
+    work(0);
+    // Every worker takes part in every call (it may find nothing left): the next call resets the
+    // counters, so it must not start while a worker is still inside this one.
+    const int nw = (int)workers.size();
+    waitUntil([&] { return finished.v.load(std::memory_order_acquire) == nw; });
+  }
+
+  // The calling thread and every worker run this for each call.
+  void work(int self) {
+    const HostPoolJob& j = job;
+    for (int p = 0; p < j.phases; p++) {
+      const int n = j.tasks[p];
+      for (;;) {
+        const int i = next[p].v.fetch_add(1, std::memory_order_relaxed);
+        if (i >= n) break;
+        j.fn(j.ctx, p, i, self);
+        done[p].v.fetch_add(1, std::memory_order_release);
+      }
+      // The barrier counts finished tasks, not threads: a worker that wakes late joins whichever
+      // phase is running.
+      if (p + 1 < j.phases) waitUntil([&] { return done[p].v.load(std::memory_order_acquire) >= n; });
+    }
+  }
+
+  void start(int threads, bool pin) {
+    nthreads.store(threads, std::memory_order_relaxed);
+    pinned.store(pin, std::memory_order_relaxed);
+    spin.store(spinNs(), std::memory_order_relaxed);
+    stop.store(false);
+    std::vector<int> cpus;
+#ifdef __linux__
+    if (pin) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int i = 0; i < CPU_SETSIZE; i++)
+          if (CPU_ISSET(i, &set)) cpus.push_back(i);
+    }
+#endif
+    // The calling thread is one of the `threads`; the others are workers 1..threads-1. A worker
+    // starts from the generation current now (callMu is held or the pool is being built), not
+    // from the one it reads when it gets to run: a call may have been posted by then.
+    const uint64_t g = gen.load();
+    for (int i = 1; i < threads; i++) {
+      const int cpu = cpus.empty() ? -1 : cpus[i % cpus.size()];
+      workers.emplace_back([this, i, cpu, g] { workerMain(i, cpu, g); });
+    }
+  }
+
+  void stopWorkers() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      stop.store(true);
+    }
+    cv.notify_all();
+    for (auto& t : workers) t.join();
+    workers.clear();
+  }
+
+  void workerMain(int self, int cpu, uint64_t seen) {
+    const int64_t spinFor = spin.load(std::memory_order_relaxed);  // set before the workers start
+#ifdef __linux__
+    if (cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    }
+#else
+    (void)cpu;
+#endif
+    for (;;) {
+      // Spin a little (back-to-back layers), then sleep.
+      Clock::time_point t0 = Clock::now();
+      for (unsigned spins = 0; gen.load(std::memory_order_acquire) == seen && !stop.load(std::memory_order_relaxed); spins++) {
+        cpuRelax();
+        if ((spins & 255) == 255 && std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count() > spinFor) {
+          std::unique_lock<std::mutex> lk(mu);
+          cv.wait(lk, [&] { return gen.load(std::memory_order_acquire) != seen || stop.load(); });
+          break;
+        }
+      }
+      if (stop.load()) return;
+      seen = gen.load(std::memory_order_acquire);
+      work(self);
+      finished.v.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  std::mutex callMu;  // one call at a time (HostPoolCall); also guards configuration
+  std::mutex mu;      // the sleepers' condition variable
+  std::condition_variable cv;
+  std::atomic<uint64_t> gen{0};
+  std::atomic<bool> stop{false};
+  Counter next[kHostPoolMaxPhases], done[kHostPoolMaxPhases], finished;
+  HostPoolJob job;
+  std::vector<std::thread> workers;
+  std::atomic<int> nthreads{1};  // written under callMu, read without it (stats)
+  std::atomic<bool> pinned{false};
+  std::atomic<int64_t> spin{100000};  // ns; written under callMu, read by the spin getter without it
+};
+
+namespace {
+// Created on first use and never destroyed (its threads sleep at exit; destroying joinable
+// threads would abort).
+HostPool& pool() {
+  static HostPool* p = new HostPool();
+  return *p;
+}
+}  // namespace
+
+HostPoolCall::HostPoolCall() : pool_(&pool()) { pool_->callMu.lock(); }
+HostPoolCall::~HostPoolCall() { pool_->callMu.unlock(); }
+int HostPoolCall::threads() const { return pool_->nthreads.load(std::memory_order_relaxed); }
+void HostPoolCall::run(const HostPoolJob& job) { pool_->run(job); }
+
+void nerva_host_pool_configure(int threads, int pin) { pool().configure(threads, pin); }
+int nerva_host_pool_threads() { return pool().nthreads.load(std::memory_order_relaxed); }
+bool nerva_host_pool_pinned() { return pool().pinned.load(std::memory_order_relaxed); }
+int nerva_host_pool_spin_us() { return (int)(pool().spin.load(std::memory_order_relaxed) / 1000); }
