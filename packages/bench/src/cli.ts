@@ -1,13 +1,19 @@
 #!/usr/bin/env node
-import { Command, Option } from 'commander';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import { defaultModelDir, parseIntArg, parseSizeArg } from '@nerva/server';
 import { decodeProbe } from './probes/decode.js';
 import { generateProbe } from './probes/generate.js';
 import { longContextProbe } from './probes/long-context.js';
 import { offloadProbe } from './probes/offload.js';
 import { serveProbe } from './probes/serve.js';
+import { throughputProbe } from './probes/throughput.js';
 
 const int = (name: string) => parseIntArg(name, { positive: true });
+const nonNegInt = (name: string) => (v: string): number => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError(`${name} must be a non-negative integer, got "${v}"`);
+  return n;
+};
 const vramOpt = () => new Option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB)').argParser(parseSizeArg('--vram-budget'));
 const hostOpt = () => new Option('--host-budget <size>', 'host memory for streamed weights; beyond it they spill to --offload-dir').argParser(parseSizeArg('--host-budget'));
 const offloadDirOpt = () => new Option('--offload-dir <dir>', 'disk tier directory');
@@ -121,6 +127,57 @@ program
   .action(async (f) =>
     print(await serveProbe({ model: f.model, backend: f.backend, concurrency: f.concurrency, requests: f.requests, maxTokens: f.maxTokens })),
   );
+
+program
+  .command('throughput')
+  .description("nano-vllm's throughput benchmark: every request of a random workload submitted at once, output tokens/s, then requests rerun alone to check their tokens")
+  .option('--model <dir>')
+  .addOption(backendOpt())
+  .option('--requests <n>', 'requests in the workload (default 256)', int('--requests'))
+  .option('--min-len <n>', 'smallest prompt length and max_tokens (default 100)', int('--min-len'))
+  .option('--max-input-len <n>', 'largest prompt length (default 1024)', int('--max-input-len'))
+  .option('--max-output-len <n>', 'largest max_tokens (default 1024)', int('--max-output-len'))
+  .option('--seed <n>', 'workload seed (default 0)', nonNegInt('--seed'))
+  .option('--workload <file>', 'run this workload file (as --workload-out writes it) instead of generating one')
+  .option('--workload-out <file>', 'write the workload as JSON (tools/gpu/torch_throughput.py runs the same requests)')
+  .option('--workload-only', 'write the workload (--workload-out) and print its description; run nothing')
+  .option('--verify <k>', 'rerun K requests alone (evenly spread, the longest included) and compare their tokens', nonNegInt('--verify'), 8)
+  .option('--max-num-seqs <n>', 'sequences the engine batches at once', int('--max-num-seqs'), 256)
+  .option('--max-num-batched-tokens <n>', 'token budget of one scheduler step (the engine default otherwise)', int('--max-num-batched-tokens'))
+  .option('--kv-cache-bytes <size>', 'KV cache bytes (default: the whole workload, where the device has room)', parseSizeArg('--kv-cache-bytes'))
+  .addOption(new Option('--kv-cache-dtype <dtype>', 'KV cache element type').choices(['auto', 'f32', 'bf16']).default('auto'))
+  .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
+  .option('--baseline <file>', 'a JSON line from tools/gpu/torch_throughput.py on the same workload: adds the ratio to it')
+  .option('--tokens-out <file>', "write every request's batched tokens as JSON")
+  .action(async (f) => {
+    const generated = ['requests', 'minLen', 'maxInputLen', 'maxOutputLen', 'seed'].filter((k) => f[k] !== undefined);
+    if (f.workload !== undefined && generated.length > 0) {
+      throw new InvalidArgumentError(`--workload reads the requests from a file; it cannot be combined with ${generated.map((k) => '--' + k.replace(/[A-Z]/g, (c: string) => '-' + c.toLowerCase())).join(', ')}`);
+    }
+    if (f.workloadOnly && f.workloadOut === undefined) throw new InvalidArgumentError('--workload-only needs --workload-out <file>');
+    print(
+      await throughputProbe({
+        model: f.model ?? defaultModelDir(),
+        backend: f.backend,
+        numerics: f.numerics,
+        kvCacheDtype: f.kvCacheDtype,
+        requests: f.requests,
+        minLen: f.minLen,
+        maxInputLen: f.maxInputLen,
+        maxOutputLen: f.maxOutputLen,
+        seed: f.seed,
+        workloadFile: f.workload,
+        workloadOut: f.workloadOut,
+        workloadOnly: f.workloadOnly,
+        verify: f.verify,
+        maxNumSeqs: f.maxNumSeqs,
+        maxNumBatchedTokens: f.maxNumBatchedTokens,
+        kvCacheBytes: f.kvCacheBytes,
+        baselineFile: f.baseline,
+        tokensOut: f.tokensOut,
+      }),
+    );
+  });
 
 try {
   await program.parseAsync(process.argv);
