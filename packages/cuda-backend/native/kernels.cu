@@ -679,6 +679,22 @@ __device__ __forceinline__ void stk(__half* p, size_t i, float v) { p[i] = __flo
 __device__ __forceinline__ float asStored(const float*, float v) { return v; }
 __device__ __forceinline__ float asStored(const uint16_t*, float v) { return rbf(v); }
 __device__ __forceinline__ float asStored(const __half*, float v) { return __half2float(__float2half_rn(v)); }
+// Elements p[0], p[1] (p two-element aligned) in one load; zeros when !in.
+__device__ __forceinline__ void ldk2(const float* p, bool in, float& a, float& b) {
+  float2 v = in ? *(const float2*)p : make_float2(0.f, 0.f);
+  a = v.x;
+  b = v.y;
+}
+__device__ __forceinline__ void ldk2(const uint16_t* p, bool in, float& a, float& b) {
+  uint32_t v = in ? *(const uint32_t*)p : 0u;
+  a = bf2f((uint16_t)(v & 0xffffu));
+  b = bf2f((uint16_t)(v >> 16));
+}
+__device__ __forceinline__ void ldk2(const __half* p, bool in, float& a, float& b) {
+  __half2 v = in ? *(const __half2*)p : __floats2half2_rn(0.f, 0.f);
+  a = __low2float(v);
+  b = __high2float(v);
+}
 
 // The block that arrives last of the nAct live splits of its (row, head) merges their partials
 // into out and re-arms the counter: the combine needs no kernel (node) of its own. Splits past
@@ -749,20 +765,31 @@ struct RopeFuse {
   float eps = 0.f;
 };
 
-// rope_append's arithmetic on one head held by a warp, headDim 128: lane element j is head
-// element j * 32 + lane, so each rotated pair (i, i + 64) is (j, j + 2) of one lane. cs[i] holds
-// the float64 cos and sin of angle i.
+// Which head element lane `lane` holds as its j-th. PAIR (headDim a multiple of 64): lanes hold
+// adjacent pairs, (2 lane, 2 lane + 1) then the same 64 elements on, so a lane loads its keys and
+// values two elements at a time (a bf16 pair is one 4-byte load: whole 128-byte lines per warp).
+// Otherwise element j * 32 + lane. Either way the rotated pair (i, i + 64) is (j, j + 2) of one
+// lane.
+template <bool PAIR>
+__device__ __forceinline__ int attnElem(int j, int lane) {
+  return PAIR ? (j & 1) + 2 * lane + 64 * (j >> 1) : j * 32 + lane;
+}
+
+// rope_append's arithmetic on one head held by a warp, headDim 128, lane elements as attnElem.
+// cs[i] holds the float64 cos and sin of angle i.
+template <bool PAIR>
 __device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int ndt, float eps, const double (*cs)[2],
                                              int lane) {
   if (nw) {
     float ss = warpSum(a[0] * a[0] + a[1] * a[1] + a[2] * a[2] + a[3] * a[3]);
     float inv = rsqrtf(ss / 128.f + eps);
 #pragma unroll
-    for (int j = 0; j < 4; j++) a[j] = a[j] * inv * ldf(nw, ndt, j * 32 + lane);
+    for (int j = 0; j < 4; j++) a[j] = a[j] * inv * ldf(nw, ndt, attnElem<PAIR>(j, lane));
   }
 #pragma unroll
   for (int j = 0; j < 2; j++) {
-    double c = cs[j * 32 + lane][0], sn = cs[j * 32 + lane][1];
+    const int i = attnElem<PAIR>(j, lane);
+    double c = cs[i][0], sn = cs[i][1];
     float x = a[j], y = a[j + 2];
     a[j] = (float)((double)x * c - (double)y * sn);
     a[j + 2] = (float)((double)y * c + (double)x * sn);
@@ -772,7 +799,7 @@ __device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int 
 // EPL: head elements per lane (headDim <= 32 * EPL). Sizing the key/value registers to the
 // head (4 for headDim 128) rather than to the largest head takes the kernel from 128 registers a
 // thread to 80 (103 with ROPE), so more of the next kernel's blocks fit beside it.
-template <typename KT, int W, int EPL, bool ROPE>
+template <typename KT, int W, int EPL, bool ROPE, bool PAIR>
 __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const KT* kc, const KT* vc, const int* bt,
                                                       const int* rowSeq, const int* positions, float* part, int H,
                                                       int KVH, int hd, int bs, int mbps, int qStride, int qOff,
@@ -841,6 +868,16 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     }
     const KT* kr = kc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
     const KT* vr = vc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
+    if (PAIR) {
+#pragma unroll
+      for (int j = 0; j < EPL; j += 2) {
+        bool in = slot[b] >= 0 && j < epl;
+        int e = attnElem<true>(j, lane);
+        ldk2(kr + e, in, kv[b][j], kv[b][j + 1]);
+        ldk2(vr + e, in, vv[b][j], vv[b][j + 1]);
+      }
+      return;
+    }
 #pragma unroll
     for (int j = 0; j < EPL; j++) {
       bool in = slot[b] >= 0 && j < epl && j * 32 + lane < hd;
@@ -879,18 +916,18 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     if (ROPE) {
       float a[4];
 #pragma unroll
-      for (int j = 0; j < 4; j++) a[j] = qr[j * 32 + lane];
+      for (int j = 0; j < 4; j++) a[j] = qr[attnElem<PAIR>(j, lane)];
       float kr4[4], vr4[4];
       if (owner) {
         const float* krow = q + (size_t)r * qStride + qOff + (size_t)(H + kvh) * hd;
         const float* vrow = krow + (size_t)KVH * hd;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-          kr4[j] = krow[j * 32 + lane];
-          vr4[j] = vrow[j * 32 + lane];
+          kr4[j] = krow[attnElem<PAIR>(j, lane)];
+          vr4[j] = vrow[attnElem<PAIR>(j, lane)];
         }
       }
-      ropeHeadWarp(a, rf.qn, rf.ndt, rf.eps, shcs, lane);
+      ropeHeadWarp<PAIR>(a, rf.qn, rf.ndt, rf.eps, shcs, lane);
 #pragma unroll
       for (int j = 0; j < EPL; j++) {
         qv[j] = j < 4 ? a[j] * scale : 0.f;
@@ -899,7 +936,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
         vNew[j] = 0.f;
       }
       if (owner) {
-        ropeHeadWarp(kr4, rf.kn, rf.ndt, rf.eps, shcs, lane);
+        ropeHeadWarp<PAIR>(kr4, rf.kn, rf.ndt, rf.eps, shcs, lane);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
           kNew[j] = kr4[j];
@@ -911,8 +948,8 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
           KT* vd = const_cast<KT*>(vc) + (size_t)sl * width + (size_t)kvh * hd;
 #pragma unroll
           for (int j = 0; j < 4; j++) {
-            stk(kd, j * 32 + lane, kNew[j]);
-            stk(vd, j * 32 + lane, vNew[j]);
+            stk(kd, attnElem<PAIR>(j, lane), kNew[j]);
+            stk(vd, attnElem<PAIR>(j, lane), vNew[j]);
           }
         }
       }
@@ -924,7 +961,8 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   if (!ROPE) {
 #pragma unroll
     for (int j = 0; j < EPL; j++) {
-      qv[j] = (j < epl && j * 32 + lane < hd) ? qr[j * 32 + lane] * scale : 0.f;
+      const int e = attnElem<PAIR>(j, lane);
+      qv[j] = (j < epl && e < hd) ? qr[e] * scale : 0.f;
       acc[j] = 0.f;
     }
   }
@@ -966,7 +1004,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   }
 #pragma unroll
   for (int j = 0; j < EPL; j++)
-    if (j < epl && j * 32 + lane < hd) sha[warp][j * 32 + lane] = acc[j];
+    if (j < epl && attnElem<PAIR>(j, lane) < hd) sha[warp][attnElem<PAIR>(j, lane)] = acc[j];
   __syncthreads();
   float M = -INFINITY;
   for (int w = 0; w < W; w++) M = fmaxf(M, shm[w]);
@@ -1912,14 +1950,25 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
     // One kernel when the re-armed counters cover this chunk of rows; else a separate combine.
     int* cnt = ex->counters && (size_t)nr * H <= ex->counterCount ? ex->counters : nullptr;
     RopeFuse rf = rope ? *rope : RopeFuse();
+    const bool pair = hd % 64 == 0;  // lanes hold adjacent element pairs (attnElem)
 #define ATT_K(KT, E, RP)                                                                                               \
-  LAUNCH((k_attn_partial<KT, ATT_WARPS, E, RP>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, rsp, pp, \
+  if (pair) {                                                                                                           \
+    ATT_KP(KT, E, RP, true);                                                                                           \
+  } else {                                                                                                             \
+    ATT_KP(KT, E, RP, false);                                                                                          \
+  }
+#define ATT_KP(KT, E, RP, PR)                                                                                          \
+  LAUNCH((k_attn_partial<KT, ATT_WARPS, E, RP, PR>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, rsp, pp, \
          part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf, window, lse, \
          flashRows)
-#define ATT_KT(KT)              \
-  if (rope) ATT_K(KT, 4, true);    \
-  else if (hd <= 128) ATT_K(KT, 4, false); \
-  else ATT_K(KT, ATT_MAX_EPL, false);
+#define ATT_KT(KT)                     \
+  if (rope) {                          \
+    ATT_K(KT, 4, true)                 \
+  } else if (hd <= 128) {              \
+    ATT_K(KT, 4, false)                \
+  } else {                             \
+    ATT_K(KT, ATT_MAX_EPL, false)      \
+  }
     switch (kc.dt) {
       case NV_F32: ATT_KT(float) break;
       case NV_BF16: ATT_KT(uint16_t) break;
@@ -1928,6 +1977,7 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
     }
 #undef ATT_KT
 #undef ATT_K
+#undef ATT_KP
     if (!cnt)
       LAUNCH(k_attn_combine, dim3(H, nr), ((std::min(hd, 256) + 31) / 32) * 32, 0, part, outPtr, H, hd, (int)S, r0, lse, rsp, flashRows);
   }
