@@ -24,6 +24,16 @@
 #   NERVA_PIPELINE_STAGES=2,3 for more stage counts) -> $OUT/pipeline-fixtures.json, $OUT/pipeline-<size>.json
 #   pipeline2 (not in the default list; 2+ GPUs): the same with a stage per GPU (stageDevices 0,1: one
 #   CudaBackend per GPU, NCCL links, micro-batches) -> $OUT/pipeline-multi-fixtures.json, $OUT/pipeline-multi-<size>.json
+#   throughput (not in the default list; bash tools/gpu/run.sh build,synth,throughput): nano-vllm's
+#   throughput benchmark on each NERVA_SIZES checkpoint (default qwen3-0.6b): `nerva-bench throughput
+#   --workload-only` writes the workload (256 requests, prompt and output lengths 100..1024, seed 0;
+#   NERVA_THROUGHPUT_WORKLOAD_ARGS overrides, e.g. "--requests 64"), tools/gpu/torch_throughput.py runs
+#   it batched in PyTorch (bf16, static padded KV, CUDA graphs, torch.compile; NERVA_TORCH_ARGS adds
+#   flags, NERVA_TORCH_TIMEOUT s limit, default 300; --check-tokens NERVA_TORCH_CHECK_TOKENS, default 2),
+#   then `nerva-bench throughput --workload FILE --baseline LINE` once per NERVA_THROUGHPUT_VARIANTS
+#   entry (';'-separated flag sets, default "default;--kv-cache-dtype bf16"; --verify
+#   NERVA_THROUGHPUT_VERIFY, default 8; NERVA_THROUGHPUT_BACKEND, default cuda) -> the baseline's line, then NERVA's lines (each with
+#   speedup_vs_torch) appended to $OUT/throughput.jsonl. ~4 minutes for the 0.6B on an H100.
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -119,6 +129,41 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
     [ -f "$acc" ] || echo "{\"probe\":\"accelerate_offload\",\"model\":\"$dir\",\"tok_s\":null,\"error\":\"no result: timed out after 300 s or crashed (run.log)\"}" > "$acc"
     cat "$acc" >> "$OUT/offload.jsonl"
     NERVA_ACCELERATE_JSON="$acc" runjs "offload $size" offload.mjs "$dir" "$budget" 16 ${NERVA_OFFLOAD_TOKENS:-32}
+  fi
+  if has throughput; then
+    # nano-vllm's workload written once, the PyTorch baseline first (it frees the GPU when it
+    # exits), then NERVA on the very same file; every line names the workload's sha256.
+    wl=/tmp/throughput-workload-$size.json
+    tb=/tmp/torch-throughput-$size.json
+    rm -f "$wl" "$tb"
+    if ! $NODE .device/dist/bench_cli.mjs throughput --model "$dir" --workload-out "$wl" --workload-only ${NERVA_THROUGHPUT_WORKLOAD_ARGS:-} 2>&1 | tee -a "$log" || [ ! -f "$wl" ]; then
+      say "throughput $size: writing the workload FAILED"; status=1
+    else
+      t0=$(date +%s)
+      if PYTHONUNBUFFERED=1 timeout ${NERVA_TORCH_TIMEOUT:-300} python3 tools/gpu/torch_throughput.py --model "$dir" --workload "$wl" --out "$tb" \
+          --check-tokens ${NERVA_TORCH_CHECK_TOKENS:-2} ${NERVA_TORCH_ARGS:-} 2>>"$log" | tee -a "$log"; then
+        say "torch throughput $size ok ($(( $(date +%s) - t0 )) s)"
+      else
+        say "torch throughput $size FAILED ($(( $(date +%s) - t0 )) s; see run.log)"; status=1
+      fi
+      [ -f "$tb" ] || echo "{\"probe\":\"torch_throughput\",\"model\":\"$dir\",\"output_tok_s\":null,\"error\":\"no result: timed out after ${NERVA_TORCH_TIMEOUT:-300} s or crashed (run.log)\"}" > "$tb"
+      cat "$tb" >> "$OUT/throughput.jsonl"
+      IFS=';' read -ra variants <<< "${NERVA_THROUGHPUT_VARIANTS:-default;--kv-cache-dtype bf16}"
+      for v in "${variants[@]}"; do
+        args=()
+        [ "$v" = default ] || read -ra args <<< "$v"
+        t0=$(date +%s)
+        if $NODE --enable-source-maps .device/dist/bench_cli.mjs throughput --model "$dir" --backend ${NERVA_THROUGHPUT_BACKEND:-cuda} --workload "$wl" --baseline "$tb" \
+            --verify ${NERVA_THROUGHPUT_VERIFY:-8} "${args[@]}" > /tmp/nerva-throughput.json 2>>"$log"; then
+          say "nerva throughput $size [$v] ok ($(( $(date +%s) - t0 )) s)"
+        else
+          say "nerva throughput $size [$v] FAILED ($(( $(date +%s) - t0 )) s; see run.log)"; status=1
+          tail -5 "$log"
+          echo "{\"probe\":\"throughput\",\"model\":\"$dir\",\"variant\":\"$v\",\"output_tok_s\":null,\"error\":\"exit status non-zero (run.log)\"}" > /tmp/nerva-throughput.json
+        fi
+        tail -1 /tmp/nerva-throughput.json | tee -a "$log" >> "$OUT/throughput.jsonl"
+      done
+    fi
   fi
 done
 say "done, status $status"
