@@ -159,7 +159,9 @@ describe('nerva-bench throughput', () => {
       cached_prompt_tokens: 0,
     });
     expect(r.output_tok_s as number).toBeGreaterThan(0);
-    expect(r.output_tok_s as number).toBeCloseTo((r.output_tokens as number) / (r.total_s as number), -1);
+    // total_s is rounded to the millisecond: tok/s agrees with tokens / total_s to within that.
+    const perS = (r.output_tokens as number) / (r.total_s as number);
+    expect(Math.abs((r.output_tok_s as number) - perS) / perS).toBeLessThan(0.05);
     // Continuous batching: more than one sequence ran in a step.
     expect(r.max_running as number).toBeGreaterThan(1);
     expect(r.kv_cache_bytes as number).toBeGreaterThanOrEqual(r.kv_needed_bytes as number);
