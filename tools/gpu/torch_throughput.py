@@ -85,7 +85,8 @@ def safetensors_entries(model_dir):
     """name -> (file, dtype, shape, begin, end) over model.safetensors or the shards an index names."""
     idx = os.path.join(model_dir, "model.safetensors.index.json")
     if os.path.exists(idx):
-        files = sorted(set(json.load(open(idx))["weight_map"].values()))
+        with open(idx) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
     else:
         files = ["model.safetensors"]
     out = {}
@@ -155,7 +156,8 @@ class Model:
     """Weights on the device, fused: qkv [(nH + 2 nKv) hd, H], gate/up [2 I, H]."""
 
     def __init__(self, torch, model_dir, device, dtype):
-        cfg = json.load(open(os.path.join(model_dir, "config.json")))
+        with open(os.path.join(model_dir, "config.json")) as f:
+            cfg = json.load(f)
         mt = cfg.get("model_type")
         if mt not in ("qwen3", "qwen2", "llama"):
             raise ValueError(f"model_type {mt!r}: this baseline runs dense qwen3, qwen2 and llama checkpoints")
