@@ -1836,6 +1836,22 @@ int opFusedMatmul(NervaExec* ex, Args& A) {
   return gemvRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias, f);
 }
 
+// Split-KV sizing (A/B measurements on the GPU machine): NERVA_ATTN_BLOCKS_PER_SM (default 8)
+// blocks per SM the splits aim to fill, NERVA_ATTN_MIN_CHUNK (default 32) fewest keys a split.
+struct AttnTune {
+  int blocksPerSm = 8;
+  int minChunk = 32;
+};
+const AttnTune& attnTune() {
+  static const AttnTune t = [] {
+    AttnTune a;
+    if (const char* v = getenv("NERVA_ATTN_BLOCKS_PER_SM")) a.blocksPerSm = std::max(1, atoi(v));
+    if (const char* v = getenv("NERVA_ATTN_MIN_CHUNK")) a.minChunk = std::max(8, atoi(v));
+    return a;
+  }();
+  return t;
+}
+
 // NERVA_FLASH_PREFILL=0 keeps prefill tiles on the split-KV kernel (A/B measurements).
 bool flashPrefillEnabled() {
   static const bool on = [] {
@@ -1924,14 +1940,14 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   long long maxLen = (long long)mbps * bs;
   size_t perSplit = (size_t)(hd + 2) * sizeof(float);
   // Splits: enough blocks to fill the GPU when rows*heads is small; bounded by the workspace.
-  long long target = (long long)ex->smCount * 8;
+  long long target = (long long)ex->smCount * attnTune().blocksPerSm;
   long long S = std::max<long long>(1, (target + (long long)rows * H - 1) / ((long long)rows * H));
   if (!flashRows) S = std::max<long long>(S, (maxLen + 1023) / 1024);  // long contexts: at most 1024 keys per block
   // At least minChunk keys per split: a split fewer keys than that costs more in merging than it
   // saves. (Capping S at maxLen/64 instead kept a short-context decode at 7 splits of ~55 keys,
   // 12 us per layer on the 0.6B shape.)
   // (minChunk 16 and 64 measured no better; 8 slower.)
-  const int minChunk = 32;
+  const int minChunk = attnTune().minChunk;
   S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
   S = std::min<long long>(S, 4096);
   int rowChunk = rows;
