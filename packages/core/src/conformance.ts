@@ -1428,6 +1428,30 @@ const CASES: { [K in OpName]: CaseDef[] } = {
       { ...QWEN3_06B, seqLens: [1, 5, 17, 40, 64, 65, 100, 130, 200, 257, 300, 513] },
       true,
     ),
+    // Past 16 rows a backend may switch to an attention kernel per KV head (CUDA: GQA 1, 2, 4, 8).
+    decoderLayersCase(
+      'Qwen3-0.6B-like: 2 layers, 20 rows (batched decode, GQA 2), contexts to 700',
+      { ...QWEN3_06B, seqLens: Array.from({ length: 20 }, (_, i) => 1 + ((i * 37) % 700)) },
+      true,
+    ),
+    decoderLayersCase(
+      'GQA 4, headDim 128: 2 layers, 18 rows, one padding row',
+      {
+        layers: 2,
+        hidden: 512,
+        numHeads: 8,
+        numKvHeads: 2,
+        headDim: 128,
+        intermediate: 1024,
+        blockSize: 16,
+        seqLens: Array.from({ length: 18 }, (_, i) => 1 + ((i * 53) % 300)),
+        padSeqs: [5],
+        weight: 'bf16',
+        qkNorm: true,
+        qkvBias: false,
+      },
+      true,
+    ),
     decoderLayersCase(
       'Qwen2-0.5B-like: 2 layers, 2 rows, qkv bias, headDim 64, GQA 7',
       {

@@ -785,8 +785,10 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     fq.nw = l.attnNorm;
     fq.eps = eps;
     int rc = gemvRows(ex, (const float*)x.p, l.qkv, (float*)qkv.p, rows, hidden, qkvOut, l.qkvBias, fq);
+    // Many rows: the GQA kernel (each key read once for its q heads), after rope_append.
+    const bool gqa = attnDecodeGqaFits(ex, rows, nq, nkv, hd, l.kc.dt, l.vc.dt);
     // Decode rows with headDim 128: rope_append's work is fused into the attention kernel.
-    const bool fuseRope = hd == 128 && !ex->bf16act && l.kc.dt == l.vc.dt &&
+    const bool fuseRope = !gqa && hd == 128 && !ex->bf16act && l.kc.dt == l.vc.dt &&
                           (!l.qNorm.p || !l.kNorm.p || l.qNorm.dt == l.kNorm.dt) && ex->counters &&
                           (size_t)rows * nq <= ex->counterCount;
     RopeFuse rf;
@@ -800,7 +802,10 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     } else if (!rc) {
       rc = ropeAppendRun(ex, (float*)qkv.p, pos, inv, slots, l.kc, l.vc, l.qNorm, l.kNorm, rows, nq, nkv, hd, qkvOut, eps);
     }
-    if (!rc)
+    if (!rc && gqa)
+      rc = attnDecodeGqa(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, bs, mbps, qkvOut,
+                         0, scale);
+    else if (!rc)
       // Decode rows: the attention streams its first keys in before waiting on rope_append.
       rc = attentionRun(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, hd, bs, mbps,
                         qkvOut, 0, scale, 1, fuseRope ? &rf : nullptr);

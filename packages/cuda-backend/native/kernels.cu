@@ -754,6 +754,8 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
   }
 }
 
+#include "attn_decode_gqa.cuh"
+
 // What attention takes over from rope_append when it is fused in (ROPE): q/k norms, the rotary
 // angles and the slots the new key and value are appended at.
 struct RopeFuse {
@@ -1850,6 +1852,71 @@ const AttnTune& attnTune() {
     return a;
   }();
   return t;
+}
+
+// Decode batches of at least NERVA_ATTN_GQA_MIN_ROWS rows (default 16; 0: never) run
+// k_attn_decode_gqa, which reads each key once for the G q heads of its KV head.
+int gqaMinRows() {
+  static const int v = [] {
+    const char* e = getenv("NERVA_ATTN_GQA_MIN_ROWS");
+    return e ? std::max(0, atoi(e)) : 16;
+  }();
+  return v;
+}
+
+bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, int kdt, int vdt) {
+  const int G = KVH > 0 && H % KVH == 0 ? H / KVH : 0;
+  return gqaMinRows() > 0 && rows >= gqaMinRows() && hd == DG_HD && !ex->bf16act && kdt == vdt &&
+         (kdt == NV_F32 || kdt == NV_BF16) && (G == 1 || G == 2 || G == 4 || G == 8);
+}
+
+template <typename KT, int G>
+int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos, int rows,
+                     int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale) {
+  const long long maxLen = (long long)mbps * bs;
+  const int minChunk = 64;
+  // Splits: about three blocks per SM in all, each at least minChunk keys.
+  long long S = std::max<long long>(1, ((long long)ex->smCount * 3 + (long long)rows * KVH - 1) / ((long long)rows * KVH));
+  S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
+  const size_t perSplit = (size_t)(DG_HD + 2) * sizeof(float);
+  int rowChunk = rows;
+  while (rowChunk > 1 && (size_t)rowChunk * H * S * perSplit > ex->wsBytes) {
+    if (S > 1) S = std::max<long long>(1, S / 2);
+    else rowChunk = (rowChunk + 1) / 2;
+  }
+  if ((size_t)rowChunk * H * S * perSplit > ex->wsBytes) return bad(ex, "attention: workspace too small");
+  constexpr size_t smem = dgSmemBytes<KT>();
+  cudaError_t e = cudaFuncSetAttribute(k_attn_decode_gqa<KT, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return check(ex, "k_attn_decode_gqa (shared memory opt-in)", e);
+  float* part = (float*)ex->ws;
+  for (int r0 = 0; r0 < rows; r0 += rowChunk) {
+    const int nr = std::min(rowChunk, rows - r0);
+    int* cnt = ex->counters && (size_t)nr * H <= ex->counterCount ? ex->counters : nullptr;
+    LAUNCH((k_attn_decode_gqa<KT, G>), dim3((unsigned)S, (unsigned)KVH, (unsigned)nr), 128, smem, q, (const KT*)kc.p,
+           (const KT*)vc.p, (const int*)bt.p, (const int*)rowSeq.p, (const int*)pos.p, part, H, KVH, bs, mbps, qStride, qOff,
+           scale, (int)S, r0, out, cnt, minChunk);
+    if (!cnt)
+      LAUNCH(k_attn_combine, dim3(H, nr), DG_HD, 0, part, out, H, DG_HD, (int)S, r0, (float*)nullptr, (const int*)rowSeq.p, 0);
+  }
+  return NERVA_OK;
+}
+
+int attnDecodeGqa(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
+                  int KVH, int bs, int mbps, int qStride, int qOff, float scale) {
+#define DG_RUN(KT, G) return attnDecodeGqaRun<KT, G>(ex, q, kc, vc, out, bt, rowSeq, pos, rows, H, KVH, bs, mbps, qStride, qOff, scale)
+#define DG_G(KT)              \
+  switch (H / KVH) {          \
+    case 1: DG_RUN(KT, 1);    \
+    case 2: DG_RUN(KT, 2);    \
+    case 4: DG_RUN(KT, 4);    \
+    default: DG_RUN(KT, 8);   \
+  }
+  if (kc.dt == NV_F32) {
+    DG_G(float)
+  }
+  DG_G(uint16_t)
+#undef DG_G
+#undef DG_RUN
 }
 
 // NERVA_FLASH_PREFILL=0 keeps prefill tiles on the split-KV kernel (A/B measurements).
