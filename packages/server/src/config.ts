@@ -20,6 +20,8 @@ export interface ServerConfig {
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
   kvCacheBytes?: number;
+  /** KV cache element type: 'auto' (default: f32 under exact numerics), 'f32' or 'bf16'. */
+  kvCacheDtype?: 'auto' | 'f32' | 'bf16';
   maxModelLen?: number;
   enablePrefixCaching: boolean;
   /** Requests admitted beyond `maxNumSeqs` before new ones get 429. */
@@ -72,7 +74,7 @@ export const DEFAULT_CONFIG: ServerConfig = {
   drainTimeoutS: 30,
 };
 
-type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics' | 'size';
+type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics' | 'kvdtype' | 'size';
 
 /** The accepted keys: TOML spelling → field and type. Anything else is an error naming the key. */
 const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boolean }> = {
@@ -86,6 +88,7 @@ const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boole
   max_num_seqs: { field: 'maxNumSeqs', kind: 'posint' },
   max_num_batched_tokens: { field: 'maxNumBatchedTokens', kind: 'posint' },
   kv_cache_bytes: { field: 'kvCacheBytes', kind: 'size' },
+  kv_cache_dtype: { field: 'kvCacheDtype', kind: 'kvdtype' },
   max_model_len: { field: 'maxModelLen', kind: 'posint' },
   enable_prefix_caching: { field: 'enablePrefixCaching', kind: 'bool' },
   max_queue: { field: 'maxQueue', kind: 'int' },
@@ -134,6 +137,9 @@ function check(key: string, kind: Kind, v: unknown, where: string): unknown {
       return v;
     case 'numerics':
       if (v !== 'exact' && v !== 'bf16') fail('"exact" or "bf16"');
+      return v;
+    case 'kvdtype':
+      if (v !== 'auto' && v !== 'f32' && v !== 'bf16') fail('"auto", "f32" or "bf16"');
       return v;
     case 'size':
       // A string with a unit ("4GiB", "512MB", "4G" = 4 GiB) or an integer byte count.

@@ -87,6 +87,7 @@ export async function startServer(
         maxNumSeqs: config.maxNumSeqs,
         maxNumBatchedTokens: config.maxNumBatchedTokens,
         kvCacheBytes: config.kvCacheBytes,
+        kvCacheDtype: config.kvCacheDtype,
         maxModelLen: config.maxModelLen,
         enablePrefixCaching: config.enablePrefixCaching,
         vramBudget: config.vramBudget,

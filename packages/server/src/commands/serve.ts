@@ -17,6 +17,7 @@ interface ServeFlags {
   maxNumBatchedTokens?: number;
   maxModelLen?: number;
   kvCacheBytes?: number;
+  kvCacheDtype?: 'auto' | 'f32' | 'bf16';
   maxQueue?: number;
   requestTimeout?: number;
   bodyLimit?: number;
@@ -48,6 +49,7 @@ export function registerServe(program: Command): void {
     .option('--max-num-batched-tokens <n>', 'token budget of one scheduler step', parseIntArg('--max-num-batched-tokens'))
     .option('--max-model-len <n>', 'longest prompt + output', parseIntArg('--max-model-len'))
     .option('--kv-cache-bytes <size>', 'bytes for the paged KV cache (a size: 256MiB, or bytes)', parseSizeArg('--kv-cache-bytes'))
+    .addOption(new Option('--kv-cache-dtype <dtype>', 'KV cache element type: auto (f32 under exact numerics, bf16 under bf16 numerics), f32, or bf16 (keys and values rounded once when stored: half the bytes a token)').choices(['auto', 'f32', 'bf16']))
     .option('--max-queue <n>', 'sequences that may wait beyond max-num-seqs before 429 (default 256)', parseIntArg('--max-queue'))
     .option('--request-timeout <s>', 'seconds before an unfinished request is aborted (default 600)', parseIntArg('--request-timeout'))
     .option('--body-limit <bytes>', 'largest request body (default 1 MiB)', parseIntArg('--body-limit'))
@@ -74,6 +76,7 @@ export function registerServe(program: Command): void {
         maxNumBatchedTokens: f.maxNumBatchedTokens,
         maxModelLen: f.maxModelLen,
         kvCacheBytes: f.kvCacheBytes,
+        kvCacheDtype: f.kvCacheDtype,
         maxQueue: f.maxQueue,
         requestTimeoutS: f.requestTimeout,
         bodyLimitBytes: f.bodyLimit,
