@@ -65,6 +65,25 @@ export type Numerics = 'exact' | 'bf16';
 
 export const NUMERICS: readonly Numerics[] = ['exact', 'bf16'];
 
+/**
+ * How a backend computes matmuls over many rows (prefill chunks, large decode batches: more than
+ * {@link BF16_MATMUL_MAX_EXACT_ROWS} rows). Separate from {@link Numerics}, which rounds
+ * activations everywhere.
+ * - 'exact' (the default): f32-grade products. On CUDA the activations are split into two bf16
+ *   halves and multiplied by two tensor-core GEMMs with fp32 accumulation (about 16 mantissa bits
+ *   kept); the CPU multiplies float32 activations in float64.
+ * - 'bf16': the activations are rounded to bfloat16 (nearest even) once before the product, with
+ *   fp32 (or wider) accumulation: what a PyTorch bf16 model's GEMMs do, one tensor-core GEMM instead
+ *   of two on CUDA. Declared relTol 1e-2. On CUDA, prefill attention then runs its tensor-core
+ *   products on bf16-rounded operands too (one product instead of hi/lo splits).
+ */
+export type MatmulPrecision = 'exact' | 'bf16';
+
+export const MATMUL_PRECISIONS: readonly MatmulPrecision[] = ['exact', 'bf16'];
+
+/** Matmuls of at most this many rows run exact under either precision (the GEMV path of decode). */
+export const BF16_MATMUL_MAX_EXACT_ROWS = 8;
+
 export interface BackendCapabilities {
   /** 'cpu', 'cuda', ... */
   deviceKind: string;
@@ -81,6 +100,12 @@ export interface BackendCapabilities {
   precision: BackendPrecision;
   /** Activation rounding (absent: 'exact'). With 'bf16' the engine stores weights and KV as bf16. */
   numerics?: Numerics;
+  /**
+   * Many-row matmul precision (absent: 'exact'). 'bf16' rounds the activations of matmuls over
+   * more than 8 rows to bf16 once (see {@link MatmulPrecision}); on CUDA, prefill attention then
+   * uses plain bf16 tensor-core products as well.
+   */
+  matmulPrecision?: MatmulPrecision;
   graphCapture: boolean;
   peerAccess: boolean;
   collectives: boolean;

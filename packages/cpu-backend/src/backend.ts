@@ -13,6 +13,7 @@ import {
   UnsupportedOpError,
   emptySyncCounts,
   NUMERICS,
+  MATMUL_PRECISIONS,
   type BackendCapabilities,
   type BackendStats,
   type BufferSpec,
@@ -21,6 +22,7 @@ import {
   type EventHandle,
   type GraphHandle,
   type HostArray,
+  type MatmulPrecision,
   type Numerics,
   type OpArgs,
   type OpName,
@@ -63,6 +65,13 @@ export const CPU_REL_TOL = 1e-6;
  */
 export const BF16_NUMERICS_REL_TOL = 2e-2;
 
+/**
+ * Relative tolerance under matmul precision 'bf16' (exact numerics): a matmul over more than 8
+ * rows rounds its activations to bf16 (2^-9 relative each), the same figure the CUDA backend
+ * declares for its one-GEMM bf16 path (CUDA_REL_TOL_BF16_GEMM).
+ */
+export const BF16_MATMUL_REL_TOL = 1e-2;
+
 export interface CpuBackendOptions {
   /** Name reported by `name` (default 'cpu'). */
   name?: string;
@@ -81,6 +90,13 @@ export interface CpuBackendOptions {
    * activations where transformers' bf16 eager forward does (see `Numerics` in @nerva/core).
    */
   numerics?: Numerics;
+  /**
+   * Many-row matmul precision (default 'exact'). 'bf16': matmul and fused_matmul (and so
+   * decoder_layers) over more than 8 rows round their activations to bf16 before the products,
+   * which still accumulate in float64: the rounding of the CUDA backend's one-GEMM bf16 path, so
+   * its effect can be tested here. See `MatmulPrecision` in @nerva/core.
+   */
+  matmulPrecision?: MatmulPrecision;
 }
 
 interface CaptureState {
@@ -118,6 +134,9 @@ export class CpuBackend implements DeviceBackend {
     this.name = opts.name ?? 'cpu';
     const numerics = opts.numerics ?? 'exact';
     if (!NUMERICS.includes(numerics)) throw new CpuBackendOptionError('numerics', `unknown numerics ${String(numerics)} (expected ${NUMERICS.join(' or ')})`);
+    const matmulPrecision = opts.matmulPrecision ?? 'exact';
+    if (!MATMUL_PRECISIONS.includes(matmulPrecision))
+      throw new CpuBackendOptionError('matmulPrecision', `unknown matmul precision ${String(matmulPrecision)} (expected ${MATMUL_PRECISIONS.join(' or ')})`);
     const memory = opts.memoryBytes ?? os.totalmem();
     const hostMemory = opts.hostMemoryBytes ?? os.totalmem();
     const cpus = os.cpus();
@@ -129,8 +148,15 @@ export class CpuBackend implements DeviceBackend {
       computeTier: 'dram' as Tier,
       dtypes: Object.freeze(['f32', 'bf16', 'f16', 'i32'] as const),
       weightDtype: 'f32',
-      precision: Object.freeze(numerics === 'bf16' ? { compute: 'bf16' as const, relTol: BF16_NUMERICS_REL_TOL } : { compute: 'f32' as const, relTol: CPU_REL_TOL }),
+      precision: Object.freeze(
+        numerics === 'bf16'
+          ? { compute: 'bf16' as const, relTol: BF16_NUMERICS_REL_TOL }
+          : matmulPrecision === 'bf16'
+            ? { compute: 'bf16' as const, relTol: BF16_MATMUL_REL_TOL }
+            : { compute: 'f32' as const, relTol: CPU_REL_TOL },
+      ),
       numerics,
+      matmulPrecision,
       graphCapture: true,
       peerAccess: false,
       collectives: false,
@@ -138,7 +164,7 @@ export class CpuBackend implements DeviceBackend {
       ops: OP_NAMES,
     });
     this.buffers = new BufferTable({ dram: memory, pinned: hostMemory }, 'dram');
-    this.ctx = new OpContext(this.buffers, new Scratch({ ...DEFAULT_SCRATCH, ...opts.scratch }), numerics);
+    this.ctx = new OpContext(this.buffers, new Scratch({ ...DEFAULT_SCRATCH, ...opts.scratch }), numerics, matmulPrecision);
   }
 
   // ---- memory -------------------------------------------------------------------------------

@@ -4,9 +4,9 @@
  * size, and throws an OpArgumentError naming the op and the argument otherwise. Nothing an op
  * does can index outside a buffer without one of these checks having passed first.
  */
-import type { DeviceBuffer, Numerics, OpName } from '@nerva/core';
+import { BF16_MATMUL_MAX_EXACT_ROWS, type DeviceBuffer, type MatmulPrecision, type Numerics, type OpName } from '@nerva/core';
 import type { BufferTable } from './buffers.js';
-import { roundBf16 } from './half.js';
+import { roundBf16, roundHalfInto } from './half.js';
 import { OpArgumentError, UnknownHandleError } from './errors.js';
 import type { Scratch } from './scratch.js';
 
@@ -23,15 +23,34 @@ export class OpContext {
   readonly bf16: boolean;
   /** R(v) of the op catalogue's "bf16 numerics": bf16 rounding, or the identity when exact. */
   readonly round: (v: number) => number;
+  /** Matmul precision 'bf16': matmuls over more than 8 rows see their activations rounded to bf16. */
+  readonly bf16Matmul: boolean;
 
   constructor(
     private readonly table: BufferTable,
     scratch: Scratch,
     numerics: Numerics = 'exact',
+    matmulPrecision: MatmulPrecision = 'exact',
   ) {
     this.scratch = scratch;
     this.bf16 = numerics === 'bf16';
     this.round = this.bf16 ? roundBf16 : identity;
+    this.bf16Matmul = matmulPrecision === 'bf16';
+  }
+
+  /**
+   * The left operand of a matmul over `rows` rows of `width`: `x` itself, or under matmul
+   * precision 'bf16' with more than 8 rows, its first rows * width values rounded to bf16 (nearest
+   * even), as the CUDA backend's one-GEMM path rounds them. `inPlace`: `x` is scratch of the op's
+   * own (a normalized input) and is rounded where it lies; otherwise the rounded copy goes to the
+   * f32 scratch.
+   */
+  matmulInput(x: Float32Array, rows: number, width: number, inPlace = false): Float32Array {
+    if (!this.bf16Matmul || rows <= BF16_MATMUL_MAX_EXACT_ROWS) return x;
+    const n = rows * width;
+    const dst = inPlace ? x : this.scratch.f32(n);
+    roundHalfInto('bf16', x.subarray(0, n), dst, 0);
+    return dst;
   }
 
   fail(arg: string, detail: string): never {

@@ -1,6 +1,8 @@
 import {
   DTYPE_BYTES,
   NUMERICS,
+  MATMUL_PRECISIONS,
+  type MatmulPrecision,
   type Numerics,
   HotPathAllocationError,
   OP_NAMES,
@@ -43,6 +45,9 @@ export type GemmPrecision = 'split-bf16' | 'bf16' | 'gemv';
 
 const GEMM_MODES: Record<GemmPrecision, number> = { 'split-bf16': 0, bf16: 1, gemv: 2 };
 
+/** The GEMM path of a matmul precision (see `MatmulPrecision` in @nerva/core). */
+export const GEMM_FOR_MATMUL_PRECISION: Readonly<Record<MatmulPrecision, GemmPrecision>> = Object.freeze({ exact: 'split-bf16', bf16: 'bf16' });
+
 export interface CudaBackendOptions {
   /** CUDA device ordinal (default 0). */
   device?: number;
@@ -62,6 +67,8 @@ export interface CudaBackendOptions {
    * two tensor-core GEMMs with fp32 accumulation, about 16 mantissa bits kept (f32-grade).
    * 'bf16': activations rounded to bf16 once (what PyTorch bf16 does; declared relTol 1e-2).
    * 'gemv': no cuBLAS, the GEMV kernel in chunks of 8 rows.
+   * Default from NERVA_MATMUL when set (matmul precision 'exact' -> 'split-bf16', 'bf16' -> 'bf16');
+   * the capabilities report it as `matmulPrecision`.
    */
   gemm?: GemmPrecision;
   /**
@@ -238,6 +245,8 @@ export class CudaBackend implements DeviceBackend {
       weightDtype: 'bf16' as DType,
       precision: Object.freeze(precision),
       numerics,
+      // 'gemv' and 'split-bf16' are both f32-grade; 'bf16' also selects plain-bf16 prefill attention.
+      matmulPrecision: (bf16Gemm ? 'bf16' : 'exact') as MatmulPrecision,
       graphCapture: true,
       peerAccess: false,
       collectives: false,
@@ -688,6 +697,14 @@ export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
   if (!DECODER_MODES.includes(decoder)) throw new CudaArgumentError('decoder', `unknown decoder mode ${String(decoder)} (expected ${DECODER_MODES.join(' or ')})`);
   const numerics = opts.numerics ?? ((process.env.NERVA_NUMERICS || 'exact') as Numerics);
   if (!NUMERICS.includes(numerics)) throw new CudaArgumentError('numerics', `unknown numerics ${String(numerics)} (expected ${NUMERICS.join(' or ')})`);
+  let gemm = opts.gemm;
+  if (gemm === undefined) {
+    const env = process.env.NERVA_MATMUL || 'exact';
+    if (!MATMUL_PRECISIONS.includes(env as MatmulPrecision))
+      throw new CudaArgumentError('NERVA_MATMUL', `unknown matmul precision ${env} (expected ${MATMUL_PRECISIONS.join(' or ')})`);
+    gemm = GEMM_FOR_MATMUL_PRECISION[env as MatmulPrecision];
+  }
+  if (!Object.hasOwn(GEMM_MODES, gemm)) throw new CudaArgumentError('gemm', `unknown gemm precision ${String(gemm)} (expected ${Object.keys(GEMM_MODES).join(', ')})`);
   let addon;
   try {
     addon = loadAddon(opts.addonPath);
@@ -698,8 +715,6 @@ export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
   if (!p.ok) throw new CudaUnavailableError(p.error ?? 'no CUDA device');
   const device = opts.device ?? 0;
   if (!Number.isInteger(device) || device < 0 || device >= p.count) throw new CudaArgumentError('device', `device ${device} does not exist (${p.count} present)`);
-  const gemm = opts.gemm ?? 'split-bf16';
-  if (!(gemm in GEMM_MODES)) throw new CudaArgumentError('gemm', `unknown gemm precision ${String(gemm)}`);
   const workspaceBytes = opts.workspaceBytes ?? DEFAULTS.workspaceBytes;
   const cublasWorkspaceBytes = opts.cublasWorkspaceBytes ?? DEFAULTS.cublasWorkspaceBytes;
   const pinnedArenaBytes = opts.pinnedArenaBytes ?? DEFAULTS.pinnedArenaBytes;

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { NervaError } from '@nerva/core';
-import { createCudaBackend, CudaArgumentError, CudaUnavailableError, probeCuda } from '../src/index.js';
+import { createCudaBackend, CudaArgumentError, CudaUnavailableError, GEMM_FOR_MATMUL_PRECISION, probeCuda } from '../src/index.js';
 
 // CI has no GPU (and usually no built addon): the package must import, report why it is
 // unavailable, and refuse to create a backend with one typed error.
@@ -83,5 +83,19 @@ describe('@nerva/cuda-backend without a GPU', () => {
       expect(() => createCudaBackend({ addonPath: missing })).toThrow(/unknown numerics int4/);
       expect(() => createCudaBackend({ addonPath: missing, numerics: 'bf16' })).toThrow(CudaUnavailableError);
     });
+  });
+
+  it('rejects an unknown gemm precision or NERVA_MATMUL by name before looking for a GPU; maps matmul precisions to gemm paths', () => {
+    expect(() => createCudaBackend({ addonPath: missing, gemm: 'tf32' as never })).toThrow(/gemm: unknown gemm precision tf32/);
+    expect(() => createCudaBackend({ addonPath: missing, gemm: 'toString' as never })).toThrow(CudaArgumentError);
+    withEnv('NERVA_MATMUL', 'fp8', () => {
+      expect(() => createCudaBackend({ addonPath: missing })).toThrow(/NERVA_MATMUL: unknown matmul precision fp8 \(expected exact or bf16\)/);
+      // An explicit gemm option wins over the environment.
+      expect(() => createCudaBackend({ addonPath: missing, gemm: 'bf16' })).toThrow(CudaUnavailableError);
+    });
+    withEnv('NERVA_MATMUL', 'bf16', () => {
+      expect(() => createCudaBackend({ addonPath: missing })).toThrow(CudaUnavailableError);
+    });
+    expect(GEMM_FOR_MATMUL_PRECISION).toEqual({ exact: 'split-bf16', bf16: 'bf16' });
   });
 });

@@ -1,5 +1,5 @@
-import type { DeviceBackend, Numerics } from '@nerva/core';
-import { NervaError } from '@nerva/core';
+import type { DeviceBackend, MatmulPrecision, Numerics } from '@nerva/core';
+import { MATMUL_PRECISIONS, NervaError } from '@nerva/core';
 
 export type BackendChoice = 'cpu' | 'cuda' | 'auto';
 
@@ -30,8 +30,30 @@ export interface BackendOptions {
   hostBudgetBytes?: number;
   /** Activation rounding of the created backend (default 'exact'). */
   numerics?: Numerics;
+  /**
+   * Many-row matmul precision of the created backend (default: NERVA_MATMUL, else 'exact'); see
+   * `MatmulPrecision` in @nerva/core. On CUDA 'exact' runs the split-bf16 GEMMs (gemm 'split-bf16')
+   * and 'bf16' one bf16 GEMM (gemm 'bf16', also plain-bf16 prefill attention); the CPU backend
+   * rounds the activations of matmuls over more than 8 rows to bf16.
+   */
+  matmulPrecision?: MatmulPrecision;
   /** CUDA device ordinal (default 0); a pipeline stage's GPU. Ignored by the CPU backend. */
   device?: number;
+}
+
+/**
+ * The matmul precision a backend is created with: `requested`, else the environment's
+ * NERVA_MATMUL, else 'exact'. An unknown value (either way) is a RangeError naming where it came from.
+ */
+export function resolveMatmulPrecision(requested?: MatmulPrecision, env: Record<string, string | undefined> = process.env): MatmulPrecision {
+  if (requested !== undefined) {
+    if (!MATMUL_PRECISIONS.includes(requested)) throw new RangeError(`matmulPrecision must be ${MATMUL_PRECISIONS.join(' or ')}, got ${String(requested)}`);
+    return requested;
+  }
+  const v = env.NERVA_MATMUL;
+  if (v === undefined || v === '') return 'exact';
+  if (!MATMUL_PRECISIONS.includes(v as MatmulPrecision)) throw new RangeError(`NERVA_MATMUL must be ${MATMUL_PRECISIONS.join(' or ')}, got ${JSON.stringify(v)}`);
+  return v as MatmulPrecision;
 }
 
 /**
@@ -40,8 +62,10 @@ export interface BackendOptions {
  * lazily so a machine without it never loads native code.
  */
 export async function selectBackend(choice: BackendChoice, opts: BackendOptions = {}): Promise<SelectedBackend> {
+  const matmulPrecision = resolveMatmulPrecision(opts.matmulPrecision);
   const cpuOpts = {
     numerics: opts.numerics,
+    matmulPrecision,
     ...(opts.deviceBudgetBytes !== undefined ? { memoryBytes: opts.deviceBudgetBytes } : {}),
     ...(opts.hostBudgetBytes !== undefined ? { hostMemoryBytes: opts.hostBudgetBytes } : {}),
   };
@@ -54,7 +78,8 @@ export async function selectBackend(choice: BackendChoice, opts: BackendOptions 
     const cuda = await import('@nerva/cuda-backend');
     const probe = cuda.probeCuda();
     if (probe.available) {
-      const { deviceBudgetBytes, hostBudgetBytes: _host, ...cudaOpts } = opts;
+      const { deviceBudgetBytes, hostBudgetBytes: _host, matmulPrecision: _mp, ...rest } = opts;
+      const cudaOpts = { ...rest, gemm: cuda.GEMM_FOR_MATMUL_PRECISION[matmulPrecision] };
       if (deviceBudgetBytes !== undefined) {
         // The budget covers the workspaces too: the arena gets what they leave.
         const workspaceBytes = 256 * 2 ** 20;

@@ -1,5 +1,5 @@
-import type { BackendStats, DeviceBackend, GraphHandle, Numerics, TokenLedgerRecord } from '@nerva/core';
-import { emptySyncCounts, LedgerAggregator, NervaError, NUMERICS, SYNC_KINDS } from '@nerva/core';
+import type { BackendStats, DeviceBackend, GraphHandle, MatmulPrecision, Numerics, TokenLedgerRecord } from '@nerva/core';
+import { emptySyncCounts, LedgerAggregator, MATMUL_PRECISIONS, NervaError, NUMERICS, SYNC_KINDS } from '@nerva/core';
 import { KvCacheManager } from '@nerva/kv';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
 import { createDetokenizer, kvReadWindow, loadModelDir } from '@nerva/models';
@@ -68,6 +68,16 @@ export interface EngineOptions {
    * `Numerics` in @nerva/core. With a backend object, its own numerics apply and this must agree.
    */
   numerics?: Numerics;
+  /**
+   * Precision of matmuls over more than 8 rows (prefill chunks, large decode batches) on the
+   * backend the engine creates: 'exact' (the default; f32-grade, on CUDA two split-bf16 tensor-core
+   * GEMMs) or 'bf16' (activations rounded to bf16 once before the product, fp32 accumulation, one
+   * GEMM: PyTorch bf16's rounding, about twice the prefill GEMM rate; on CUDA the prefill
+   * attention's tensor-core products run in plain bf16 too). Default from NERVA_MATMUL when set.
+   * See `MatmulPrecision` in @nerva/core. With a backend object, its own precision applies and
+   * this must agree.
+   */
+  matmulPrecision?: MatmulPrecision;
   /**
    * Bytes of compute-tier memory (VRAM on CUDA) the engine may use for everything: hot weights,
    * weight staging slots, KV cache and activations. When the weights do not fit, the memory OS
@@ -205,6 +215,8 @@ export class Engine {
   readonly maxModelLen: number;
   /** The KV cache's element type (EngineOptions.kvCacheDtype resolved against the backend). */
   readonly kvDtype: KvCacheDtype;
+  /** Many-row matmul precision the backend runs (EngineOptions.matmulPrecision; capabilities.matmulPrecision). */
+  readonly matmulPrecision: MatmulPrecision;
   readonly eosTokenIds: readonly number[];
   readonly kv: KvCacheManager;
   readonly weightBytes: number;
@@ -276,6 +288,11 @@ export class Engine {
     this.tokenizer = init.tokenizer;
     this.backend = init.backend;
     this.notes = init.notes;
+    this.matmulPrecision = init.backend.capabilities.matmulPrecision ?? 'exact';
+    if (this.matmulPrecision === 'bf16') {
+      const attn = init.backend.capabilities.deviceKind === 'cuda' ? '; prefill attention runs plain bf16 tensor-core products' : '';
+      this.notes.push(`matmul precision bf16: matmuls over more than 8 rows round their activations to bf16 once (fp32 accumulation)${attn}`);
+    }
     this.weights = init.weights;
     this.weightBytes = init.stages?.weightBytes ?? init.weights.bytes;
     this.eosTokenIds = init.eos;
@@ -361,6 +378,8 @@ export class Engine {
   static async create(o: EngineOptions): Promise<Engine> {
     // Pipeline options are checked before anything loads.
     const pipe = pipelineRequest(o);
+    if (o.matmulPrecision !== undefined && !MATMUL_PRECISIONS.includes(o.matmulPrecision))
+      throw new RangeError(`matmulPrecision must be ${MATMUL_PRECISIONS.join(' or ')}, got ${String(o.matmulPrecision)}`);
     const loaded = await loadModelDir(o.model);
     let backend: DeviceBackend;
     let notes: string[] = [];
@@ -373,7 +392,17 @@ export class Engine {
     if (typeof o.backend === 'object') {
       backend = o.backend;
       const has = backend.capabilities.numerics ?? 'exact';
-      if (o.numerics !== undefined && o.numerics !== has) throw new RangeError(`numerics '${o.numerics}' was asked for, but the given backend has '${has}'`);
+      const mp = backend.capabilities.matmulPrecision ?? 'exact';
+      const mismatch =
+        o.numerics !== undefined && o.numerics !== has
+          ? `numerics '${o.numerics}' was asked for, but the given backend has '${has}'`
+          : o.matmulPrecision !== undefined && o.matmulPrecision !== mp
+            ? `matmulPrecision '${o.matmulPrecision}' was asked for, but the given backend has '${mp}'`
+            : undefined;
+      if (mismatch !== undefined) {
+        await loaded.checkpoint.close();
+        throw new RangeError(mismatch);
+      }
     } else {
       try {
         let reserved: number | undefined;
@@ -381,6 +410,7 @@ export class Engine {
           deviceArenaBytes: o.deviceArenaBytes,
           ...(o.stageDevices !== undefined ? { device: o.stageDevices[0] } : {}),
           numerics: o.numerics,
+          matmulPrecision: o.matmulPrecision,
           ...(o.vramBudget !== undefined ? { deviceBudgetBytes: o.vramBudget } : {}),
           ...(o.hostBudget !== undefined ? { hostBudgetBytes: o.hostBudget } : {}),
           // Pinned host memory for the master copies of streamed blocks: at most the checkpoint.
@@ -438,7 +468,7 @@ export class Engine {
           primary: be0,
           spec: loaded.spec,
           ckpt: loaded.checkpoint,
-          backendOptions: { deviceArenaBytes: o.deviceArenaBytes, numerics: be0.capabilities.numerics ?? 'exact' },
+          backendOptions: { deviceArenaBytes: o.deviceArenaBytes, numerics: be0.capabilities.numerics ?? 'exact', matmulPrecision: be0.capabilities.matmulPrecision ?? 'exact' },
           kvPlanned,
           kvAfterUpload: (b, activationBytes) => kvCacheBytesAfterUpload(b, { ...shape, activationBytes }),
           activationBytes: shape.activationBytes,

@@ -6,7 +6,8 @@ import { dot, silu } from './dot.js';
  * matmul over an rmsnorm-ed input (with normWeight: normalized and rounded to float32 exactly as
  * op `rmsnorm` stores it), with an optional silu(gate)*up epilogue (glu: the two products rounded
  * to float32 first, as op `silu_mul` sees them) and an optional add into out. The accumulate path
- * rounds the result to float32 first, so it equals the unfused ops followed by `add`.
+ * rounds the result to float32 first, so it equals the unfused ops followed by `add`. Under matmul
+ * precision 'bf16' the (normalized) input is rounded to bf16 before the products when rows > 8.
  */
 export function fusedMatmul(ctx: OpContext, a: OpArgs<'fused_matmul'>): void {
   const rows = ctx.count('rows', a.rows);
@@ -37,6 +38,7 @@ export function fusedMatmul(ctx: OpContext, a: OpArgs<'fused_matmul'>): void {
       for (let i = 0; i < inDim; i++) input[o + i] = R(R(x[o + i] * inv) * norm[i]);
     }
   }
+  input = ctx.matmulInput(input, rows, inDim, input !== x);
   for (let o = 0; o < outDim; o++) {
     const b = bias === undefined ? 0 : bias[o];
     for (let r = 0; r < rows; r++) {

@@ -5,6 +5,7 @@ import { dot } from './dot.js';
 /**
  * out[r, o] = x[r, :] . weight[weightOffset + o*inDim, +inDim] (+ bias[o]). The weight row is the
  * outer loop so each row of a (large) weight matrix is streamed from memory once for all rows.
+ * Under matmul precision 'bf16', x is rounded to bf16 first when rows > 8 (OpContext.matmulInput).
  */
 export function matmul(ctx: OpContext, a: OpArgs<'matmul'>): void {
   const rows = ctx.count('rows', a.rows);
@@ -18,10 +19,11 @@ export function matmul(ctx: OpContext, a: OpArgs<'matmul'>): void {
   ctx.distinct('out', a.out, 'x', a.x);
   ctx.distinct('out', a.out, 'weight', a.weight);
   if (ctx.dry) return;
+  const xin = ctx.matmulInput(x, rows, inDim);
   const R = ctx.round;
   for (let o = 0; o < outDim; o++) {
     const wo = off + o * inDim;
     const b = bias === undefined ? 0 : bias[o];
-    for (let r = 0; r < rows; r++) out[r * outDim + o] = R(dot(x, r * inDim, w, wo, inDim) + b);
+    for (let r = 0; r < rows; r++) out[r * outDim + o] = R(dot(xin, r * inDim, w, wo, inDim) + b);
   }
 }

@@ -1,0 +1,119 @@
+import { join } from 'node:path';
+import { CpuBackend } from '@nerva/cpu-backend';
+import { afterEach, describe, expect, it } from 'vitest';
+import { Engine, resolveMatmulPrecision, selectBackend } from '../src/index.js';
+import { MODELS } from './fixtures.js';
+
+const dir = join(MODELS, 'tiny-random-qwen3');
+const prompt = Array.from({ length: 24 }, (_, i) => (i * 37 + 5) % 512);
+
+async function promptLogits(engine: Engine): Promise<Float32Array> {
+  const out = await engine.submit(prompt, { maxTokens: 1, temperature: 0, returnPromptLogits: true }).done;
+  return out.promptLogits!;
+}
+
+describe('matmulPrecision', () => {
+  const saved = process.env.NERVA_MATMUL;
+  afterEach(() => {
+    if (saved === undefined) delete process.env.NERVA_MATMUL;
+    else process.env.NERVA_MATMUL = saved;
+  });
+
+  it("'bf16' reaches the backend, says so in every ledger, and moves a prefill's logits by bf16 rounding only", async () => {
+    delete process.env.NERVA_MATMUL;
+    const exact = await Engine.create({ model: dir, backend: 'cpu', maxNumBatchedTokens: 64 });
+    const bf16 = await Engine.create({ model: dir, backend: 'cpu', matmulPrecision: 'bf16', maxNumBatchedTokens: 64 });
+    try {
+      expect(exact.matmulPrecision).toBe('exact');
+      expect(exact.backend.capabilities.matmulPrecision).toBe('exact');
+      expect(bf16.matmulPrecision).toBe('bf16');
+      expect(bf16.backend.capabilities.matmulPrecision).toBe('bf16');
+      expect(bf16.backend.capabilities.numerics).toBe('exact');
+      const a = await promptLogits(exact);
+      const b = await promptLogits(bf16);
+      // A 24-row prefill runs the many-row matmuls: the activations were rounded.
+      expect(b).not.toEqual(a);
+      const maxRef = Math.max(...a.map(Math.abs));
+      let maxErr = 0;
+      for (let i = 0; i < a.length; i++) maxErr = Math.max(maxErr, Math.abs(a[i] - b[i]));
+      expect(maxErr).toBeLessThan(5e-2 * maxRef);
+      const out = await bf16.submit(prompt, { maxTokens: 2, temperature: 0 }).done;
+      expect(out.ledger.summary().notes.some((n) => n.startsWith('matmul precision bf16'))).toBe(true);
+      const ex = await exact.submit(prompt, { maxTokens: 2, temperature: 0 }).done;
+      expect(ex.ledger.summary().notes.some((n) => n.startsWith('matmul precision'))).toBe(false);
+    } finally {
+      exact.dispose();
+      bf16.dispose();
+    }
+  });
+
+  it('decode rows (at most 8) are untouched: one-token prompts give the exact logits', async () => {
+    const exact = await Engine.create({ model: dir, backend: 'cpu' });
+    const bf16 = await Engine.create({ model: dir, backend: 'cpu', matmulPrecision: 'bf16' });
+    try {
+      const one = async (e: Engine) => (await e.submit([7], { maxTokens: 1, temperature: 0, returnPromptLogits: true }).done).promptLogits!;
+      expect(await one(bf16)).toEqual(await one(exact));
+    } finally {
+      exact.dispose();
+      bf16.dispose();
+    }
+  });
+
+  it('takes its default from NERVA_MATMUL; an unknown value, in the option or the environment, is one clear error', async () => {
+    process.env.NERVA_MATMUL = 'bf16';
+    const e = await Engine.create({ model: dir, backend: 'cpu' });
+    try {
+      expect(e.matmulPrecision).toBe('bf16');
+    } finally {
+      e.dispose();
+    }
+    // The option wins over the environment.
+    const o = await Engine.create({ model: dir, backend: 'cpu', matmulPrecision: 'exact' });
+    try {
+      expect(o.matmulPrecision).toBe('exact');
+    } finally {
+      o.dispose();
+    }
+    process.env.NERVA_MATMUL = 'tf32';
+    await expect(Engine.create({ model: dir, backend: 'cpu' })).rejects.toThrow(/NERVA_MATMUL must be exact or bf16, got "tf32"/);
+    delete process.env.NERVA_MATMUL;
+    await expect(Engine.create({ model: dir, backend: 'cpu', matmulPrecision: 'fp8' as never })).rejects.toThrow(/matmulPrecision must be exact or bf16, got fp8/);
+    expect(resolveMatmulPrecision(undefined, {})).toBe('exact');
+    expect(resolveMatmulPrecision(undefined, { NERVA_MATMUL: '' })).toBe('exact');
+    expect(resolveMatmulPrecision(undefined, { NERVA_MATMUL: 'bf16' })).toBe('bf16');
+    expect(resolveMatmulPrecision('exact', { NERVA_MATMUL: 'bf16' })).toBe('exact');
+    expect(() => resolveMatmulPrecision('half' as never)).toThrow(RangeError);
+  });
+
+  it("a given backend's precision applies, and a request for another is refused", async () => {
+    const backend = new CpuBackend({ matmulPrecision: 'bf16' });
+    try {
+      await expect(Engine.create({ model: dir, backend, matmulPrecision: 'exact' })).rejects.toThrow(/matmulPrecision 'exact' was asked for, but the given backend has 'bf16'/);
+      const e = await Engine.create({ model: dir, backend });
+      expect(e.matmulPrecision).toBe('bf16');
+      e.dispose();
+    } finally {
+      backend.dispose();
+    }
+  });
+
+  it('selectBackend creates the CPU backend with the precision (and falls back with it from auto)', async () => {
+    const { backend } = await selectBackend('auto', { matmulPrecision: 'bf16' });
+    try {
+      expect(backend.capabilities.matmulPrecision).toBe('bf16');
+    } finally {
+      backend.dispose();
+    }
+  });
+
+  it('pipeline stages run with the precision of the engine', async () => {
+    const e = await Engine.create({ model: dir, backend: 'cpu', matmulPrecision: 'bf16', pipelineParallel: 2, stageDevices: [0, 1] });
+    const one = await Engine.create({ model: dir, backend: 'cpu', matmulPrecision: 'bf16' });
+    try {
+      expect(await promptLogits(e)).toEqual(await promptLogits(one));
+    } finally {
+      e.dispose();
+      one.dispose();
+    }
+  });
+});
