@@ -17,6 +17,11 @@ export interface ServerConfig {
   backend: 'cpu' | 'cuda' | 'auto';
   /** Activation rounding: 'exact' (default) or 'bf16' (transformers' bf16 rounding points). */
   numerics?: 'exact' | 'bf16';
+  /**
+   * Precision of matmuls over more than 8 rows (prefill): 'exact' (default; f32-grade) or 'bf16'
+   * (activations rounded to bf16 once, fp32 accumulation; faster prefill). Default from NERVA_MATMUL.
+   */
+  matmulPrecision?: 'exact' | 'bf16';
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
   kvCacheBytes?: number;
@@ -74,7 +79,7 @@ export const DEFAULT_CONFIG: ServerConfig = {
   drainTimeoutS: 30,
 };
 
-type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics' | 'kvdtype' | 'size';
+type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics' | 'precision' | 'kvdtype' | 'size';
 
 /** The accepted keys: TOML spelling → field and type. Anything else is an error naming the key. */
 const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boolean }> = {
@@ -85,6 +90,7 @@ const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boole
   api_key: { field: 'apiKey', kind: 'string' },
   backend: { field: 'backend', kind: 'backend' },
   numerics: { field: 'numerics', kind: 'numerics' },
+  matmul_precision: { field: 'matmulPrecision', kind: 'precision' },
   max_num_seqs: { field: 'maxNumSeqs', kind: 'posint' },
   max_num_batched_tokens: { field: 'maxNumBatchedTokens', kind: 'posint' },
   kv_cache_bytes: { field: 'kvCacheBytes', kind: 'size' },
@@ -136,6 +142,7 @@ function check(key: string, kind: Kind, v: unknown, where: string): unknown {
       if (v !== 'cpu' && v !== 'cuda' && v !== 'auto') fail('"cpu", "cuda" or "auto"');
       return v;
     case 'numerics':
+    case 'precision':
       if (v !== 'exact' && v !== 'bf16') fail('"exact" or "bf16"');
       return v;
     case 'kvdtype':

@@ -84,6 +84,7 @@ export async function startServer(
         model: modelDir,
         backend: config.backend,
         numerics: config.numerics,
+        matmulPrecision: config.matmulPrecision,
         maxNumSeqs: config.maxNumSeqs,
         maxNumBatchedTokens: config.maxNumBatchedTokens,
         kvCacheBytes: config.kvCacheBytes,

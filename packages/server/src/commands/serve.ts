@@ -12,6 +12,7 @@ interface ServeFlags {
   apiKey?: string;
   backend?: 'cpu' | 'cuda' | 'auto';
   numerics?: 'exact' | 'bf16';
+  matmulPrecision?: 'exact' | 'bf16';
   servedModelName?: string;
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
@@ -44,6 +45,7 @@ export function registerServe(program: Command): void {
     .option('--api-key <key>', 'require Authorization: Bearer <key> on /v1/*')
     .addOption(new Option('--backend <name>', 'compute backend (default auto)').choices(['cpu', 'cuda', 'auto']))
     .addOption(new Option('--numerics <mode>', "activation rounding: exact (default) or bf16 (transformers' bf16 rounding points)").choices(['exact', 'bf16']))
+    .addOption(new Option('--matmul-precision <p>', 'matmuls over more than 8 rows (prefill): exact (default, f32-grade) or bf16 (activations rounded to bf16 once; faster). Default from NERVA_MATMUL').choices(['exact', 'bf16']))
     .option('--served-model-name <name>', 'model name clients use (default: the folder name)')
     .option('--max-num-seqs <n>', 'sequences batched together', parseIntArg('--max-num-seqs'))
     .option('--max-num-batched-tokens <n>', 'token budget of one scheduler step', parseIntArg('--max-num-batched-tokens'))
@@ -71,6 +73,7 @@ export function registerServe(program: Command): void {
         apiKey: f.apiKey,
         backend: f.backend,
         numerics: f.numerics,
+        matmulPrecision: f.matmulPrecision,
         servedModelName: f.servedModelName,
         maxNumSeqs: f.maxNumSeqs,
         maxNumBatchedTokens: f.maxNumBatchedTokens,
