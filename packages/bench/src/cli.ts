@@ -4,7 +4,9 @@ import { defaultModelDir, parseIntArg, parseSizeArg } from '@nerva/server';
 import { decodeProbe } from './probes/decode.js';
 import { generateProbe } from './probes/generate.js';
 import { longContextProbe } from './probes/long-context.js';
+import { parseGemmShapes } from './measure.js';
 import { offloadProbe } from './probes/offload.js';
+import { prefillProbe } from './probes/prefill.js';
 import { serveProbe } from './probes/serve.js';
 import { throughputProbe } from './probes/throughput.js';
 
@@ -22,6 +24,9 @@ const kvVramOpt = () =>
 const kvHostOpt = () => new Option('--kv-host-budget <size>', 'tiered KV: pinned host memory for warm KV pages (default 8x the hot pool)').argParser(parseSizeArg('--kv-host-budget'));
 const kvOffloadDirOpt = () => new Option('--kv-offload-dir <dir>', 'tiered KV: cold tier directory');
 const kvDtypeOpt = () => new Option('--kv-cache-dtype <dtype>', 'KV cache element type: auto (f32 under exact numerics), f32 or bf16').choices(['auto', 'f32', 'bf16']).default('auto');
+// No default: NERVA_MATMUL, else 'exact', applies when the flag is absent.
+const matmulOpt = () =>
+  new Option('--matmul-precision <p>', 'matmuls over more than 8 rows (prefill): exact (f32-grade, split-bf16 GEMMs on CUDA) or bf16 (activations rounded to bf16 once, one GEMM); default NERVA_MATMUL, else exact').choices(['exact', 'bf16']);
 const backendOpt = () => new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto');
 
 const program = new Command().name('nerva-bench').description('NERVA benchmarks: one JSON line per probe').exitOverride();
@@ -57,6 +62,7 @@ program
   .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 256)
   .option('--profile', 'time buckets per token (disables graphs)')
   .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
+  .addOption(matmulOpt())
   .addOption(kvDtypeOpt())
   .addOption(vramOpt())
   .addOption(hostOpt())
@@ -72,6 +78,7 @@ program
         model: f.model ?? defaultModelDir(),
         backend: f.backend,
         numerics: f.numerics,
+        matmulPrecision: f.matmulPrecision,
         kvCacheDtype: f.kvCacheDtype,
         promptLen: f.promptLen,
         newTokens: f.newTokens,
@@ -84,6 +91,44 @@ program
         kvOffloadDir: f.kvOffloadDir,
         pipelineParallel: f.pipelineParallel,
         allowSingleDeviceStages: f.allowSingleDeviceStages,
+      }),
+    ),
+  );
+
+program
+  .command('prefill')
+  .description('prefill tokens/s and MFU against the bf16 GEMM rate measured in the same run (one chunk, prefix caching off)')
+  .option('--model <dir>')
+  .addOption(backendOpt())
+  .option('--prompt-len <n>', 'prompt tokens of each prefill', int('--prompt-len'), 4096)
+  .option('--repeats <n>', 'timed prefills (after a warm-up), each of a distinct prompt', int('--repeats'), 3)
+  .option('--chunk <n>', 'largest prefill chunk (maxNumBatchedTokens; default: the prompt length, one chunk)', int('--chunk'))
+  .addOption(matmulOpt())
+  .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
+  .addOption(kvDtypeOpt())
+  .addOption(vramOpt())
+  .option('--gemm-shapes <list>', 'GEMM shapes of the rate measurement, MxKxN[,...] (default 4096x4096x12288,4096x4096x4096 on a GPU, small ones on the CPU)', (v: string) => {
+    try {
+      return parseGemmShapes(v);
+    } catch (e) {
+      throw new InvalidArgumentError((e as Error).message);
+    }
+  })
+  .option('--gemm-min-ms <ms>', 'device time of each shape\'s timed products, at least', int('--gemm-min-ms'), 200)
+  .action(async (f) =>
+    print(
+      await prefillProbe({
+        model: f.model ?? defaultModelDir(),
+        backend: f.backend,
+        promptLen: f.promptLen,
+        repeats: f.repeats,
+        chunk: f.chunk,
+        matmulPrecision: f.matmulPrecision,
+        numerics: f.numerics,
+        kvCacheDtype: f.kvCacheDtype,
+        vramBudget: f.vramBudget,
+        gemmShapes: f.gemmShapes,
+        gemmMinMs: f.gemmMinMs,
       }),
     ),
   );

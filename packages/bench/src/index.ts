@@ -1,6 +1,22 @@
 export { decodeProbe } from "./probes/decode.js";
 export { generateProbe } from "./probes/generate.js";
-export { measureCopyBandwidth, measureH2dBandwidth, syntheticPrompt, withScratchBackend, type H2dBandwidth } from "./measure.js";
+export {
+  measureCopyBandwidth,
+  measureH2dBandwidth,
+  measureGemmRate,
+  defaultGemmShapes,
+  parseGemmShapes,
+  GPU_GEMM_SHAPES,
+  CPU_GEMM_SHAPES,
+  syntheticPrompt,
+  withScratchBackend,
+  type H2dBandwidth,
+  type GemmRate,
+  type GemmShape,
+  type GemmShapeRate,
+} from "./measure.js";
+export { prefillFlops, layerMatmulParams, causalPairs, type PrefillFlops } from "./flops.js";
+export { prefillProbe, nominalBf16Peak, type PrefillProbeOptions } from "./probes/prefill.js";
 export { offloadProbe, offloadKvCacheBytes, type OffloadProbeOptions } from "./probes/offload.js";
 export { longContextProbe, type LongContextProbeOptions } from "./probes/long-context.js";
 export { throughputProbe, firstDivergence, verifyIndices, type ThroughputProbeOptions } from "./probes/throughput.js";

@@ -8,6 +8,8 @@ export interface DecodeProbeOptions {
   backend: 'cpu' | 'cuda' | 'auto';
   /** Activation rounding (default 'exact'). */
   numerics?: 'exact' | 'bf16';
+  /** Many-row matmul precision (engine option matmulPrecision; default: NERVA_MATMUL, else 'exact'). */
+  matmulPrecision?: 'exact' | 'bf16';
   /** KV cache element type (engine option kvCacheDtype; default 'auto'). */
   kvCacheDtype?: 'auto' | 'f32' | 'bf16';
   promptLen: number;
@@ -38,11 +40,12 @@ export interface DecodeProbeOptions {
 export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string, unknown>> {
   // Under a budget the engine's arenas have no room for the copy's scratch buffers: time it first.
   const budgeted = o.vramBudget !== undefined || o.hostBudget !== undefined;
-  const scratchBw = budgeted ? await withScratchBackend(o.backend, (b) => measureCopyBandwidth(b)) : undefined;
+  const scratchBw = budgeted ? await withScratchBackend(o.backend, (b) => measureCopyBandwidth(b), { numerics: o.numerics, matmulPrecision: o.matmulPrecision }) : undefined;
   const engine = await Engine.create({
     model: o.model,
     backend: o.backend,
     numerics: o.numerics,
+    matmulPrecision: o.matmulPrecision,
     kvCacheDtype: o.kvCacheDtype,
     maxNumSeqs: 8,
     maxModelLen: o.promptLen + o.newTokens + 16,
@@ -69,6 +72,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       model: o.model,
       backend: engine.backend.name,
       numerics: engine.backend.capabilities.numerics ?? 'exact',
+      matmul_precision: engine.matmulPrecision,
       kv_cache_dtype: engine.kvDtype,
       device: engine.backend.capabilities.deviceName,
       prompt_len: o.promptLen,
