@@ -870,7 +870,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     }
     const KT* kr = kc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
     const KT* vr = vc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
-    if (PAIR) {
+    if constexpr (PAIR) {
 #pragma unroll
       for (int j = 0; j < EPL; j += 2) {
         bool in = slot[b] >= 0 && j < epl;
@@ -878,13 +878,13 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
         ldk2(kr + e, in, kv[b][j], kv[b][j + 1]);
         ldk2(vr + e, in, vv[b][j], vv[b][j + 1]);
       }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int j = 0; j < EPL; j++) {
-      bool in = slot[b] >= 0 && j < epl && j * 32 + lane < hd;
-      kv[b][j] = in ? ldk<KT>(kr, j * 32 + lane) : 0.f;
-      vv[b][j] = in ? ldk<KT>(vr, j * 32 + lane) : 0.f;
+      for (int j = 0; j < EPL; j++) {
+        bool in = slot[b] >= 0 && j < epl && j * 32 + lane < hd;
+        kv[b][j] = in ? ldk<KT>(kr, j * 32 + lane) : 0.f;
+        vv[b][j] = in ? ldk<KT>(vr, j * 32 + lane) : 0.f;
+      }
     }
   };
   auto loadBatch = [&](int p0, bool skipOwn) {
