@@ -34,6 +34,12 @@
 #   entry (';'-separated flag sets, default "default;--kv-cache-dtype bf16"; --verify
 #   NERVA_THROUGHPUT_VERIFY, default 8; NERVA_THROUGHPUT_BACKEND, default cuda) -> the baseline's line, then NERVA's lines (each with
 #   speedup_vs_torch) appended to $OUT/throughput.jsonl. ~4 minutes for the 0.6B on an H100.
+#   prefill (not in the default list; bash tools/gpu/run.sh build,prefill): `nerva-bench prefill` on each
+#   NERVA_SIZES checkpoint (default qwen3-8b here, synthesized when missing), at each prompt length of
+#   NERVA_PREFILL_LEN (default "4096"), once per matmul precision of NERVA_PREFILL_PRECISIONS (default
+#   "exact bf16"), NERVA_PREFILL_REPEATS timed prefills (default 3; NERVA_PREFILL_ARGS adds flags, e.g.
+#   "--chunk 2048"): tokens/s and MFU against the bf16 GEMM rate of op matmul measured in the same process
+#   on a backend of the same precision -> one JSON line per run appended to $OUT/prefill.jsonl.
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -166,5 +172,26 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
     fi
   fi
 done
+if has prefill; then
+  # The issue's acceptance shape (Qwen3-8B, 4096 tokens) unless NERVA_SIZES says otherwise.
+  for size in ${NERVA_SIZES:-qwen3-8b}; do
+    dir=/tmp/synth/$size
+    [ -f "$dir/model.safetensors.index.json" ] || runjs "synth $size" parity.mjs synth ".device/configs/$size.json" "$dir"
+    for len in ${NERVA_PREFILL_LEN:-4096}; do
+      for prec in ${NERVA_PREFILL_PRECISIONS:-exact bf16}; do
+        t0=$(date +%s)
+        if $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$dir" --backend cuda --prompt-len "$len" --matmul-precision "$prec" \
+            --repeats ${NERVA_PREFILL_REPEATS:-3} ${NERVA_PREFILL_ARGS:-} > /tmp/nerva-prefill.json 2>>"$log"; then
+          say "prefill $size $len $prec ok ($(( $(date +%s) - t0 )) s)"
+        else
+          say "prefill $size $len $prec FAILED ($(( $(date +%s) - t0 )) s; see run.log)"; status=1
+          tail -5 "$log"
+          echo "{\"probe\":\"prefill\",\"model\":\"$dir\",\"prompt_len\":$len,\"matmul_precision\":\"$prec\",\"mfu\":null,\"error\":\"exit status non-zero (run.log)\"}" > /tmp/nerva-prefill.json
+        fi
+        tail -1 /tmp/nerva-prefill.json | tee -a "$log" >> "$OUT/prefill.jsonl"
+      done
+    done
+  done
+fi
 say "done, status $status"
 exit $status
