@@ -31,7 +31,7 @@
 #   it batched in PyTorch (bf16, static padded KV, CUDA graphs, torch.compile; NERVA_TORCH_ARGS adds
 #   flags, NERVA_TORCH_TIMEOUT s limit, default 300; --check-tokens NERVA_TORCH_CHECK_TOKENS, default 2),
 #   then `nerva-bench throughput --workload FILE --baseline LINE` once per NERVA_THROUGHPUT_VARIANTS
-#   entry (';'-separated flag sets, default "default;--kv-cache-dtype bf16"; --verify
+#   entry (';'-separated flag sets, default "--kv-cache-dtype bf16;--kv-cache-dtype bf16 --matmul-precision bf16;default"; --verify
 #   NERVA_THROUGHPUT_VERIFY, default 8; NERVA_THROUGHPUT_BACKEND, default cuda) -> the baseline's line, then NERVA's lines (each with
 #   speedup_vs_torch) appended to $OUT/throughput.jsonl. ~4 minutes for the 0.6B on an H100.
 #   prefill (not in the default list; bash tools/gpu/run.sh build,prefill): `nerva-bench prefill` on each
@@ -154,7 +154,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
       fi
       [ -f "$tb" ] || echo "{\"probe\":\"torch_throughput\",\"model\":\"$dir\",\"output_tok_s\":null,\"error\":\"no result: timed out after ${NERVA_TORCH_TIMEOUT:-300} s or crashed (run.log)\"}" > "$tb"
       cat "$tb" >> "$OUT/throughput.jsonl"
-      IFS=';' read -ra variants <<< "${NERVA_THROUGHPUT_VARIANTS:-default;--kv-cache-dtype bf16}"
+      IFS=';' read -ra variants <<< "${NERVA_THROUGHPUT_VARIANTS:---kv-cache-dtype bf16;--kv-cache-dtype bf16 --matmul-precision bf16;default}"
       for v in "${variants[@]}"; do
         args=()
         [ "$v" = default ] || read -ra args <<< "$v"

@@ -192,6 +192,7 @@ program
   .option('--kv-cache-bytes <size>', 'KV cache bytes (default: the whole workload, where the device has room)', parseSizeArg('--kv-cache-bytes'))
   .addOption(new Option('--kv-cache-dtype <dtype>', 'KV cache element type').choices(['auto', 'f32', 'bf16']).default('auto'))
   .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
+  .addOption(matmulOpt())
   .option('--baseline <file>', 'a JSON line from tools/gpu/torch_throughput.py on the same workload: adds the ratio to it')
   .option('--tokens-out <file>', "write every request's batched tokens as JSON")
   .action(async (f) => {
@@ -206,6 +207,7 @@ program
         backend: f.backend,
         numerics: f.numerics,
         kvCacheDtype: f.kvCacheDtype,
+        matmulPrecision: f.matmulPrecision,
         requests: f.requests,
         minLen: f.minLen,
         maxInputLen: f.maxInputLen,

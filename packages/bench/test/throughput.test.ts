@@ -170,6 +170,14 @@ describe('nerva-bench throughput', () => {
     expect(toks.tokens.map((t) => t.length)).toEqual(w.requests.map((q) => q.max_tokens));
   }, 120_000);
 
+  it('bf16 KV cache and bf16 matmul precision: reported, and the workload still completes', async () => {
+    const r = await throughputProbe({ model: TINY, backend: 'cpu', requests: 4, minLen: 4, maxInputLen: 12, maxOutputLen: 12, seed: 7, verify: 0, kvCacheDtype: 'bf16', matmulPrecision: 'bf16' });
+    expect(r).toMatchObject({ kv_dtype: 'bf16', matmul_precision: 'bf16', unfinished: 0, hot_path_allocations: 0 });
+    const plain = await throughputProbe({ model: TINY, backend: 'cpu', requests: 4, minLen: 4, maxInputLen: 12, maxOutputLen: 12, seed: 7, verify: 0 });
+    expect(plain).toMatchObject({ kv_dtype: 'f32', matmul_precision: 'exact' });
+    expect(r.output_tokens).toBe(plain.output_tokens);
+  }, 120_000);
+
   it('CLI: --workload-only writes the file the baseline reads; --workload reruns it; a baseline line gives the ratio', async () => {
     const wf = join(dir, 'cli-w.json');
     const common = ['--model', TINY, '--backend', 'cpu'];

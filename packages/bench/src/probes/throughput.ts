@@ -20,6 +20,8 @@ export interface ThroughputProbeOptions {
   numerics?: 'exact' | 'bf16';
   /** KV cache element type (engine option kvCacheDtype; default 'auto'). */
   kvCacheDtype?: 'auto' | KvCacheDtype;
+  /** Many-row matmul precision (engine option matmulPrecision; default: NERVA_MATMUL, else 'exact'). */
+  matmulPrecision?: 'exact' | 'bf16';
   /** Workload parameters (nano-vllm's bench.py: 256 requests, lengths 100..1024, seed 0). */
   requests?: number;
   minLen?: number;
@@ -158,7 +160,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
   const t0Load = performance.now();
   // The backend first, so the KV cache can be sized from the device's memory before the engine
   // places anything: the whole workload at once where it fits (nano-vllm fills 90 % of the GPU).
-  const { backend, notes: backendNotes } = await selectBackend(o.backend, { numerics: o.numerics });
+  const { backend, notes: backendNotes } = await selectBackend(o.backend, { numerics: o.numerics, matmulPrecision: o.matmulPrecision });
   let engine: Engine | undefined;
   try {
     const kvDtype = kvDtypeOf(backend, o.kvCacheDtype ?? 'auto');
@@ -252,6 +254,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       device: backend.capabilities.deviceName,
       numerics: backend.capabilities.numerics ?? 'exact',
       kv_dtype: e.kvDtype,
+      matmul_precision: e.matmulPrecision,
       output_tokens: outputTokens,
       total_s: r3(totalS),
       output_tok_s: r2(outputTokens / totalS),
