@@ -40,6 +40,9 @@
 #   "exact bf16"), NERVA_PREFILL_REPEATS timed prefills (default 3; NERVA_PREFILL_ARGS adds flags, e.g.
 #   "--chunk 2048"): tokens/s and MFU against the bf16 GEMM rate of op matmul measured in the same process
 #   on a backend of the same precision -> one JSON line per run appended to $OUT/prefill.jsonl.
+#   fork (not in the default list; NERVA_SIZES="qwen3-0.6b qwen3-8b" bash tools/gpu/run.sh build,synth,fork): nerva-bench fork
+#   on each checkpoint, NERVA_FORK_N (32) sampled forks of a NERVA_FORK_PROMPT (512)-token prompt, NERVA_FORK_TOKENS (128)
+#   each, against the same requests one by one, once per KV dtype in NERVA_FORK_KV ("auto bf16") -> $OUT/fork.jsonl
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -135,6 +138,18 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
     [ -f "$acc" ] || echo "{\"probe\":\"accelerate_offload\",\"model\":\"$dir\",\"tok_s\":null,\"error\":\"no result: timed out after 300 s or crashed (run.log)\"}" > "$acc"
     cat "$acc" >> "$OUT/offload.jsonl"
     NERVA_ACCELERATE_JSON="$acc" runjs "offload $size" offload.mjs "$dir" "$budget" 16 ${NERVA_OFFLOAD_TOKENS:-32}
+  fi
+  if has fork; then
+    # 32 sampled forks of one 512-token prompt at once vs the same 32 requests one by one.
+    for kv in ${NERVA_FORK_KV:-auto bf16}; do
+      t0=$(date +%s)
+      if $NODE --enable-source-maps .device/dist/bench_cli.mjs fork --model "$dir" --backend cuda --n ${NERVA_FORK_N:-32} --prompt-len ${NERVA_FORK_PROMPT:-512} \
+          --new-tokens ${NERVA_FORK_TOKENS:-128} --kv-cache-dtype $kv >> "$OUT/fork.jsonl" 2>>"$log"; then
+        say "fork $size kv=$kv ok ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/fork.jsonl" | grep -o '"decode_speedup":[0-9.]*\|"tokens_identical":[a-z]*' | tr '\n' ' ')"
+      else
+        say "fork $size kv=$kv FAILED"; status=1
+      fi
+    done
   fi
   if has throughput; then
     # nano-vllm's workload written once, the PyTorch baseline first (it frees the GPU when it

@@ -2,6 +2,7 @@
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { defaultModelDir, parseIntArg, parseSizeArg } from '@nerva/server';
 import { decodeProbe } from './probes/decode.js';
+import { forkProbe } from './probes/fork.js';
 import { generateProbe } from './probes/generate.js';
 import { longContextProbe } from './probes/long-context.js';
 import { parseGemmShapes } from './measure.js';
@@ -129,6 +130,42 @@ program
         vramBudget: f.vramBudget,
         gemmShapes: f.gemmShapes,
         gemmMinMs: f.gemmMinMs,
+      }),
+    ),
+  );
+
+program
+  .command('fork')
+  .description('shared-prefix forks: N sequences continue one prompt at once (its full KV blocks shared through the prefix cache) against the same N requests one after the other; decode wall time, speedup, identical tokens')
+  .option('--model <dir>')
+  .addOption(backendOpt())
+  .option('--n <n>', 'forks', int('--n'), 32)
+  .option('--prompt-len <n>', 'prompt tokens', int('--prompt-len'), 512)
+  .option('--new-tokens <n>', 'tokens each fork generates', int('--new-tokens'), 128)
+  .option('--temperature <t>', 'sampling temperature of every fork (0: greedy)', (v: string) => {
+    const t = Number(v);
+    if (!Number.isFinite(t) || t < 0) throw new InvalidArgumentError('--temperature must be a number >= 0');
+    return t;
+  }, 0.8)
+  .option('--seed <s>', 'fork i samples with seed + i (so does sequential run i)', (v: string) => {
+    const s = Number(v);
+    if (!Number.isSafeInteger(s) || s < 0) throw new InvalidArgumentError('--seed must be a non-negative integer');
+    return s;
+  }, 1)
+  .addOption(kvDtypeOpt())
+  .addOption(matmulOpt())
+  .action(async (f) =>
+    print(
+      await forkProbe({
+        model: f.model ?? defaultModelDir(),
+        backend: f.backend,
+        n: f.n,
+        promptLen: f.promptLen,
+        newTokens: f.newTokens,
+        temperature: f.temperature,
+        seed: f.seed,
+        kvCacheDtype: f.kvCacheDtype,
+        matmulPrecision: f.matmulPrecision,
       }),
     ),
   );

@@ -1,4 +1,5 @@
 export { decodeProbe } from "./probes/decode.js";
+export { forkProbe, type ForkProbeOptions } from "./probes/fork.js";
 export { generateProbe } from "./probes/generate.js";
 export {
   measureCopyBandwidth,
