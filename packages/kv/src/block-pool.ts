@@ -31,6 +31,8 @@ export class BlockPool {
   private numCached = 0;
   private nextRegId = 1;
   private evicted = 0;
+  /** Blocks with refCount >= 2 (held by several sequences: prefix hits, forks). */
+  private shared = 0;
 
   constructor(
     /** Total blocks including the null block; at least 2. */
@@ -69,6 +71,11 @@ export class BlockPool {
     return this.evicted;
   }
 
+  /** Blocks held by two or more sequences at once (refCount >= 2): prefix-cache hits and forks. */
+  get numSharedBlocks(): number {
+    return this.shared;
+  }
+
   /** The block with physical id `id`. */
   block(id: number): KvBlock {
     const b = this.blocks[id];
@@ -105,6 +112,7 @@ export class BlockPool {
       if (b === this.nullBlock) throw new KvArgumentError('the null block cannot be referenced');
       if (b.refCount === 0) this.freeQueue.remove(b);
       b.refCount++;
+      if (b.refCount === 2) this.shared++;
     }
   }
 
@@ -123,6 +131,7 @@ export class BlockPool {
     }
     for (const b of blocks) {
       b.refCount--;
+      if (b.refCount === 1) this.shared--;
       if (b.refCount === 0) this.freeQueue.append(b);
     }
   }
@@ -201,10 +210,12 @@ export class BlockPool {
     }
     let held = 0;
     let hashed = 0;
+    let shared = 0;
     for (let i = 1; i < this.blocks.length; i++) {
       const b = this.blocks[i];
       if (!Number.isInteger(b.refCount) || b.refCount < 0) v.push(`block ${b.id}: refCount ${b.refCount}`);
       if (b.refCount > 0) held++;
+      if (b.refCount > 1) shared++;
       const inQueue = queued.has(b);
       if (inQueue !== (b.refCount === 0)) {
         v.push(`block ${b.id}: refCount ${b.refCount} but ${inQueue ? 'in' : 'not in'} the free queue`);
@@ -222,6 +233,7 @@ export class BlockPool {
         v.push(`block ${b.id}: unregistered but keeps tokens or a stamp`);
       }
     }
+    if (shared !== this.shared) v.push(`${shared} blocks have refCount >= 2, the shared counter says ${this.shared}`);
     if (held + 1 + this.freeQueue.length !== this.numBlocks) {
       v.push(`free (${this.freeQueue.length}) + used (${held + 1}) != total (${this.numBlocks})`);
     }

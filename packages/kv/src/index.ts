@@ -31,6 +31,7 @@ export {
   type KvCacheManagerOptions,
   type ComputedBlocks,
   type KvCacheStats,
+  type ForkedSequence,
 } from './kv-cache-manager.js';
 export {
   KvError,

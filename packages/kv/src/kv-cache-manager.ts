@@ -74,6 +74,21 @@ export interface KvCacheStats {
   evictedBlocks: number;
   /** Sequences currently holding blocks. */
   sequences: number;
+  /** Blocks held by two or more sequences at once (prefix-cache hits, forks): each stored once. */
+  sharedBlocks: number;
+}
+
+/** Result of {@link KvCacheManager.forkSequence}. */
+export interface ForkedSequence {
+  /** Tokens of the child that have K/V (the parent's, or only its full blocks' without a partial copy). */
+  readonly numTokens: number;
+  /** Blocks the child shares with the parent by reference (released leading blocks not counted). */
+  readonly sharedBlocks: number;
+  /**
+   * The parent's partial last block and the child's fresh block that must receive a copy of its
+   * K/V (every layer) before the child's next step; absent when there was nothing to copy.
+   */
+  readonly copy?: { readonly src: number; readonly dst: number };
 }
 
 /**
@@ -318,6 +333,51 @@ export class KvCacheManager {
     return n;
   }
 
+  /**
+   * Shared-prefix fork: a new sequence `childId` continues from `parentId`'s tokens. The parent's
+   * full blocks are shared by reference (refcount + 1 each, nothing copied; the child keeps the
+   * parent's prefix-cache chain and released leading blocks). The partial last block, which both
+   * would write next, is copy-on-write:
+   *
+   * - `copyPartial` true: the child gets a fresh block for it and the result names the copy the
+   *   caller must make (`copy.src` -> `copy.dst`, the K/V of every layer); the child then has the
+   *   parent's `numTokens`. Returns `null`, changing nothing, when no block is free for it.
+   * - `copyPartial` false: the child takes only the full blocks, its `numTokens` stops at the last
+   *   full block and the caller recomputes the tail (e.g. where K/V pages cannot be copied in
+   *   place). Throws when the parent has no full block to share.
+   *
+   * A parent without a partial block shares everything and copies nothing. Freeing either side
+   * later only drops its references; the shared blocks return to the pool with the last holder.
+   */
+  forkSequence(parentId: SeqId, childId: SeqId, copyPartial = true): ForkedSequence | null {
+    const p = this.table(parentId);
+    if (this.seqs.has(childId)) throw new SequenceExistsError(childId);
+    const bs = this.blockSize;
+    const full = Math.floor(p.numTokens / bs);
+    const partial = p.blocks.length > full;
+    if (!copyPartial && full === 0) {
+      throw new KvArgumentError(`sequence ${String(parentId)} has no full block to share (${p.numTokens} tokens, block size ${bs})`);
+    }
+    if (copyPartial && partial && this.pool.numFree < 1) return null;
+    const shared = p.blocks.slice(p.numReleased, full);
+    const t = new BlockTable(childId, bs, p.extra);
+    t.numReleased = p.numReleased;
+    t.releasedRegId = p.releasedRegId;
+    this.pool.touch(shared);
+    t.push(p.blocks.slice(0, full));
+    t.hashes.push(...p.hashes.slice(0, full));
+    let copy: { src: number; dst: number } | undefined;
+    if (partial && copyPartial) {
+      const [fresh] = this.pool.getNewBlocks(1);
+      t.push([fresh]);
+      copy = { src: p.blocks[full].id, dst: fresh.id };
+    }
+    t.numTokens = partial && !copyPartial ? full * bs : p.numTokens;
+    this.seqs.set(childId, t);
+    this.recentlyFreed.delete(childId);
+    return copy ? { numTokens: t.numTokens, sharedBlocks: shared.length, copy } : { numTokens: t.numTokens, sharedBlocks: shared.length };
+  }
+
   /** Leading blocks of `seqId` released by {@link releaseBlocksBefore}. */
   numReleasedBlocks(seqId: SeqId): number {
     return this.table(seqId).numReleased;
@@ -380,6 +440,7 @@ export class KvCacheManager {
       cachedBlocks: this.pool.numCachedBlocks,
       evictedBlocks: this.pool.numEvictions,
       sequences: this.seqs.size,
+      sharedBlocks: this.pool.numSharedBlocks,
     };
   }
 

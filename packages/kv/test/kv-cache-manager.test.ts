@@ -485,3 +485,98 @@ describe('KvCacheManager: releasing blocks behind a sliding window', () => {
     m.checkInvariants();
   });
 });
+
+describe('KvCacheManager: shared-prefix forks', () => {
+  it('shares the full blocks by reference and copies the partial last block', () => {
+    const m = mgr();
+    const prompt = range(100, 10); // blocks of 4: two full, one partial (2 tokens)
+    admit(m, 'p', prompt);
+    const [b0, b1, b2] = m.blockTable('p');
+    const f = m.forkSequence('p', 'c1');
+    expect(f).not.toBeNull();
+    expect(f!.numTokens).toBe(10);
+    expect(f!.sharedBlocks).toBe(2);
+    expect(f!.copy?.src).toBe(b2);
+    const mine = f!.copy!.dst;
+    expect([b0, b1, b2]).not.toContain(mine);
+    expect(m.blockTable('c1')).toEqual([b0, b1, mine]);
+    expect(m.numTokens('c1')).toBe(10);
+    expect(m.pool.block(b0).refCount).toBe(2);
+    expect(m.pool.block(b2).refCount).toBe(1);
+    expect(m.stats().sharedBlocks).toBe(2);
+    m.forkSequence('p', 'c2');
+    expect(m.pool.block(b1).refCount).toBe(3);
+    // Three sequences of 10 tokens in 2 + 3 blocks instead of 9.
+    expect(m.stats().usedBlocks - 1).toBe(5);
+    expect(m.stats().sequences).toBe(3);
+    m.checkInvariants();
+    // Each fork decodes into its own blocks; a block that fills is registered under its own chain.
+    const c1 = [...prompt, 1, 2];
+    expect(m.allocateSlots('c1', c1, 2)).toEqual([]);
+    expect(m.allocateSlots('c1', [...c1, 3], 1)).toHaveLength(1);
+    m.checkInvariants();
+    // Freeing the parent first leaves the forks intact; the last holder returns the shared blocks.
+    m.free('p');
+    expect(m.pool.block(b0).refCount).toBe(2);
+    m.free('c1');
+    expect(m.stats().sharedBlocks).toBe(0);
+    m.free('c2');
+    expect(m.stats().freeBlocks).toBe(15);
+    expect(m.stats().sharedBlocks).toBe(0);
+    m.checkInvariants();
+  });
+
+  it('a block-aligned parent shares every block and copies nothing; a fork of a fork shares too', () => {
+    const m = mgr({ enablePrefixCaching: false });
+    admit(m, 'p', range(1, 8));
+    const f = m.forkSequence('p', 'c');
+    expect(f).toEqual({ numTokens: 8, sharedBlocks: 2 });
+    expect(m.blockTable('c')).toEqual(m.blockTable('p'));
+    m.forkSequence('c', 'g');
+    expect(m.pool.block(m.blockTable('p')[0]).refCount).toBe(3);
+    m.checkInvariants();
+    for (const id of ['p', 'c', 'g']) m.free(id);
+    expect(m.stats().freeBlocks).toBe(15);
+  });
+
+  it('without a copy the child stops at the last full block (the caller recomputes the tail)', () => {
+    const m = mgr();
+    admit(m, 'p', range(1, 7));
+    const f = m.forkSequence('p', 'c', false);
+    expect(f).toEqual({ numTokens: 4, sharedBlocks: 1 });
+    expect(m.blockTable('c')).toEqual([m.blockTable('p')[0]]);
+    expect(m.allocateSlots('c', range(1, 7), 3)).toHaveLength(1);
+    m.checkInvariants();
+    admit(m, 'q', range(50, 3));
+    expect(() => m.forkSequence('q', 'r', false)).toThrow(/no full block to share/);
+    expect(m.hasSequence('r')).toBe(false);
+  });
+
+  it('returns null and changes nothing when no block is free for the copy; misuse is a typed error', () => {
+    const m = mgr({ numBlocks: 4 }); // 3 usable blocks
+    admit(m, 'p', range(1, 10)); // all three
+    const before = JSON.stringify(m.stats());
+    expect(m.forkSequence('p', 'c')).toBeNull();
+    expect(JSON.stringify(m.stats())).toBe(before);
+    expect(m.hasSequence('c')).toBe(false);
+    // Without the copy it still forks (full blocks only).
+    expect(m.forkSequence('p', 'c', false)).toEqual({ numTokens: 8, sharedBlocks: 2 });
+    expect(() => m.forkSequence('p', 'c')).toThrow(SequenceExistsError);
+    expect(() => m.forkSequence('nope', 'd')).toThrow(UnknownSequenceError);
+    m.checkInvariants();
+  });
+
+  it('carries released leading blocks (sliding window) as null entries', () => {
+    const m = mgr();
+    admit(m, 'p', range(1, 10));
+    expect(m.releaseBlocksBefore('p', 4)).toBe(1);
+    const f = m.forkSequence('p', 'c');
+    expect(f!.sharedBlocks).toBe(1);
+    expect(m.numReleasedBlocks('c')).toBe(1);
+    expect(m.blockTable('c')[0]).toBe(NULL_BLOCK_ID);
+    m.checkInvariants();
+    m.free('p');
+    m.free('c');
+    m.checkInvariants();
+  });
+});

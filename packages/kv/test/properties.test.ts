@@ -32,7 +32,9 @@ type Op =
   | { t: 'free'; s: number }
   | { t: 'preempt'; s: number }
   /** Sliding-window release: give back the blocks wholly before numTokens - keep. */
-  | { t: 'release'; s: number; keep: number };
+  | { t: 'release'; s: number; keep: number }
+  /** Shared-prefix fork of sequence `from` into `s`: full blocks shared, the partial one copied (or recomputed). */
+  | { t: 'fork'; s: number; from: number; copy: boolean };
 
 const tok = fc.integer({ min: 0, max: 3 });
 const seq = fc.integer({ min: 0, max: SEQS - 1 });
@@ -52,6 +54,7 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
   { weight: 2, arbitrary: fc.record({ t: fc.constant('free' as const), s: seq }) },
   { weight: 1, arbitrary: fc.record({ t: fc.constant('preempt' as const), s: seq }) },
   { weight: 2, arbitrary: fc.record({ t: fc.constant('release' as const), s: seq, keep: fc.integer({ min: 0, max: 8 }) }) },
+  { weight: 2, arbitrary: fc.record({ t: fc.constant('fork' as const), s: seq, from: seq, copy: fc.boolean() }) },
 );
 
 const HASHES: Record<string, BlockHashFn | undefined> = {
@@ -90,7 +93,7 @@ interface SeqModel {
 }
 
 /** Counts of interesting events across all runs, to assert the generator reaches every path. */
-const tally = { hits: 0, refusals: 0, tooLong: 0, readmitHits: 0, collidingHits: 0, doubleFrees: 0, releases: 0 };
+const tally = { hits: 0, refusals: 0, tooLong: 0, readmitHits: 0, collidingHits: 0, doubleFrees: 0, releases: 0, forks: 0, forkCopies: 0 };
 
 function run(cfg: Config, ops: Op[]): void {
   const bs = cfg.blockSize;
@@ -267,6 +270,45 @@ function run(cfg: Config, ops: Op[]): void {
         if (!sm.live) break;
         if (m.releaseBlocksBefore(id(op.s), m.numTokens(id(op.s)) - op.keep) > 0) tally.releases++;
         break;
+      case 'fork': {
+        const src = model[op.from];
+        if (!src.live || op.s === op.from) break;
+        if (sm.live) {
+          expect(() => m.forkSequence(id(op.from), id(op.s), op.copy)).toThrow(KvError);
+          break;
+        }
+        const n = m.numTokens(id(op.from));
+        const full = Math.floor(n / bs);
+        const partial = n % bs !== 0;
+        const before = snapshot();
+        if (!op.copy && full === 0) {
+          expect(() => m.forkSequence(id(op.from), id(op.s), false)).toThrow(KvError);
+          expect(snapshot()).toBe(before);
+          break;
+        }
+        const freeBefore = m.numFreeBlocks;
+        const f = m.forkSequence(id(op.from), id(op.s), op.copy);
+        if (f === null) {
+          expect(op.copy && partial && freeBefore === 0).toBe(true);
+          expect(snapshot()).toBe(before);
+          break;
+        }
+        const keep = partial && !op.copy ? full * bs : n;
+        expect(f.numTokens).toBe(keep);
+        expect(f.sharedBlocks).toBe(full - m.numReleasedBlocks(id(op.from)));
+        expect(f.copy !== undefined).toBe(partial && op.copy);
+        // The child continues the parent's context; the copy gives it the partial block's K/V.
+        sm.tokens = src.tokens.slice(0, keep);
+        sm.salt = src.salt;
+        sm.ctxIds = src.ctxIds.slice(0, keep);
+        sm.live = true;
+        if (f.copy) {
+          for (let o = 0; o < bs; o++) kv[f.copy.dst * bs + o] = kv[f.copy.src * bs + o];
+          tally.forkCopies++;
+        }
+        tally.forks++;
+        break;
+      }
       case 'preempt':
         if (!sm.live) break;
         m.free(id(op.s));
