@@ -9,7 +9,7 @@ import { ModelRunner } from './model-runner.js';
 import { type PassRunner, type PipelineDescription, pipelineRequest, type PreparedStages, prepareStages, StagePipeline } from './pipeline.js';
 import { freeWeights, KV_CACHE_DTYPES, type KvCacheDtype, kvDtypeOf, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';
-import { type RequestLimits, validateRequest } from './request-validation.js';
+import { type RequestLimits, validateForkCount, validateRequest } from './request-validation.js';
 import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
@@ -157,6 +157,14 @@ export interface StepSignals {
   promptTokens: number;
   generationTokens: number;
   stepMs: number;
+  /**
+   * KV blocks in this step's block tables that two or more of its sequences read (shared-prefix
+   * forks, prefix-cache hits): what a kernel reading each shared block once per step for all its
+   * readers (block-projection batching) would read once.
+   */
+  sharedBlocks: number;
+  /** Reads of those blocks beyond the first, summed: the block reads such a kernel would save in this step. */
+  sharedBlockReads: number;
 }
 
 export interface RequestOutcome {
@@ -243,6 +251,10 @@ export class Engine {
   private readonly stepListeners = new Set<(s: StepSignals) => void>();
   private readonly finishListeners = new Set<(o: RequestOutcome) => void>();
   private nextId = 1;
+  /** Per-step marks of the KV blocks the step's tables read (StepSignals.sharedBlocks), by block id. */
+  private readonly blockSeen: Int32Array;
+  private readonly blockTwice: Int32Array;
+  private blockStamp = 0;
   /** The engine created its backend (rather than being handed one), so it disposes it too. */
   private readonly ownsBackend: boolean;
   private looping = false;
@@ -370,6 +382,8 @@ export class Engine {
       params: new Float32Array(maxNumSeqs * 4),
       rng: new Int32Array(maxNumSeqs * 2),
     };
+    this.blockSeen = new Int32Array(pages);
+    this.blockTwice = new Int32Array(pages);
     this.startEv = this.backend.createEvent();
     this.endEv = this.backend.createEvent();
   }
@@ -529,6 +543,7 @@ export class Engine {
       hasTokenizer: this.tokenizer !== undefined,
       // Freeing behind the window: a sequence holds at most the pages of its window and one chunk.
       ...(this.kvWindow > 0 ? { maxHeldBlocks: Math.ceil((this.kvWindow - 1 + this.runner.limits.maxRows) / this.kv.blockSize) + 1 } : {}),
+      maxForks: this.runner.limits.maxSeqs,
     };
   }
 
@@ -612,6 +627,63 @@ export class Engine {
     if (o.signal?.aborted) throw o.signal.reason ?? new EngineError('ABORTED', 'aborted');
 
     const req = new Request(this.nextId++, ids, params, priority, o.cacheSalt, performance.now());
+    const handle = this.track(req, o);
+    this.scheduler.add(req);
+    this.kick();
+    return handle;
+  }
+
+  /**
+   * Shared-prefix forks: `n` sequences continuing one prompt, one handle each (fork i is handle i).
+   * The prompt is prefilled once; its last position is sampled once per fork, then the forks share
+   * the prompt's full KV blocks by reference count (the partial last block is copied for each fork)
+   * and decode together in the same batched steps. Fork i samples with seed `o.seed + i` (or a
+   * random base + i), so it produces the tokens a separate `submit(prompt, { ...o, seed: o.seed + i })`
+   * would. Aborting a fork (its handle, or its events' iterator) leaves the others running; `o.signal`
+   * aborts them all. The blocks return to the pool when the last fork holding them ends.
+   *
+   * `n` must be an integer in [1, `limits.maxForks`] (the forks run in one batch of at most
+   * `maxNumSeqs` sequences, whose seats the prompt takes at admission), and `forceTokens` only goes
+   * with n = 1; n = 1 is `submit`. Invalid input throws InvalidParamsError (param `n` or the
+   * field) before anything changes. A fork that cannot get a block for its copy when the prompt
+   * finishes is recomputed like a preempted request (from the prefix cache when enabled); under
+   * tiered KV the forks share the full blocks and recompute the partial one instead of copying it.
+   *
+   * @example
+   * ```ts
+   * const forks = engine.submitFork('ROMEO:', 4, { maxTokens: 32, temperature: 0.8, seed: 7 });
+   * const outs = await Promise.all(forks.map((h) => h.done));
+   * // outs[i].tokenIds equal (await engine.submit('ROMEO:', { maxTokens: 32, temperature: 0.8, seed: 7 + i }).done).tokenIds
+   * ```
+   */
+  submitFork(prompt: string | readonly number[], n: number, o: GenerateOptions = {}): RequestHandle[] {
+    if (this.disposed) throw new EngineError('DISPOSED', 'engine is disposed');
+    const ids = typeof prompt === 'string' ? this.encode(prompt) : [...prompt];
+    const params = validateRequest(this.limits, ids, o);
+    validateForkCount(this.limits, n, o);
+    if (n === 1) return [this.submit(ids, o)];
+    const priority = o.priority ?? 0;
+    if (o.signal?.aborted) throw o.signal.reason ?? new EngineError('ABORTED', 'aborted');
+
+    const now = performance.now();
+    // The prompt's request: prefilled once, never sampled itself; the forks replace it.
+    const parent = new Request(this.nextId++, ids, params, priority, o.cacheSalt, now);
+    parent.forkChildren = [];
+    const handles: RequestHandle[] = [];
+    for (let i = 0; i < n; i++) {
+      const child = new Request(this.nextId++, ids, { ...params, seed: (params.seed + i) | 0 }, priority, o.cacheSalt, now);
+      child.forkParent = parent;
+      child.forkGroup = parent.id;
+      parent.forkChildren.push(child);
+      handles.push(this.track(child, o));
+    }
+    this.scheduler.add(parent);
+    this.kick();
+    return handles;
+  }
+
+  /** The live state, stream and handle of a request about to be queued. */
+  private track(req: Request, o: GenerateOptions): RequestHandle {
     const stream = new TokenStream<TokenEvent>();
     let resolve!: (x: RequestOutcome) => void;
     const done = new Promise<RequestOutcome>((r) => (resolve = r));
@@ -628,9 +700,67 @@ export class Engine {
       live.cleanup = () => o.signal!.removeEventListener('abort', onAbort);
     }
     stream.onReturn = () => this.abort(req.id);
-    this.scheduler.add(req);
-    this.kick();
     return { id: req.id, events: stream, done, abort: () => this.abort(req.id) };
+  }
+
+  /**
+   * A fork that ends before its prompt was prefilled leaves the prompt's request; the last one to
+   * leave removes it (and frees its blocks).
+   */
+  private detachFork(req: Request): void {
+    const p = req.forkParent;
+    if (!p) return;
+    req.forkParent = undefined;
+    const kids = p.forkChildren ?? [];
+    const k = kids.indexOf(req);
+    if (k >= 0) kids.splice(k, 1);
+    if (kids.length === 0) {
+      p.forkChildren = undefined;
+      this.scheduler.remove(p);
+      p.status = 'FINISHED_ABORTED';
+      this.graphKey = undefined;
+    }
+  }
+
+  /**
+   * The step that computed the last prompt token of a prompt request with forks has sampled one
+   * token per fork: the forks take over its KV (full blocks shared, the partial last block copied
+   * into a block of each fork's own) and its place in the running batch.
+   */
+  private forkOut(parent: Request): void {
+    const kids = parent.forkChildren ?? [];
+    parent.forkChildren = undefined;
+    const seated: Request[] = [];
+    const queued: Request[] = [];
+    const tiered = this.kvTiers !== undefined;
+    const bs = this.kv.blockSize;
+    // Tiered KV pages are placed per step by the page policy: no in-place copy; the forks share the
+    // full pages and recompute the partial one (as long as there is a full page to share).
+    const share = !tiered || (parent.numTokens >= bs && this.kv.numReleasedBlocks(parent.id) === 0);
+    for (const c of kids) {
+      c.forkParent = undefined;
+      c.times.firstScheduled = parent.times.firstScheduled;
+      c.numCachedTokens = parent.numCachedTokens;
+      const f = share ? this.kv.forkSequence(parent.id, c.id, !tiered) : null;
+      if (f === null) {
+        // No block for its copy: recomputed when admitted, like a preempted request.
+        queued.push(c);
+        continue;
+      }
+      if (f.copy) this.copyKvBlock(f.copy.src, f.copy.dst);
+      c.numComputedTokens = f.numTokens;
+      c.status = 'RUNNING';
+      seated.push(c);
+    }
+    this.scheduler.replaceWithForks(parent, seated, queued);
+    parent.status = 'FINISHED_STOPPED';
+    this.graphKey = undefined;
+  }
+
+  /** Copy one KV block's K and V (every layer, every stage) to another block, on the compute stream. */
+  private copyKvBlock(src: number, dst: number): void {
+    const runners = this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner];
+    for (const r of runners) r.copyKvPage({ from: 'hot', fromSlot: src, to: 'hot', toSlot: dst });
   }
 
   /** Stream the tokens of one request. Aborting through `signal` ends the iteration with the signal's reason. */
@@ -651,6 +781,7 @@ export class Engine {
     const l = this.live.get(id);
     if (!l || l.req.finished) return;
     this.scheduler.remove(l.req);
+    this.detachFork(l.req);
     if (this.graphKey !== undefined) this.graphKey = undefined;
     this.finish(l, 'abort', 'FINISHED_ABORTED');
   }
@@ -675,6 +806,7 @@ export class Engine {
   private failAll(err: Error): void {
     for (const l of [...this.live.values()]) {
       this.scheduler.remove(l.req);
+      this.detachFork(l.req);
       l.req.status = 'FINISHED_ABORTED';
       l.req.finishReason = 'abort';
       this.live.delete(l.req.id);
@@ -703,6 +835,13 @@ export class Engine {
     let promptTokens = 0;
     const kt = this.kvTiers;
     const bs = this.kv.blockSize;
+    // Blocks two or more of this step's sequences read (forks, prefix hits): marked per step.
+    const stamp = ++this.blockStamp;
+    const seen = this.blockSeen;
+    const twice = this.blockTwice;
+    let sharedBlocks = 0;
+    let sharedBlockReads = 0;
+    let forks = false;
     if (kt) {
       // Page moves first (demotions, cold pages up to warm): the step reads the tables after them.
       const epoch = kt.tiers.epoch;
@@ -735,22 +874,39 @@ export class Engine {
           wt[k * mb + b] = kt.tiers.warmSlot(table[b]);
         }
       } else for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
+      for (let b = 0; b < table.length; b++) {
+        const id = table[b];
+        if (id === 0) continue;
+        if (seen[id] !== stamp) seen[id] = stamp;
+        else {
+          sharedBlockReads++;
+          if (twice[id] !== stamp) {
+            twice[id] = stamp;
+            sharedBlocks++;
+          }
+        }
+      }
       if (start + numTokens === req.numTokens) {
-        const i = sampling.length;
-        st.logitRows[i] = rows - 1;
-        const p = req.params;
-        st.params[i * 4] = p.temperature;
-        st.params[i * 4 + 1] = p.topK;
-        st.params[i * 4 + 2] = p.topP;
-        st.params[i * 4 + 3] = p.minP;
-        st.rng[i * 2] = p.seed;
-        st.rng[i * 2 + 1] = req.sampleCounter;
-        sampling.push(req);
+        // A prompt request with forks: its last row is sampled once per fork, each with its own seed.
+        const samplers = req.forkChildren ?? [req];
+        if (req.forkChildren) forks = true;
+        for (const r of samplers) {
+          const i = sampling.length;
+          st.logitRows[i] = rows - 1;
+          const p = r.params;
+          st.params[i * 4] = p.temperature;
+          st.params[i * 4 + 1] = p.topK;
+          st.params[i * 4 + 2] = p.topP;
+          st.params[i * 4 + 3] = p.minP;
+          st.rng[i * 2] = p.seed;
+          st.rng[i * 2 + 1] = r.sampleCounter;
+          sampling.push(r);
+        }
       }
     });
     const nSeq = plan.scheduled.length;
     const nl = sampling.length;
-    const decodeOnly = nl === nSeq && rows === nSeq;
+    const decodeOnly = nl === nSeq && rows === nSeq && !forks;
     const deviceSample = nl > 0 && sampling.every((r) => isDeviceSamplable(r.params) && !this.needsLogits(r));
     const V = this.spec.vocabSize;
     const be = this.backend;
@@ -858,6 +1014,8 @@ export class Engine {
     const buckets = this.profile ? this.runner.takeProfile() : undefined;
     const after = this.pipeline?.stats() ?? be.stats();
     for (const { req, numTokens } of plan.scheduled) req.numComputedTokens += numTokens;
+    // Prompts with forks that finished: the forks take over (before their first tokens are accepted).
+    if (forks) for (const { req } of plan.scheduled) if (req.forkChildren && req.numComputedTokens === req.numTokens) this.forkOut(req);
     const now = performance.now();
     const share = nl > 0 ? 1 / nl : 0;
     const delta = statsDelta(before, after, share);
@@ -895,6 +1053,8 @@ export class Engine {
       promptTokens,
       generationTokens: nl,
       stepMs: now - t0,
+      sharedBlocks,
+      sharedBlockReads,
     };
     for (const f of this.stepListeners) f(sig);
   }

@@ -12,6 +12,8 @@ export interface RequestLimits {
    * sequence holds at once, however long it grows. Absent: a sequence holds all of its blocks.
    */
   maxHeldBlocks?: number;
+  /** The most forks one prompt may have (Engine.submitFork): the sequences one batch holds. Absent: no limit is known. */
+  maxForks?: number;
 }
 
 export interface RequestCheckOptions extends SamplingParams {
@@ -44,4 +46,17 @@ export function validateRequest(limits: RequestLimits, ids: readonly number[], o
     }
   }
   return params;
+}
+
+/**
+ * The checks `n` shared-prefix forks of one request add (Engine.submitFork, after validateRequest
+ * accepted the request itself): an integer in [1, maxForks], and no teacher forcing across forks.
+ * Throws InvalidParamsError('n', ...), changes nothing.
+ */
+export function validateForkCount(limits: RequestLimits, n: number, o: Pick<RequestCheckOptions, 'forceTokens'>): void {
+  const max = limits.maxForks ?? Number.MAX_SAFE_INTEGER;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > max) {
+    throw new InvalidParamsError('n', `must be an integer in [1, ${max}] (forks of one prompt run in one batch of at most ${max} sequences), got ${String(n)}`);
+  }
+  if (n > 1 && o.forceTokens !== undefined) throw new InvalidParamsError('n', 'forced tokens (teacher forcing) cannot be combined with n > 1 forks');
 }

@@ -53,6 +53,16 @@ export class Request {
   numPreemptions = 0;
   /** Prompt tokens served from the prefix cache at the last admission. */
   numCachedTokens = 0;
+  /**
+   * Shared-prefix forks (Engine.submitFork): on the internal request that prefills the prompt, the
+   * forks waiting for it. Its last prompt row is sampled once per fork, after which the forks take
+   * its place (sharing its KV blocks) and it is gone. Undefined on every other request.
+   */
+  forkChildren: Request[] | undefined = undefined;
+  /** On a fork whose prompt is still being prefilled: the request prefilling it. */
+  forkParent: Request | undefined = undefined;
+  /** Id of the prompt request a fork came from (the forks of one prompt share it); undefined otherwise. */
+  forkGroup: number | undefined = undefined;
 
   constructor(
     readonly id: number,
@@ -69,6 +79,11 @@ export class Request {
 
   get numTokens(): number {
     return this.allIds.length;
+  }
+
+  /** Batch seats the request takes: one per fork on a prompt request of forks, else one. */
+  get forkWidth(): number {
+    return this.forkChildren?.length ?? 1;
   }
 
   get finished(): boolean {

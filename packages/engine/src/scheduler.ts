@@ -43,6 +43,10 @@ export interface SchedulerOutput {
  * first), then waiting ones are admitted (by priority, then arrival) unless something was
  * preempted in this step. When blocks run out, the lowest-priority, youngest running request
  * is preempted by recompute: its blocks are freed and it goes back to the head of the queue.
+ *
+ * Shared-prefix forks: a prompt request carrying n forks (Request.forkChildren) takes n of the
+ * maxNumSeqs seats from its admission on, so the step that finishes its prompt can sample n rows
+ * and the n forks can take its place in the running batch (replaceWithForks) without waiting.
  */
 export class Scheduler {
   readonly waiting: Request[] = [];
@@ -68,6 +72,23 @@ export class Scheduler {
     const r = this.running.indexOf(req);
     if (r >= 0) this.running.splice(r, 1);
     if (this.kv.hasSequence(req.id)) this.kv.free(req.id);
+  }
+
+  /**
+   * The forks of `parent` take its place in the running list (in order, where it stood, so they
+   * are scheduled together); `queued` ones (no KV of their own yet) wait to be admitted like
+   * preempted requests. The parent's blocks are freed: the forks hold their own references.
+   */
+  replaceWithForks(parent: Request, seated: readonly Request[], queued: readonly Request[]): void {
+    const at = this.running.indexOf(parent);
+    if (at < 0) throw new Error(`request ${parent.id} is not running; only a running prompt request forks`);
+    this.running.splice(at, 1, ...seated);
+    if (this.kv.hasSequence(parent.id)) this.kv.free(parent.id);
+    for (const q of queued) {
+      q.status = 'PREEMPTED';
+      q.numComputedTokens = 0;
+      this.waiting.unshift(q);
+    }
   }
 
   private victim(): Request {
@@ -154,7 +175,10 @@ export class Scheduler {
 
     if (preempted.length === 0) {
       this.waiting.sort((a, b) => a.priority - b.priority || a.times.arrival - b.times.arrival || a.id - b.id);
-      while (this.waiting.length > 0 && budget > 0 && this.running.length < this.config.maxNumSeqs) {
+      // Seats: one per running request, n for a prompt request of n forks (their places are kept).
+      let seats = 0;
+      for (const r of this.running) seats += r.forkWidth;
+      while (this.waiting.length > 0 && budget > 0 && seats + this.waiting[0].forkWidth <= this.config.maxNumSeqs) {
         const req = this.waiting[0];
         let hit = this.kv.getComputedBlocks(req.id, req.allIds, req.cacheSalt ? { cacheSalt: req.cacheSalt } : undefined);
         let n = Math.min(req.numTokens - hit.numComputedTokens, budget, chunkCap);
@@ -181,6 +205,7 @@ export class Scheduler {
         req.numComputedTokens = hit.numComputedTokens;
         req.numCachedTokens = hit.numComputedTokens;
         this.running.push(req);
+        seats += req.forkWidth;
         scheduled.push({ req, numTokens: n });
         budget -= n;
       }
