@@ -982,8 +982,15 @@ export class Engine {
     } else {
       this.graphKey = undefined;
       this.writeMeta(rows, nl, deviceSample);
-      if (tiered) (this.runner as ModelRunner).forward(rows, nl, undefined, undefined, true);
-      else this.runner.forward(rows, nl);
+      // A prompt's last row sampled once per fork: logit rows repeat (see ModelRunner.repeatedLogitRows).
+      const runners = forks ? (this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) : [];
+      for (const r of runners) r.repeatedLogitRows = true;
+      try {
+        if (tiered) (this.runner as ModelRunner).forward(rows, nl, undefined, undefined, true);
+        else this.runner.forward(rows, nl);
+      } finally {
+        for (const r of runners) r.repeatedLogitRows = false;
+      }
       if (deviceSample) {
         this.runner.sampleOnDevice(nl, m.sampled);
         be.record(this.endEv);

@@ -350,6 +350,13 @@ export class ModelRunner {
    * holds its input rows), the final norm and LM head when it holds the last layer and `head` is
    * not false; otherwise it leaves the complete residual stream of its rows in `hidden`.
    */
+  /**
+   * Set (by the engine, around one pass) when meta.logitRows lists a row more than once: the pass
+   * that samples a prompt's last row once per shared-prefix fork. nLogits === rows then no longer
+   * means one row per sequence, so the pass keeps the per-layer ops.
+   */
+  repeatedLogitRows = false;
+
   forward(rows: number, nLogits: number, stream?: StreamHandle, head = this.last, tiered = false): void {
     this.stream = stream;
     if (tiered && this.meta.warmTables === undefined) throw new RangeError('a tiered pass needs a runner created with warm KV blocks');
@@ -373,7 +380,7 @@ export class ModelRunner {
     // keeps the per-layer ops, so device time still splits into norm/projection/attention/mlp.
     // Split layers (compute near data) stage host rows in buffers of FUSED_MAX_ROWS rows.
     const wholeStack =
-      this.stack !== undefined && nLogits === rows && !this.profiling && !tiered && (rows <= FUSED_MAX_ROWS || !this.stack.some((r) => r.split));
+      this.stack !== undefined && nLogits === rows && !this.repeatedLogitRows && !this.profiling && !tiered && (rows <= FUSED_MAX_ROWS || !this.stack.some((r) => r.split));
     if (wholeStack || (rows <= FUSED_MAX_ROWS && this.fusedOps)) {
       if (wholeStack) this.forwardStack(rows);
       else this.forwardFusedLayers(rows);

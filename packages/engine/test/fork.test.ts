@@ -155,6 +155,16 @@ describe('Engine.submitFork: shared-prefix forks (CPU, tiny-random-qwen3)', () =
     expectAllFree(e);
   });
 
+  it('a prompt as long as n: the fork step is not mistaken for a batch of decode rows', async () => {
+    // 3 prompt rows and 3 sampled rows: rows === logit rows, yet one sequence with 3 rows.
+    for (const [len, n] of [[3, 3], [1, 2], [2, 2]]) {
+      const want = await separately(e, n, SAMPLED, PROMPT.slice(0, len));
+      const got = await Promise.all(e.submitFork(PROMPT.slice(0, len), n, SAMPLED).map((h) => h.done));
+      for (let i = 0; i < n; i++) expect(got[i].tokenIds, `prompt ${len}, fork ${i}`).toEqual(want[i].tokenIds);
+    }
+    expectAllFree(e);
+  });
+
   it('n = 1 is a plain submit', async () => {
     const want = await e.submit(PROMPT, SAMPLED).done;
     const hs = e.submitFork(PROMPT, 1, SAMPLED);

@@ -44,6 +44,23 @@ export function toApiError(e: unknown): unknown {
 }
 
 /**
+ * Submit `jobs` in order, one handle each into `out`. The n choices of one prompt (consecutive
+ * jobs with the same prompt index and sample seeds seed, seed + 1, ...) run as shared-prefix forks
+ * (`submitFork`: the prompt prefilled once, its KV blocks shared), in groups of at most the
+ * engine's `maxForks`; a lone choice is a plain submit.
+ */
+export function submitJobs(engine: WorkerEngine, jobs: readonly ChoiceJob[], out: WorkerRequestHandle[]): void {
+  for (let k = 0; k < jobs.length; ) {
+    let end = k + 1;
+    while (end < jobs.length && end - k < engine.maxForks && jobs[end].promptIndex === jobs[k].promptIndex) end++;
+    // choiceOptions gave job k + i the seed of job k + i; fork i of job k's options samples with it.
+    if (end - k === 1) out.push(engine.submit(jobs[k].promptIds, jobs[k].opts));
+    else out.push(...engine.submitFork(jobs[k].promptIds, end - k, jobs[k].opts));
+    k = end;
+  }
+}
+
+/**
  * The sequences of one HTTP request, running in the engine: admission, submission, timeout and
  * disconnect handling. Every path that ends it aborts what still runs and releases the ticket
  * only after the engine reported each sequence finished (its KV blocks are free by then).
@@ -63,7 +80,7 @@ export class Generation {
     timeoutMs: number,
   ) {
     try {
-      for (const j of jobs) this.handles.push(engine.submit(j.promptIds, j.opts));
+      submitJobs(engine, jobs, this.handles);
     } catch (e) {
       for (const h of this.handles) h.abort();
       // Nothing ran past validation, but submitted siblings must finish before the slots return.

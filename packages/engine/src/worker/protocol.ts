@@ -80,6 +80,8 @@ export interface WireError {
 
 export type ToWorker =
   | { type: 'submit'; rid: number; promptIds: number[]; opts: WorkerGenerateOptions }
+  /** Engine.submitFork: fork i answers under rids[i]. */
+  | { type: 'submitFork'; rids: number[]; promptIds: number[]; opts: WorkerGenerateOptions }
   | { type: 'abort'; rid: number }
   | { type: 'query'; qid: number; what: 'stats' | 'checkInvariants' }
   | { type: 'dispose' };

@@ -6,7 +6,7 @@ import { Worker } from 'node:worker_threads';
 import { NervaTokenizer } from '@nerva/models';
 import { EngineError, type StepSignals } from '../engine.js';
 import type { TokenEvent } from '../request.js';
-import { validateRequest } from '../request-validation.js';
+import { validateForkCount, validateRequest } from '../request-validation.js';
 import { InvalidParamsError } from '../sampling-params.js';
 import { TokenStream } from '../token-stream.js';
 import type {
@@ -200,6 +200,37 @@ export class WorkerEngine {
     const ids = typeof prompt === 'string' ? this.encode(prompt) : [...prompt];
     this.validate(ids, opts);
     if (signal?.aborted) throw signal.reason ?? new EngineError('ABORTED', 'aborted');
+    const h = this.track(signal);
+    this.post({ type: 'submit', rid: h.id, promptIds: ids, opts: stripUndefined(opts) });
+    return h;
+  }
+
+  /** The most forks {@link submitFork} takes for one prompt (the engine's maxNumSeqs). */
+  get maxForks(): number {
+    return this.info.limits.maxForks ?? 1;
+  }
+
+  /**
+   * {@link Engine.submitFork} in the worker: `n` shared-prefix forks of one prompt (the prompt
+   * prefilled once, its full KV blocks shared, fork i sampling with seed + i), one handle each.
+   * Validated here and synchronously, as in the engine: a bad request or `n` throws
+   * {@link InvalidParamsError} before anything is sent. `signal` aborts every fork.
+   */
+  submitFork(prompt: string | readonly number[], n: number, o: WorkerSubmitOptions = {}): WorkerRequestHandle[] {
+    if (this.dead) throw this.dead;
+    if (this.disposing) throw new EngineError('DISPOSED', 'engine is disposed');
+    const { signal, ...opts } = o;
+    const ids = typeof prompt === 'string' ? this.encode(prompt) : [...prompt];
+    this.validate(ids, opts);
+    validateForkCount(this.info.limits, n, opts);
+    if (signal?.aborted) throw signal.reason ?? new EngineError('ABORTED', 'aborted');
+    const hs = Array.from({ length: n }, () => this.track(signal));
+    this.post({ type: 'submitFork', rids: hs.map((h) => h.id), promptIds: ids, opts: stripUndefined(opts) });
+    return hs;
+  }
+
+  /** A handle for a request about to be posted to the worker. */
+  private track(signal: AbortSignal | undefined): WorkerRequestHandle {
     const rid = this.nextRid++;
     const stream = new TokenStream<TokenEvent>();
     let resolve!: (o: WorkerOutcome) => void;
@@ -222,7 +253,6 @@ export class WorkerEngine {
       p.cleanup = () => signal.removeEventListener('abort', abort);
     }
     stream.onReturn = abort;
-    this.post({ type: 'submit', rid, promptIds: ids, opts: stripUndefined(opts) });
     return { id: rid, events: stream, done, abort };
   }
 

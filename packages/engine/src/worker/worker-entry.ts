@@ -53,6 +53,20 @@ port.on('message', (m: ToWorker) => {
       void run(m.rid, h);
       return;
     }
+    case 'submitFork': {
+      let hs: RequestHandle[];
+      try {
+        hs = engine.submitFork(m.promptIds, m.rids.length, m.opts);
+      } catch (e) {
+        for (const rid of m.rids) post({ type: 'failed', rid, error: toWire(e), load: load() });
+        return;
+      }
+      hs.forEach((h, i) => {
+        live.set(m.rids[i], h);
+        void run(m.rids[i], h);
+      });
+      return;
+    }
     case 'abort':
       live.get(m.rid)?.abort();
       return;
