@@ -136,7 +136,7 @@ program
 
 program
   .command('fork')
-  .description('shared-prefix forks: N sequences continue one prompt at once (its full KV blocks shared through the prefix cache) against the same N requests one after the other; decode wall time, speedup, identical tokens')
+  .description('shared-prefix forks (Engine.submitFork): N sequences continue one prompt prefilled once (its full KV blocks shared by refcount) against the same N requests one after the other; decode wall time, speedup, identical tokens')
   .option('--model <dir>')
   .addOption(backendOpt())
   .option('--n <n>', 'forks', int('--n'), 32)
@@ -154,6 +154,7 @@ program
   }, 1)
   .addOption(kvDtypeOpt())
   .addOption(matmulOpt())
+  .option('--prefix-caching', 'enable prefix caching (default off: the forks alone share the prompt blocks, every sequential run prefills it)')
   .action(async (f) =>
     print(
       await forkProbe({
@@ -166,6 +167,7 @@ program
         seed: f.seed,
         kvCacheDtype: f.kvCacheDtype,
         matmulPrecision: f.matmulPrecision,
+        prefixCaching: f.prefixCaching === true,
       }),
     ),
   );

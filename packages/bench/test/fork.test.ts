@@ -13,26 +13,48 @@ const CLI = join(root, 'packages/bench/dist/cli.js');
 const run = promisify(execFile);
 
 describe('nerva-bench fork', () => {
-  it('n sampled forks of one prompt share its full blocks and equal the same requests run one by one', async () => {
+  it('n sampled forks of one prompt: prefilled once, full blocks shared, tokens equal to the same requests one by one', async () => {
     const r = await forkProbe({ model: TINY, backend: 'cpu', n: 5, promptLen: 37, newTokens: 10, temperature: 0.8, seed: 3 });
-    expect(r).toMatchObject({ probe: 'fork', backend: 'cpu', n: 5, prompt_len: 37, tokens_identical: true, mismatches: 0, hot_path_allocations: 0 });
-    // 37 tokens with blocks of 16: two full blocks, found in the prefix cache by every fork.
+    expect(r).toMatchObject({ probe: 'fork', backend: 'cpu', n: 5, prompt_len: 37, new_tokens: 10, prefix_caching: false, tokens_identical: true, mismatches: 0, hot_path_allocations: 0 });
+    expect(r.mismatch_details).toEqual([]);
+    // The prompt was computed once for the five forks.
+    expect(r.fork_prefill_tokens).toBe(37);
+    // 37 tokens with blocks of 16: two full blocks, held once and read by all five forks each step.
+    expect(r.block_size).toBe(16);
     expect(r.shared_prompt_blocks).toBe(2);
-    expect(r.prefix_hit_tokens).toBe(5 * 32);
-    expect(r.cached_prompt_tokens).toBe(5 * 32);
+    expect(r.kv_shared_blocks_peak).toBe(2);
+    expect(r.prefix_blocks_read_per_step).toBe(2);
+    expect(r.redundant_block_reads_per_step).toBe(2 * 4);
+    expect(r.decode_rows_per_step).toBe(5);
+    // 2 shared + 5 forks x 1 own block (47 tokens = 3 blocks), against 5 x 3 unshared.
+    expect(r.kv_blocks_used_peak).toBe(2 + 5);
+    expect(r.kv_blocks_unshared).toBe(15);
+    // One step prefills and samples the 5 first tokens, then 9 batched decode steps.
+    expect(r.fork_steps).toBe(10);
     // Different seeds: the forks really sample (not five copies of one sequence).
     expect(r.distinct_fork_outputs as number).toBeGreaterThan(1);
-    for (const k of ['sequential_decode_s', 'fork_decode_s', 'decode_speedup', 'fork_decode_tok_s']) expect(r[k] as number, k).toBeGreaterThan(0);
+    for (const k of ['sequential_decode_s', 'fork_decode_s', 'decode_speedup', 'fork_decode_tok_s', 'sequential_total_s', 'fork_total_s', 'total_speedup'])
+      expect(r[k] as number, k).toBeGreaterThan(0);
+    // The forks decode as one graph replay per step: a fifth of a replay per token.
+    expect(r.graph_bucket).toBe(8);
+    expect(r.graph_nodes as number).toBeGreaterThan(0);
+    expect(r.graph_replays_per_decode_token).toBeCloseTo(0.2, 2);
+    expect(r.sequential_graph_replays_per_decode_token).toBe(1);
     // Every block but the null block is free again.
     expect(r.kv_blocks_free_after).toBe((r.kv_blocks_total as number) - 1);
   }, 120_000);
 
   it('greedy forks are identical to each other and to the sequential runs', async () => {
     const r = await forkProbe({ model: TINY, backend: 'cpu', n: 3, promptLen: 20, newTokens: 6, temperature: 0, seed: 0 });
-    expect(r).toMatchObject({ tokens_identical: true, distinct_fork_outputs: 1 });
+    expect(r).toMatchObject({ tokens_identical: true, distinct_fork_outputs: 1, fork_prefill_tokens: 20 });
   }, 60_000);
 
-  it('bad options are one clear error each', async () => {
+  it('the CLI prints one JSON line; bad options are one clear error each', async () => {
+    const { stdout } = await run(process.execPath, [CLI, 'fork', '--model', TINY, '--backend', 'cpu', '--n', '4', '--prompt-len', '24', '--new-tokens', '5', '--temperature', '0']);
+    const lines = stdout.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(JSON.parse(lines[0])).toMatchObject({ probe: 'fork', n: 4, prompt_len: 24, new_tokens: 5, temperature: 0, tokens_identical: true, shared_prompt_blocks: 1 });
+
     await expect(forkProbe({ model: TINY, backend: 'cpu', n: 0, promptLen: 8, newTokens: 2, temperature: 0, seed: 0 })).rejects.toThrow(/--n must be a positive integer/);
     for (const [args, msg] of [
       [['--n', '0'], '--n'],
@@ -46,5 +68,5 @@ describe('nerva-bench fork', () => {
       expect(err?.code, args.join(' ')).not.toBe(0);
       expect(err?.stderr, args.join(' ')).toContain(msg);
     }
-  });
+  }, 60_000);
 });

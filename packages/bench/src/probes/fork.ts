@@ -1,4 +1,4 @@
-import { Engine, type RequestOutcome } from '@nerva/engine';
+import { Engine, type GenerateOptions, type RequestOutcome, type StepSignals } from '@nerva/engine';
 import { syntheticPrompt } from '../measure.js';
 
 export interface ForkProbeOptions {
@@ -14,63 +14,103 @@ export interface ForkProbeOptions {
   seed: number;
   kvCacheDtype?: 'auto' | 'f32' | 'bf16';
   matmulPrecision?: 'exact' | 'bf16';
+  /**
+   * Prefix caching (default off: every block the forks share is shared by the fork itself, and
+   * each sequential run prefills the whole prompt, as a request would alone).
+   */
+  prefixCaching?: boolean;
 }
 
 const r3 = (x: number) => Math.round(x * 1000) / 1000;
 
+function median(xs: number[]): number | null {
+  if (xs.length === 0) return null;
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
+
 /** Time from a request's first token to its last (its decode), and from arrival to the end. */
-function spans(o: RequestOutcome): { decode: number; total: number; first: number; last: number; arrival: number } {
+function spans(o: RequestOutcome): { decode: number; total: number; first: number; last: number; arrival: number; finished: number } {
   const t = o.times;
   const first = t.firstToken ?? t.arrival;
   const last = t.lastToken ?? t.finished ?? first;
-  return { decode: last - first, total: (t.finished ?? last) - t.arrival, first, last, arrival: t.arrival };
+  const finished = t.finished ?? last;
+  return { decode: last - first, total: finished - t.arrival, first, last, arrival: t.arrival, finished };
 }
 
 /**
- * Shared-prefix forks: n sequences continue one prompt. The prompt is prefilled once (a warm-up
- * request), so each fork finds the prompt's full KV blocks in the prefix cache and shares them by
- * reference count; only the prompt's last partial block is its own. The n forks run at once
- * (continuous batching puts them in the same decode steps) against the same n requests run one
- * after the other; fork i and sequential run i sample with the same seed, so their tokens must be
- * identical. Decode wall time is first token to last token (the forks: earliest first token to
- * latest last token; sequential: the sum over runs).
+ * Shared-prefix forks (Engine.submitFork): n sequences continue one prompt. The prompt is
+ * prefilled once, its last position sampled once per fork (fork i with seed + i), then the forks
+ * share the prompt's full KV blocks by reference count (each copies only the partial last block)
+ * and decode together in the same batched steps. Against: the same n requests run one after the
+ * other (`submit`, seed + i), which must give every fork's tokens exactly.
+ *
+ * Decode wall time is first token to last token: for the forks, from their common first token to
+ * the last fork's last token; sequentially, the sum over the runs. Total wall time adds the
+ * prefill (arrival to the end). Graphs for batch 1 and for n rows are captured in a warm-up.
  */
 export async function forkProbe(o: ForkProbeOptions): Promise<Record<string, unknown>> {
   const n = o.n ?? 32;
   if (!Number.isInteger(n) || n < 1) throw new RangeError(`--n must be a positive integer, got ${n}`);
+  const prefixCaching = o.prefixCaching ?? false;
   const engine = await Engine.create({
     model: o.model,
     backend: o.backend,
     maxNumSeqs: Math.max(8, n),
     maxModelLen: o.promptLen + o.newTokens + 32,
-    enablePrefixCaching: true,
+    enablePrefixCaching: prefixCaching,
     kvCacheDtype: o.kvCacheDtype,
     matmulPrecision: o.matmulPrecision,
   });
   try {
     const prompt = syntheticPrompt(o.promptLen, engine.spec.vocabSize, 7);
-    const params = (i: number) => ({ maxTokens: o.newTokens, temperature: o.temperature, seed: o.seed + i, ignoreEos: true });
-    // Warm-up: compiles graphs for batch 1 and puts the prompt's full blocks in the prefix cache.
-    await engine.submit(prompt, { maxTokens: 2, temperature: 0, ignoreEos: true }).done;
+    const params: GenerateOptions = { maxTokens: o.newTokens, temperature: o.temperature, seed: o.seed, ignoreEos: true };
+    // Warm-up: captures the decode graphs of batch 1 and of the n forks.
+    const warm = { maxTokens: Math.min(4, o.newTokens), temperature: 0, ignoreEos: true };
+    await engine.submit(prompt, warm).done;
+    await Promise.all(engine.submitFork(prompt, n, warm).map((h) => h.done));
+
     const sequential: RequestOutcome[] = [];
-    for (let i = 0; i < n; i++) sequential.push(await engine.submit(prompt, params(i)).done);
-    const before = engine.kv.stats();
-    const t0 = performance.now();
-    const handles = Array.from({ length: n }, (_, i) => engine.submit(prompt, params(i)));
-    // Blocks held right after admission: the shared prompt blocks count once.
-    const forks = await Promise.all(handles.map((h) => h.done));
-    const wall = performance.now() - t0;
+    for (let i = 0; i < n; i++) sequential.push(await engine.submit(prompt, { ...params, seed: o.seed + i }).done);
+
+    const steps: StepSignals[] = [];
+    let peakUsed = 0;
+    let peakShared = 0;
+    const off = engine.onStep((s) => {
+      steps.push(s);
+      const k = engine.kv.stats();
+      peakUsed = Math.max(peakUsed, k.usedBlocks - 1);
+      peakShared = Math.max(peakShared, k.sharedBlocks);
+    });
+    let forks: RequestOutcome[];
+    try {
+      forks = await Promise.all(engine.submitFork(prompt, n, params).map((h) => h.done));
+    } finally {
+      off();
+    }
     const after = engine.kv.stats();
     const seq = sequential.map(spans);
     const fk = forks.map(spans);
     const seqDecode = seq.reduce((a, s) => a + s.decode, 0);
     const seqTotal = seq.reduce((a, s) => a + s.total, 0);
     const forkDecode = Math.max(...fk.map((s) => s.last)) - Math.min(...fk.map((s) => s.first));
-    const forkTotal = Math.max(...fk.map((s) => s.last)) - Math.min(...fk.map((s) => s.arrival));
-    const mismatches = forks.map((f, i) => ({ index: i, first: f.tokenIds.findIndex((t, j) => t !== sequential[i].tokenIds[j]) })).filter((m) => m.first >= 0 || forks[m.index].tokenIds.length !== sequential[m.index].tokenIds.length);
+    const forkTotal = Math.max(...fk.map((s) => s.finished)) - Math.min(...fk.map((s) => s.arrival));
+    const mismatches = forks
+      .map((f, i) => ({ index: i, first_difference: f.tokenIds.findIndex((t, j) => t !== sequential[i].tokenIds[j]), fork_tokens: f.tokenIds.length, sequential_tokens: sequential[i].tokenIds.length }))
+      .filter((m) => m.first_difference >= 0 || m.fork_tokens !== m.sequential_tokens);
     const bs = engine.kv.blockSize;
-    const sharedBlocks = Math.floor(o.promptLen / bs);
     const decodeTokens = forks.reduce((a, f) => a + f.tokenIds.length, 0);
+    // Decode steps: every step after the one that prefilled the prompt and sampled the n first tokens.
+    const decodeSteps = steps.filter((s) => s.promptTokens === 0 && s.generationTokens > 0);
+    const summaries = forks.map((f) => f.ledger.summary());
+    const seqSummaries = sequential.map((f) => f.ledger.summary());
+    const mean = (xs: number[]) => (xs.length ? r3(xs.reduce((a, x) => a + x, 0) / xs.length) : null);
+    const nodes = engine.graphNodes();
+    const bucket = Object.keys(nodes)
+      .map(Number)
+      .filter((b) => b >= n)
+      .sort((a, b) => a - b)[0];
     return {
       probe: 'fork',
       model: o.model,
@@ -79,30 +119,49 @@ export async function forkProbe(o: ForkProbeOptions): Promise<Record<string, unk
       numerics: engine.backend.capabilities.numerics ?? 'exact',
       matmul_precision: engine.matmulPrecision,
       kv_cache_dtype: engine.kvDtype,
+      prefix_caching: prefixCaching,
       n,
       prompt_len: o.promptLen,
       new_tokens: o.newTokens,
       temperature: o.temperature,
       seed: o.seed,
-      // The prompt's full blocks every fork shares through the prefix cache (the partial last one is each fork's own).
-      shared_prompt_blocks: sharedBlocks,
-      prefix_hit_tokens: after.prefixHits - before.prefixHits,
-      cached_prompt_tokens: forks.reduce((a, f) => a + f.numCachedTokens, 0),
+      // Decode (first token to last) and total (arrival to end) wall time, sequential vs forks.
       sequential_decode_s: r3(seqDecode / 1000),
       fork_decode_s: r3(forkDecode / 1000),
       decode_speedup: r3(seqDecode / forkDecode),
       sequential_total_s: r3(seqTotal / 1000),
       fork_total_s: r3(forkTotal / 1000),
       total_speedup: r3(seqTotal / forkTotal),
-      fork_wall_s: r3(wall / 1000),
       fork_decode_tok_s: r3(decodeTokens / (forkDecode / 1000)),
+      sequential_decode_tok_s: r3(sequential.reduce((a, f) => a + f.tokenIds.length, 0) / (seqDecode / 1000)),
       tokens_identical: mismatches.length === 0,
       mismatches: mismatches.length,
       mismatch_details: mismatches.slice(0, 8),
       distinct_fork_outputs: new Set(forks.map((f) => f.tokenIds.join(','))).size,
-      hot_path_allocations: forks.reduce((a, f) => a + (f.ledger.summary().hot_path_allocations ?? 0), 0),
+      // The prompt was prefilled once for all forks (prefill tokens computed during the fork run).
+      fork_prefill_tokens: steps.reduce((a, s) => a + s.promptTokens, 0),
+      fork_steps: steps.length,
+      // KV: the prompt's full blocks every fork shares by reference (the partial last one is copied per fork).
+      block_size: bs,
+      shared_prompt_blocks: Math.floor(o.promptLen / bs),
+      kv_shared_blocks_peak: peakShared,
+      kv_blocks_used_peak: peakUsed,
+      // What n separate sequences of prompt + new tokens would hold.
+      kv_blocks_unshared: n * Math.ceil((o.promptLen + o.newTokens) / bs),
+      // Per decode step: blocks read by 2+ forks, and the reads of them beyond the first (what a
+      // kernel reading each shared block once for all forks would save).
+      prefix_blocks_read_per_step: median(decodeSteps.map((s) => s.sharedBlocks)),
+      redundant_block_reads_per_step: median(decodeSteps.map((s) => s.sharedBlockReads)),
+      decode_rows_per_step: median(decodeSteps.map((s) => s.scheduledTokens)),
+      graph_nodes: bucket !== undefined ? nodes[bucket] : null,
+      graph_bucket: bucket ?? null,
+      graph_replays_per_decode_token: mean(summaries.map((s) => s.graph_replays_per_decode_token)),
+      sequential_graph_replays_per_decode_token: mean(seqSummaries.map((s) => s.graph_replays_per_decode_token)),
+      syncs_per_decode_token: summaries[0]?.syncs_per_decode_token ?? null,
+      hot_path_allocations: [...summaries, ...seqSummaries].reduce((a, s) => a + (s.hot_path_allocations ?? 0), 0),
       kv_blocks_free_after: after.freeBlocks,
       kv_blocks_total: after.totalBlocks,
+      notes: summaries[0]?.notes ?? [],
     };
   } finally {
     engine.dispose();
