@@ -172,6 +172,14 @@ program
     ),
   );
 
+/** --host-compute: auto, off, or a fraction strictly between 0 and 1. */
+function hostComputeArg(v: string): 'auto' | 'off' | number {
+  if (v === 'auto' || v === 'off') return v;
+  const x = Number(v);
+  if (v.trim() === '' || !Number.isFinite(x) || x <= 0 || x >= 1) throw new InvalidArgumentError(`--host-compute must be auto, off or a fraction in (0, 1), got '${v}'`);
+  return x;
+}
+
 program
   .command('offload')
   .description('batch-1 greedy decode under a VRAM budget: bytes moved per token by path, prefetch, fraction of the host-to-device limit')
@@ -184,9 +192,11 @@ program
   .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 32)
   .option('--kv-cache-bytes <size>', 'KV cache bytes (default: one sequence of the probe\'s length)', parseSizeArg('--kv-cache-bytes'))
   .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
+  .option('--host-compute <mode>', "compute near data: 'auto' (split by rates measured at start-up), 'off', or the fraction of each streamed layer's MLP channels the host computes, in (0, 1)", hostComputeArg, 'auto')
   .action(async (f) =>
     print(
       await offloadProbe({
+        hostCompute: f.hostCompute,
         model: f.model ?? defaultModelDir(),
         backend: f.backend,
         numerics: f.numerics,

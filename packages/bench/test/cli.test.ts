@@ -118,6 +118,15 @@ describe('nerva-bench', () => {
     expect(j.fraction_of_limit).toBeNull();
     expect(j.notes.some((n: string) => n.startsWith('CPU backend'))).toBe(true);
     expect(j).not.toHaveProperty('accelerate_tok_s');
+    // The CPU backend plans no compute near data by itself ('auto': no link to save)...
+    expect(j.host_compute).toBe('auto');
+    expect(j.host_mlp_gbs).toBeNull();
+    // ...a forced fraction computes half of each streamed layer's MLP channels through op mlp_slice: same tokens.
+    const forced = JSON.parse((await run(process.execPath, [CLI, ...args, '--host-compute', '0.5'], { cwd: root })).stdout.trim());
+    expect(forced.host_compute).toBe(0.5);
+    expect(forced.token_ids).toEqual(want);
+    expect(forced.cpu_compute_bytes_per_token).toBeGreaterThan(0);
+    expect(forced.notes.some((n: string) => n.includes('compute near data'))).toBe(true);
   }, 120_000);
 
   it('offload reads the accelerate baseline line and reports the ratio', async () => {
@@ -152,6 +161,11 @@ describe('nerva-bench', () => {
     const missing = await run(process.execPath, [CLI, 'offload', '--backend', 'cpu'], { cwd: root }).catch((e) => e);
     expect(missing.code).not.toBe(0);
     expect(missing.stderr).toContain("required option '--vram-budget <size>' not specified");
+    for (const v of ['1.5', '0', 'half']) {
+      const hc = await run(process.execPath, [CLI, 'offload', '--backend', 'cpu', '--vram-budget', '1GiB', '--host-compute', v], { cwd: root }).catch((e) => e);
+      expect(hc.code, v).not.toBe(0);
+      expect(hc.stderr, v).toContain(`--host-compute must be auto, off or a fraction in (0, 1), got '${v}'`);
+    }
     const zero = await run(process.execPath, [CLI, 'decode', '--vram-budget', '0GiB'], { cwd: root }).catch((e) => e);
     expect(zero.code).not.toBe(0);
     expect(zero.stderr).toContain('--vram-budget must be greater than zero');

@@ -13,7 +13,7 @@ import { type RequestLimits, validateForkCount, validateRequest } from './reques
 import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
-import { hostChannels, measureRates } from './rates.js';
+import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
 import { planKvTiers, TieredKv, validateKvTiers } from './kv-tiering.js';
 import { checkpointImportanceKey, kvBytesPerToken, memoryReport, placeWeights, type RunnerShape, validateResidency } from './weight-residency.js';
 import { defaultImportanceDir, ImportanceCache, ImportanceMeter, type ImportanceProfile, type MemoryReport, type PagerStats, type WeightPager } from '@nerva/memos';
@@ -219,6 +219,11 @@ export class Engine {
   readonly tokenizer: NervaTokenizer | undefined;
   readonly backend: DeviceBackend;
   readonly notes: string[];
+  /**
+   * The rates compute near data was planned from (measured at start-up, host-to-device copies and
+   * the host MLP together), when the engine measured them: paged weights with hostCompute 'auto'.
+   */
+  readonly measuredRates?: MeasuredRates;
   readonly modelDir: string;
   readonly maxModelLen: number;
   /** The KV cache's element type (EngineOptions.kvCacheDtype resolved against the backend). */
@@ -291,10 +296,12 @@ export class Engine {
       shape: RunnerShape;
       kvBytes: number;
       stages?: PreparedStages;
+      measuredRates?: MeasuredRates;
     },
     o: EngineOptions,
   ) {
     this.ownsBackend = init.ownsBackend;
+    this.measuredRates = init.measuredRates;
     this.modelDir = init.dir;
     this.spec = init.spec;
     this.tokenizer = init.tokenizer;
@@ -457,11 +464,13 @@ export class Engine {
         // The host kernels read bf16 weights: an f32 checkpoint (kept f32, exact) streams whole.
         if (loaded.checkpoint.info('model.layers.0.mlp.gate_proj.weight').dtype !== 'BF16') return 0;
         const rates = measureRates(be, sp.hiddenSize, true);
+        measuredRates = rates;
         const c = hostChannels(rates, attnBytes, mlpBytes, I);
         measured = `measured at start-up, together: host->device ${rates.h2dGBs.toFixed(1)} GB/s, host MLP ${rates.hostMlpGBs?.toFixed(1)} GB/s -> host computes ${c} of ${I} channels`;
         return c;
       };
       let measured: string | undefined;
+      let measuredRates: MeasuredRates | undefined;
       // The importance profile of this checkpoint, when one was calibrated before.
       const cache = budgeted && o.importanceCache !== false ? new ImportanceCache(o.importanceCache ?? defaultImportanceDir()) : undefined;
       if (cache) {
@@ -509,6 +518,7 @@ export class Engine {
           shape,
           kvBytes,
           stages: staged,
+          measuredRates,
         },
         o,
       );

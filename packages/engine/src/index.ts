@@ -12,3 +12,4 @@ export * from './worker/index.js';
 export * from './pipeline.js';
 export * from './stage-links.js';
 export { KvBudgetError } from './kv-tiering.js';
+export type { MeasuredRates } from './rates.js';

@@ -20,6 +20,11 @@ export interface OffloadProbeOptions {
   newTokens: number;
   /** KV cache bytes (default {@link offloadKvCacheBytes}: one sequence of the probe's length). */
   kvCacheBytes?: number;
+  /**
+   * Compute near data (the engine's hostCompute): 'auto' (default) splits each streamed layer's MLP
+   * by the rates measured at start-up, 'off' streams everything, a fraction in (0, 1) forces it.
+   */
+  hostCompute?: 'auto' | 'off' | number;
   /** A JSON line written by tools/gpu/accelerate_offload.py (default: env NERVA_ACCELERATE_JSON). */
   accelerateJson?: string;
 }
@@ -89,6 +94,7 @@ export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<strin
     maxNumBatchedTokens: Math.max(16, o.promptLen),
     maxModelLen,
     kvCacheBytes,
+    hostCompute: o.hostCompute,
   });
   try {
     // Else on the engine's backend, before any request (allocations are refused on the hot path).
@@ -107,6 +113,12 @@ export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<strin
     const h2dPerToken = per(m(after).h2d.bytes, m(before).h2d.bytes);
     const w = after.weights;
 
+    const cpuPerToken = per(m(after).cpuCompute.bytes, m(before).cpuCompute.bytes);
+    // Both paths at once: the streamed bytes split between the link and the host's compute, each at
+    // its measured rate (the host MLP's rate is the engine's start-up measurement, taken while
+    // copies ran). Undefined when the host computed nothing or no host rate was measured.
+    const hostRate = engine.measuredRates?.hostMlpGBs;
+    let limitBoth: number | null = null;
     let limit: number | null = null;
     if (h2d === null) {
       notes.push(
@@ -118,6 +130,7 @@ export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<strin
       notes.push('no bytes crossed the host-to-device link during the decode (every weight is hot): the limit is the resident decode roofline (nerva-bench decode)');
     } else {
       limit = h2d.bytesPerS / h2dPerToken;
+      if (cpuPerToken > 0 && hostRate !== undefined && hostRate > 0) limitBoth = (h2d.bytesPerS + hostRate * 1e9) / (h2dPerToken + cpuPerToken);
       if (after.moved.diskRead.bytes > before.moved.diskRead.bytes) notes.push('disk reads also feed the streamed blocks; the limit counts the host-to-device link alone');
     }
     const tokS = s.decode_tokens_per_s;
@@ -141,7 +154,7 @@ export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<strin
       // Deltas of the memory OS counters over the timed request, per generated token.
       h2d_bytes_per_token: h2dPerToken,
       disk_read_bytes_per_token: per(m(after).diskRead.bytes, m(before).diskRead.bytes),
-      cpu_compute_bytes_per_token: per(m(after).cpuCompute.bytes, m(before).cpuCompute.bytes),
+      cpu_compute_bytes_per_token: cpuPerToken,
       h2d_ms_per_token: perMs(m(after).h2d.ms, m(before).h2d.ms),
       disk_read_ms_per_token: perMs(m(after).diskRead.ms, m(before).diskRead.ms),
       cpu_compute_ms_per_token: perMs(m(after).cpuCompute.ms, m(before).cpuCompute.ms),
@@ -159,8 +172,13 @@ export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<strin
       slots: w.slots,
       h2d_gbs: h2d === null ? null : Math.round(h2d.bytesPerS / 1e7) / 100,
       h2d_copy_bytes: h2d?.bytes ?? null,
-      limit_tok_s: limit === null ? null : Math.round(limit * 100) / 100,
-      fraction_of_limit: limit === null ? null : r3(tokS / limit),
+      host_compute: o.hostCompute ?? 'auto',
+      host_mlp_gbs: hostRate === undefined ? null : Math.round(hostRate * 100) / 100,
+      // The link alone: h2d rate / bytes it carried per token.
+      limit_h2d_tok_s: limit === null ? null : Math.round(limit * 100) / 100,
+      // The limit: with compute near data, both paths at their measured rates at once; else the link's.
+      limit_tok_s: limitBoth !== null ? Math.round(limitBoth * 100) / 100 : limit === null ? null : Math.round(limit * 100) / 100,
+      fraction_of_limit: limitBoth !== null ? r3(tokS / limitBoth) : limit === null ? null : r3(tokS / limit),
       hot_path_allocations: s.hot_path_allocations,
       syncs_per_token: s.syncs_per_decode_token,
       token_ids: out.tokenIds,
