@@ -36,6 +36,11 @@ export interface NativeInfo {
   cublas: string;
   cublasNote: string;
   /**
+   * How the pinned arena was allocated: anonymous memory advised for huge pages and registered
+   * with CUDA, or cudaHostAlloc (and why); absent from addons built before it existed.
+   */
+  pinnedPages?: string;
+  /**
    * Whether kernels launch with programmatic dependent launch (sm_90+ device, kernels built
    * for compute_90+, and NERVA_PDL is not "0"); absent from addons built before it existed.
    */

@@ -179,6 +179,8 @@ export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<strin
       // The limit: with compute near data, both paths at their measured rates at once; else the link's.
       limit_tok_s: limitBoth !== null ? Math.round(limitBoth * 100) / 100 : limit === null ? null : Math.round(limit * 100) / 100,
       fraction_of_limit: limitBoth !== null ? r3(tokS / limitBoth) : limit === null ? null : r3(tokS / limit),
+      // How the pinned arena (the host tier the host computes from) was allocated, CUDA only.
+      pinned_pages: (engine.backend as { info?: () => { pinnedPages?: string } }).info?.().pinnedPages ?? null,
       hot_path_allocations: s.hot_path_allocations,
       syncs_per_token: s.syncs_per_decode_token,
       token_ids: out.tokenIds,
