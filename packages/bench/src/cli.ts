@@ -52,7 +52,10 @@ program
   .option('--context <n>', 'context tokens (the prompt)', int('--context'), 2048)
   .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 64)
   .option('--ratios <list>', 'KV-to-hot-budget ratios besides all-hot, comma-separated', (v: string) => v.split(',').map(Number), [2, 4])
-  .action(async (f) => print(await longContextProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, context: f.context, newTokens: f.newTokens, ratios: f.ratios })));
+  .addOption(kvDtypeOpt())
+  .action(async (f) =>
+    print(await longContextProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, context: f.context, newTokens: f.newTokens, ratios: f.ratios, kvCacheDtype: f.kvCacheDtype })),
+  );
 
 program
   .command('decode')
@@ -116,9 +119,11 @@ program
     }
   })
   .option('--gemm-min-ms <ms>', 'device time of each shape\'s timed products, at least', int('--gemm-min-ms'), 200)
+  .option('--profile', 'after the timed prefills, one more with every op timed by device events: "profile" in the line (ms by op class, GEMM and attention TFLOP/s)')
   .action(async (f) =>
     print(
       await prefillProbe({
+        profile: f.profile ?? false,
         model: f.model ?? defaultModelDir(),
         backend: f.backend,
         promptLen: f.promptLen,

@@ -65,3 +65,32 @@ export function prefillFlops(spec: ModelSpec, tokens: number, logitRows = 1): Pr
   const gemm = 2 * tokens * params + 2 * logitRows * lmHeadParams;
   return { gemm, attention, total: gemm + attention, layerMatmulParams: params, lmHeadParams };
 }
+
+/** FLOPs of a prefill by the op class that computes them (the classes of a profiled pass, Engine.takeProfiles). */
+export interface PrefillFlopsByClass {
+  gemm_qkv: number;
+  gemm_o: number;
+  /** Dense layers' gate/up and down projections (an MoE layer's experts run in op moe_mlp, not counted here). */
+  gemm_gate_up: number;
+  gemm_down: number;
+  lm_head: number;
+  attention: number;
+}
+
+/** prefillFlops split by op class: every term of flops_gemm and flops_attention under the class that computes it. */
+export function prefillFlopsByClass(spec: ModelSpec, tokens: number, logitRows = 1): PrefillFlopsByClass {
+  const f = prefillFlops(spec, tokens, logitRows);
+  const H = spec.hiddenSize;
+  const d = spec.headDim;
+  let dense = 0;
+  for (let l = 0; l < spec.numLayers; l++) if (!(spec.moe && isMoeLayer(spec, l))) dense++;
+  const L = spec.numLayers;
+  return {
+    gemm_qkv: 2 * tokens * L * H * (spec.numHeads + 2 * spec.numKvHeads) * d,
+    gemm_o: 2 * tokens * L * spec.numHeads * d * H,
+    gemm_gate_up: 2 * tokens * dense * H * 2 * spec.intermediateSize,
+    gemm_down: 2 * tokens * dense * spec.intermediateSize * H,
+    lm_head: 2 * logitRows * f.lmHeadParams,
+    attention: f.attention,
+  };
+}

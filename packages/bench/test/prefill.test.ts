@@ -4,12 +4,12 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import type { BufferSpec, DeviceBackend, DeviceBuffer, OpArgs } from '@nerva/core';
-import { selectBackend } from '@nerva/engine';
+import { type PassProfile, selectBackend } from '@nerva/engine';
 import { loadModelConfig, parseModelConfig } from '@nerva/models';
 import { describe, expect, it } from 'vitest';
-import { causalPairs, prefillFlops } from '../src/flops.js';
+import { causalPairs, prefillFlops, prefillFlopsByClass } from '../src/flops.js';
 import { CPU_GEMM_SHAPES, measureGemmRate, parseGemmShapes } from '../src/measure.js';
-import { nominalBf16Peak, prefillProbe } from '../src/probes/prefill.js';
+import { nominalBf16Peak, prefillProbe, profileSummary } from '../src/probes/prefill.js';
 
 const run = promisify(execFile);
 let root = dirname(fileURLToPath(import.meta.url));
@@ -55,6 +55,39 @@ describe('prefillFlops', () => {
     expect(f.layerMatmulParams).toBe(6945767424);
     expect(f.gemm).toBe(2 * 4096 * 6945767424 + 2 * 4096 * 151936);
     expect(f.attention).toBe(36 * 4 * 32 * 128 * ((4096 * 4097) / 2));
+  });
+
+  it('splits the FLOPs by the op class that computes them, summing to prefillFlops', () => {
+    const spec = parseModelConfig(JSON.parse(readFileSync(resolve(root, '../shared/configs/qwen3-8b.json'), 'utf8')));
+    const c = prefillFlopsByClass(spec, 4096);
+    const f = prefillFlops(spec, 4096);
+    expect(c.gemm_qkv).toBe(2 * 4096 * 36 * 4096 * 48 * 128);
+    expect(c.gemm_o).toBe(2 * 4096 * 36 * 4096 * 4096);
+    expect(c.gemm_gate_up).toBe(2 * c.gemm_down);
+    expect(c.gemm_qkv + c.gemm_o + c.gemm_gate_up + c.gemm_down + c.lm_head).toBe(f.gemm);
+    expect(c.attention).toBe(f.attention);
+  });
+
+  it('profileSummary sums the steps of a profiled prefill by op class, with gaps and rates', async () => {
+    const spec = await loadModelConfig(QWEN3);
+    const steps: PassProfile[] = [
+      { rows: 32, deviceMs: 10, buckets: { projection: 4, attention: 3 }, ops: { gemm_qkv: 1, gemm_o: 3, attention: 2, rope: 1 } },
+      { rows: 32, deviceMs: 8, buckets: { projection: 2, attention: 3 }, ops: { gemm_qkv: 2, attention: 3 } },
+    ];
+    const p = profileSummary(spec, 64, steps) as Record<string, any>;
+    expect(p.steps).toBe(2);
+    expect(p.rows).toBe(64);
+    expect(p.device_ms).toBe(18);
+    expect(p.op_total_ms).toBe(12);
+    expect(p.gaps_ms).toBe(6);
+    expect(Object.keys(p.ms)).toEqual(['attention', 'gemm_qkv', 'gemm_o', 'rope']);
+    expect(p.ms).toEqual({ attention: 5, gemm_qkv: 3, gemm_o: 3, rope: 1 });
+    expect(p.buckets_ms).toEqual({ projection: 6, attention: 6 });
+    expect(p.share.attention).toBeCloseTo(5 / 12, 3);
+    const c = prefillFlopsByClass(spec, 64);
+    expect(p.tflops.gemm_qkv).toBeCloseTo(c.gemm_qkv / 3e-3 / 1e12, 6);
+    expect(p.tflops.attention).toBeCloseTo(c.attention / 5e-3 / 1e12, 6);
+    expect(p.tflops.gemm_down).toBeUndefined();
   });
 
   it('caps the keys of a sliding-window layer at its window', () => {
@@ -181,6 +214,33 @@ describe('nerva-bench prefill', () => {
     expect(j.peak_tflops_nominal).toBeNull();
     expect(j.mfu_vs_peak).toBeNull();
     expect(j.hot_path_allocations).toBe(0);
+  }, 120_000);
+
+  it('--profile adds the op-level device times of one more prefill, by op class; the timed ones stay unprofiled', async () => {
+    const { stdout } = await bench(['prefill', '--backend', 'cpu', '--model', QWEN3, '--prompt-len', '64', '--repeats', '1', '--gemm-min-ms', '10', '--profile']);
+    const j = JSON.parse(stdout.trim());
+    expect(j.ms_all).toHaveLength(1);
+    const p = j.profile;
+    expect(p.steps).toBe(1);
+    expect(p.rows).toBe(64);
+    for (const k of ['gemm_qkv', 'gemm_o', 'gemm_gate_up', 'gemm_down', 'lm_head', 'attention', 'rmsnorm', 'rope', 'kv_append', 'silu_mul', 'embedding', 'gather_rows']) {
+      expect(p.ms[k], k).toBeGreaterThanOrEqual(0);
+    }
+    const sum = Object.values(p.ms as Record<string, number>).reduce((a, b) => a + b, 0);
+    expect(p.op_total_ms).toBeCloseTo(sum, 1);
+    expect(p.tflops.gemm_gate_up).toBeGreaterThan(0);
+    expect(Object.keys(p.buckets_ms)).toEqual(expect.arrayContaining(['norm', 'projection', 'attention', 'mlp', 'lm_head']));
+    // Without the flag the line says so.
+    const { stdout: plain } = await bench(['prefill', '--backend', 'cpu', '--model', QWEN3, '--prompt-len', '16', '--repeats', '1', '--gemm-min-ms', '5']);
+    expect(JSON.parse(plain.trim()).profile).toBeNull();
+  }, 120_000);
+
+  it('--profile over a chunked prompt sums its chunks\' steps', async () => {
+    const j = await prefillProbe({ model: QWEN3, backend: 'cpu', promptLen: 48, repeats: 1, chunk: 16, gemmMinMs: 5, profile: true });
+    const p = j.profile as Record<string, any>;
+    expect(p.steps).toBe(3);
+    expect(p.rows).toBe(48);
+    expect(p.ms.attention).toBeGreaterThan(0);
   }, 120_000);
 
   it('--matmul-precision bf16 runs and measures at bf16; --chunk splits the prompt and times to first token', async () => {

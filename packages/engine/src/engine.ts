@@ -192,6 +192,21 @@ export interface RequestHandle {
 
 export class EngineError extends NervaError {}
 
+/** Profiled steps Engine.takeProfiles keeps between calls (the latest). */
+export const PROFILES_KEPT = 1024;
+
+/** Device time of one profiled step by op (Engine.setProfiling, Engine.takeProfiles). */
+export interface PassProfile {
+  /** Token rows of the step. */
+  rows: number;
+  /** Device time of the whole step (its start and end events). */
+  deviceMs: number;
+  /** By coarse bucket (PROFILE_BUCKETS). */
+  buckets: Record<string, number>;
+  /** By op class: the projection of each matmul (gemm_qkv, gemm_o, gemm_gate_up, gemm_down, lm_head), else the op's name. */
+  ops: Record<string, number>;
+}
+
 interface Live {
   req: Request;
   stream: TokenStream<TokenEvent>;
@@ -252,7 +267,9 @@ export class Engine {
   /** Host-slice weight bytes one replay of each captured bucket computes. */
   private readonly replayHostBytes = new Map<number, number>();
   private readonly useGraphs: boolean;
-  private readonly profile: boolean;
+  private profile: boolean;
+  /** The op-level device times of the profiled steps since takeProfiles (at most PROFILES_KEPT, the latest). */
+  private profiles: PassProfile[] = [];
   private readonly stepListeners = new Set<(s: StepSignals) => void>();
   private readonly finishListeners = new Set<(o: RequestOutcome) => void>();
   private nextId = 1;
@@ -927,7 +944,7 @@ export class Engine {
 
     const tiered = kt?.tiered ?? false;
     be.record(this.startEv);
-    if (this.useGraphs && decodeOnly && deviceSample && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs) {
+    if (this.useGraphs && !this.profile && decodeOnly && deviceSample && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs) {
       const bucket = BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq;
       const key = `${bucket}|${tiered}|` + plan.scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',');
       if (key !== this.graphKey) {
@@ -1028,7 +1045,12 @@ export class Engine {
       }
     }
     const deviceMs = be.elapsedMs(this.startEv, this.endEv);
-    const buckets = this.profile ? this.runner.takeProfile() : undefined;
+    const ops: Record<string, number> | undefined = this.profile ? {} : undefined;
+    const buckets = this.profile ? this.runner.takeProfile(ops) : undefined;
+    if (buckets) {
+      this.profiles.push({ rows, deviceMs, buckets: { ...buckets }, ops: ops! });
+      if (this.profiles.length > PROFILES_KEPT) this.profiles.shift();
+    }
     const after = this.pipeline?.stats() ?? be.stats();
     for (const { req, numTokens } of plan.scheduled) req.numComputedTokens += numTokens;
     // Prompts with forks that finished: the forks take over (before their first tokens are accepted).
@@ -1213,6 +1235,23 @@ export class Engine {
   /** The pipeline's stages, links and micro-batches; undefined when the model runs as one stage. */
   pipelineDescription(): PipelineDescription | undefined {
     return this.pipeline?.describe();
+  }
+
+  /**
+   * Bracket every op of the following steps with device events (as the `profile` option does
+   * from the start), or stop. A profiled step runs eagerly, op by op: no decode graph is captured
+   * or replayed, and the decoder stack runs as per-layer ops.
+   */
+  setProfiling(on: boolean): void {
+    this.profile = on;
+    this.runner.setProfiling(on);
+  }
+
+  /** The op-level device times of each step run while profiling since the last call (the latest PROFILES_KEPT), oldest first. */
+  takeProfiles(): PassProfile[] {
+    const out = this.profiles;
+    this.profiles = [];
+    return out;
   }
 
   /** Nodes of each captured decode graph, by batch-size bucket. */

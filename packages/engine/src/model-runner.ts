@@ -44,6 +44,12 @@ export interface KvPageCopy {
 
 export const PROFILE_BUCKETS = ['embedding', 'norm', 'projection', 'attention', 'mlp', 'lm_head', 'sampling'] as const;
 export type ProfileBucket = (typeof PROFILE_BUCKETS)[number];
+/**
+ * Op classes of a profiled pass beyond the op names (takeProfile's `ops`): the matmuls by the
+ * projection they compute. Every other op is its own class, named as the op.
+ */
+export const PROFILE_OP_CLASSES = ['gemm_qkv', 'gemm_o', 'gemm_gate_up', 'gemm_down', 'gemm_host_mlp', 'gemm_router', 'lm_head', 'residual_add'] as const;
+export type ProfileOpClass = (typeof PROFILE_OP_CLASSES)[number];
 
 /** Buffers the host writes before a forward pass; kernels read per-step values only from these. */
 export interface RunnerMeta {
@@ -107,6 +113,8 @@ export class ModelRunner {
   private profiling = false;
   private readonly events: EventHandle[] = [];
   private readonly eventBuckets: ProfileBucket[] = [];
+  /** The op class of each bracketed op (its label, else the op's name): takeProfile's finer split. */
+  private readonly eventLabels: string[] = [];
   private eventCount = 0;
   private stream: StreamHandle | undefined;
   /** Whether the backend has the fused decode ops (fused_matmul, rope_append). */
@@ -319,23 +327,33 @@ export class ModelRunner {
     while (on && this.events.length < maxEvents) this.events.push(this.backend.createEvent());
   }
 
-  /** Sum the bucket times of the last pass; call after the stream finished. */
-  takeProfile(): Record<ProfileBucket, number> {
+  /**
+   * Sum the bucket times of the last pass; call after the stream finished. `ops`, when given,
+   * also gets the time of each op class (PROFILE_OP_CLASSES: the projection of a matmul, or the
+   * op's name) added to it.
+   */
+  takeProfile(ops?: Record<string, number>): Record<ProfileBucket, number> {
     const out = Object.fromEntries(PROFILE_BUCKETS.map((b) => [b, 0])) as Record<ProfileBucket, number>;
     for (let i = 0; i + 1 < this.eventCount; i += 2) {
-      out[this.eventBuckets[i >> 1]] += this.backend.elapsedMs(this.events[i], this.events[i + 1]);
+      const ms = this.backend.elapsedMs(this.events[i], this.events[i + 1]);
+      out[this.eventBuckets[i >> 1]] += ms;
+      if (ops) {
+        const k = this.eventLabels[i >> 1];
+        ops[k] = (ops[k] ?? 0) + ms;
+      }
     }
     this.eventCount = 0;
     return out;
   }
 
-  private op<K extends OpName>(bucket: ProfileBucket, name: K, args: OpArgs<K>): void {
+  private op<K extends OpName>(bucket: ProfileBucket, name: K, args: OpArgs<K>, label?: ProfileOpClass): void {
     if (this.profiling && this.eventCount + 2 <= this.events.length) {
       const i = this.eventCount;
       this.backend.record(this.events[i], this.stream);
       this.backend.run(name, args, this.stream);
       this.backend.record(this.events[i + 1], this.stream);
       this.eventBuckets[i >> 1] = bucket;
+      this.eventLabels[i >> 1] = label ?? name;
       this.eventCount += 2;
     } else {
       this.backend.run(name, args, this.stream);
@@ -398,7 +416,7 @@ export class ModelRunner {
       // The first layer of a runner finds the residual stream complete (embedding, or a stage's handoff).
       if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
-      this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut });
+      this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
       const rope = { x: a.qkv, positions: m.positions, invFreq: w.invFreq, rows, headDim: hd, rowStride: qkvOut, eps };
       this.op('attention', 'rope', { ...rope, numHeads: nq, headOffset: 0, normWeight: lw.qNorm });
       this.op('attention', 'rope', { ...rope, numHeads: nkv, headOffset: nq * hd, normWeight: lw.kNorm });
@@ -415,7 +433,7 @@ export class ModelRunner {
         vOffset: (nq + nkv) * hd,
       });
       this.attend(l, rows);
-      this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.o, rows, inDim: nq * hd, outDim: H });
+      this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.o, rows, inDim: nq * hd, outDim: H }, 'gemm_o');
       this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
       if (s.moe && isMoeLayer(s, l)) {
         this.moeMlp(rows, lw);
@@ -426,13 +444,13 @@ export class ModelRunner {
           // A prefill pass reads the host slice's weights in place (once per pass, like a load).
           const c = hp.inter;
           this.hostReadBytes += hp.gateUp.byteLength + hp.down.byteLength;
-          this.op('mlp', 'matmul', { x: a.normed, weight: hp.gateUp, out: a.gateUp, rows, inDim: H, outDim: 2 * c });
+          this.op('mlp', 'matmul', { x: a.normed, weight: hp.gateUp, out: a.gateUp, rows, inDim: H, outDim: 2 * c }, 'gemm_host_mlp');
           this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: c });
-          this.op('mlp', 'matmul', { x: a.mlpAct, weight: hp.down, out: a.hostOut, rows, inDim: c, outDim: H });
+          this.op('mlp', 'matmul', { x: a.mlpAct, weight: hp.down, out: a.hostOut, rows, inDim: c, outDim: H }, 'gemm_host_mlp');
         }
-        this.op('mlp', 'matmul', { x: a.normed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I });
+        this.op('mlp', 'matmul', { x: a.normed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I }, 'gemm_gate_up');
         this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: I });
-        this.op('mlp', 'matmul', { x: a.mlpAct, weight: lw.down!, out: a.mlpOut, rows, inDim: I, outDim: H });
+        this.op('mlp', 'matmul', { x: a.mlpAct, weight: lw.down!, out: a.mlpOut, rows, inDim: I, outDim: H }, 'gemm_down');
         if (hp) this.op('mlp', 'add', { a: a.mlpOut, b: a.hostOut, out: a.mlpOut, length: rows * H });
       }
       this.releaseLayer(l);
@@ -444,7 +462,7 @@ export class ModelRunner {
     } else {
       // The handoff carries the complete stream: the last layer's MLP output is added here, as the
       // next layer's fused norm would (the same float32 sum, R(residual + x)).
-      this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H });
+      this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H }, 'residual_add');
     }
     w.pager?.endPass(this.stream);
   }
@@ -584,7 +602,7 @@ export class ModelRunner {
     const H = this.spec.hiddenSize;
     const a = this.act;
     this.op('lm_head', 'gather_rows', { x: a.normed, rowIdx: this.meta.logitRows, out: a.last, n: nLogits, dim: H });
-    this.op('lm_head', 'matmul', { x: a.last, weight: this.need(this.weights.lmHead, 'LM head'), out: this.logits, rows: nLogits, inDim: H, outDim: this.spec.vocabSize });
+    this.op('lm_head', 'matmul', { x: a.last, weight: this.need(this.weights.lmHead, 'LM head'), out: this.logits, rows: nLogits, inDim: H, outDim: this.spec.vocabSize }, 'lm_head');
   }
 
   /**
@@ -622,7 +640,7 @@ export class ModelRunner {
         outDim: qkvOut,
         normWeight: lw.attnNorm,
         eps,
-      });
+      }, 'gemm_qkv');
       this.op('attention', 'rope_append', {
         qkv: a.qkv,
         positions: m.positions,
@@ -640,11 +658,11 @@ export class ModelRunner {
         eps,
       });
       this.attend(l, rows);
-      this.op('projection', 'fused_matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.residual, rows, inDim: nq * hd, outDim: H, accumulate: true });
+      this.op('projection', 'fused_matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.residual, rows, inDim: nq * hd, outDim: H, accumulate: true }, 'gemm_o');
       if (s.moe && isMoeLayer(s, l)) {
         this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
         this.moeMlp(rows, lw);
-        this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H });
+        this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H }, 'residual_add');
       } else {
         const hp = w.hostParts?.[l];
         // Compute near data: the host slice runs where its weights lie, from the stream before
@@ -667,8 +685,8 @@ export class ModelRunner {
         }
         const I = s.intermediateSize - (hp?.inter ?? 0);
         // Norm and SiLU-GLU both fold into the gate_up GEMV.
-        this.op('mlp', 'fused_matmul', { x: a.residual, weight: lw.gateUp!, out: a.mlpAct, rows, inDim: H, outDim: I, normWeight: lw.mlpNorm, eps, glu: true });
-        this.op('mlp', 'fused_matmul', { x: a.mlpAct, weight: lw.down!, out: a.residual, rows, inDim: I, outDim: H, accumulate: true });
+        this.op('mlp', 'fused_matmul', { x: a.residual, weight: lw.gateUp!, out: a.mlpAct, rows, inDim: H, outDim: I, normWeight: lw.mlpNorm, eps, glu: true }, 'gemm_gate_up');
+        this.op('mlp', 'fused_matmul', { x: a.mlpAct, weight: lw.down!, out: a.residual, rows, inDim: I, outDim: H, accumulate: true }, 'gemm_down');
         if (hp) this.op('mlp', 'add', { a: a.residual, b: a.hostOut, out: a.residual, length: rows * H });
       }
       this.releaseLayer(l);
@@ -724,7 +742,7 @@ export class ModelRunner {
     const moe = s.moe!;
     const a = this.act;
     const H = s.hiddenSize;
-    this.op('mlp', 'matmul', { x: a.normed, weight: lw.router!, out: a.routerLogits, rows, inDim: H, outDim: moe.numExperts });
+    this.op('mlp', 'matmul', { x: a.normed, weight: lw.router!, out: a.routerLogits, rows, inDim: H, outDim: moe.numExperts }, 'gemm_router');
     this.op('mlp', 'moe_route', {
       logits: a.routerLogits,
       topIds: a.topIds,

@@ -270,7 +270,8 @@ export interface PassRunner {
   sampleOnDevice(nLogits: number, out: DeviceBuffer): void;
   advance(rows: number): void;
   setProfiling(on: boolean, maxEvents?: number): void;
-  takeProfile(): Record<ProfileBucket, number>;
+  /** Bucket times of the last profiled pass; `ops` gets the time of each op class added (ModelRunner.takeProfile). */
+  takeProfile(ops?: Record<string, number>): Record<ProfileBucket, number>;
   dispose(): void;
 }
 
@@ -592,9 +593,9 @@ export class StagePipeline implements PassRunner {
     for (const r of this.runners) r.setProfiling(on, maxEvents);
   }
 
-  takeProfile(): Record<ProfileBucket, number> {
+  takeProfile(ops?: Record<string, number>): Record<ProfileBucket, number> {
     const out = Object.fromEntries(PROFILE_BUCKETS.map((b) => [b, 0])) as Record<ProfileBucket, number>;
-    for (const r of this.runners) for (const [k, v] of Object.entries(r.takeProfile())) out[k as ProfileBucket] += v;
+    for (const r of this.runners) for (const [k, v] of Object.entries(r.takeProfile(ops))) out[k as ProfileBucket] += v;
     return out;
   }
 

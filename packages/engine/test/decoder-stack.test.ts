@@ -60,6 +60,35 @@ describe('decode through decoder_layers matches the per-layer fused path', () =>
     expect(profiled.calls.some((c) => c.op === 'fused_matmul')).toBe(true);
   });
 
+  it('setProfiling turns op timing on and off at run time: eager per-layer steps, each step\'s ops by class', async () => {
+    const want = await tokens(perLayer, PROMPTS);
+    stack.engine.setProfiling(true);
+    try {
+      expect(await tokens(stack, PROMPTS)).toEqual(want);
+      // Neither the stack op nor a replayed graph while profiling: every step is profiled.
+      expect(stackCalls(stack)).toBe(0);
+      const steps = stack.engine.takeProfiles();
+      expect(steps.length).toBeGreaterThanOrEqual(greedy.maxTokens);
+      expect(stack.engine.takeProfiles()).toEqual([]);
+      const first = steps[0];
+      expect(first.rows).toBeGreaterThan(PROMPTS.length);
+      expect(first.deviceMs).toBeGreaterThanOrEqual(0);
+      expect(Object.keys(first.ops)).toEqual(expect.arrayContaining(['gemm_qkv', 'gemm_o', 'gemm_gate_up', 'gemm_down', 'lm_head', 'attention', 'rmsnorm']));
+      const opSum = Object.values(first.ops).reduce((a, b) => a + b, 0);
+      const bucketSum = Object.values(first.buckets).reduce((a, b) => a + b, 0);
+      expect(opSum).toBeCloseTo(bucketSum, 6);
+    } finally {
+      stack.engine.setProfiling(false);
+    }
+    expect(await tokens(stack, PROMPTS)).toEqual(want);
+    expect(stack.engine.takeProfiles()).toEqual([]);
+    // Off again, decode steps take the stack op again (without graphs: once per step).
+    stackNoGraph.engine.setProfiling(true);
+    stackNoGraph.engine.setProfiling(false);
+    expect(await tokens(stackNoGraph, PROMPTS)).toEqual(want);
+    expect(stackCalls(stackNoGraph)).toBeGreaterThanOrEqual(greedy.maxTokens - 1);
+  });
+
   it('falls back to the per-layer path when a pass mixes a prompt chunk with a decode row', async () => {
     const want = (await tokens(perLayer, [PROMPTS[0]]))[0].slice(0, 6);
     stackNoGraph.calls.length = 0;

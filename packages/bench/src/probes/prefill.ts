@@ -1,6 +1,7 @@
 import type { MatmulPrecision, Numerics } from '@nerva/core';
-import { Engine } from '@nerva/engine';
-import { prefillFlops } from '../flops.js';
+import { Engine, type PassProfile } from '@nerva/engine';
+import type { ModelSpec } from '@nerva/models';
+import { prefillFlops, prefillFlopsByClass } from '../flops.js';
 import { type GemmRate, type GemmShape, measureGemmRate, syntheticPrompt, withScratchBackend } from '../measure.js';
 
 export interface PrefillProbeOptions {
@@ -24,6 +25,46 @@ export interface PrefillProbeOptions {
   gemmShapes?: readonly GemmShape[];
   /** Device time of each shape's timed products, at least (default 200 ms). */
   gemmMinMs?: number;
+  /**
+   * After the timed prefills, one more with every op bracketed by device events (Engine.setProfiling):
+   * `profile` in the line, the device time by op class (profileSummary). The timed prefills are not profiled.
+   */
+  profile?: boolean;
+}
+
+/**
+ * The op-level device times of one profiled prefill (its steps: one per chunk), summed over the
+ * steps: `ms` by op class (the matmuls by projection, lm_head, else the op's name), largest
+ * first; `op_total_ms` their sum, `device_ms` the steps' own device time and `gaps_ms` the
+ * difference (launch gaps between ops, events); `buckets_ms` by coarse bucket; `tflops` the rate
+ * of each GEMM class and of attention (its FLOPs, prefillFlopsByClass, over its time), and
+ * `share` each class's part of `op_total_ms`.
+ */
+export function profileSummary(spec: ModelSpec, tokens: number, steps: readonly PassProfile[]): Record<string, unknown> {
+  const ms: Record<string, number> = {};
+  const buckets: Record<string, number> = {};
+  let device = 0;
+  for (const st of steps) {
+    device += st.deviceMs;
+    for (const [k, v] of Object.entries(st.ops)) ms[k] = (ms[k] ?? 0) + v;
+    for (const [k, v] of Object.entries(st.buckets)) buckets[k] = (buckets[k] ?? 0) + v;
+  }
+  const total = Object.values(ms).reduce((a, b) => a + b, 0);
+  const sorted = Object.entries(ms).sort((a, b) => b[1] - a[1]);
+  const flops = prefillFlopsByClass(spec, tokens);
+  const tflops: Record<string, number> = {};
+  for (const [k, f] of Object.entries(flops)) if (ms[k] > 0 && f > 0) tflops[k] = sig4(f / (ms[k] / 1000) / 1e12);
+  return {
+    steps: steps.length,
+    rows: steps.reduce((a, s) => a + s.rows, 0),
+    device_ms: r3(device),
+    op_total_ms: r3(total),
+    gaps_ms: r3(device - total),
+    ms: Object.fromEntries(sorted.map(([k, v]) => [k, r3(v)])),
+    share: Object.fromEntries(sorted.map(([k, v]) => [k, total > 0 ? r3(v / total) : 0])),
+    buckets_ms: Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, r3(v)])),
+    tflops,
+  };
 }
 
 /**
@@ -106,6 +147,17 @@ export async function prefillProbe(o: PrefillProbeOptions): Promise<Record<strin
     await run(1); // warm-up: first-use costs of this shape (GEMM heuristics, kernel loads)
     const runs = [];
     for (let r = 0; r < repeats; r++) runs.push(await run(2 + r));
+    let profile: Record<string, unknown> | null = null;
+    if (o.profile) {
+      engine.setProfiling(true);
+      engine.takeProfiles();
+      try {
+        await run(2 + repeats);
+        profile = profileSummary(engine.spec, o.promptLen, engine.takeProfiles());
+      } finally {
+        engine.setProfiling(false);
+      }
+    }
     const oneChunk = chunk >= o.promptLen;
     const useDevice = oneChunk && runs.every((r) => r.deviceMs !== undefined && r.deviceMs > 0);
     const times = runs.map((r) => (useDevice ? r.deviceMs! : r.wallMs));
@@ -155,6 +207,8 @@ export async function prefillProbe(o: PrefillProbeOptions): Promise<Record<strin
       // Allocator calls during the timed prefills (after the warm-up): the hot path makes none.
       hot_path_allocations: runs.reduce((a, r) => a + r.allocs, 0),
       vram_budget_bytes: o.vramBudget ?? null,
+      // --profile: one more prefill, every op timed with events (not one of the timed ones).
+      profile,
       notes: runs[0].notes,
     };
   } finally {
