@@ -16,6 +16,8 @@ const r = await longContextProbe({
   newTokens: Number(newTokens ?? 32),
   ratios: (ratios ?? '2,4').split(',').map(Number),
   hostReadGbps: process.env.NERVA_HOST_READ_GBPS ? Number(process.env.NERVA_HOST_READ_GBPS) : undefined,
+  // NERVA_KV_DTYPE: auto (default), f32 or bf16 for every mix.
+  kvCacheDtype: (process.env.NERVA_KV_DTYPE as 'auto' | 'f32' | 'bf16' | undefined) || undefined,
 });
 const line = JSON.stringify(r);
 console.log(line);

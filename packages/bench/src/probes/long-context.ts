@@ -15,6 +15,8 @@ export interface LongContextProbeOptions {
    * limit of a mix is the all-hot step plus the warm pages read at this rate.
    */
   hostReadGbps?: number;
+  /** KV cache element type of every mix (default 'auto': f32 under exact numerics); bf16 halves the warm bytes the host reads. */
+  kvCacheDtype?: 'auto' | 'f32' | 'bf16';
 }
 
 /**
@@ -29,10 +31,12 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
   let allHot: { tokS: number; tokens: number[] } | undefined;
   let device = '';
   let backendName = '';
+  let kvDtype = '';
   for (const ratio of [1, ...ratios]) {
-    const base = { model: o.model, backend: o.backend, enablePrefixCaching: false, maxNumSeqs: 4, blockSize: bs, maxModelLen: o.context + o.newTokens + 2 * bs, importanceCache: false as const };
+    const base = { model: o.model, backend: o.backend, enablePrefixCaching: false, maxNumSeqs: 4, blockSize: bs, maxModelLen: o.context + o.newTokens + 2 * bs, importanceCache: false as const, kvCacheDtype: o.kvCacheDtype };
     // Pages of the sequence, and one page of KV (every layer's K and V, in the backend's KV dtype).
     let engine = await Engine.create({ ...base, kvCacheBytes: ratio === 1 ? undefined : 1 });
+    kvDtype = engine.kvDtype;
     const kvElem = engine.kvDtype === 'f32' ? 4 : 2;
     const pageBytes = 2 * engine.spec.numLayers * engine.spec.numKvHeads * engine.spec.headDim * kvElem * bs;
     const pages = Math.ceil((o.context + o.newTokens) / bs);
@@ -92,5 +96,5 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
       engine.dispose();
     }
   }
-  return { probe: 'long-context', model: o.model, backend: backendName, device, context: o.context, new_tokens: o.newTokens, block_size: bs, mixes };
+  return { probe: 'long-context', model: o.model, backend: backendName, device, context: o.context, new_tokens: o.newTokens, block_size: bs, kv_cache_dtype: kvDtype, mixes };
 }
