@@ -223,7 +223,7 @@ describe('nerva-bench prefill', () => {
     const p = j.profile;
     expect(p.steps).toBe(1);
     expect(p.rows).toBe(64);
-    for (const k of ['gemm_qkv', 'gemm_o', 'gemm_gate_up', 'gemm_down', 'lm_head', 'attention', 'rmsnorm', 'rope', 'kv_append', 'silu_mul', 'embedding', 'gather_rows']) {
+    for (const k of ['gemm_qkv', 'gemm_o', 'gemm_gate_up', 'gemm_down', 'lm_head', 'attention', 'rmsnorm', 'rope_append', 'silu_mul', 'embedding', 'gather_rows']) {
       expect(p.ms[k], k).toBeGreaterThanOrEqual(0);
     }
     const sum = Object.values(p.ms as Record<string, number>).reduce((a, b) => a + b, 0);

@@ -375,6 +375,8 @@ interface AttnShape {
   window?: number;
   /** Cache dtype (default f32). */
   cache?: 'bf16';
+  /** Pass op attention's `oneSequence` (every row must then be of one sequence). */
+  oneSequence?: boolean;
 }
 
 /**
@@ -471,6 +473,7 @@ function attentionCase(name: string, s: AttnShape, large = false): CaseDef {
             qOffset: before,
             scale: 1 / Math.sqrt(s.headDim),
             ...(s.window !== undefined ? { window: s.window } : {}),
+            ...(s.oneSequence ? { oneSequence: true } : {}),
           })),
         ],
         outputs: [floatOut('out')],
@@ -1255,6 +1258,64 @@ const CASES: { [K in OpName]: CaseDef[] } = {
       },
       true,
     ),
+    // A pass of one sequence (oneSequence): every tile, the partial last one too, on the prefill kernel.
+    attentionCase(
+      'prefill tiles, one sequence: a 150-row chunk after 40 cached, 32 heads, 8 kv heads, 128 dim',
+      {
+        numHeads: 32,
+        numKvHeads: 8,
+        headDim: 128,
+        blockSize: 16,
+        seqLens: [190],
+        rows: Array.from({ length: 150 }, (_, i): [number, number] => [0, 40 + i]),
+        qPad: [0, 2 * 8 * 128],
+        oneSequence: true,
+      },
+      true,
+    ),
+    attentionCase(
+      'prefill tiles, one sequence over a bf16 cache: a 129-row prompt, 16 heads, 2 kv heads, 128 dim',
+      {
+        numHeads: 16,
+        numKvHeads: 2,
+        headDim: 128,
+        blockSize: 16,
+        seqLens: [129],
+        rows: Array.from({ length: 129 }, (_, p): [number, number] => [0, p]),
+        cache: 'bf16',
+        oneSequence: true,
+      },
+      true,
+    ),
+    attentionCase(
+      'prefill tiles, one sequence, GQA 3 (a q head a block), window 50: 70 rows after 30 cached, 64 dim',
+      {
+        numHeads: 12,
+        numKvHeads: 4,
+        headDim: 64,
+        blockSize: 8,
+        seqLens: [100],
+        rows: Array.from({ length: 70 }, (_, i): [number, number] => [0, 30 + i]),
+        qPad: [64, 2 * 4 * 64],
+        window: 50,
+        oneSequence: true,
+      },
+      true,
+    ),
+    attentionCase(
+      'prefill tiles, one sequence, window 40, GQA 2: 90 rows after 20 cached, 64 dim',
+      {
+        numHeads: 8,
+        numKvHeads: 4,
+        headDim: 64,
+        blockSize: 16,
+        seqLens: [110],
+        rows: Array.from({ length: 90 }, (_, i): [number, number] => [0, 20 + i]),
+        window: 40,
+        oneSequence: true,
+      },
+      true,
+    ),
     attentionCase('decode, sliding window 5 (blocks before it unread)', { numHeads: 4, numKvHeads: 2, headDim: 16, blockSize: 4, seqLens: [3, 13, 22], rows: decodeRows([3, 13, 22]), window: 5 }),
     attentionCase('prefill chunk, sliding window 7', {
       numHeads: 4,
@@ -1295,7 +1356,13 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     ),
   ],
   attention_merge: [attentionMergeCase('4 rows x 3 heads x 16, empty partials', 4, 3, 16), attentionMergeCase('1 row x 32 heads x 128', 1, 32, 128)],
-  silu_mul: [siluMulCase('3 x 21', 3, 21, 1), siluMulCase('1 x 256', 1, 256, 1), siluMulCase('2 x 33, large gates', 2, 33, 12)],
+  silu_mul: [
+    siluMulCase('3 x 21', 3, 21, 1),
+    siluMulCase('1 x 256', 1, 256, 1),
+    siluMulCase('2 x 33, large gates', 2, 33, 12),
+    // Prefill rows (CUDA: a row per block row, four elements a thread, past 8 rows).
+    siluMulCase('40 x 1028, large gates', 40, 1028, 12),
+  ],
   add: [addCase('length 1', 1), addCase('length 7', 7), addCase('length 1001', 1001)],
   gather_rows: [gatherCase('5 of 12 rows x 9', 12, 5, 9), gatherCase('1 of 3 rows x 64', 3, 1, 64), gatherCase('4 of 6 rows x 1', 6, 4, 1)],
   moe_route: [
@@ -1369,6 +1436,9 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     ropeAppendCase('GQA 2, QK-norm, one padding row', { rows: 3, numHeads: 4, numKvHeads: 2, headDim: 16, pad: 0, norm: true, slots: 9, padding: 1, maxPos: 5000 }),
     ropeAppendCase('MHA, no norm, headDim 6, padded row', { rows: 2, numHeads: 3, numKvHeads: 3, headDim: 6, pad: 5, norm: false, slots: 4, padding: 0, maxPos: 100 }),
     ropeAppendCase('16 q, 8 kv heads x 128, QK-norm', { rows: 1, numHeads: 16, numKvHeads: 8, headDim: 128, pad: 0, norm: true, slots: 64, padding: 0, maxPos: 40000 }, true),
+    // Prefill rows: backends may take a row a block (CUDA: more than 8 rows, head sizes 64/128/256).
+    ropeAppendCase('24 rows, GQA 2 x 64, no norm, padded rows', { rows: 24, numHeads: 4, numKvHeads: 2, headDim: 64, pad: 64, norm: false, slots: 40, padding: 2, maxPos: 3000 }),
+    ropeAppendCase('80 rows, 32 q, 8 kv heads x 128, QK-norm', { rows: 80, numHeads: 32, numKvHeads: 8, headDim: 128, pad: 0, norm: true, slots: 128, padding: 3, maxPos: 40000 }, true),
   ],
   decoder_layers: [
     decoderLayersCase('2 layers, 1 row, GQA 2, QK-norm, f32', {

@@ -141,6 +141,13 @@ export interface OpCatalogue {
      */
     lse?: Buf;
     /**
+     * A promise of the caller: every row belongs to sequence rowSeq[0] and the rows are in
+     * increasing position order (a pass of one prompt chunk). The result is the same; a backend
+     * may skip work that only rows of other sequences (decode rows, sequence seams) need, and
+     * read the chunk's last position from its last row. Ignored when false or absent.
+     */
+    oneSequence?: boolean;
+    /**
      * Host staging for caches in a host tier on a device backend (compute near data: the host CPU
      * computes over the pages where they lie): qHost f32 [rows, numHeads*headDim] receives the q
      * heads, outHost (same shape) and lseHost (f32 [rows*numHeads]) the result before it is copied

@@ -1919,6 +1919,9 @@ int attnDecodeGqa(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf
 #undef DG_RUN
 }
 
+#include "prefill_rope.cuh"
+#include "prefill_silu.cuh"
+
 // NERVA_FLASH_PREFILL=0 keeps prefill tiles on the split-KV kernel (A/B measurements).
 bool flashPrefillEnabled() {
   static const bool on = [] {
@@ -1961,10 +1964,12 @@ int attnPrefillLaunch(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf
 #undef PF_RUN
 }
 
+#include "prefill_attn.cuh"
+
 // decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
 int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
                  int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly = 0,
-                 const RopeFuse* rope = nullptr, int window = 0, float* lse = nullptr) {
+                 const RopeFuse* rope = nullptr, int window = 0, float* lse = nullptr, int oneSeq = 0) {
   if (hd <= 0 || hd > 32 * ATT_MAX_EPL) return bad(ex, "attention: headDim must be in 1..256");
   if (KVH <= 0 || H % KVH != 0) return bad(ex, "attention: numHeads must be a multiple of numKvHeads");
   if (kc.dt != vc.dt) return bad(ex, "attention: kCache and vCache dtypes differ");
@@ -1999,10 +2004,12 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   // below skips their rows. It then needs no splits for long contexts: the rows left are few.
   int flashRows = 0;
   if (!decodeOnly && !rope && rows >= PF_ROWS && (kc.dt == NV_F32 || kc.dt == NV_BF16) && (hd == 64 || hd == 128) && flashPrefillEnabled()) {
-    int rc = attnPrefillLaunch(ex, hd, qPtr, kc, vc, bt, rowSeq, pos, outPtr, rows, H, KVH, bs, mbps, qStride, qOff, scale,
-                               window, lse);
+    int rc = attnPrefillTiles(ex, hd, qPtr, kc, vc, bt, rowSeq, pos, outPtr, rows, H, KVH, bs, mbps, qStride, qOff, scale,
+                              window, lse, oneSeq);
     if (rc) return rc;
     flashRows = rows;
+    // One sequence (the caller's promise): every tile was uniform and taken; no seam rows remain.
+    if (oneSeq) return NERVA_OK;
   }
   long long maxLen = (long long)mbps * bs;
   size_t perSplit = (size_t)(hd + 2) * sizeof(float);
@@ -2074,9 +2081,10 @@ int opAttention(NervaExec* ex, Args& A) {
   float scale = (float)A.next();
   int window = A.num();
   Buf lse = buf(A);
+  int oneSeq = A.num();
   if (!A.ok) return bad(ex, "attention: argument count");
   return attentionRun(ex, (const float*)q.p, kc, vc, (float*)out.p, bt, rowSeq, pos, rows, H, KVH, hd, bs, mbps, qStride,
-                      qOff, scale, 0, nullptr, window, (float*)lse.p);
+                      qOff, scale, 0, nullptr, window, (float*)lse.p, oneSeq);
 }
 
 int opAttentionMerge(NervaExec* ex, Args& A) {
@@ -2202,6 +2210,8 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (!A.ok) return bad(ex, "silu_mul: argument count");
       size_t n = (size_t)rows * dim;
       if (n == 0) return NERVA_OK;
+      if (siluMulRowsFits(rows, dim) && ((uintptr_t)x.p & 15) == 0 && ((uintptr_t)out.p & 15) == 0)
+        return siluMulRowsRun(ex, (const float*)x.p, (float*)out.p, rows, dim);
       LAUNCH(k_silu_mul, gridFor(n, 256, ex->smCount), 256, 0, (const float*)x.p, (float*)out.p, rows, dim, ex->bf16act ? 1 : 0);
       return NERVA_OK;
     }
@@ -2269,6 +2279,8 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       int rows = A.num(), nq = A.num(), nkv = A.num(), hd = A.num(), rowStride = A.num();
       float eps = (float)A.next();
       if (!A.ok) return bad(ex, "rope_append: argument count");
+      if (rows > 0 && ropeAppendRowsFits(rows, hd))
+        return ropeAppendRowsRun(ex, (float*)x.p, pos, inv, slots, kc, vc, qn, kn, rows, nq, nkv, hd, rowStride, eps);
       return ropeAppendRun(ex, (float*)x.p, pos, inv, slots, kc, vc, qn, kn, rows, nq, nkv, hd, rowStride, eps);
     }
     case OP_DECODER_LAYERS: return opDecoderLayers(ex, A);

@@ -147,6 +147,8 @@ export class OpEncoder {
         this.num(window);
         // Partial attention (tiered KV): skips negative block-table entries, writes the log-sum-exp.
         this.optBuf('lse', B('lse'), rows * H, FLOAT);
+        // Every row of one sequence (the caller's promise): prefill tiles need no seam pass.
+        this.num(x.oneSequence === true ? 1 : 0);
         return;
       }
       case 'attention_merge': {

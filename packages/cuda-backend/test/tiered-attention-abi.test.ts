@@ -37,14 +37,16 @@ function attentionArgs(tier: Tier, extra: Record<string, unknown> = {}) {
 }
 
 describe('tiered attention on CUDA (host half)', () => {
-  it('packs window and lse after the scale; no lse is a null buffer', () => {
+  it('packs window, lse and oneSequence after the scale; no lse is a null buffer', () => {
     const lse = buf('f32', 8);
     const a = attentionArgs('vram', { window: 5, lse });
     enc.encode('attention', a);
-    const tail = Array.from(enc.args.subarray(enc.n - 4, enc.n));
-    expect(tail).toEqual([0.25, 5, resolved.get(lse.id)!.addr, 0]);
+    const tail = Array.from(enc.args.subarray(enc.n - 5, enc.n));
+    expect(tail).toEqual([0.25, 5, resolved.get(lse.id)!.addr, 0, 0]);
     enc.encode('attention', attentionArgs('vram'));
-    expect(Array.from(enc.args.subarray(enc.n - 4, enc.n))).toEqual([0.25, 0, 0, 0]);
+    expect(Array.from(enc.args.subarray(enc.n - 5, enc.n))).toEqual([0.25, 0, 0, 0, 0]);
+    enc.encode('attention', attentionArgs('vram', { oneSequence: true }));
+    expect(Array.from(enc.args.subarray(enc.n - 5, enc.n))).toEqual([0.25, 0, 0, 0, 1]);
     expect(() => enc.encode('attention', attentionArgs('vram', { lse: buf('f32', 3) }))).toThrow(/lse needs 8 elements, has 3/);
     expect(() => enc.encode('attention', attentionArgs('vram', { window: -1 }))).toThrow(CudaArgumentError);
   });

@@ -1012,11 +1012,15 @@ export class Engine {
       // A prompt's last row sampled once per fork: logit rows repeat (see ModelRunner.repeatedLogitRows).
       const runners = forks ? (this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) : [];
       for (const r of runners) r.repeatedLogitRows = true;
+      // A pass of one sequence (a prompt chunk): op attention may skip what sequence seams need.
+      const single = !this.pipeline && plan.scheduled.length === 1 ? (this.runner as ModelRunner) : undefined;
+      if (single) single.oneSequence = true;
       try {
         if (tiered) (this.runner as ModelRunner).forward(rows, nl, undefined, undefined, true);
         else this.runner.forward(rows, nl);
       } finally {
         for (const r of runners) r.repeatedLogitRows = false;
+        if (single) single.oneSequence = false;
       }
       if (deviceSample) {
         this.runner.sampleOnDevice(nl, m.sampled);

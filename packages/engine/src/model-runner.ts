@@ -374,6 +374,11 @@ export class ModelRunner {
    * means one row per sequence, so the pass keeps the per-layer ops.
    */
   repeatedLogitRows = false;
+  /**
+   * Set (by the engine, around one eager pass) when every row of the pass belongs to one
+   * sequence: op attention gets `oneSequence`, so a backend may skip what sequence seams need.
+   */
+  oneSequence = false;
 
   forward(rows: number, nLogits: number, stream?: StreamHandle, head = this.last, tiered = false): void {
     this.stream = stream;
@@ -417,21 +422,41 @@ export class ModelRunner {
       if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
-      const rope = { x: a.qkv, positions: m.positions, invFreq: w.invFreq, rows, headDim: hd, rowStride: qkvOut, eps };
-      this.op('attention', 'rope', { ...rope, numHeads: nq, headOffset: 0, normWeight: lw.qNorm });
-      this.op('attention', 'rope', { ...rope, numHeads: nkv, headOffset: nq * hd, normWeight: lw.kNorm });
-      this.op('attention', 'kv_append', {
-        src: a.qkv,
-        kCache: this.kCache[l],
-        vCache: this.vCache[l],
-        slots: m.slots,
-        rows,
-        numKvHeads: nkv,
-        headDim: hd,
-        rowStride: qkvOut,
-        kOffset: nq * hd,
-        vOffset: (nq + nkv) * hd,
-      });
+      if (this.fusedOps) {
+        // QK-norm, RoPE and the KV append in one op (the same arithmetic as the three below).
+        this.op('attention', 'rope_append', {
+          qkv: a.qkv,
+          positions: m.positions,
+          invFreq: w.invFreq,
+          slots: m.slots,
+          kCache: this.kCache[l],
+          vCache: this.vCache[l],
+          rows,
+          numHeads: nq,
+          numKvHeads: nkv,
+          headDim: hd,
+          rowStride: qkvOut,
+          qNorm: lw.qNorm,
+          kNorm: lw.kNorm,
+          eps,
+        });
+      } else {
+        const rope = { x: a.qkv, positions: m.positions, invFreq: w.invFreq, rows, headDim: hd, rowStride: qkvOut, eps };
+        this.op('attention', 'rope', { ...rope, numHeads: nq, headOffset: 0, normWeight: lw.qNorm });
+        this.op('attention', 'rope', { ...rope, numHeads: nkv, headOffset: nq * hd, normWeight: lw.kNorm });
+        this.op('attention', 'kv_append', {
+          src: a.qkv,
+          kCache: this.kCache[l],
+          vCache: this.vCache[l],
+          slots: m.slots,
+          rows,
+          numKvHeads: nkv,
+          headDim: hd,
+          rowStride: qkvOut,
+          kOffset: nq * hd,
+          vOffset: (nq + nkv) * hd,
+        });
+      }
       this.attend(l, rows);
       this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.o, rows, inDim: nq * hd, outDim: H }, 'gemm_o');
       this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
@@ -508,6 +533,7 @@ export class ModelRunner {
       qOffset: 0,
       scale: 1 / Math.sqrt(s.headDim),
       ...this.windowArg(l),
+      ...(this.oneSequence ? { oneSequence: true } : {}),
     });
   }
 
