@@ -106,6 +106,14 @@ export interface BackendCapabilities {
    * uses plain bf16 tensor-core products as well.
    */
   matmulPrecision?: MatmulPrecision;
+  /**
+   * Ops `rmsnorm` and `silu_mul` may write a bf16 `out` (each value rounded to bf16, nearest
+   * even, as it is stored) and op `matmul` may read a bf16 `x` over more than 8 rows (its values
+   * as they are). Under matmul precision 'bf16' the engine's prefill layers then hand the
+   * projections their inputs in bf16, which those matmuls round to anyway: the same results
+   * without a rounding pass per matmul.
+   */
+  bf16Activations?: boolean;
   graphCapture: boolean;
   peerAccess: boolean;
   collectives: boolean;

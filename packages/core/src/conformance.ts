@@ -41,6 +41,11 @@ export interface ConformanceOptions {
   absTol?: number;
   /** The numerics of the backends compared (runConformance sets it): 'bf16' leaves out exact-only cases. */
   numerics?: Numerics;
+  /**
+   * Both backends have capabilities.bf16Activations (runConformance sets it): the cases of bf16
+   * rmsnorm and silu_mul outs and bf16 matmul inputs run only then.
+   */
+  bf16Activations?: boolean;
 }
 
 export interface ConformanceCase {
@@ -153,6 +158,12 @@ interface OutputDef {
   name: string;
   kind: 'float' | 'int';
   excuse?: Excuse;
+  /**
+   * A bf16 output: each value is an f32 result rounded to bf16 as it is stored, so where the two
+   * backends' f32 results straddle a rounding boundary they differ by one bf16 unit in the last
+   * place; such an element is no mismatch (it still counts in maxAbsErr).
+   */
+  bf16?: boolean;
 }
 
 interface CaseSpec {
@@ -166,6 +177,8 @@ interface CaseDef {
   large?: boolean;
   /** Defined for exact numerics only (partial attention): left out for a bf16 backend. */
   exactOnly?: boolean;
+  /** Needs capabilities.bf16Activations of both backends (bf16 outs or matmul inputs). */
+  bf16Activations?: boolean;
   build(rng: ConformanceRng): CaseSpec;
 }
 
@@ -173,6 +186,9 @@ const f32 = (data: Float32Array): BufDef => ({ dtype: 'f32', data });
 const i32 = (data: ArrayLike<number>): BufDef => ({ dtype: 'i32', data: Int32Array.from(data) });
 const bf16 = (data: Float32Array): BufDef => ({ dtype: 'bf16', data: roundToBf16(data) });
 const floatOut = (name: string): OutputDef => ({ name, kind: 'float' });
+const bf16Out = (name: string): OutputDef => ({ name, kind: 'float', bf16: true });
+/** One bf16 unit in the last place at the magnitude of x (2^(exponent - 7)). */
+const bf16Ulp = (x: number): number => (x === 0 || !Number.isFinite(x) ? 0 : 2 ** (Math.floor(Math.log2(Math.abs(x))) - 7));
 const intOut = (name: string, excuse?: Excuse): OutputDef => ({ name, kind: 'int', excuse });
 
 function invFreq(headDim: number, base: number): Float32Array {
@@ -202,15 +218,17 @@ function embeddingCase(name: string, vocab: number, hidden: number, rows: number
   };
 }
 
-function rmsnormCase(name: string, rows: number, dim: number, residual: boolean, eps: number, xScale = 1, large = false): CaseDef {
+function rmsnormCase(name: string, rows: number, dim: number, residual: boolean, eps: number, xScale = 1, large = false, out: 'f32' | 'bf16' = 'f32'): CaseDef {
+  const o = out === 'bf16' ? bf16Out : floatOut;
   return {
     name,
     large,
+    bf16Activations: out === 'bf16',
     build: (rng) => {
       const buffers: Record<string, BufDef> = {
         x: f32(rng.normals(rows * dim, xScale)),
         weight: f32(rng.normals(dim, 0.3).map((v) => 1 + v)),
-        out: f32(rng.normals(rows * dim + 2)),
+        out: out === 'bf16' ? bf16(rng.normals(rows * dim + 2)) : f32(rng.normals(rows * dim + 2)),
       };
       if (residual) buffers.residual = f32(rng.normals(rows * dim, 2));
       return {
@@ -218,7 +236,7 @@ function rmsnormCase(name: string, rows: number, dim: number, residual: boolean,
         steps: [
           step('rmsnorm', (b) => ({ x: b.x, weight: b.weight, out: b.out, rows, dim, eps, ...(residual ? { residual: b.residual } : {}) })),
         ],
-        outputs: residual ? [floatOut('out'), floatOut('residual')] : [floatOut('out')],
+        outputs: residual ? [o('out'), floatOut('residual')] : [o('out')],
       };
     },
   };
@@ -231,18 +249,21 @@ interface MatmulShape {
   bias?: boolean;
   weightOffset?: number;
   weight?: 'f32' | 'bf16';
+  /** A bf16 x (capabilities.bf16Activations; more than 8 rows). */
+  x?: 'bf16';
 }
 
 function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
   return {
     name,
     large,
+    bf16Activations: s.x === 'bf16',
     build: (rng) => {
       const off = s.weightOffset ?? 0;
       // Values around the used window are garbage a backend must not read.
       const w = rng.normals(off + s.outDim * s.inDim + 17, 1 / Math.sqrt(s.inDim));
       const buffers: Record<string, BufDef> = {
-        x: f32(rng.normals(s.rows * s.inDim)),
+        x: s.x === 'bf16' ? bf16(rng.normals(s.rows * s.inDim)) : f32(rng.normals(s.rows * s.inDim)),
         weight: s.weight === 'bf16' ? bf16(w) : f32(w),
         out: f32(rng.normals(s.rows * s.outDim + 5)),
       };
@@ -879,13 +900,14 @@ function mlpSliceCase(name: string, rows: number, hidden: number, inter: number,
   };
 }
 
-function siluMulCase(name: string, rows: number, dim: number, scale: number): CaseDef {
+function siluMulCase(name: string, rows: number, dim: number, scale: number, out: 'f32' | 'bf16' = 'f32'): CaseDef {
   return {
     name,
+    bf16Activations: out === 'bf16',
     build: (rng) => ({
-      buffers: { x: f32(rng.normals(rows * 2 * dim, scale)), out: f32(rng.normals(rows * dim + 1)) },
+      buffers: { x: f32(rng.normals(rows * 2 * dim, scale)), out: out === 'bf16' ? bf16(rng.normals(rows * dim + 1)) : f32(rng.normals(rows * dim + 1)) },
       steps: [step('silu_mul', (b) => ({ x: b.x, out: b.out, rows, dim }))],
-      outputs: [floatOut('out')],
+      outputs: [out === 'bf16' ? bf16Out('out') : floatOut('out')],
     }),
   };
 }
@@ -1160,6 +1182,9 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     rmsnormCase('1 x 130, residual, large x', 1, 130, true, 1e-6, 30),
     rmsnormCase('2 x 5, tiny x (eps matters)', 2, 5, false, 1e-2, 1e-2),
     rmsnormCase('5 x 4096, residual', 5, 4096, true, 1e-6, 1, true),
+    // bf16 outs (capabilities.bf16Activations): the prefill norms before the projections.
+    rmsnormCase('bf16 out, 3 x 17', 3, 17, false, 1e-6, 1, false, 'bf16'),
+    rmsnormCase('bf16 out, 12 x 4096, residual', 12, 4096, true, 1e-6, 1, true, 'bf16'),
   ],
   matmul: [
     matmulCase('1 row 67 -> 29', { rows: 1, inDim: 67, outDim: 29 }),
@@ -1170,6 +1195,9 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     matmulCase('8 rows 96 -> 80, bf16 weights, bias, weightOffset', { rows: 8, inDim: 96, outDim: 80, weight: 'bf16', bias: true, weightOffset: 96 * 3 }),
     matmulCase('1 row 1024 -> 4096, bf16 weights', { rows: 1, inDim: 1024, outDim: 4096, weight: 'bf16' }, true),
     matmulCase('17 rows 512 -> 1536, bias', { rows: 17, inDim: 512, outDim: 1536, bias: true }, true),
+    // A bf16 x (capabilities.bf16Activations): the prefill projections' inputs.
+    matmulCase('12 rows 64 -> 40, bf16 x, bf16 weights, bias', { rows: 12, inDim: 64, outDim: 40, weight: 'bf16', bias: true, x: 'bf16' }),
+    matmulCase('70 rows 1024 -> 768, bf16 x, bf16 weights, weightOffset', { rows: 70, inDim: 1024, outDim: 768, weight: 'bf16', weightOffset: 1024 * 5, x: 'bf16' }, true),
   ],
   rope: [
     ropeCase('q heads of packed qkv, no norm', { rows: 3, numHeads: 4, headDim: 16, rowStride: 128, headOffset: 0, norm: false, maxPos: 200, base: 10000 }),
@@ -1362,6 +1390,9 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     siluMulCase('2 x 33, large gates', 2, 33, 12),
     // Prefill rows (CUDA: a row per block row, four elements a thread, past 8 rows).
     siluMulCase('40 x 1028, large gates', 40, 1028, 12),
+    // bf16 outs (capabilities.bf16Activations): the down projection's input.
+    siluMulCase('bf16 out, 3 x 21', 3, 21, 1, 'bf16'),
+    siluMulCase('bf16 out, 40 x 1028, large gates', 40, 1028, 12, 'bf16'),
   ],
   add: [addCase('length 1', 1), addCase('length 7', 7), addCase('length 1001', 1001)],
   gather_rows: [gatherCase('5 of 12 rows x 9', 12, 5, 9), gatherCase('1 of 3 rows x 64', 3, 1, 64), gatherCase('4 of 6 rows x 1', 6, 4, 1)],
@@ -1617,7 +1648,8 @@ function compare(spec: CaseSpec, got: Record<string, HostData>, ref: Record<stri
       for (let i = 0; i < r.length; i++) {
         const err = g[i] === r[i] ? 0 : Number.isNaN(g[i]) !== Number.isNaN(r[i]) ? Infinity : Number.isNaN(r[i]) ? 0 : Math.abs(g[i] - r[i]);
         if (err > maxAbsErr) maxAbsErr = err;
-        if (err > tol) mismatch ??= `${o.name}[${i}]: got ${g[i]}, reference ${r[i]} (tol ${tol.toExponential(2)})`;
+        if (err > tol && !(o.bf16 && err <= bf16Ulp(Math.max(Math.abs(g[i]), Math.abs(r[i])))))
+          mismatch ??= `${o.name}[${i}]: got ${g[i]}, reference ${r[i]} (tol ${tol.toExponential(2)})`;
       }
     } else {
       for (let i = 0; i < r.length; i++) {
@@ -1685,6 +1717,7 @@ export function conformanceCases(opts: ConformanceOptions = {}): ConformanceCase
     for (const def of CASES[op]) {
       if (def.large && opts.sizes !== 'large') continue;
       if (def.exactOnly && opts.numerics === 'bf16') continue;
+      if (def.bf16Activations && !opts.bf16Activations) continue;
       out.push(makeCase(op, def, seed, absTol));
     }
   }
@@ -1701,7 +1734,8 @@ export async function runConformance(backend: DeviceBackend, reference: DeviceBa
   const rn = reference.capabilities.numerics ?? 'exact';
   if (bn !== rn) throw new RangeError(`conformance: the backend has numerics '${bn}' but the reference has '${rn}'; create the reference with the same numerics`);
   const results: ConformanceCaseResult[] = [];
-  for (const c of conformanceCases({ ...opts, numerics: bn })) {
+  const bf16Activations = backend.capabilities.bf16Activations === true && reference.capabilities.bf16Activations === true;
+  for (const c of conformanceCases({ ...opts, numerics: bn, bf16Activations })) {
     let r: ConformanceCaseResult;
     try {
       r = c.run(backend, reference);

@@ -57,11 +57,13 @@ export interface OpCatalogue {
   /**
    * RMSNorm with optional fused residual add. With `residual`: residual += x (in place; the
    * residual stream), then out = rmsnorm(residual) * weight. Without: out = rmsnorm(x) * weight.
+   * `out` may be bf16 on a backend with capabilities.bf16Activations (values rounded on store).
    */
   rmsnorm: { x: Buf; weight: Buf; out: Buf; rows: number; dim: number; eps: number; residual?: Buf };
   /**
    * out[r, o] = sum_i x[r, i] * weight[weightOffset + o*inDim + i] (+ bias[o]).
-   * One op for one row (GEMV) and for many (GEMM); the backend picks the kernel.
+   * One op for one row (GEMV) and for many (GEMM); the backend picks the kernel. `x` may be bf16
+   * over more than 8 rows on a backend with capabilities.bf16Activations.
    */
   matmul: { x: Buf; weight: Buf; out: Buf; rows: number; inDim: number; outDim: number; bias?: Buf; weightOffset?: number };
   /**
@@ -250,7 +252,10 @@ export interface OpCatalogue {
     eps: number;
     scale: number;
   };
-  /** out[r, i] = silu(x[r, i]) * x[r, dim + i]; x is [rows, 2*dim] (gate then up). */
+  /**
+   * out[r, i] = silu(x[r, i]) * x[r, dim + i]; x is [rows, 2*dim] (gate then up). `out` may be
+   * bf16 on a backend with capabilities.bf16Activations (values rounded on store).
+   */
   silu_mul: { x: Buf; out: Buf; rows: number; dim: number };
   /** out = a + b, elementwise over `length`. */
   add: { a: Buf; b: Buf; out: Buf; length: number };

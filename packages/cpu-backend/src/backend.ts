@@ -157,6 +157,7 @@ export class CpuBackend implements DeviceBackend {
       ),
       numerics,
       matmulPrecision,
+      bf16Activations: true,
       graphCapture: true,
       peerAccess: false,
       collectives: false,

@@ -6,7 +6,7 @@
  */
 import { BF16_MATMUL_MAX_EXACT_ROWS, type DeviceBuffer, type MatmulPrecision, type Numerics, type OpName } from '@nerva/core';
 import type { BufferTable } from './buffers.js';
-import { roundBf16, roundHalfInto } from './half.js';
+import { roundBf16, roundHalfInto, storeRounding } from './half.js';
 import { OpArgumentError, UnknownHandleError } from './errors.js';
 import type { Scratch } from './scratch.js';
 
@@ -94,6 +94,16 @@ export class OpContext {
     const rec = this.record(arg, buf, need);
     if (rec.handle.dtype !== 'f32') this.fail(arg, `expected an f32 buffer, got ${rec.handle.dtype}`);
     return rec.data as Float32Array;
+  }
+
+  /**
+   * A float buffer written by the op that may also be bf16 (capabilities.bf16Activations): its
+   * values and the rounding every store into it applies (undefined for f32).
+   */
+  f32OrBf16(arg: string, buf: DeviceBuffer | undefined, need: number): { data: Float32Array; store: ((x: number) => number) | undefined } {
+    const rec = this.record(arg, buf, need);
+    if (rec.handle.dtype !== 'f32' && rec.handle.dtype !== 'bf16') this.fail(arg, `expected an f32 or bf16 buffer, got ${rec.handle.dtype}`);
+    return { data: rec.data as Float32Array, store: storeRounding(rec.handle.dtype) };
   }
 
   /** An i32 buffer. */

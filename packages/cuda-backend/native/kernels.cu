@@ -1810,6 +1810,8 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
   return NERVA_OK;
 }
 
+int gemmCublasBf16x(NervaExec* ex, const uint16_t* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);  // prefill_silu.cuh
+
 int opMatmul(NervaExec* ex, Args& A) {
   Buf x = buf(A), w = buf(A), out = buf(A), bias = buf(A);
   int rows = A.num(), inDim = A.num(), outDim = A.num();
@@ -1819,6 +1821,10 @@ int opMatmul(NervaExec* ex, Args& A) {
   w.p = (char*)w.p + (size_t)wOff * wb;
   if (rows <= 0 || outDim <= 0) return NERVA_OK;
   bool useBlas = rows > 8 && ex->gemmMode != GEMM_GEMV && ex->cublas && w.dt == NV_BF16;
+  if (x.dt == NV_BF16) {
+    if (!useBlas) return bad(ex, "matmul: a bf16 x needs the GEMM path (more than 8 rows, cuBLAS, bf16 weights)");
+    return gemmCublasBf16x(ex, (const uint16_t*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
+  }
   if (useBlas) return gemmCublas(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
   return gemvRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
 }
@@ -2177,6 +2183,11 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       float eps = (float)A.next();
       if (!A.ok) return bad(ex, "rmsnorm: argument count");
       if (rows <= 0) return NERVA_OK;
+      if (out.dt == NV_BF16) {  // capabilities.bf16Activations
+        LAUNCH(k_rmsnorm_bf16, rows, std::min(1024, ((dim + 31) / 32) * 32), 0, (const float*)x.p, w.p, w.dt, (uint16_t*)out.p,
+               (float*)res.p, dim, eps, ex->bf16act ? 1 : 0);
+        return NERVA_OK;
+      }
       LAUNCH(k_rmsnorm, rows, std::min(1024, ((dim + 31) / 32) * 32), 0, (const float*)x.p, w.p, w.dt, (float*)out.p,
              (float*)res.p, dim, eps, ex->bf16act ? 1 : 0);
       return NERVA_OK;
@@ -2210,6 +2221,12 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (!A.ok) return bad(ex, "silu_mul: argument count");
       size_t n = (size_t)rows * dim;
       if (n == 0) return NERVA_OK;
+      if (out.dt == NV_BF16) {  // capabilities.bf16Activations
+        if (siluMulRowsFits(rows, dim) && ((uintptr_t)x.p & 15) == 0 && ((uintptr_t)out.p & 7) == 0)
+          return siluMulRowsRun(ex, (const float*)x.p, (uint16_t*)out.p, rows, dim);
+        LAUNCH(k_silu_mul_bf16, gridFor(n, 256, ex->smCount), 256, 0, (const float*)x.p, (uint16_t*)out.p, rows, dim, ex->bf16act ? 1 : 0);
+        return NERVA_OK;
+      }
       if (siluMulRowsFits(rows, dim) && ((uintptr_t)x.p & 15) == 0 && ((uintptr_t)out.p & 15) == 0)
         return siluMulRowsRun(ex, (const float*)x.p, (float*)out.p, rows, dim);
       LAUNCH(k_silu_mul, gridFor(n, 256, ex->smCount), 256, 0, (const float*)x.p, (float*)out.p, rows, dim, ex->bf16act ? 1 : 0);

@@ -17,6 +17,8 @@ export interface ResolvedBuffer {
 type Resolve = (b: DeviceBuffer, what: string) => ResolvedBuffer;
 
 const FLOAT: readonly DType[] = ['f32'];
+/** Activations capabilities.bf16Activations lets be bf16 (rmsnorm and silu_mul outs, matmul x). */
+const FLOAT_OR_BF16: readonly DType[] = ['f32', 'bf16'];
 const INT: readonly DType[] = ['i32'];
 const WEIGHT: readonly DType[] = ['f32', 'bf16', 'f16'];
 const ANY: readonly DType[] = ['f32', 'bf16', 'f16', 'i32'];
@@ -90,7 +92,7 @@ export class OpEncoder {
         if (!(eps >= 0)) this.fail(`eps must be >= 0, got ${eps}`);
         this.buf('x', B('x'), rows * dim, FLOAT);
         this.buf('weight', B('weight'), dim, WEIGHT);
-        this.buf('out', B('out'), rows * dim, FLOAT);
+        this.buf('out', B('out'), rows * dim, FLOAT_OR_BF16);
         this.optBuf('residual', B('residual'), rows * dim, FLOAT);
         this.num(rows); this.num(dim); this.num(eps);
         return;
@@ -98,7 +100,9 @@ export class OpEncoder {
       case 'matmul': {
         const rows = c('rows'), inDim = c('inDim', 1), outDim = c('outDim', 1);
         const wOff = x.weightOffset === undefined ? 0 : this.count('weightOffset', x.weightOffset as number);
-        this.buf('x', B('x'), rows * inDim, FLOAT);
+        // A bf16 x (capabilities.bf16Activations) goes straight to the GEMM: more than 8 rows.
+        if (B('x')?.dtype === 'bf16' && rows <= 8) this.fail(`a bf16 x needs more than 8 rows (the GEMM), got ${rows}`);
+        this.buf('x', B('x'), rows * inDim, FLOAT_OR_BF16);
         this.buf('weight', B('weight'), wOff + outDim * inDim, WEIGHT);
         this.buf('out', B('out'), rows * outDim, FLOAT);
         this.optBuf('bias', B('bias'), outDim, WEIGHT);
@@ -163,7 +167,7 @@ export class OpEncoder {
       case 'silu_mul': {
         const rows = c('rows'), dim = c('dim');
         this.buf('x', B('x'), rows * 2 * dim, FLOAT);
-        this.buf('out', B('out'), rows * dim, FLOAT);
+        this.buf('out', B('out'), rows * dim, FLOAT_OR_BF16);
         this.num(rows); this.num(dim);
         return;
       }

@@ -247,6 +247,8 @@ export class CudaBackend implements DeviceBackend {
       numerics,
       // 'gemv' and 'split-bf16' are both f32-grade; 'bf16' also selects plain-bf16 prefill attention.
       matmulPrecision: (bf16Gemm ? 'bf16' : 'exact') as MatmulPrecision,
+      // rmsnorm and silu_mul write bf16 outs, matmul reads a bf16 x over more than 8 rows (the GEMM).
+      bf16Activations: true,
       graphCapture: true,
       peerAccess: false,
       collectives: false,

@@ -35,6 +35,18 @@ describe('OpEncoder', () => {
     ]);
   });
 
+  it('takes bf16 activations (capabilities.bf16Activations): rmsnorm and silu_mul outs, a matmul x over more than 8 rows', () => {
+    const x16 = buf('bf16', 9 * 64), w = buf('bf16', 32 * 64), out = buf('f32', 9 * 32);
+    enc.encode('matmul', { x: x16, weight: w, out, rows: 9, inDim: 64, outDim: 32 });
+    expect(enc.args[1]).toBe(1); // x's dtype code: bf16
+    expect(() => enc.encode('matmul', { x: buf('bf16', 8 * 64), weight: w, out, rows: 8, inDim: 64, outDim: 32 })).toThrow(/a bf16 x needs more than 8 rows/);
+    const h = buf('f32', 4 * 16), nw = buf('bf16', 16);
+    enc.encode('rmsnorm', { x: h, weight: nw, out: buf('bf16', 4 * 16), rows: 4, dim: 16, eps: 1e-6 });
+    expect(() => enc.encode('rmsnorm', { x: h, weight: nw, out: buf('f16', 4 * 16), rows: 4, dim: 16, eps: 1e-6 })).toThrow(CudaArgumentError);
+    enc.encode('silu_mul', { x: buf('f32', 2 * 2 * 8), out: buf('bf16', 2 * 8), rows: 2, dim: 8 });
+    expect(enc.args[3]).toBe(1);
+  });
+
   it('packs fused_matmul (norm weight, eps, glu, accumulate) and sizes a glu weight as 2*outDim rows', () => {
     const x = buf('f32', 64), w = buf('bf16', 2 * 16 * 64), out = buf('f32', 16), nw = buf('bf16', 64);
     enc.encode('fused_matmul', { x, weight: w, out, rows: 1, inDim: 64, outDim: 16, normWeight: nw, eps: 1e-5, glu: true });

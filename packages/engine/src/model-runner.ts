@@ -120,6 +120,14 @@ export class ModelRunner {
   /** Whether the backend has the fused decode ops (fused_matmul, rope_append). */
   private readonly fusedOps: boolean;
   /**
+   * Matmul precision 'bf16' on a backend with capabilities.bf16Activations (dense layers, no host
+   * slices): passes of more than 8 rows have the norms before the qkv and gate_up projections and
+   * silu_mul write bf16 (act.normedBf16, act.mlpActBf16), which those matmuls read as they are.
+   * They round their inputs to bf16 anyway, so the results are the same, without a rounding pass
+   * per matmul and with half the bytes written and read.
+   */
+  private readonly bf16Act: boolean;
+  /**
    * Every layer's weights and caches as op `decoder_layers` takes them, built once; undefined when
    * the backend lacks the op or the model has a sparse (MoE) layer, which the op does not cover.
    */
@@ -185,6 +193,11 @@ export class ModelRunner {
       this.act.gateUp = f32(maxRows * 2 * inter, 'act.gate_up');
       this.act.mlpAct = f32(maxRows * inter, 'act.mlp');
       this.act.mlpOut = f32(maxRows * H, 'act.mlp_out');
+      this.bf16Act = backend.capabilities.bf16Activations === true && backend.capabilities.matmulPrecision === 'bf16' && !s.moe && !weights.hostParts && maxRows > FUSED_MAX_ROWS;
+      if (this.bf16Act) {
+        this.act.normedBf16 = this.own(backend.alloc({ dtype: 'bf16', length: maxRows * H, usage: 'activations', label: 'act.normed_bf16' }));
+        this.act.mlpActBf16 = this.own(backend.alloc({ dtype: 'bf16', length: maxRows * inter, usage: 'activations', label: 'act.mlp_bf16' }));
+      }
       if (weights.hostParts) {
         // Compute near data: the host slice's output, and host staging for decode rows.
         this.act.hostOut = f32(maxRows * H, 'act.host_mlp_out');
@@ -415,13 +428,17 @@ export class ModelRunner {
       w.pager?.endPass(this.stream);
       return;
     }
+    // The projections' inputs in bf16 (see bf16Act): a bf16 x is for more than 8 rows.
+    const bfa = this.bf16Act && rows > FUSED_MAX_ROWS;
+    const normed = bfa ? a.normedBf16 : a.normed;
+    const mlpAct = bfa ? a.mlpActBf16 : a.mlpAct;
     for (let l = this.firstLayer; l < this.endLayer; l++) {
       this.layerProbe?.(l, rows);
       const lw = this.acquireLayer(l);
       // The first layer of a runner finds the residual stream complete (embedding, or a stage's handoff).
-      if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
-      else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
-      this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
+      if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
+      else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
+      this.op('projection', 'matmul', { x: normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
       if (this.fusedOps) {
         // QK-norm, RoPE and the KV append in one op (the same arithmetic as the three below).
         this.op('attention', 'rope_append', {
@@ -459,7 +476,7 @@ export class ModelRunner {
       }
       this.attend(l, rows);
       this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.o, rows, inDim: nq * hd, outDim: H }, 'gemm_o');
-      this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: a.normed, rows, dim: H, eps });
+      this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: normed, rows, dim: H, eps });
       if (s.moe && isMoeLayer(s, l)) {
         this.moeMlp(rows, lw);
       } else {
@@ -473,9 +490,9 @@ export class ModelRunner {
           this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: c });
           this.op('mlp', 'matmul', { x: a.mlpAct, weight: hp.down, out: a.hostOut, rows, inDim: c, outDim: H }, 'gemm_host_mlp');
         }
-        this.op('mlp', 'matmul', { x: a.normed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I }, 'gemm_gate_up');
-        this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: I });
-        this.op('mlp', 'matmul', { x: a.mlpAct, weight: lw.down!, out: a.mlpOut, rows, inDim: I, outDim: H }, 'gemm_down');
+        this.op('mlp', 'matmul', { x: normed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I }, 'gemm_gate_up');
+        this.op('mlp', 'silu_mul', { x: a.gateUp, out: mlpAct, rows, dim: I });
+        this.op('mlp', 'matmul', { x: mlpAct, weight: lw.down!, out: a.mlpOut, rows, inDim: I, outDim: H }, 'gemm_down');
         if (hp) this.op('mlp', 'add', { a: a.mlpOut, b: a.hostOut, out: a.mlpOut, length: rows * H });
       }
       this.releaseLayer(l);

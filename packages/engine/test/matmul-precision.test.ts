@@ -47,6 +47,44 @@ describe('matmulPrecision', () => {
     }
   });
 
+  it("'bf16' hands the prefill projections bf16 inputs (bf16Activations): the same logits as rounding in each matmul", async () => {
+    const outs: Record<string, string[]> = {};
+    const make = (bf16Act: boolean) => {
+      const inner = new CpuBackend({ matmulPrecision: 'bf16' });
+      const caps = Object.freeze({ ...inner.capabilities, bf16Activations: bf16Act });
+      const seen: string[] = [];
+      outs[String(bf16Act)] = seen;
+      return new Proxy(inner, {
+        get(target, prop, receiver) {
+          if (prop === 'capabilities') return caps;
+          if (prop === 'run') {
+            return (op: string, args: Record<string, unknown>, stream?: unknown) => {
+              const b = (op === 'matmul' ? args.x : op === 'rmsnorm' || op === 'silu_mul' ? args.out : undefined) as { dtype: string } | undefined;
+              if (b) seen.push(`${op}:${b.dtype}:${String(args.rows)}`);
+              return (target.run as (...x: unknown[]) => void)(op, args, stream);
+            };
+          }
+          const v = Reflect.get(target, prop, receiver) as unknown;
+          return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
+        },
+      }) as unknown as CpuBackend;
+    };
+    const on = await Engine.create({ model: dir, backend: make(true), maxNumBatchedTokens: 64 });
+    const off = await Engine.create({ model: dir, backend: make(false), maxNumBatchedTokens: 64 });
+    try {
+      expect(await promptLogits(on)).toEqual(await promptLogits(off));
+      // The 24-row prefill: norms and silu_mul wrote bf16, the projections read it; the LM head's row stays f32.
+      expect(outs.true).toContain('rmsnorm:bf16:24');
+      expect(outs.true).toContain('silu_mul:bf16:24');
+      expect(outs.true).toContain('matmul:bf16:24');
+      expect(outs.true.filter((c) => c.startsWith('matmul:f32:24'))).toHaveLength(2); // o_proj of each layer reads attention's f32
+      expect(outs.false.some((c) => c.includes(':bf16:'))).toBe(false);
+    } finally {
+      on.dispose();
+      off.dispose();
+    }
+  });
+
   it('decode rows (at most 8) are untouched: one-token prompts give the exact logits', async () => {
     const exact = await Engine.create({ model: dir, backend: 'cpu' });
     const bf16 = await Engine.create({ model: dir, backend: 'cpu', matmulPrecision: 'bf16' });

@@ -14,7 +14,8 @@ export function rmsnorm(ctx: OpContext, a: OpArgs<'rmsnorm'>): void {
   const n = rows * dim;
   const x = ctx.floats('x', a.x, n);
   const w = ctx.floats('weight', a.weight, dim);
-  const out = ctx.f32('out', a.out, n);
+  // out may be bf16 (capabilities.bf16Activations): each value rounded as it is stored.
+  const { data: out, store } = ctx.f32OrBf16('out', a.out, n);
   const res = a.residual === undefined ? undefined : ctx.f32('residual', a.residual, n);
   if (a.residual !== undefined) ctx.distinct('residual', a.residual, 'x', a.x);
   if (ctx.dry) return;
@@ -29,6 +30,7 @@ export function rmsnorm(ctx: OpContext, a: OpArgs<'rmsnorm'>): void {
     let ss = 0;
     for (let i = 0; i < dim; i++) ss += src[o + i] * src[o + i];
     const inv = 1 / Math.sqrt(ss / dim + eps);
-    for (let i = 0; i < dim; i++) out[o + i] = R(R(src[o + i] * inv) * w[i]);
+    if (store === undefined) for (let i = 0; i < dim; i++) out[o + i] = R(R(src[o + i] * inv) * w[i]);
+    else for (let i = 0; i < dim; i++) out[o + i] = store(R(R(src[o + i] * inv) * w[i]));
   }
 }
