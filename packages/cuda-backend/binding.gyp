@@ -6,7 +6,7 @@
   "targets": [
     {
       "target_name": "nerva_cuda",
-      "sources": ["native/addon.cc", "native/cublas_dl.cc", "native/nccl_dl.cc", "native/host_pool.cc", "native/host_mlp.cc", "native/host_attention.cc"],
+      "sources": ["native/addon.cc", "native/cublas_dl.cc", "native/nccl_dl.cc", "native/host_pool.cc", "native/host_mlp.cc", "native/host_attention.cc", "native/host_channel.cc"],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",
         "<(cuda_home)/include"

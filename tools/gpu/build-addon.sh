@@ -28,7 +28,8 @@ g++ "${flags[@]}" $pkg/native/nccl_dl.cc -o "$out/nccl_dl.o"
 g++ "${flags[@]}" $pkg/native/host_pool.cc -o "$out/host_pool.o"
 g++ "${flags[@]}" $pkg/native/host_mlp.cc -o "$out/host_mlp.o"
 g++ "${flags[@]}" $pkg/native/host_attention.cc -o "$out/host_attention.o"
+g++ "${flags[@]}" $pkg/native/host_channel.cc -o "$out/host_channel.o"
 wait $nvcc_pid
-g++ -shared -o "$out/nerva_cuda.node" "$out/addon.o" "$out/cublas_dl.o" "$out/nccl_dl.o" "$out/host_pool.o" "$out/host_mlp.o" "$out/host_attention.o" "$out/kernels.o" \
+g++ -shared -o "$out/nerva_cuda.node" "$out/addon.o" "$out/cublas_dl.o" "$out/nccl_dl.o" "$out/host_pool.o" "$out/host_mlp.o" "$out/host_attention.o" "$out/host_channel.o" "$out/kernels.o" \
   -L"$cuda/lib64" -L"$cuda/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread
 echo "[build-addon] $out/nerva_cuda.node"

@@ -12,4 +12,12 @@ rm -rf .device/fixtures .device/configs && mkdir -p .device/fixtures
 cp -r ../shared/fixtures/models .device/fixtures/models && cp -r ../shared/configs .device/configs
 node tools/gpu/bundle.mjs
 rm -rf .device/dist && cp -r tools/gpu/dist .device/dist
+# --addon: build the addon here too (nvcc targets sm_90 unless NERVA_CUDA_ARCHITECTURES says
+# otherwise), so run.sh's build phase copies it instead of compiling on the device (~60 s saved).
+if [ "${1:-}" = --addon ]; then
+  rm -rf .device/addon
+  NERVA_CUDA_ARCHITECTURES=${NERVA_CUDA_ARCHITECTURES:-90} bash tools/gpu/build-addon.sh .device/addon
+  rm -f .device/addon/*.o
+  cat packages/cuda-backend/native/* tools/gpu/build-addon.sh | sha256sum | cut -c1-16 > .device/addon/sources.sha
+fi
 du -sh .device

@@ -42,7 +42,11 @@
 #   on a backend of the same precision -> one JSON line per run appended to $OUT/prefill.jsonl.
 #   fork (not in the default list; NERVA_SIZES="qwen3-0.6b qwen3-8b" bash tools/gpu/run.sh build,synth,fork): nerva-bench fork
 #   on each checkpoint, NERVA_FORK_N (32) sampled forks of a NERVA_FORK_PROMPT (512)-token prompt, NERVA_FORK_TOKENS (128)
-#   each, against the same requests one by one, once per KV dtype in NERVA_FORK_KV ("auto bf16") -> $OUT/fork.jsonl
+#   each, against the same requests one by one, once per KV dtype in NERVA_FORK_KV ("auto bf16") -> $OUT/fork.jsonl; NERVA_FORK_ARGS adds flags
+#   (e.g. --batch-invariant)
+#   invariance (not in the default list; bash tools/gpu/run.sh build,invariance): tools/gpu/batch_invariance.ts, the decode
+#   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..64 rows, every row bit for bit,
+#   on a batchInvariant backend (must hold) and on the default one (informational) -> $OUT/batch_invariance.json
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -61,7 +65,12 @@ say "node $($NODE --version); $(nvidia-smi --query-gpu=name,driver_version,compu
 export NERVA_CUDA_ADDON=/tmp/nerva-addon/nerva_cuda.node
 export OUT
 
-if has build; then
+# The sources the addon is built from: a prebuilt .device/addon (tools/gpu/prepare.sh --addon, same
+# nvcc and archs as build-addon.sh) is used instead of building when it came from these sources.
+addon_sha() { cat packages/cuda-backend/native/* tools/gpu/build-addon.sh | sha256sum | cut -c1-16; }
+if has build && [ -f .device/addon/nerva_cuda.node ] && [ "$(cat .device/addon/sources.sha 2>/dev/null)" = "$(addon_sha)" ]; then
+  mkdir -p /tmp/nerva-addon && cp .device/addon/nerva_cuda.node /tmp/nerva-addon/ && say "addon prebuilt here (sources $(addon_sha))"
+elif has build; then
   t0=$(date +%s)
   if bash tools/gpu/build-addon.sh /tmp/nerva-addon >>"$log" 2>&1; then say "addon built in $(( $(date +%s) - t0 )) s"; else say "addon build FAILED"; tail -30 "$log"; exit 1; fi
 fi
@@ -96,6 +105,7 @@ if has hostattn; then
 fi
 
 has conformance && runjs conformance conformance.mjs
+has invariance && runjs invariance batch_invariance.mjs
 has checks && runjs checks checks.mjs
 has nccl && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs nccl nccl_check.mjs
 has parity && runjs parity parity.mjs fixtures .device/fixtures/models
@@ -144,7 +154,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
     for kv in ${NERVA_FORK_KV:-auto bf16}; do
       t0=$(date +%s)
       if $NODE --enable-source-maps .device/dist/bench_cli.mjs fork --model "$dir" --backend cuda --n ${NERVA_FORK_N:-32} --prompt-len ${NERVA_FORK_PROMPT:-512} \
-          --new-tokens ${NERVA_FORK_TOKENS:-128} --kv-cache-dtype $kv >> "$OUT/fork.jsonl" 2>>"$log"; then
+          --new-tokens ${NERVA_FORK_TOKENS:-128} --kv-cache-dtype $kv ${NERVA_FORK_ARGS:-} >> "$OUT/fork.jsonl" 2>>"$log"; then
         say "fork $size kv=$kv ok ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/fork.jsonl" | grep -o '"decode_speedup":[0-9.]*\|"tokens_identical":[a-z]*' | tr '\n' ' ')"
       else
         say "fork $size kv=$kv FAILED"; status=1

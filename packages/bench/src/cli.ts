@@ -28,6 +28,9 @@ const kvDtypeOpt = () => new Option('--kv-cache-dtype <dtype>', 'KV cache elemen
 // No default: NERVA_MATMUL, else 'exact', applies when the flag is absent.
 const matmulOpt = () =>
   new Option('--matmul-precision <p>', 'matmuls over more than 8 rows (prefill): exact (f32-grade, split-bf16 GEMMs on CUDA) or bf16 (activations rounded to bf16 once, one GEMM); default NERVA_MATMUL, else exact').choices(['exact', 'bf16']);
+// No default: NERVA_BATCH_INVARIANT, else off, applies when the flag is absent.
+const batchInvOpt = () =>
+  new Option('--batch-invariant', 'batch-invariant decode on CUDA: each decode row bit for bit what it computes alone (GEMV kernels at every row count); default NERVA_BATCH_INVARIANT, else off');
 const backendOpt = () => new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto');
 
 const program = new Command().name('nerva-bench').description('NERVA benchmarks: one JSON line per probe').exitOverride();
@@ -67,6 +70,7 @@ program
   .option('--profile', 'time buckets per token (disables graphs)')
   .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
   .addOption(matmulOpt())
+  .addOption(batchInvOpt())
   .addOption(kvDtypeOpt())
   .addOption(vramOpt())
   .addOption(hostOpt())
@@ -83,6 +87,7 @@ program
         backend: f.backend,
         numerics: f.numerics,
         matmulPrecision: f.matmulPrecision,
+        batchInvariant: f.batchInvariant,
         kvCacheDtype: f.kvCacheDtype,
         promptLen: f.promptLen,
         newTokens: f.newTokens,
@@ -159,6 +164,7 @@ program
   }, 1)
   .addOption(kvDtypeOpt())
   .addOption(matmulOpt())
+  .addOption(batchInvOpt())
   .option('--prefix-caching', 'enable prefix caching (default off: the forks alone share the prompt blocks, every sequential run prefills it)')
   .action(async (f) =>
     print(
@@ -172,6 +178,7 @@ program
         seed: f.seed,
         kvCacheDtype: f.kvCacheDtype,
         matmulPrecision: f.matmulPrecision,
+        batchInvariant: f.batchInvariant,
         prefixCaching: f.prefixCaching === true,
       }),
     ),
@@ -247,6 +254,7 @@ program
   .addOption(new Option('--kv-cache-dtype <dtype>', 'KV cache element type').choices(['auto', 'f32', 'bf16']).default('auto'))
   .addOption(new Option('--numerics <mode>', 'activation rounding: exact or bf16').choices(['exact', 'bf16']).default('exact'))
   .addOption(matmulOpt())
+  .addOption(batchInvOpt())
   .option('--baseline <file>', 'a JSON line from tools/gpu/torch_throughput.py on the same workload: adds the ratio to it')
   .option('--tokens-out <file>', "write every request's batched tokens as JSON")
   .action(async (f) => {
@@ -262,6 +270,7 @@ program
         numerics: f.numerics,
         kvCacheDtype: f.kvCacheDtype,
         matmulPrecision: f.matmulPrecision,
+        batchInvariant: f.batchInvariant,
         requests: f.requests,
         minLen: f.minLen,
         maxInputLen: f.maxInputLen,

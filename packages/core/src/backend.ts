@@ -114,6 +114,13 @@ export interface BackendCapabilities {
    * without a rounding pass per matmul.
    */
   bf16Activations?: boolean;
+  /**
+   * Batch-invariant decode: a decode row's results (op fused_matmul and op decoder_layers, each
+   * row its own sequence) are bit for bit the same whatever number of other rows share the call.
+   * The engine then runs the LM head as op fused_matmul, so a logit row is computed the same way
+   * at any number of logit rows. Absent: false (no promise).
+   */
+  batchInvariant?: boolean;
   graphCapture: boolean;
   peerAccess: boolean;
   collectives: boolean;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "host_attention.h"
+#include "host_channel.h"
 #include "host_mlp.h"
 #include "nccl_dl.h"
 #include "nerva.h"
@@ -109,6 +110,7 @@ class Context : public Napi::ObjectWrap<Context> {
     int gemmMode = o.Get("gemmMode").As<Napi::Number>().Int32Value();
     ex_.persistentDecoder = o.Has("persistentDecoder") && o.Get("persistentDecoder").ToBoolean().Value();
     ex_.bf16act = o.Has("bf16Activations") && o.Get("bf16Activations").ToBoolean().Value();
+    ex_.batchInv = o.Has("batchInvariant") && o.Get("batchInvariant").ToBoolean().Value();
 
     CU(cudaSetDevice(device_));
     CU(cudaGetDeviceProperties(&prop_, device_));
@@ -301,6 +303,7 @@ class Context : public Napi::ObjectWrap<Context> {
     o.Set("driverVersion", drv);
     o.Set("decoder", ex_.persistentDecoder ? "persistent" : "layers");
     o.Set("numerics", ex_.bf16act ? "bf16" : "exact");
+    o.Set("batchInvariant", ex_.batchInv);
     o.Set("gemm", ex_.gemmMode == GEMM_SPLIT_BF16 ? "cublas-split-bf16" : ex_.gemmMode == GEMM_BF16 ? "cublas-bf16" : "gemv");
     o.Set("cublas", api_.lib ? api_.libName : "");
     o.Set("cublasNote", blasNote_);
@@ -708,10 +711,15 @@ class Context : public Napi::ObjectWrap<Context> {
     HostAttnStage stage;
     HostAttnCounters counters;
     int* ints = nullptr;  // cudaHostAlloc: tables, then rowSeq, then positions
+    HostChannel* channel = nullptr;  // the round trip's mechanism (host_channel.h), unless NERVA_HOST_CHANNEL=0
     ~HostAttn() {
+      nerva_host_channel_destroy(channel);
       if (ints) cudaFreeHost(ints);
     }
   };
+
+  // The device alias of a host pointer in the pinned arena (mapped when it was registered).
+  char* PinnedDevView(const char* host) { return pinDev_ + (host - pinBase_); }
 
   HostAttn& HostAttnAt(Napi::Env env, const Napi::Value& v) {
     int id = v.IsNumber() ? v.As<Napi::Number>().Int32Value() : -1;
@@ -779,7 +787,9 @@ class Context : public Napi::ObjectWrap<Context> {
     // not a stream operation, so it is allowed (relaxed mode) without invalidating the capture.
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&mode);
-    cudaError_t ae = cudaHostAlloc((void**)&h->ints, (nTables + 2 * (size_t)a.rows + 1) * sizeof(int), cudaHostAllocDefault);
+    cudaError_t ae = cudaHostAlloc((void**)&h->ints, (nTables + 2 * (size_t)a.rows + 1) * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable);
+    int* intsDev = nullptr;
+    if (ae == cudaSuccess) ae = cudaHostGetDevicePointer((void**)&intsDev, h->ints, 0);
     cudaThreadExchangeStreamCaptureMode(&mode);
     if (ae != cudaSuccess) throw cudaErr(env, (int)ae, "cudaHostAlloc(host attention staging)");
     a.tables = h->ints;
@@ -793,7 +803,20 @@ class Context : public Napi::ObjectWrap<Context> {
     st.tablesSrc = (const int*)(uintptr_t)num("tables");
     st.rowSeqSrc = (const int*)(uintptr_t)num("rowSeq");
     st.positionsSrc = (const int*)(uintptr_t)num("positions");
+    st.outDst = (float*)(uintptr_t)num("out");
+    st.lseDst = a.lse ? (float*)(uintptr_t)num("lse") : nullptr;
+    if (!st.outDst || (a.lse && !st.lseDst)) throw Napi::Error::New(env, "hostAttnCreate: out (and lse with lseHost) must be device addresses");
     if (const char* why = nerva_host_attention_validate(a)) throw Napi::Error::New(env, std::string("hostAttnCreate: ") + why);
+    if (nerva_host_channel_enabled()) {
+      st.qDev = (float*)PinnedDevView((const char*)a.q);
+      st.intsDev = intsDev;
+      st.outHostDev = (const float*)PinnedDevView((const char*)a.out);
+      st.lseHostDev = a.lse ? (const float*)PinnedDevView((const char*)a.lse) : nullptr;
+      int ce = 0;
+      h->channel = nerva_host_channel_create(nerva_host_attention_channel_fn, &h->args, &ce);
+      if (!h->channel) throw cudaErr(env, ce, "host channel (host attention)");
+      st.channel = h->channel;
+    }
     nerva_host_attention_reserve(a.rows, a.numHeads, a.numKvHeads, a.headDim);  // no allocation when it runs
     hostAttns_.push_back(std::move(h));
     return Napi::Number::New(env, (double)(hostAttns_.size() - 1));
@@ -835,6 +858,12 @@ class Context : public Napi::ObjectWrap<Context> {
     o.Set("keys", (double)t.keys);
     o.Set("badBlocks", (double)t.badBlocks);
     o.Set("threads", nerva_host_attention_threads());
+    const HostChannelStats cs = nerva_host_channel_stats();
+    o.Set("channel", nerva_host_channel_enabled());
+    o.Set("channelServed", (double)cs.served);
+    o.Set("channelTimeouts", (double)cs.timeouts);
+    o.Set("channelArms", (double)cs.arms);
+    o.Set("channelWakeups", (double)cs.wakeups);
     return o;
   }
 

@@ -703,6 +703,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   const size_t smem = front + DL_RING_BYTES;
   if (smem + 2048 > (size_t)ex->smemOptin) mega = false;  // room for the static shared arrays
   if (!ex->persistentDecoder || ex->bf16act) mega = false;  // the persistent kernel rounds nothing
+  if (ex->batchInv) mega = false;  // its GEMV and attention split differ from the per-layer path's
   int G = 0;
   if (mega) {
     DlParams probe;

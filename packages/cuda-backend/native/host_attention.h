@@ -76,9 +76,14 @@ int nerva_host_attention_threads();  // the host pool's size, the calling thread
 
 #ifndef NERVA_HOST_ATTN_NO_CUDA
 struct CUstream_st;
-// What the stream-ordered form copies before the host function runs: q rows from the device
-// (qStride floats apart, heads at qOffset) into a.q, and the int buffers into a.tables/rowSeq/
-// positions (host scratch the caller owns). Any source may be device or host memory.
+struct HostChannel;
+// What the stream-ordered form copies around the host computation: q rows from the device
+// (qStride floats apart, heads at qOffset) into a.q, the int buffers into a.tables/rowSeq/
+// positions (host scratch the caller owns), and afterwards a.out (and a.lse) to outDst (lseDst).
+// With a channel (host_channel.h) the copies are kernels through mapped memory and need the
+// device aliases of the host buffers (qDev: a.q; intsDev: a.tables, with rowSeq and positions
+// right after it as the caller lays them out; outHostDev, lseHostDev); without one they are
+// cudaMemcpyAsync around a cudaLaunchHostFunc.
 struct HostAttnStage {
   const float* qSrc = nullptr;
   int qStride = 0;
@@ -86,9 +91,18 @@ struct HostAttnStage {
   const int* tablesSrc = nullptr;
   const int* rowSeqSrc = nullptr;
   const int* positionsSrc = nullptr;
+  float* outDst = nullptr;
+  float* lseDst = nullptr;  // with a.lse
+  float* qDev = nullptr;
+  int* intsDev = nullptr;
+  const float* outHostDev = nullptr;
+  const float* lseHostDev = nullptr;
+  HostChannel* channel = nullptr;
 };
-// Enqueues on s: the staging copies, then nerva_host_attention(*a) with cudaLaunchHostFunc
-// (capturable into a graph). Copying out and lse back is the caller's. `a` and `st` must outlive
-// every graph captured with them. Returns the first cudaError_t (0 = queued).
+// Enqueues on s the whole round trip: inputs to the host, nerva_host_attention(*a), outputs back
+// (capturable into a graph). `a` and `st` must outlive every graph captured with them. Returns
+// the first cudaError_t (0 = queued).
 int nerva_host_attention_enqueue(CUstream_st* s, const HostAttnArgs* a, const HostAttnStage* st);
+// The host function a channel for `a` calls (pass &args as its arg).
+void nerva_host_attention_channel_fn(void* args);
 #endif

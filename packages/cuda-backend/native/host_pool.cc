@@ -36,15 +36,18 @@ int envInt(const char* name, int dflt) {
 
 int defaultThreads() {
   int n = envInt("NERVA_HOST_THREADS", 0);
+  if (n > 0) return n > 256 ? 256 : n;
 #ifdef __linux__
-  if (n <= 0) {  // the CPUs this process may run on (a container's cpuset), as Node's availableParallelism
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
-  }
+  cpu_set_t set;  // the CPUs this process may run on (a container's cpuset), as Node's availableParallelism
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
 #endif
   if (n <= 0) n = (int)std::thread::hardware_concurrency();
-  if (n <= 0) n = 1;
+  // One CPU is left to the thread that waits on the GPU (cudaStreamSynchronize spins under the
+  // default schedule): with every CPU in the pool, a worker preempted mid-task holds up the
+  // whole job for a scheduler time slice.
+  n -= 1;
+  if (n < 1) n = 1;
   return n > 256 ? 256 : n;
 }
 

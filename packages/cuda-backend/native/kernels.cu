@@ -619,6 +619,36 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
   }
 }
 
+// RMSNorm of one row per block into `out`, bit for bit what k_gemv_bf16's NORM staging computes
+// for that row when launched with the GEMV's block size (32 * gemvWarps(KS) threads): the same
+// per-thread float4 partial sums, warp sums and warp-ordered total, the same scaling. The GEMV
+// takes this path when the staged rows do not fit its shared memory, so the norm's bits do not
+// depend on how many rows share the call. inDim % 4 == 0, x and nw 16-byte aligned.
+__global__ void k_rmsnorm_gemv(const float* x, const void* nw, int nwbf, float* out, int inDim, float eps, int bfa) {
+  PDL_ENTER();
+  __shared__ float ssw[GEMV_MAX_THREADS / 32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
+  const int n4 = inDim >> 2;
+  const float4* xr = reinterpret_cast<const float4*>(x + (size_t)blockIdx.x * inDim);
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+    float4 v = xr[j];
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  ss = warpSum(ss);
+  if (lane == 0) ssw[warp] = ss;
+  __syncthreads();
+  float t = 0.f;
+  for (int j = 0; j < nWarps; j++) t += ssw[j];
+  const float inv = rsqrtf(t / (float)inDim + eps);
+  float4* o = reinterpret_cast<float4*>(out + (size_t)blockIdx.x * inDim);
+  for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+    float4 v = xr[j];
+    normScale4g(v, inv, loadNw4(nw, nwbf, j), bfa);
+    o[j] = v;
+  }
+}
+
 // Any dtype, any alignment: one warp per (row, output), with the same fusions as k_gemv_bf16.
 __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* out, int rows, int inDim, int outDim,
                                const void* bias, int bdt, const void* nw, int nwdt, float eps, int glu, int accumulate,
@@ -821,11 +851,18 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   if (flashRows && attnTileUniform(rowSeq, flashRows, (rowBase + (int)blockIdx.z) / PF_ROWS)) return;
   __shared__ float shm[W], shl[W];
   __shared__ float sha[W][EPL * 32];
-  int s = blockIdx.x, h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int epl = (hd + 31) >> 5;
+  const int h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int epl = (hd + 31) >> 5;
+  const int last = positions[r];
+  // ROPE: the angles' cos/sin are taken once per block, on its first live split.
+  bool cosDone = false, waited = false;
+  // S splits of the keys; a block takes splits blockIdx.x, + gridDim.x, ... in turn (gridDim.x <
+  // S under batch-invariant decode: the split of a row's keys, and so its numerics, is the one
+  // of a single-row call, while a many-row call launches fewer blocks per row).
+  for (int s = blockIdx.x; s < S; s += gridDim.x) {
+  if (s != (int)blockIdx.x) __syncthreads();  // the shared arrays of the split before are free
   float* dst = part + (((size_t)rl * H + h) * S + s) * (hd + 2);
-  int last = positions[r];
   // A sliding window (window > 0) starts the keys at last - window + 1.
   int lo = window > 0 ? max(0, last - window + 1) : 0;
   // Splits are sized from the live length (read here, so a replayed graph adapts every step):
@@ -838,7 +875,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
       dst[0] = -INFINITY;
       dst[1] = 0.f;
     }
-    return;
+    continue;
   }
   int end = min(start + chunk - 1, last);
   int kvh = h / (H / KVH);
@@ -906,15 +943,19 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   // ROPE: the 64 angles' cos/sin, one per thread into shared memory, before anything else is
   // live (float64 sincos needs many registers; a per-lane copy cost the kernel ~30 more).
   __shared__ double shcs[ROPE ? 64 : 1][2];
-  if (ROPE) {
+  if (ROPE && !cosDone) {
+    cosDone = true;
     if (threadIdx.x < 64)
       sincos((double)__fmul_rn((float)last, rf.invFreq[threadIdx.x]), &shcs[threadIdx.x][1], &shcs[threadIdx.x][0]);
     __syncthreads();
   }
   if (decodeOnly) {
     if (p0 <= end) loadBatch(p0, true);
-    pdlWait();
-    pdlTrigger();
+    if (!waited) {
+      waited = true;
+      pdlWait();
+      pdlTrigger();
+    }
     if (ROPE) {
       float a[4];
 #pragma unroll
@@ -1024,6 +1065,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     dst[1] = L;
   }
   if (counters) attnArrive(part, out, counters, rl, r, h, H, hd, S, nAct, lse);
+  }
 }
 
 // Exact merge of the split partials (online-softmax combine), one block per (head, row).
@@ -1649,10 +1691,23 @@ struct Fuse {
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
                  const Fuse& f);
 
+// Rows of one k_gemv_bf16 launch (NERVA_GEMV_MAX_ROWS: 8 or 16, default 16). Numerics do not
+// depend on it (a row's reduction order is the same for every R); speed does.
+int gemvMaxRows() {
+  static const int v = [] {
+    const char* e = getenv("NERVA_GEMV_MAX_ROWS");
+    return e && atoi(e) == 8 ? 8 : 16;
+  }();
+  return v;
+}
+
 int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
              const Fuse& f = Fuse()) {
   // Past 8 rows the GEMV reads the weights once per 8 rows; a tensor-core GEMM reads them once.
-  if (rows > 8 && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
+  // Batch-invariant decode keeps every row count on the GEMV: its per-row reduction order (the
+  // lanes' k chunks, the warp sum, the KS split) is the same for any R, so each row's result is
+  // the one it gets alone.
+  if (rows > 8 && !ex->batchInv && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
     int rc = gemmRowsBlas(ex, x, w, out, rows, inDim, outDim, bias, f);
     if (rc != NERVA_BAD_ARGS) return rc;  // BAD_ARGS here: the workspace is too small, the GEMV path below takes it
   }
@@ -1687,19 +1742,27 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   const int ksLean = split && f.early ? (inDim + 1023) / 1024 : 0;
   unsigned gs = (unsigned)outDim;
   int nwbf = f.nw.dt == NV_BF16 ? 1 : 0, acc = f.accumulate ? 1 : 0;
-  for (int r0 = 0; r0 < rows; r0 += 8) {
-    int nr = std::min(8, rows - r0);
+  // Rows per launch: 16 (R = 16 reads the weights once per 16 rows) unless NERVA_GEMV_MAX_ROWS=8.
+  const int maxR = gemvMaxRows();
+  for (int r0 = 0; r0 < rows; r0 += maxR) {
+    int nr = std::min(maxR, rows - r0);
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * outDim;
     const uint16_t* wp = (const uint16_t*)w.p;
     // Staged normalized rows must fit the default 48 KiB of dynamic shared memory (the kernel
-    // pads nr up to R); else the norm runs as its own kernel into the workspace first.
-    int rPad = nr == 1 ? 1 : nr == 2 ? 2 : nr <= 4 ? 4 : 8;
+    // pads nr up to R); else the norm runs as its own kernel into the workspace first, one that
+    // computes the staged norm's bits (k_rmsnorm_gemv with the GEMV's block size).
+    int rPad = nr == 1 ? 1 : nr == 2 ? 2 : nr <= 4 ? 4 : nr <= 8 ? 8 : 16;
     size_t smem = f.nw.p ? (size_t)rPad * inDim * sizeof(float) : 0;
     bool norm = f.nw.p != nullptr;
     if (norm && (smem > 48 * 1024 || (size_t)nr * inDim * sizeof(float) > ex->wsBytes)) {
       if ((size_t)nr * inDim * sizeof(float) > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
-      LAUNCH(k_rmsnorm, nr, 256, 0, xr, f.nw.p, f.nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, bfa);
+      if (inDim % 4 == 0 && ((uintptr_t)f.nw.p & 15) == 0) {
+        // The block size of the GEMV that would have staged it (split: KS = 4; else 1).
+        LAUNCH(k_rmsnorm_gemv, nr, 32 * gemvWarps(split ? 4 : 1), 0, xr, f.nw.p, nwbf, (float*)ex->ws, inDim, f.eps, bfa);
+      } else {
+        LAUNCH(k_rmsnorm, nr, 256, 0, xr, f.nw.p, f.nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, bfa);
+      }
       xr = (const float*)ex->ws;
       norm = false;
       smem = 0;
@@ -1720,7 +1783,11 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
       case 2: GEMV_CASE(2) break;
       case 3:
       case 4: GEMV_CASE(4) break;
-      default: GEMV_CASE(8) break;
+      case 5:
+      case 6:
+      case 7:
+      case 8: GEMV_CASE(8) break;
+      default: GEMV_CASE(16) break;
     }
 #undef GEMV_CASE
 #undef GEMV_NG
@@ -1872,6 +1939,8 @@ int gqaMinRows() {
 
 bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, int kdt, int vdt) {
   const int G = KVH > 0 && H % KVH == 0 ? H / KVH : 0;
+  // Batch-invariant decode: one kernel for every row count (the split-KV kernel below).
+  if (ex->batchInv) return false;
   return gqaMinRows() > 0 && rows >= gqaMinRows() && hd == DG_HD && !ex->bf16act && kdt == vdt &&
          (kdt == NV_F32 || kdt == NV_BF16) && (G == 1 || G == 2 || G == 4 || G == 8);
 }
@@ -2021,7 +2090,12 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   size_t perSplit = (size_t)(hd + 2) * sizeof(float);
   // Splits: enough blocks to fill the GPU when rows*heads is small; bounded by the workspace.
   long long target = (long long)ex->smCount * attnTune().blocksPerSm;
-  long long S = std::max<long long>(1, (target + (long long)rows * H - 1) / ((long long)rows * H));
+  // Batch-invariant decode: the splits (and so each row's key chunks and merge order) as for one
+  // row alone, whatever the number of rows; rows go in chunks the workspace and the combine
+  // counters cover, never fewer splits.
+  const bool inv = ex->batchInv;
+  const long long sRows = inv ? 1 : rows;
+  long long S = std::max<long long>(1, (target + sRows * H - 1) / (sRows * H));
   if (!flashRows) S = std::max<long long>(S, (maxLen + 1023) / 1024);  // long contexts: at most 1024 keys per block
   // At least minChunk keys per split: a split fewer keys than that costs more in merging than it
   // saves. (Capping S at maxLen/64 instead kept a short-context decode at 7 splits of ~55 keys,
@@ -2031,6 +2105,11 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
   S = std::min<long long>(S, 4096);
   int rowChunk = rows;
+  if (inv) {
+    size_t fit = ex->wsBytes / ((size_t)H * S * perSplit);
+    if (ex->counters && (size_t)H <= ex->counterCount) fit = std::min(fit, ex->counterCount / (size_t)H);
+    rowChunk = (int)std::max<size_t>(1, std::min<size_t>((size_t)rows, fit));
+  }
   while (rowChunk > 1 && (size_t)rowChunk * H * S * perSplit > ex->wsBytes) {
     if (S > 1) S = std::max<long long>(1, S / 2);
     else rowChunk = (rowChunk + 1) / 2;
@@ -2040,7 +2119,10 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   float* part = (float*)ex->ws;
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     int nr = std::min(rowChunk, rows - r0);
-    dim3 grid((unsigned)S, (unsigned)H, (unsigned)nr);
+    // Batch-invariant decode: S is a single row's split count; the blocks per row are what the
+    // rows of this call need to fill the GPU, each taking every gridDim.x-th split (one row: S).
+    long long sGrid = inv ? std::min<long long>(S, std::max<long long>(1, (target + (long long)nr * H - 1) / ((long long)nr * H))) : S;
+    dim3 grid((unsigned)sGrid, (unsigned)H, (unsigned)nr);
     const float* qp = qPtr;
     const int *btp = (const int*)bt.p, *rsp = (const int*)rowSeq.p, *pp = (const int*)pos.p;
     // One kernel when the re-armed counters cover this chunk of rows; else a separate combine.
@@ -2349,3 +2431,6 @@ int nerva_copy_bandwidth(size_t bytes, int iters, double* gbps, uint64_t* allocs
   }
   return (int)e;
 }
+
+// The host channel's stage and wait kernels (host_channel.h).
+#include "host_channel.cuh"

@@ -93,6 +93,11 @@ struct NervaExec {
   bool persistentDecoder = false;
   // bf16 numerics: kernels round activations where transformers' bf16 eager forward does.
   bool bf16act = false;
+  // Batch-invariant decode (CudaBackendOptions.batchInvariant): a decode row's results do not
+  // depend on how many rows share the call. Op fused_matmul and op decoder_layers keep every row
+  // on the GEMV kernels (no cuBLAS past 8 rows), decode attention sizes its splits as for one
+  // row and never takes the GQA kernel, the persistent decoder is off.
+  bool batchInv = false;
   // Error detail for a failure (which call, or why the arguments were rejected).
   char errCall[160] = {0};
 };

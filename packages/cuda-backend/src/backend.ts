@@ -86,8 +86,35 @@ export interface CudaBackendOptions {
    * rounded), and op decoder_layers always runs per layer. Default from NERVA_NUMERICS when set.
    */
   numerics?: Numerics;
+  /**
+   * Batch-invariant decode (default false; NERVA_BATCH_INVARIANT=1 turns it on when the option is
+   * absent): each decode row's results are bit for bit what the row computes alone, for any number
+   * of rows in the call. Op fused_matmul and op decoder_layers keep every row on the GEMV kernels
+   * (16 rows a launch, the weights read once per 16 rows, instead of a cuBLAS GEMM past 8 rows),
+   * decode attention sizes its key splits as for one row and never takes the GQA kernel, and the
+   * persistent decoder is off. Batch 1 runs the same kernels as without it; large decode batches
+   * run slower (no tensor cores). Prefill matmuls (op matmul past 8 rows) keep their GEMMs.
+   * Reported as capabilities.batchInvariant.
+   */
+  batchInvariant?: boolean;
   /** Path of nerva_cuda.node (default: NERVA_CUDA_ADDON, then the package's build/Release). */
   addonPath?: string;
+}
+
+/**
+ * CudaBackendOptions.batchInvariant: `requested` when given (a boolean), else the environment's
+ * NERVA_BATCH_INVARIANT ('1' or 'true': on; '0', 'false' or empty: off), else false. Anything
+ * else is a CudaArgumentError naming where it came from.
+ */
+export function resolveBatchInvariant(requested?: unknown, env: Record<string, string | undefined> = process.env): boolean {
+  if (requested !== undefined) {
+    if (typeof requested !== 'boolean') throw new CudaArgumentError('batchInvariant', `must be a boolean, got ${JSON.stringify(requested)}`);
+    return requested;
+  }
+  const v = env.NERVA_BATCH_INVARIANT;
+  if (v === undefined || v === '' || v === '0' || v === 'false') return false;
+  if (v === '1' || v === 'true') return true;
+  throw new CudaArgumentError('NERVA_BATCH_INVARIANT', `must be 1, true, 0 or false, got ${JSON.stringify(v)}`);
 }
 
 /** Kernels behind op decoder_layers (CudaBackendOptions.decoder). */
@@ -249,6 +276,7 @@ export class CudaBackend implements DeviceBackend {
       matmulPrecision: (bf16Gemm ? 'bf16' : 'exact') as MatmulPrecision,
       // rmsnorm and silu_mul write bf16 outs, matmul reads a bf16 x over more than 8 rows (the GEMM).
       bf16Activations: true,
+      batchInvariant: this.native.batchInvariant === true,
       graphCapture: true,
       peerAccess: false,
       collectives: false,
@@ -488,9 +516,7 @@ export class CudaBackend implements DeviceBackend {
     } catch (err) {
       throw fromNative(err, 'op attention');
     }
-    const n = a.rows * a.numHeads * a.headDim;
-    this.copy(a.out, a.outHost!, n, 0, 0, stream);
-    if (a.lse) this.copy(a.lse, a.lseHost!, a.rows * a.numHeads, 0, 0, stream);
+    // The addon's round trip ends with out (and lse) on the device.
   }
 
   createStream(): StreamHandle {
@@ -699,6 +725,7 @@ export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
   if (!DECODER_MODES.includes(decoder)) throw new CudaArgumentError('decoder', `unknown decoder mode ${String(decoder)} (expected ${DECODER_MODES.join(' or ')})`);
   const numerics = opts.numerics ?? ((process.env.NERVA_NUMERICS || 'exact') as Numerics);
   if (!NUMERICS.includes(numerics)) throw new CudaArgumentError('numerics', `unknown numerics ${String(numerics)} (expected ${NUMERICS.join(' or ')})`);
+  const batchInvariant = resolveBatchInvariant(opts.batchInvariant);
   let gemm = opts.gemm;
   if (gemm === undefined) {
     const env = process.env.NERVA_MATMUL || 'exact';
@@ -744,6 +771,7 @@ export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
       gemmMode: GEMM_MODES[gemm],
       persistentDecoder: decoder === 'persistent',
       bf16Activations: numerics === 'bf16',
+      batchInvariant,
     });
   } catch (e) {
     throw fromNative(e, 'createCudaBackend');

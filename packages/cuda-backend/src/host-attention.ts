@@ -2,9 +2,11 @@
  * Op attention on the CUDA backend when the KV cache lives in pinned host memory (tiered KV's
  * warm pages): compute near data. The host CPU computes the attention where the pages lie
  * (native/host_attention.cc, a thread pool with AVX2/AVX-512 inner loops), stream-ordered: q and
- * the int buffers are copied to host staging, a host function computes on the stream
- * (cudaLaunchHostFunc, so a captured graph replays it), and out (and lse) are copied back. Only
- * q and the result cross PCIe, never the pages. The native argument block for each distinct set
+ * the int buffers go to host staging, the host computes, and out (and lse) come back, all
+ * enqueued by the addon as one round trip that a captured graph replays: by default through a
+ * host channel (native/host_channel.h: kernels write and poll words in mapped memory that a
+ * spinning host thread serves, ~30 us a round trip), with NERVA_HOST_CHANNEL=0 through copies
+ * around a cudaLaunchHostFunc (~100 us). Only q and the result cross PCIe, never the pages. The native argument block for each distinct set
  * of buffers is made once and kept, so replays and later passes allocate nothing.
  */
 import type { OpArgs } from '@nerva/core';
@@ -15,7 +17,18 @@ export interface HostAttnNative {
   hostAttnCreate(a: HostAttnCreateArgs): number;
   hostAttnEnqueue(id: number, stream: number): void;
   hostAttnDestroy(id: number): void;
-  hostAttnStats(): { calls: number; ns: number; keys: number; badBlocks: number; threads: number };
+  hostAttnStats(): {
+    calls: number;
+    ns: number;
+    keys: number;
+    badBlocks: number;
+    threads: number;
+    /** Round trips through host channels (absent from an addon without them). */
+    channel?: boolean;
+    channelServed?: number;
+    /** Channel waits that gave up (their outputs are NaN): a stuck host. */
+    channelTimeouts?: number;
+  };
 }
 
 export interface HostAttnCreateArgs {
@@ -41,6 +54,9 @@ export interface HostAttnCreateArgs {
   tables: number;
   rowSeq: number;
   positions: number;
+  /** Where out (and lse) land on the device. */
+  out: number;
+  lse: number;
 }
 
 export interface ResolvedAttnBuf {
@@ -109,6 +125,7 @@ export function hostAttentionPlan(a: OpArgs<'attention'>, r: (name: string) => R
     window: a.window ?? 0, scale: a.scale, kvDtype: KV_DTYPES[k.dtype]!,
     k: k.addr, v: v.addr, qHost: at('qHost'), outHost: at('outHost'), lseHost,
     q: at('q'), qStride: a.qRowStride, qOffset: a.qOffset, tables: tables.addr, rowSeq: at('rowSeq'), positions: at('positions'),
+    out: at('out'), lse: a.lse ? at('lse') : 0,
   };
   const key = `${parts.map((p) => `${p.id}@${p.addr}:${p.length}`).join(',')}|${rows},${H},${KVH},${hd},${bs},${mbps},${a.qRowStride},${a.qOffset},${create.window},${a.scale}`;
   return { key, create };

@@ -10,6 +10,7 @@ export {
   CUDA_REL_TOL_BF16_GEMM,
   CUDA_REL_TOL_BF16_NUMERICS,
   GEMM_FOR_MATMUL_PRECISION,
+  resolveBatchInvariant,
   type CudaBackendOptions,
   type GemmPrecision,
   type DecoderMode,

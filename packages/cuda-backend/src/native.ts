@@ -14,6 +14,8 @@ export interface NativeContextOptions {
   persistentDecoder?: boolean;
   /** bf16 numerics (CudaBackendOptions.numerics): kernels round activations to bf16. */
   bf16Activations?: boolean;
+  /** Batch-invariant decode (CudaBackendOptions.batchInvariant). */
+  batchInvariant?: boolean;
 }
 
 export interface NativeInfo {
@@ -33,6 +35,8 @@ export interface NativeInfo {
   decoder: string;
   /** 'exact' or 'bf16': activation rounding. */
   numerics: string;
+  /** Batch-invariant decode; absent from addons built before it existed. */
+  batchInvariant?: boolean;
   cublas: string;
   cublasNote: string;
   /**

@@ -39,6 +39,11 @@ export interface BackendOptions {
   matmulPrecision?: MatmulPrecision;
   /** CUDA device ordinal (default 0); a pipeline stage's GPU. Ignored by the CPU backend. */
   device?: number;
+  /**
+   * Batch-invariant decode on CUDA (see CudaBackendOptions.batchInvariant; default:
+   * NERVA_BATCH_INVARIANT, else off). The CPU backend ignores it.
+   */
+  batchInvariant?: boolean;
 }
 
 /**
@@ -63,6 +68,7 @@ export function resolveMatmulPrecision(requested?: MatmulPrecision, env: Record<
  */
 export async function selectBackend(choice: BackendChoice, opts: BackendOptions = {}): Promise<SelectedBackend> {
   const matmulPrecision = resolveMatmulPrecision(opts.matmulPrecision);
+  if (opts.batchInvariant !== undefined && typeof opts.batchInvariant !== 'boolean') throw new RangeError(`batchInvariant must be a boolean, got ${JSON.stringify(opts.batchInvariant)}`);
   const cpuOpts = {
     numerics: opts.numerics,
     matmulPrecision,
@@ -78,8 +84,8 @@ export async function selectBackend(choice: BackendChoice, opts: BackendOptions 
     const cuda = await import('@nerva/cuda-backend');
     const probe = cuda.probeCuda();
     if (probe.available) {
-      const { deviceBudgetBytes, hostBudgetBytes: _host, matmulPrecision: _mp, ...rest } = opts;
-      const cudaOpts = { ...rest, gemm: cuda.GEMM_FOR_MATMUL_PRECISION[matmulPrecision] };
+      const { deviceBudgetBytes, hostBudgetBytes: _host, matmulPrecision: _mp, batchInvariant, ...rest } = opts;
+      const cudaOpts = { ...rest, gemm: cuda.GEMM_FOR_MATMUL_PRECISION[matmulPrecision], ...(batchInvariant !== undefined ? { batchInvariant } : {}) };
       if (deviceBudgetBytes !== undefined) {
         // The budget covers the workspaces too: the arena gets what they leave.
         const workspaceBytes = 256 * 2 ** 20;

@@ -79,6 +79,15 @@ export interface EngineOptions {
    */
   matmulPrecision?: MatmulPrecision;
   /**
+   * Batch-invariant decode on the CUDA backend the engine creates (default: NERVA_BATCH_INVARIANT,
+   * else off): each decode row, and each sampled logit row, is computed bit for bit as the request
+   * would compute it alone, whatever else shares the step, so N forks of a prompt decoded
+   * together give the tokens of N runs one by one. Large decode batches lose the tensor-core
+   * GEMMs (see CudaBackendOptions.batchInvariant). With a backend object, true must agree with
+   * its capabilities.batchInvariant. The CPU backend ignores it.
+   */
+  batchInvariant?: boolean;
+  /**
    * Bytes of compute-tier memory (VRAM on CUDA) the engine may use for everything: hot weights,
    * weight staging slots, KV cache and activations. When the weights do not fit, the memory OS
    * (`@nerva/memos`) keeps some layers hot and streams the rest through a ring of staging slots,
@@ -379,6 +388,8 @@ export class Engine {
         // A prefill chunk writes its pages hot: at most what the hot pool has beside the window.
         ...(tiers ? { longPrefillTokenThreshold: (tiers.hotSlots - 1 - 2) * blockSize, kvFits: (held: number, written: number) => tiers.fits(held, written) } : {}),
         ...(this.kvWindow > 0 ? { kvReadWindow: this.kvWindow } : {}),
+        // A batch-invariant backend: steps of decode rows only, or one prompt chunk alone.
+        ...(init.backend.capabilities.batchInvariant === true ? { batchInvariant: true } : {}),
       },
       this.kv,
     );
@@ -418,6 +429,7 @@ export class Engine {
     const pipe = pipelineRequest(o);
     if (o.matmulPrecision !== undefined && !MATMUL_PRECISIONS.includes(o.matmulPrecision))
       throw new RangeError(`matmulPrecision must be ${MATMUL_PRECISIONS.join(' or ')}, got ${String(o.matmulPrecision)}`);
+    if (o.batchInvariant !== undefined && typeof o.batchInvariant !== 'boolean') throw new RangeError(`batchInvariant must be a boolean, got ${JSON.stringify(o.batchInvariant)}`);
     const loaded = await loadModelDir(o.model);
     let backend: DeviceBackend;
     let notes: string[] = [];
@@ -436,7 +448,9 @@ export class Engine {
           ? `numerics '${o.numerics}' was asked for, but the given backend has '${has}'`
           : o.matmulPrecision !== undefined && o.matmulPrecision !== mp
             ? `matmulPrecision '${o.matmulPrecision}' was asked for, but the given backend has '${mp}'`
-            : undefined;
+            : o.batchInvariant === true && backend.capabilities.batchInvariant !== true
+              ? 'batchInvariant was asked for, but the given backend is not batch-invariant'
+              : undefined;
       if (mismatch !== undefined) {
         await loaded.checkpoint.close();
         throw new RangeError(mismatch);
@@ -449,6 +463,7 @@ export class Engine {
           ...(o.stageDevices !== undefined ? { device: o.stageDevices[0] } : {}),
           numerics: o.numerics,
           matmulPrecision: o.matmulPrecision,
+          ...(o.batchInvariant !== undefined ? { batchInvariant: o.batchInvariant } : {}),
           ...(o.vramBudget !== undefined ? { deviceBudgetBytes: o.vramBudget } : {}),
           ...(o.hostBudget !== undefined ? { hostBudgetBytes: o.hostBudget } : {}),
           // Pinned host memory for the master copies of streamed blocks: at most the checkpoint.
@@ -508,7 +523,7 @@ export class Engine {
           primary: be0,
           spec: loaded.spec,
           ckpt: loaded.checkpoint,
-          backendOptions: { deviceArenaBytes: o.deviceArenaBytes, numerics: be0.capabilities.numerics ?? 'exact', matmulPrecision: be0.capabilities.matmulPrecision ?? 'exact' },
+          backendOptions: { deviceArenaBytes: o.deviceArenaBytes, numerics: be0.capabilities.numerics ?? 'exact', matmulPrecision: be0.capabilities.matmulPrecision ?? 'exact', batchInvariant: be0.capabilities.batchInvariant === true },
           kvPlanned,
           kvAfterUpload: (b, activationBytes) => kvCacheBytesAfterUpload(b, { ...shape, activationBytes }),
           activationBytes: shape.activationBytes,

@@ -645,7 +645,11 @@ export class ModelRunner {
     const H = this.spec.hiddenSize;
     const a = this.act;
     this.op('lm_head', 'gather_rows', { x: a.normed, rowIdx: this.meta.logitRows, out: a.last, n: nLogits, dim: H });
-    this.op('lm_head', 'matmul', { x: a.last, weight: this.need(this.weights.lmHead, 'LM head'), out: this.logits, rows: nLogits, inDim: H, outDim: this.spec.vocabSize }, 'lm_head');
+    // A batch-invariant backend computes a fused_matmul row the same way at any row count; op
+    // matmul may switch to a GEMM past 8 rows, so a first token sampled once per fork (or any
+    // logit row of a large batch) would not be the token the request gets alone.
+    const op = this.backend.capabilities.batchInvariant === true ? 'fused_matmul' : 'matmul';
+    this.op('lm_head', op, { x: a.last, weight: this.need(this.weights.lmHead, 'LM head'), out: this.logits, rows: nLogits, inDim: H, outDim: this.spec.vocabSize }, 'lm_head');
   }
 
   /**

@@ -20,6 +20,15 @@ export interface SchedulerConfig {
    * 0 or absent: nothing is freed early (a full-attention layer reads every position).
    */
   kvReadWindow?: number;
+  /**
+   * Batch-invariant steps (EngineOptions.batchInvariant): a step is either decode rows only (one
+   * row per running request with a single token left to compute) or one request's prompt chunk
+   * alone, sized from the whole budget as it would be alone. Every row then goes through the ops
+   * it would take in a run of its request alone: a decode row through the backend's
+   * batch-invariant decode path, a prompt chunk through the same kernels at the same row count.
+   * Prefill and decode steps take turns while both are pending.
+   */
+  batchInvariant?: boolean;
 }
 
 export interface ScheduledRequest {
@@ -123,7 +132,31 @@ export class Scheduler {
     this.waiting.unshift(req);
   }
 
+  /** batchInvariant: the kind of the last step (prefill and decode take turns). */
+  private lastStep: 'decode' | 'prefill' = 'decode';
+
   schedule(): SchedulerOutput {
+    if (!this.config.batchInvariant) return this.scheduleMixed();
+    const decoding = (r: Request) => r.numTokens - r.numComputedTokens === 1;
+    const anyDecode = this.running.some(decoding);
+    const inPrompt = this.running.find((r) => r.numTokens - r.numComputedTokens > 1);
+    if ((inPrompt !== undefined || this.waiting.length > 0) && (!anyDecode || this.lastStep === 'decode')) {
+      // One prompt alone: the oldest running one still in its prompt, else the next waiting one.
+      const out = this.scheduleMixed(inPrompt ? [inPrompt] : [], inPrompt ? 0 : 1);
+      if (out.scheduled.length > 0 || out.preempted.length > 0 || !anyDecode) {
+        this.lastStep = 'prefill';
+        return out;
+      }
+    }
+    this.lastStep = 'decode';
+    return this.scheduleMixed(this.running.filter(decoding), 0);
+  }
+
+  /**
+   * The token-budget loop. `only`: serve only these running requests (others are skipped, though
+   * they may still be preempted); `maxAdmit`: admit at most this many waiting requests.
+   */
+  private scheduleMixed(only?: readonly Request[], maxAdmit = Infinity): SchedulerOutput {
     let budget = this.config.maxNumBatchedTokens;
     const chunkCap = this.config.longPrefillTokenThreshold ?? Infinity;
     const scheduled: ScheduledRequest[] = [];
@@ -142,7 +175,7 @@ export class Scheduler {
     for (let i = 0; i < this.running.length && budget > 0; ) {
       const req = this.running[i];
       const n = Math.min(req.numTokens - req.numComputedTokens, budget, chunkCap);
-      if (n <= 0) {
+      if (n <= 0 || (only !== undefined && !only.includes(req))) {
         i++;
         continue;
       }
@@ -173,12 +206,13 @@ export class Scheduler {
       i++;
     }
 
-    if (preempted.length === 0) {
+    if (preempted.length === 0 && maxAdmit > 0) {
+      let admitted = 0;
       this.waiting.sort((a, b) => a.priority - b.priority || a.times.arrival - b.times.arrival || a.id - b.id);
       // Seats: one per running request, n for a prompt request of n forks (their places are kept).
       let seats = 0;
       for (const r of this.running) seats += r.forkWidth;
-      while (this.waiting.length > 0 && budget > 0 && seats + this.waiting[0].forkWidth <= this.config.maxNumSeqs) {
+      while (admitted < maxAdmit && this.waiting.length > 0 && budget > 0 && seats + this.waiting[0].forkWidth <= this.config.maxNumSeqs) {
         const req = this.waiting[0];
         let hit = this.kv.getComputedBlocks(req.id, req.allIds, req.cacheSalt ? { cacheSalt: req.cacheSalt } : undefined);
         let n = Math.min(req.numTokens - hit.numComputedTokens, budget, chunkCap);
@@ -206,6 +240,7 @@ export class Scheduler {
         req.numCachedTokens = hit.numComputedTokens;
         this.running.push(req);
         seats += req.forkWidth;
+        admitted++;
         scheduled.push({ req, numTokens: n });
         budget -= n;
       }

@@ -160,4 +160,45 @@ describe('Scheduler', () => {
       kv.checkInvariants();
     });
   });
+
+  describe('batchInvariant: decode-only steps and one prompt chunk alone', () => {
+    it('never mixes prompt rows with decode rows, chunks a prompt as alone, and alternates', () => {
+      const kv = new KvCacheManager({ numBlocks: 64, blockSize: 4, enablePrefixCaching: false });
+      const s = new Scheduler({ maxNumBatchedTokens: 10, maxNumSeqs: 4, batchInvariant: true }, kv);
+      const a = req(6);
+      const b = req(13);
+      const c = req(3);
+      s.add(c);
+      s.add(b);
+      s.add(a);
+      const steps: Array<Array<[number, number]>> = [];
+      for (let i = 0; i < 12; i++) {
+        const p = s.schedule();
+        steps.push(p.scheduled.map((x) => [x.req.id, x.numTokens]));
+        finishStep(p);
+      }
+      for (const st of steps) {
+        // A step is one prompt chunk alone, or only rows of one token each.
+        if (st.some(([, n]) => n > 1)) expect(st.length).toBe(1);
+      }
+      expect(steps.slice(0, 6)).toEqual([
+        [[a.id, 6]], // a's prompt alone
+        [[a.id, 1]], // a decodes
+        [[b.id, 10]], // b's first chunk, the whole budget, as alone
+        [[a.id, 1]],
+        [[b.id, 3]], // b's last chunk
+        [
+          [a.id, 1],
+          [b.id, 1],
+        ],
+      ]);
+      // c (a 3-token prompt) came in alone after that, then all three decode together.
+      expect(steps[6]).toEqual([[c.id, 3]]);
+      expect(steps[7]).toEqual([
+        [a.id, 1],
+        [b.id, 1],
+        [c.id, 1],
+      ]);
+    });
+  });
 });

@@ -10,6 +10,8 @@ export interface DecodeProbeOptions {
   numerics?: 'exact' | 'bf16';
   /** Many-row matmul precision (engine option matmulPrecision; default: NERVA_MATMUL, else 'exact'). */
   matmulPrecision?: 'exact' | 'bf16';
+  /** Batch-invariant decode (engine option batchInvariant; default: NERVA_BATCH_INVARIANT, else off). */
+  batchInvariant?: boolean;
   /** KV cache element type (engine option kvCacheDtype; default 'auto'). */
   kvCacheDtype?: 'auto' | 'f32' | 'bf16';
   promptLen: number;
@@ -46,6 +48,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     backend: o.backend,
     numerics: o.numerics,
     matmulPrecision: o.matmulPrecision,
+    ...(o.batchInvariant !== undefined ? { batchInvariant: o.batchInvariant } : {}),
     kvCacheDtype: o.kvCacheDtype,
     maxNumSeqs: 8,
     maxModelLen: o.promptLen + o.newTokens + 16,
@@ -73,6 +76,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       backend: engine.backend.name,
       numerics: engine.backend.capabilities.numerics ?? 'exact',
       matmul_precision: engine.matmulPrecision,
+      batch_invariant: engine.backend.capabilities.batchInvariant === true,
       kv_cache_dtype: engine.kvDtype,
       device: engine.backend.capabilities.deviceName,
       prompt_len: o.promptLen,

@@ -14,6 +14,8 @@ export interface ForkProbeOptions {
   seed: number;
   kvCacheDtype?: 'auto' | 'f32' | 'bf16';
   matmulPrecision?: 'exact' | 'bf16';
+  /** Batch-invariant decode (engine option batchInvariant; default: NERVA_BATCH_INVARIANT, else off). */
+  batchInvariant?: boolean;
   /**
    * Prefix caching (default off: every block the forks share is shared by the fork itself, and
    * each sequential run prefills the whole prompt, as a request would alone).
@@ -62,6 +64,7 @@ export async function forkProbe(o: ForkProbeOptions): Promise<Record<string, unk
     enablePrefixCaching: prefixCaching,
     kvCacheDtype: o.kvCacheDtype,
     matmulPrecision: o.matmulPrecision,
+    ...(o.batchInvariant !== undefined ? { batchInvariant: o.batchInvariant } : {}),
   });
   try {
     const prompt = syntheticPrompt(o.promptLen, engine.spec.vocabSize, 7);
@@ -118,6 +121,7 @@ export async function forkProbe(o: ForkProbeOptions): Promise<Record<string, unk
       device: engine.backend.capabilities.deviceName,
       numerics: engine.backend.capabilities.numerics ?? 'exact',
       matmul_precision: engine.matmulPrecision,
+      batch_invariant: engine.backend.capabilities.batchInvariant === true,
       kv_cache_dtype: engine.kvDtype,
       prefix_caching: prefixCaching,
       n,

@@ -59,6 +59,10 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
       const h2 = engine.backend.stats().hostComputeMs ?? 0;
       const hostMs = Math.max(0, h2 - h1 - (h1 - h0)) / Math.max(1, out.tokenIds.length - 1);
       const s = out.ledger.summary();
+      // Device time of the decode steps (graph replay to its end event) against their wall time:
+      // what the rest of a step costs on the host (policy, page moves, meta) shows as the gap.
+      const dec = out.ledger.all().filter((r) => r.phase === 'decode' && r.deviceActiveMs !== undefined);
+      const deviceMs = dec.length ? dec.reduce((t, r) => t + r.deviceActiveMs!, 0) / dec.length : null;
       const kv = engine.memoryReport().kv;
       const tokS = s.decode_tokens_per_s;
       if (ratio === 1) allHot = { tokS, tokens: out.tokenIds };
@@ -86,6 +90,7 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
         limit_tok_s: limitTokS,
         fraction_of_limit: limitTokS ? Math.round((tokS / limitTokS) * 1000) / 1000 : null,
         ms_per_token_p50: s.ms_per_token_p50,
+        device_ms_per_token: deviceMs === null ? null : Math.round(deviceMs * 1000) / 1000,
         added_ms_per_token: allHot && ratio !== 1 ? Math.round((1000 / tokS - 1000 / allHot.tokS) * 1000) / 1000 : 0,
         demotions: kv?.demotions ?? 0,
         moved_d2h_bytes: kv?.moved.d2h.bytes ?? 0,

@@ -22,6 +22,8 @@ export interface ThroughputProbeOptions {
   kvCacheDtype?: 'auto' | KvCacheDtype;
   /** Many-row matmul precision (engine option matmulPrecision; default: NERVA_MATMUL, else 'exact'). */
   matmulPrecision?: 'exact' | 'bf16';
+  /** Batch-invariant decode (backend option batchInvariant; default: NERVA_BATCH_INVARIANT, else off). */
+  batchInvariant?: boolean;
   /** Workload parameters (nano-vllm's bench.py: 256 requests, lengths 100..1024, seed 0). */
   requests?: number;
   minLen?: number;
@@ -160,7 +162,11 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
   const t0Load = performance.now();
   // The backend first, so the KV cache can be sized from the device's memory before the engine
   // places anything: the whole workload at once where it fits (nano-vllm fills 90 % of the GPU).
-  const { backend, notes: backendNotes } = await selectBackend(o.backend, { numerics: o.numerics, matmulPrecision: o.matmulPrecision });
+  const { backend, notes: backendNotes } = await selectBackend(o.backend, {
+    numerics: o.numerics,
+    matmulPrecision: o.matmulPrecision,
+    ...(o.batchInvariant !== undefined ? { batchInvariant: o.batchInvariant } : {}),
+  });
   let engine: Engine | undefined;
   try {
     const kvDtype = kvDtypeOf(backend, o.kvCacheDtype ?? 'auto');
@@ -255,6 +261,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       numerics: backend.capabilities.numerics ?? 'exact',
       kv_dtype: e.kvDtype,
       matmul_precision: e.matmulPrecision,
+      batch_invariant: backend.capabilities.batchInvariant === true,
       output_tokens: outputTokens,
       total_s: r3(totalS),
       output_tok_s: r2(outputTokens / totalS),

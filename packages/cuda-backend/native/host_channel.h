@@ -1,0 +1,74 @@
+// Host channel: a GPU -> host -> GPU round trip inside a stream (and a captured graph) without a
+// host function on the critical path. Used where the host computes once per layer near its data
+// (host attention over warm KV pages): with cudaLaunchHostFunc each round trip cost about 100 us
+// on the H100 machine (host node dispatch plus the staging copies around it), with this about 30
+// (tools/gpu/host_sync_bench.cu).
+//
+// Per enqueue, on the stream: a stage kernel copies the inputs into mapped host memory and, after
+// a system-scope fence, bumps the channel's request number in mapped memory; a process-wide server
+// thread that spin-polls the live channels sees it, runs the channel's host function, and writes
+// the same number to the channel's response word; a wait kernel spins on that word (reads over
+// PCIe) and copies the outputs from mapped host memory to the device. The request numbers come
+// from a counter in device memory that the stage kernel increments, so a captured graph replays
+// with fresh numbers and nothing on the host has to know about replays.
+//
+// The server sleeps when idle. What wakes it is stream-ordered too: each enqueue forks a host
+// function ("arm") onto a side stream and joins it after the wait kernel, so the arm runs while
+// the GPU reaches the stage kernel and is off the critical path. Once armed, the server spins
+// until it has seen nothing for NERVA_HOST_CHANNEL_SPIN_US (default 3000) microseconds.
+//
+// A wait that sees no response for NERVA_HOST_CHANNEL_TIMEOUT_MS (default 30000) gives up: its
+// outputs are NaN (0x7fc00000 in every word) and the channel's timeout count rises, so a stuck
+// host shows as poisoned output and a counter, not a hung GPU.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+struct CUstream_st;
+
+// A 2-D copy in 4-byte words: rows of `width` words, `srcPitch`/`dstPitch` words apart. Pointers
+// are as the device sees them (a mapped host buffer by its device alias).
+struct HostChannelCopy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  uint32_t width = 0;
+  uint32_t rows = 0;
+  uint32_t dstPitch = 0;
+  uint32_t srcPitch = 0;
+};
+
+constexpr int kHostChannelMaxCopies = 4;
+
+struct HostChannel;
+
+// Creates a channel whose server calls fn(arg) per request. Allocates its mapped words, its device
+// counter and its events (allowed during a relaxed-mode capture). Null on failure (*err set).
+HostChannel* nerva_host_channel_create(void (*fn)(void* arg), void* arg, int* err);
+// Stops serving the channel (waits for a request in progress) and frees it. The caller makes sure
+// no graph that uses it will run again.
+void nerva_host_channel_destroy(HostChannel* ch);
+
+// Enqueues the round trip on s: `in` copies (device -> mapped host) and the request, the wait,
+// then the `out` copies (mapped host -> device). At most kHostChannelMaxCopies of each. Returns
+// the first cudaError_t (0 = queued).
+int nerva_host_channel_enqueue(CUstream_st* s, HostChannel* ch, const HostChannelCopy* in, int nIn, const HostChannelCopy* out,
+                               int nOut);
+
+// Requests served and waits that timed out, summed over live channels' lifetimes.
+struct HostChannelStats {
+  uint64_t served = 0;
+  uint64_t timeouts = 0;
+  uint64_t arms = 0;
+  uint64_t wakeups = 0;  // times the server left its sleep
+};
+HostChannelStats nerva_host_channel_stats();
+
+// Whether host attention uses channels (NERVA_HOST_CHANNEL=0 selects the host-function path).
+bool nerva_host_channel_enabled();
+
+// Kernels (host_channel.cuh, compiled into the kernels unit). reqWord/respWord/timeouts: device
+// aliases of mapped host words; counter: device memory.
+extern "C" int nerva_host_channel_launch_stage(CUstream_st* s, const HostChannelCopy* in, int nIn, uint32_t* counter,
+                                               uint32_t* blocksDone, volatile uint32_t* reqWord);
+extern "C" int nerva_host_channel_launch_wait(CUstream_st* s, const HostChannelCopy* out, int nOut, const uint32_t* counter,
+                                              const volatile uint32_t* respWord, uint32_t* timeouts, unsigned long long timeoutCycles);

@@ -1,0 +1,67 @@
+import { join } from 'node:path';
+import { createCpuBackend } from '@nerva/cpu-backend';
+import type { DeviceBackend, OpArgs, OpName } from '@nerva/core';
+import { describe, expect, it } from 'vitest';
+import { Engine, selectBackend } from '../src/index.js';
+import { MODELS } from './fixtures.js';
+
+const MODEL = join(MODELS, 'tiny-random-qwen3');
+const PROMPT = Array.from({ length: 21 }, (_, i) => 1 + ((i * 37 + 11) % 400));
+
+/** The CPU backend claiming batchInvariant (its rows never depend on each other), with op calls recorded. */
+function invariantCpu(): { backend: DeviceBackend; ops: Array<{ op: OpName; rows?: number; bucket?: string }> } {
+  const inner = createCpuBackend();
+  const ops: Array<{ op: OpName; rows?: number }> = [];
+  const capabilities = Object.freeze({ ...inner.capabilities, batchInvariant: true });
+  const backend = new Proxy(inner, {
+    get(target, prop, receiver) {
+      if (prop === 'capabilities') return capabilities;
+      if (prop === 'run') {
+        return <K extends OpName>(op: K, args: OpArgs<K>, stream?: Parameters<DeviceBackend['run']>[2]) => {
+          ops.push({ op, rows: (args as { rows?: number }).rows });
+          return target.run(op, args, stream);
+        };
+      }
+      const v = Reflect.get(target, prop, receiver) as unknown;
+      return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
+    },
+  }) as DeviceBackend;
+  return { backend, ops };
+}
+
+describe('batchInvariant (engine side, CPU)', () => {
+  it('rejects a non-boolean with a clear error', async () => {
+    await expect(Engine.create({ model: MODEL, backend: 'cpu', batchInvariant: 'yes' as unknown as boolean })).rejects.toThrow(/batchInvariant must be a boolean, got "yes"/);
+    await expect(selectBackend('cpu', { batchInvariant: 1 as unknown as boolean })).rejects.toThrow(/batchInvariant must be a boolean/);
+  });
+
+  it('refuses batchInvariant: true with a backend that does not promise it', async () => {
+    const cpu = createCpuBackend();
+    try {
+      await expect(Engine.create({ model: MODEL, backend: cpu, batchInvariant: true })).rejects.toThrow(/not batch-invariant/);
+    } finally {
+      cpu.dispose();
+    }
+  });
+
+  it('the LM head runs as fused_matmul, and forks still equal runs one by one', async () => {
+    const { backend, ops } = invariantCpu();
+    const e = await Engine.create({ model: MODEL, backend, maxNumSeqs: 8, enablePrefixCaching: false, batchInvariant: true });
+    try {
+      const o = { temperature: 0.9, topK: 50, seed: 3, maxTokens: 6, ignoreEos: true };
+      const alone = [];
+      for (let i = 0; i < 4; i++) alone.push(await e.submit(PROMPT, { ...o, seed: 3 + i }).done);
+      ops.length = 0;
+      const forks = await Promise.all(e.submitFork(PROMPT, 4, o).map((h) => h.done));
+      for (let i = 0; i < 4; i++) expect(forks[i].tokenIds, `fork ${i}`).toEqual(alone[i].tokenIds);
+      // The first pass samples the prompt's last row 4 times: the LM head takes 4 rows as fused_matmul.
+      const vocab = e.spec.vocabSize;
+      expect(ops.some((c) => c.op === 'matmul' && c.rows === 4)).toBe(false);
+      expect(ops.filter((c) => c.op === 'fused_matmul' && c.rows === 4).length).toBeGreaterThan(0);
+      expect(vocab).toBeGreaterThan(0);
+    } finally {
+      e.dispose();
+      backend.dispose();
+    }
+  });
+});

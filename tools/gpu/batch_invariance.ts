@@ -1,0 +1,281 @@
+// GPU machine (phase `invariance`): batch invariance of the decode ops on the CUDA backend. Each
+// decode-shaped op runs once per row alone (1 row) and then over 2..64 rows at once; every row of
+// a many-row call must be bit for bit the row alone. Backends: batchInvariant true (must hold:
+// exit 1 otherwise) and the default (informational: how many rows differ without it).
+// Ops: fused_matmul (norm, norm + glu, accumulate on the split path, the 8B qkv shape whose staged
+// norm does not fit shared memory past 2 rows, an LM-head shape) and decoder_layers (Qwen3-0.6B-like
+// layers, f32 and bf16 KV caches, contexts 1..~700). Writes $OUT/batch_invariance.json.
+import { writeFileSync } from 'node:fs';
+import path from 'node:path';
+import type { DecoderLayerWeights, DeviceBackend, DeviceBuffer } from '@nerva/core';
+import { createCudaBackend, probeCuda } from '@nerva/cuda-backend';
+
+const out = process.env.OUT ?? '.';
+const ROW_COUNTS = [2, 8, 9, 16, 17, 32, 64];
+const MAX_ROWS = 64;
+
+function rng(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = s;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+function normals(r: () => number, n: number, scale = 1): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = Math.sqrt(-2 * Math.log(r() + 1e-12)) * Math.cos(2 * Math.PI * r()) * scale;
+  return a;
+}
+function bf16Bits(a: Float32Array): Uint16Array {
+  const u = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  const o = new Uint16Array(a.length);
+  for (let i = 0; i < a.length; i++) o[i] = (u[i] + 0x7fff + ((u[i] >>> 16) & 1)) >>> 16;
+  return o;
+}
+
+interface Mismatch {
+  rows: number;
+  row: number;
+  differing: number;
+}
+interface CaseResult {
+  case: string;
+  ok: boolean;
+  rowCounts: number[];
+  mismatchedRows: number;
+  first?: Mismatch[];
+  error?: string;
+}
+
+function bitsEqual(a: Float32Array, b: Float32Array): number {
+  const ua = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  const ub = new Uint32Array(b.buffer, b.byteOffset, b.length);
+  let d = 0;
+  for (let i = 0; i < ua.length; i++) if (ua[i] !== ub[i]) d++;
+  return d;
+}
+
+class Bufs {
+  list: DeviceBuffer[] = [];
+  constructor(private be: DeviceBackend) {}
+  f32(data: Float32Array | number, label: string): DeviceBuffer {
+    const n = typeof data === 'number' ? data : data.length;
+    const b = this.be.alloc({ dtype: 'f32', length: n, label });
+    if (typeof data !== 'number') this.be.write(b, data);
+    this.list.push(b);
+    return b;
+  }
+  bf16(data: Float32Array, label: string): DeviceBuffer {
+    const b = this.be.alloc({ dtype: 'bf16', length: data.length, label });
+    this.be.write(b, bf16Bits(data));
+    this.list.push(b);
+    return b;
+  }
+  i32(data: ArrayLike<number>, label: string): DeviceBuffer {
+    const b = this.be.alloc({ dtype: 'i32', length: data.length, label });
+    this.be.write(b, Int32Array.from(data));
+    this.list.push(b);
+    return b;
+  }
+  freeAll(): void {
+    for (const b of this.list) this.be.free(b);
+    this.list = [];
+  }
+}
+
+/** Runs `many(n)` (rows 0..n-1 at once) and `one(i)` (row i alone); compares every row's bits. */
+function compareRows(name: string, rowLen: number, one: (i: number) => Float32Array, many: (n: number) => Float32Array): CaseResult {
+  const alone: Float32Array[] = [];
+  for (let i = 0; i < MAX_ROWS; i++) alone.push(one(i).slice(0, rowLen));
+  let bad = 0;
+  const first: Mismatch[] = [];
+  for (const n of ROW_COUNTS) {
+    const got = many(n);
+    for (let i = 0; i < n; i++) {
+      const d = bitsEqual(got.subarray(i * rowLen, (i + 1) * rowLen), alone[i]);
+      if (d > 0) {
+        bad++;
+        if (first.length < 4) first.push({ rows: n, row: i, differing: d });
+      }
+    }
+  }
+  return { case: name, ok: bad === 0, rowCounts: ROW_COUNTS, mismatchedRows: bad, ...(first.length ? { first } : {}) };
+}
+
+interface FmShape {
+  name: string;
+  inDim: number;
+  outDim: number;
+  norm?: boolean;
+  glu?: boolean;
+  accumulate?: boolean;
+}
+
+function fusedMatmulCase(be: DeviceBackend, s: FmShape, seed: number): CaseResult {
+  const r = rng(seed);
+  const B = new Bufs(be);
+  try {
+    const nOut = s.glu ? 2 : 1;
+    const w = B.bf16(normals(r, nOut * s.outDim * s.inDim, 1 / Math.sqrt(s.inDim)), 'w');
+    const nw = s.norm ? B.f32(normals(r, s.inDim, 0.1).map((v) => 1 + v), 'nw') : undefined;
+    const xHost = normals(r, MAX_ROWS * s.inDim);
+    const outInit = normals(r, MAX_ROWS * s.outDim);
+    const x = B.f32(MAX_ROWS * s.inDim, 'x');
+    const o = B.f32(MAX_ROWS * s.outDim, 'out');
+    const run = (rows: number, xs: Float32Array, init: Float32Array): Float32Array => {
+      be.write(x, xs);
+      be.write(o, init);
+      be.run('fused_matmul', {
+        x,
+        weight: w,
+        out: o,
+        rows,
+        inDim: s.inDim,
+        outDim: s.outDim,
+        ...(nw ? { normWeight: nw, eps: 1e-6 } : {}),
+        ...(s.glu ? { glu: true } : {}),
+        ...(s.accumulate ? { accumulate: true } : {}),
+      });
+      return be.read(o, 0, rows * s.outDim) as Float32Array;
+    };
+    return compareRows(
+      `fused_matmul/${s.name}`,
+      s.outDim,
+      (i) => run(1, xHost.slice(i * s.inDim, (i + 1) * s.inDim), outInit.slice(i * s.outDim, (i + 1) * s.outDim)),
+      (n) => run(n, xHost.slice(0, n * s.inDim), outInit.slice(0, n * s.outDim)),
+    );
+  } catch (e) {
+    return { case: `fused_matmul/${s.name}`, ok: false, rowCounts: ROW_COUNTS, mismatchedRows: -1, error: (e as Error).message };
+  } finally {
+    B.freeAll();
+  }
+}
+
+function decoderLayersCase(be: DeviceBackend, kv: 'f32' | 'bf16', seed: number): CaseResult {
+  const name = `decoder_layers/Qwen3-0.6B-like 2 layers, ${kv} KV, contexts 1..~700`;
+  const r = rng(seed);
+  const B = new Bufs(be);
+  const H = 1024, nq = 16, nkv = 8, hd = 128, I = 3072, layers = 2, bs = 16;
+  const qkvOut = (nq + 2 * nkv) * hd, kvw = nkv * hd;
+  const lens = Array.from({ length: MAX_ROWS }, (_, i) => 1 + ((i * 37 + 11) % 700));
+  const mbps = Math.ceil(Math.max(...lens) / bs) + 1;
+  const numBlocks = MAX_ROWS * mbps;
+  // Sequence q owns blocks q*mbps .. q*mbps+mbps-1 (any layout works: each row reads its own).
+  const tables = Array.from({ length: MAX_ROWS * mbps }, (_, i) => i);
+  const slotOf = (q: number, p: number) => (q * mbps + Math.floor(p / bs)) * bs + (p % bs);
+  try {
+    const norm = (n: number) => normals(r, n, 0.1).map((v) => 1 + v);
+    const L: DecoderLayerWeights[] = [];
+    for (let l = 0; l < layers; l++) {
+      const cache = (label: string) => (kv === 'f32' ? B.f32(normals(r, numBlocks * bs * kvw), label) : B.bf16(normals(r, numBlocks * bs * kvw), label));
+      L.push({
+        attnNorm: B.f32(norm(H), `L${l}.attnNorm`),
+        qkv: B.bf16(normals(r, qkvOut * H, 1 / Math.sqrt(H)), `L${l}.qkv`),
+        qNorm: B.f32(norm(hd), `L${l}.qNorm`),
+        kNorm: B.f32(norm(hd), `L${l}.kNorm`),
+        o: B.bf16(normals(r, H * nq * hd, 1 / Math.sqrt(nq * hd)), `L${l}.o`),
+        mlpNorm: B.f32(norm(H), `L${l}.mlpNorm`),
+        gateUp: B.bf16(normals(r, 2 * I * H, 1 / Math.sqrt(H)), `L${l}.gateUp`),
+        down: B.bf16(normals(r, H * I, 1 / Math.sqrt(I)), `L${l}.down`),
+        kCache: cache(`L${l}.k`),
+        vCache: cache(`L${l}.v`),
+      });
+    }
+    const inv = new Float32Array(hd / 2).map((_, i) => 1 / 1e6 ** ((2 * i) / hd));
+    const xHost = normals(r, MAX_ROWS * H);
+    const x = B.f32(MAX_ROWS * H, 'x');
+    const qkv = B.f32(MAX_ROWS * qkvOut, 'qkv');
+    const attn = B.f32(MAX_ROWS * nq * hd, 'attn');
+    const mlp = B.f32(MAX_ROWS * I, 'mlp');
+    const positions = B.i32(new Int32Array(MAX_ROWS), 'positions');
+    const slots = B.i32(new Int32Array(MAX_ROWS), 'slots');
+    const rowSeq = B.i32(new Int32Array(MAX_ROWS), 'rowSeq');
+    const blockTables = B.i32(tables, 'blockTables');
+    const invFreq = B.f32(inv, 'invFreq');
+    const run = (seqs: number[]): Float32Array => {
+      const rows = seqs.length;
+      be.write(x, Float32Array.from(seqs.flatMap((q) => Array.from(xHost.subarray(q * H, (q + 1) * H)))));
+      be.write(positions, Int32Array.from(seqs.map((q) => lens[q] - 1)));
+      be.write(slots, Int32Array.from(seqs.map((q) => slotOf(q, lens[q] - 1))));
+      be.write(rowSeq, Int32Array.from(seqs));
+      be.run('decoder_layers', {
+        x,
+        qkv,
+        attn,
+        mlp,
+        positions,
+        slots,
+        blockTables,
+        rowSeq,
+        invFreq,
+        layers: L,
+        rows,
+        hidden: H,
+        numHeads: nq,
+        numKvHeads: nkv,
+        headDim: hd,
+        intermediate: I,
+        blockSize: bs,
+        maxBlocksPerSeq: mbps,
+        eps: 1e-6,
+        scale: 1 / Math.sqrt(hd),
+      });
+      return be.read(x, 0, rows * H) as Float32Array;
+    };
+    // Each row appends its key and value at its own slot: the same bits alone or together, so
+    // the caches need no reset between runs.
+    return compareRows(
+      name,
+      H,
+      (i) => run([i]),
+      (n) => run(Array.from({ length: n }, (_, i) => i)),
+    );
+  } catch (e) {
+    return { case: name, ok: false, rowCounts: ROW_COUNTS, mismatchedRows: -1, error: (e as Error).message };
+  } finally {
+    B.freeAll();
+  }
+}
+
+const FM: FmShape[] = [
+  { name: 'qkv 0.6B (norm) 1024->4096', inDim: 1024, outDim: 4096, norm: true },
+  { name: 'gate_up 0.6B (norm, glu) 1024->2x3072', inDim: 1024, outDim: 3072, norm: true, glu: true },
+  { name: 'o 0.6B (accumulate, split) 2048->1024', inDim: 2048, outDim: 1024, accumulate: true },
+  { name: 'down 0.6B (accumulate, split) 3072->1024', inDim: 3072, outDim: 1024, accumulate: true },
+  { name: 'qkv 8B (norm past shared memory) 4096->6144', inDim: 4096, outDim: 6144, norm: true },
+  { name: 'lm head 1024->32768', inDim: 1024, outDim: 32768 },
+];
+
+function suite(be: DeviceBackend): { passed: number; failed: number; results: CaseResult[]; seconds: number } {
+  const t0 = performance.now();
+  const results: CaseResult[] = [];
+  FM.forEach((s, i) => results.push(fusedMatmulCase(be, s, 100 + i)));
+  results.push(decoderLayersCase(be, 'f32', 7));
+  results.push(decoderLayersCase(be, 'bf16', 8));
+  for (const c of results) console.log(`[invariance] ${c.ok ? 'ok  ' : 'FAIL'} ${c.case}: ${c.mismatchedRows} rows differ${c.error ? ` (${c.error})` : ''}`);
+  return { passed: results.filter((c) => c.ok).length, failed: results.filter((c) => !c.ok).length, results, seconds: (performance.now() - t0) / 1000 };
+}
+
+const probe = probeCuda();
+if (!probe.available) {
+  writeFileSync(path.join(out, 'batch_invariance.json'), JSON.stringify({ probe }, null, 1));
+  console.error(`CUDA unavailable: ${probe.reason}`);
+  process.exit(1);
+}
+const inv = createCudaBackend({ deviceArenaBytes: 4 * 2 ** 30, batchInvariant: true });
+console.log('[invariance] batchInvariant: true');
+const invariant = { capabilities: { batchInvariant: inv.capabilities.batchInvariant, matmulPrecision: inv.capabilities.matmulPrecision }, ...suite(inv) };
+inv.dispose();
+// NERVA_INVARIANCE_DEFAULT=0 skips the informational run on the default backend.
+let byDefault: ReturnType<typeof suite> | undefined;
+if (process.env.NERVA_INVARIANCE_DEFAULT !== '0') {
+  const def = createCudaBackend({ deviceArenaBytes: 4 * 2 ** 30, batchInvariant: false });
+  console.log('[invariance] default backend (informational)');
+  byDefault = suite(def);
+  def.dispose();
+}
+writeFileSync(path.join(out, 'batch_invariance.json'), JSON.stringify({ probe, rowCounts: ROW_COUNTS, invariant, default: byDefault }, null, 1));
+process.exit(invariant.failed === 0 && invariant.capabilities.batchInvariant === true ? 0 : 1);
