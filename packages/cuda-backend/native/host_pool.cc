@@ -1,6 +1,7 @@
 // The host compute pool shared by the host MLP and host attention: see host_pool.h.
 #include "host_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -56,9 +57,20 @@ bool defaultPin() { return envInt("NERVA_HOST_PIN", 0) == 1; }
 // NERVA_HOST_ATTN_SPIN_US: deprecated alias (the host attention pool's setting before the merge).
 int64_t spinNs() { return (int64_t)envInt("NERVA_HOST_SPIN_US", envInt("NERVA_HOST_ATTN_SPIN_US", 100)) * 1000; }
 
+// A phase counter tagged with its call: epoch (24 bits) | tasks of the phase (20) | count (20).
+// A worker decides from the counter alone: one that wakes after its call has ended sees another
+// epoch (or a finished count) and takes nothing, so a call never waits for a late worker, and
+// nothing a late worker reads from the job (which the next call rewrites) can make it claim a task.
 struct alignas(64) Counter {
-  std::atomic<int> v{0};
+  std::atomic<uint64_t> v{0};
 };
+constexpr uint64_t kCountMask = (1u << 20) - 1;
+constexpr int kMaxTasks = (int)kCountMask;  // more tasks than this in a phase: the calling thread runs the job alone
+constexpr uint32_t kEpochMask = (1u << 24) - 1;
+inline uint64_t counterOf(uint32_t epoch, uint32_t tasks) { return (uint64_t)(epoch & kEpochMask) << 40 | (uint64_t)tasks << 20; }
+inline uint32_t epochOf(uint64_t v) { return (uint32_t)(v >> 40); }
+inline uint32_t tasksOf(uint64_t v) { return (uint32_t)((v >> 20) & kCountMask); }
+inline uint32_t countOf(uint64_t v) { return (uint32_t)(v & kCountMask); }
 
 template <class F>
 void waitUntil(F ready) {
@@ -82,43 +94,60 @@ struct HostPool {
   // callMu held.
   void run(const HostPoolJob& j) {
     if (j.phases <= 0) return;
-    if (workers.empty()) {
+    bool alone = workers.empty();
+    for (int p = 0; p < j.phases; p++) alone = alone || j.tasks[p] > kMaxTasks;
+    if (alone) {
       for (int p = 0; p < j.phases; p++)
         for (int i = 0; i < j.tasks[p]; i++) j.fn(j.ctx, p, i, 0);
       return;
     }
-    job = j;
-    for (int p = 0; p < j.phases; p++) {
-      next[p].v.store(0, std::memory_order_relaxed);
-      done[p].v.store(0, std::memory_order_relaxed);
+    // The counters first, then the job, then the generation: a late worker's compare-exchange on
+    // an old counter fails once the counter is rewritten, whatever it read from the job.
+    const uint32_t e = (uint32_t)((gen.load(std::memory_order_relaxed) + 1) & kEpochMask);
+    for (int p = 0; p < kHostPoolMaxPhases; p++) {
+      const uint32_t n = p < j.phases ? (uint32_t)std::max(0, j.tasks[p]) : 0;
+      next[p].v.store(counterOf(e, n), std::memory_order_seq_cst);
+      done[p].v.store(counterOf(e, n), std::memory_order_seq_cst);
     }
-    finished.v.store(0, std::memory_order_relaxed);
+    job = j;
     {
       std::lock_guard<std::mutex> lk(mu);
-      gen.fetch_add(1, std::memory_order_release);  // publishes job and the counters
+      gen.store(e, std::memory_order_release);  // publishes job and the counters
     }
     cv.notify_all();
-    work(0);
-    // Every worker takes part in every call (it may find nothing left): the next call resets the
-    // counters, so it must not start while a worker is still inside this one.
-    const int nw = (int)workers.size();
-    waitUntil([&] { return finished.v.load(std::memory_order_acquire) == nw; });
+    work(0, e);
+    // Done when every task of the last phase is (the phases before it are, by the barrier); a
+    // worker still asleep or descheduled holds up nothing it has not taken.
+    const int last = j.phases - 1;
+    waitUntil([&] {
+      const uint64_t d = done[last].v.load(std::memory_order_acquire);
+      return countOf(d) >= tasksOf(d);
+    });
   }
 
-  // The calling thread and every worker run this for each call.
-  void work(int self) {
-    const HostPoolJob& j = job;
-    for (int p = 0; p < j.phases; p++) {
-      const int n = j.tasks[p];
+  // The calling thread and every worker run this for call `e`; a worker that comes late finds
+  // another epoch in the counters, or finished ones, and returns.
+  void work(int self, uint32_t e) {
+    for (int p = 0; p < kHostPoolMaxPhases; p++) {
       for (;;) {
-        const int i = next[p].v.fetch_add(1, std::memory_order_relaxed);
-        if (i >= n) break;
-        j.fn(j.ctx, p, i, self);
+        uint64_t v = next[p].v.load(std::memory_order_acquire);
+        if (epochOf(v) != e) return;
+        if (countOf(v) >= tasksOf(v)) break;
+        // A compare-exchange, not fetch_add: an increment from an ended call must not land on the next one's counter.
+        if (!next[p].v.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) continue;
+        const HostPoolJob& j = job;  // call e's: it cannot end (and job change) before this task is done
+        j.fn(j.ctx, p, (int)countOf(v), self);
         done[p].v.fetch_add(1, std::memory_order_release);
       }
       // The barrier counts finished tasks, not threads: a worker that wakes late joins whichever
-      // phase is running.
-      if (p + 1 < j.phases) waitUntil([&] { return done[p].v.load(std::memory_order_acquire) >= n; });
+      // phase is running. Phases past the job's have no tasks.
+      bool ended = false;
+      waitUntil([&] {
+        const uint64_t d = done[p].v.load(std::memory_order_acquire);
+        ended = epochOf(d) != e;
+        return ended || countOf(d) >= tasksOf(d);
+      });
+      if (ended) return;
     }
   }
 
@@ -182,8 +211,7 @@ struct HostPool {
       }
       if (stop.load()) return;
       seen = gen.load(std::memory_order_acquire);
-      work(self);
-      finished.v.fetch_add(1, std::memory_order_release);
+      work(self, (uint32_t)seen & kEpochMask);
     }
   }
 
@@ -192,7 +220,7 @@ struct HostPool {
   std::condition_variable cv;
   std::atomic<uint64_t> gen{0};
   std::atomic<bool> stop{false};
-  Counter next[kHostPoolMaxPhases], done[kHostPoolMaxPhases], finished;
+  Counter next[kHostPoolMaxPhases], done[kHostPoolMaxPhases];
   HostPoolJob job;
   std::vector<std::thread> workers;
   std::atomic<int> nthreads{1};  // written under callMu, read without it (stats)

@@ -6,8 +6,10 @@
 // A call runs a job: up to kHostPoolMaxPhases phases in order, with a barrier between them
 // (every task of phase p is done before any task of phase p + 1 starts). Phase p's tasks are
 // fn(ctx, p, i, thread) for i < tasks[p], taken from an atomic counter by the calling thread
-// (thread 0, which takes part) and the workers (threads 1..threads()-1): a descheduled thread
-// delays only the task it holds, and which thread runs a task does not change what the task
+// (thread 0, which takes part) and the workers (threads 1..threads()-1): a descheduled or
+// still sleeping thread delays only the task it holds (a call ends when its tasks are done, not
+// when every worker has been through it; the counters carry the call's epoch, so a worker that
+// wakes late takes nothing of a later call), and which thread runs a task does not change what the task
 // computes, so a module whose tasks each write their own outputs in a fixed order gets results
 // that do not depend on the thread count. `thread` only selects per-thread scratch.
 //

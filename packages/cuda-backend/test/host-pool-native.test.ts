@@ -1,0 +1,69 @@
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+// The host pool (native/host_pool.cc) under stress, without CUDA: test/native/host_pool_test.cc
+// runs many back-to-back two-phase calls on a pool larger than this machine's CPUs whose idle
+// workers sleep at once, so workers often wake after their call ended. Each call must run each
+// task exactly once, keep the phase barrier, and return only when every task is done. Skipped
+// where there is no g++.
+
+const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const hasGxx = spawnSync('g++', ['--version'], { stdio: 'ignore' }).status === 0;
+
+interface Result {
+  calls: number;
+  threads: number;
+  missing: number;
+  duplicated: number;
+  barrierViolations: number;
+  badThread: number;
+  ok: boolean;
+}
+
+describe.skipIf(!hasGxx)('host pool (native/host_pool.cc, g++, no CUDA)', () => {
+  let tmp = '';
+  let exe = '';
+  beforeAll(() => {
+    tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-host-pool-'));
+    exe = path.join(tmp, 'host_pool_test');
+    const r = spawnSync(
+      'g++',
+      ['-O2', '-std=c++17', '-pthread', `-I${path.join(pkgDir, 'native')}`, path.join(pkgDir, 'test/native/host_pool_test.cc'), path.join(pkgDir, 'native/host_pool.cc'), '-o', exe],
+      { encoding: 'utf8' },
+    );
+    if (r.status !== 0) throw new Error(`g++ failed: ${r.stderr}`);
+  }, 120_000);
+  afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+
+  const cases: Array<[threads: number, spinUs: number]> = [
+    [8, 0],
+    [3, 0],
+    [3, 5],
+    [2, 100],
+  ];
+  for (const [threads, spinUs] of cases) {
+    it(`${threads} threads, workers spinning ${spinUs} us: every task once per call, barrier kept`, () => {
+      const r = spawnSync(exe, ['20000'], {
+        encoding: 'utf8',
+        env: { ...process.env, NERVA_HOST_THREADS: String(threads), NERVA_HOST_SPIN_US: String(spinUs) },
+        timeout: 120_000,
+      });
+      const line = r.stdout.split('\n').find((l) => l.startsWith('{'));
+      expect(line, `no result (status ${r.status}, signal ${r.signal}): ${r.stderr}`).toBeDefined();
+      const res = JSON.parse(line!) as Result;
+      expect(res.threads).toBe(threads);
+      expect(res.calls).toBe(20000);
+      expect({ missing: res.missing, duplicated: res.duplicated, barrierViolations: res.barrierViolations, badThread: res.badThread }).toEqual({
+        missing: 0,
+        duplicated: 0,
+        barrierViolations: 0,
+        badThread: 0,
+      });
+      expect(r.status).toBe(0);
+    }, 120_000);
+  }
+});
