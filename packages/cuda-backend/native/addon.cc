@@ -198,6 +198,8 @@ class Context : public Napi::ObjectWrap<Context> {
     for (auto ev : events_)
       if (ev) cudaEventDestroy(ev);
     events_.clear();
+    if (blockEv_) cudaEventDestroy(blockEv_);
+    blockEv_ = nullptr;
     for (auto& st : staged_) cudaEventDestroy(st.ev);
     staged_.clear();
     for (auto ev : stageEvents_) cudaEventDestroy(ev);
@@ -509,8 +511,35 @@ class Context : public Napi::ObjectWrap<Context> {
     Live(env);
     int id = info[0].As<Napi::Number>().Int32Value();
     if (id < 0) CU(cudaDeviceSynchronize());
-    else CU(cudaStreamSynchronize(Stream(env, info[0])));
+    else if (BlockingWait()) {
+      // Sleep instead of spinning while the host pool computes inside the stream (host attention,
+      // host MLP): a spinning waiter takes the CPU a pool worker needs, and a preempted worker
+      // stalls its layer for a scheduler time slice. The wake-up costs tens of microseconds.
+      cudaStream_t s = Stream(env, info[0]);
+      if (!blockEv_) CU(cudaEventCreateWithFlags(&blockEv_, cudaEventBlockingSync | cudaEventDisableTiming));
+      CU(cudaEventRecord(blockEv_, s));
+      CU(cudaEventSynchronize(blockEv_));
+    } else {
+      CU(cudaStreamSynchronize(Stream(env, info[0])));
+    }
     return env.Undefined();
+  }
+
+  // NERVA_CUDA_SYNC: spin (cudaStreamSynchronize under the default schedule), block (a
+  // blocking-sync event), or auto (default): block once the context has host compute modules.
+  bool BlockingWait() {
+    static const int mode = [] {
+      const char* v = getenv("NERVA_CUDA_SYNC");
+      if (v && !strcmp(v, "spin")) return 0;
+      if (v && !strcmp(v, "block")) return 1;
+      return 2;
+    }();
+    if (mode != 2) return mode == 1;
+    for (auto& m : hostMlps_)
+      if (m) return true;
+    for (auto& h : hostAttns_)
+      if (h) return true;
+    return false;
   }
 
   Napi::Value BeginCapture(const Napi::CallbackInfo& info) {
@@ -896,6 +925,7 @@ class Context : public Napi::ObjectWrap<Context> {
   size_t pinMapLen_ = 0;  // mmap length when the arena is registered anonymous memory, else 0
   std::vector<cudaStream_t> streams_;
   std::vector<cudaEvent_t> events_;
+  cudaEvent_t blockEv_ = nullptr;  // Synchronize's blocking-sync event (BlockingWait)
   std::vector<Graph> graphs_;
   std::vector<std::unique_ptr<HostMlp>> hostMlps_;
   std::vector<std::unique_ptr<HostAttn>> hostAttns_;

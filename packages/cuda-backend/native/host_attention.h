@@ -16,8 +16,9 @@
 // (host_pool.h: NERVA_HOST_THREADS threads, default the CPUs of the affinity mask; idle workers
 // spin NERVA_HOST_SPIN_US, default 100, then sleep; NERVA_HOST_ATTN_SPIN_US, this module's own
 // setting before the pools were merged, is a deprecated alias; calls are serialized with the host
-// MLP's). The inner loops are compiled for AVX-512, AVX2+FMA and generic x86-64 (target_clones,
-// picked at load time).
+// MLP's). The inner loops (GCC vector extensions; plain loops elsewhere) are compiled for AVX-512,
+// AVX2+FMA and baseline x86-64 and picked at run time (NERVA_HOST_ISA=avx2|scalar caps the pick,
+// as for the host MLP); their exp is a polynomial within 1 ulp (weights below FLT_MIN are 0).
 // The result does not depend on the thread count (each partial is computed by one thread over a
 // fixed split, and the merge is in split order).
 #pragma once
