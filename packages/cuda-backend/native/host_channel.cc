@@ -12,25 +12,14 @@
 #include <thread>
 #include <vector>
 
+#include "host_util.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int envInt(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  long n = std::strtol(v, &end, 10);
-  return end && *end == 0 ? (int)n : dflt;
-}
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
+using nerva_host::cpuRelax;
+using nerva_host::envInt;
 
 // The words the GPU and the host share, in mapped pinned memory, each on its own cache line.
 struct alignas(64) Words {

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "host_util.h"
+
 #ifdef __linux__
 #include <pthread.h>
 #include <sched.h>
@@ -19,21 +21,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-int envInt(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  long n = std::strtol(v, &end, 10);
-  return end && *end == 0 ? (int)n : dflt;
-}
+using nerva_host::cpuRelax;
+using nerva_host::envInt;
 
 int defaultThreads() {
   int n = envInt("NERVA_HOST_THREADS", 0);
