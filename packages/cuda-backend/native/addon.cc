@@ -532,7 +532,7 @@ class Context : public Napi::ObjectWrap<Context> {
       const char* v = getenv("NERVA_CUDA_SYNC");
       if (v && !strcmp(v, "spin")) return 0;
       if (v && !strcmp(v, "block")) return 1;
-      return 2;
+      return 2;  // auto (createCudaBackend has rejected anything else)
     }();
     if (mode != 2) return mode == 1;
     for (auto& m : hostMlps_)

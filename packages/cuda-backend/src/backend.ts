@@ -117,6 +117,19 @@ export function resolveBatchInvariant(requested?: unknown, env: Record<string, s
   throw new CudaArgumentError('NERVA_BATCH_INVARIANT', `must be 1, true, 0 or false, got ${JSON.stringify(v)}`);
 }
 
+/**
+ * NERVA_CUDA_SYNC, read by the addon: how synchronize waits. 'spin' (cudaStreamSynchronize under
+ * the default schedule), 'block' (a blocking-sync event: the thread sleeps), or 'auto' / unset
+ * (block while the context has host compute modules, spin otherwise). Anything else is a
+ * CudaArgumentError, checked before the addon loads.
+ */
+export function checkSyncMode(env: Record<string, string | undefined> = process.env): 'spin' | 'block' | 'auto' {
+  const v = env.NERVA_CUDA_SYNC;
+  if (v === undefined || v === '' || v === 'auto') return 'auto';
+  if (v === 'spin' || v === 'block') return v;
+  throw new CudaArgumentError('NERVA_CUDA_SYNC', `must be spin, block or auto, got ${JSON.stringify(v)}`);
+}
+
 /** Kernels behind op decoder_layers (CudaBackendOptions.decoder). */
 export type DecoderMode = 'layers' | 'persistent';
 const DECODER_MODES: readonly DecoderMode[] = ['layers', 'persistent'];
@@ -726,6 +739,7 @@ export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
   const numerics = opts.numerics ?? ((process.env.NERVA_NUMERICS || 'exact') as Numerics);
   if (!NUMERICS.includes(numerics)) throw new CudaArgumentError('numerics', `unknown numerics ${String(numerics)} (expected ${NUMERICS.join(' or ')})`);
   const batchInvariant = resolveBatchInvariant(opts.batchInvariant);
+  checkSyncMode();
   let gemm = opts.gemm;
   if (gemm === undefined) {
     const env = process.env.NERVA_MATMUL || 'exact';

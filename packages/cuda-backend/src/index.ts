@@ -11,6 +11,7 @@ export {
   CUDA_REL_TOL_BF16_NUMERICS,
   GEMM_FOR_MATMUL_PRECISION,
   resolveBatchInvariant,
+  checkSyncMode,
   type CudaBackendOptions,
   type GemmPrecision,
   type DecoderMode,
