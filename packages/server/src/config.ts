@@ -22,6 +22,12 @@ export interface ServerConfig {
    * (activations rounded to bf16 once, fp32 accumulation; faster prefill). Default from NERVA_MATMUL.
    */
   matmulPrecision?: 'exact' | 'bf16';
+  /**
+   * Batch-invariant decode on CUDA (default: NERVA_BATCH_INVARIANT, else off): each request's
+   * tokens are those it gets alone, whatever else shares the batch; decode batches run on CUDA
+   * cores (slower past a few rows). The CPU backend ignores it.
+   */
+  batchInvariant?: boolean;
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
   kvCacheBytes?: number;
@@ -91,6 +97,7 @@ const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boole
   backend: { field: 'backend', kind: 'backend' },
   numerics: { field: 'numerics', kind: 'numerics' },
   matmul_precision: { field: 'matmulPrecision', kind: 'precision' },
+  batch_invariant: { field: 'batchInvariant', kind: 'bool' },
   max_num_seqs: { field: 'maxNumSeqs', kind: 'posint' },
   max_num_batched_tokens: { field: 'maxNumBatchedTokens', kind: 'posint' },
   kv_cache_bytes: { field: 'kvCacheBytes', kind: 'size' },

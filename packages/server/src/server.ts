@@ -85,6 +85,7 @@ export async function startServer(
         backend: config.backend,
         numerics: config.numerics,
         matmulPrecision: config.matmulPrecision,
+        ...(config.batchInvariant !== undefined ? { batchInvariant: config.batchInvariant } : {}),
         maxNumSeqs: config.maxNumSeqs,
         maxNumBatchedTokens: config.maxNumBatchedTokens,
         kvCacheBytes: config.kvCacheBytes,

@@ -20,6 +20,7 @@ interface RunFlags {
   backend: 'cpu' | 'cuda' | 'auto';
   numerics?: 'exact' | 'bf16';
   matmulPrecision?: 'exact' | 'bf16';
+  batchInvariant?: boolean;
   kvCacheDtype?: 'auto' | 'f32' | 'bf16';
   json?: boolean;
   profile?: boolean;
@@ -49,6 +50,7 @@ export function registerRun(program: Command): void {
     .addOption(new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto'))
     .addOption(new Option('--numerics <mode>', "activation rounding: exact (default) or bf16 (transformers' bf16 rounding points)").choices(['exact', 'bf16']))
     .addOption(new Option('--matmul-precision <p>', 'matmuls over more than 8 rows (prefill): exact (default, f32-grade) or bf16 (activations rounded to bf16 once; faster). Default from NERVA_MATMUL').choices(['exact', 'bf16']))
+    .option('--batch-invariant', 'batch-invariant decode on CUDA: each request gets the tokens it gets alone, whatever shares the batch (slower decode batches); default NERVA_BATCH_INVARIANT, else off')
     .addOption(new Option('--kv-cache-dtype <dtype>', 'KV cache element type: auto (f32 under exact numerics, bf16 under bf16 numerics), f32, or bf16 (keys and values rounded once when stored: half the bytes a token)').choices(['auto', 'f32', 'bf16']))
     .option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB); weights that do not fit stream from host memory', parseSizeArg('--vram-budget'))
     .option('--host-budget <size>', 'host memory for streamed weights, e.g. 32GiB; beyond it they spill to --offload-dir', parseSizeArg('--host-budget'))
@@ -70,6 +72,7 @@ export function registerRun(program: Command): void {
         backend: f.backend,
         numerics: f.numerics,
         matmulPrecision: f.matmulPrecision,
+        ...(f.batchInvariant !== undefined ? { batchInvariant: f.batchInvariant } : {}),
         kvCacheDtype: f.kvCacheDtype,
         profile: f.profile,
         vramBudget: f.vramBudget,
@@ -114,6 +117,7 @@ export function registerRun(program: Command): void {
             backend: engine.backend.name,
             numerics: engine.backend.capabilities.numerics ?? 'exact',
             matmul_precision: engine.matmulPrecision,
+            batch_invariant: engine.backend.capabilities.batchInvariant === true,
             kv_cache_dtype: engine.kvDtype,
             // Stages, links and micro-batches with --pipeline-parallel; null for one stage.
             pipeline: engine.pipelineDescription() ?? null,

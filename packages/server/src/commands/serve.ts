@@ -13,6 +13,7 @@ interface ServeFlags {
   backend?: 'cpu' | 'cuda' | 'auto';
   numerics?: 'exact' | 'bf16';
   matmulPrecision?: 'exact' | 'bf16';
+  batchInvariant?: boolean;
   servedModelName?: string;
   maxNumSeqs?: number;
   maxNumBatchedTokens?: number;
@@ -46,6 +47,7 @@ export function registerServe(program: Command): void {
     .addOption(new Option('--backend <name>', 'compute backend (default auto)').choices(['cpu', 'cuda', 'auto']))
     .addOption(new Option('--numerics <mode>', "activation rounding: exact (default) or bf16 (transformers' bf16 rounding points)").choices(['exact', 'bf16']))
     .addOption(new Option('--matmul-precision <p>', 'matmuls over more than 8 rows (prefill): exact (default, f32-grade) or bf16 (activations rounded to bf16 once; faster). Default from NERVA_MATMUL').choices(['exact', 'bf16']))
+    .option('--batch-invariant', 'batch-invariant decode on CUDA: each request gets the tokens it gets alone, whatever shares the batch (slower decode batches); default NERVA_BATCH_INVARIANT, else off')
     .option('--served-model-name <name>', 'model name clients use (default: the folder name)')
     .option('--max-num-seqs <n>', 'sequences batched together', parseIntArg('--max-num-seqs'))
     .option('--max-num-batched-tokens <n>', 'token budget of one scheduler step', parseIntArg('--max-num-batched-tokens'))
@@ -74,6 +76,7 @@ export function registerServe(program: Command): void {
         backend: f.backend,
         numerics: f.numerics,
         matmulPrecision: f.matmulPrecision,
+        batchInvariant: f.batchInvariant,
         servedModelName: f.servedModelName,
         maxNumSeqs: f.maxNumSeqs,
         maxNumBatchedTokens: f.maxNumBatchedTokens,
