@@ -9,14 +9,13 @@
 // (thread 0, which takes part) and the workers (threads 1..threads()-1): a descheduled or
 // still sleeping thread delays only the task it holds (a call ends when its tasks are done, not
 // when every worker has been through it; the counters carry the call's epoch, so a worker that
-// wakes late takes nothing of a later call), and which thread runs a task does not change what the task
-// computes, so a module whose tasks each write their own outputs in a fixed order gets results
-// that do not depend on the thread count. `thread` only selects per-thread scratch.
+// wakes late takes nothing of a later call), and which thread runs a task does not change what
+// the task computes, so a module whose tasks each write their own outputs in a fixed order gets
+// results that do not depend on the thread count. `thread` only selects per-thread scratch.
 //
 // Threads: NERVA_HOST_THREADS (default: one less than the CPUs of the process's affinity mask,
 // else of std::thread::hardware_concurrency(), so the thread waiting on the GPU keeps a CPU; at
-// most 256), the calling thread included; created on
-// first use, never destroyed (the workers sleep at exit). NERVA_HOST_PIN=1 pins worker i to the
+// most 256), the calling thread included; created on first use, never destroyed (the workers sleep at exit). NERVA_HOST_PIN=1 pins worker i to the
 // (i+1)-th CPU of the affinity mask (the calling thread is not pinned). Idle workers spin for
 // NERVA_HOST_SPIN_US microseconds (default 100: decode calls come about once per layer, and
 // spinning longer starved the CUDA host-function and Node threads), then sleep on a condition

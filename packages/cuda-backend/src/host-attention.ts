@@ -6,8 +6,9 @@
  * enqueued by the addon as one round trip that a captured graph replays: by default through a
  * host channel (native/host_channel.h: kernels write and poll words in mapped memory that a
  * spinning host thread serves, ~30 us a round trip), with NERVA_HOST_CHANNEL=0 through copies
- * around a cudaLaunchHostFunc (~100 us). Only q and the result cross PCIe, never the pages. The native argument block for each distinct set
- * of buffers is made once and kept, so replays and later passes allocate nothing.
+ * around a cudaLaunchHostFunc (~100 us). Only q and the result cross PCIe, never the pages. The
+ * native argument block for each distinct set of buffers is made once and kept, so replays and
+ * later passes allocate nothing.
  */
 import type { OpArgs } from '@nerva/core';
 import { CudaArgumentError } from './errors.js';
@@ -28,6 +29,9 @@ export interface HostAttnNative {
     channelServed?: number;
     /** Channel waits that gave up (their outputs are NaN): a stuck host. */
     channelTimeouts?: number;
+    /** Host functions that woke the channel server, and the wake-ups that found it asleep. */
+    channelArms?: number;
+    channelWakeups?: number;
   };
 }
 
