@@ -18,6 +18,8 @@ const r = await longContextProbe({
   hostReadGbps: process.env.NERVA_HOST_READ_GBPS ? Number(process.env.NERVA_HOST_READ_GBPS) : undefined,
   // NERVA_KV_DTYPE: auto (default), f32 or bf16 for every mix.
   kvCacheDtype: (process.env.NERVA_KV_DTYPE as 'auto' | 'f32' | 'bf16' | undefined) || undefined,
+  // NERVA_LONGCTX_LINK_SHARES: kvWarmLinkShare values to run each ratio with, e.g. "0,0.3,0.5".
+  linkShares: process.env.NERVA_LONGCTX_LINK_SHARES ? process.env.NERVA_LONGCTX_LINK_SHARES.split(',').map(Number) : undefined,
 });
 const line = JSON.stringify(r);
 console.log(line);

@@ -10,6 +10,8 @@ cp packages/cuda-backend/node_modules/node-api-headers/include/*.h .device/inclu
 cp packages/cuda-backend/node_modules/node-addon-api/*.h .device/include/node-addon-api/
 rm -rf .device/fixtures .device/configs && mkdir -p .device/fixtures
 cp -r ../shared/fixtures/models .device/fixtures/models && cp -r ../shared/configs .device/configs
+# The tree carries models/tiny-shakespeare-qwen3 (14 MB) already; a second copy would not fit carry's 64 MiB.
+rm -rf .device/fixtures/models/tiny-shakespeare-qwen3
 node tools/gpu/bundle.mjs
 rm -rf .device/dist && cp -r tools/gpu/dist .device/dist
 # --addon: build the addon here too (nvcc targets sm_90 unless NERVA_CUDA_ARCHITECTURES says

@@ -56,8 +56,15 @@ program
   .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 64)
   .option('--ratios <list>', 'KV-to-hot-budget ratios besides all-hot, comma-separated', (v: string) => v.split(',').map(Number), [2, 4])
   .addOption(kvDtypeOpt())
+  .option('--link-shares <list>', 'kvWarmLinkShare values (0..1) to run each ratio with, comma-separated: the device reads that share of the warm pages itself', (v: string) => {
+    const l = v.split(',').map(Number);
+    if (l.some((x) => !(x >= 0 && x <= 1))) throw new InvalidArgumentError(`--link-shares takes numbers from 0 to 1, got "${v}"`);
+    return l;
+  })
   .action(async (f) =>
-    print(await longContextProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, context: f.context, newTokens: f.newTokens, ratios: f.ratios, kvCacheDtype: f.kvCacheDtype })),
+    print(
+      await longContextProbe({ model: f.model ?? defaultModelDir(), backend: f.backend, context: f.context, newTokens: f.newTokens, ratios: f.ratios, kvCacheDtype: f.kvCacheDtype, linkShares: f.linkShares }),
+    ),
   );
 
 program

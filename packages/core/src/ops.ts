@@ -154,7 +154,8 @@ export interface OpCatalogue {
      * computes over the pages where they lie): qHost f32 [rows, numHeads*headDim] receives the q
      * heads, outHost (same shape) and lseHost (f32 [rows*numHeads]) the result before it is copied
      * to `out` and `lse`. Given once, so the op allocates nothing. A backend whose compute tier is
-     * host memory ignores them.
+     * host memory ignores them. Without them, a device backend attends over a cache in mapped host
+     * memory itself, reading the pages through the mapping.
      */
     qHost?: Buf;
     outHost?: Buf;

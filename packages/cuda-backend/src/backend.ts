@@ -446,7 +446,9 @@ export class CudaBackend implements DeviceBackend {
       this.mlpSlice(args as OpArgs<'mlp_slice'>, stream);
       return;
     }
-    if (op === 'attention' && (args as OpArgs<'attention'>).kCache?.tier === 'pinned') {
+    // A cache in pinned memory with host staging: the host computes over it. Without staging the
+    // kernels read it through the mapping (zero-copy over the link), like any device buffer.
+    if (op === 'attention' && (args as OpArgs<'attention'>).kCache?.tier === 'pinned' && (args as OpArgs<'attention'>).qHost !== undefined) {
       this.hostAttention(args as OpArgs<'attention'>, stream);
       return;
     }

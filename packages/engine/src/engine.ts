@@ -14,7 +14,7 @@ import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
-import { planKvTiers, TieredKv, validateKvTiers } from './kv-tiering.js';
+import { linkTakes, planKvTiers, TieredKv, validateKvTiers } from './kv-tiering.js';
 import { checkpointImportanceKey, kvBytesPerToken, memoryReport, placeWeights, type RunnerShape, validateResidency } from './weight-residency.js';
 import { defaultImportanceDir, ImportanceCache, ImportanceMeter, type ImportanceProfile, type MemoryReport, type PagerStats, type WeightPager } from '@nerva/memos';
 
@@ -127,6 +127,14 @@ export interface EngineOptions {
   kvHostBudget?: number;
   /** Directory for cold KV pages (swapped-out sequences); checked up front like `offloadDir`. */
   kvOffloadDir?: string;
+  /**
+   * Tiered KV: the share (0..1, default 0) of each sequence's warm pages that the device attends
+   * over itself, reading them through the host mapping of the pinned pool (zero-copy over PCIe),
+   * while the host CPU computes over the rest; the three partials (hot, link, host) merge by the
+   * online-softmax rule, so the tokens stay those of the all-hot run. It adds the link's read rate
+   * to the host's DRAM rate; 1 leaves the host no share (no host round trip).
+   */
+  kvWarmLinkShare?: number;
   /**
    * Sliding-window models whose every layer slides (ModelSpec.layerWindows): give KV pages that
    * fell wholly behind every layer's window back to the pool as sequences advance (default true),
@@ -268,6 +276,8 @@ export class Engine {
   private readonly scheduler: Scheduler;
   /** Tiered KV (kvVramBudget): the page policy and its moves; undefined when all KV is hot. */
   private readonly kvTiers: TieredKv | undefined;
+  /** kvWarmLinkShare (0 without tiered KV). */
+  private readonly kvLinkShare: number;
   /** Every layer slides and pages behind this window are freed (0: none are). */
   private readonly kvWindow: number;
   private readonly sampler: HostSampler;
@@ -301,6 +311,8 @@ export class Engine {
     tables: Int32Array;
     /** Tiered KV: the warm slot of each block (-1 where it is not warm). */
     warmTables?: Int32Array;
+    /** Tiered KV with kvWarmLinkShare: the warm slot of each block the device reads over the link. */
+    linkTables?: Int32Array;
     logitRows: Int32Array;
     params: Float32Array;
     rng: Int32Array;
@@ -363,6 +375,7 @@ export class Engine {
       maxBlocksPerSeq,
       ringCapacity: Math.max(4096, 4 * maxNumSeqs),
       ...(tierPlan ? { warmBlocks: Math.max(1, tierPlan.warmSlots) } : {}),
+      ...(tierPlan && (o.kvWarmLinkShare ?? 0) > 0 ? { warmLink: o.kvWarmLinkShare === 1 ? ('only' as const) : ('share' as const) } : {}),
       kvDtype: this.kvDtype,
     };
     this.pipeline = init.stages ? new StagePipeline(s, limits, init.stages) : undefined;
@@ -377,6 +390,7 @@ export class Engine {
       throw e;
     }
     const tiers = this.kvTiers?.tiers;
+    this.kvLinkShare = tierPlan ? (o.kvWarmLinkShare ?? 0) : 0;
     // Every layer slides: pages behind the widest window are never read again (with a
     // full-attention layer anywhere, every page stays readable and nothing is freed early).
     this.kvWindow = (o.kvFreeOutsideWindow ?? true) ? kvReadWindow(s) : 0;
@@ -395,7 +409,8 @@ export class Engine {
     );
     if (tierPlan) {
       this.notes.push(
-        `tiered KV: ${tierPlan.hotSlots - 1} hot pages, ${tierPlan.warmSlots} warm (pinned host), ${tierPlan.coldSlots} cold (disk) of ${blockSize} tokens; attention over warm pages runs on the host and is merged exactly`,
+        `tiered KV: ${tierPlan.hotSlots - 1} hot pages, ${tierPlan.warmSlots} warm (pinned host), ${tierPlan.coldSlots} cold (disk) of ${blockSize} tokens; attention over warm pages runs on the host and is merged exactly` +
+          (this.kvLinkShare > 0 ? ` (the device reads ${this.kvLinkShare} of the warm pages itself over the link)` : ''),
       );
     }
     this.sampler = new HostSampler(s.vocabSize);
@@ -413,6 +428,7 @@ export class Engine {
       slots: new Int32Array(maxRows),
       tables: new Int32Array(maxNumSeqs * maxBlocksPerSeq),
       ...(this.kvTiers ? { warmTables: new Int32Array(maxNumSeqs * maxBlocksPerSeq) } : {}),
+      ...(limits.warmLink ? { linkTables: new Int32Array(maxNumSeqs * maxBlocksPerSeq) } : {}),
       logitRows: new Int32Array(maxNumSeqs),
       params: new Float32Array(maxNumSeqs * 4),
       rng: new Int32Array(maxNumSeqs * 2),
@@ -908,12 +924,18 @@ export class Engine {
       }
       st.tables.fill(0, k * mb, (k + 1) * mb);
       if (kt) {
-        // Two views of one table: the hot slot of each block for the device, the warm slot for the host.
+        // Views of one table: the hot slot of each block for the device, the warm slot for the
+        // host, and with a link share the warm slots the device reads over the link instead.
         const wt = st.warmTables!;
+        const lt = st.linkTables;
         wt.fill(-1, k * mb, (k + 1) * mb);
+        lt?.fill(-1, k * mb, (k + 1) * mb);
+        let nWarm = 0;
         for (let b = 0; b < table.length; b++) {
           st.tables[k * mb + b] = kt.tiers.hotSlot(table[b]);
-          wt[k * mb + b] = kt.tiers.warmSlot(table[b]);
+          const w = kt.tiers.warmSlot(table[b]);
+          if (w >= 0 && lt && linkTakes(nWarm++, this.kvLinkShare)) lt[k * mb + b] = w;
+          else wt[k * mb + b] = w;
         }
       } else for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
       for (let b = 0; b < table.length; b++) {
@@ -971,6 +993,7 @@ export class Engine {
           st.slots[r] = -1;
           st.tables.fill(0, r * mb, (r + 1) * mb);
           st.warmTables?.fill(-1, r * mb, (r + 1) * mb);
+          st.linkTables?.fill(-1, r * mb, (r + 1) * mb);
           st.params[r * 4] = 0;
           st.rng[r * 2] = 0;
           st.rng[r * 2 + 1] = 0;
@@ -1137,6 +1160,7 @@ export class Engine {
     for (let r = 0; r < rows; r++) seqs = Math.max(seqs, st.seq[r] + 1);
     be.write(m.blockTables, st.tables.subarray(0, seqs * mb));
     if (m.warmTables && st.warmTables) be.write(m.warmTables, st.warmTables.subarray(0, seqs * mb));
+    if (m.linkTables && st.linkTables) be.write(m.linkTables, st.linkTables.subarray(0, seqs * mb));
     if (nl > 0) be.write(m.logitRows, st.logitRows.subarray(0, nl));
     if (withSampling && nl > 0) {
       be.write(m.sampleParams, st.params.subarray(0, nl * 4));

@@ -10,6 +10,7 @@ export interface KvTierOptions {
   kvVramBudget?: number;
   kvHostBudget?: number;
   kvOffloadDir?: string;
+  kvWarmLinkShare?: number;
 }
 
 /** Pages kept hot in every sequence (attention sinks, then the recent window). */
@@ -34,8 +35,11 @@ export function validateKvTiers(o: KvTierOptions & { numerics?: string; pipeline
   ] as const) {
     if (v !== undefined && (!Number.isSafeInteger(v) || v <= 0)) throw new RangeError(`${k} must be a positive whole number of bytes, got ${String(v)}`);
   }
+  const share = o.kvWarmLinkShare;
+  if (share !== undefined && !(typeof share === 'number' && share >= 0 && share <= 1)) throw new RangeError(`kvWarmLinkShare must be a number from 0 to 1, got ${String(share)}`);
   const tiered = o.kvVramBudget !== undefined;
-  if (!tiered && (o.kvHostBudget !== undefined || o.kvOffloadDir !== undefined)) throw new RangeError('kvHostBudget and kvOffloadDir need kvVramBudget (the hot KV pool they extend)');
+  if (!tiered && (o.kvHostBudget !== undefined || o.kvOffloadDir !== undefined || share !== undefined))
+    throw new RangeError('kvHostBudget, kvOffloadDir and kvWarmLinkShare need kvVramBudget (the hot KV pool they extend)');
   if (!tiered) return;
   if (o.numerics === 'bf16') throw new RangeError("tiered KV (kvVramBudget) needs numerics 'exact': bf16 eager attention rounds the probabilities of the whole row, which partial attentions cannot reproduce");
   if ((o.pipelineParallel ?? 1) > 1 || (o.stageDevices?.length ?? 1) > 1) throw new RangeError('tiered KV (kvVramBudget) is not supported with pipeline stages yet');
@@ -43,6 +47,14 @@ export function validateKvTiers(o: KvTierOptions & { numerics?: string; pipeline
     if (typeof o.kvOffloadDir !== 'string' || o.kvOffloadDir === '') throw new RangeError(`kvOffloadDir must be a directory path, got ${String(o.kvOffloadDir)}`);
     checkOffloadDir(o.kvOffloadDir);
   }
+}
+
+/**
+ * Whether the i-th warm page of a sequence (i = 0, 1, ... in block order) is one the device reads
+ * over the link: spread evenly, floor(n * share) of any first n pages.
+ */
+export function linkTakes(i: number, share: number): boolean {
+  return Math.floor((i + 1) * share) > Math.floor(i * share);
 }
 
 /** Pool sizes of tiered KV, in pages (hot includes the null page). */

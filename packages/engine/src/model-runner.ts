@@ -30,6 +30,12 @@ export interface RunnerLimits {
    * warm pages, `numBlocks` is the hot pool and attention merges a host partial over warm pages.
    */
   warmBlocks?: number;
+  /**
+   * Tiered KV: the device also attends over a share of the warm pages itself, reading them
+   * through the host mapping (zero-copy over the link) while the host CPU computes the rest
+   * (meta.linkTables lists them). 'only': every warm page that way, no host partial.
+   */
+  warmLink?: 'share' | 'only';
   /** KV cache element type (default: kvDtypeOf(backend), i.e. by the backend's numerics). */
   kvDtype?: KvCacheDtype;
 }
@@ -68,6 +74,8 @@ export interface RunnerMeta {
   ringCursor: DeviceBuffer;
   /** Tiered KV: each sequence's warm slot per block (-1 where the block is not warm). */
   warmTables?: DeviceBuffer;
+  /** Tiered KV with limits.warmLink: the warm slot per block of the pages the device reads over the link (-1 elsewhere). */
+  linkTables?: DeviceBuffer;
 }
 
 /**
@@ -236,6 +244,11 @@ export class ModelRunner {
         this.act.hotLse = f32(maxRows * s.numHeads, 'act.attn_lse');
         this.act.warmOut = f32(maxRows * qw, 'act.warm_attn');
         this.act.warmLse = f32(maxRows * s.numHeads, 'act.warm_attn_lse');
+        if (limits.warmLink !== undefined) {
+          this.meta.linkTables = i32(maxSeqs * limits.maxBlocksPerSeq, 'meta.link_tables');
+          this.act.linkOut = f32(maxRows * qw, 'act.link_attn');
+          this.act.linkLse = f32(maxRows * s.numHeads, 'act.link_attn_lse');
+        }
         const pinned = (length: number, label: string) => this.own(backend.alloc({ dtype: 'f32', length, usage: 'io', tier: 'pinned', label }));
         this.act.qHost = pinned(maxRows * qw, 'act.warm_q_host');
         this.act.outHost = pinned(maxRows * qw, 'act.warm_out_host');
@@ -581,27 +594,39 @@ export class ModelRunner {
       // Both partials mask to the window; positions outside it are in neither.
       ...this.windowArg(l),
     };
-    const side = this.sideStream!;
-    be.record(this.forkEv!, this.stream);
-    be.waitEvent(side, this.forkEv!);
+    const hostPartial = this.limits.warmLink !== 'only';
     const main = this.stream;
-    this.stream = side;
-    this.op('attention', 'attention', {
-      ...common,
-      kCache: this.kWarm[l],
-      vCache: this.vWarm[l],
-      out: a.warmOut,
-      lse: a.warmLse,
-      blockTables: m.warmTables!,
-      qHost: a.qHost,
-      outHost: a.outHost,
-      lseHost: a.lseHost,
-    });
-    be.record(this.joinEv!, side);
-    this.stream = main;
+    if (hostPartial) {
+      const side = this.sideStream!;
+      be.record(this.forkEv!, this.stream);
+      be.waitEvent(side, this.forkEv!);
+      this.stream = side;
+      this.op('attention', 'attention', {
+        ...common,
+        kCache: this.kWarm[l],
+        vCache: this.vWarm[l],
+        out: a.warmOut,
+        lse: a.warmLse,
+        blockTables: m.warmTables!,
+        qHost: a.qHost,
+        outHost: a.outHost,
+        lseHost: a.lseHost,
+      });
+      be.record(this.joinEv!, side);
+      this.stream = main;
+    }
     this.op('attention', 'attention', { ...common, kCache: this.kCache[l], vCache: this.vCache[l], out: a.attn, lse: a.hotLse, blockTables: m.blockTables });
-    be.waitEvent(main ?? DEFAULT_STREAM, this.joinEv!);
-    this.op('attention', 'attention_merge', { out: a.attn, lse: a.hotLse, other: a.warmOut, otherLse: a.warmLse, rows, numHeads: s.numHeads, headDim: s.headDim });
+    if (m.linkTables) {
+      // The device's own partial over its share of the warm pages: the same op on the warm pool
+      // without host staging, so a device backend reads the pages through the mapping while the
+      // host computes its share; merged before the host's result is awaited.
+      this.op('attention', 'attention', { ...common, kCache: this.kWarm[l], vCache: this.vWarm[l], out: a.linkOut, lse: a.linkLse, blockTables: m.linkTables });
+      this.op('attention', 'attention_merge', { out: a.attn, lse: a.hotLse, other: a.linkOut, otherLse: a.linkLse, rows, numHeads: s.numHeads, headDim: s.headDim });
+    }
+    if (hostPartial) {
+      be.waitEvent(main ?? DEFAULT_STREAM, this.joinEv!);
+      this.op('attention', 'attention_merge', { out: a.attn, lse: a.hotLse, other: a.warmOut, otherLse: a.warmLse, rows, numHeads: s.numHeads, headDim: s.headDim });
+    }
   }
 
   /**

@@ -4,7 +4,9 @@ import { join } from 'node:path';
 import { OffloadDirError } from '@nerva/memos';
 import { afterAll, describe, expect, it } from 'vitest';
 import { Engine } from '../src/index.js';
-import { KvBudgetError } from '../src/kv-tiering.js';
+import { createCpuBackend } from '@nerva/cpu-backend';
+import type { DeviceBackend, OpArgs, OpName } from '@nerva/core';
+import { KvBudgetError, linkTakes } from '../src/kv-tiering.js';
 import { DEFAULT_MODEL, fixtureModels, MODELS } from './fixtures.js';
 
 // A long prompt (for these models) over small pages: many pages per sequence, most of them warm
@@ -46,6 +48,77 @@ describe.each(models)('tiered KV gives the all-hot run\'s tokens and logits: %s'
     // Every page comes back once the request is done.
     expect(r.tiers.hot.used + r.tiers.warm.used).toBeLessThanOrEqual(Math.ceil((PROMPT.length + 16) / BS));
     e.dispose();
+  });
+});
+
+/** The CPU backend with its attention calls recorded: which pool, host staging or not, merges. */
+function recordingCpu(): { backend: DeviceBackend; calls: Array<{ op: OpName; warm: boolean; staged: boolean }> } {
+  const inner = createCpuBackend();
+  const calls: Array<{ op: OpName; warm: boolean; staged: boolean }> = [];
+  const backend = new Proxy(inner, {
+    get(target, prop, receiver) {
+      if (prop === 'run') {
+        return <K extends OpName>(op: K, args: OpArgs<K>, stream?: Parameters<DeviceBackend['run']>[2]) => {
+          if (op === 'attention' || op === 'attention_merge') {
+            const a = args as Partial<OpArgs<'attention'>>;
+            calls.push({ op, warm: a.kCache?.label?.startsWith('kv.warm.') ?? false, staged: a.qHost !== undefined });
+          }
+          return target.run(op, args, stream);
+        };
+      }
+      const v = Reflect.get(target, prop, receiver) as unknown;
+      return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
+    },
+  }) as DeviceBackend;
+  return { backend, calls };
+}
+
+describe('kvWarmLinkShare: the device attends over a share of the warm pages itself (three partials)', () => {
+  it('spreads the link share evenly over a sequence\'s warm pages', () => {
+    const pick = (share: number, n: number) => Array.from({ length: n }, (_, i) => linkTakes(i, share)).filter(Boolean).length;
+    expect(pick(0.5, 10)).toBe(5);
+    expect(pick(0.25, 8)).toBe(2);
+    expect(pick(0.4, 10)).toBe(4);
+    expect(pick(1, 7)).toBe(7);
+    expect(pick(0, 7)).toBe(0);
+    expect(Array.from({ length: 4 }, (_, i) => linkTakes(i, 0.5))).toEqual([false, true, false, true]);
+  });
+
+  it.each([0.4, 1])('share %s: the all-hot run\'s tokens and logits, with the partials it promises', async (share) => {
+    const hot = await Engine.create({ model: DEFAULT_MODEL, ...SHAPE });
+    const want = await run(hot);
+    const pb = pageBytes(hot);
+    hot.dispose();
+    const { backend, calls } = recordingCpu();
+    const e = await Engine.create({ model: DEFAULT_MODEL, ...SHAPE, backend, kvVramBudget: 5 * pb, kvWarmLinkShare: share });
+    try {
+      const got = await run(e);
+      expect(got.tokenIds).toEqual(want.tokenIds);
+      const ref = want.promptLogits!;
+      const max = ref.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+      let worst = 0;
+      got.promptLogits!.forEach((v, i) => (worst = Math.max(worst, Math.abs(v - ref[i]))));
+      // Three partials instead of two: still float rounding of a split softmax sum.
+      expect(worst).toBeLessThanOrEqual(1e-5 * max);
+      expect(e.memoryReport().kv!.tieredPasses).toBeGreaterThan(0);
+      const link = calls.filter((c) => c.op === 'attention' && c.warm && !c.staged).length;
+      const host = calls.filter((c) => c.op === 'attention' && c.warm && c.staged).length;
+      const merges = calls.filter((c) => c.op === 'attention_merge').length;
+      expect(link).toBeGreaterThan(0);
+      // share 1: no host partial at all; else one host and one link partial per merge pair.
+      if (share === 1) expect(host).toBe(0);
+      else expect(host).toBe(link);
+      expect(merges).toBe(link + host);
+    } finally {
+      e.dispose();
+      backend.dispose();
+    }
+  });
+
+  it('refuses a share outside 0..1 or without kvVramBudget', async () => {
+    await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 1 << 20, kvWarmLinkShare: 1.5 })).rejects.toThrow(/kvWarmLinkShare must be a number from 0 to 1, got 1.5/);
+    await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 1 << 20, kvWarmLinkShare: Number.NaN })).rejects.toThrow(/kvWarmLinkShare must be a number/);
+    await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvWarmLinkShare: 0.5 })).rejects.toThrow(/need kvVramBudget/);
   });
 });
 

@@ -140,6 +140,7 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
       kv_vram_budget_bytes: state.config.kvVramBudget ?? null,
       kv_host_budget_bytes: state.config.kvHostBudget ?? null,
       kv_offload_dir: state.config.kvOffloadDir ?? null,
+      kv_warm_link_share: state.config.kvWarmLinkShare ?? null,
       weights_bytes: s.weightBytes,
       kv_cache_bytes: s.kvCacheBytes,
       kv_block_size: s.blockSize,

@@ -18,6 +18,15 @@ export function parseFloatArg(name: string) {
   };
 }
 
+/** A number from 0 to 1 (a share); errors name the flag. */
+export function parseFractionArg(name: string) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (v.trim() === '' || !(n >= 0 && n <= 1)) throw new InvalidArgumentError(`${name} must be a number from 0 to 1, got "${v}"`);
+    return n;
+  };
+}
+
 /** A byte size flag (`4GiB`, `512MB`, `4G` = 4 GiB, plain bytes; see size.ts); errors name the flag. */
 export function parseSizeArg(name: string) {
   return (v: string): number => {

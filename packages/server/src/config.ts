@@ -66,6 +66,12 @@ export interface ServerConfig {
   /** Directory of the cold KV tier (pages of swapped-out sequences). Needs `kvVramBudget`. */
   kvOffloadDir?: string;
   /**
+   * Share (0..1) of each sequence's warm KV pages that the device attends over itself, reading them
+   * through the host mapping over the link while the host CPU computes the rest (EngineOptions
+   * kvWarmLinkShare). Needs `kvVramBudget`.
+   */
+  kvWarmLinkShare?: number;
+  /**
    * Pipeline stages (default 1): contiguous layer ranges, one stage each. On CUDA, N > 1 needs N
    * visible GPUs unless `allowSingleDeviceStages`; the CPU backend takes any N up to the layer count.
    */
@@ -85,7 +91,7 @@ export const DEFAULT_CONFIG: ServerConfig = {
   drainTimeoutS: 30,
 };
 
-type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics' | 'precision' | 'kvdtype' | 'size';
+type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics' | 'precision' | 'kvdtype' | 'size' | 'fraction';
 
 /** The accepted keys: TOML spelling → field and type. Anything else is an error naming the key. */
 const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boolean }> = {
@@ -115,6 +121,7 @@ const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boole
   kv_vram_budget: { field: 'kvVramBudget', kind: 'size' },
   kv_host_budget: { field: 'kvHostBudget', kind: 'size' },
   kv_offload_dir: { field: 'kvOffloadDir', kind: 'string', path: true },
+  kv_warm_link_share: { field: 'kvWarmLinkShare', kind: 'fraction' },
   pipeline_parallel: { field: 'pipelineParallel', kind: 'posint' },
   allow_single_device_stages: { field: 'allowSingleDeviceStages', kind: 'bool' },
 };
@@ -151,6 +158,9 @@ function check(key: string, kind: Kind, v: unknown, where: string): unknown {
     case 'numerics':
     case 'precision':
       if (v !== 'exact' && v !== 'bf16') fail('"exact" or "bf16"');
+      return v;
+    case 'fraction':
+      if (typeof v !== 'number' || !(v >= 0 && v <= 1)) fail('a number from 0 to 1');
       return v;
     case 'kvdtype':
       if (v !== 'auto' && v !== 'f32' && v !== 'bf16') fail('"auto", "f32" or "bf16"');
@@ -215,11 +225,12 @@ export function mergeConfig(file: Partial<ServerConfig>, flags: Partial<ServerCo
  * The KV tiers below the hot pool extend it: a warm budget or a cold directory without
  * `kv_vram_budget` is a configuration error before anything listens or loads.
  */
-export function checkKvTiers(config: Pick<ServerConfig, 'kvVramBudget' | 'kvHostBudget' | 'kvOffloadDir'>): void {
+export function checkKvTiers(config: Pick<ServerConfig, 'kvVramBudget' | 'kvHostBudget' | 'kvOffloadDir' | 'kvWarmLinkShare'>): void {
   if (config.kvVramBudget !== undefined) return;
   const extra: [string, string][] = [];
   if (config.kvHostBudget !== undefined) extra.push(['kv_host_budget', '--kv-host-budget']);
   if (config.kvOffloadDir !== undefined) extra.push(['kv_offload_dir', '--kv-offload-dir']);
+  if (config.kvWarmLinkShare !== undefined) extra.push(['kv_warm_link_share', '--kv-warm-link-share']);
   if (extra.length === 0) return;
   const named = extra.map(([k, f]) => `${k} (${f})`).join(' and ');
   throw new ConfigError(extra[0][0], `${named} need${extra.length === 1 ? 's' : ''} kv_vram_budget (--kv-vram-budget): the hot KV pool that the warm and cold KV tiers extend`);

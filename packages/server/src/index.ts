@@ -7,7 +7,7 @@ export * from './metrics.js';
 export * from './openai-schema.js';
 export * from './server.js';
 export * from './state.js';
-export { parseFloatArg, parseIdList, parseIntArg, parseSizeArg, progressBar } from './cli-util.js';
+export { parseFloatArg, parseFractionArg, parseIdList, parseIntArg, parseSizeArg, progressBar } from './cli-util.js';
 export { formatSize, parseSize, SizeError } from './size.js';
 export * from './memory-report.js';
 export * from './fabric-topology.js';

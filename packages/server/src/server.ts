@@ -98,6 +98,7 @@ export async function startServer(
         kvVramBudget: config.kvVramBudget,
         kvHostBudget: config.kvHostBudget,
         kvOffloadDir: config.kvOffloadDir,
+        kvWarmLinkShare: config.kvWarmLinkShare,
         pipelineParallel: config.pipelineParallel,
         allowSingleDeviceStages: config.allowSingleDeviceStages,
         chatTemplate,

@@ -32,6 +32,19 @@ describe('config: tiered KV keys', () => {
     expect(DEFAULT_CONFIG.kvOffloadDir).toBeUndefined();
   });
 
+  it('kv_warm_link_share takes a number from 0 to 1; anything else names the key', async () => {
+    expect(await loadConfigFile(file('kv_vram_budget = "64MiB"\nkv_warm_link_share = 0.4\n'))).toEqual({ kvVramBudget: 64 * 2 ** 20, kvWarmLinkShare: 0.4 });
+    expect(await loadConfigFile(file('kv_warm_link_share = 1\n'))).toEqual({ kvWarmLinkShare: 1 });
+    for (const bad of ['1.5', '-0.1', '"half"', 'true']) {
+      const err = await loadConfigFile(file(`kv_warm_link_share = ${bad}\n`)).catch((e: unknown) => e);
+      expect(err, bad).toBeInstanceOf(ConfigError);
+      expect((err as Error).message, bad).toMatch(/"kv_warm_link_share" must be a number from 0 to 1/);
+    }
+    expect(() => checkFlags({ kvWarmLinkShare: 2 })).toThrow(/kv_warm_link_share.*from 0 to 1/);
+    expect(() => checkKvTiers({ kvWarmLinkShare: 0.5 })).toThrow(/^kv_warm_link_share \(--kv-warm-link-share\) needs kv_vram_budget/);
+    expect(() => checkKvTiers({ kvVramBudget: 1, kvWarmLinkShare: 0.5 })).not.toThrow();
+  });
+
   it('malformed values are errors naming the key, the file and what was given', async () => {
     const cases: [string, string, RegExp][] = [
       ['kv_vram_budget = "lots"\n', 'kv_vram_budget', /"kv_vram_budget" must be a size such as 4GiB.*got "lots"/],

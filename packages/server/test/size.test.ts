@@ -1,6 +1,6 @@
 import { InvalidArgumentError } from 'commander';
 import { describe, expect, it } from 'vitest';
-import { parseSizeArg } from '../src/cli-util.js';
+import { parseFractionArg, parseSizeArg } from '../src/cli-util.js';
 import { formatSize, parseSize, SizeError } from '../src/size.js';
 
 const GiB = 2 ** 30;
@@ -100,5 +100,15 @@ describe('parseSize', () => {
     expect(formatSize(1.5 * MiB)).toBe('1.5 MiB');
     expect(formatSize(512)).toBe('512 B');
     expect(parseSize(formatSize(4 * GiB).replace(' ', ''), '--x')).toBe(4 * GiB);
+  });
+});
+
+describe('parseFractionArg', () => {
+  it('takes 0..1 and names the flag otherwise', () => {
+    const p = parseFractionArg('--kv-warm-link-share');
+    expect(p('0')).toBe(0);
+    expect(p('0.35')).toBe(0.35);
+    expect(p('1')).toBe(1);
+    for (const bad of ['', ' ', '1.01', '-0.5', 'half', 'NaN']) expect(() => p(bad), bad).toThrow(/--kv-warm-link-share must be a number from 0 to 1/);
   });
 });

@@ -17,6 +17,11 @@ export interface LongContextProbeOptions {
   hostReadGbps?: number;
   /** KV cache element type of every mix (default 'auto': f32 under exact numerics); bf16 halves the warm bytes the host reads. */
   kvCacheDtype?: 'auto' | 'f32' | 'bf16';
+  /**
+   * kvWarmLinkShare values to run each ratio with (default: the engine's default alone): the
+   * device's own share of the warm pages, read over the link while the host computes the rest.
+   */
+  linkShares?: number[];
 }
 
 /**
@@ -32,7 +37,9 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
   let device = '';
   let backendName = '';
   let kvDtype = '';
-  for (const ratio of [1, ...ratios]) {
+  const shares: Array<number | undefined> = o.linkShares?.length ? o.linkShares : [undefined];
+  const runs = [{ ratio: 1, share: undefined as number | undefined }, ...ratios.flatMap((ratio) => shares.map((share) => ({ ratio, share })))];
+  for (const { ratio, share } of runs) {
     const base = { model: o.model, backend: o.backend, enablePrefixCaching: false, maxNumSeqs: 4, blockSize: bs, maxModelLen: o.context + o.newTokens + 2 * bs, importanceCache: false as const, kvCacheDtype: o.kvCacheDtype };
     // Pages of the sequence, and one page of KV (every layer's K and V, in the backend's KV dtype).
     let engine = await Engine.create({ ...base, kvCacheBytes: ratio === 1 ? undefined : 1 });
@@ -43,7 +50,7 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
     if (ratio !== 1) {
       engine.dispose();
       const hot = Math.max(5, Math.ceil(pages / ratio) + 1);
-      engine = await Engine.create({ ...base, kvVramBudget: hot * pageBytes, kvHostBudget: (pages + 4) * pageBytes });
+      engine = await Engine.create({ ...base, kvVramBudget: hot * pageBytes, kvHostBudget: (pages + 4) * pageBytes, kvWarmLinkShare: share });
     }
     try {
       device = engine.backend.capabilities.deviceName;
@@ -73,10 +80,13 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
       // The serial bound at the rates measured here: every layer's warm partial must finish before
       // that layer's merge, so a step takes at least the all-hot step plus the host's time over the
       // warm pages (its overlap with the hot partial is at most the hot attention, small at 4x).
+      // It counts the host path alone: a link share (the device reading some warm pages itself)
+      // adds the link's rate and can beat it. host_attention_* cover the host's share only.
       const hostGbps = hostMs > 0 ? warmBytes / (hostMs * 1e6) : null;
       const limitTokS = allHot && ratio !== 1 && o.hostReadGbps ? Math.round((1000 / (1000 / allHot.tokS + warmBytes / (o.hostReadGbps * 1e6))) * 100) / 100 : null;
       mixes.push({
         kv_to_hot_ratio: ratio,
+        warm_link_share: ratio === 1 ? null : (share ?? 0),
         hot_pages: kv ? kv.tiers.hot.capacity : pages,
         warm_pages: warmPages,
         tokens_per_s: tokS,
