@@ -13,12 +13,14 @@
 // the task computes, so a module whose tasks each write their own outputs in a fixed order gets
 // results that do not depend on the thread count. `thread` only selects per-thread scratch.
 //
-// Threads: NERVA_HOST_THREADS (default: one less than the CPUs of the process's affinity mask,
-// else of std::thread::hardware_concurrency(), so the thread waiting on the GPU keeps a CPU; at
+// Threads: NERVA_HOST_THREADS (default: three less than the CPUs of the process's affinity mask,
+// else of std::thread::hardware_concurrency(), so the host channel's server, the CUDA
+// host-function thread and the thread waiting on the GPU keep a CPU each; at least 1, at
 // most 256), the calling thread included; created on first use, never destroyed (the workers sleep at exit). NERVA_HOST_PIN=1 pins worker i to the
 // (i+1)-th CPU of the affinity mask (the calling thread is not pinned). Idle workers spin for
-// NERVA_HOST_SPIN_US microseconds (default 100: decode calls come about once per layer, and
-// spinning longer starved the CUDA host-function and Node threads), then sleep on a condition
+// NERVA_HOST_SPIN_US microseconds (default 1000: decode calls come about once per layer, every
+// 0.2-0.4 ms; with the three CPUs above left free this no longer starves the CUDA host-function
+// and Node threads, as it did with all but one CPU in the pool), then sleep on a condition
 // variable, so an idle pool costs nothing. NERVA_HOST_ATTN_SPIN_US, the host attention pool's own
 // setting before the pools were merged, is read as a deprecated alias when NERVA_HOST_SPIN_US is
 // not set.

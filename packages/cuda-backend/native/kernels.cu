@@ -430,38 +430,66 @@ __device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw,
 // warps measured slightly slower for the 0.6B o and down projections (2-3 warps with Fuse::early).
 constexpr int GEMV_MAX_THREADS = 512;
 __host__ __device__ constexpr int gemvWarps(int ks) { return ks == 1 ? 16 : ks; }
+// With O > 1 outputs a warp (which never stages a norm, so its block size is free): unsplit
+// blocks of 4 warps (4 * O outputs; 16 warps would leave the 8B shapes under 132 blocks), split
+// blocks of KS warps (O outputs). At least GEMV_MULTI_MIN_BLOCKS such blocks an SM: the R = 16
+// kernels then take <= 168 registers (162, no spills, nvcc 13 sm_90; with 2: ~179 and 8 warps an
+// SM instead of 12). O == 1 keeps __launch_bounds__(GEMV_MAX_THREADS) alone (minBlocks 0 is
+// "unspecified"; an explicit 1 changes the batch-1 kernels' register allocation).
+constexpr int GEMV_MULTI_WARPS = 4;
+constexpr int GEMV_MULTI_MIN_BLOCKS = 3;
+__host__ __device__ constexpr int gemvWarpsO(int ks, int o) { return o == 1 ? gemvWarps(ks) : ks == 1 ? GEMV_MULTI_WARPS : ks; }
+__host__ __device__ constexpr int gemvThreadsMax(int ks, int o) { return o == 1 ? GEMV_MAX_THREADS : 32 * gemvWarpsO(ks, o); }
+__host__ __device__ constexpr int gemvMinBlocks(int o) { return o == 1 ? 0 : GEMV_MULTI_MIN_BLOCKS; }
 
-// One warp per output feature, R activation rows at once so every weight byte is read once.
-// Weights stream with 16-byte loads, four (eight with GLU) in flight per lane before any math.
-// KS warps share one output (split over K) when there are too few outputs to fill the GPU.
-// Fusions (op fused_matmul): NORM: the block computes each row's sum of squares once and stages
-// the normalized rows x * inv * nw in shared memory (dynamic, R * inDim floats) while its first
-// weight loads are in flight; the warps then read activations from there, so the norm adds no
-// per-weight work and fuses at any matrix size. GLU: the warp also reduces the up row
+// One warp per output feature (O consecutive outputs with O > 1), R activation rows at once so
+// every weight byte is read once. Weights stream with 16-byte loads, P chunks of each of the
+// warp's NO = O (2 * O with GLU) weight rows in flight per lane before any math (P = 4, or
+// 8 / NO when NO > 2). Each activation chunk is loaded once per row and applied to all NO rows,
+// so the activation traffic through L1/L2 per weight byte is R / NO times that of one row.
+// KS warps share one output group (split over K) when there are too few outputs to fill the GPU.
+// Bits: for each (row, output) the lane's chunks (k = lane + ks * 32, step 32 * KS, ascending),
+// the 8-term dot expression, the warp sum, the KS reduction and finish() are the same for every
+// R and O, so a row's result does not depend on how many rows or outputs share the launch.
+// Fusions (op fused_matmul): NORM (O == 1 only): the block computes each row's sum of squares once
+// and stages the normalized rows x * inv * nw in shared memory (dynamic, R * inDim floats) while
+// its first weight loads are in flight; the warps then read activations from there, so the norm
+// adds no per-weight work and fuses at any matrix size. GLU: the warp also reduces the up rows
 // o + outDim and writes silu(gate) * up; `accumulate` adds the result into out.
-template <int R, int KS, bool NORM, bool GLU>
-__global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w,
-                                                    float* __restrict__ out, int rows, int inDim, int outDim,
-                                                    const void* bias, int bdt, const void* nw, int nwbf, float eps,
-                                                    int accumulate, int bfa, int accPre, int trig) {
+template <int R, int KS, bool NORM, bool GLU, int O = 1>
+__global__ void __launch_bounds__(gemvThreadsMax(KS, O), gemvMinBlocks(O))
+    k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w, float* __restrict__ out, int rows, int inDim,
+                int outDim, const void* bias, int bdt, const void* nw, int nwbf, float eps, int accumulate, int bfa,
+                int accPre, int trig) {
+  // NORM's staged sums of squares depend on the block size: with O > 1 the norm runs first, as
+  // k_rmsnorm_gemv with the O == 1 block size (see gemvRows).
+  static_assert(O == 1 || !NORM, "k_gemv_bf16: NORM only with O == 1");
+  static_assert(KS == 1 || O * R <= 32 * KS, "k_gemv_bf16: one thread per (output, row) of a split block");
   // trig: let the next kernel launch now rather than after our wait (see Fuse::early).
   if (trig) pdlTrigger();
-  constexpr int NO = GLU ? 2 : 1;
-  constexpr int NW = gemvWarps(KS);
+  constexpr int NO = O * (GLU ? 2 : 1);  // weight rows a warp: gates o..o+O-1, then (GLU) ups
+  constexpr int P = NO <= 2 ? 4 : 8 / NO;  // chunks of each weight row in flight per lane
+  constexpr int NW = gemvWarpsO(KS, O);
   __shared__ float red[NW][NO][R];
   __shared__ float ssw[NW][R];
   __shared__ float invs[R];
   extern __shared__ float4 xs[];  // NORM only: row r's float4 j = 2k + h at xs[r * n4 + h * n8 + k]
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int o = blockIdx.x * (NW / KS) + warp / KS;
+  int o = (blockIdx.x * (NW / KS) + warp / KS) * O;
   int ks = warp % KS;
   // A warp past the last output (KS == 1, last block) still joins the block's barriers; it
-  // streams the last row again and writes nothing.
+  // streams the last row again and writes nothing. With O > 1, outputs of the warp past the
+  // last stream the last row and write nothing.
   const bool live = o < outDim;
+  const int o0 = o;  // the warp's first output, unclamped (O > 1: output o0 + n is live iff < outDim)
   if (!live) o = outDim - 1;
   const uint4* wr[NO];
-  wr[0] = reinterpret_cast<const uint4*>(w + (size_t)o * inDim);
-  if (GLU) wr[NO - 1] = reinterpret_cast<const uint4*>(w + (size_t)(o + outDim) * inDim);
+#pragma unroll
+  for (int n = 0; n < O; n++) {
+    const int on = O == 1 ? o : min(o0 + n, outDim - 1);
+    wr[n] = reinterpret_cast<const uint4*>(w + (size_t)on * inDim);
+    if (GLU) wr[NO - O + n] = reinterpret_cast<const uint4*>(w + (size_t)(on + outDim) * inDim);
+  }
   const int n8 = inDim >> 3, n4 = inDim >> 2;
   float acc[NO][R];
 #pragma unroll
@@ -469,6 +497,8 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
 #pragma unroll
     for (int n = 0; n < NO; n++) acc[n][r] = 0.f;
 
+  // The same expression per (weight row, activation row) for every R and O: the compiler's
+  // contraction into FMAs, hence the bits, must not depend on them.
   auto fma8 = [&](const uint4* q, int k8) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -498,9 +528,13 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
   // accPre (with accumulate): `out` was last written at least two kernels before this one, so it
   // is complete once this kernel runs (the kernel just before triggers it only after its own
   // wait) and the values to accumulate into are read before the wait. The caller vouches.
-  float pre[R], preLane = 0.f;
+  // O == 1: lane 0 holds row r's value in pre[r] (split: thread r in preLane). O > 1: the
+  // (output n, row r) pair p = n * R + r is held and finished by lane p % 32 in slot p / 32
+  // (split: thread p in preLane).
+  constexpr int NP = O == 1 ? 1 : (O * R + 31) / 32;
+  float pre[O == 1 ? R : NP], preLane = 0.f;
 #pragma unroll
-  for (int r = 0; r < R; r++) pre[r] = 0.f;
+  for (int r = 0; r < (O == 1 ? R : NP); r++) pre[r] = 0.f;
 
   // RMSNorm of the block's R rows into xs: squares (raw rows staged), one block reduction, scale.
   // The thread's first chunk of norm weights (nw0) is loaded before the dependency wait.
@@ -543,43 +577,54 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
 
   constexpr int ST = 32 * KS;
   int k = lane + ks * 32;
-  // The weights do not depend on the previous kernel: the first group of loads (the whole
-  // tile of a 1024-wide row) is issued before the dependency wait, so under PDL it streams
-  // while the previous kernel drains (and while NORM stages its rows).
+  // The weights do not depend on the previous kernel: the first group of loads (with P = 4 the
+  // whole tile of a 1024-wide row) is issued before the dependency wait, so under PDL it
+  // streams while the previous kernel drains (and while NORM stages its rows).
   {
-    uint4 q[4][NO];
+    uint4 q[P][NO];
 #pragma unroll
-    for (int u = 0; u < 4; u++)
+    for (int u = 0; u < P; u++)
 #pragma unroll
       for (int n = 0; n < NO; n++)
         if (k + u * ST < n8) q[u][n] = __ldcs(wr[n] + k + u * ST);
     if (NORM && (int)threadIdx.x < n4) nw0 = loadNw4(nw, nwbf, threadIdx.x);
     if (accPre) {
-      // The value this GEMV accumulates into, read before the wait (see accPre above).
-      if (KS == 1) {
+      // The values this GEMV accumulates into, read before the wait (see accPre above).
+      if constexpr (O == 1) {
+        if (KS == 1) {
 #pragma unroll
-        for (int r = 0; r < R; r++)
-          if (lane == 0 && r < rows) pre[r] = __ldcg(out + (size_t)r * outDim + o);
-      } else if (warp == 0 && lane < R && lane < rows) {
-        preLane = __ldcg(out + (size_t)lane * outDim + o);
+          for (int r = 0; r < R; r++)
+            if (lane == 0 && r < rows) pre[r] = __ldcg(out + (size_t)r * outDim + o);
+        } else if (warp == 0 && lane < R && lane < rows) {
+          preLane = __ldcg(out + (size_t)lane * outDim + o);
+        }
+      } else if (KS == 1) {
+#pragma unroll
+        for (int s = 0; s < NP; s++) {
+          const int p = s * 32 + lane, n = p / R, r = p % R;
+          if (p < O * R && r < rows && o0 + n < outDim) pre[s] = __ldcg(out + (size_t)r * outDim + o0 + n);
+        }
+      } else {
+        const int p = threadIdx.x, n = p / R, r = p % R;
+        if (p < O * R && r < rows && o0 + n < outDim) preLane = __ldcg(out + (size_t)r * outDim + o0 + n);
       }
     }
     pdlWait();
     pdlTrigger();
     if (NORM) stageNorm();
 #pragma unroll
-    for (int u = 0; u < 4; u++)
+    for (int u = 0; u < P; u++)
       if (k + u * ST < n8) fma8(q[u], k + u * ST);
-    k += 4 * ST;
+    k += P * ST;
   }
-  for (; k + 3 * ST < n8; k += 4 * ST) {
-    uint4 q[4][NO];
+  for (; k + (P - 1) * ST < n8; k += P * ST) {
+    uint4 q[P][NO];
 #pragma unroll
-    for (int u = 0; u < 4; u++)
+    for (int u = 0; u < P; u++)
 #pragma unroll
       for (int n = 0; n < NO; n++) q[u][n] = __ldcs(wr[n] + k + u * ST);
 #pragma unroll
-    for (int u = 0; u < 4; u++) fma8(q[u], k + u * ST);
+    for (int u = 0; u < P; u++) fma8(q[u], k + u * ST);
   }
   for (; k < n8; k += ST) {
     uint4 q[NO];
@@ -587,34 +632,83 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
     for (int n = 0; n < NO; n++) q[n] = __ldcs(wr[n] + k);
     fma8(q, k);
   }
-  float bo = bias ? ldf(bias, bdt, o) : 0.f;
-  auto finish = [&](int r, float g, float u, float prev) {
+  // Output oo's epilogue: bias (bo), silu(gate) * up with GLU, accumulate into prev (accPre) or out.
+  auto finish = [&](int oo, float bo, int r, float g, float u, float prev) {
     float y = bfr(g + bo, bfa);
     if (GLU) y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
-    float* d = out + (size_t)r * outDim + o;
+    // (O == 1: o, not oo, keeps the batch-1 kernels' code as it was: same registers, same SASS.)
+    float* d = out + (size_t)r * outDim + (O == 1 ? o : oo);
     *d = accumulate ? bfr((accPre ? prev : *d) + y, bfa) : y;
   };
+  if constexpr (O == 1) {
+    float bo = bias ? ldf(bias, bdt, o) : 0.f;
 #pragma unroll
-  for (int r = 0; r < R; r++) {
-    float v0 = warpSum(acc[0][r]);
-    float v1 = GLU ? warpSum(acc[NO - 1][r]) : 0.f;
-    if (KS == 1) {
-      if (live && lane == 0 && r < rows) finish(r, v0, v1, pre[r]);
-    } else if (lane == 0) {
-      red[warp][0][r] = v0;
-      if (GLU) red[warp][1][r] = v1;
-    }
-  }
-  if (KS > 1) {
-    // The block is one output (the grid has exactly outDim blocks).
-    __syncthreads();
-    if (warp == 0 && lane < R && lane < rows) {
-      float g = 0.f, u = 0.f;
-      for (int j = 0; j < KS; j++) {
-        g += red[j][0][lane];
-        if (GLU) u += red[j][1][lane];
+    for (int r = 0; r < R; r++) {
+      float v0 = warpSum(acc[0][r]);
+      float v1 = GLU ? warpSum(acc[NO - 1][r]) : 0.f;
+      if (KS == 1) {
+        if (live && lane == 0 && r < rows) finish(o, bo, r, v0, v1, pre[r]);
+      } else if (lane == 0) {
+        red[warp][0][r] = v0;
+        if (GLU) red[warp][1][r] = v1;
       }
-      finish(lane, g, u, preLane);
+    }
+    if (KS > 1) {
+      // The block is one output (the grid has exactly outDim blocks).
+      __syncthreads();
+      if (warp == 0 && lane < R && lane < rows) {
+        float g = 0.f, u = 0.f;
+        for (int j = 0; j < KS; j++) {
+          g += red[j][0][lane];
+          if (GLU) u += red[j][1][lane];
+        }
+        finish(o, bo, lane, g, u, preLane);
+      }
+    }
+  } else {
+    // O > 1. Unsplit: the warp sums land on the lane that finishes the pair (every lane of a
+    // butterfly warpSum holds the same bits). Split: the block is O outputs; thread p = n * R + r
+    // sums pair p's KS partials in warp order.
+    float gv[NP], uv[NP];
+#pragma unroll
+    for (int s = 0; s < NP; s++) gv[s] = uv[s] = 0.f;
+#pragma unroll
+    for (int n = 0; n < O; n++)
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        if (r < rows) {
+          float v0 = warpSum(acc[n][r]);
+          float v1 = GLU ? warpSum(acc[NO - O + n][r]) : 0.f;
+          if (KS == 1) {
+            const int p = n * R + r;
+            if (lane == (p & 31)) {
+              gv[p >> 5] = v0;
+              uv[p >> 5] = v1;
+            }
+          } else if (lane == 0) {
+            red[warp][n][r] = v0;
+            if (GLU) red[warp][NO - O + n][r] = v1;
+          }
+        }
+      }
+    if (KS == 1) {
+#pragma unroll
+      for (int s = 0; s < NP; s++) {
+        const int p = s * 32 + lane, n = p / R, r = p % R;
+        if (p < O * R && r < rows && o0 + n < outDim)
+          finish(o0 + n, bias ? ldf(bias, bdt, o0 + n) : 0.f, r, gv[s], uv[s], pre[s]);
+      }
+    } else {
+      __syncthreads();
+      const int p = threadIdx.x, n = p / R, r = p % R;
+      if (p < O * R && r < rows && o0 + n < outDim) {
+        float g = 0.f, u = 0.f;
+        for (int j = 0; j < KS; j++) {
+          g += red[j][n][r];
+          if (GLU) u += red[j][NO - O + n][r];
+        }
+        finish(o0 + n, bias ? ldf(bias, bdt, o0 + n) : 0.f, r, g, u, preLane);
+      }
     }
   }
 }
@@ -622,8 +716,9 @@ __global__ void __launch_bounds__(GEMV_MAX_THREADS) k_gemv_bf16(const float* __r
 // RMSNorm of one row per block into `out`, bit for bit what k_gemv_bf16's NORM staging computes
 // for that row when launched with the GEMV's block size (32 * gemvWarps(KS) threads): the same
 // per-thread float4 partial sums, warp sums and warp-ordered total, the same scaling. The GEMV
-// takes this path when the staged rows do not fit its shared memory, so the norm's bits do not
-// depend on how many rows share the call. inDim % 4 == 0, x and nw 16-byte aligned.
+// takes this path when the staged rows do not fit its shared memory, and always with O > 1
+// outputs a warp (other block sizes), so the norm's bits do not depend on how many rows share
+// the call. inDim % 4 == 0, x and nw 16-byte aligned.
 __global__ void k_rmsnorm_gemv(const float* x, const void* nw, int nwbf, float* out, int inDim, float eps, int bfa) {
   PDL_ENTER();
   __shared__ float ssw[GEMV_MAX_THREADS / 32];
@@ -1701,6 +1796,82 @@ int gemvMaxRows() {
   return v;
 }
 
+// Outputs a warp of k_gemv_bf16 computes (O), by the launch's rows R (1, 2, 4, 8, 16) and GLU.
+// At R rows a warp's activation loads per weight byte scale as R / NO (NO = O, or 2 * O weight
+// rows with GLU): at R = 16 and O = 1 the x traffic through L1/L2, not the weight stream, bound
+// the kernel (an 8B step of 32 rows took 100 ms against 7 for one row). R = 1 keeps O = 1 (~95 %
+// of copy bandwidth already); otherwise NO * R <= 64 accumulators a lane. Numerics do not
+// depend on O (each (row, output) pair is computed as at R = 1, O = 1).
+__host__ __device__ constexpr int gemvOuts(int R, bool glu) { return R == 1 ? 1 : R <= 4 ? 2 : glu ? 2 : 4; }
+// NERVA_GEMV_OUTPUTS=1: O = 1 at every R (A/B switch).
+bool gemvMultiOut() {
+  static const bool v = [] {
+    const char* e = getenv("NERVA_GEMV_OUTPUTS");
+    return !(e && atoi(e) == 1);
+  }();
+  return v;
+}
+
+// One k_gemv_bf16 launch's arguments.
+struct GemvLaunch {
+  const float* x;
+  const uint16_t* w;
+  float* out;
+  int rows, inDim, outDim;
+  const void* bias;
+  int bdt;
+  const void* nw;
+  int nwbf;
+  float eps;
+  int acc, bfa, accPre, trig;
+  size_t smem;
+};
+
+template <int R, int KS, bool N, bool G, int O>
+int gemvLaunch(NervaExec* ex, const GemvLaunch& a) {
+  constexpr int perBlock = gemvWarpsO(KS, O) / KS * O;  // outputs a block
+  LAUNCH((k_gemv_bf16<R, KS, N, G, O>), (unsigned)((a.outDim + perBlock - 1) / perBlock), 32 * gemvWarpsO(KS, O), a.smem,
+         a.x, a.w, a.out, a.rows, a.inDim, a.outDim, a.bias, a.bdt, a.nw, a.nwbf, a.eps, a.acc, a.bfa, a.accPre, a.trig);
+  return NERVA_OK;
+}
+
+template <int R, int KS, int O>
+int gemvNG(NervaExec* ex, const GemvLaunch& a, bool norm, bool glu) {
+  if constexpr (O == 1) {
+    if (norm && glu) return gemvLaunch<R, KS, true, true, 1>(ex, a);
+    if (norm) return gemvLaunch<R, KS, true, false, 1>(ex, a);
+  }
+  if (glu) return gemvLaunch<R, KS, false, true, O>(ex, a);
+  return gemvLaunch<R, KS, false, false, O>(ex, a);
+}
+
+// The launch of R (padded) rows: ks as gemvRows chose it (1, 2 or 3 lean, 4); norm: staged in
+// the kernel (O == 1 only); multi: O = gemvOuts(R, glu) rather than 1.
+template <int R>
+int gemvPick(NervaExec* ex, const GemvLaunch& a, int ks, bool norm, bool glu, bool multi) {
+  constexpr int OP = gemvOuts(R, false), OG = gemvOuts(R, true);
+  if constexpr (OP > 1 && OG > 1) {
+    if (multi && !norm) {
+      if (glu) return ks != 1 ? gemvLaunch<R, 4, false, true, OG>(ex, a) : gemvLaunch<R, 1, false, true, OG>(ex, a);
+      switch (ks) {
+        case 1: return gemvLaunch<R, 1, false, false, OP>(ex, a);
+        case 2: return gemvLaunch<R, 2, false, false, OP>(ex, a);
+        case 3: return gemvLaunch<R, 3, false, false, OP>(ex, a);
+        default: return gemvLaunch<R, 4, false, false, OP>(ex, a);
+      }
+    }
+  }
+  if (ks == 2 && !norm && !glu) return gemvLaunch<R, 2, false, false, 1>(ex, a);
+  if (ks == 3 && !norm && !glu) return gemvLaunch<R, 3, false, false, 1>(ex, a);
+  return ks != 1 ? gemvNG<R, 4, 1>(ex, a, norm, glu) : gemvNG<R, 1, 1>(ex, a, norm, glu);
+}
+
+// Rows past 8 go to cuBLAS unless the context is batch-invariant (see below); up to 16 rows a
+// k_gemv_bf16 launch (gemvMaxRows), each warp O outputs (gemvOuts; NERVA_GEMV_OUTPUTS=1 forces
+// O = 1). What fixes a row's bits, and so must not depend on the rows or O of a launch: KS (split
+// and ksLean, chosen once per call from the shapes, as for one row) and the norm's block size
+// (staged in the kernel by 32 * gemvWarps(KS) threads, or k_rmsnorm_gemv with that block size
+// first, which launches with O > 1 always take since their blocks differ).
 int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
              const Fuse& f = Fuse()) {
   // Past 8 rows the GEMV reads the weights once per 8 rows; a tensor-core GEMM reads them once.
@@ -1740,8 +1911,13 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   // the next kernel's blocks fit beside this one while it waits. (Without early, 2 warps
   // measured slower.)
   const int ksLean = split && f.early ? (inDim + 1023) / 1024 : 0;
-  unsigned gs = (unsigned)outDim;
+  // Would one row stage its norm in the kernel? Then the split stays at 4 warps, whose block
+  // stages (or k_rmsnorm_gemv computes) it; the lean shapes take no in-kernel norm. Decided as
+  // for one row so that KS is the same at every row count.
+  const bool stage1 = f.nw.p && (size_t)inDim * sizeof(float) <= 48 * 1024;
+  const int ks = !split ? 1 : (ksLean == 2 || ksLean == 3) && !f.glu && !stage1 ? ksLean : 4;
   int nwbf = f.nw.dt == NV_BF16 ? 1 : 0, acc = f.accumulate ? 1 : 0;
+  const bool multi = gemvMultiOut();
   // Rows per launch: 16 (R = 16 reads the weights once per 16 rows) unless NERVA_GEMV_MAX_ROWS=8.
   const int maxR = gemvMaxRows();
   for (int r0 = 0; r0 < rows; r0 += maxR) {
@@ -1750,12 +1926,14 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     float* orow = out + (size_t)r0 * outDim;
     const uint16_t* wp = (const uint16_t*)w.p;
     // Staged normalized rows must fit the default 48 KiB of dynamic shared memory (the kernel
-    // pads nr up to R); else the norm runs as its own kernel into the workspace first, one that
-    // computes the staged norm's bits (k_rmsnorm_gemv with the GEMV's block size).
+    // pads nr up to R); else, and always with O > 1, the norm runs as its own kernel into the
+    // workspace first, one that computes the staged norm's bits (k_rmsnorm_gemv with the block
+    // size of the O = 1 GEMV).
     int rPad = nr == 1 ? 1 : nr == 2 ? 2 : nr <= 4 ? 4 : nr <= 8 ? 8 : 16;
+    const bool multiO = multi && gemvOuts(rPad, f.glu) > 1;
     size_t smem = f.nw.p ? (size_t)rPad * inDim * sizeof(float) : 0;
     bool norm = f.nw.p != nullptr;
-    if (norm && (smem > 48 * 1024 || (size_t)nr * inDim * sizeof(float) > ex->wsBytes)) {
+    if (norm && (multiO || smem > 48 * 1024 || (size_t)nr * inDim * sizeof(float) > ex->wsBytes)) {
       if ((size_t)nr * inDim * sizeof(float) > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
       if (inDim % 4 == 0 && ((uintptr_t)f.nw.p & 15) == 0) {
         // The block size of the GEMV that would have staged it (split: KS = 4; else 1).
@@ -1767,31 +1945,17 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
       norm = false;
       smem = 0;
     }
-#define GEMV_K(R, KS, N, G) \
-  LAUNCH((k_gemv_bf16<R, KS, N, G>), KS == 1 ? (unsigned)((outDim + gemvWarps(KS) - 1) / gemvWarps(KS)) : gs, 32 * gemvWarps(KS), smem, xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc, bfa, f.accPre ? 1 : 0, f.early ? 1 : 0)
-#define GEMV_NG(R, KS)                  \
-  if (norm && f.glu) GEMV_K(R, KS, true, true); \
-  else if (norm) GEMV_K(R, KS, true, false);    \
-  else if (f.glu) GEMV_K(R, KS, false, true);   \
-  else GEMV_K(R, KS, false, false);
-#define GEMV_CASE(R)                                                  \
-  if (ksLean == 2 && !norm && !f.glu) GEMV_K(R, 2, false, false);      \
-  else if (ksLean == 3 && !norm && !f.glu) GEMV_K(R, 3, false, false); \
-  else if (split) { GEMV_NG(R, 4) } else { GEMV_NG(R, 1) }
-    switch (nr) {
-      case 1: GEMV_CASE(1) break;
-      case 2: GEMV_CASE(2) break;
-      case 3:
-      case 4: GEMV_CASE(4) break;
-      case 5:
-      case 6:
-      case 7:
-      case 8: GEMV_CASE(8) break;
-      default: GEMV_CASE(16) break;
+    const GemvLaunch a{xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc, bfa,
+                       f.accPre ? 1 : 0, f.early ? 1 : 0, smem};
+    int rc;
+    switch (rPad) {
+      case 1: rc = gemvPick<1>(ex, a, ks, norm, f.glu, multi); break;
+      case 2: rc = gemvPick<2>(ex, a, ks, norm, f.glu, multi); break;
+      case 4: rc = gemvPick<4>(ex, a, ks, norm, f.glu, multi); break;
+      case 8: rc = gemvPick<8>(ex, a, ks, norm, f.glu, multi); break;
+      default: rc = gemvPick<16>(ex, a, ks, norm, f.glu, multi); break;
     }
-#undef GEMV_CASE
-#undef GEMV_NG
-#undef GEMV_K
+    if (rc) return rc;
   }
   return NERVA_OK;
 }
