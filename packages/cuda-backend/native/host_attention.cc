@@ -51,7 +51,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kMaxHd = 256;
 constexpr int kLanes = 16;   // the widest vector (floats): head rows and head counts are padded to a multiple
 constexpr int kKeysAt = 16;  // keys scored before one online-softmax update
-constexpr int kSplitKeys = 64;  // fewest positions per split (fewer cost more in merging than they spread)
+constexpr int kSplitKeys = 32;  // fewest cached positions per split (fewer cost more in merging than they spread)
 constexpr int kHeadsAt = 4;  // query heads of one KV head taken together (a K/V piece is loaded once for them)
 
 float halfToFloat(uint16_t h) {
@@ -770,6 +770,7 @@ class Attn {
     if (rows <= 0 || H <= 0 || KVH <= 0 || hd <= 0) return;
     part_.reserve((size_t)rows * H * (size_t)splitsFor(rows) * (padHd(hd) + 2));
     nsplit_.reserve((size_t)rows);
+    splitLo_.reserve((size_t)rows * (size_t)splitsFor(rows));
     lo_.reserve((size_t)rows);
     bad_.reserve((size_t)rows);
     threadScratch_.reserve(threadFloats(H, hd) * (size_t)std::max(1, threads));
@@ -790,8 +791,26 @@ class Attn {
       const int lo = a.window > 0 ? std::max(0, pos - a.window + 1) : 0;
       lo_.p[r] = lo;
       const int len = ok ? pos - lo + 1 : 0;
-      nsplit_.p[r] = len <= 0 ? 0 : std::min(S_, (len + kSplitKeys - 1) / kSplitKeys);
       keys_ += (uint64_t)len * KVH;
+      // Splits share out the blocks this table holds (tiered KV: the warm ones, often 3/4 of the
+      // row or less), not the positions: a split over blocks held elsewhere would be an empty
+      // task, and the tasks that remain would spread unevenly over the threads. Split s starts
+      // at held block floor(s * nb / ns); the first also takes the positions before it.
+      int nb = 0;
+      const int* table = ok ? a.tables + (size_t)seq * a.maxBlocksPerSeq : nullptr;
+      if (len > 0)
+        for (int b = lo / bs; b <= pos / bs; b++) nb += table[b] >= 0 ? 1 : 0;
+      const int ns = nb == 0 ? 0 : std::min({S_, nb, (int)(((long long)nb * bs + kSplitKeys - 1) / kSplitKeys)});
+      nsplit_.p[r] = ns;
+      int* sl = splitLo_.p + (size_t)r * S_;
+      for (int b = lo / bs, k = 0, s = 0; ns > 0 && b <= pos / bs && s < ns; b++) {
+        if (table[b] < 0) continue;
+        if (k == (int)((long long)s * nb / ns)) {
+          sl[s] = s == 0 ? lo : std::max(lo, b * bs);
+          s++;
+        }
+        k++;
+      }
     }
     n_[0] = rows * S_;
     n_[1] = rows * a.numHeads;
@@ -806,9 +825,8 @@ class Attn {
     const int s = i % S_, r = i / S_;
     const int ns = nsplit_.p[r];
     if (s >= ns || bad_.p[r].load(std::memory_order_relaxed)) return;
-    const int lo = lo_.p[r], len = a.positions[r] - lo + 1;
-    const int chunk = (len + ns - 1) / ns;
-    const int p0 = lo + s * chunk, p1 = std::min(a.positions[r], p0 + chunk - 1);
+    const int* sl = splitLo_.p + (size_t)r * S_;
+    const int p0 = sl[s], p1 = s + 1 < ns ? sl[s + 1] - 1 : a.positions[r];
     if (!spanFn()(a, r, p0, p1, scratch, partAt(r, 0, s), (size_t)S_ * (hdp_ + 2)))
       bad_.p[r].store(1, std::memory_order_relaxed);
   }
@@ -848,7 +866,7 @@ class Attn {
   size_t stride_ = 0;
   uint64_t keys_ = 0;
   Scratch<float> part_, threadScratch_;
-  Scratch<int> nsplit_, lo_;
+  Scratch<int> nsplit_, splitLo_, lo_;
   Scratch<std::atomic<int>> bad_;
 };
 
