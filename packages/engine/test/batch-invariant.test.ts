@@ -1,33 +1,12 @@
 import { join } from 'node:path';
 import { createCpuBackend } from '@nerva/cpu-backend';
-import type { DeviceBackend, OpArgs, OpName } from '@nerva/core';
 import { describe, expect, it } from 'vitest';
 import { Engine, selectBackend } from '../src/index.js';
 import { MODELS } from './fixtures.js';
+import { recordingBackend } from './recording-backend.js';
 
 const MODEL = join(MODELS, 'tiny-random-qwen3');
 const PROMPT = Array.from({ length: 21 }, (_, i) => 1 + ((i * 37 + 11) % 400));
-
-/** The CPU backend claiming batchInvariant (its rows never depend on each other), with op calls recorded. */
-function invariantCpu(): { backend: DeviceBackend; ops: Array<{ op: OpName; rows?: number; bucket?: string }> } {
-  const inner = createCpuBackend();
-  const ops: Array<{ op: OpName; rows?: number }> = [];
-  const capabilities = Object.freeze({ ...inner.capabilities, batchInvariant: true });
-  const backend = new Proxy(inner, {
-    get(target, prop, receiver) {
-      if (prop === 'capabilities') return capabilities;
-      if (prop === 'run') {
-        return <K extends OpName>(op: K, args: OpArgs<K>, stream?: Parameters<DeviceBackend['run']>[2]) => {
-          ops.push({ op, rows: (args as { rows?: number }).rows });
-          return target.run(op, args, stream);
-        };
-      }
-      const v = Reflect.get(target, prop, receiver) as unknown;
-      return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
-    },
-  }) as DeviceBackend;
-  return { backend, ops };
-}
 
 describe('batchInvariant (engine side, CPU)', () => {
   it('rejects a non-boolean with a clear error', async () => {
@@ -45,7 +24,8 @@ describe('batchInvariant (engine side, CPU)', () => {
   });
 
   it('the LM head runs as fused_matmul, and forks still equal runs one by one', async () => {
-    const { backend, ops } = invariantCpu();
+    // The CPU backend claiming batchInvariant (its rows never depend on each other).
+    const { backend, calls: ops } = recordingBackend([], { batchInvariant: true });
     const e = await Engine.create({ model: MODEL, backend, maxNumSeqs: 8, enablePrefixCaching: false, batchInvariant: true });
     try {
       const o = { temperature: 0.9, topK: 50, seed: 3, maxTokens: 6, ignoreEos: true };

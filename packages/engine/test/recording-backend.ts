@@ -5,17 +5,23 @@ export interface Recorded {
   op: OpName;
   rows: number | undefined;
   normed: boolean;
+  /** The op's arguments as given (buffers by reference). */
+  args: Readonly<Record<string, unknown>>;
 }
 
 /**
  * The CPU backend with every op call recorded (name, rows, whether a norm weight rode along).
  * Ops listed in `without` are left out of its capabilities, as on a backend that lacks them, so
- * the engine takes the path it would take there.
+ * the engine takes the path it would take there; `claim` adds capabilities (e.g. batchInvariant,
+ * which the CPU backend's rows satisfy: they never depend on each other).
  */
-export function recordingBackend(without: readonly OpName[] = []): { backend: DeviceBackend; calls: Recorded[] } {
+export function recordingBackend(
+  without: readonly OpName[] = [],
+  claim: Partial<DeviceBackend['capabilities']> = {},
+): { backend: DeviceBackend; calls: Recorded[] } {
   const inner = createCpuBackend();
   const calls: Recorded[] = [];
-  const capabilities = Object.freeze({ ...inner.capabilities, ops: inner.capabilities.ops.filter((op) => !without.includes(op)) });
+  const capabilities = Object.freeze({ ...inner.capabilities, ...claim, ops: inner.capabilities.ops.filter((op) => !without.includes(op)) });
   const backend = new Proxy(inner, {
     get(target, prop, receiver) {
       if (prop === 'capabilities') return capabilities;
@@ -23,7 +29,7 @@ export function recordingBackend(without: readonly OpName[] = []): { backend: De
         return <K extends OpName>(op: K, args: OpArgs<K>, stream?: Parameters<DeviceBackend['run']>[2]) => {
           if (without.includes(op)) throw new Error(`op ${op} was left out of this backend's capabilities`);
           const a = args as { rows?: number; normWeight?: unknown };
-          calls.push({ op, rows: a.rows, normed: a.normWeight !== undefined });
+          calls.push({ op, rows: a.rows, normed: a.normWeight !== undefined, args: args as Record<string, unknown> });
           return target.run(op, args, stream);
         };
       }

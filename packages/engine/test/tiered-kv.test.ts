@@ -4,10 +4,10 @@ import { join } from 'node:path';
 import { OffloadDirError } from '@nerva/memos';
 import { afterAll, describe, expect, it } from 'vitest';
 import { Engine } from '../src/index.js';
-import { createCpuBackend } from '@nerva/cpu-backend';
-import type { DeviceBackend, OpArgs, OpName } from '@nerva/core';
+import type { DeviceBuffer } from '@nerva/core';
 import { KvBudgetError, linkTakes } from '../src/kv-tiering.js';
 import { DEFAULT_MODEL, fixtureModels, MODELS } from './fixtures.js';
+import { recordingBackend } from './recording-backend.js';
 
 // A long prompt (for these models) over small pages: many pages per sequence, most of them warm
 // once the hot pool holds only the sinks and the recent window.
@@ -22,6 +22,18 @@ async function run(e: Engine, prompt = PROMPT, n = 16) {
   return e.submit(prompt, { temperature: 0, maxTokens: n, ignoreEos: true, returnPromptLogits: true }).done;
 }
 
+/** Last prompt position: within 1e-5 of max |logit| (float rounding of a split softmax sum). */
+function expectLogitsClose(got: ArrayLike<number>, ref: ArrayLike<number>): void {
+  let max = 0;
+  let worst = 0;
+  for (let i = 0; i < ref.length; i++) {
+    max = Math.max(max, Math.abs(ref[i]));
+    worst = Math.max(worst, Math.abs(got[i] - ref[i]));
+  }
+  expect(got.length).toBe(ref.length);
+  expect(worst).toBeLessThanOrEqual(1e-5 * max);
+}
+
 describe.each(models)('tiered KV gives the all-hot run\'s tokens and logits: %s', (model) => {
   it('with a hot pool of the sinks and the window, the rest warm (host partials merged)', async () => {
     const hot = await Engine.create({ model, ...SHAPE });
@@ -33,12 +45,7 @@ describe.each(models)('tiered KV gives the all-hot run\'s tokens and logits: %s'
     const e = await Engine.create({ model, ...SHAPE, kvVramBudget: 5 * pb });
     const got = await run(e);
     expect(got.tokenIds).toEqual(want.tokenIds);
-    // Last prompt position: within 1e-5 of max |logit| (float rounding of a split softmax sum).
-    const ref = want.promptLogits!;
-    const max = ref.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
-    let worst = 0;
-    got.promptLogits!.forEach((v, i) => (worst = Math.max(worst, Math.abs(v - ref[i]))));
-    expect(worst).toBeLessThanOrEqual(1e-5 * max);
+    expectLogitsClose(got.promptLogits!, want.promptLogits!);
     const r = e.memoryReport().kv!;
     expect(r.tiers.hot.capacity).toBe(4);
     expect(r.demotions).toBeGreaterThan(0);
@@ -50,28 +57,6 @@ describe.each(models)('tiered KV gives the all-hot run\'s tokens and logits: %s'
     e.dispose();
   });
 });
-
-/** The CPU backend with its attention calls recorded: which pool, host staging or not, merges. */
-function recordingCpu(): { backend: DeviceBackend; calls: Array<{ op: OpName; warm: boolean; staged: boolean }> } {
-  const inner = createCpuBackend();
-  const calls: Array<{ op: OpName; warm: boolean; staged: boolean }> = [];
-  const backend = new Proxy(inner, {
-    get(target, prop, receiver) {
-      if (prop === 'run') {
-        return <K extends OpName>(op: K, args: OpArgs<K>, stream?: Parameters<DeviceBackend['run']>[2]) => {
-          if (op === 'attention' || op === 'attention_merge') {
-            const a = args as Partial<OpArgs<'attention'>>;
-            calls.push({ op, warm: a.kCache?.label?.startsWith('kv.warm.') ?? false, staged: a.qHost !== undefined });
-          }
-          return target.run(op, args, stream);
-        };
-      }
-      const v = Reflect.get(target, prop, receiver) as unknown;
-      return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
-    },
-  }) as DeviceBackend;
-  return { backend, calls };
-}
 
 describe('kvWarmLinkShare: the device attends over a share of the warm pages itself (three partials)', () => {
   it('spreads the link share evenly over a sequence\'s warm pages', () => {
@@ -89,20 +74,18 @@ describe('kvWarmLinkShare: the device attends over a share of the warm pages its
     const want = await run(hot);
     const pb = pageBytes(hot);
     hot.dispose();
-    const { backend, calls } = recordingCpu();
+    const { backend, calls } = recordingBackend();
     const e = await Engine.create({ model: DEFAULT_MODEL, ...SHAPE, backend, kvVramBudget: 5 * pb, kvWarmLinkShare: share });
     try {
       const got = await run(e);
       expect(got.tokenIds).toEqual(want.tokenIds);
-      const ref = want.promptLogits!;
-      const max = ref.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
-      let worst = 0;
-      got.promptLogits!.forEach((v, i) => (worst = Math.max(worst, Math.abs(v - ref[i]))));
       // Three partials instead of two: still float rounding of a split softmax sum.
-      expect(worst).toBeLessThanOrEqual(1e-5 * max);
+      expectLogitsClose(got.promptLogits!, want.promptLogits!);
       expect(e.memoryReport().kv!.tieredPasses).toBeGreaterThan(0);
-      const link = calls.filter((c) => c.op === 'attention' && c.warm && !c.staged).length;
-      const host = calls.filter((c) => c.op === 'attention' && c.warm && c.staged).length;
+      // Partials over the warm pool: with host staging (the host's share) or without (the link's).
+      const warm = calls.filter((c) => c.op === 'attention' && (c.args.kCache as DeviceBuffer).label?.startsWith('kv.warm.'));
+      const link = warm.filter((c) => c.args.qHost === undefined).length;
+      const host = warm.length - link;
       const merges = calls.filter((c) => c.op === 'attention_merge').length;
       expect(link).toBeGreaterThan(0);
       // share 1: no host partial at all; else one host and one link partial per merge pair.
