@@ -80,6 +80,6 @@ describe('nerva-bench decode with tiered KV', () => {
     );
     const alone = await fail([...ARGS, '--kv-host-budget', '64MiB']);
     expect(alone?.code).toBe(1);
-    expect(alone?.stderr).toContain('kvHostBudget and kvOffloadDir need kvVramBudget');
+    expect(alone?.stderr).toContain('kvHostBudget needs kvVramBudget (the hot KV pool it extends)');
   }, 120_000);
 });

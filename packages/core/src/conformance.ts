@@ -923,12 +923,14 @@ function addCase(name: string, length: number): CaseDef {
   };
 }
 
-function gatherCase(name: string, xRows: number, n: number, dim: number): CaseDef {
+function gatherCase(name: string, xRows: number, n: number, dim: number, skip: number[] = []): CaseDef {
   return {
     name,
     build: (rng) => {
       const idx = Array.from({ length: n }, () => rng.int(0, xRows));
       idx[0] = xRows - 1;
+      // A negative index leaves its output row as it was.
+      for (const i of skip) idx[i] = -1;
       return {
         buffers: { x: f32(rng.normals(xRows * dim)), rowIdx: i32(idx), out: f32(rng.normals(n * dim + 2)) },
         steps: [step('gather_rows', (b) => ({ x: b.x, rowIdx: b.rowIdx, out: b.out, n, dim }))],
@@ -1395,7 +1397,7 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     siluMulCase('bf16 out, 40 x 1028, large gates', 40, 1028, 12, 'bf16'),
   ],
   add: [addCase('length 1', 1), addCase('length 7', 7), addCase('length 1001', 1001)],
-  gather_rows: [gatherCase('5 of 12 rows x 9', 12, 5, 9), gatherCase('1 of 3 rows x 64', 3, 1, 64), gatherCase('4 of 6 rows x 1', 6, 4, 1)],
+  gather_rows: [gatherCase('5 of 12 rows x 9', 12, 5, 9), gatherCase('1 of 3 rows x 64', 3, 1, 64), gatherCase('4 of 6 rows x 1', 6, 4, 1), gatherCase('4 of 7 rows x 8, rows 1 and 3 skipped', 7, 4, 8, [1, 3])],
   moe_route: [
     moeRouteCase('4 rows, 8 experts, top 2, normalized', 4, 8, 2, true),
     moeRouteCase('3 rows, 60 experts, top 4, not normalized', 3, 60, 4, false),

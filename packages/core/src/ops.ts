@@ -260,7 +260,11 @@ export interface OpCatalogue {
   silu_mul: { x: Buf; out: Buf; rows: number; dim: number };
   /** out = a + b, elementwise over `length`. */
   add: { a: Buf; b: Buf; out: Buf; length: number };
-  /** out[i, :] = x[rowIdx[i], :]. rowIdx: i32[n]. */
+  /**
+   * out[i, :] = x[rowIdx[i], :]; a negative rowIdx[i] leaves out[i, :] as it is (so a captured
+   * pass can gather a varying number of rows into fixed capacity). rowIdx: i32[n]. out has x's
+   * dtype (or f32). On a device backend x may lie in mapped host memory: the rows cross the link.
+   */
   gather_rows: { x: Buf; rowIdx: Buf; out: Buf; n: number; dim: number };
   /**
    * Router: softmax over the experts of each row (float32), the topK largest (ties: lower

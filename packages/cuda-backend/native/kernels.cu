@@ -309,12 +309,29 @@ __global__ void k_add(const float* a, const float* b, float* out, size_t n, int 
     out[t] = bfr(a[t] + b[t], bfa);
 }
 
+// One row a block; a negative index skips its row. Rows of 16-byte multiples move in 16-byte
+// loads, four in flight a thread: x may be mapped host memory (tiered KV pages staged over the
+// link), where each load waits a PCIe round trip.
 __global__ void k_gather_rows(const char* x, const int* rowIdx, char* out, size_t rowBytes) {
   PDL_ENTER();
   int i = blockIdx.x;
+  if (rowIdx[i] < 0) return;
   const char* s = x + (size_t)rowIdx[i] * rowBytes;
   char* d = out + (size_t)i * rowBytes;
-  if ((rowBytes & 3) == 0 && ((uintptr_t)s & 3) == 0 && ((uintptr_t)d & 3) == 0) {
+  if ((rowBytes & 15) == 0 && ((uintptr_t)s & 15) == 0 && ((uintptr_t)d & 15) == 0) {
+    const uint4* s4 = reinterpret_cast<const uint4*>(s);
+    uint4* d4 = reinterpret_cast<uint4*>(d);
+    const size_t n = rowBytes / 16, step = blockDim.x;
+    size_t j = threadIdx.x;
+    for (; j + 3 * step < n; j += 4 * step) {
+      uint4 a = s4[j], b = s4[j + step], c = s4[j + 2 * step], e = s4[j + 3 * step];
+      d4[j] = a;
+      d4[j + step] = b;
+      d4[j + 2 * step] = c;
+      d4[j + 3 * step] = e;
+    }
+    for (; j < n; j += step) d4[j] = s4[j];
+  } else if ((rowBytes & 3) == 0 && ((uintptr_t)s & 3) == 0 && ((uintptr_t)d & 3) == 0) {
     for (size_t j = threadIdx.x; j < rowBytes / 4; j += blockDim.x) ((int*)d)[j] = ((const int*)s)[j];
   } else {
     for (size_t j = threadIdx.x; j < rowBytes; j += blockDim.x) d[j] = s[j];

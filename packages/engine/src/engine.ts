@@ -129,10 +129,12 @@ export interface EngineOptions {
   kvOffloadDir?: string;
   /**
    * Tiered KV: the share (0..1, default 0) of each sequence's warm pages that the device attends
-   * over itself, reading them through the host mapping of the pinned pool (zero-copy over PCIe),
-   * while the host CPU computes over the rest; the three partials (hot, link, host) merge by the
-   * online-softmax rule, so the tokens stay those of the all-hot run. It adds the link's read rate
-   * to the host's DRAM rate; 1 leaves the host no share (no host round trip).
+   * over itself while the host CPU computes over the rest. Those pages stream through VRAM: each
+   * layer's are gathered over the link from the pinned pool one layer ahead (a stream of their
+   * own, two staging buffers of that share of the warm pool each), so the copy overlaps the layer
+   * before. The three partials (hot, staged, host) merge by the online-softmax rule, so the tokens
+   * stay those of the all-hot run. It adds the link's rate to the host's DRAM rate; 1 leaves the
+   * host no share (no host round trip). A page that several sequences share is staged once.
    */
   kvWarmLinkShare?: number;
   /**
@@ -294,6 +296,9 @@ export class Engine {
   private nextId = 1;
   /** Per-step marks of the KV blocks the step's tables read (StepSignals.sharedBlocks), by block id. */
   private readonly blockSeen: Int32Array;
+  /** Link staging: the step (blockStamp) a warm slot was staged in, and its staging index then. */
+  private readonly linkSeen: Int32Array;
+  private readonly linkAt: Int32Array;
   private readonly blockTwice: Int32Array;
   private blockStamp = 0;
   /** The engine created its backend (rather than being handed one), so it disposes it too. */
@@ -311,8 +316,10 @@ export class Engine {
     tables: Int32Array;
     /** Tiered KV: the warm slot of each block (-1 where it is not warm). */
     warmTables?: Int32Array;
-    /** Tiered KV with kvWarmLinkShare: the warm slot of each block the device reads over the link. */
+    /** Tiered KV with kvWarmLinkShare: the staging index of each block staged into VRAM (-1 elsewhere). */
     linkTables?: Int32Array;
+    /** ... and the warm slot each staging page is gathered from (-1: unused). */
+    linkIdx?: Int32Array;
     logitRows: Int32Array;
     params: Float32Array;
     rng: Int32Array;
@@ -375,7 +382,10 @@ export class Engine {
       maxBlocksPerSeq,
       ringCapacity: Math.max(4096, 4 * maxNumSeqs),
       ...(tierPlan ? { warmBlocks: Math.max(1, tierPlan.warmSlots) } : {}),
-      ...(tierPlan && (o.kvWarmLinkShare ?? 0) > 0 ? { warmLink: o.kvWarmLinkShare === 1 ? ('only' as const) : ('share' as const) } : {}),
+      // Staging for the link share: that share of the warm pool, per layer (two layers' worth in VRAM).
+      ...(tierPlan && (o.kvWarmLinkShare ?? 0) > 0
+        ? { linkPages: Math.max(1, Math.ceil(o.kvWarmLinkShare! * Math.max(1, tierPlan.warmSlots))), linkOnly: o.kvWarmLinkShare === 1 }
+        : {}),
       kvDtype: this.kvDtype,
     };
     this.pipeline = init.stages ? new StagePipeline(s, limits, init.stages) : undefined;
@@ -428,12 +438,14 @@ export class Engine {
       slots: new Int32Array(maxRows),
       tables: new Int32Array(maxNumSeqs * maxBlocksPerSeq),
       ...(this.kvTiers ? { warmTables: new Int32Array(maxNumSeqs * maxBlocksPerSeq) } : {}),
-      ...(limits.warmLink ? { linkTables: new Int32Array(maxNumSeqs * maxBlocksPerSeq) } : {}),
+      ...(limits.linkPages ? { linkTables: new Int32Array(maxNumSeqs * maxBlocksPerSeq), linkIdx: new Int32Array(limits.linkPages) } : {}),
       logitRows: new Int32Array(maxNumSeqs),
       params: new Float32Array(maxNumSeqs * 4),
       rng: new Int32Array(maxNumSeqs * 2),
     };
     this.blockSeen = new Int32Array(pages);
+    this.linkSeen = new Int32Array(limits.linkPages ? Math.max(1, tierPlan!.warmSlots) : 0);
+    this.linkAt = new Int32Array(this.linkSeen.length);
     this.blockTwice = new Int32Array(pages);
     this.startEv = this.backend.createEvent();
     this.endEv = this.backend.createEvent();
@@ -910,6 +922,8 @@ export class Engine {
       );
       if (kt.tiers.epoch !== epoch) this.graphKey = undefined;
     }
+    let nStaged = 0;
+    st.linkIdx?.fill(-1);
     plan.scheduled.forEach(({ req, numTokens }, k) => {
       const start = req.numComputedTokens;
       if (req.times.firstScheduled === undefined) req.times.firstScheduled = t0;
@@ -925,17 +939,25 @@ export class Engine {
       st.tables.fill(0, k * mb, (k + 1) * mb);
       if (kt) {
         // Views of one table: the hot slot of each block for the device, the warm slot for the
-        // host, and with a link share the warm slots the device reads over the link instead.
+        // host, and with a link share the staging index of the warm pages staged into VRAM
+        // instead (while the staging has room; the step's staged pages are listed in linkIdx).
         const wt = st.warmTables!;
         const lt = st.linkTables;
+        const li = st.linkIdx;
         wt.fill(-1, k * mb, (k + 1) * mb);
         lt?.fill(-1, k * mb, (k + 1) * mb);
         let nWarm = 0;
         for (let b = 0; b < table.length; b++) {
           st.tables[k * mb + b] = kt.tiers.hotSlot(table[b]);
           const w = kt.tiers.warmSlot(table[b]);
-          if (w >= 0 && lt && linkTakes(nWarm++, this.kvLinkShare)) lt[k * mb + b] = w;
-          else wt[k * mb + b] = w;
+          if (w < 0 || !lt || !li) wt[k * mb + b] = w;
+          else if (this.linkSeen[w] === stamp) lt[k * mb + b] = this.linkAt[w]; // shared with a sequence before: staged once
+          else if (nStaged < li.length && linkTakes(nWarm++, this.kvLinkShare)) {
+            this.linkSeen[w] = stamp;
+            this.linkAt[w] = nStaged;
+            lt[k * mb + b] = nStaged;
+            li[nStaged++] = w;
+          } else wt[k * mb + b] = w;
         }
       } else for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
       for (let b = 0; b < table.length; b++) {
@@ -968,6 +990,7 @@ export class Engine {
         }
       }
     });
+    if (kt && nStaged > 0) kt.noteStaged(nStaged);
     const nSeq = plan.scheduled.length;
     const nl = sampling.length;
     const decodeOnly = nl === nSeq && rows === nSeq && !forks;
@@ -1161,6 +1184,7 @@ export class Engine {
     be.write(m.blockTables, st.tables.subarray(0, seqs * mb));
     if (m.warmTables && st.warmTables) be.write(m.warmTables, st.warmTables.subarray(0, seqs * mb));
     if (m.linkTables && st.linkTables) be.write(m.linkTables, st.linkTables.subarray(0, seqs * mb));
+    if (m.linkIdx && st.linkIdx) be.write(m.linkIdx, st.linkIdx);
     if (nl > 0) be.write(m.logitRows, st.logitRows.subarray(0, nl));
     if (withSampling && nl > 0) {
       be.write(m.sampleParams, st.params.subarray(0, nl * 4));

@@ -38,8 +38,14 @@ export function validateKvTiers(o: KvTierOptions & { numerics?: string; pipeline
   const share = o.kvWarmLinkShare;
   if (share !== undefined && !(typeof share === 'number' && share >= 0 && share <= 1)) throw new RangeError(`kvWarmLinkShare must be a number from 0 to 1, got ${String(share)}`);
   const tiered = o.kvVramBudget !== undefined;
-  if (!tiered && (o.kvHostBudget !== undefined || o.kvOffloadDir !== undefined || share !== undefined))
-    throw new RangeError('kvHostBudget, kvOffloadDir and kvWarmLinkShare need kvVramBudget (the hot KV pool they extend)');
+  if (!tiered) {
+    // Name only the options given: "kvHostBudget and kvOffloadDir need kvVramBudget ...".
+    const given = (['kvHostBudget', 'kvOffloadDir', 'kvWarmLinkShare'] as const).filter((k) => o[k] !== undefined);
+    if (given.length > 0) {
+      const names = given.length === 1 ? given[0] : `${given.slice(0, -1).join(', ')} and ${given[given.length - 1]}`;
+      throw new RangeError(`${names} need${given.length === 1 ? 's' : ''} kvVramBudget (the hot KV pool ${given.length === 1 ? 'it extends' : 'they extend'})`);
+    }
+  }
   if (!tiered) return;
   if (o.numerics === 'bf16') throw new RangeError("tiered KV (kvVramBudget) needs numerics 'exact': bf16 eager attention rounds the probabilities of the whole row, which partial attentions cannot reproduce");
   if ((o.pipelineParallel ?? 1) > 1 || (o.stageDevices?.length ?? 1) > 1) throw new RangeError('tiered KV (kvVramBudget) is not supported with pipeline stages yet');
@@ -160,6 +166,14 @@ export class TieredKv {
     (m.to === 'warm' ? this.moved.d2h : this.moved.h2d).bytes += this.plan.pageBytes;
   }
 
+  /** Bytes staged into VRAM over the link since start (see noteStaged). */
+  private stagedBytes = 0;
+
+  /** A tiered step stages `pages` warm pages (every layer's K and V) for the device's own partial. */
+  noteStaged(pages: number): void {
+    this.stagedBytes += pages * this.plan.pageBytes;
+  }
+
   /** Whether a pass needs host partials: some page is warm. */
   get tiered(): boolean {
     return this.tiers.warmPages > 0;
@@ -183,6 +197,7 @@ export class TieredKv {
       tieredPasses: runner.tieredPasses,
       swappedOut: this.swappedOut,
       preemptions,
+      ...(runner.limits.linkPages ? { staging: { capacityPages: runner.limits.linkPages, bytes: runner.stageBytes, stagedBytes: this.stagedBytes } } : {}),
     };
   }
 

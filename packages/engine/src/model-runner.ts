@@ -31,11 +31,15 @@ export interface RunnerLimits {
    */
   warmBlocks?: number;
   /**
-   * Tiered KV: the device also attends over a share of the warm pages itself, reading them
-   * through the host mapping (zero-copy over the link) while the host CPU computes the rest
-   * (meta.linkTables lists them). 'only': every warm page that way, no host partial.
+   * Tiered KV: warm pages a step may stage into VRAM (per layer) for the device to attend over
+   * itself, while the host CPU computes over the rest. Each layer's staged pages are gathered over
+   * the link from the pinned pool one layer ahead, on a stream of their own, into one of two
+   * staging buffers (meta.linkIdx lists the warm slot of each staged page, meta.linkTables the
+   * staging index per block). 0 or absent: none.
    */
-  warmLink?: 'share' | 'only';
+  linkPages?: number;
+  /** With linkPages: every warm page is staged, so there is no host partial. */
+  linkOnly?: boolean;
   /** KV cache element type (default: kvDtypeOf(backend), i.e. by the backend's numerics). */
   kvDtype?: KvCacheDtype;
 }
@@ -74,8 +78,10 @@ export interface RunnerMeta {
   ringCursor: DeviceBuffer;
   /** Tiered KV: each sequence's warm slot per block (-1 where the block is not warm). */
   warmTables?: DeviceBuffer;
-  /** Tiered KV with limits.warmLink: the warm slot per block of the pages the device reads over the link (-1 elsewhere). */
+  /** Tiered KV with limits.linkPages: the staging index per block of the pages staged into VRAM (-1 elsewhere). */
   linkTables?: DeviceBuffer;
+  /** Tiered KV with limits.linkPages: the warm slot each staging page is gathered from (-1: unused). */
+  linkIdx?: DeviceBuffer;
 }
 
 /**
@@ -108,6 +114,15 @@ export class ModelRunner {
   readonly vWarm: DeviceBuffer[] = [];
   readonly warmKvBytes: number = 0;
   readonly kvBytes: number;
+  /** Tiered KV with linkPages: the two staging buffers (K and V) and their bytes. */
+  private readonly kStage: DeviceBuffer[] = [];
+  private readonly vStage: DeviceBuffer[] = [];
+  readonly stageBytes: number = 0;
+  /** The stream staged pages are gathered on; staged[b]: buffer b holds its layer; stageFree[b]: its layer was attended. */
+  private linkStream: StreamHandle | undefined;
+  private staged: EventHandle[] = [];
+  private stageFree: EventHandle[] = [];
+  private linkFork: EventHandle | undefined;
   /** Tiered KV: the side stream warm partials run on, and the fork/join events. */
   private sideStream: StreamHandle | undefined;
   private forkEv: EventHandle | undefined;
@@ -244,10 +259,25 @@ export class ModelRunner {
         this.act.hotLse = f32(maxRows * s.numHeads, 'act.attn_lse');
         this.act.warmOut = f32(maxRows * qw, 'act.warm_attn');
         this.act.warmLse = f32(maxRows * s.numHeads, 'act.warm_attn_lse');
-        if (limits.warmLink !== undefined) {
+        const lp = limits.linkPages ?? 0;
+        if (lp > 0) {
           this.meta.linkTables = i32(maxSeqs * limits.maxBlocksPerSeq, 'meta.link_tables');
+          this.meta.linkIdx = i32(lp, 'meta.link_idx');
           this.act.linkOut = f32(maxRows * qw, 'act.link_attn');
           this.act.linkLse = f32(maxRows * s.numHeads, 'act.link_attn_lse');
+          // Two staging buffers: layer l's pages in buffer l % 2 while layer l + 1's arrive in the other.
+          const stage = (kv: string, b: number) => this.own(backend.alloc({ dtype: kvDtype, length: lp * limits.blockSize * kvWidth, usage: 'kv', label: `kv.stage.${kv}.${b}` }));
+          for (const b of [0, 1]) {
+            this.kStage.push(stage('k', b));
+            this.vStage.push(stage('v', b));
+          }
+          this.stageBytes = 4 * lp * limits.blockSize * kvWidth * DTYPE_BYTES[kvDtype];
+          this.linkStream = backend.createStream();
+          for (const _ of [0, 1]) {
+            this.staged.push(backend.createEvent());
+            this.stageFree.push(backend.createEvent());
+          }
+          this.linkFork = backend.createEvent();
         }
         const pinned = (length: number, label: string) => this.own(backend.alloc({ dtype: 'f32', length, usage: 'io', tier: 'pinned', label }));
         this.act.qHost = pinned(maxRows * qw, 'act.warm_q_host');
@@ -410,7 +440,10 @@ export class ModelRunner {
     this.stream = stream;
     if (tiered && this.meta.warmTables === undefined) throw new RangeError('a tiered pass needs a runner created with warm KV blocks');
     this.tiered = tiered;
-    if (tiered) this.tieredPasses++;
+    if (tiered) {
+      this.tieredPasses++;
+      if (this.linkStream) this.beginStaging();
+    }
     const s = this.spec;
     const w = this.weights;
     const a = this.act;
@@ -594,7 +627,7 @@ export class ModelRunner {
       // Both partials mask to the window; positions outside it are in neither.
       ...this.windowArg(l),
     };
-    const hostPartial = this.limits.warmLink !== 'only';
+    const hostPartial = !this.limits.linkOnly;
     const main = this.stream;
     if (hostPartial) {
       const side = this.sideStream!;
@@ -616,17 +649,43 @@ export class ModelRunner {
       this.stream = main;
     }
     this.op('attention', 'attention', { ...common, kCache: this.kCache[l], vCache: this.vCache[l], out: a.attn, lse: a.hotLse, blockTables: m.blockTables });
-    if (m.linkTables) {
-      // The device's own partial over its share of the warm pages: the same op on the warm pool
-      // without host staging, so a device backend reads the pages through the mapping while the
-      // host computes its share; merged before the host's result is awaited.
-      this.op('attention', 'attention', { ...common, kCache: this.kWarm[l], vCache: this.vWarm[l], out: a.linkOut, lse: a.linkLse, blockTables: m.linkTables });
+    if (this.linkStream) {
+      // The device's own partial over the warm pages staged for this layer (gathered a layer
+      // ahead), merged before the host's result is awaited; then the buffer takes layer l + 2's.
+      const b = (l - this.firstLayer) % 2;
+      be.waitEvent(main ?? DEFAULT_STREAM, this.staged[b]);
+      this.op('attention', 'attention', { ...common, kCache: this.kStage[b], vCache: this.vStage[b], out: a.linkOut, lse: a.linkLse, blockTables: m.linkTables! });
       this.op('attention', 'attention_merge', { out: a.attn, lse: a.hotLse, other: a.linkOut, otherLse: a.linkLse, rows, numHeads: s.numHeads, headDim: s.headDim });
+      if (l + 2 < this.endLayer) {
+        be.record(this.stageFree[b], main);
+        be.waitEvent(this.linkStream, this.stageFree[b]);
+        this.stage(l + 2, b);
+      }
     }
     if (hostPartial) {
       be.waitEvent(main ?? DEFAULT_STREAM, this.joinEv!);
       this.op('attention', 'attention_merge', { out: a.attn, lse: a.hotLse, other: a.warmOut, otherLse: a.warmLse, rows, numHeads: s.numHeads, headDim: s.headDim });
     }
+  }
+
+  /** Starts a tiered pass's staging: the first two layers' pages, after the step's tables are written. */
+  private beginStaging(): void {
+    const be = this.backend;
+    be.record(this.linkFork!, this.stream);
+    be.waitEvent(this.linkStream!, this.linkFork!);
+    for (let l = this.firstLayer; l < Math.min(this.endLayer, this.firstLayer + 2); l++) this.stage(l, (l - this.firstLayer) % 2);
+  }
+
+  /** Gathers layer l's staged pages (meta.linkIdx) from the pinned pool into buffer b, on the link stream. */
+  private stage(l: number, b: number): void {
+    const main = this.stream;
+    this.stream = this.linkStream;
+    const n = this.limits.linkPages!;
+    const dim = this.limits.blockSize * this.spec.numKvHeads * this.spec.headDim;
+    this.op('attention', 'gather_rows', { x: this.kWarm[l], rowIdx: this.meta.linkIdx!, out: this.kStage[b], n, dim });
+    this.op('attention', 'gather_rows', { x: this.vWarm[l], rowIdx: this.meta.linkIdx!, out: this.vStage[b], n, dim });
+    this.backend.record(this.staged[b], this.linkStream);
+    this.stream = main;
   }
 
   /**
@@ -861,6 +920,11 @@ export class ModelRunner {
 
   dispose(): void {
     if (this.sideStream) this.backend.destroyStream(this.sideStream);
+    if (this.linkStream) this.backend.destroyStream(this.linkStream);
+    for (const e of [...this.staged, ...this.stageFree, ...(this.linkFork ? [this.linkFork] : [])]) this.backend.destroyEvent(e);
+    this.linkStream = this.linkFork = undefined;
+    this.staged = [];
+    this.stageFree = [];
     if (this.forkEv) this.backend.destroyEvent(this.forkEv);
     if (this.joinEv) this.backend.destroyEvent(this.joinEv);
     this.sideStream = this.forkEv = this.joinEv = undefined;

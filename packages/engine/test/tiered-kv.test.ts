@@ -81,11 +81,21 @@ describe('kvWarmLinkShare: the device attends over a share of the warm pages its
       expect(got.tokenIds).toEqual(want.tokenIds);
       // Three partials instead of two: still float rounding of a split softmax sum.
       expectLogitsClose(got.promptLogits!, want.promptLogits!);
-      expect(e.memoryReport().kv!.tieredPasses).toBeGreaterThan(0);
-      // Partials over the warm pool: with host staging (the host's share) or without (the link's).
-      const warm = calls.filter((c) => c.op === 'attention' && (c.args.kCache as DeviceBuffer).label?.startsWith('kv.warm.'));
-      const link = warm.filter((c) => c.args.qHost === undefined).length;
-      const host = warm.length - link;
+      const kv = e.memoryReport().kv!;
+      expect(kv.tieredPasses).toBeGreaterThan(0);
+      // The staging: that share of the warm pool per layer, two buffers of K and V, pages staged each step.
+      expect(kv.staging!.capacityPages).toBe(Math.ceil(share * kv.tiers.warm.capacity));
+      expect(kv.staging!.bytes).toBe(4 * kv.staging!.capacityPages * (kv.pageBytes / (2 * e.spec.numLayers)));
+      expect(kv.staging!.stagedBytes).toBeGreaterThan(0);
+      expect(kv.staging!.stagedBytes % kv.pageBytes).toBe(0);
+      // Partials over the warm pool (the host's share, with host staging) and over the pages
+      // staged into VRAM (the link's share), each staged by two gathers (K and V) from the pool.
+      const over = (prefix: string) => calls.filter((c) => c.op === 'attention' && (c.args.kCache as DeviceBuffer).label?.startsWith(prefix));
+      const host = over('kv.warm.').length;
+      const link = over('kv.stage.').length;
+      expect(over('kv.warm.').every((c) => c.args.qHost !== undefined)).toBe(true);
+      const gathers = calls.filter((c) => c.op === 'gather_rows' && (c.args.x as DeviceBuffer).label?.startsWith('kv.warm.'));
+      expect(gathers.length).toBe(2 * link);
       const merges = calls.filter((c) => c.op === 'attention_merge').length;
       expect(link).toBeGreaterThan(0);
       // share 1: no host partial at all; else one host and one link partial per merge pair.
@@ -101,7 +111,7 @@ describe('kvWarmLinkShare: the device attends over a share of the warm pages its
   it('refuses a share outside 0..1 or without kvVramBudget', async () => {
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 1 << 20, kvWarmLinkShare: 1.5 })).rejects.toThrow(/kvWarmLinkShare must be a number from 0 to 1, got 1.5/);
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 1 << 20, kvWarmLinkShare: Number.NaN })).rejects.toThrow(/kvWarmLinkShare must be a number/);
-    await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvWarmLinkShare: 0.5 })).rejects.toThrow(/need kvVramBudget/);
+    await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvWarmLinkShare: 0.5 })).rejects.toThrow(/^kvWarmLinkShare needs kvVramBudget/);
   });
 });
 
@@ -182,7 +192,8 @@ describe('cold KV pages', () => {
     chmodSync(file, 0o500);
     // As root the mode is not enforced; the check then passes and the engine works (nothing to assert).
     if (process.getuid?.() !== 0) await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 8 * pb, kvOffloadDir: file })).rejects.toBeInstanceOf(OffloadDirError);
-    await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvHostBudget: 8 * pb })).rejects.toThrow(/need kvVramBudget/);
+    await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvHostBudget: 8 * pb })).rejects.toThrow(/^kvHostBudget needs kvVramBudget/);
+    await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvHostBudget: 8 * pb, kvOffloadDir: '/tmp' })).rejects.toThrow(/^kvHostBudget and kvOffloadDir need kvVramBudget \(the hot KV pool they extend\)$/);
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 8 * pb, numerics: 'bf16' })).rejects.toThrow(/needs numerics 'exact'/);
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: -1 })).rejects.toThrow(/kvVramBudget must be a positive whole number/);
   });

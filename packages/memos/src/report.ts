@@ -96,4 +96,10 @@ export interface KvMemoryReport {
   swappedOut: number;
   /** Sequences preempted by recompute (the last resort). */
   preemptions: number;
+  /**
+   * With a link share (kvWarmLinkShare): the VRAM staging warm pages stream through, its capacity
+   * in pages (per layer), its bytes (both buffers, K and V), and the bytes staged since start
+   * (pages gathered over the link, every layer).
+   */
+  staging?: { capacityPages: number; bytes: number; stagedBytes: number };
 }

@@ -66,8 +66,8 @@ export interface ServerConfig {
   /** Directory of the cold KV tier (pages of swapped-out sequences). Needs `kvVramBudget`. */
   kvOffloadDir?: string;
   /**
-   * Share (0..1) of each sequence's warm KV pages that the device attends over itself, reading them
-   * through the host mapping over the link while the host CPU computes the rest (EngineOptions
+   * Share (0..1) of each sequence's warm KV pages that the device attends over itself, streamed
+   * through VRAM over the link a layer ahead, while the host CPU computes the rest (EngineOptions
    * kvWarmLinkShare). Needs `kvVramBudget`.
    */
   kvWarmLinkShare?: number;

@@ -59,6 +59,8 @@ export interface KvReportJson {
   swapped_out: number;
   /** Sequences preempted by recompute. */
   preemptions: number;
+  /** With kv_warm_link_share: the VRAM staging warm pages stream through (pages per layer, bytes) and the bytes staged since start. */
+  staging: { capacity_pages: number; bytes: number; staged_bytes: number } | null;
 }
 
 /** One tier: its budget and what holds its bytes. */
@@ -112,6 +114,7 @@ export function kvReportJson(kv: NonNullable<MemoryReport['kv']>): KvReportJson 
     tiered_passes: kv.tieredPasses,
     swapped_out: kv.swappedOut,
     preemptions: kv.preemptions,
+    staging: kv.staging ? { capacity_pages: kv.staging.capacityPages, bytes: kv.staging.bytes, staged_bytes: kv.staging.stagedBytes } : null,
   };
 }
 
