@@ -32,6 +32,22 @@ describe('nerva-bench long-context', () => {
     }, 120_000);
   }
 
+  it('link shares: one mix per ratio and share, the all-hot tokens, pages staged only with a share', async () => {
+    const r = await longContextProbe({ model: TINY, backend: 'cpu', context: 256, newTokens: 4, ratios: [4], linkShares: [0, 0.5] });
+    const mixes = r.mixes as Record<string, number | boolean | null>[];
+    expect(mixes.map((m) => [m.kv_to_hot_ratio, m.warm_link_share])).toEqual([
+      [1, null],
+      [4, 0],
+      [4, 0.5],
+    ]);
+    for (const m of mixes) expect(m.same_tokens_as_all_hot).toBe(true);
+    expect(mixes[1].staged_bytes_per_token).toBe(0);
+    expect(mixes[2].staged_bytes_per_token as number).toBeGreaterThan(0);
+    const err = await run(process.execPath, [CLI, 'long-context', '--model', TINY, '--backend', 'cpu', '--link-shares', '0,2']).catch((e) => e);
+    expect(err.code).not.toBe(0);
+    expect(err.stderr).toContain('--link-shares takes numbers from 0 to 1, got "0,2"');
+  }, 120_000);
+
   it('the CLI prints one JSON line; a bad KV dtype is one clear error', async () => {
     const { stdout } = await run(process.execPath, [CLI, 'long-context', '--model', TINY, '--backend', 'cpu', '--context', '64', '--new-tokens', '3', '--ratios', '2', '--kv-cache-dtype', 'bf16']);
     const lines = stdout.trim().split('\n');

@@ -62,7 +62,9 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
       const h0 = engine.backend.stats().hostComputeMs ?? 0;
       await engine.submit(prompt, { maxTokens: 1, temperature: 0, ignoreEos: true }).done;
       const h1 = engine.backend.stats().hostComputeMs ?? 0;
+      const staged0 = engine.memoryReport().kv?.staging?.stagedBytes ?? 0;
       const out = await engine.submit(prompt, { maxTokens: o.newTokens, temperature: 0, ignoreEos: true }).done;
+      const staged1 = engine.memoryReport().kv?.staging?.stagedBytes ?? 0;
       const h2 = engine.backend.stats().hostComputeMs ?? 0;
       const hostMs = Math.max(0, h2 - h1 - (h1 - h0)) / Math.max(1, out.tokenIds.length - 1);
       const s = out.ledger.summary();
@@ -95,6 +97,9 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
         // Warm pages the host reads per decode step (every layer's K and V).
         warm_bytes_per_token: warmBytes,
         host_attention_ms_per_token: Math.round(hostMs * 1000) / 1000,
+        // Warm pages the device staged into VRAM over the link per token (the link share's; every
+        // layer's K and V; the prefill step of the run included, so an upper bound per decode step).
+        staged_bytes_per_token: Math.round((staged1 - staged0) / Math.max(1, out.tokenIds.length)),
         host_attention_gbps: hostGbps === null ? null : Math.round(hostGbps * 10) / 10,
         host_read_gbps: o.hostReadGbps ?? null,
         limit_tok_s: limitTokS,
