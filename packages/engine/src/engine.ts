@@ -957,7 +957,12 @@ export class Engine {
             this.linkAt[w] = nStaged;
             lt[k * mb + b] = nStaged;
             li[nStaged++] = w;
-          } else wt[k * mb + b] = w;
+          } else {
+            // With every warm page staged (share 1) there is no host partial to take this page;
+            // distinct staged pages never exceed the warm pool, so this cannot happen.
+            if (li && this.kvLinkShare === 1) throw new Error(`internal: warm page ${w} not staged with kvWarmLinkShare 1`);
+            wt[k * mb + b] = w;
+          }
         }
       } else for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
       for (let b = 0; b < table.length; b++) {

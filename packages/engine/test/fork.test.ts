@@ -280,4 +280,24 @@ describe('Engine.submitFork under memory pressure and other layouts', () => {
     expectAllFree(e);
     e.dispose();
   });
+
+  it('tiered KV with every warm page staged (kvWarmLinkShare 1): the forks\' tokens, shared warm pages staged once a step', async () => {
+    const base = await Engine.create({ model: MODEL, backend: 'cpu', maxNumSeqs: 8, blockSize: 4 });
+    const want = await separately(base, 3, { ...SAMPLED, maxTokens: 12 });
+    const pb = blockBytes(base);
+    base.dispose();
+    // 6 hot pages: most of the 9 shared prompt pages are warm, read by all three forks each step.
+    const e = await Engine.create({ model: MODEL, backend: 'cpu', maxNumSeqs: 8, blockSize: 4, kvVramBudget: 6 * pb, kvHostBudget: 12 * pb, kvWarmLinkShare: 1, importanceCache: false });
+    const w = await watch(e, () => Promise.all(e.submitFork(PROMPT, 3, { ...SAMPLED, maxTokens: 12 }).map((h) => h.done)));
+    for (let i = 0; i < 3; i++) expect(w.result[i].tokenIds).toEqual(want[i].tokenIds);
+    const kv = e.memoryReport().kv!;
+    expect(kv.tieredPasses).toBeGreaterThan(0);
+    // Staged pages never exceed the warm pages in use: a page the forks share is gathered once, not three times.
+    const staged = kv.staging!.stagedBytes / kv.pageBytes;
+    expect(staged).toBeGreaterThan(0);
+    expect(staged).toBeLessThanOrEqual(kv.tieredPasses * kv.tiers.warm.capacity);
+    expect(kv.staging!.capacityPages).toBe(kv.tiers.warm.capacity);
+    expectAllFree(e);
+    e.dispose();
+  });
 });
