@@ -11,6 +11,7 @@
 //                                          pinned memory, attended by the host and merged) vs all
 //                                          hot: greedy tokens, last prompt position's logits, 1 and
 //                                          4 concurrent requests -> $OUT/tiered.json
+//                                          (NERVA_TIERED_LINK_SHARES=0,0.5,1: each budget per kvWarmLinkShare)
 import { readdirSync, readFileSync, existsSync, writeFileSync, openSync, writeSync, closeSync } from 'node:fs';
 import path from 'node:path';
 import { Engine } from '@nerva/engine';
@@ -206,8 +207,17 @@ async function tiered(dirs: string[]): Promise<void> {
     const kvElem = allHot.backend.capabilities.numerics === 'bf16' ? 2 : 4;
     const pageBytes = 2 * allHot.spec.numLayers * allHot.spec.numKvHeads * allHot.spec.headDim * kvElem * 16;
     allHot.dispose();
-    for (const hotPages of [6, 12]) {
-      const e = await Engine.create({ model: dir, ...base, kvVramBudget: hotPages * pageBytes, kvHostBudget: 4 * (Math.ceil((promptLen + n) / 16) + 2) * pageBytes });
+    // NERVA_TIERED_LINK_SHARES (e.g. "0,0.5,1"): each hot budget once per kvWarmLinkShare (the
+    // device's own share of the warm pages, staged through VRAM); default: the engine's default alone.
+    const shares = process.env.NERVA_TIERED_LINK_SHARES ? process.env.NERVA_TIERED_LINK_SHARES.split(',').map(Number) : [undefined];
+    for (const [hotPages, share] of [6, 12].flatMap((h) => shares.map((sh) => [h, sh] as const))) {
+      const e = await Engine.create({
+        model: dir,
+        ...base,
+        kvVramBudget: hotPages * pageBytes,
+        kvHostBudget: 4 * (Math.ceil((promptLen + n) / 16) + 2) * pageBytes,
+        ...(share !== undefined ? { kvWarmLinkShare: share } : {}),
+      });
       try {
         const t0 = performance.now();
         const one = await e.submit(prompts[0], { temperature: 0, maxTokens: n, ignoreEos: true, returnPromptLogits: true }).done;
@@ -224,7 +234,7 @@ async function tiered(dirs: string[]): Promise<void> {
         const same = (x: number[], y: number[]) => x.length === y.length && x.every((t, i) => t === y[i]);
         const kv = e.memoryReport().kv!;
         const r = {
-          model: name, hot_pages: hotPages, prompt_len: promptLen,
+          model: name, hot_pages: hotPages, prompt_len: promptLen, warm_link_share: share ?? 0, staged_bytes: kv.staging?.stagedBytes ?? 0,
           identical_1: same(one.tokenIds, want[0].tokenIds),
           identical_4: four.every((o, i) => same(o.tokenIds, want[i].tokenIds)),
           last_logits_rel_err: maxErr / maxAbs,
@@ -233,7 +243,7 @@ async function tiered(dirs: string[]): Promise<void> {
         };
         if (!r.identical_1 || !r.identical_4 || !(r.last_logits_rel_err < 1e-4) || r.tiered_passes === 0) ok = false;
         results.push(r);
-        console.log(`tiered ${name} hot ${hotPages} pages: ${JSON.stringify(r)}`);
+        console.log(`tiered ${name} hot ${hotPages} pages, link share ${share ?? 0}: ${JSON.stringify(r)}`);
       } finally {
         e.dispose();
       }

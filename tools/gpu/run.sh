@@ -2,7 +2,7 @@
 # The one script for the GPU machine (see /work/shared/device/README.md and tools/gpu/README.md).
 # Prepare here with tools/gpu/prepare.sh, then run with carry [".device"]:
 #   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,paged,synth,oracle,bench,profile,offload,
-#                                      tiered (tiered KV vs all hot on the fixtures and each size), longctx (nerva-bench long-context
+#                                      tiered (tiered KV vs all hot on the fixtures and each size; NERVA_TIERED_LINK_SHARES=0,0.5,1 per link share), longctx (nerva-bench long-context
 #                                      on each size; NERVA_LONGCTX_CONTEXT, default "1024 4096", NERVA_LONGCTX_RATIOS, default 2,4;
 #                                      NERVA_LONGCTX_LINK_SHARES, e.g. 0,0.3,0.5: kvWarmLinkShare values per ratio),
 #                                      hostattn (host attention GB/s on the 8B shape vs the host's DRAM read rate, no Node needed)
