@@ -771,7 +771,6 @@ class Attn {
     part_.reserve((size_t)rows * H * (size_t)splitsFor(rows) * (padHd(hd) + 2));
     nsplit_.reserve((size_t)rows);
     splitLo_.reserve((size_t)rows * (size_t)splitsFor(rows));
-    lo_.reserve((size_t)rows);
     bad_.reserve((size_t)rows);
     threadScratch_.reserve(threadFloats(H, hd) * (size_t)std::max(1, threads));
   }
@@ -789,7 +788,6 @@ class Attn {
       const bool ok = seq >= 0 && seq < a.numSeqs && pos >= 0 && (long long)pos < (long long)a.maxBlocksPerSeq * bs;
       new (&bad_.p[r]) std::atomic<int>(ok ? 0 : 1);
       const int lo = a.window > 0 ? std::max(0, pos - a.window + 1) : 0;
-      lo_.p[r] = lo;
       const int len = ok ? pos - lo + 1 : 0;
       keys_ += (uint64_t)len * KVH;
       // Splits share out the blocks this table holds (tiered KV: the warm ones, often 3/4 of the
@@ -866,7 +864,7 @@ class Attn {
   size_t stride_ = 0;
   uint64_t keys_ = 0;
   Scratch<float> part_, threadScratch_;
-  Scratch<int> nsplit_, splitLo_, lo_;
+  Scratch<int> nsplit_, splitLo_;
   Scratch<std::atomic<int>> bad_;
 };
 
