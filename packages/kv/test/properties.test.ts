@@ -182,6 +182,9 @@ function run(cfg: Config, ops: Op[]): void {
       for (let o = 0; o < SEQS; o++) {
         const om = model[o];
         if (o === s || !om.live || om.salt !== sm.salt) continue;
+        // A sliding-window release gives leading blocks back to the pool: still cached, but
+        // evictable, so a sequence with released blocks guarantees no prefix hit.
+        if (m.numReleasedBlocks(id(o)) > 0) continue;
         let common = 0;
         const lim = Math.min(m.numTokens(id(o)), sm.tokens.length - 1);
         while (common < lim && om.tokens[common] === sm.tokens[common]) common++;
