@@ -2135,15 +2135,26 @@ bool biGemmEnabled() {
   return v;
 }
 
+// Warps' worth of weight tiles biSplitK aims for: NERVA_BI_GEMM_WARPS (default 2048, about 16
+// warps an SM of an H100; 0: no split-K). A tuning knob: it changes the bits of batch-invariant
+// matmuls (the same for every row count of the process).
+long long biTargetWarps() {
+  static const long long v = [] {
+    const char* e = getenv("NERVA_BI_GEMM_WARPS");
+    return e && *e ? std::max(0LL, atoll(e)) : 2048LL;
+  }();
+  return v;
+}
+
 // k_gemm_bi's split-K warps (KS), from the shape alone (never the rows, the GPU or the call):
-// doubled from 1 while the weight tiles of 16 rows times KS stay under 2048 warps' worth, each
-// stripe keeps at least 2 chunks of 64 k, and KS < BI_MAX_KS. Qwen3-8B: qkv, o, down 8, gate_up
-// 2, LM head 1; Qwen3-0.6B: 8 but the LM head.
+// doubled from 1 while the weight tiles of 16 rows times KS stay under biTargetWarps() (2048),
+// each stripe keeps at least 2 chunks of 64 k, and KS < BI_MAX_KS. Qwen3-8B: qkv, o, down 8,
+// gate_up 2, LM head 1; Qwen3-0.6B: 8 but the LM head.
 int biSplitK(int inDim, int outDim, bool glu) {
   const long long mtiles = (long long)((outDim + 15) / 16) * (glu ? 2 : 1);
   const int chunks = (inDim + BI_CHUNK - 1) / BI_CHUNK;
   int ks = 1;
-  while (ks < BI_MAX_KS && mtiles * ks < 2048 && 4 * ks <= chunks) ks *= 2;
+  while (ks < BI_MAX_KS && mtiles * ks < biTargetWarps() && 4 * ks <= chunks) ks *= 2;
   return ks;
 }
 
