@@ -843,9 +843,10 @@ constexpr int BI_MAX_KS = 8;         // split-K warps of a block, at most
 constexpr int BI_MAX_THREADS = 256;  // threads of a block, at most
 // M-tiles a warp (GLU: the gate tile and its up tile), and chunks of weights in flight per warp.
 __host__ __device__ constexpr int biTiles(bool glu) { return glu ? 2 : 1; }
-// (8 KiB a warp up to 8 rows, 16 without GLU; 4 KiB beyond: <= 128 registers but at 64 rows.)
+// (8 KiB of weights in flight a warp up to 8 rows, 16 without GLU, 4 KiB beyond: then every
+// instance but the 64-row GLU one fits 128 registers.)
 __host__ __device__ constexpr int biInFlight(int nt, bool glu) { return glu ? (nt == 1 ? 2 : 1) : nt <= 2 ? 4 : 2; }
-// Two full blocks an SM (<= 128 registers) but at 64 rows (accumulators of 8 n-tiles).
+// Two full blocks an SM (<= 128 registers) except at 33-64 rows (accumulators of 8 n-tiles).
 __host__ __device__ constexpr int biMinBlocks(int nt) { return nt < 8 ? 2 : 1; }
 
 // (lo, hi) rounded to bf16 (round to nearest even), packed lo in the low 16 bits.
