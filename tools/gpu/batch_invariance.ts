@@ -3,8 +3,11 @@
 // a many-row call must be bit for bit the row alone. Backends: batchInvariant true (must hold:
 // exit 1 otherwise) and the default (informational: how many rows differ without it).
 // Ops: fused_matmul (norm, norm + glu, accumulate on the split path, the 8B qkv shape whose staged
-// norm does not fit shared memory past 2 rows, an LM-head shape) and decoder_layers (Qwen3-0.6B-like
-// layers, f32 and bf16 KV caches, contexts 1..~700). Writes $OUT/batch_invariance.json.
+// norm does not fit shared memory past 2 rows, an LM-head shape, an inDim that is no multiple of
+// 64 with a bias and a partial output tile) and decoder_layers (Qwen3-0.6B-like layers, f32 and
+// bf16 KV caches, contexts 1..~700). fused_matmul's first rows (alone) are also checked against a
+// float64 reference (|err| <= 1e-5 of the sum of |terms|): a kernel wrong the same way at every row
+// count would pass the bit comparison. Writes $OUT/batch_invariance.json.
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { DecoderLayerWeights, DeviceBackend, DeviceBuffer } from '@nerva/core';
@@ -47,6 +50,8 @@ interface CaseResult {
   rowCounts: number[];
   mismatchedRows: number;
   first?: Mismatch[];
+  /** fused_matmul: max over the first rows' outputs of |got - ref| / (sum of |terms|), ref in float64. */
+  maxScaledErr?: number;
   error?: string;
 }
 
@@ -112,6 +117,62 @@ interface FmShape {
   norm?: boolean;
   glu?: boolean;
   accumulate?: boolean;
+  bias?: boolean;
+}
+
+const ACC_ROWS = 2;
+const ACC_TOL = 1e-5;
+
+function bf16Values(a: Float32Array): Float32Array {
+  const b = bf16Bits(a);
+  const u = new Uint32Array(b.length);
+  for (let i = 0; i < b.length; i++) u[i] = b[i] << 16;
+  return new Float32Array(u.buffer);
+}
+
+/**
+ * Max over the outputs of |got - ref| / scale for one row: ref in float64 (norm x * inv * nw, the
+ * dot products, bias, silu(gate) * up, + the initial out); scale bounds the propagated rounding
+ * (the sums of |terms| of gate and up through silu * up, |bias|, |init|, |ref|).
+ */
+function fmScaledErr(s: FmShape, got: Float32Array, x: Float32Array, w: Float32Array, nw: Float32Array | undefined, bias: Float32Array | undefined, init: Float32Array): number {
+  const xn = new Float64Array(s.inDim);
+  let inv = 1;
+  if (nw) {
+    let ss = 0;
+    for (let i = 0; i < s.inDim; i++) ss += x[i] * x[i];
+    inv = 1 / Math.sqrt(ss / s.inDim + 1e-6);
+  }
+  for (let i = 0; i < s.inDim; i++) xn[i] = nw ? x[i] * inv * nw[i] : x[i];
+  const dot = (o: number): [number, number] => {
+    let d = 0, m = 0;
+    const base = o * s.inDim;
+    for (let i = 0; i < s.inDim; i++) {
+      const p = xn[i] * w[base + i];
+      d += p;
+      m += Math.abs(p);
+    }
+    return [d, m];
+  };
+  let worst = 0;
+  for (let o = 0; o < s.outDim; o++) {
+    const [g0, gm] = dot(o);
+    const g = g0 + (bias ? bias[o] : 0);
+    let ref = g, scale = gm + (bias ? Math.abs(bias[o]) : 0);
+    if (s.glu) {
+      const [u, um] = dot(o + s.outDim);
+      const silu = g / (1 + Math.exp(-g));
+      ref = silu * u;
+      scale = 1.1 * gm * Math.abs(u) + Math.abs(silu) * um;
+    }
+    if (s.accumulate) {
+      ref += init[o];
+      scale += Math.abs(init[o]);
+    }
+    scale += Math.abs(ref) + 1e-30;
+    worst = Math.max(worst, Math.abs(got[o] - ref) / scale);
+  }
+  return worst;
 }
 
 function fusedMatmulCase(be: DeviceBackend, s: FmShape, seed: number): CaseResult {
@@ -119,8 +180,12 @@ function fusedMatmulCase(be: DeviceBackend, s: FmShape, seed: number): CaseResul
   const B = new Bufs(be);
   try {
     const nOut = s.glu ? 2 : 1;
-    const w = B.bf16(normals(r, nOut * s.outDim * s.inDim, 1 / Math.sqrt(s.inDim)), 'w');
-    const nw = s.norm ? B.f32(normals(r, s.inDim, 0.1).map((v) => 1 + v), 'nw') : undefined;
+    const wHost = normals(r, nOut * s.outDim * s.inDim, 1 / Math.sqrt(s.inDim));
+    const w = B.bf16(wHost, 'w');
+    const nwHost = s.norm ? normals(r, s.inDim, 0.1).map((v) => 1 + v) : undefined;
+    const nw = nwHost ? B.f32(nwHost, 'nw') : undefined;
+    const biasHost = s.bias ? normals(r, s.outDim, 0.5) : undefined;
+    const bias = biasHost ? B.f32(biasHost, 'bias') : undefined;
     const xHost = normals(r, MAX_ROWS * s.inDim);
     const outInit = normals(r, MAX_ROWS * s.outDim);
     const x = B.f32(MAX_ROWS * s.inDim, 'x');
@@ -136,17 +201,21 @@ function fusedMatmulCase(be: DeviceBackend, s: FmShape, seed: number): CaseResul
         inDim: s.inDim,
         outDim: s.outDim,
         ...(nw ? { normWeight: nw, eps: 1e-6 } : {}),
+        ...(bias ? { bias } : {}),
         ...(s.glu ? { glu: true } : {}),
         ...(s.accumulate ? { accumulate: true } : {}),
       });
       return be.read(o, 0, rows * s.outDim) as Float32Array;
     };
-    return compareRows(
-      `fused_matmul/${s.name}`,
-      s.outDim,
-      (i) => run(1, xHost.slice(i * s.inDim, (i + 1) * s.inDim), outInit.slice(i * s.outDim, (i + 1) * s.outDim)),
-      (n) => run(n, xHost.slice(0, n * s.inDim), outInit.slice(0, n * s.outDim)),
-    );
+    const alone = (i: number) => run(1, xHost.slice(i * s.inDim, (i + 1) * s.inDim), outInit.slice(i * s.outDim, (i + 1) * s.outDim));
+    const res = compareRows(`fused_matmul/${s.name}`, s.outDim, alone, (n) => run(n, xHost.slice(0, n * s.inDim), outInit.slice(0, n * s.outDim)));
+    const wv = bf16Values(wHost);
+    let maxScaledErr = 0;
+    for (let i = 0; i < ACC_ROWS; i++) {
+      const e = fmScaledErr(s, alone(i), xHost.subarray(i * s.inDim, (i + 1) * s.inDim), wv, nwHost, biasHost, outInit.subarray(i * s.outDim, (i + 1) * s.outDim));
+      maxScaledErr = Math.max(maxScaledErr, e);
+    }
+    return { ...res, ok: res.ok && maxScaledErr <= ACC_TOL, maxScaledErr };
   } catch (e) {
     return { case: `fused_matmul/${s.name}`, ok: false, rowCounts: ROW_COUNTS, mismatchedRows: -1, error: (e as Error).message };
   } finally {
@@ -247,6 +316,7 @@ const FM: FmShape[] = [
   { name: 'down 0.6B (accumulate, split) 3072->1024', inDim: 3072, outDim: 1024, accumulate: true },
   { name: 'qkv 8B (norm past shared memory) 4096->6144', inDim: 4096, outDim: 6144, norm: true },
   { name: 'lm head 1024->32768', inDim: 1024, outDim: 32768 },
+  { name: 'tail 1040->200 (bias, accumulate; inDim % 64 = 16, a partial output tile)', inDim: 1040, outDim: 200, bias: true, accumulate: true },
 ];
 
 function suite(be: DeviceBackend): { passed: number; failed: number; results: CaseResult[]; seconds: number } {
@@ -255,7 +325,10 @@ function suite(be: DeviceBackend): { passed: number; failed: number; results: Ca
   FM.forEach((s, i) => results.push(fusedMatmulCase(be, s, 100 + i)));
   results.push(decoderLayersCase(be, 'f32', 7));
   results.push(decoderLayersCase(be, 'bf16', 8));
-  for (const c of results) console.log(`[invariance] ${c.ok ? 'ok  ' : 'FAIL'} ${c.case}: ${c.mismatchedRows} rows differ${c.error ? ` (${c.error})` : ''}`);
+  for (const c of results) {
+    const acc = c.maxScaledErr === undefined ? '' : `, max error ${c.maxScaledErr.toExponential(2)} of sum |terms|${c.maxScaledErr > ACC_TOL ? ` (> ${ACC_TOL})` : ''}`;
+    console.log(`[invariance] ${c.ok ? 'ok  ' : 'FAIL'} ${c.case}: ${c.mismatchedRows} rows differ${acc}${c.error ? ` (${c.error})` : ''}`);
+  }
   return { passed: results.filter((c) => c.ok).length, failed: results.filter((c) => !c.ok).length, results, seconds: (performance.now() - t0) / 1000 };
 }
 

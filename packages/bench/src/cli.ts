@@ -30,7 +30,7 @@ const matmulOpt = () =>
   new Option('--matmul-precision <p>', 'matmuls over more than 8 rows (prefill): exact (f32-grade, split-bf16 GEMMs on CUDA) or bf16 (activations rounded to bf16 once, one GEMM); default NERVA_MATMUL, else exact').choices(['exact', 'bf16']);
 // No default: NERVA_BATCH_INVARIANT, else off, applies when the flag is absent.
 const batchInvOpt = () =>
-  new Option('--batch-invariant', 'batch-invariant decode on CUDA: each decode row bit for bit what it computes alone (GEMV kernels at every row count); default NERVA_BATCH_INVARIANT, else off');
+  new Option('--batch-invariant', 'batch-invariant decode on CUDA: each decode row bit for bit what it computes alone (one batch-invariant matmul kernel at every row count); default NERVA_BATCH_INVARIANT, else off');
 const backendOpt = () => new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto');
 
 const program = new Command().name('nerva-bench').description('NERVA benchmarks: one JSON line per probe').exitOverride();

@@ -94,9 +94,10 @@ struct NervaExec {
   // bf16 numerics: kernels round activations where transformers' bf16 eager forward does.
   bool bf16act = false;
   // Batch-invariant decode (CudaBackendOptions.batchInvariant): a decode row's results do not
-  // depend on how many rows share the call. Op fused_matmul and op decoder_layers keep every row
-  // on the GEMV kernels (no cuBLAS past 8 rows), decode attention sizes its splits as for one
-  // row and never takes the GQA kernel, the persistent decoder is off.
+  // depend on how many rows share the call. Op fused_matmul and op decoder_layers run every row
+  // count on k_gemm_bi (tensor cores, batch-invariant; NERVA_BI_GEMM=0: the GEMV kernels), never
+  // cuBLAS; decode attention sizes its splits as for one row and never takes the GQA kernel, the
+  // persistent decoder is off.
   bool batchInv = false;
   // Error detail for a failure (which call, or why the arguments were rejected).
   char errCall[160] = {0};

@@ -1,0 +1,60 @@
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+// k_gemm_bi (native/kernels.cu: batch-invariant decode's tensor-core matmul) emulated on the CPU
+// by test/native/bi_gemm_test.cc: its fragment construction, three-term bf16 split, step and term
+// order and split-K reduction, with the mma's internal sum modelled (round to nearest, and toward
+// zero as tensor cores truncate). Accuracy against a double reference, the split's exactness, and
+// each row's bits alone against its place among 9..64 rows. Skipped where there is no g++.
+
+const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const hasGxx = spawnSync('g++', ['--version'], { stdio: 'ignore' }).status === 0;
+
+interface Result {
+  shapes: number;
+  maxErrScaledRn: number;
+  maxErrScaledRz: number;
+  maxErrScaledF32Sequential: number;
+  splitChecked: number;
+  splitBad: number;
+  invChecked: number;
+  invDiff: number;
+}
+
+describe.skipIf(!hasGxx)('k_gemm_bi emulation (test/native/bi_gemm_test.cc, g++, no CUDA)', () => {
+  let tmp = '';
+  let res: Result;
+  beforeAll(() => {
+    tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-bi-gemm-'));
+    const exe = path.join(tmp, 'bi_gemm_test');
+    const b = spawnSync('g++', ['-O2', '-std=c++17', path.join(pkgDir, 'test/native/bi_gemm_test.cc'), '-o', exe], { encoding: 'utf8' });
+    if (b.status !== 0) throw new Error(`g++ failed: ${b.stderr}`);
+    const r = spawnSync(exe, [], { encoding: 'utf8', timeout: 120_000 });
+    const line = r.stdout.split('\n').find((l) => l.startsWith('{'));
+    if (!line) throw new Error(`no result (status ${r.status}, signal ${r.signal}): ${r.stderr}`);
+    res = JSON.parse(line) as Result;
+  }, 180_000);
+  afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+
+  it('splits every activation exactly into bf16 hi + mid + lo', () => {
+    expect(res.splitChecked).toBeGreaterThan(10_000);
+    expect(res.splitBad).toBe(0);
+  });
+
+  it('is f32-grade at inDim 1024..12288: error <= 1e-6 of sum |x_i w_i| under either mma model', () => {
+    expect(res.shapes).toBe(14);
+    expect(res.maxErrScaledRn).toBeLessThanOrEqual(1e-6);
+    expect(res.maxErrScaledRz).toBeLessThanOrEqual(1e-6);
+    // No worse than a sequential f32 dot product (the GEMV's grade).
+    expect(res.maxErrScaledRz).toBeLessThanOrEqual(res.maxErrScaledF32Sequential);
+  });
+
+  it("gives each row the bits it gets alone, at any place among 9, 17, 33 or 64 rows", () => {
+    expect(res.invChecked).toBeGreaterThan(1000);
+    expect(res.invDiff).toBe(0);
+  });
+});
