@@ -47,7 +47,8 @@
 #   (e.g. --batch-invariant)
 #   invariance (not in the default list; bash tools/gpu/run.sh build,invariance): tools/gpu/batch_invariance.ts, the decode
 #   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..64 rows, every row bit for bit,
-#   on a batchInvariant backend (must hold) and on the default one (informational) -> $OUT/batch_invariance.json
+#   on a batchInvariant backend (must hold) and on the default one (informational), once with the GEMV and once with
+#   NERVA_BI_GEMM=1 (k_gemm_bi) -> $OUT/batch_invariance-gemv.json, $OUT/batch_invariance-bigemm.json
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -106,7 +107,11 @@ if has hostattn; then
 fi
 
 has conformance && runjs conformance conformance.mjs
-has invariance && runjs invariance batch_invariance.mjs
+# Twice: the default batch-invariant matmul (GEMV) and the opt-in tensor-core one (NERVA_BI_GEMM=1).
+if has invariance; then
+  runjs invariance batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-gemv.json"
+  NERVA_BI_GEMM=1 runjs "invariance (NERVA_BI_GEMM=1)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm.json"
+fi
 has checks && runjs checks checks.mjs
 has nccl && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs nccl nccl_check.mjs
 has parity && runjs parity parity.mjs fixtures .device/fixtures/models

@@ -798,7 +798,8 @@ __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* ou
 
 // k_gemm_bi: out[r, o] = sum_i x[r, i] * W[o, i] for up to BI_MAX_ROWS f32 rows x and bf16 weights
 // W [outDim (2 * outDim with GLU), inDim], on tensor cores (mma.sync m16n8k16, bf16 in, f32
-// accumulate), for batch-invariant decode (NervaExec::batchInv, every row count, 1 included).
+// accumulate), for batch-invariant decode (NervaExec::batchInv, every row count, 1 included;
+// opt-in with NERVA_BI_GEMM=1, see biGemmEnabled).
 //
 // Operands: the mma's A (16 x 16) is 16 weight rows (outputs), its B (16 x 8) is 8 activation rows
 // (its N columns), so one row alone wastes 7 of 8 columns, not 15 of 16. Each activation x is split
@@ -2126,12 +2127,13 @@ int gemvPick(NervaExec* ex, const GemvLaunch& a, int ks, bool norm, bool glu, bo
   return ks != 1 ? gemvNG<R, 4, 1>(ex, a, norm, glu) : gemvNG<R, 1, 1>(ex, a, norm, glu);
 }
 
-// NERVA_BI_GEMM=0: batch-invariant decode keeps its matmuls on the GEMV (k_gemv_bf16) instead of
-// k_gemm_bi (A/B switch; the two give different bits, each row-independent).
+// NERVA_BI_GEMM=1: batch-invariant decode runs its matmuls on k_gemm_bi instead of the GEMV
+// (k_gemv_bf16); the two give different bits, each row-independent. Opt-in until k_gemm_bi has
+// passed the invariance and conformance checks on a GPU (so far: CPU emulation only).
 bool biGemmEnabled() {
   static const bool v = [] {
     const char* e = getenv("NERVA_BI_GEMM");
-    return !(e && strcmp(e, "0") == 0);
+    return e && strcmp(e, "1") == 0;
   }();
   return v;
 }
@@ -2233,8 +2235,8 @@ int gemmBiRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
 int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
              const Fuse& f = Fuse()) {
   // Past 8 rows the GEMV reads the weights once per 8 rows; a tensor-core GEMM reads them once.
-  // Batch-invariant decode takes k_gemm_bi at every row count (below), or with NERVA_BI_GEMM=0
-  // (or shapes it does not take) keeps every row count on the GEMV: its per-row reduction order
+  // Batch-invariant decode takes k_gemm_bi at every row count with NERVA_BI_GEMM=1 (below), else
+  // (or for shapes it does not take) keeps every row count on the GEMV: its per-row reduction order
   // (the lanes' k chunks, the warp sum, the KS split) is the same for any R, so each row's result
   // is the one it gets alone.
   if (rows > 8 && !ex->batchInv && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {

@@ -95,7 +95,7 @@ struct NervaExec {
   bool bf16act = false;
   // Batch-invariant decode (CudaBackendOptions.batchInvariant): a decode row's results do not
   // depend on how many rows share the call. Op fused_matmul and op decoder_layers run every row
-  // count on k_gemm_bi (tensor cores, batch-invariant; NERVA_BI_GEMM=0: the GEMV kernels), never
+  // count on the GEMV kernels (NERVA_BI_GEMM=1: k_gemm_bi, tensor cores, batch-invariant), never
   // cuBLAS; decode attention sizes its splits as for one row and never takes the GQA kernel, the
   // persistent decoder is off.
   bool batchInv = false;

@@ -90,11 +90,12 @@ export interface CudaBackendOptions {
    * Batch-invariant decode (default false; NERVA_BATCH_INVARIANT=1 turns it on when the option is
    * absent): each decode row's results are bit for bit what the row computes alone, for any number
    * of rows in the call. Op fused_matmul and op decoder_layers (and op matmul up to 8 rows) run
-   * every row count on one batch-invariant tensor-core kernel (k_gemm_bi: up to 64 rows a launch,
-   * the weights read once; activations split into three bf16 terms, f32-grade; NERVA_BI_GEMM=0
-   * keeps the GEMV kernels instead), never a cuBLAS GEMM; decode attention sizes its key splits as
-   * for one row and never takes the GQA kernel, and the persistent decoder is off. Its matmul bits
-   * differ from the default path's. Prefill matmuls (op matmul past 8 rows) keep their GEMMs.
+   * every row count on the GEMV kernels (16 rows a launch), never a cuBLAS GEMM; NERVA_BI_GEMM=1
+   * puts them on a batch-invariant tensor-core kernel instead (k_gemm_bi: up to 64 rows a launch,
+   * the weights read once; activations split into three bf16 terms, f32-grade; opt-in until it
+   * has run on a GPU). Decode attention sizes its key splits as for one row and never takes the
+   * GQA kernel, and the persistent decoder is off. Prefill matmuls (op matmul past 8 rows) keep
+   * their GEMMs.
    * Reported as capabilities.batchInvariant.
    */
   batchInvariant?: boolean;
