@@ -173,6 +173,7 @@ program
   .addOption(matmulOpt())
   .addOption(batchInvOpt())
   .option('--prefix-caching', 'enable prefix caching (default off: the forks alone share the prompt blocks, every sequential run prefills it)')
+  .option('--profile', 'after the timed runs, a few steps with every op timed by device events: "profile" in the line (a mean step of the n forks and of one request, ms by op class)')
   .action(async (f) =>
     print(
       await forkProbe({
@@ -187,6 +188,7 @@ program
         matmulPrecision: f.matmulPrecision,
         batchInvariant: f.batchInvariant,
         prefixCaching: f.prefixCaching === true,
+        profile: f.profile === true,
       }),
     ),
   );

@@ -49,6 +49,26 @@ describe('nerva-bench fork', () => {
     expect(r).toMatchObject({ tokens_identical: true, distinct_fork_outputs: 1, fork_prefill_tokens: 20 });
   }, 60_000);
 
+  it('--profile: a mean decode step of the n forks and of one row, by op class; the timed runs as without it', async () => {
+    const r = await forkProbe({ model: TINY, backend: 'cpu', n: 4, promptLen: 21, newTokens: 12, temperature: 0.8, seed: 5, profile: true });
+    expect(r).toMatchObject({ tokens_identical: true, fork_steps: 12 });
+    const p = r.profile as { fork_step: Record<string, any>; single_step: Record<string, any>; device_speedup: number };
+    // 12 tokens requested, profiled runs of PROFILE_STEPS + 1 = 9: 8 decode steps each.
+    expect(p.fork_step).toMatchObject({ rows: 4, steps: 8 });
+    expect(p.single_step).toMatchObject({ rows: 1, steps: 8 });
+    for (const step of [p.fork_step, p.single_step]) {
+      expect(step.device_ms).toBeGreaterThan(0);
+      expect(step.ms.attention, JSON.stringify(step.ms)).toBeGreaterThan(0);
+      for (const k of ['gemm_qkv', 'gemm_o', 'gemm_gate_up', 'gemm_down', 'lm_head']) expect(step.ms[k], k).toBeGreaterThan(0);
+      const sum = Object.values(step.ms as Record<string, number>).reduce((a, b) => a + b, 0);
+      expect(step.op_total_ms).toBeCloseTo(sum, 2);
+    }
+    expect(p.device_speedup).toBeCloseTo((4 * p.single_step.device_ms) / p.fork_step.device_ms, 2);
+    // Without --profile the line has no profile.
+    const plain = await forkProbe({ model: TINY, backend: 'cpu', n: 2, promptLen: 9, newTokens: 3, temperature: 0, seed: 0 });
+    expect(plain.profile).toBeUndefined();
+  }, 120_000);
+
   it('the CLI prints one JSON line; bad options are one clear error each', async () => {
     const { stdout } = await run(process.execPath, [CLI, 'fork', '--model', TINY, '--backend', 'cpu', '--n', '4', '--prompt-len', '24', '--new-tokens', '5', '--temperature', '0']);
     const lines = stdout.trim().split('\n');

@@ -1,4 +1,4 @@
-import { Engine, type GenerateOptions, type RequestOutcome, type StepSignals } from '@nerva/engine';
+import { Engine, type GenerateOptions, type PassProfile, type RequestOutcome, type StepSignals } from '@nerva/engine';
 import { syntheticPrompt } from '../measure.js';
 
 export interface ForkProbeOptions {
@@ -21,7 +21,16 @@ export interface ForkProbeOptions {
    * each sequential run prefills the whole prompt, as a request would alone).
    */
   prefixCaching?: boolean;
+  /**
+   * After the timed runs, a few more steps with every op timed by device events (graphs off):
+   * `profile` in the line, a mean decode step of the n forks and of one request alone, in ms by
+   * op class. The timed runs are not profiled.
+   */
+  profile?: boolean;
 }
+
+/** Decode steps a profile averages (after the step that samples the first tokens). */
+const PROFILE_STEPS = 8;
 
 const r3 = (x: number) => Math.round(x * 1000) / 1000;
 
@@ -39,6 +48,32 @@ function spans(o: RequestOutcome): { decode: number; total: number; first: numbe
   const last = t.lastToken ?? t.finished ?? first;
   const finished = t.finished ?? last;
   return { decode: last - first, total: finished - t.arrival, first, last, arrival: t.arrival, finished };
+}
+
+/**
+ * The mean of profiled decode steps of `rows` rows: device time, the ops' sum, ms by op class
+ * (largest first) and by coarse bucket. Null without such steps.
+ */
+export function meanStepProfile(steps: readonly PassProfile[], rows: number): Record<string, unknown> | null {
+  const sel = steps.filter((st) => st.rows === rows);
+  if (sel.length === 0) return null;
+  const ms: Record<string, number> = {};
+  const buckets: Record<string, number> = {};
+  let device = 0;
+  for (const st of sel) {
+    device += st.deviceMs;
+    for (const [k, v] of Object.entries(st.ops)) ms[k] = (ms[k] ?? 0) + v / sel.length;
+    for (const [k, v] of Object.entries(st.buckets)) buckets[k] = (buckets[k] ?? 0) + v / sel.length;
+  }
+  const total = Object.values(ms).reduce((a, b) => a + b, 0);
+  return {
+    rows,
+    steps: sel.length,
+    device_ms: r3(device / sel.length),
+    op_total_ms: r3(total),
+    ms: Object.fromEntries(Object.entries(ms).sort((a, b) => b[1] - a[1]).map(([k, v]) => [k, r3(v)])),
+    buckets_ms: Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, r3(v)])),
+  };
 }
 
 /**
@@ -93,6 +128,30 @@ export async function forkProbe(o: ForkProbeOptions): Promise<Record<string, unk
       off();
     }
     const after = engine.kv.stats();
+    // --profile: where a step's device time goes, n forks against one row (eager, every op timed).
+    let profile: Record<string, unknown> | null = null;
+    if (o.profile) {
+      const short = { ...params, maxTokens: Math.min(o.newTokens, PROFILE_STEPS + 1) };
+      engine.setProfiling(true);
+      engine.takeProfiles();
+      try {
+        await Promise.all(engine.submitFork(prompt, n, short).map((h) => h.done));
+        const forkSteps = engine.takeProfiles();
+        await engine.submit(prompt, short).done;
+        const single = engine.takeProfiles().filter((st) => st.rows === 1);
+        const forkStep = n > 1 ? meanStepProfile(forkSteps, n) : meanStepProfile(single, 1);
+        const oneStep = meanStepProfile(single, 1);
+        profile = {
+          fork_step: forkStep,
+          single_step: oneStep,
+          // A step of n rows against n steps of one: what the decode speedup would be from device time alone.
+          device_speedup:
+            forkStep && oneStep && (forkStep.device_ms as number) > 0 ? r3((n * (oneStep.device_ms as number)) / (forkStep.device_ms as number)) : null,
+        };
+      } finally {
+        engine.setProfiling(false);
+      }
+    }
     const seq = sequential.map(spans);
     const fk = forks.map(spans);
     const seqDecode = seq.reduce((a, s) => a + s.decode, 0);
@@ -166,6 +225,7 @@ export async function forkProbe(o: ForkProbeOptions): Promise<Record<string, unk
       kv_blocks_free_after: after.freeBlocks,
       kv_blocks_total: after.totalBlocks,
       notes: summaries[0]?.notes ?? [],
+      ...(o.profile ? { profile } : {}),
     };
   } finally {
     engine.dispose();
