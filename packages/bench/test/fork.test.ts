@@ -40,6 +40,14 @@ describe('nerva-bench fork', () => {
     expect(r.graph_nodes as number).toBeGreaterThan(0);
     expect(r.graph_replays_per_decode_token).toBeCloseTo(0.2, 2);
     expect(r.sequential_graph_replays_per_decode_token).toBe(1);
+    // The step's wall time explained: interval between decode steps >= the host's step call >=
+    // the device time between the step's events (the CPU backend's time is all "device" time).
+    const interval = r.fork_step_interval_ms as number, call = r.fork_step_call_ms_p50 as number, dev = r.fork_step_device_ms_p50 as number;
+    expect(dev).toBeGreaterThan(0);
+    expect(call).toBeGreaterThanOrEqual(dev * 0.99);
+    expect(interval).toBeGreaterThan(0);
+    expect(r.sequential_token_device_ms_p50 as number).toBeGreaterThan(0);
+    expect(r.sequential_token_interval_ms as number).toBeGreaterThanOrEqual((r.sequential_token_device_ms_p50 as number) * 0.5);
     // Every block but the null block is free again.
     expect(r.kv_blocks_free_after).toBe((r.kv_blocks_total as number) - 1);
   }, 120_000);

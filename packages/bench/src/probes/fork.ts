@@ -51,6 +51,23 @@ function spans(o: RequestOutcome): { decode: number; total: number; first: numbe
 }
 
 /**
+ * Median device time of a decode step (after the first token). A token's record holds its share
+ * of its step's device time: summed per step index when the outcomes decoded together (forks),
+ * per request and step when they ran one by one.
+ */
+function stepDeviceMs(outcomes: readonly RequestOutcome[], together: boolean): number | null {
+  const perStep = new Map<string, number>();
+  for (const o of outcomes)
+    for (const rec of o.ledger.all()) {
+      if (rec.phase !== 'decode' || rec.deviceActiveMs === undefined) continue;
+      const key = together ? `${rec.step}` : `${rec.seq}:${rec.step}`;
+      perStep.set(key, (perStep.get(key) ?? 0) + rec.deviceActiveMs);
+    }
+  const m = median([...perStep.values()]);
+  return m === null ? null : r3(m);
+}
+
+/**
  * The mean of profiled decode steps of `rows` rows: device time, the ops' sum, ms by op class
  * (largest first) and by coarse bucket. Null without such steps.
  */
@@ -216,6 +233,14 @@ export async function forkProbe(o: ForkProbeOptions): Promise<Record<string, unk
       prefix_blocks_read_per_step: median(decodeSteps.map((s) => s.sharedBlocks)),
       redundant_block_reads_per_step: median(decodeSteps.map((s) => s.sharedBlockReads)),
       decode_rows_per_step: median(decodeSteps.map((s) => s.scheduledTokens)),
+      // Where a step's wall time goes: the interval between decode steps (fork decode time over
+      // the steps), the host's step call (scheduling, launch or replay, the wait, accepting
+      // tokens) and the device time between its events; sequentially the same per token.
+      fork_step_interval_ms: decodeSteps.length > 0 ? r3(forkDecode / decodeSteps.length) : null,
+      fork_step_call_ms_p50: median(decodeSteps.map((s) => s.stepMs)) === null ? null : r3(median(decodeSteps.map((s) => s.stepMs))!),
+      fork_step_device_ms_p50: stepDeviceMs(forks, true),
+      sequential_token_interval_ms: r3(seqDecode / Math.max(1, sequential.reduce((a, f) => a + f.tokenIds.length - 1, 0))),
+      sequential_token_device_ms_p50: stepDeviceMs(sequential, false),
       graph_nodes: bucket !== undefined ? nodes[bucket] : null,
       graph_bucket: bucket ?? null,
       graph_replays_per_decode_token: mean(summaries.map((s) => s.graph_replays_per_decode_token)),
