@@ -48,7 +48,7 @@
 #   invariance (not in the default list; bash tools/gpu/run.sh build,invariance): tools/gpu/batch_invariance.ts, the decode
 #   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..64 rows, every row bit for bit,
 #   on a batchInvariant backend (must hold) and on the default one (informational), once with the GEMV and once with
-#   NERVA_BI_GEMM=1 (k_gemm_bi) -> $OUT/batch_invariance-gemv.json, $OUT/batch_invariance-bigemm.json
+#   NERVA_BI_GEMM=1 (k_gemm_bi), once with that and NERVA_BI_ATTN_GQA=1 -> $OUT/batch_invariance-{gemv,bigemm,bigemm-gqa}.json
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -107,10 +107,13 @@ if has hostattn; then
 fi
 
 has conformance && runjs conformance conformance.mjs
-# Twice: the default batch-invariant matmul (GEMV) and the opt-in tensor-core one (NERVA_BI_GEMM=1).
+# Three times: the default batch-invariant kernels (GEMV, split-KV attention), the opt-in
+# tensor-core matmul (NERVA_BI_GEMM=1), and that with the opt-in GQA attention (NERVA_BI_ATTN_GQA=1).
 if has invariance; then
   runjs invariance batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-gemv.json"
   NERVA_BI_GEMM=1 runjs "invariance (NERVA_BI_GEMM=1)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm.json"
+  NERVA_BI_GEMM=1 NERVA_BI_ATTN_GQA=1 runjs "invariance (NERVA_BI_GEMM=1 NERVA_BI_ATTN_GQA=1)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm-gqa.json"
+  rm -f "$OUT/batch_invariance.json"
 fi
 has checks && runjs checks checks.mjs
 has nccl && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs nccl nccl_check.mjs

@@ -2467,12 +2467,26 @@ int gqaMinRows() {
   return v;
 }
 
+// NERVA_BI_ATTN_GQA=1: batch-invariant decode runs k_attn_decode_gqa at every row count, 1
+// included, with its splits sized as for one row (attnDecodeGqaRun), instead of the split-KV
+// kernel. Opt-in until measured: it reads each key once for the G q heads of its KV head (what
+// made many-row decode fast, see gqaMinRows), but one row alone may decode slower on it.
+bool biAttnGqa() {
+  static const bool v = [] {
+    const char* e = getenv("NERVA_BI_ATTN_GQA");
+    return e && strcmp(e, "1") == 0;
+  }();
+  return v;
+}
+
 bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, int kdt, int vdt) {
   const int G = KVH > 0 && H % KVH == 0 ? H / KVH : 0;
-  // Batch-invariant decode: one kernel for every row count (the split-KV kernel below).
-  if (ex->batchInv) return false;
-  return gqaMinRows() > 0 && rows >= gqaMinRows() && hd == DG_HD && !ex->bf16act && kdt == vdt &&
-         (kdt == NV_F32 || kdt == NV_BF16) && (G == 1 || G == 2 || G == 4 || G == 8);
+  const bool shapes = hd == DG_HD && !ex->bf16act && kdt == vdt && (kdt == NV_F32 || kdt == NV_BF16) &&
+                      (G == 1 || G == 2 || G == 4 || G == 8);
+  // Batch-invariant decode: one kernel for every row count, chosen from the shapes alone (the
+  // split-KV kernel below, or with NERVA_BI_ATTN_GQA=1 this one).
+  if (ex->batchInv) return biAttnGqa() && shapes;
+  return gqaMinRows() > 0 && rows >= gqaMinRows() && shapes;
 }
 
 template <typename KT, int G>
@@ -2480,11 +2494,21 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
                      int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale) {
   const long long maxLen = (long long)mbps * bs;
   const int minChunk = 64;
-  // Splits: about three blocks per SM in all, each at least minChunk keys.
-  long long S = std::max<long long>(1, ((long long)ex->smCount * 3 + (long long)rows * KVH - 1) / ((long long)rows * KVH));
+  // Splits: about three blocks per SM in all, each at least minChunk keys. Batch-invariant
+  // decode: as for one row whatever the rows (a row's key chunks and merge order fix its bits),
+  // the rows in chunks the workspace and the combine counters cover, so every chunk merges the
+  // same way (attnArrive) and S is never cut for the rows' sake.
+  const bool inv = ex->batchInv;
+  const long long sRows = inv ? 1 : rows;
+  long long S = std::max<long long>(1, ((long long)ex->smCount * 3 + sRows * KVH - 1) / (sRows * KVH));
   S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
   const size_t perSplit = (size_t)(DG_HD + 2) * sizeof(float);
   int rowChunk = rows;
+  if (inv) {
+    size_t fit = ex->wsBytes / ((size_t)H * S * perSplit);
+    if (ex->counters && (size_t)H <= ex->counterCount) fit = std::min(fit, ex->counterCount / (size_t)H);
+    rowChunk = (int)std::max<size_t>(1, std::min<size_t>((size_t)rows, fit));
+  }
   while (rowChunk > 1 && (size_t)rowChunk * H * S * perSplit > ex->wsBytes) {
     if (S > 1) S = std::max<long long>(1, S / 2);
     else rowChunk = (rowChunk + 1) / 2;

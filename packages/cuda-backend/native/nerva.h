@@ -96,8 +96,8 @@ struct NervaExec {
   // Batch-invariant decode (CudaBackendOptions.batchInvariant): a decode row's results do not
   // depend on how many rows share the call. Op fused_matmul and op decoder_layers run every row
   // count on the GEMV kernels (NERVA_BI_GEMM=1: k_gemm_bi, tensor cores, batch-invariant), never
-  // cuBLAS; decode attention sizes its splits as for one row and never takes the GQA kernel, the
-  // persistent decoder is off.
+  // cuBLAS; decode attention sizes its splits as for one row and takes one kernel at every row
+  // count (split-KV; NERVA_BI_ATTN_GQA=1: the GQA kernel), the persistent decoder is off.
   bool batchInv = false;
   // Error detail for a failure (which call, or why the arguments were rejected).
   char errCall[160] = {0};

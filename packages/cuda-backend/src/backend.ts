@@ -93,8 +93,10 @@ export interface CudaBackendOptions {
    * every row count on the GEMV kernels (16 rows a launch), never a cuBLAS GEMM; NERVA_BI_GEMM=1
    * puts them on a batch-invariant tensor-core kernel instead (k_gemm_bi: up to 64 rows a launch,
    * the weights read once; activations split into three bf16 terms, f32-grade; opt-in until it
-   * has run on a GPU). Decode attention sizes its key splits as for one row and never takes the
-   * GQA kernel, and the persistent decoder is off. Prefill matmuls (op matmul past 8 rows) keep
+   * has run on a GPU). Decode attention sizes its key splits as for one row and runs the
+   * split-KV kernel at every row count (NERVA_BI_ATTN_GQA=1: the GQA kernel, which reads each key
+   * once for the q heads sharing it, at every row count; opt-in until measured), and the
+   * persistent decoder is off. Prefill matmuls (op matmul past 8 rows) keep
    * their GEMMs.
    * Reported as capabilities.batchInvariant.
    */

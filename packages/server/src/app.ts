@@ -88,7 +88,16 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
 
   app.get('/metrics', async (_req, reply) => {
     const e = state.engine;
-    if (e) state.metrics.setLoad(e.numRunning, e.numWaiting, e.kvUsage);
+    if (e) {
+      state.metrics.setLoad(e.numRunning, e.numWaiting, e.kvUsage);
+      // The memory OS series (tiers, weight traffic, KV pages by tier): the engine's report now.
+      // An engine that cannot answer leaves them as last scraped; the rest is still served.
+      const mem = await e.stats().then(
+        (s) => s.memory,
+        () => undefined,
+      );
+      if (mem) state.metrics.setMemory(mem);
+    }
     reply.type(state.metrics.contentType);
     return state.metrics.text();
   });

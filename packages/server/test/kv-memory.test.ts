@@ -36,6 +36,21 @@ const memory = async (s: RunningServer) => {
 };
 // 80 tokens of prompt + 12 generated: 6 pages of 16, more than a 5-page hot pool's 4.
 const PROMPT = Array.from({ length: 80 }, (_, i) => 1 + ((i * 131 + 7) % 4000));
+/** The server's /metrics as series (name with its labels but model_name) -> value. */
+const scrape = async (s: RunningServer) => {
+  const text = await (await fetch(`${s.url}/metrics`)).text();
+  const out = new Map<string, number>();
+  for (const line of text.split('\n')) {
+    const m = /^(nerva:[a-z_]+)(?:\{([^}]*)\})? (\S+)$/.exec(line);
+    if (!m) continue;
+    const labels = (m[2] ?? '')
+      .split(',')
+      .filter((l) => l && !l.startsWith('model_name='))
+      .join(',');
+    out.set(labels ? `${m[1]}{${labels}}` : m[1], Number(m[3]));
+  }
+  return out;
+};
 const complete = async (s: RunningServer) => {
   const r = await fetch(`${s.url}/v1/completions`, {
     method: 'POST',
@@ -87,6 +102,23 @@ describe('serve with kv_vram_budget', () => {
     expect(kv.preemptions).toBe(0);
     expect(after.kv_blocks_used).toBe(0);
     expect(after.num_requests_running).toBe(0);
+
+    // /metrics carries the same figures as Prometheus series.
+    const series = await scrape(s);
+    for (const tier of ['hot', 'warm', 'cold'] as const) {
+      expect(series.get(`nerva:kv_pages{tier="${tier}"}`), tier).toBe(kv.tiers[tier].used_pages);
+      expect(series.get(`nerva:kv_pages_capacity{tier="${tier}"}`), tier).toBe(kv.tiers[tier].capacity_pages);
+    }
+    expect(series.get('nerva:kv_page_demotions_total')).toBe(kv.demotions);
+    expect(series.get('nerva:kv_page_promotions_total') ?? 0).toBe(kv.promotions);
+    expect(series.get('nerva:kv_moved_bytes_total{path="d2h"}')).toBe(kv.moved.d2h.bytes);
+    expect(series.get('nerva:kv_tiered_passes_total')).toBe(kv.tiered_passes);
+    // Counters only grow: a second scrape after another request is at least the first.
+    await complete(s);
+    const again = await scrape(s);
+    expect(again.get('nerva:kv_tiered_passes_total')!).toBeGreaterThan(series.get('nerva:kv_tiered_passes_total')!);
+    expect(again.get('nerva:kv_page_demotions_total')!).toBeGreaterThanOrEqual(series.get('nerva:kv_page_demotions_total')!);
+    expect(again.get('nerva:kv_tiered_passes_total')).toBe((await memory(s)).kv.tiered_passes);
 
     await s.shutdown();
     servers.splice(servers.indexOf(s), 1);

@@ -60,5 +60,19 @@ describe('serve with vram_budget', () => {
     expect(moved(after) - moved(before)).toBeGreaterThan(0);
     expect(after.prefetch.hits + after.prefetch.stalls).toBeGreaterThan(before.prefetch.hits + before.prefetch.stalls);
     expect(after.kv_blocks_used).toBe(0);
+
+    // /metrics: the same placement and traffic as Prometheus series.
+    const text = await (await fetch(`${paged.url}/metrics`)).text();
+    const series = (name: string, label = '') => {
+      const line = text.split('\n').find((l) => l.startsWith(`${name}{${label}`));
+      return line === undefined ? 0 : Number(line.slice(line.lastIndexOf(' ') + 1));
+    };
+    const now = await memory(paged);
+    expect(series('nerva:weight_bytes', 'placement="streamed"')).toBe(now.weights.streamed_bytes);
+    expect(series('nerva:weight_bytes', 'placement="hot"')).toBe(now.weights.hot_bytes);
+    for (const [path, t] of Object.entries(now.moved as Record<string, { bytes: number }>))
+      expect(series('nerva:weight_moved_bytes_total', `path="${path}"`), path).toBe(t.bytes);
+    expect(series('nerva:weight_prefetch_hits_total')).toBe(now.prefetch.hits);
+    expect(series('nerva:weight_prefetch_stalls_total')).toBe(now.prefetch.stalls);
   });
 });

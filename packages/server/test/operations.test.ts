@@ -121,6 +121,16 @@ describe('operations', () => {
     const e2e = sample(text, `nerva:e2e_request_latency_seconds_sum${m}`);
     expect(e2e).toBeGreaterThan(0);
     expect(e2e).toBeLessThan(60);
+    // The memory OS report as series, equal to GET /v1/memory's: every weight hot (resident).
+    const mem = (await (await fetch(`${server.url}/v1/memory`)).json()) as any;
+    expect(sample(text, `nerva:weight_bytes{placement="hot",model_name="${MODEL}"}`)).toBe(mem.weights.hot_bytes);
+    expect(sample(text, `nerva:weight_bytes{placement="streamed",model_name="${MODEL}"}`)).toBe(0);
+    for (const t of mem.tiers as { tier: string; budget_bytes: number; weights_bytes: number }[]) {
+      expect(sample(text, `nerva:memory_tier_budget_bytes{tier="${t.tier}",model_name="${MODEL}"}`), t.tier).toBe(t.budget_bytes);
+      expect(sample(text, `nerva:memory_tier_bytes{tier="${t.tier}",holder="weights",model_name="${MODEL}"}`), t.tier).toBe(t.weights_bytes);
+    }
+    // Without tiered KV there are no KV tier series with values.
+    expect(text).not.toMatch(/^nerva:kv_pages\{/m);
   });
 
   it('shutdown drains: an in-flight stream finishes, new requests are refused, then the port closes', async () => {
