@@ -146,6 +146,8 @@ export interface BackendStats {
   syncs: SyncCounts;
   /** Milliseconds the host spent computing ops near host-tier data on a device backend (op mlp_slice; op attention over a KV cache in pinned memory). */
   hostComputeMs?: number;
+  /** hostComputeMs by op: the host MLP slices over streamed weights, the host attention over warm KV pages. */
+  hostComputeMsByOp?: { mlp_slice: number; attention: number };
 }
 
 export type HostArray = Float32Array | Int32Array | Uint16Array;

@@ -14,6 +14,7 @@ export interface TokenLedgerRecord {
   /** Part of wallMs spent choosing the token. */
   sampleMs: number;
   deviceActiveMs?: number;
+  /** Host CPU time computing near host-tier data for this token (its share of the step's): host MLP slices, host attention over warm KV pages. */
   cpuActiveMs?: number;
   cpuBlockedMs?: number;
   launches: number;
@@ -49,6 +50,8 @@ export interface LedgerSummary {
   ms_per_token_p99: number;
   sample_ms_total: number;
   device_active_ms_total?: number;
+  /** Host compute near data (cpuActiveMs), where the backend measures it. */
+  cpu_active_ms_total?: number;
   launches: number;
   graph_replays: number;
   graph_replays_per_decode_token: number;
@@ -102,6 +105,7 @@ export class LedgerAggregator {
     let wall = 0, sample = 0, launches = 0, replays = 0, h2d = 0, d2h = 0, d2d = 0, alloc = 0, hot = 0, decodeWall = 0;
     let device = 0;
     let hasDevice = false;
+    let cpu: number | undefined;
     let prefetched: number | undefined;
     let diskRead: number | undefined;
     const notes = [...this.extraNotes];
@@ -123,6 +127,7 @@ export class LedgerAggregator {
         hasDevice = true;
         device += r.deviceActiveMs;
       }
+      if (r.cpuActiveMs !== undefined) cpu = (cpu ?? 0) + r.cpuActiveMs;
       for (const k of SYNC_KINDS) syncs[k] += r.syncs[k];
       if (r.prefetchedBlocks !== undefined) prefetched = (prefetched ?? 0) + r.prefetchedBlocks;
       if (r.diskReadBytes !== undefined) diskRead = (diskRead ?? 0) + r.diskReadBytes;
@@ -158,6 +163,7 @@ export class LedgerAggregator {
       notes,
     };
     if (hasDevice) s.device_active_ms_total = round(device);
+    if (cpu !== undefined) s.cpu_active_ms_total = round(cpu);
     if (prefetched !== undefined) s.prefetched_blocks = round(prefetched);
     if (diskRead !== undefined) s.disk_read_bytes = Math.round(diskRead);
     if (Object.keys(buckets).length) s.buckets_ms = Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, round(v)]));

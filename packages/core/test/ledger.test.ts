@@ -43,6 +43,17 @@ describe('LedgerAggregator', () => {
     expect(JSON.parse(JSON.stringify(s))).toEqual(s);
   });
 
+  it('sums host compute near data (cpuActiveMs) where measured, and leaves it out where not', () => {
+    const l = new LedgerAggregator();
+    l.add(rec(0, 5));
+    expect(l.summary().cpu_active_ms_total).toBeUndefined();
+    l.add(rec(1, 5, { cpuActiveMs: 1.25 }));
+    l.add(rec(2, 5, { cpuActiveMs: 0.5, deviceActiveMs: 2 }));
+    const s = l.summary();
+    expect(s.cpu_active_ms_total).toBe(1.75);
+    expect(s.device_active_ms_total).toBe(2);
+  });
+
   it('percentile of an empty list is 0 and of one value is that value', () => {
     expect(percentile([], 0.5)).toBe(0);
     expect(percentile([7], 0.99)).toBe(7);

@@ -681,20 +681,21 @@ export class CudaBackend implements DeviceBackend {
   }
 
   /** Time the host CPU spent computing ops near data (host MLP slices, host attention). */
-  private hostComputeStats(): { hostComputeMs?: number } {
+  private hostComputeStats(): Pick<BackendStats, 'hostComputeMs' | 'hostComputeMsByOp'> {
     const native = this.ctx as unknown as Partial<HostMlpNative & HostAttnNative>;
     if (this.disposed) return {};
-    let ns = 0;
+    let mlpNs = 0;
+    let attnNs = 0;
     let any = false;
     if (this.hostMlps.size > 0 && typeof native.hostMlpStats === 'function') {
-      ns += native.hostMlpStats().ns;
+      mlpNs = native.hostMlpStats().ns;
       any = true;
     }
     if (this.hostAttns.size > 0 && typeof native.hostAttnStats === 'function') {
-      ns += native.hostAttnStats().ns;
+      attnNs = native.hostAttnStats().ns;
       any = true;
     }
-    return any ? { hostComputeMs: ns / 1e6 } : {};
+    return any ? { hostComputeMs: (mlpNs + attnNs) / 1e6, hostComputeMsByOp: { mlp_slice: mlpNs / 1e6, attention: attnNs / 1e6 } } : {};
   }
 
   private finalCounters = { allocCalls: 0, freeCalls: 0, launches: 0, graphReplays: 0, hotPathRejected: 0 };

@@ -661,7 +661,10 @@ export class Engine {
   /** Where every weight block lives, what moved and what it cost (the memory OS report). */
   memoryReport(): MemoryReport {
     const r = memoryReport(this.backend, this.weights, this.runner.kvBytes, this.budgets, { computeBytes: this.runner.hostComputeBytes, readBytes: this.runner.hostReadBytes });
-    if (this.kvTiers) r.kv = this.kvTiers.report(this.runner as ModelRunner, this.totalPreemptions, this.kv.blockSize);
+    if (this.kvTiers) {
+      const hostAttn = (this.pipeline?.stats() ?? this.backend.stats()).hostComputeMsByOp?.attention;
+      r.kv = this.kvTiers.report(this.runner as ModelRunner, this.totalPreemptions, this.kv.blockSize, hostAttn);
+    }
     return r;
   }
 
@@ -1433,6 +1436,8 @@ function statsDelta(a: BackendStats, b: BackendStats, share: number) {
     d2dBytes: (b.d2dBytes - a.d2dBytes) * share,
     allocatorCalls: allocs * share,
     hotPathAllocations: (b.hotPathAllocations - a.hotPathAllocations) * share,
+    // Host compute near data in the step (host MLP slices, host attention over warm KV pages).
+    ...(a.hostComputeMs !== undefined && b.hostComputeMs !== undefined ? { cpuActiveMs: (b.hostComputeMs - a.hostComputeMs) * share } : {}),
   };
 }
 

@@ -179,7 +179,7 @@ export class TieredKv {
     return this.tiers.warmPages > 0;
   }
 
-  report(runner: ModelRunner, preemptions: number, blockSize: number): KvMemoryReport {
+  report(runner: ModelRunner, preemptions: number, blockSize: number, hostAttentionMs?: number): KvMemoryReport {
     this.tiers.reclaim();
     const s = this.tiers.stats();
     const pb = this.plan.pageBytes;
@@ -195,6 +195,7 @@ export class TieredKv {
       promotions: s.promotions,
       moved: structuredClone(this.moved),
       tieredPasses: runner.tieredPasses,
+      ...(hostAttentionMs !== undefined ? { hostAttentionMs } : {}),
       swappedOut: this.swappedOut,
       preemptions,
       ...(runner.limits.linkPages ? { staging: { capacityPages: runner.limits.linkPages, bytes: runner.stageBytes, stagedBytes: this.stagedBytes } } : {}),

@@ -603,7 +603,8 @@ export class StagePipeline implements PassRunner {
   stats(): BackendStats {
     if (this.distinct.length === 1) return this.distinct[0].stats();
     const all = this.distinct.map((b) => b.stats());
-    const sum = (k: Exclude<keyof BackendStats, 'syncs'>) => all.reduce((t, s) => t + (s[k] ?? 0), 0);
+    const sum = (k: Exclude<keyof BackendStats, 'syncs' | 'hostComputeMsByOp'>) => all.reduce((t, s) => t + (s[k] ?? 0), 0);
+    const byOp = all.filter((s) => s.hostComputeMsByOp !== undefined).map((s) => s.hostComputeMsByOp!);
     const syncs = emptySyncCounts();
     for (const s of all) for (const k of SYNC_KINDS) syncs[k] += s.syncs[k];
     return {
@@ -619,6 +620,9 @@ export class StagePipeline implements PassRunner {
       graphReplays: sum('graphReplays'),
       syncs,
       ...(all.some((s) => s.hostComputeMs !== undefined) ? { hostComputeMs: sum('hostComputeMs') } : {}),
+      ...(byOp.length
+        ? { hostComputeMsByOp: { mlp_slice: byOp.reduce((t, b) => t + b.mlp_slice, 0), attention: byOp.reduce((t, b) => t + b.attention, 0) } }
+        : {}),
     };
   }
 

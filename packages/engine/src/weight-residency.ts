@@ -212,7 +212,8 @@ export function memoryReport(
       // Loads into staging slots, plus host slices the device read in place (prefill).
       h2d: { bytes: (ps?.h2dBytes ?? 0) + host.readBytes, ms: 0 },
       diskRead: { bytes: ps?.diskReadBytes ?? 0, ms: ps?.diskReadMs ?? 0 },
-      cpuCompute: { bytes: host.computeBytes, ms: stats.hostComputeMs ?? 0 },
+      // The host MLP's time alone where the backend splits it from host attention (tiered KV's).
+      cpuCompute: { bytes: host.computeBytes, ms: stats.hostComputeMsByOp?.mlp_slice ?? stats.hostComputeMs ?? 0 },
     },
     streamedBytesPerPass: plan?.streamedBytes ?? 0,
     prefetch: { hits: ps?.hits ?? 0, stalls: ps?.stalls ?? 0, stallMs: 0 },

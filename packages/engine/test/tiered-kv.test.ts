@@ -4,7 +4,8 @@ import { join } from 'node:path';
 import { OffloadDirError } from '@nerva/memos';
 import { afterAll, describe, expect, it } from 'vitest';
 import { Engine } from '../src/index.js';
-import type { DeviceBuffer } from '@nerva/core';
+import type { DeviceBackend, DeviceBuffer } from '@nerva/core';
+import { createCpuBackend } from '@nerva/cpu-backend';
 import { KvBudgetError, linkTakes } from '../src/kv-tiering.js';
 import { DEFAULT_MODEL, fixtureModels, MODELS } from './fixtures.js';
 import { recordingBackend } from './recording-backend.js';
@@ -112,6 +113,66 @@ describe('kvWarmLinkShare: the device attends over a share of the warm pages its
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 1 << 20, kvWarmLinkShare: 1.5 })).rejects.toThrow(/kvWarmLinkShare must be a number from 0 to 1, got 1.5/);
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 1 << 20, kvWarmLinkShare: Number.NaN })).rejects.toThrow(/kvWarmLinkShare must be a number/);
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvWarmLinkShare: 0.5 })).rejects.toThrow(/^kvWarmLinkShare needs kvVramBudget/);
+  });
+});
+
+describe('host time over warm pages: in the KV report and each token\'s ledger', () => {
+  it('a backend that measures its host attention apart (as the CUDA one) gets hostAttentionMs and cpuActiveMs', async () => {
+    // The CPU backend whose stats report 0.5 ms of host compute per host partial (the attention
+    // call over the warm pool, which carries the pinned q/out staging), split by op as the CUDA
+    // backend's native counters are.
+    const inner = createCpuBackend();
+    let hostCalls = 0;
+    const backend = new Proxy(inner, {
+      get(target, prop, recv) {
+        if (prop === 'run')
+          return (op: string, args: Record<string, unknown>, stream?: unknown) => {
+            if (op === 'attention' && args.qHost !== undefined) hostCalls++;
+            return (target.run as (o: string, a: unknown, s?: unknown) => void)(op, args, stream);
+          };
+        if (prop === 'stats') return () => ({ ...target.stats(), hostComputeMs: 0.5 * hostCalls, hostComputeMsByOp: { mlp_slice: 0, attention: 0.5 * hostCalls } });
+        const v = Reflect.get(target, prop, recv) as unknown;
+        return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
+      },
+    }) as DeviceBackend;
+    const probe = await Engine.create({ model: DEFAULT_MODEL, ...SHAPE });
+    const pb = pageBytes(probe);
+    probe.dispose();
+    const e = await Engine.create({ model: DEFAULT_MODEL, ...SHAPE, backend, kvVramBudget: 5 * pb });
+    try {
+      // The ledger explains the steps that produce tokens (prompt chunks before the last sample
+      // nothing): the host calls of those steps.
+      let seen = 0;
+      let inTokenSteps = 0;
+      const off = e.onStep((sig) => {
+        if (sig.generationTokens > 0) inTokenSteps += hostCalls - seen;
+        seen = hostCalls;
+      });
+      const got = await run(e);
+      off();
+      expect(hostCalls).toBeGreaterThan(0);
+      expect(inTokenSteps).toBeGreaterThan(0);
+      const r = e.memoryReport();
+      expect(r.kv!.hostAttentionMs).toBe(0.5 * hostCalls);
+      // The host MLP's time alone under the weights' cpu_compute path (none here).
+      expect(r.moved.cpuCompute.ms).toBe(0);
+      // The tokens' shares add up to the host time of the steps that sampled them.
+      const s = got.ledger.summary();
+      expect(s.cpu_active_ms_total).toBeCloseTo(0.5 * inTokenSteps, 2);
+      expect(got.ledger.all().every((rec) => rec.cpuActiveMs !== undefined && rec.cpuActiveMs >= 0)).toBe(true);
+    } finally {
+      e.dispose();
+      inner.dispose();
+    }
+    // The plain CPU backend does not measure host compute apart: neither appears.
+    const plain = await Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 5 * pb });
+    try {
+      const out = await run(plain, PROMPT, 4);
+      expect(plain.memoryReport().kv!.hostAttentionMs).toBeUndefined();
+      expect(out.ledger.summary().cpu_active_ms_total).toBeUndefined();
+    } finally {
+      plain.dispose();
+    }
   });
 });
 

@@ -92,6 +92,12 @@ export interface KvMemoryReport {
   moved: { d2h: PathTraffic; h2d: PathTraffic; diskWrite: PathTraffic; diskRead: PathTraffic };
   /** Forward passes whose attention merged host partials over warm pages. */
   tieredPasses: number;
+  /**
+   * Milliseconds the host CPU spent on those partials (attention over warm pages where they lie),
+   * since start; absent where the backend does not measure it apart (the CPU backend, whose
+   * compute tier is host memory already).
+   */
+  hostAttentionMs?: number;
   /** Sequences whose pages were written to the cold tier instead of being preempted by recompute. */
   swappedOut: number;
   /** Sequences preempted by recompute (the last resort). */

@@ -55,6 +55,8 @@ export interface KvReportJson {
   moved: { d2h: PathTrafficJson; h2d: PathTrafficJson; disk_write: PathTrafficJson; disk_read: PathTrafficJson };
   /** Forward passes whose attention merged host partials over warm pages. */
   tiered_passes: number;
+  /** Host CPU milliseconds spent on those partials (attention over warm pages), since start; null where not measured apart (CPU backend). */
+  host_attention_ms: number | null;
   /** Sequences swapped out to the cold tier instead of preempted by recompute. */
   swapped_out: number;
   /** Sequences preempted by recompute. */
@@ -112,6 +114,7 @@ export function kvReportJson(kv: NonNullable<MemoryReport['kv']>): KvReportJson 
     promotions: kv.promotions,
     moved: { d2h: path(kv.moved.d2h), h2d: path(kv.moved.h2d), disk_write: path(kv.moved.diskWrite), disk_read: path(kv.moved.diskRead) },
     tiered_passes: kv.tieredPasses,
+    host_attention_ms: kv.hostAttentionMs === undefined ? null : ms(kv.hostAttentionMs),
     swapped_out: kv.swappedOut,
     preemptions: kv.preemptions,
     staging: kv.staging ? { capacity_pages: kv.staging.capacityPages, bytes: kv.staging.bytes, staged_bytes: kv.staging.stagedBytes } : null,

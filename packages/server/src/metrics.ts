@@ -48,9 +48,13 @@ export class ServerMetrics {
   private readonly kvMovedBytes: Counter<'path'>;
   private readonly kvMoveSeconds: Counter<'path'>;
   private readonly kvTieredPasses: Counter;
+  private readonly kvHostAttentionSeconds: Counter;
   private readonly kvSwappedOut: Counter;
   private readonly kvStagedBytes: Counter;
-  /** Cumulative values last seen, by counter and label: the report is cumulative, counters take increments. */
+  /**
+   * Cumulative values last seen, by counter and label: the report is cumulative, counters take
+   * increments. A smaller value (an engine started anew) becomes the baseline, never a decrement.
+   */
   private readonly seen = new Map<string, number>();
 
   constructor(readonly modelName: string) {
@@ -92,6 +96,7 @@ export class ServerMetrics {
     this.kvMovedBytes = c('nerva:kv_moved_bytes_total', 'Tiered KV: page bytes moved, by path (d2h, h2d, disk_write, disk_read).', ['path']);
     this.kvMoveSeconds = c('nerva:kv_move_seconds_total', 'Tiered KV: measured time of those page moves, by path.', ['path']);
     this.kvTieredPasses = c('nerva:kv_tiered_passes_total', 'Tiered KV: forward passes whose attention merged partials over warm pages.');
+    this.kvHostAttentionSeconds = c('nerva:kv_host_attention_seconds_total', 'Tiered KV: host CPU time computing attention over warm pages where they lie (the partials merged with the device\'s), where the backend measures it.');
     this.kvSwappedOut = c('nerva:kv_swapped_out_total', 'Tiered KV: sequences written to the cold tier instead of preempted by recompute.');
     this.kvStagedBytes = c('nerva:kv_staged_bytes_total', 'Tiered KV with kv_warm_link_share: warm page bytes gathered over the link into VRAM staging.');
   }
@@ -141,6 +146,7 @@ export class ServerMetrics {
       adv(this.kvMoveSeconds, `kv_s:${path}`, t.ms / 1000, { path });
     }
     adv(this.kvTieredPasses, 'kv_tiered_passes', kv.tieredPasses);
+    if (kv.hostAttentionMs !== undefined) adv(this.kvHostAttentionSeconds, 'kv_host_attention_s', kv.hostAttentionMs / 1000);
     adv(this.kvSwappedOut, 'kv_swapped_out', kv.swappedOut);
     adv(this.kvStagedBytes, 'kv_staged_bytes', kv.staging?.stagedBytes ?? 0);
   }
