@@ -43,8 +43,8 @@
 #   on a backend of the same precision -> one JSON line per run appended to $OUT/prefill.jsonl.
 #   fork (not in the default list; NERVA_SIZES="qwen3-0.6b qwen3-8b" bash tools/gpu/run.sh build,synth,fork): nerva-bench fork
 #   on each checkpoint, NERVA_FORK_N (32) sampled forks of a NERVA_FORK_PROMPT (512)-token prompt, NERVA_FORK_TOKENS (128)
-#   each, against the same requests one by one, once per KV dtype in NERVA_FORK_KV ("auto bf16") -> $OUT/fork.jsonl; NERVA_FORK_ARGS adds flags
-#   (e.g. --batch-invariant)
+#   each, against the same requests one by one, once per KV dtype in NERVA_FORK_KV ("auto bf16") and per environment in NERVA_FORK_ENVS
+#   (';'-separated VAR=value sets) -> $OUT/fork.jsonl; NERVA_FORK_ARGS adds flags (e.g. "--batch-invariant --profile")
 #   invariance (not in the default list; bash tools/gpu/run.sh build,invariance): tools/gpu/batch_invariance.ts, the decode
 #   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..64 rows, every row bit for bit,
 #   on a batchInvariant backend (must hold) and on the default one (informational), once with the GEMV and once with
@@ -159,15 +159,25 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
     NERVA_ACCELERATE_JSON="$acc" runjs "offload $size" offload.mjs "$dir" "$budget" 16 ${NERVA_OFFLOAD_TOKENS:-32}
   fi
   if has fork; then
-    # 32 sampled forks of one 512-token prompt at once vs the same 32 requests one by one.
-    for kv in ${NERVA_FORK_KV:-auto bf16}; do
-      t0=$(date +%s)
-      if $NODE --enable-source-maps .device/dist/bench_cli.mjs fork --model "$dir" --backend cuda --n ${NERVA_FORK_N:-32} --prompt-len ${NERVA_FORK_PROMPT:-512} \
-          --new-tokens ${NERVA_FORK_TOKENS:-128} --kv-cache-dtype $kv ${NERVA_FORK_ARGS:-} >> "$OUT/fork.jsonl" 2>>"$log"; then
-        say "fork $size kv=$kv ok ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/fork.jsonl" | grep -o '"decode_speedup":[0-9.]*\|"tokens_identical":[a-z]*' | tr '\n' ' ')"
-      else
-        say "fork $size kv=$kv FAILED"; status=1
-      fi
+    # 32 sampled forks of one 512-token prompt at once vs the same 32 requests one by one, per KV
+    # dtype and per environment of NERVA_FORK_ENVS (';'-separated VAR=value sets, e.g.
+    # ";NERVA_BI_GEMM=1 NERVA_BI_ATTN_GQA=1": each line then starts with "run_env").
+    IFS=';' read -ra fenvs <<< "${NERVA_FORK_ENVS:-}"
+    [ ${#fenvs[@]} -eq 0 ] && fenvs=("")
+    for fe in "${fenvs[@]}"; do
+      read -ra fenv <<< "$fe"
+      for kv in ${NERVA_FORK_KV:-auto bf16}; do
+        t0=$(date +%s)
+        rm -f /tmp/nerva-fork.json
+        if env "${fenv[@]}" $NODE --enable-source-maps .device/dist/bench_cli.mjs fork --model "$dir" --backend cuda --n ${NERVA_FORK_N:-32} --prompt-len ${NERVA_FORK_PROMPT:-512} \
+            --new-tokens ${NERVA_FORK_TOKENS:-128} --kv-cache-dtype $kv ${NERVA_FORK_ARGS:-} > /tmp/nerva-fork.json 2>>"$log"; then
+          say "fork $size kv=$kv [$fe] ok ($(( $(date +%s) - t0 )) s): $(tail -1 /tmp/nerva-fork.json | grep -o '"decode_speedup":[0-9.]*\|"tokens_identical":[a-z]*' | tr '\n' ' ')"
+        else
+          say "fork $size kv=$kv [$fe] FAILED"; status=1
+          echo "{\"probe\":\"fork\",\"model\":\"$dir\",\"kv_cache_dtype\":\"$kv\",\"error\":\"exit status non-zero (run.log)\"}" > /tmp/nerva-fork.json
+        fi
+        tail -1 /tmp/nerva-fork.json | sed "s/^{/{\"run_env\":\"$fe\",/" >> "$OUT/fork.jsonl"
+      done
     done
   fi
   if has throughput; then
@@ -190,10 +200,17 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
       cat "$tb" >> "$OUT/throughput.jsonl"
       IFS=';' read -ra variants <<< "${NERVA_THROUGHPUT_VARIANTS:---kv-cache-dtype bf16;--kv-cache-dtype bf16 --matmul-precision bf16;default}"
       for v in "${variants[@]}"; do
+        # A variant's leading VAR=value words are its environment (e.g. "NERVA_BI_GEMM=1 --batch-invariant").
         args=()
-        [ "$v" = default ] || read -ra args <<< "$v"
+        venv=()
+        if [ "$v" != default ]; then
+          read -ra words <<< "$v"
+          for w in "${words[@]}"; do
+            if [ ${#args[@]} -eq 0 ] && [[ "$w" =~ ^[A-Z_][A-Z0-9_]*= ]]; then venv+=("$w"); else args+=("$w"); fi
+          done
+        fi
         t0=$(date +%s)
-        if $NODE --enable-source-maps .device/dist/bench_cli.mjs throughput --model "$dir" --backend ${NERVA_THROUGHPUT_BACKEND:-cuda} --workload "$wl" --baseline "$tb" \
+        if env "${venv[@]}" $NODE --enable-source-maps .device/dist/bench_cli.mjs throughput --model "$dir" --backend ${NERVA_THROUGHPUT_BACKEND:-cuda} --workload "$wl" --baseline "$tb" \
             --verify ${NERVA_THROUGHPUT_VERIFY:-8} "${args[@]}" > /tmp/nerva-throughput.json 2>>"$log"; then
           say "nerva throughput $size [$v] ok ($(( $(date +%s) - t0 )) s)"
         else
@@ -201,7 +218,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
           tail -5 "$log"
           echo "{\"probe\":\"throughput\",\"model\":\"$dir\",\"variant\":\"$v\",\"output_tok_s\":null,\"error\":\"exit status non-zero (run.log)\"}" > /tmp/nerva-throughput.json
         fi
-        tail -1 /tmp/nerva-throughput.json | tee -a "$log" >> "$OUT/throughput.jsonl"
+        tail -1 /tmp/nerva-throughput.json | sed "s/^{/{\"run_env\":\"${venv[*]}\",/" | tee -a "$log" >> "$OUT/throughput.jsonl"
       done
     fi
   fi
