@@ -57,22 +57,15 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
       backendName = engine.backend.name;
       const prompt = syntheticPrompt(o.context, engine.spec.vocabSize);
       await engine.submit(prompt.slice(0, 16), { maxTokens: 4, temperature: 0, ignoreEos: true }).done;
-      // Host time near data (the warm partials) per decode step: a run of the same prompt to one
-      // token first (prefill alone; no prefix caching, so both prefill the same), then the run.
-      // The host attention's own time where the backend splits it from other host compute.
-      const hostNow = () => {
-        const st = engine.backend.stats();
-        return st.hostComputeMsByOp?.attention ?? st.hostComputeMs ?? 0;
-      };
-      const h0 = hostNow();
-      await engine.submit(prompt, { maxTokens: 1, temperature: 0, ignoreEos: true }).done;
-      const h1 = hostNow();
       const staged0 = engine.memoryReport().kv?.staging?.stagedBytes ?? 0;
       const out = await engine.submit(prompt, { maxTokens: o.newTokens, temperature: 0, ignoreEos: true }).done;
       const staged1 = engine.memoryReport().kv?.staging?.stagedBytes ?? 0;
-      const h2 = hostNow();
-      const hostMs = Math.max(0, h2 - h1 - (h1 - h0)) / Math.max(1, out.tokenIds.length - 1);
       const s = out.ledger.summary();
+      // Host time near data (the warm partials) per decode step: each decode token's ledger share
+      // of its step's host compute (one sequence: the whole step's), where the backend measures it
+      // (no weights stream here, so it is all host attention); null where it does not (CPU).
+      const hostRecs = out.ledger.all().filter((r) => r.phase === 'decode' && r.cpuActiveMs !== undefined);
+      const hostMs = hostRecs.length ? hostRecs.reduce((t, r) => t + r.cpuActiveMs!, 0) / hostRecs.length : null;
       // Device time of the decode steps (graph replay to its end event) against their wall time:
       // what the rest of a step costs on the host (policy, page moves, meta) shows as the gap.
       const dec = out.ledger.all().filter((r) => r.phase === 'decode' && r.deviceActiveMs !== undefined);
@@ -89,7 +82,7 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
       // warm pages (its overlap with the hot partial is at most the hot attention, small at 4x).
       // It counts the host path alone: a link share (the device reading some warm pages itself)
       // adds the link's rate and can beat it. host_attention_* cover the host's share only.
-      const hostGbps = hostMs > 0 ? warmBytes / (hostMs * 1e6) : null;
+      const hostGbps = hostMs !== null && hostMs > 0 ? warmBytes / (hostMs * 1e6) : null;
       const limitTokS = allHot && ratio !== 1 && o.hostReadGbps ? Math.round((1000 / (1000 / allHot.tokS + warmBytes / (o.hostReadGbps * 1e6))) * 100) / 100 : null;
       mixes.push({
         kv_to_hot_ratio: ratio,
@@ -101,7 +94,7 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
         same_tokens_as_all_hot: allHot ? JSON.stringify(out.tokenIds) === JSON.stringify(allHot.tokens) : null,
         // Warm pages the host reads per decode step (every layer's K and V).
         warm_bytes_per_token: warmBytes,
-        host_attention_ms_per_token: Math.round(hostMs * 1000) / 1000,
+        host_attention_ms_per_token: hostMs === null ? null : Math.round(hostMs * 1000) / 1000,
         // Warm pages the device staged into VRAM over the link per token (the link share's; every
         // layer's K and V; the prefill step of the run included, so an upper bound per decode step).
         staged_bytes_per_token: Math.round((staged1 - staged0) / Math.max(1, out.tokenIds.length)),
