@@ -107,15 +107,14 @@ describe('SafetensorsFile: broken files give typed errors naming the file', () =
     await expectCode(SafetensorsFile.open(path), 'HEADER_LENGTH', path, '11');
   });
 
+  // "Fast" is the allocation check: a wall-clock bound would be a timed unit test (flaky on a loaded CI machine).
   it('a giant claimed header length fails fast without allocating it', async () => {
     const path = join(await tempDir(), 'giant.safetensors');
     const b = Buffer.alloc(64);
     b.writeBigUInt64LE(0xffff_ffff_ffff_fff0n);
     await writeFile(path, b);
     const before = process.memoryUsage().arrayBuffers;
-    const t0 = performance.now();
     await expectCode(SafetensorsFile.open(path), 'HEADER_LENGTH', path);
-    expect(performance.now() - t0).toBeLessThan(500);
     expect(process.memoryUsage().arrayBuffers - before).toBeLessThan(16 * 1024 * 1024);
   });
 
@@ -129,9 +128,7 @@ describe('SafetensorsFile: broken files give typed errors naming the file', () =
     await fh.truncate(MAX_HEADER_BYTES + 64);
     await fh.close();
     const before = process.memoryUsage().arrayBuffers;
-    const t0 = performance.now();
     await expectCode(SafetensorsFile.open(path), 'HEADER_TOO_LARGE', path);
-    expect(performance.now() - t0).toBeLessThan(500);
     expect(process.memoryUsage().arrayBuffers - before).toBeLessThan(16 * 1024 * 1024);
   });
 
