@@ -6,7 +6,7 @@ import { ServerMetrics } from '../src/metrics.js';
 function report(t: number): MemoryReport {
   const path = (bytes: number, ms: number) => ({ bytes, ms });
   return {
-    fabric: 'pcie',
+    fabric: 'DiscreteExplicit',
     mode: 'paged',
     tiers: [
       { tier: 'vram', budgetBytes: 1000, weightBytes: 600, stagingBytes: 100, kvBytes: 200, otherBytes: 50 },
@@ -30,7 +30,7 @@ function report(t: number): MemoryReport {
       staging: { capacityPages: 4, bytes: 80, stagedBytes: 1000 * t },
     },
     notes: [],
-  } as MemoryReport;
+  };
 }
 
 function series(text: string): Map<string, number> {
