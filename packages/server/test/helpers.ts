@@ -50,3 +50,21 @@ export function parseSse(body: string): (Record<string, any> | '[DONE]')[] {
 }
 
 export const MODEL = 'tiny-shakespeare-qwen3';
+
+/**
+ * Prometheus text as series: `name{labels}` (labels in their printed order, `model_name` left
+ * out) -> value. A series without labels but model_name is keyed by its name alone.
+ */
+export function promSeries(text: string): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const line of text.split('\n')) {
+    const m = /^(nerva:[a-z_]+)(?:\{([^}]*)\})? (\S+)$/.exec(line);
+    if (!m) continue;
+    const labels = (m[2] ?? '')
+      .split(',')
+      .filter((l) => l && !l.startsWith('model_name='))
+      .join(',');
+    out.set(labels ? `${m[1]}{${labels}}` : m[1], Number(m[3]));
+  }
+  return out;
+}

@@ -6,7 +6,7 @@ import { DEFAULT_CONFIG } from '../src/config.js';
 import { defaultModelDir } from '../src/default-model.js';
 import { ConfigError } from '../src/errors.js';
 import { startServer, type RunningServer } from '../src/server.js';
-import { MODEL, startTestServer } from './helpers.js';
+import { MODEL, promSeries, startTestServer } from './helpers.js';
 
 /**
  * Tiered KV through the server: a hot KV pool of a few pages (the attention sinks and the recent
@@ -37,20 +37,7 @@ const memory = async (s: RunningServer) => {
 // 80 tokens of prompt + 12 generated: 6 pages of 16, more than a 5-page hot pool's 4.
 const PROMPT = Array.from({ length: 80 }, (_, i) => 1 + ((i * 131 + 7) % 4000));
 /** The server's /metrics as series (name with its labels but model_name) -> value. */
-const scrape = async (s: RunningServer) => {
-  const text = await (await fetch(`${s.url}/metrics`)).text();
-  const out = new Map<string, number>();
-  for (const line of text.split('\n')) {
-    const m = /^(nerva:[a-z_]+)(?:\{([^}]*)\})? (\S+)$/.exec(line);
-    if (!m) continue;
-    const labels = (m[2] ?? '')
-      .split(',')
-      .filter((l) => l && !l.startsWith('model_name='))
-      .join(',');
-    out.set(labels ? `${m[1]}{${labels}}` : m[1], Number(m[3]));
-  }
-  return out;
-};
+const scrape = async (s: RunningServer) => promSeries(await (await fetch(`${s.url}/metrics`)).text());
 const complete = async (s: RunningServer) => {
   const r = await fetch(`${s.url}/v1/completions`, {
     method: 'POST',

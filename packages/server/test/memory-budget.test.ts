@@ -1,6 +1,6 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import type { RunningServer } from '../src/server.js';
-import { MODEL, startTestServer } from './helpers.js';
+import { MODEL, promSeries, startTestServer } from './helpers.js';
 
 /**
  * A VRAM budget below the weights: the memory OS keeps some layer blocks hot in the compute tier
@@ -62,17 +62,14 @@ describe('serve with vram_budget', () => {
     expect(after.kv_blocks_used).toBe(0);
 
     // /metrics: the same placement and traffic as Prometheus series.
-    const text = await (await fetch(`${paged.url}/metrics`)).text();
-    const series = (name: string, label = '') => {
-      const line = text.split('\n').find((l) => l.startsWith(`${name}{${label}`));
-      return line === undefined ? 0 : Number(line.slice(line.lastIndexOf(' ') + 1));
-    };
+    const series = promSeries(await (await fetch(`${paged.url}/metrics`)).text());
     const now = await memory(paged);
-    expect(series('nerva:weight_bytes', 'placement="streamed"')).toBe(now.weights.streamed_bytes);
-    expect(series('nerva:weight_bytes', 'placement="hot"')).toBe(now.weights.hot_bytes);
+    expect(series.get('nerva:weight_bytes{placement="streamed"}')).toBe(now.weights.streamed_bytes);
+    expect(series.get('nerva:weight_bytes{placement="hot"}')).toBe(now.weights.hot_bytes);
+    // A path nothing moved by has no series yet (a labelled counter appears with its first increment).
     for (const [path, t] of Object.entries(now.moved as Record<string, { bytes: number }>))
-      expect(series('nerva:weight_moved_bytes_total', `path="${path}"`), path).toBe(t.bytes);
-    expect(series('nerva:weight_prefetch_hits_total')).toBe(now.prefetch.hits);
-    expect(series('nerva:weight_prefetch_stalls_total')).toBe(now.prefetch.stalls);
+      expect(series.get(`nerva:weight_moved_bytes_total{path="${path}"}`) ?? 0, path).toBe(t.bytes);
+    expect(series.get('nerva:weight_prefetch_hits_total')).toBe(now.prefetch.hits);
+    expect(series.get('nerva:weight_prefetch_stalls_total')).toBe(now.prefetch.stalls);
   });
 });

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import type { MemoryReport } from '../src/memory-report.js';
 import { ServerMetrics } from '../src/metrics.js';
+import { promSeries as series } from './helpers.js';
 
 /** A memory report as a tiered-KV engine on a device backend gives it (cumulative figures). */
 function report(t: number): MemoryReport {
@@ -31,17 +32,6 @@ function report(t: number): MemoryReport {
     },
     notes: [],
   };
-}
-
-function series(text: string): Map<string, number> {
-  const out = new Map<string, number>();
-  for (const line of text.split('\n')) {
-    const m = /^(nerva:[a-z_]+)(?:\{([^}]*)\})? (\S+)$/.exec(line);
-    if (!m) continue;
-    const labels = (m[2] ?? '').split(',').filter((l) => l && !l.startsWith('model_name=')).join(',');
-    out.set(labels ? `${m[1]}{${labels}}` : m[1], Number(m[3]));
-  }
-  return out;
 }
 
 describe('ServerMetrics.setMemory', () => {
