@@ -2489,6 +2489,15 @@ bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, in
   return gqaMinRows() > 0 && rows >= gqaMinRows() && shapes;
 }
 
+// Batch-invariant decode attention: rows a launch when S (a single row's splits) is fixed, so
+// that every chunk's partials fit the workspace and merge through the counters (attnArrive),
+// whatever the rows of the call: a row's merge path never depends on its neighbours.
+int invRowChunk(const NervaExec* ex, int rows, int H, long long S, size_t perSplit) {
+  size_t fit = ex->wsBytes / ((size_t)H * S * perSplit);
+  if (ex->counters && (size_t)H <= ex->counterCount) fit = std::min(fit, ex->counterCount / (size_t)H);
+  return (int)std::max<size_t>(1, std::min<size_t>((size_t)rows, fit));
+}
+
 template <typename KT, int G>
 int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos, int rows,
                      int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale) {
@@ -2504,11 +2513,7 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
   S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
   const size_t perSplit = (size_t)(DG_HD + 2) * sizeof(float);
   int rowChunk = rows;
-  if (inv) {
-    size_t fit = ex->wsBytes / ((size_t)H * S * perSplit);
-    if (ex->counters && (size_t)H <= ex->counterCount) fit = std::min(fit, ex->counterCount / (size_t)H);
-    rowChunk = (int)std::max<size_t>(1, std::min<size_t>((size_t)rows, fit));
-  }
+  if (inv) rowChunk = invRowChunk(ex, rows, H, S, perSplit);
   while (rowChunk > 1 && (size_t)rowChunk * H * S * perSplit > ex->wsBytes) {
     if (S > 1) S = std::max<long long>(1, S / 2);
     else rowChunk = (rowChunk + 1) / 2;
@@ -2659,11 +2664,7 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
   S = std::min<long long>(S, 4096);
   int rowChunk = rows;
-  if (inv) {
-    size_t fit = ex->wsBytes / ((size_t)H * S * perSplit);
-    if (ex->counters && (size_t)H <= ex->counterCount) fit = std::min(fit, ex->counterCount / (size_t)H);
-    rowChunk = (int)std::max<size_t>(1, std::min<size_t>((size_t)rows, fit));
-  }
+  if (inv) rowChunk = invRowChunk(ex, rows, H, S, perSplit);
   while (rowChunk > 1 && (size_t)rowChunk * H * S * perSplit > ex->wsBytes) {
     if (S > 1) S = std::max<long long>(1, S / 2);
     else rowChunk = (rowChunk + 1) / 2;

@@ -662,7 +662,8 @@ export class Engine {
   memoryReport(): MemoryReport {
     const r = memoryReport(this.backend, this.weights, this.runner.kvBytes, this.budgets, { computeBytes: this.runner.hostComputeBytes, readBytes: this.runner.hostReadBytes });
     if (this.kvTiers) {
-      const hostAttn = (this.pipeline?.stats() ?? this.backend.stats()).hostComputeMsByOp?.attention;
+      // Tiered KV runs on one ModelRunner (no stage pipeline): its backend measured the host partials.
+      const hostAttn = this.backend.stats().hostComputeMsByOp?.attention;
       r.kv = this.kvTiers.report(this.runner as ModelRunner, this.totalPreemptions, this.kv.blockSize, hostAttn);
     }
     return r;

@@ -182,6 +182,7 @@ export async function forkProbe(o: ForkProbeOptions): Promise<Record<string, unk
     const decodeTokens = forks.reduce((a, f) => a + f.tokenIds.length, 0);
     // Decode steps: every step after the one that prefilled the prompt and sampled the n first tokens.
     const decodeSteps = steps.filter((s) => s.promptTokens === 0 && s.generationTokens > 0);
+    const stepCallMs = median(decodeSteps.map((s) => s.stepMs));
     const summaries = forks.map((f) => f.ledger.summary());
     const seqSummaries = sequential.map((f) => f.ledger.summary());
     const mean = (xs: number[]) => (xs.length ? r3(xs.reduce((a, x) => a + x, 0) / xs.length) : null);
@@ -237,7 +238,7 @@ export async function forkProbe(o: ForkProbeOptions): Promise<Record<string, unk
       // the steps), the host's step call (scheduling, launch or replay, the wait, accepting
       // tokens) and the device time between its events; sequentially the same per token.
       fork_step_interval_ms: decodeSteps.length > 0 ? r3(forkDecode / decodeSteps.length) : null,
-      fork_step_call_ms_p50: median(decodeSteps.map((s) => s.stepMs)) === null ? null : r3(median(decodeSteps.map((s) => s.stepMs))!),
+      fork_step_call_ms_p50: stepCallMs === null ? null : r3(stepCallMs),
       fork_step_device_ms_p50: stepDeviceMs(forks, true),
       sequential_token_interval_ms: r3(seqDecode / Math.max(1, sequential.reduce((a, f) => a + f.tokenIds.length - 1, 0))),
       sequential_token_device_ms_p50: stepDeviceMs(sequential, false),
