@@ -47,8 +47,9 @@
 #   (';'-separated VAR=value sets) -> $OUT/fork.jsonl; NERVA_FORK_ARGS adds flags (e.g. "--batch-invariant --profile")
 #   invariance (not in the default list; bash tools/gpu/run.sh build,invariance): tools/gpu/batch_invariance.ts, the decode
 #   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..64 rows, every row bit for bit,
-#   on a batchInvariant backend (must hold) and on the default one (informational), once with the GEMV and once with
-#   NERVA_BI_GEMM=1 (k_gemm_bi), once with that and NERVA_BI_ATTN_GQA=1 -> $OUT/batch_invariance-{gemv,bigemm,bigemm-gqa}.json
+#   on a batchInvariant backend (must hold) and on the default one (informational), once with the default kernels
+#   (k_gemm_bi, GQA attention), once with NERVA_BI_ATTN_GQA=0 (split-KV attention), once with that and NERVA_BI_GEMM=0
+#   (the GEMV) -> $OUT/batch_invariance-{bigemm-gqa,bigemm,gemv}.json
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -107,12 +108,12 @@ if has hostattn; then
 fi
 
 has conformance && runjs conformance conformance.mjs
-# Three times: the default batch-invariant kernels (GEMV, split-KV attention), the opt-in
-# tensor-core matmul (NERVA_BI_GEMM=1), and that with the opt-in GQA attention (NERVA_BI_ATTN_GQA=1).
+# Three times: the default batch-invariant kernels (k_gemm_bi, GQA attention), then each opt-out
+# added in turn (split-KV attention, then the GEMV too), so every kernel the switches select is checked.
 if has invariance; then
-  runjs invariance batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-gemv.json"
-  NERVA_BI_GEMM=1 runjs "invariance (NERVA_BI_GEMM=1)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm.json"
-  NERVA_BI_GEMM=1 NERVA_BI_ATTN_GQA=1 runjs "invariance (NERVA_BI_GEMM=1 NERVA_BI_ATTN_GQA=1)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm-gqa.json"
+  runjs invariance batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm-gqa.json"
+  NERVA_BI_ATTN_GQA=0 runjs "invariance (NERVA_BI_ATTN_GQA=0)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm.json"
+  NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0 runjs "invariance (NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-gemv.json"
   rm -f "$OUT/batch_invariance.json"
 fi
 has checks && runjs checks checks.mjs
@@ -161,7 +162,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   if has fork; then
     # 32 sampled forks of one 512-token prompt at once vs the same 32 requests one by one, per KV
     # dtype and per environment of NERVA_FORK_ENVS (';'-separated VAR=value sets, e.g.
-    # ";NERVA_BI_GEMM=1 NERVA_BI_ATTN_GQA=1": each line then starts with "run_env").
+    # ";NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0": each line then starts with "run_env").
     IFS=';' read -ra fenvs <<< "${NERVA_FORK_ENVS:-}"
     [ ${#fenvs[@]} -eq 0 ] && fenvs=("")
     for fe in "${fenvs[@]}"; do
@@ -200,7 +201,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
       cat "$tb" >> "$OUT/throughput.jsonl"
       IFS=';' read -ra variants <<< "${NERVA_THROUGHPUT_VARIANTS:---kv-cache-dtype bf16;--kv-cache-dtype bf16 --matmul-precision bf16;default}"
       for v in "${variants[@]}"; do
-        # A variant's leading VAR=value words are its environment (e.g. "NERVA_BI_GEMM=1 --batch-invariant").
+        # A variant's leading VAR=value words are its environment (e.g. "NERVA_BI_GEMM=0 --batch-invariant").
         args=()
         venv=()
         if [ "$v" != default ]; then

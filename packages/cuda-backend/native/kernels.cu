@@ -799,7 +799,7 @@ __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* ou
 // k_gemm_bi: out[r, o] = sum_i x[r, i] * W[o, i] for up to BI_MAX_ROWS f32 rows x and bf16 weights
 // W [outDim (2 * outDim with GLU), inDim], on tensor cores (mma.sync m16n8k16, bf16 in, f32
 // accumulate), for batch-invariant decode (NervaExec::batchInv, every row count, 1 included;
-// opt-in with NERVA_BI_GEMM=1, see biGemmEnabled).
+// the default, NERVA_BI_GEMM=0 opts out, see biGemmEnabled).
 //
 // Operands: the mma's A (16 x 16) is 16 weight rows (outputs), its B (16 x 8) is 8 activation rows
 // (its N columns), so one row alone wastes 7 of 8 columns, not 15 of 16. Each activation x is split
@@ -2127,13 +2127,14 @@ int gemvPick(NervaExec* ex, const GemvLaunch& a, int ks, bool norm, bool glu, bo
   return ks != 1 ? gemvNG<R, 4, 1>(ex, a, norm, glu) : gemvNG<R, 1, 1>(ex, a, norm, glu);
 }
 
-// NERVA_BI_GEMM=1: batch-invariant decode runs its matmuls on k_gemm_bi instead of the GEMV
-// (k_gemv_bf16); the two give different bits, each row-independent. Opt-in until k_gemm_bi has
-// passed the invariance and conformance checks on a GPU (so far: CPU emulation only).
+// Batch-invariant decode runs its matmuls on k_gemm_bi (default; NERVA_BI_GEMM=0: the GEMV,
+// k_gemv_bf16); the two give different bits, each row-independent. On the H100 (session 14)
+// k_gemm_bi passed the invariance check at 2..64 rows and took 32 sampled 8B forks from 3.1x to
+// 16x over sequential; one row alone runs ~15 % slower than on the GEMV, the price of one kernel.
 bool biGemmEnabled() {
   static const bool v = [] {
     const char* e = getenv("NERVA_BI_GEMM");
-    return e && strcmp(e, "1") == 0;
+    return !(e && strcmp(e, "0") == 0);
   }();
   return v;
 }
@@ -2235,7 +2236,7 @@ int gemmBiRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
 int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
              const Fuse& f = Fuse()) {
   // Past 8 rows the GEMV reads the weights once per 8 rows; a tensor-core GEMM reads them once.
-  // Batch-invariant decode takes k_gemm_bi at every row count with NERVA_BI_GEMM=1 (below), else
+  // Batch-invariant decode takes k_gemm_bi at every row count (below; NERVA_BI_GEMM=0 opts out), else
   // (or for shapes it does not take) keeps every row count on the GEMV: its per-row reduction order
   // (the lanes' k chunks, the warp sum, the KS split) is the same for any R, so each row's result
   // is the one it gets alone.
@@ -2467,14 +2468,14 @@ int gqaMinRows() {
   return v;
 }
 
-// NERVA_BI_ATTN_GQA=1: batch-invariant decode runs k_attn_decode_gqa at every row count, 1
-// included, with its splits sized as for one row (attnDecodeGqaRun), instead of the split-KV
-// kernel. Opt-in until measured: it reads each key once for the G q heads of its KV head (what
-// made many-row decode fast, see gqaMinRows), but one row alone may decode slower on it.
+// Batch-invariant decode runs k_attn_decode_gqa at every row count, 1 included, with its splits
+// sized as for one row (attnDecodeGqaRun); NERVA_BI_ATTN_GQA=0: the split-KV kernel instead. It
+// reads each key once for the G q heads of its KV head (what makes many-row decode fast, see
+// gqaMinRows); checked invariant at 2..64 rows on the H100 with k_gemm_bi (session 14).
 bool biAttnGqa() {
   static const bool v = [] {
     const char* e = getenv("NERVA_BI_ATTN_GQA");
-    return e && strcmp(e, "1") == 0;
+    return !(e && strcmp(e, "0") == 0);
   }();
   return v;
 }
@@ -2483,8 +2484,8 @@ bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, in
   const int G = KVH > 0 && H % KVH == 0 ? H / KVH : 0;
   const bool shapes = hd == DG_HD && !ex->bf16act && kdt == vdt && (kdt == NV_F32 || kdt == NV_BF16) &&
                       (G == 1 || G == 2 || G == 4 || G == 8);
-  // Batch-invariant decode: one kernel for every row count, chosen from the shapes alone (the
-  // split-KV kernel below, or with NERVA_BI_ATTN_GQA=1 this one).
+  // Batch-invariant decode: one kernel for every row count, chosen from the shapes alone (this
+  // one, or with NERVA_BI_ATTN_GQA=0 the split-KV kernel below).
   if (ex->batchInv) return biAttnGqa() && shapes;
   return gqaMinRows() > 0 && rows >= gqaMinRows() && shapes;
 }

@@ -95,9 +95,9 @@ struct NervaExec {
   bool bf16act = false;
   // Batch-invariant decode (CudaBackendOptions.batchInvariant): a decode row's results do not
   // depend on how many rows share the call. Op fused_matmul and op decoder_layers run every row
-  // count on the GEMV kernels (NERVA_BI_GEMM=1: k_gemm_bi, tensor cores, batch-invariant), never
+  // count on k_gemm_bi (tensor cores, batch-invariant; NERVA_BI_GEMM=0: the GEMV kernels), never
   // cuBLAS; decode attention sizes its splits as for one row and takes one kernel at every row
-  // count (split-KV; NERVA_BI_ATTN_GQA=1: the GQA kernel), the persistent decoder is off.
+  // count (GQA; NERVA_BI_ATTN_GQA=0: split-KV), the persistent decoder is off.
   bool batchInv = false;
   // Error detail for a failure (which call, or why the arguments were rejected).
   char errCall[160] = {0};

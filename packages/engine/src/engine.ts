@@ -14,7 +14,7 @@ import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
-import { linkTakes, planKvTiers, TieredKv, validateKvTiers } from './kv-tiering.js';
+import { planKvTiers, stageSpan, TieredKv, validateKvTiers } from './kv-tiering.js';
 import { checkpointImportanceKey, kvBytesPerToken, memoryReport, placeWeights, type RunnerShape, validateResidency } from './weight-residency.js';
 import { defaultImportanceDir, ImportanceCache, ImportanceMeter, type ImportanceProfile, type MemoryReport, type PagerStats, type WeightPager } from '@nerva/memos';
 
@@ -128,13 +128,15 @@ export interface EngineOptions {
   /** Directory for cold KV pages (swapped-out sequences); checked up front like `offloadDir`. */
   kvOffloadDir?: string;
   /**
-   * Tiered KV: the share (0..1, default 0) of each sequence's warm pages that the device attends
-   * over itself while the host CPU computes over the rest. Those pages stream through VRAM: each
-   * layer's are gathered over the link from the pinned pool one layer ahead (a stream of their
-   * own, two staging buffers of that share of the warm pool each), so the copy overlaps the layer
-   * before. The three partials (hot, staged, host) merge by the online-softmax rule, so the tokens
-   * stay those of the all-hot run. It adds the link's rate to the host's DRAM rate; 1 leaves the
-   * host no share (no host round trip). A page that several sequences share is staged once.
+   * Tiered KV: the share (0..1) of the warm pool that the device attends over itself (its
+   * leading slots; warm slots are handed out lowest first) while the host CPU computes over the
+   * pages in the slots above. Those pages stream through VRAM: each layer's are copied over the
+   * link from the pinned pool one layer ahead by the copy engine (a stream of their own, two
+   * staging buffers of that share of the warm pool each), so the copy overlaps the layers before.
+   * The three partials (hot, staged, host) merge by the online-softmax rule, so the tokens stay
+   * those of the all-hot run. Default: 1 where the compute tier is VRAM (every warm page staged,
+   * no host round trip), 0 on a backend that computes in host memory. A page that several
+   * sequences share is staged once.
    */
   kvWarmLinkShare?: number;
   /**
@@ -284,7 +286,8 @@ export class Engine {
   private readonly kvWindow: number;
   private readonly sampler: HostSampler;
   private readonly live = new Map<number, Live>();
-  private readonly graphs = new Map<number, GraphHandle>();
+  /** Captured decode graphs by bucket, tiered or not, and (tiered) the staging span they copy. */
+  private readonly graphs = new Map<string, GraphHandle>();
   /** Host-slice weight bytes one replay of each captured bucket computes. */
   private readonly replayHostBytes = new Map<number, number>();
   private readonly useGraphs: boolean;
@@ -296,9 +299,6 @@ export class Engine {
   private nextId = 1;
   /** Per-step marks of the KV blocks the step's tables read (StepSignals.sharedBlocks), by block id. */
   private readonly blockSeen: Int32Array;
-  /** Link staging: the step (blockStamp) a warm slot was staged in, and its staging index then. */
-  private readonly linkSeen: Int32Array;
-  private readonly linkAt: Int32Array;
   private readonly blockTwice: Int32Array;
   private blockStamp = 0;
   /** The engine created its backend (rather than being handed one), so it disposes it too. */
@@ -316,10 +316,8 @@ export class Engine {
     tables: Int32Array;
     /** Tiered KV: the warm slot of each block (-1 where it is not warm). */
     warmTables?: Int32Array;
-    /** Tiered KV with kvWarmLinkShare: the staging index of each block staged into VRAM (-1 elsewhere). */
+    /** Tiered KV with kvWarmLinkShare: the staging index (its warm slot) of each block staged into VRAM (-1 elsewhere). */
     linkTables?: Int32Array;
-    /** ... and the warm slot each staging page is gathered from (-1: unused). */
-    linkIdx?: Int32Array;
     logitRows: Int32Array;
     params: Float32Array;
     rng: Int32Array;
@@ -372,6 +370,11 @@ export class Engine {
       throw new RangeError(`tiered KV (kvVramBudget) needs op attention_merge, which backend ${this.backend.name} does not have yet`);
     }
     const tierPlan = o.kvVramBudget !== undefined ? planKvTiers(o, kvBytesPerToken * blockSize) : undefined;
+    // With KV in VRAM the device reads every warm page itself over the link by default: staged by
+    // the copy engine, it overlaps the step and does not depend on the host's DRAM rate or cores
+    // (session 14, H100, 8B at 4096 tokens with KV 4x the hot budget: 0.68 of all-hot at share 1,
+    // 0.42 at 0). Where the compute tier is host memory there is no link: the host attends.
+    const linkShare = tierPlan ? (o.kvWarmLinkShare ?? (this.backend.capabilities.computeTier === 'vram' ? 1 : 0)) : 0;
     const numBlocks = tierPlan?.hotSlots ?? Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
     const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
     const limits = {
@@ -382,10 +385,9 @@ export class Engine {
       maxBlocksPerSeq,
       ringCapacity: Math.max(4096, 4 * maxNumSeqs),
       ...(tierPlan ? { warmBlocks: Math.max(1, tierPlan.warmSlots) } : {}),
-      // Staging for the link share: that share of the warm pool, per layer (two layers' worth in VRAM).
-      ...(tierPlan && (o.kvWarmLinkShare ?? 0) > 0
-        ? { linkPages: Math.max(1, Math.ceil(o.kvWarmLinkShare! * Math.max(1, tierPlan.warmSlots))), linkOnly: o.kvWarmLinkShare === 1 }
-        : {}),
+      // The link share: that share of the warm pool (its leading slots) is staged into VRAM, per
+      // layer (two layers' worth in VRAM).
+      ...(tierPlan && linkShare > 0 ? { linkPages: Math.max(1, Math.ceil(linkShare * Math.max(1, tierPlan.warmSlots))), linkOnly: linkShare === 1 } : {}),
       kvDtype: this.kvDtype,
     };
     this.pipeline = init.stages ? new StagePipeline(s, limits, init.stages) : undefined;
@@ -400,7 +402,7 @@ export class Engine {
       throw e;
     }
     const tiers = this.kvTiers?.tiers;
-    this.kvLinkShare = tierPlan ? (o.kvWarmLinkShare ?? 0) : 0;
+    this.kvLinkShare = linkShare;
     // Every layer slides: pages behind the widest window are never read again (with a
     // full-attention layer anywhere, every page stays readable and nothing is freed early).
     this.kvWindow = (o.kvFreeOutsideWindow ?? true) ? kvReadWindow(s) : 0;
@@ -438,14 +440,12 @@ export class Engine {
       slots: new Int32Array(maxRows),
       tables: new Int32Array(maxNumSeqs * maxBlocksPerSeq),
       ...(this.kvTiers ? { warmTables: new Int32Array(maxNumSeqs * maxBlocksPerSeq) } : {}),
-      ...(limits.linkPages ? { linkTables: new Int32Array(maxNumSeqs * maxBlocksPerSeq), linkIdx: new Int32Array(limits.linkPages) } : {}),
+      ...(limits.linkPages ? { linkTables: new Int32Array(maxNumSeqs * maxBlocksPerSeq) } : {}),
       logitRows: new Int32Array(maxNumSeqs),
       params: new Float32Array(maxNumSeqs * 4),
       rng: new Int32Array(maxNumSeqs * 2),
     };
     this.blockSeen = new Int32Array(pages);
-    this.linkSeen = new Int32Array(limits.linkPages ? Math.max(1, tierPlan!.warmSlots) : 0);
-    this.linkAt = new Int32Array(this.linkSeen.length);
     this.blockTwice = new Int32Array(pages);
     this.startEv = this.backend.createEvent();
     this.endEv = this.backend.createEvent();
@@ -926,8 +926,10 @@ export class Engine {
       );
       if (kt.tiers.epoch !== epoch) this.graphKey = undefined;
     }
-    let nStaged = 0;
-    st.linkIdx?.fill(-1);
+    // Warm slots [0, linkPages) are the device's (staged over the link), those above the host's;
+    // the step copies the leading slots up to the highest one its tables read.
+    const linkPages = this.runner.limits.linkPages ?? 0;
+    let linkUsed = 0;
     plan.scheduled.forEach(({ req, numTokens }, k) => {
       const start = req.numComputedTokens;
       if (req.times.firstScheduled === undefined) req.times.firstScheduled = t0;
@@ -943,30 +945,19 @@ export class Engine {
       st.tables.fill(0, k * mb, (k + 1) * mb);
       if (kt) {
         // Views of one table: the hot slot of each block for the device, the warm slot for the
-        // host, and with a link share the staging index of the warm pages staged into VRAM
-        // instead (while the staging has room; the step's staged pages are listed in linkIdx).
+        // host, and with a link share the staging index (the same warm slot) of the pages in the
+        // device's slots. A page shared by several sequences is staged once.
         const wt = st.warmTables!;
         const lt = st.linkTables;
-        const li = st.linkIdx;
         wt.fill(-1, k * mb, (k + 1) * mb);
         lt?.fill(-1, k * mb, (k + 1) * mb);
-        let nWarm = 0;
         for (let b = 0; b < table.length; b++) {
           st.tables[k * mb + b] = kt.tiers.hotSlot(table[b]);
           const w = kt.tiers.warmSlot(table[b]);
-          if (w < 0 || !lt || !li) wt[k * mb + b] = w;
-          else if (this.linkSeen[w] === stamp) lt[k * mb + b] = this.linkAt[w]; // shared with a sequence before: staged once
-          else if (nStaged < li.length && linkTakes(nWarm++, this.kvLinkShare)) {
-            this.linkSeen[w] = stamp;
-            this.linkAt[w] = nStaged;
-            lt[k * mb + b] = nStaged;
-            li[nStaged++] = w;
-          } else {
-            // With every warm page staged (share 1) there is no host partial to take this page;
-            // distinct staged pages never exceed the warm pool, so this cannot happen.
-            if (li && this.kvLinkShare === 1) throw new Error(`internal: warm page ${w} not staged with kvWarmLinkShare 1`);
-            wt[k * mb + b] = w;
-          }
+          if (w >= 0 && lt && w < linkPages) {
+            lt[k * mb + b] = w;
+            if (w >= linkUsed) linkUsed = w + 1;
+          } else wt[k * mb + b] = w;
         }
       } else for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
       for (let b = 0; b < table.length; b++) {
@@ -999,7 +990,9 @@ export class Engine {
         }
       }
     });
-    if (kt && nStaged > 0) kt.noteStaged(nStaged);
+    const span = stageSpan(linkUsed, linkPages);
+    if (linkPages > 0) (this.runner as ModelRunner).linkSpan = span;
+    if (kt && span > 0) kt.noteStaged(span);
     const nSeq = plan.scheduled.length;
     const nl = sampling.length;
     const decodeOnly = nl === nSeq && rows === nSeq && !forks;
@@ -1034,7 +1027,8 @@ export class Engine {
         this.writeMeta(bucket, bucket, true);
       }
       // Passes with host partials (some page warm) and without are different graphs.
-      const gk = tiered ? -bucket : bucket;
+      // Tiered graphs also differ by the staging span their copies were captured with.
+      const gk = tiered ? `t${bucket}:${span}` : `${bucket}`;
       let g = this.graphs.get(gk);
       if (!g) {
         be.beginCapture();
@@ -1193,7 +1187,6 @@ export class Engine {
     be.write(m.blockTables, st.tables.subarray(0, seqs * mb));
     if (m.warmTables && st.warmTables) be.write(m.warmTables, st.warmTables.subarray(0, seqs * mb));
     if (m.linkTables && st.linkTables) be.write(m.linkTables, st.linkTables.subarray(0, seqs * mb));
-    if (m.linkIdx && st.linkIdx) be.write(m.linkIdx, st.linkIdx);
     if (nl > 0) be.write(m.logitRows, st.logitRows.subarray(0, nl));
     if (withSampling && nl > 0) {
       be.write(m.sampleParams, st.params.subarray(0, nl * 4));
@@ -1330,8 +1323,8 @@ export class Engine {
     return out;
   }
 
-  /** Nodes of each captured decode graph, by batch-size bucket. */
-  graphNodes(): Record<number, number> {
+  /** Nodes of each captured decode graph, by batch-size bucket ("t<bucket>:<staging span>" for tiered passes). */
+  graphNodes(): Record<string, number> {
     return Object.fromEntries([...this.graphs].map(([b, g]) => [b, g.nodes]));
   }
 

@@ -56,11 +56,15 @@ export function validateKvTiers(o: KvTierOptions & { numerics?: string; pipeline
 }
 
 /**
- * Whether the i-th warm page of a sequence (i = 0, 1, ... in block order) is one the device reads
- * over the link: spread evenly, floor(n * share) of any first n pages.
+ * The leading warm slots a step stages over the link, given the highest slot its tables read
+ * below linkPages (`used`, that slot + 1): rounded up to an eighth of linkPages, so a captured
+ * decode graph (which keeps its copies' size) serves many steps and at most 8 spans are captured
+ * per batch bucket. Warm slots are handed out lowest first, so `used` tracks the pages in use.
  */
-export function linkTakes(i: number, share: number): boolean {
-  return Math.floor((i + 1) * share) > Math.floor(i * share);
+export function stageSpan(used: number, linkPages: number): number {
+  if (used <= 0 || linkPages <= 0) return 0;
+  const unit = Math.ceil(linkPages / 8);
+  return Math.min(linkPages, Math.ceil(used / unit) * unit);
 }
 
 /** Pool sizes of tiered KV, in pages (hot includes the null page). */

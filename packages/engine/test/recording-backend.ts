@@ -1,5 +1,5 @@
 import { createCpuBackend } from '@nerva/cpu-backend';
-import type { DeviceBackend, OpArgs, OpName } from '@nerva/core';
+import type { DeviceBackend, DeviceBuffer, OpArgs, OpName } from '@nerva/core';
 
 export interface Recorded {
   op: OpName;
@@ -9,8 +9,17 @@ export interface Recorded {
   args: Readonly<Record<string, unknown>>;
 }
 
+/** A recorded backend.copy (lengths and offsets in elements). */
+export interface RecordedCopy {
+  dst: DeviceBuffer;
+  src: DeviceBuffer;
+  length: number;
+  dstOffset: number;
+  srcOffset: number;
+}
+
 /**
- * The CPU backend with every op call recorded (name, rows, whether a norm weight rode along).
+ * The CPU backend with every op call (and every copy) recorded (name, rows, whether a norm weight rode along).
  * Ops listed in `without` are left out of its capabilities, as on a backend that lacks them, so
  * the engine takes the path it would take there; `claim` adds capabilities (e.g. batchInvariant,
  * which the CPU backend's rows satisfy: they never depend on each other).
@@ -18,9 +27,10 @@ export interface Recorded {
 export function recordingBackend(
   without: readonly OpName[] = [],
   claim: Partial<DeviceBackend['capabilities']> = {},
-): { backend: DeviceBackend; calls: Recorded[] } {
+): { backend: DeviceBackend; calls: Recorded[]; copies: RecordedCopy[] } {
   const inner = createCpuBackend();
   const calls: Recorded[] = [];
+  const copies: RecordedCopy[] = [];
   const capabilities = Object.freeze({ ...inner.capabilities, ...claim, ops: inner.capabilities.ops.filter((op) => !without.includes(op)) });
   const backend = new Proxy(inner, {
     get(target, prop, receiver) {
@@ -33,11 +43,17 @@ export function recordingBackend(
           return target.run(op, args, stream);
         };
       }
+      if (prop === 'copy') {
+        return (dst: DeviceBuffer, src: DeviceBuffer, length: number, dstOffset = 0, srcOffset = 0, stream?: Parameters<DeviceBackend['copy']>[5]) => {
+          copies.push({ dst, src, length, dstOffset, srcOffset });
+          target.copy(dst, src, length, dstOffset, srcOffset, stream);
+        };
+      }
       const v = Reflect.get(target, prop, receiver) as unknown;
       return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
     },
   }) as DeviceBackend;
-  return { backend, calls };
+  return { backend, calls, copies };
 }
 
 /** The recorded calls split into forward passes (each starts with an embedding). */

@@ -6,7 +6,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { Engine } from '../src/index.js';
 import type { DeviceBackend, DeviceBuffer } from '@nerva/core';
 import { createCpuBackend } from '@nerva/cpu-backend';
-import { KvBudgetError, linkTakes } from '../src/kv-tiering.js';
+import { KvBudgetError, stageSpan } from '../src/kv-tiering.js';
 import { DEFAULT_MODEL, fixtureModels, MODELS } from './fixtures.js';
 import { recordingBackend } from './recording-backend.js';
 
@@ -60,14 +60,19 @@ describe.each(models)('tiered KV gives the all-hot run\'s tokens and logits: %s'
 });
 
 describe('kvWarmLinkShare: the device attends over a share of the warm pages itself (three partials)', () => {
-  it('spreads the link share evenly over a sequence\'s warm pages', () => {
-    const pick = (share: number, n: number) => Array.from({ length: n }, (_, i) => linkTakes(i, share)).filter(Boolean).length;
-    expect(pick(0.5, 10)).toBe(5);
-    expect(pick(0.25, 8)).toBe(2);
-    expect(pick(0.4, 10)).toBe(4);
-    expect(pick(1, 7)).toBe(7);
-    expect(pick(0, 7)).toBe(0);
-    expect(Array.from({ length: 4 }, (_, i) => linkTakes(i, 0.5))).toEqual([false, true, false, true]);
+  it('stages the leading warm slots up to the highest one read, in eighths of the staging', () => {
+    expect(stageSpan(0, 16)).toBe(0);
+    expect(stageSpan(5, 0)).toBe(0);
+    expect(stageSpan(1, 16)).toBe(2);
+    expect(stageSpan(3, 16)).toBe(4);
+    expect(stageSpan(4, 16)).toBe(4);
+    expect(stageSpan(16, 16)).toBe(16);
+    // Rounded up, never past the staging's pages.
+    expect(stageSpan(15, 17)).toBe(15);
+    expect(stageSpan(16, 17)).toBe(17);
+    expect(stageSpan(1, 1)).toBe(1);
+    // At most 8 distinct spans for any staging size.
+    for (const lp of [1, 7, 64, 197]) expect(new Set(Array.from({ length: lp }, (_, i) => stageSpan(i + 1, lp))).size).toBeLessThanOrEqual(8);
   });
 
   it.each([0.4, 1])('share %s: the all-hot run\'s tokens and logits, with the partials it promises', async (share) => {
@@ -75,7 +80,7 @@ describe('kvWarmLinkShare: the device attends over a share of the warm pages its
     const want = await run(hot);
     const pb = pageBytes(hot);
     hot.dispose();
-    const { backend, calls } = recordingBackend();
+    const { backend, calls, copies } = recordingBackend();
     const e = await Engine.create({ model: DEFAULT_MODEL, ...SHAPE, backend, kvVramBudget: 5 * pb, kvWarmLinkShare: share });
     try {
       const got = await run(e);
@@ -86,17 +91,27 @@ describe('kvWarmLinkShare: the device attends over a share of the warm pages its
       expect(kv.tieredPasses).toBeGreaterThan(0);
       // The staging: that share of the warm pool per layer, two buffers of K and V, pages staged each step.
       expect(kv.staging!.capacityPages).toBe(Math.ceil(share * kv.tiers.warm.capacity));
-      expect(kv.staging!.bytes).toBe(4 * kv.staging!.capacityPages * (kv.pageBytes / (2 * e.spec.numLayers)));
+      const layerPage = kv.pageBytes / (2 * e.spec.numLayers);
+      expect(kv.staging!.bytes).toBe(4 * kv.staging!.capacityPages * layerPage);
       expect(kv.staging!.stagedBytes).toBeGreaterThan(0);
       expect(kv.staging!.stagedBytes % kv.pageBytes).toBe(0);
       // Partials over the warm pool (the host's share, with host staging) and over the pages
-      // staged into VRAM (the link's share), each staged by two gathers (K and V) from the pool.
+      // staged into VRAM (the link's share), each layer staged by two copies (K and V) of the
+      // pool's leading slots, never more than the staging holds.
       const over = (prefix: string) => calls.filter((c) => c.op === 'attention' && (c.args.kCache as DeviceBuffer).label?.startsWith(prefix));
       const host = over('kv.warm.').length;
       const link = over('kv.stage.').length;
       expect(over('kv.warm.').every((c) => c.args.qHost !== undefined)).toBe(true);
-      const gathers = calls.filter((c) => c.op === 'gather_rows' && (c.args.x as DeviceBuffer).label?.startsWith('kv.warm.'));
-      expect(gathers.length).toBe(2 * link);
+      const staging = copies.filter((c) => c.src.label?.startsWith('kv.warm.') && c.dst.label?.startsWith('kv.stage.'));
+      expect(staging.length).toBe(2 * link);
+      const pageElems = layerPage / 4;
+      for (const c of staging) {
+        expect(c.srcOffset).toBe(0);
+        expect(c.dstOffset).toBe(0);
+        expect(c.length % pageElems).toBe(0);
+        expect(c.length / pageElems).toBeLessThanOrEqual(kv.staging!.capacityPages);
+      }
+      expect(calls.some((c) => c.op === 'gather_rows' && (c.args.x as DeviceBuffer).label?.startsWith('kv.warm.'))).toBe(false);
       const merges = calls.filter((c) => c.op === 'attention_merge').length;
       expect(link).toBeGreaterThan(0);
       // share 1: no host partial at all; else one host and one link partial per merge pair.

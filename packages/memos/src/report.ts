@@ -105,7 +105,7 @@ export interface KvMemoryReport {
   /**
    * With a link share (kvWarmLinkShare): the VRAM staging warm pages stream through, its capacity
    * in pages (per layer), its bytes (both buffers, K and V), and the bytes staged since start
-   * (pages gathered over the link, every layer).
+   * (pages copied over the link, every layer; a step copies the warm slots up to the highest it reads).
    */
   staging?: { capacityPages: number; bytes: number; stagedBytes: number };
 }

@@ -66,9 +66,9 @@ export interface ServerConfig {
   /** Directory of the cold KV tier (pages of swapped-out sequences). Needs `kvVramBudget`. */
   kvOffloadDir?: string;
   /**
-   * Share (0..1) of each sequence's warm KV pages that the device attends over itself, streamed
-   * through VRAM over the link a layer ahead, while the host CPU computes the rest (EngineOptions
-   * kvWarmLinkShare). Needs `kvVramBudget`.
+   * Share (0..1) of the warm KV pool that the device attends over itself, copied into VRAM over
+   * the link a layer ahead, while the host CPU computes the rest (EngineOptions kvWarmLinkShare;
+   * default 1 on a GPU, 0 on the CPU backend). Needs `kvVramBudget`.
    */
   kvWarmLinkShare?: number;
   /**

@@ -1,5 +1,5 @@
 import { Engine } from '@nerva/engine';
-import { syntheticPrompt } from '../measure.js';
+import { measureH2dBandwidth, syntheticPrompt, withScratchBackend } from '../measure.js';
 
 export interface LongContextProbeOptions {
   model: string;
@@ -11,8 +11,8 @@ export interface LongContextProbeOptions {
   ratios?: number[];
   blockSize?: number;
   /**
-   * The host's DRAM read rate in GB/s, measured beside this run (tools/gpu phase hostattn): the
-   * limit of a mix is the all-hot step plus the warm pages read at this rate.
+   * The host's DRAM read rate in GB/s, measured beside this run (tools/gpu phase hostattn): with
+   * the link's copy rate (measured by the probe), the limit of each mix (see limit_tok_s).
    */
   hostReadGbps?: number;
   /** KV cache element type of every mix (default 'auto': f32 under exact numerics); bf16 halves the warm bytes the host reads. */
@@ -37,6 +37,10 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
   let device = '';
   let backendName = '';
   let kvDtype = '';
+  // The link's copy rate (pinned host -> VRAM), on a short-lived backend of the same kind: the
+  // rate the link share's staging copies run at. Null on the CPU backend (no link).
+  const h2d = o.backend === 'cpu' ? null : ((await withScratchBackend(o.backend, (b) => measureH2dBandwidth(b))) ?? null);
+  const linkGbps = h2d ? h2d.bytesPerS / 1e9 : null;
   const shares: Array<number | undefined> = o.linkShares?.length ? o.linkShares : [undefined];
   const runs = [{ ratio: 1, share: undefined as number | undefined }, ...ratios.flatMap((ratio) => shares.map((share) => ({ ratio, share })))];
   for (const { ratio, share } of runs) {
@@ -77,13 +81,20 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
       // host each step; the pool keeps one page for the null block.
       const warmPages = kv ? Math.max(0, Math.ceil((o.context + o.newTokens / 2) / bs) - (kv.tiers.hot.capacity - 1)) : 0;
       const warmBytes = warmPages * pageBytes;
-      // The serial bound at the rates measured here: every layer's warm partial must finish before
-      // that layer's merge, so a step takes at least the all-hot step plus the host's time over the
-      // warm pages (its overlap with the hot partial is at most the hot attention, small at 4x).
-      // It counts the host path alone: a link share (the device reading some warm pages itself)
-      // adds the link's rate and can beat it. host_attention_* cover the host's share only.
-      const hostGbps = hostMs !== null && hostMs > 0 ? warmBytes / (hostMs * 1e6) : null;
-      const limitTokS = allHot && ratio !== 1 && o.hostReadGbps ? Math.round((1000 / (1000 / allHot.tokS + warmBytes / (o.hostReadGbps * 1e6))) * 100) / 100 : null;
+      // The bound at the rates measured here: the host's warm pages (the warm slots past the
+      // link share's staging) are serial with the step (every layer's host partial must finish
+      // before that layer's merge; its overlap with the hot partial is at most the hot attention,
+      // small at 4x), the link's pages overlap it (copied a layer ahead by the copy engine). So a
+      // step takes at least max(all-hot step + host bytes / host rate, link bytes / link rate).
+      // host_attention_* cover the host's pages only.
+      const linkPages = Math.min(warmPages, kv?.staging?.capacityPages ?? 0);
+      const hostBytes = (warmPages - linkPages) * pageBytes;
+      const linkBytes = linkPages * pageBytes;
+      const hostGbps = hostMs !== null && hostMs > 0 && hostBytes > 0 ? hostBytes / (hostMs * 1e6) : null;
+      const hostPathMs = hostBytes > 0 ? (o.hostReadGbps ? hostBytes / (o.hostReadGbps * 1e6) : null) : 0;
+      const linkPathMs = linkBytes > 0 ? (linkGbps ? linkBytes / (linkGbps * 1e6) : null) : 0;
+      const limitTokS =
+        allHot && ratio !== 1 && hostPathMs !== null && linkPathMs !== null ? Math.round((1000 / Math.max(1000 / allHot.tokS + hostPathMs, linkPathMs)) * 100) / 100 : null;
       mixes.push({
         kv_to_hot_ratio: ratio,
         warm_link_share: ratio === 1 ? null : (share ?? 0),
@@ -92,14 +103,16 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
         tokens_per_s: tokS,
         fraction_of_all_hot: allHot ? Math.round((tokS / allHot.tokS) * 1000) / 1000 : null,
         same_tokens_as_all_hot: allHot ? JSON.stringify(out.tokenIds) === JSON.stringify(allHot.tokens) : null,
-        // Warm pages the host reads per decode step (every layer's K and V).
+        // Warm pages read per decode step (every layer's K and V), and the link share's part of them.
         warm_bytes_per_token: warmBytes,
+        link_bytes_per_token: linkBytes,
         host_attention_ms_per_token: hostMs === null ? null : Math.round(hostMs * 1000) / 1000,
         // Warm pages the device staged into VRAM over the link per token (the link share's; every
         // layer's K and V; the prefill step of the run included, so an upper bound per decode step).
         staged_bytes_per_token: Math.round((staged1 - staged0) / Math.max(1, out.tokenIds.length)),
         host_attention_gbps: hostGbps === null ? null : Math.round(hostGbps * 10) / 10,
         host_read_gbps: o.hostReadGbps ?? null,
+        link_gbps: linkGbps === null ? null : Math.round(linkGbps * 10) / 10,
         limit_tok_s: limitTokS,
         fraction_of_limit: limitTokS ? Math.round((tokS / limitTokS) * 1000) / 1000 : null,
         ms_per_token_p50: s.ms_per_token_p50,
