@@ -234,7 +234,7 @@ async function tiered(dirs: string[]): Promise<void> {
         const same = (x: number[], y: number[]) => x.length === y.length && x.every((t, i) => t === y[i]);
         const kv = e.memoryReport().kv!;
         const r = {
-          model: name, hot_pages: hotPages, prompt_len: promptLen, warm_link_share: share ?? 0, staged_bytes: kv.staging?.stagedBytes ?? 0,
+          model: name, hot_pages: hotPages, prompt_len: promptLen, warm_link_share: share ?? 'default', staging_pages: kv.staging?.capacityPages ?? 0, staged_bytes: kv.staging?.stagedBytes ?? 0,
           identical_1: same(one.tokenIds, want[0].tokenIds),
           identical_4: four.every((o, i) => same(o.tokenIds, want[i].tokenIds)),
           last_logits_rel_err: maxErr / maxAbs,
@@ -243,7 +243,7 @@ async function tiered(dirs: string[]): Promise<void> {
         };
         if (!r.identical_1 || !r.identical_4 || !(r.last_logits_rel_err < 1e-4) || r.tiered_passes === 0) ok = false;
         results.push(r);
-        console.log(`tiered ${name} hot ${hotPages} pages, link share ${share ?? 0}: ${JSON.stringify(r)}`);
+        console.log(`tiered ${name} hot ${hotPages} pages, link share ${share ?? 'default'}: ${JSON.stringify(r)}`);
       } finally {
         e.dispose();
       }

@@ -369,12 +369,12 @@ export class Engine {
     if (o.kvVramBudget !== undefined && !this.backend.capabilities.ops.includes('attention_merge')) {
       throw new RangeError(`tiered KV (kvVramBudget) needs op attention_merge, which backend ${this.backend.name} does not have yet`);
     }
-    const tierPlan = o.kvVramBudget !== undefined ? planKvTiers(o, kvBytesPerToken * blockSize) : undefined;
     // With KV in VRAM the device reads every warm page itself over the link by default: staged by
     // the copy engine, it overlaps the step and does not depend on the host's DRAM rate or cores
     // (session 14, H100, 8B at 4096 tokens with KV 4x the hot budget: 0.68 of all-hot at share 1,
     // 0.42 at 0). Where the compute tier is host memory there is no link: the host attends.
-    const linkShare = tierPlan ? (o.kvWarmLinkShare ?? (this.backend.capabilities.computeTier === 'vram' ? 1 : 0)) : 0;
+    const tierPlan = o.kvVramBudget !== undefined ? planKvTiers(o, kvBytesPerToken * blockSize, this.backend.capabilities.computeTier === 'vram' ? 1 : 0) : undefined;
+    const linkShare = tierPlan?.linkShare ?? 0;
     const numBlocks = tierPlan?.hotSlots ?? Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
     const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
     const limits = {

@@ -73,6 +73,8 @@ export interface KvTierPlan {
   warmSlots: number;
   coldSlots: number;
   pageBytes: number;
+  /** The link share in effect (kvWarmLinkShare, or the default the engine passes in). */
+  linkShare: number;
 }
 
 /**
@@ -80,7 +82,7 @@ export interface KvTierPlan {
  * written past it (what one decode step of one sequence touches); a smaller budget is refused
  * with the smallest that works.
  */
-export function planKvTiers(o: KvTierOptions, pageBytes: number): KvTierPlan {
+export function planKvTiers(o: KvTierOptions, pageBytes: number, defaultLinkShare = 0): KvTierPlan {
   const hotSlots = Math.floor(o.kvVramBudget! / pageBytes);
   const minHot = KV_SINK_BLOCKS + KV_WINDOW_BLOCKS + 1 + 1;
   if (hotSlots < minHot) {
@@ -91,7 +93,7 @@ export function planKvTiers(o: KvTierOptions, pageBytes: number): KvTierPlan {
   }
   const warmSlots = Math.floor((o.kvHostBudget ?? 8 * hotSlots * pageBytes) / pageBytes);
   const coldSlots = o.kvOffloadDir !== undefined ? COLD_FACTOR * (hotSlots + warmSlots) : 0;
-  return { hotSlots, warmSlots, coldSlots, pageBytes };
+  return { hotSlots, warmSlots, coldSlots, pageBytes, linkShare: o.kvWarmLinkShare ?? defaultLinkShare };
 }
 
 const traffic = (): PathTraffic => ({ bytes: 0, ms: 0 });
@@ -202,7 +204,7 @@ export class TieredKv {
       ...(hostAttentionMs !== undefined ? { hostAttentionMs } : {}),
       swappedOut: this.swappedOut,
       preemptions,
-      ...(runner.limits.linkPages ? { staging: { capacityPages: runner.limits.linkPages, bytes: runner.stageBytes, stagedBytes: this.stagedBytes } } : {}),
+      ...(runner.limits.linkPages ? { staging: { share: this.plan.linkShare, capacityPages: runner.limits.linkPages, bytes: runner.stageBytes, stagedBytes: this.stagedBytes } } : {}),
     };
   }
 

@@ -6,7 +6,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { Engine } from '../src/index.js';
 import type { DeviceBackend, DeviceBuffer } from '@nerva/core';
 import { createCpuBackend } from '@nerva/cpu-backend';
-import { KvBudgetError, stageSpan } from '../src/kv-tiering.js';
+import { KvBudgetError, planKvTiers, stageSpan } from '../src/kv-tiering.js';
 import { DEFAULT_MODEL, fixtureModels, MODELS } from './fixtures.js';
 import { recordingBackend } from './recording-backend.js';
 
@@ -52,6 +52,8 @@ describe.each(models)('tiered KV gives the all-hot run\'s tokens and logits: %s'
     expect(r.demotions).toBeGreaterThan(0);
     expect(r.tieredPasses).toBeGreaterThan(0);
     expect(r.moved.d2h.bytes).toBe(r.demotions * pb);
+    // The CPU backend computes in host memory: no link, so no staging by default.
+    expect(r.staging).toBeUndefined();
     expect(got.ledger.summary().hot_path_allocations).toBe(0);
     // Every page comes back once the request is done.
     expect(r.tiers.hot.used + r.tiers.warm.used).toBeLessThanOrEqual(Math.ceil((PROMPT.length + 16) / BS));
@@ -60,6 +62,13 @@ describe.each(models)('tiered KV gives the all-hot run\'s tokens and logits: %s'
 });
 
 describe('kvWarmLinkShare: the device attends over a share of the warm pages itself (three partials)', () => {
+  it('defaults the share to what the engine passes (1 where the compute tier is VRAM), the option first', () => {
+    expect(planKvTiers({ kvVramBudget: 10 * 64 }, 64, 1).linkShare).toBe(1);
+    expect(planKvTiers({ kvVramBudget: 10 * 64 }, 64).linkShare).toBe(0);
+    expect(planKvTiers({ kvVramBudget: 10 * 64, kvWarmLinkShare: 0.3 }, 64, 1).linkShare).toBe(0.3);
+    expect(planKvTiers({ kvVramBudget: 10 * 64, kvWarmLinkShare: 0 }, 64, 1).linkShare).toBe(0);
+  });
+
   it('stages the leading warm slots up to the highest one read, in eighths of the staging', () => {
     expect(stageSpan(0, 16)).toBe(0);
     expect(stageSpan(5, 0)).toBe(0);
@@ -90,6 +99,7 @@ describe('kvWarmLinkShare: the device attends over a share of the warm pages its
       const kv = e.memoryReport().kv!;
       expect(kv.tieredPasses).toBeGreaterThan(0);
       // The staging: that share of the warm pool per layer, two buffers of K and V, pages staged each step.
+      expect(kv.staging!.share).toBe(share);
       expect(kv.staging!.capacityPages).toBe(Math.ceil(share * kv.tiers.warm.capacity));
       const layerPage = kv.pageBytes / (2 * e.spec.numLayers);
       expect(kv.staging!.bytes).toBe(4 * kv.staging!.capacityPages * layerPage);

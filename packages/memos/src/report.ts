@@ -103,9 +103,9 @@ export interface KvMemoryReport {
   /** Sequences preempted by recompute (the last resort). */
   preemptions: number;
   /**
-   * With a link share (kvWarmLinkShare): the VRAM staging warm pages stream through, its capacity
-   * in pages (per layer), its bytes (both buffers, K and V), and the bytes staged since start
+   * With a link share (kvWarmLinkShare): the share in effect (the option, or the engine's default)
+   * and the VRAM staging warm pages stream through: its capacity in pages (per layer), its bytes (both buffers, K and V), and the bytes staged since start
    * (pages copied over the link, every layer; a step copies the warm slots up to the highest it reads).
    */
-  staging?: { capacityPages: number; bytes: number; stagedBytes: number };
+  staging?: { share: number; capacityPages: number; bytes: number; stagedBytes: number };
 }

@@ -61,8 +61,8 @@ export interface KvReportJson {
   swapped_out: number;
   /** Sequences preempted by recompute. */
   preemptions: number;
-  /** With kv_warm_link_share: the VRAM staging warm pages stream through (pages per layer, bytes) and the bytes staged since start. */
-  staging: { capacity_pages: number; bytes: number; staged_bytes: number } | null;
+  /** With a link share (kv_warm_link_share, or the engine's default on a GPU): the share, the VRAM staging warm pages stream through (pages per layer, bytes) and the bytes staged since start. */
+  staging: { share: number; capacity_pages: number; bytes: number; staged_bytes: number } | null;
 }
 
 /** One tier: its budget and what holds its bytes. */
@@ -117,7 +117,7 @@ export function kvReportJson(kv: NonNullable<MemoryReport['kv']>): KvReportJson 
     host_attention_ms: kv.hostAttentionMs === undefined ? null : ms(kv.hostAttentionMs),
     swapped_out: kv.swappedOut,
     preemptions: kv.preemptions,
-    staging: kv.staging ? { capacity_pages: kv.staging.capacityPages, bytes: kv.staging.bytes, staged_bytes: kv.staging.stagedBytes } : null,
+    staging: kv.staging ? { share: kv.staging.share, capacity_pages: kv.staging.capacityPages, bytes: kv.staging.bytes, staged_bytes: kv.staging.stagedBytes } : null,
   };
 }
 

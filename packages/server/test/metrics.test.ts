@@ -28,7 +28,7 @@ function report(t: number): MemoryReport {
       hostAttentionMs: 250 * t,
       swappedOut: 0,
       preemptions: 0,
-      staging: { capacityPages: 4, bytes: 80, stagedBytes: 1000 * t },
+      staging: { share: 1, capacityPages: 4, bytes: 80, stagedBytes: 1000 * t },
     },
     notes: [],
   };

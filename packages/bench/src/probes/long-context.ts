@@ -97,7 +97,7 @@ export async function longContextProbe(o: LongContextProbeOptions): Promise<Reco
         allHot && ratio !== 1 && hostPathMs !== null && linkPathMs !== null ? Math.round((1000 / Math.max(1000 / allHot.tokS + hostPathMs, linkPathMs)) * 100) / 100 : null;
       mixes.push({
         kv_to_hot_ratio: ratio,
-        warm_link_share: ratio === 1 ? null : (share ?? 0),
+        warm_link_share: ratio === 1 ? null : (kv?.staging?.share ?? 0),
         hot_pages: kv ? kv.tiers.hot.capacity : pages,
         warm_pages: warmPages,
         tokens_per_s: tokS,
