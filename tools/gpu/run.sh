@@ -49,7 +49,8 @@
 #   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..64 rows, every row bit for bit,
 #   on a batchInvariant backend (must hold) and on the default one (informational), once with the default kernels
 #   (k_gemm_bi, GQA attention), once with NERVA_BI_ATTN_GQA=0 (split-KV attention), once with that and NERVA_BI_GEMM=0
-#   (the GEMV) -> $OUT/batch_invariance-{bigemm-gqa,bigemm,gemv}.json
+#   (the GEMV), and the default kernels under matmul precision bf16 (NERVA_MATMUL=bf16: k_gemm_bi with one term)
+#   -> $OUT/batch_invariance-{bigemm-gqa,bigemm,gemv,bigemm-gqa-bf16}.json
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -108,12 +109,14 @@ if has hostattn; then
 fi
 
 has conformance && runjs conformance conformance.mjs
-# Three times: the default batch-invariant kernels (k_gemm_bi, GQA attention), then each opt-out
-# added in turn (split-KV attention, then the GEMV too), so every kernel the switches select is checked.
+# Four times: the default batch-invariant kernels (k_gemm_bi, GQA attention), then each opt-out
+# added in turn (split-KV attention, then the GEMV too), then matmul precision bf16 (k_gemm_bi's
+# one-term variant), so every kernel the switches select is checked.
 if has invariance; then
   runjs invariance batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm-gqa.json"
   NERVA_BI_ATTN_GQA=0 runjs "invariance (NERVA_BI_ATTN_GQA=0)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm.json"
   NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0 runjs "invariance (NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-gemv.json"
+  NERVA_MATMUL=bf16 runjs "invariance (NERVA_MATMUL=bf16)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm-gqa-bf16.json"
   rm -f "$OUT/batch_invariance.json"
 fi
 has checks && runjs checks checks.mjs

@@ -832,6 +832,8 @@ __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* ou
 //    padding) beside it. NT (n-tiles a launch, from the rows), the warps per block along N and the
 //    grid change only which lanes compute a value, not how.
 //  - The split of a value into hi, mid, lo is a function of that value alone.
+//  - TERMS = 1 (matmul precision bf16, gemmMode GEMM_BF16): x is rounded to bf16 once (hi alone,
+//    what a bf16 GEMM does to its operands), one mma a step; chosen per backend, never per call.
 //  - Epilogue: bias, GLU (gate rows o, up rows o + outDim: silu(gate) * up) and accumulate with
 //    the same bfr rounding calls as k_gemv_bf16's finish().
 // RMSNorm (fused_matmul's norm) runs before, as k_rmsnorm_gemv into the workspace (gemmBiRows).
@@ -880,7 +882,7 @@ __device__ __forceinline__ void biMma(float (&d)[4], uint32_t a0, uint32_t a1, u
 
 __device__ __forceinline__ uint32_t biWord(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-template <int NT, bool GLU>
+template <int NT, bool GLU, int TERMS>
 __global__ void __launch_bounds__(BI_MAX_THREADS, biMinBlocks(NT))
     k_gemm_bi(const float* __restrict__ x, const uint16_t* __restrict__ w, float* __restrict__ out, int rows, int inDim,
               int outDim, int KS, const void* bias, int bdt, int accumulate, int bfa, int trig) {
@@ -958,14 +960,19 @@ __global__ void __launch_bounds__(BI_MAX_THREADS, biMinBlocks(NT))
 #pragma unroll
           for (int s = 0; s < 2; s++) {
             uint32_t b0[3], b1[3];  // terms hi, mid, lo of the step's k-slots 2q.. and 2q + 8..
-            biSplit2(xv[h][s].x, xv[h][s].y, b0[0], b0[1], b0[2]);
-            biSplit2(xv[h][s].z, xv[h][s].w, b1[0], b1[1], b1[2]);
+            if (TERMS == 3) {
+              biSplit2(xv[h][s].x, xv[h][s].y, b0[0], b0[1], b0[2]);
+              biSplit2(xv[h][s].z, xv[h][s].w, b1[0], b1[1], b1[2]);
+            } else {
+              b0[0] = biCvt2(xv[h][s].x, xv[h][s].y);
+              b1[0] = biCvt2(xv[h][s].z, xv[h][s].w);
+            }
 #pragma unroll
             for (int t = 0; t < MT; t++) {
               const uint32_t a0 = biWord(wq[u][t][0][h], 2 * s), a1 = biWord(wq[u][t][1][h], 2 * s);
               const uint32_t a2 = biWord(wq[u][t][0][h], 2 * s + 1), a3 = biWord(wq[u][t][1][h], 2 * s + 1);
 #pragma unroll
-              for (int e = 0; e < 3; e++) biMma(part[t], a0, a1, a2, a3, b0[e], b1[e]);
+              for (int e = 0; e < TERMS; e++) biMma(part[t], a0, a1, a2, a3, b0[e], b1[e]);
             }
           }
 #pragma unroll
@@ -2164,7 +2171,7 @@ int biSplitK(int inDim, int outDim, bool glu) {
 
 // One k_gemm_bi launch of nr <= 8 * NT rows. Warps along N a block (NWN): up to 8 warps a block,
 // halved while that leaves fewer than two blocks per SM (speed only: NWN does not touch the bits).
-template <int NT, bool GLU>
+template <int NT, bool GLU, int TERMS>
 int biLaunch(NervaExec* ex, const float* x, const uint16_t* w, float* out, int nr, int inDim, int outDim, int ks,
              Buf bias, int acc, int bfa, int trig) {
   const int tiles = (outDim + 15) / 16;
@@ -2174,21 +2181,21 @@ int biLaunch(NervaExec* ex, const float* x, const uint16_t* w, float* out, int n
   const size_t smem = (size_t)(ks - 1) * nwn * (biTiles(GLU) * NT * 4) * 32 * sizeof(float);
   if (smem > 48 * 1024) {
     // Above 48 KiB a block must opt in (per function, per device: set on every such launch).
-    cudaError_t e = cudaFuncSetAttribute(k_gemm_bi<NT, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(k_gemm_bi<NT, GLU, TERMS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return check(ex, "k_gemm_bi (shared memory opt-in)", e);
   }
-  LAUNCH((k_gemm_bi<NT, GLU>), grid, 32 * ks * nwn, smem, x, w, out, nr, inDim, outDim, ks, bias.p, bias.dt, acc, bfa,
+  LAUNCH((k_gemm_bi<NT, GLU, TERMS>), grid, 32 * ks * nwn, smem, x, w, out, nr, inDim, outDim, ks, bias.p, bias.dt, acc, bfa,
          trig);
   return NERVA_OK;
 }
 
-template <bool GLU>
+template <bool GLU, int TERMS>
 int biLaunchRows(NervaExec* ex, const float* x, const uint16_t* w, float* out, int nr, int inDim, int outDim, int ks,
                  Buf bias, int acc, int bfa, int trig) {
-  if (nr <= 8) return biLaunch<1, GLU>(ex, x, w, out, nr, inDim, outDim, ks, bias, acc, bfa, trig);
-  if (nr <= 16) return biLaunch<2, GLU>(ex, x, w, out, nr, inDim, outDim, ks, bias, acc, bfa, trig);
-  if (nr <= 32) return biLaunch<4, GLU>(ex, x, w, out, nr, inDim, outDim, ks, bias, acc, bfa, trig);
-  return biLaunch<8, GLU>(ex, x, w, out, nr, inDim, outDim, ks, bias, acc, bfa, trig);
+  if (nr <= 8) return biLaunch<1, GLU, TERMS>(ex, x, w, out, nr, inDim, outDim, ks, bias, acc, bfa, trig);
+  if (nr <= 16) return biLaunch<2, GLU, TERMS>(ex, x, w, out, nr, inDim, outDim, ks, bias, acc, bfa, trig);
+  if (nr <= 32) return biLaunch<4, GLU, TERMS>(ex, x, w, out, nr, inDim, outDim, ks, bias, acc, bfa, trig);
+  return biLaunch<8, GLU, TERMS>(ex, x, w, out, nr, inDim, outDim, ks, bias, acc, bfa, trig);
 }
 
 // Batch-invariant decode's matmul (gemvRows with ex->batchInv, see k_gemm_bi): up to 64 rows a
@@ -2220,8 +2227,12 @@ int gemmBiRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
       xr = (const float*)ex->ws;
     }
     float* orow = out + (size_t)r0 * outDim;
-    int rc = f.glu ? biLaunchRows<true>(ex, xr, wp, orow, nr, inDim, outDim, ks, bias, acc, bfa, trig)
-                   : biLaunchRows<false>(ex, xr, wp, orow, nr, inDim, outDim, ks, bias, acc, bfa, trig);
+    // Matmul precision bf16: operands rounded once (one term), as the many-row GEMMs of that mode.
+    const bool one = ex->gemmMode == GEMM_BF16;
+    int rc = f.glu ? (one ? biLaunchRows<true, 1>(ex, xr, wp, orow, nr, inDim, outDim, ks, bias, acc, bfa, trig)
+                          : biLaunchRows<true, 3>(ex, xr, wp, orow, nr, inDim, outDim, ks, bias, acc, bfa, trig))
+                   : (one ? biLaunchRows<false, 1>(ex, xr, wp, orow, nr, inDim, outDim, ks, bias, acc, bfa, trig)
+                          : biLaunchRows<false, 3>(ex, xr, wp, orow, nr, inDim, outDim, ks, bias, acc, bfa, trig));
     if (rc) return rc;
   }
   return NERVA_OK;
