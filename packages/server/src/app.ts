@@ -149,7 +149,8 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
       kv_vram_budget_bytes: state.config.kvVramBudget ?? null,
       kv_host_budget_bytes: state.config.kvHostBudget ?? null,
       kv_offload_dir: state.config.kvOffloadDir ?? null,
-      kv_warm_link_share: state.config.kvWarmLinkShare ?? null,
+      // The share in effect: the configured one, else the engine's default (1 on a GPU, 0 on the CPU); null without tiered KV.
+      kv_warm_link_share: s.memory.kv ? (s.memory.kv.staging?.share ?? 0) : null,
       weights_bytes: s.weightBytes,
       kv_cache_bytes: s.kvCacheBytes,
       kv_block_size: s.blockSize,

@@ -94,6 +94,7 @@ describe("nerva run --kv-vram-budget", () => {
     expect(allHot.memory.kv_vram_budget_bytes).toBeNull();
     expect(allHot.memory.kv_host_budget_bytes).toBeNull();
     expect(allHot.memory.kv_offload_dir).toBeNull();
+    expect(allHot.memory.kv_warm_link_share).toBeNull();
 
     // The smallest hot pool: the null page, a sink, the recent window of 2 and the page being written.
     const budget = `${(5 * PB) / 1024}KiB`;
@@ -106,6 +107,8 @@ describe("nerva run --kv-vram-budget", () => {
     expect(j.ledger.hot_path_allocations).toBe(0);
     expect(j.memory.kv_vram_budget_bytes).toBe(5 * PB);
     expect(j.memory.kv_host_budget_bytes).toBeNull();
+    // The share in effect: the CPU backend computes in host memory, so by default no link share.
+    expect(j.memory.kv_warm_link_share).toBe(0);
     const kv = j.memory.kv;
     expect(kv.block_size).toBe(16);
     expect(kv.page_bytes).toBe(PB);
@@ -145,11 +148,16 @@ describe("nerva run --kv-vram-budget", () => {
           String(8 * PB),
           "--kv-offload-dir",
           dir,
+          "--kv-warm-link-share",
+          "0.5",
         ])
       ).stdout
     );
     expect(j.memory.kv_vram_budget_bytes).toBe(5 * PB);
     expect(j.memory.kv_host_budget_bytes).toBe(8 * PB);
+    // The given link share: half the warm pool's slots staged (4 of 8).
+    expect(j.memory.kv_warm_link_share).toBe(0.5);
+    expect(j.memory.kv.staging).toMatchObject({ share: 0.5, capacity_pages: 4 });
     expect(j.memory.kv_offload_dir).toBe(dir);
     const kv = j.memory.kv;
     expect(kv.tiers.hot.capacity_pages).toBe(4);

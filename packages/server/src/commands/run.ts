@@ -141,7 +141,7 @@ export function registerRun(program: Command): void {
               kv_vram_budget_bytes: f.kvVramBudget ?? null,
               kv_host_budget_bytes: f.kvHostBudget ?? null,
               kv_offload_dir: f.kvOffloadDir !== undefined ? resolve(f.kvOffloadDir) : null,
-              kv_warm_link_share: f.kvWarmLinkShare ?? null,
+              kv_warm_link_share: mem.kv ? (mem.kv.staging?.share ?? 0) : null,
             },
           };
           process.stdout.write(JSON.stringify(line) + '\n');
