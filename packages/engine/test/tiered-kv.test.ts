@@ -202,7 +202,9 @@ describe('host time over warm pages: in the KV report and each token\'s ledger',
 });
 
 describe('tiered KV under load', () => {
-  it('64 concurrent streams with a tiny hot pool: outputs equal the unconstrained run, nothing lost or duplicated, every page returned', async () => {
+  // Also with a link share: the device's slots and the host's interleave across 64 sequences
+  // whose pages are freed, reused and shared by the prefix cache.
+  it.each([undefined, 0.5])('64 concurrent streams with a tiny hot pool (link share %s): outputs equal the unconstrained run, nothing lost or duplicated, every page returned', async (share) => {
     const prompts = Array.from({ length: 64 }, (_, k) => Array.from({ length: 9 + (k % 13) }, (_, i) => 1 + ((k * 131 + i * 17) % 300)));
     const opts = (i: number) => ({ temperature: i % 3 === 0 ? 0 : 0.8, seed: 1000 + i, maxTokens: 6 + (i % 7), ignoreEos: true });
     const base = await Engine.create({ model: DEFAULT_MODEL, ...SHAPE, maxNumSeqs: 16 });
@@ -210,7 +212,7 @@ describe('tiered KV under load', () => {
     const pb = pageBytes(base);
     base.dispose();
 
-    const e = await Engine.create({ model: DEFAULT_MODEL, ...SHAPE, maxNumSeqs: 16, kvVramBudget: 8 * pb, kvHostBudget: 24 * pb });
+    const e = await Engine.create({ model: DEFAULT_MODEL, ...SHAPE, maxNumSeqs: 16, kvVramBudget: 8 * pb, kvHostBudget: 24 * pb, kvWarmLinkShare: share });
     const seen = new Map<number, number>();
     const handles = prompts.map((p, i) => e.submit(p, opts(i)));
     const got = await Promise.all(
@@ -229,6 +231,8 @@ describe('tiered KV under load', () => {
     }
     const r = e.memoryReport().kv!;
     expect(r.demotions).toBeGreaterThan(0);
+    if (share) expect(r.staging!.stagedBytes).toBeGreaterThan(0);
+    else expect(r.staging).toBeUndefined();
     // Every page is back: only the prefix cache may hold pages, and none is held.
     expect(e.kv.stats().usedBlocks).toBe(1);
     expect(r.tiers.hot.used + r.tiers.warm.used + r.tiers.cold.used).toBeLessThanOrEqual(e.kv.stats().cachedBlocks);
