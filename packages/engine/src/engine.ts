@@ -134,8 +134,9 @@ export interface EngineOptions {
    * link from the pinned pool one layer ahead by the copy engine (a stream of their own, two
    * staging buffers of that share of the warm pool each), so the copy overlaps the layers before.
    * The three partials (hot, staged, host) merge by the online-softmax rule, so the tokens stay
-   * those of the all-hot run. Default: 1 where the compute tier is VRAM (every warm page staged,
-   * no host round trip), 0 on a backend that computes in host memory. A page that several
+   * those of the all-hot run. Default where the compute tier is VRAM: as much of the warm pool as
+   * a staging of a quarter of kvVramBudget holds (1, every warm page staged and no host round
+   * trip, when the whole pool fits); 0 on a backend that computes in host memory. A page that several
    * sequences share is staged once.
    */
   kvWarmLinkShare?: number;
@@ -369,11 +370,15 @@ export class Engine {
     if (o.kvVramBudget !== undefined && !this.backend.capabilities.ops.includes('attention_merge')) {
       throw new RangeError(`tiered KV (kvVramBudget) needs op attention_merge, which backend ${this.backend.name} does not have yet`);
     }
-    // With KV in VRAM the device reads every warm page itself over the link by default: staged by
-    // the copy engine, it overlaps the step and does not depend on the host's DRAM rate or cores
-    // (session 14, H100, 8B at 4096 tokens with KV 4x the hot budget: 0.68 of all-hot at share 1,
-    // 0.42 at 0). Where the compute tier is host memory there is no link: the host attends.
-    const tierPlan = o.kvVramBudget !== undefined ? planKvTiers(o, kvBytesPerToken * blockSize, this.backend.capabilities.computeTier === 'vram' ? 1 : 0) : undefined;
+    // With KV in VRAM the device reads the warm pages itself over the link by default (as many as
+    // a staging of a quarter of the hot budget holds): staged by the copy engine, it overlaps the
+    // step and does not depend on the host's DRAM rate or cores (session 14, H100, 8B at 4096
+    // tokens with KV 4x the hot budget: 0.81-0.85 of all-hot at share 1, 0.42 at 0). Where the
+    // compute tier is host memory there is no link: the host attends.
+    const tierPlan =
+      o.kvVramBudget !== undefined
+        ? planKvTiers(o, kvBytesPerToken * blockSize, this.backend.capabilities.computeTier === 'vram' ? { numLayers: s.numLayers } : undefined)
+        : undefined;
     const linkShare = tierPlan?.linkShare ?? 0;
     const numBlocks = tierPlan?.hotSlots ?? Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
     const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
@@ -387,7 +392,7 @@ export class Engine {
       ...(tierPlan ? { warmBlocks: Math.max(1, tierPlan.warmSlots) } : {}),
       // The link share: that share of the warm pool (its leading slots) is staged into VRAM, per
       // layer (two layers' worth in VRAM).
-      ...(tierPlan && linkShare > 0 ? { linkPages: Math.max(1, Math.ceil(linkShare * Math.max(1, tierPlan.warmSlots))), linkOnly: linkShare === 1 } : {}),
+      ...(tierPlan && tierPlan.linkPages > 0 ? { linkPages: tierPlan.linkPages, linkOnly: tierPlan.linkPages >= Math.max(1, tierPlan.warmSlots) } : {}),
       kvDtype: this.kvDtype,
     };
     this.pipeline = init.stages ? new StagePipeline(s, limits, init.stages) : undefined;

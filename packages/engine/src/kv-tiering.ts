@@ -73,16 +73,30 @@ export interface KvTierPlan {
   warmSlots: number;
   coldSlots: number;
   pageBytes: number;
-  /** The link share in effect (kvWarmLinkShare, or the default the engine passes in). */
+  /** The link share in effect (kvWarmLinkShare, or the default; see planKvTiers). */
   linkShare: number;
+  /** Leading warm slots the device stages and attends over itself (0: none, the host takes every warm page). */
+  linkPages: number;
 }
+
+/**
+ * The default link share's VRAM: its staging (two buffers of K and V, one layer each) may take at
+ * most this fraction of kvVramBudget on top of it, so a large warm pool does not silently grow
+ * the VRAM the KV uses (8B at 4096 tokens, KV 4x the hot budget: the whole warm pool fits).
+ */
+export const DEFAULT_STAGING_FRACTION = 0.25;
 
 /**
  * Pages per tier for the budgets. The hot pool must hold the sinks, the recent window and a page
  * written past it (what one decode step of one sequence touches); a smaller budget is refused
  * with the smallest that works.
+ *
+ * The link share: kvWarmLinkShare when given. Else, with `link` (the compute tier is VRAM, so the
+ * device can stage warm pages over a link; `numLayers` sizes a layer's page), as much of the warm
+ * pool as a staging of DEFAULT_STAGING_FRACTION of kvVramBudget holds, all of it when it fits;
+ * without `link`, 0 (the host attends over every warm page).
  */
-export function planKvTiers(o: KvTierOptions, pageBytes: number, defaultLinkShare = 0): KvTierPlan {
+export function planKvTiers(o: KvTierOptions, pageBytes: number, link?: { numLayers: number }): KvTierPlan {
   const hotSlots = Math.floor(o.kvVramBudget! / pageBytes);
   const minHot = KV_SINK_BLOCKS + KV_WINDOW_BLOCKS + 1 + 1;
   if (hotSlots < minHot) {
@@ -93,7 +107,18 @@ export function planKvTiers(o: KvTierOptions, pageBytes: number, defaultLinkShar
   }
   const warmSlots = Math.floor((o.kvHostBudget ?? 8 * hotSlots * pageBytes) / pageBytes);
   const coldSlots = o.kvOffloadDir !== undefined ? COLD_FACTOR * (hotSlots + warmSlots) : 0;
-  return { hotSlots, warmSlots, coldSlots, pageBytes, linkShare: o.kvWarmLinkShare ?? defaultLinkShare };
+  let linkShare = 0;
+  let linkPages = 0;
+  if (o.kvWarmLinkShare !== undefined) {
+    linkShare = o.kvWarmLinkShare;
+    linkPages = linkShare > 0 ? Math.max(1, Math.ceil(linkShare * Math.max(1, warmSlots))) : 0;
+  } else if (link && warmSlots > 0) {
+    // Staging bytes = 4 buffers x linkPages x (pageBytes / (2 x numLayers)) per layer page.
+    const fits = Math.floor((DEFAULT_STAGING_FRACTION * o.kvVramBudget! * link.numLayers) / (2 * pageBytes));
+    linkPages = Math.min(warmSlots, Math.max(1, fits));
+    linkShare = linkPages / warmSlots;
+  }
+  return { hotSlots, warmSlots, coldSlots, pageBytes, linkShare, linkPages };
 }
 
 const traffic = (): PathTraffic => ({ bytes: 0, ms: 0 });

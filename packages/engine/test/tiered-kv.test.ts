@@ -62,11 +62,26 @@ describe.each(models)('tiered KV gives the all-hot run\'s tokens and logits: %s'
 });
 
 describe('kvWarmLinkShare: the device attends over a share of the warm pages itself (three partials)', () => {
-  it('defaults the share to what the engine passes (1 where the compute tier is VRAM), the option first', () => {
-    expect(planKvTiers({ kvVramBudget: 10 * 64 }, 64, 1).linkShare).toBe(1);
-    expect(planKvTiers({ kvVramBudget: 10 * 64 }, 64).linkShare).toBe(0);
-    expect(planKvTiers({ kvVramBudget: 10 * 64, kvWarmLinkShare: 0.3 }, 64, 1).linkShare).toBe(0.3);
-    expect(planKvTiers({ kvVramBudget: 10 * 64, kvWarmLinkShare: 0 }, 64, 1).linkShare).toBe(0);
+  it('defaults the share by the staging a quarter of the hot budget holds (with a link), the option first', () => {
+    const pb = 64 * 36; // a page of every layer's K and V: 36 layers of 64 bytes
+    const link = { numLayers: 36 };
+    // 10 hot pages, warm pool 8x: staging of all 80 warm pages is 2 * 80 * 64 bytes, 1.1x the
+    // budget; a quarter of it holds floor(0.25 * 10 * 36 / 2) = 45 pages.
+    const d = planKvTiers({ kvVramBudget: 10 * pb }, pb, link);
+    expect(d.warmSlots).toBe(80);
+    expect(d.linkPages).toBe(45);
+    expect(d.linkShare).toBe(45 / 80);
+    // The staging stays within a quarter of the budget.
+    expect(4 * d.linkPages * (pb / (2 * 36))).toBeLessThanOrEqual(0.25 * 10 * pb);
+    // A warm pool the staging holds whole: share 1, every warm page staged.
+    const w = planKvTiers({ kvVramBudget: 10 * pb, kvHostBudget: 40 * pb }, pb, link);
+    expect(w).toMatchObject({ warmSlots: 40, linkPages: 40, linkShare: 1 });
+    // No link (compute in host memory): the host takes every warm page.
+    expect(planKvTiers({ kvVramBudget: 10 * pb }, pb)).toMatchObject({ linkShare: 0, linkPages: 0 });
+    // The option wins, uncapped.
+    expect(planKvTiers({ kvVramBudget: 10 * pb, kvWarmLinkShare: 1 }, pb, link)).toMatchObject({ linkShare: 1, linkPages: 80 });
+    expect(planKvTiers({ kvVramBudget: 10 * pb, kvWarmLinkShare: 0.3 }, pb, link)).toMatchObject({ linkShare: 0.3, linkPages: 24 });
+    expect(planKvTiers({ kvVramBudget: 10 * pb, kvWarmLinkShare: 0 }, pb, link)).toMatchObject({ linkShare: 0, linkPages: 0 });
   });
 
   it('stages the leading warm slots up to the highest one read, in eighths of the staging', () => {

@@ -68,7 +68,8 @@ export interface ServerConfig {
   /**
    * Share (0..1) of the warm KV pool that the device attends over itself, copied into VRAM over
    * the link a layer ahead, while the host CPU computes the rest (EngineOptions kvWarmLinkShare;
-   * default 1 on a GPU, 0 on the CPU backend). Needs `kvVramBudget`.
+   * default on a GPU: as much of the warm pool as a staging of a quarter of kv_vram_budget holds,
+   * all of it when it fits; 0 on the CPU backend). Needs `kvVramBudget`.
    */
   kvWarmLinkShare?: number;
   /**

@@ -59,7 +59,7 @@ export function registerRun(program: Command): void {
     .option('--kv-vram-budget <size>', 'tiered KV: compute-tier memory for hot KV pages, e.g. 64MiB; pages beyond it move to pinned host memory (same tokens)', parseSizeArg('--kv-vram-budget'))
     .option('--kv-host-budget <size>', 'tiered KV: pinned host memory for warm KV pages (default 8x --kv-vram-budget); beyond it they spill to --kv-offload-dir', parseSizeArg('--kv-host-budget'))
     .option('--kv-offload-dir <dir>', 'tiered KV: directory of the cold tier for KV pages (swapped-out sequences)')
-    .option('--kv-warm-link-share <x>', 'tiered KV: share (0..1) of the warm KV pages the GPU attends over itself, streamed through VRAM over PCIe a layer ahead, while the host CPU attends over the rest (default 1 on a GPU, 0 on the CPU backend)', parseFractionArg('--kv-warm-link-share'))
+    .option('--kv-warm-link-share <x>', 'tiered KV: share (0..1) of the warm KV pages the GPU attends over itself, streamed through VRAM over PCIe a layer ahead, while the host CPU attends over the rest (default on a GPU: what a staging of a quarter of --kv-vram-budget holds, up to 1; 0 on the CPU backend)', parseFractionArg('--kv-warm-link-share'))
     .option('--pipeline-parallel <n>', 'pipeline stages: the layers split into N contiguous ranges (N > 1 needs N GPUs on CUDA; any N on the CPU backend)', parseIntArg('--pipeline-parallel', { positive: true }))
     .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
     .option('--profile', 'split device time per token into buckets (projection, norm, attention, mlp, sampling)')
