@@ -427,7 +427,7 @@ export class Engine {
     if (tierPlan) {
       this.notes.push(
         `tiered KV: ${tierPlan.hotSlots - 1} hot pages, ${tierPlan.warmSlots} warm (pinned host), ${tierPlan.coldSlots} cold (disk) of ${blockSize} tokens; attention over warm pages runs on the host and is merged exactly` +
-          (this.kvLinkShare > 0 ? ` (the device reads ${this.kvLinkShare} of the warm pages itself over the link)` : ''),
+          (this.kvLinkShare > 0 ? ` (the device reads ${+this.kvLinkShare.toFixed(3)} of the warm pool itself over the link)` : ''),
       );
     }
     this.sampler = new HostSampler(s.vocabSize);
