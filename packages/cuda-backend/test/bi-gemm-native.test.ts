@@ -6,8 +6,8 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 // k_gemm_bi (native/kernels.cu: batch-invariant decode's tensor-core matmul) emulated on the CPU
-// by test/native/bi_gemm_test.cc: its fragment construction, three-term bf16 split, step and term
-// order and split-K reduction, with the mma's internal sum modelled (round to nearest, and toward
+// by test/native/bi_gemm_test.cc: its fragment construction, three-term bf16 split (one term under
+// matmul precision bf16), step and term order and split-K reduction, with the mma's internal sum modelled (round to nearest, and toward
 // zero as tensor cores truncate). Accuracy against a double reference, the split's exactness, and
 // each row's bits alone against its place among 9..64 rows. Skipped where there is no g++.
 
@@ -23,6 +23,9 @@ interface Result {
   splitBad: number;
   invChecked: number;
   invDiff: number;
+  maxErrScaledOneTerm: number;
+  maxErrScaledOneTermVsX: number;
+  invDiffOneTerm: number;
 }
 
 describe.skipIf(!hasGxx)('k_gemm_bi emulation (test/native/bi_gemm_test.cc, g++, no CUDA)', () => {
@@ -56,5 +59,14 @@ describe.skipIf(!hasGxx)('k_gemm_bi emulation (test/native/bi_gemm_test.cc, g++,
   it("gives each row the bits it gets alone, at any place among 9, 17, 33 or 64 rows", () => {
     expect(res.invChecked).toBeGreaterThan(1000);
     expect(res.invDiff).toBe(0);
+  });
+
+  it('one term (matmul precision bf16): the bf16-rounded activations\' product at f32 grade, invariant too', () => {
+    // What it computes: sum bf16(x_i) w_i, to f32 grade.
+    expect(res.maxErrScaledOneTerm).toBeLessThanOrEqual(1e-6);
+    // Against x itself the activations' bf16 rounding shows: each product off by at most 2^-9.
+    expect(res.maxErrScaledOneTermVsX).toBeLessThanOrEqual(2 ** -9);
+    expect(res.maxErrScaledOneTermVsX).toBeGreaterThan(1e-6);
+    expect(res.invDiffOneTerm).toBe(0);
   });
 });

@@ -6,7 +6,7 @@
 // their ordered reduction. The tensor core's internal summation of one mma is
 // hardware-defined, so two models stand in for it: "rn" (the exact sum of the 16 products and the
 // accumulator rounded to nearest f32) and "rz" (rounded toward zero, as tensor cores truncate).
-// Checks, printed as one JSON line:
+// Checks (TERMS = 3 and, for matmul precision bf16, TERMS = 1), printed as one JSON line:
 //  - accuracy against a double reference, |got - ref| / sum_i |x_i w_i| (and / |ref| where
 //    |ref| > 1e-3 sum_i |x_i w_i|), inDim 1024..12288 (tails of 16, 32 and 48 k included), KS as
 //    biSplitK picks and KS = 1; a sequential f32 dot product's errors for comparison;
@@ -108,9 +108,10 @@ void mma(float (&c)[32][4], const Frag& f, Model model) {
   }
 }
 
-// out[r * outDim + o] (no epilogue: the raw sums) of one k_gemm_bi launch over `rows` rows of x.
+// out[r * outDim + o] (no epilogue: the raw sums) of one k_gemm_bi launch over `rows` rows of x,
+// with TERMS = 3 (hi, mid, lo: exact matmuls) or 1 (hi alone: matmul precision bf16).
 void emulate(const std::vector<float>& x, const std::vector<uint16_t>& w, int rows, int inDim, int outDim, int KS,
-             Model model, std::vector<float>& out) {
+             Model model, std::vector<float>& out, int terms = 3) {
   const int NT = rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8;
   const int nChunks = (inDim + BI_CHUNK - 1) / BI_CHUNK;
   out.assign((size_t)rows * outDim, 0.f);
@@ -163,7 +164,7 @@ void emulate(const std::vector<float>& x, const std::vector<uint16_t>& w, int ro
                   f[e].b[lane][1] = b1[e];
                 }
               }
-              for (int e = 0; e < 3; e++) mma(tmp, f[e], model);
+              for (int e = 0; e < terms; e++) mma(tmp, f[e], model);
             }
           for (int l = 0; l < 32; l++)
             for (int i = 0; i < 4; i++) acc[l][i] += tmp[l][i];
@@ -190,6 +191,8 @@ int main() {
   const int dims[] = {1024, 1040, 2080, 3072, 3120, 4096, 12288};
   const int outDim = 40;  // three tiles, the last partial
   double maxErrScaled[2] = {0, 0}, maxErrRel[2] = {0, 0}, maxErrF32Seq = 0, maxErrRelF32Seq = 0;
+  // One term: against the product of the bf16-rounded activations (what it computes), and against x itself.
+  double maxErrScaledOneTerm = 0, maxErrScaledOneTermVsX = 0;
   long long splitBad = 0, splitChecked = 0;
   int checkedShapes = 0;
   for (int inDim : dims) {
@@ -227,11 +230,29 @@ int main() {
           }
       }
       checkedShapes++;
+      std::vector<float> one;
+      emulate(x, w, rows, inDim, outDim, KS, RZ, one, 1);
+      for (int r = 0; r < rows; r++)
+        for (int o = 0; o < outDim; o++) {
+          double ref = 0, ref1 = 0, mag = 0, mag1 = 0;
+          for (int i = 0; i < inDim; i++) {
+            const double wv = bf2f(w[(size_t)o * inDim + i]);
+            const double xv = x[(size_t)r * inDim + i];
+            const double x1 = bf2f(f2bf((float)xv));
+            ref += xv * wv;
+            mag += std::fabs(xv * wv);
+            ref1 += x1 * wv;
+            mag1 += std::fabs(x1 * wv);
+          }
+          const double g1 = one[(size_t)r * outDim + o];
+          maxErrScaledOneTerm = std::max(maxErrScaledOneTerm, std::fabs(g1 - ref1) / mag1);
+          maxErrScaledOneTermVsX = std::max(maxErrScaledOneTermVsX, std::fabs(g1 - ref) / mag);
+        }
     }
   }
 
   // Invariance: row r alone against row r of launches of many rows (same model, same KS).
-  long long invDiff = 0, invChecked = 0;
+  long long invDiff = 0, invChecked = 0, invDiffOneTerm = 0;
   for (int inDim : {1040, 4096}) {
     const int maxRows = 64, od = 24;
     std::vector<float> x((size_t)maxRows * inDim);
@@ -239,25 +260,29 @@ int main() {
     std::vector<uint16_t> w((size_t)od * inDim);
     for (auto& v : w) v = f2bf((float)(nd(rng) / std::sqrt((double)inDim)));
     const int KS = biSplitK(inDim, od, false);
-    std::vector<std::vector<float>> alone(maxRows);
+    std::vector<std::vector<float>> alone(maxRows), alone1(maxRows);
     for (int r = 0; r < maxRows; r++) {
       std::vector<float> xr(x.begin() + (size_t)r * inDim, x.begin() + (size_t)(r + 1) * inDim);
       emulate(xr, w, 1, inDim, od, KS, RZ, alone[r]);
+      emulate(xr, w, 1, inDim, od, KS, RZ, alone1[r], 1);
     }
     for (int n : {9, 17, 33, 64}) {
-      std::vector<float> xs(x.begin(), x.begin() + (size_t)n * inDim), got;
+      std::vector<float> xs(x.begin(), x.begin() + (size_t)n * inDim), got, got1;
       emulate(xs, w, n, inDim, od, KS, RZ, got);
+      emulate(xs, w, n, inDim, od, KS, RZ, got1, 1);
       for (int r = 0; r < n; r++)
         for (int o = 0; o < od; o++) {
           invChecked++;
           if (f2u(got[(size_t)r * od + o]) != f2u(alone[r][o])) invDiff++;
+          if (f2u(got1[(size_t)r * od + o]) != f2u(alone1[r][o])) invDiffOneTerm++;
         }
     }
   }
   printf(
       "{\"shapes\":%d,\"maxErrScaledRn\":%.3e,\"maxErrScaledRz\":%.3e,\"maxErrRelRn\":%.3e,\"maxErrRelRz\":%.3e,"
-      "\"maxErrScaledF32Sequential\":%.3e,\"maxErrRelF32Sequential\":%.3e,\"splitChecked\":%lld,\"splitBad\":%lld,\"invChecked\":%lld,\"invDiff\":%lld}\n",
+      "\"maxErrScaledF32Sequential\":%.3e,\"maxErrRelF32Sequential\":%.3e,\"splitChecked\":%lld,\"splitBad\":%lld,\"invChecked\":%lld,\"invDiff\":%lld,"
+      "\"maxErrScaledOneTerm\":%.3e,\"maxErrScaledOneTermVsX\":%.3e,\"invDiffOneTerm\":%lld}\n",
       checkedShapes, maxErrScaled[0], maxErrScaled[1], maxErrRel[0], maxErrRel[1], maxErrF32Seq, maxErrRelF32Seq, splitChecked, splitBad,
-      invChecked, invDiff);
+      invChecked, invDiff, maxErrScaledOneTerm, maxErrScaledOneTermVsX, invDiffOneTerm);
   return 0;
 }
