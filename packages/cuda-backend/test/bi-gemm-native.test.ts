@@ -1,9 +1,6 @@
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildNative, hasGxx } from './native-build.js';
 
 // k_gemm_bi (native/kernels.cu: batch-invariant decode's tensor-core matmul) emulated on the CPU
 // by test/native/bi_gemm_test.cc: its fragment construction, three-term bf16 split (one term under
@@ -11,8 +8,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 // zero as tensor cores truncate). Accuracy against a double reference, the split's exactness, and
 // each row's bits alone against its place among 9..64 rows. Skipped where there is no g++.
 
-const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const hasGxx = spawnSync('g++', ['--version'], { stdio: 'ignore' }).status === 0;
 
 interface Result {
   shapes: number;
@@ -29,19 +24,17 @@ interface Result {
 }
 
 describe.skipIf(!hasGxx)('k_gemm_bi emulation (test/native/bi_gemm_test.cc, g++, no CUDA)', () => {
-  let tmp = '';
+  let dispose = () => {};
   let res: Result;
   beforeAll(() => {
-    tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-bi-gemm-'));
-    const exe = path.join(tmp, 'bi_gemm_test');
-    const b = spawnSync('g++', ['-O2', '-std=c++17', path.join(pkgDir, 'test/native/bi_gemm_test.cc'), '-o', exe], { encoding: 'utf8' });
-    if (b.status !== 0) throw new Error(`g++ failed: ${b.stderr}`);
-    const r = spawnSync(exe, [], { encoding: 'utf8', timeout: 120_000 });
+    const built = buildNative('bi_gemm_test', ['test/native/bi_gemm_test.cc']);
+    dispose = built.dispose;
+    const r = spawnSync(built.exe, [], { encoding: 'utf8', timeout: 120_000 });
     const line = r.stdout.split('\n').find((l) => l.startsWith('{'));
     if (!line) throw new Error(`no result (status ${r.status}, signal ${r.signal}): ${r.stderr}`);
     res = JSON.parse(line) as Result;
   }, 180_000);
-  afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+  afterAll(() => dispose());
 
   it('splits every activation exactly into bf16 hi + mid + lo', () => {
     expect(res.splitChecked).toBeGreaterThan(10_000);

@@ -1,17 +1,12 @@
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildNative, hasGxx } from './native-build.js';
 
 // The host attention math (native/host_attention.cc: tiered KV's warm partial, computed by the
 // CPU where the pages lie) without CUDA or the addon: test/native/host_attention_test.cc is
 // compiled with g++ and checks f32/bf16/f16 caches, GQA, windows and missing blocks against a
 // float64 reference, with its error bound stated in that file. Skipped where there is no g++.
 
-const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const hasGxx = spawnSync('g++', ['--version'], { stdio: 'ignore' }).status === 0;
 
 interface CaseLine { case: string; threads: number; boundUsed: number; keys: number }
 interface Summary {
@@ -38,19 +33,13 @@ function runProgram(exe: string, env: Record<string, string>): { cases: CaseLine
 }
 
 describe.skipIf(!hasGxx)('host attention math (native/host_attention.cc, g++, no CUDA)', () => {
-  let tmp = '';
   let exe = '';
+  let dispose = () => {};
 
   beforeAll(() => {
-    tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-host-attn-'));
-    exe = path.join(tmp, 'host_attention_test');
-    const args = ['-O2', '-std=c++17', '-pthread', '-DNERVA_HOST_ATTN_NO_CUDA', '-Inative', 'test/native/host_attention_test.cc', 'native/host_attention.cc', 'native/host_pool.cc', '-o', exe];
-    const r = spawnSync('g++', args, { cwd: pkgDir, encoding: 'utf8' });
-    if (r.status !== 0) throw new Error(`g++ failed: ${r.stderr}`);
+    ({ exe, dispose } = buildNative('host_attention_test', ['-pthread', '-DNERVA_HOST_ATTN_NO_CUDA', '-Inative', 'test/native/host_attention_test.cc', 'native/host_attention.cc', 'native/host_pool.cc']));
   }, 120_000);
-  afterAll(() => {
-    if (tmp) rmSync(tmp, { recursive: true, force: true });
-  });
+  afterAll(() => dispose());
 
   it('matches the float64 reference (dtypes, GQA 1/4/12, windows, missing blocks), thread-count independent, allocation-free', () => {
     const { cases, summary, failures } = runProgram(exe, {});

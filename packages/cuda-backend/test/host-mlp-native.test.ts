@@ -1,17 +1,13 @@
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildNative, hasGxx } from './native-build.js';
 
 // The host MLP math (native/host_mlp.cc) without CUDA or the addon: test/native/host_mlp_test.cc
 // is compiled here with g++ and checks every vector path this CPU has (scalar, AVX2, AVX-512)
 // against a float64 reference, with the error bound and its reason stated in that file. Skipped
 // where there is no g++.
 
-const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const hasGxx = spawnSync('g++', ['--version'], { stdio: 'ignore' }).status === 0;
 const onX86 = process.arch === 'x64' || process.arch === 'ia32';
 
 interface CaseLine {
@@ -55,19 +51,13 @@ function runProgram(exe: string, env: Record<string, string>): { cases: CaseLine
 }
 
 describe.skipIf(!hasGxx)('host MLP math (native/host_mlp.cc, g++, no CUDA)', () => {
-  let tmp = '';
   let exe = '';
+  let dispose = () => {};
 
   beforeAll(() => {
-    tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-host-mlp-'));
-    exe = path.join(tmp, 'host_mlp_test');
-    const args = ['-O2', '-std=c++17', '-pthread', '-DNERVA_HOST_MLP_NO_CUDA', '-Inative', 'test/native/host_mlp_test.cc', 'native/host_mlp.cc', 'native/host_pool.cc', '-o', exe];
-    const r = spawnSync('g++', args, { cwd: pkgDir, encoding: 'utf8' });
-    if (r.status !== 0) throw new Error(`g++ failed: ${r.stderr}`);
+    ({ exe, dispose } = buildNative('host_mlp_test', ['-pthread', '-DNERVA_HOST_MLP_NO_CUDA', '-Inative', 'test/native/host_mlp_test.cc', 'native/host_mlp.cc', 'native/host_pool.cc']));
   }, 120_000);
-  afterAll(() => {
-    if (tmp) rmSync(tmp, { recursive: true, force: true });
-  });
+  afterAll(() => dispose());
 
   it('matches the float64 reference on every ISA path, 1 and 4 threads, odd sizes, rows 1/3/8/11, c = 0', () => {
     const { cases, summary, failures } = runProgram(exe, {});

@@ -1,9 +1,6 @@
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildNative, hasGxx } from './native-build.js';
 
 // The host pool (native/host_pool.cc) under stress, without CUDA: test/native/host_pool_test.cc
 // runs many back-to-back two-phase calls on a pool larger than this machine's CPUs whose idle
@@ -11,8 +8,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 // task exactly once, keep the phase barrier, and return only when every task is done. Skipped
 // where there is no g++.
 
-const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const hasGxx = spawnSync('g++', ['--version'], { stdio: 'ignore' }).status === 0;
 
 interface Result {
   calls: number;
@@ -25,19 +20,12 @@ interface Result {
 }
 
 describe.skipIf(!hasGxx)('host pool (native/host_pool.cc, g++, no CUDA)', () => {
-  let tmp = '';
   let exe = '';
+  let dispose = () => {};
   beforeAll(() => {
-    tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-host-pool-'));
-    exe = path.join(tmp, 'host_pool_test');
-    const r = spawnSync(
-      'g++',
-      ['-O2', '-std=c++17', '-pthread', `-I${path.join(pkgDir, 'native')}`, path.join(pkgDir, 'test/native/host_pool_test.cc'), path.join(pkgDir, 'native/host_pool.cc'), '-o', exe],
-      { encoding: 'utf8' },
-    );
-    if (r.status !== 0) throw new Error(`g++ failed: ${r.stderr}`);
+    ({ exe, dispose } = buildNative('host_pool_test', ['-pthread', '-Inative', 'test/native/host_pool_test.cc', 'native/host_pool.cc']));
   }, 120_000);
-  afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+  afterAll(() => dispose());
 
   const cases: Array<[threads: number, spinUs: number]> = [
     [8, 0],

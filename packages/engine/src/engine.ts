@@ -281,8 +281,6 @@ export class Engine {
   private readonly scheduler: Scheduler;
   /** Tiered KV (kvVramBudget): the page policy and its moves; undefined when all KV is hot. */
   private readonly kvTiers: TieredKv | undefined;
-  /** kvWarmLinkShare (0 without tiered KV). */
-  private readonly kvLinkShare: number;
   /** Every layer slides and pages behind this window are freed (0: none are). */
   private readonly kvWindow: number;
   private readonly sampler: HostSampler;
@@ -379,7 +377,6 @@ export class Engine {
       o.kvVramBudget !== undefined
         ? planKvTiers(o, kvBytesPerToken * blockSize, this.backend.capabilities.computeTier === 'vram' ? { numLayers: s.numLayers } : undefined)
         : undefined;
-    const linkShare = tierPlan?.linkShare ?? 0;
     const numBlocks = tierPlan?.hotSlots ?? Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
     const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
     const limits = {
@@ -407,7 +404,6 @@ export class Engine {
       throw e;
     }
     const tiers = this.kvTiers?.tiers;
-    this.kvLinkShare = linkShare;
     // Every layer slides: pages behind the widest window are never read again (with a
     // full-attention layer anywhere, every page stays readable and nothing is freed early).
     this.kvWindow = (o.kvFreeOutsideWindow ?? true) ? kvReadWindow(s) : 0;
@@ -427,7 +423,7 @@ export class Engine {
     if (tierPlan) {
       this.notes.push(
         `tiered KV: ${tierPlan.hotSlots - 1} hot pages, ${tierPlan.warmSlots} warm (pinned host), ${tierPlan.coldSlots} cold (disk) of ${blockSize} tokens; attention over warm pages runs on the host and is merged exactly` +
-          (this.kvLinkShare > 0 ? ` (the device reads ${+this.kvLinkShare.toFixed(3)} of the warm pool itself over the link)` : ''),
+          (tierPlan.linkShare > 0 ? ` (the device reads ${+tierPlan.linkShare.toFixed(3)} of the warm pool itself over the link)` : ''),
       );
     }
     this.sampler = new HostSampler(s.vocabSize);
