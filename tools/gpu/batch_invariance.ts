@@ -1,5 +1,5 @@
 // GPU machine (phase `invariance`): batch invariance of the decode ops on the CUDA backend. Each
-// decode-shaped op runs once per row alone (1 row) and then over 2..64 rows at once; every row of
+// decode-shaped op runs once per row alone (1 row) and then over 2..256 rows at once; every row of
 // a many-row call must be bit for bit the row alone. Backends: batchInvariant true (must hold:
 // exit 1 otherwise) and the default (informational: how many rows differ without it).
 // Ops: fused_matmul (norm, norm + glu, accumulate on the split path, the 8B qkv shape whose staged
@@ -14,8 +14,8 @@ import type { DecoderLayerWeights, DeviceBackend, DeviceBuffer } from '@nerva/co
 import { createCudaBackend, probeCuda } from '@nerva/cuda-backend';
 
 const out = process.env.OUT ?? '.';
-const ROW_COUNTS = [2, 8, 9, 16, 17, 32, 64];
-const MAX_ROWS = 64;
+const ROW_COUNTS = [2, 8, 9, 16, 17, 32, 64, 128, 256];
+const MAX_ROWS = 256;
 
 function rng(seed: number): () => number {
   let s = seed >>> 0;

@@ -29,6 +29,13 @@ g++ "${flags[@]}" $pkg/native/host_pool.cc -o "$out/host_pool.o"
 g++ "${flags[@]}" $pkg/native/host_mlp.cc -o "$out/host_mlp.o"
 g++ "${flags[@]}" $pkg/native/host_attention.cc -o "$out/host_attention.o"
 g++ "${flags[@]}" $pkg/native/host_channel.cc -o "$out/host_channel.o"
+# The hand-declared cuBLASLt ABI against the real header, where the machine has it.
+if [ -f "$cuda/include/cublasLt.h" ]; then
+  g++ -fsyntax-only -std=c++17 -I"$cuda/include" tools/gpu/lt_abi_check.cc
+  echo "[build-addon] cuBLASLt ABI matches $cuda/include/cublasLt.h"
+else
+  echo "[build-addon] no cublasLt.h here: the cuBLASLt ABI check is skipped"
+fi
 wait $nvcc_pid
 g++ -shared -o "$out/nerva_cuda.node" "$out/addon.o" "$out/cublas_dl.o" "$out/nccl_dl.o" "$out/host_pool.o" "$out/host_mlp.o" "$out/host_attention.o" "$out/host_channel.o" "$out/kernels.o" \
   -L"$cuda/lib64" -L"$cuda/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread

@@ -46,11 +46,11 @@
 #   each, against the same requests one by one, once per KV dtype in NERVA_FORK_KV ("auto bf16") and per environment in NERVA_FORK_ENVS
 #   (';'-separated VAR=value sets) -> $OUT/fork.jsonl; NERVA_FORK_ARGS adds flags (e.g. "--batch-invariant --profile")
 #   invariance (not in the default list; bash tools/gpu/run.sh build,invariance): tools/gpu/batch_invariance.ts, the decode
-#   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..64 rows, every row bit for bit,
+#   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..256 rows, every row bit for bit,
 #   on a batchInvariant backend (must hold) and on the default one (informational), once with the default kernels
-#   (k_gemm_bi, GQA attention), once with NERVA_BI_ATTN_GQA=0 (split-KV attention), once with that and NERVA_BI_GEMM=0
-#   (the GEMV), and the default kernels under matmul precision bf16 (NERVA_MATMUL=bf16: k_gemm_bi with one term)
-#   -> $OUT/batch_invariance-{bigemm-gqa,bigemm,gemv,bigemm-gqa-bf16}.json
+#   (cuBLASLt with pinned algorithms, GQA attention), the same under matmul precision bf16 (NERVA_MATMUL=bf16: one
+#   term), once with NERVA_BI_GEMM=kernel (k_gemm_bi), once with NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0 (the GEMV,
+#   split-KV attention) -> $OUT/batch_invariance-{lt-gqa,lt-gqa-bf16,bigemm-gqa,gemv}.json
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -77,6 +77,14 @@ if has build && [ -f .device/addon/nerva_cuda.node ] && [ "$(cat .device/addon/s
 elif has build; then
   t0=$(date +%s)
   if bash tools/gpu/build-addon.sh /tmp/nerva-addon >>"$log" 2>&1; then say "addon built in $(( $(date +%s) - t0 )) s"; else say "addon build FAILED"; tail -30 "$log"; exit 1; fi
+fi
+
+# The hand-declared cuBLASLt ABI (batch-invariant GEMMs) against this machine's cublasLt.h.
+if has build; then
+  cuda=${CUDA_HOME:-/usr/local/cuda}
+  if [ ! -f "$cuda/include/cublasLt.h" ]; then say "no $cuda/include/cublasLt.h: cuBLASLt ABI unchecked"
+  elif g++ -fsyntax-only -std=c++17 -I"$cuda/include" tools/gpu/lt_abi_check.cc >>"$log" 2>&1; then say "cuBLASLt ABI matches cublasLt.h"
+  else say "cuBLASLt ABI check FAILED"; tail -20 "$log"; exit 1; fi
 fi
 
 runjs() { # name bundle args...
@@ -113,10 +121,10 @@ has conformance && runjs conformance conformance.mjs
 # added in turn (split-KV attention, then the GEMV too), then matmul precision bf16 (k_gemm_bi's
 # one-term variant), so every kernel the switches select is checked.
 if has invariance; then
-  runjs invariance batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm-gqa.json"
-  NERVA_BI_ATTN_GQA=0 runjs "invariance (NERVA_BI_ATTN_GQA=0)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm.json"
+  runjs invariance batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-lt-gqa.json"
+  NERVA_MATMUL=bf16 runjs "invariance (NERVA_MATMUL=bf16)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-lt-gqa-bf16.json"
+  NERVA_BI_GEMM=kernel runjs "invariance (NERVA_BI_GEMM=kernel)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm-gqa.json"
   NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0 runjs "invariance (NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-gemv.json"
-  NERVA_MATMUL=bf16 runjs "invariance (NERVA_MATMUL=bf16)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm-gqa-bf16.json"
   rm -f "$OUT/batch_invariance.json"
 fi
 has checks && runjs checks checks.mjs

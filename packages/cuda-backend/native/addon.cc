@@ -178,6 +178,14 @@ class Context : public Napi::ObjectWrap<Context> {
     } else {
       blasNote_ = "disabled by option";
     }
+    // Batch-invariant matmuls on cuBLASLt's pinned algorithms (see nerva_lt_gemm) unless
+    // NERVA_BI_GEMM picks a kernel of ours (kernel: k_gemm_bi; 0: the GEMV).
+    const char* biEnv = std::getenv("NERVA_BI_GEMM");
+    const bool biOurs = biEnv && (std::strcmp(biEnv, "0") == 0 || std::strcmp(biEnv, "kernel") == 0);
+    if (ex_.batchInv && ex_.cublas && !biOurs) {
+      char why[256] = {0};
+      if (!nerva_lt_open(&ex_, why, sizeof why)) ltNote_ = why;
+    }
   }
 
   ~Context() { Release(); }
@@ -204,6 +212,7 @@ class Context : public Napi::ObjectWrap<Context> {
     staged_.clear();
     for (auto ev : stageEvents_) cudaEventDestroy(ev);
     stageEvents_.clear();
+    nerva_lt_close(&ex_);
     if (ex_.cublas && api_.destroy) api_.destroy(ex_.cublas);
     ex_.cublas = nullptr;
     for (auto s : streams_)
@@ -309,6 +318,15 @@ class Context : public Napi::ObjectWrap<Context> {
     o.Set("gemm", ex_.gemmMode == GEMM_SPLIT_BF16 ? "cublas-split-bf16" : ex_.gemmMode == GEMM_BF16 ? "cublas-bf16" : "gemv");
     o.Set("cublas", api_.lib ? api_.libName : "");
     o.Set("cublasNote", blasNote_);
+    // The batch-invariant matmul: cuBLASLt with pinned algorithms, k_gemm_bi, or the GEMV.
+    if (ex_.batchInv) {
+      const char* biEnv = std::getenv("NERVA_BI_GEMM");
+      o.Set("biGemm", ex_.lt ? "cublaslt-pinned" : biEnv && std::strcmp(biEnv, "0") == 0 ? "gemv" : "k_gemm_bi");
+      char pins[2048];
+      nerva_lt_describe(&ex_, pins, sizeof pins);
+      o.Set("biGemmPins", pins);
+      if (!ltNote_.empty()) o.Set("biGemmNote", ltNote_);
+    }
     o.Set("pinnedPages", pinPages_);
     o.Set("pdl", ex_.pdl);
     return o;
@@ -921,6 +939,7 @@ class Context : public Napi::ObjectWrap<Context> {
   NervaExec ex_;
   CublasApi api_;
   std::string blasNote_;
+  std::string ltNote_;  // why cuBLASLt did not load (batch-invariant contexts)
   std::string pinPages_;  // how the pinned arena was allocated (AllocPinned)
   size_t pinMapLen_ = 0;  // mmap length when the arena is registered anonymous memory, else 0
   std::vector<cudaStream_t> streams_;

@@ -36,3 +36,247 @@ bool nerva_load_cublas(CublasApi* api, char* why, size_t whyLen) {
   snprintf(api->libName, sizeof api->libName, "%s", picked);
   return true;
 }
+
+// ---- cuBLASLt with pinned algorithms (batch-invariant matmuls) ----------------------------------
+
+#include <stdlib.h>
+
+#include <map>
+#include <utility>
+
+#include "cublaslt_abi.h"
+
+namespace {
+
+struct LtApi {
+  void* lib = nullptr;
+  nlt::create_t create = nullptr;
+  nlt::destroy_t destroy = nullptr;
+  nlt::descCreate_t descCreate = nullptr;
+  nlt::descDestroy_t descDestroy = nullptr;
+  nlt::descSetAttr_t descSetAttr = nullptr;
+  nlt::layoutCreate_t layoutCreate = nullptr;
+  nlt::layoutDestroy_t layoutDestroy = nullptr;
+  nlt::prefCreate_t prefCreate = nullptr;
+  nlt::prefDestroy_t prefDestroy = nullptr;
+  nlt::prefSetAttr_t prefSetAttr = nullptr;
+  nlt::heuristic_t heuristic = nullptr;
+  nlt::algoCheck_t algoCheck = nullptr;
+  nlt::algoConfigGet_t algoConfigGet = nullptr;
+  nlt::matmul_t matmul = nullptr;
+};
+
+// One pinned GEMM shape: the weight operand's layout, the algorithm, and the layouts of x and out
+// per row count met so far (a few: the decode batch buckets).
+struct LtPin {
+  void* desc = nullptr;
+  void* aLayout = nullptr;
+  nlt::Algo algo{};
+  size_t wsBytes = 0;
+  int id = -1, tile = -1, stages = -1;
+  std::map<int, std::pair<void*, void*>> rowLayouts;  // n -> (x layout, out layout)
+};
+
+struct LtState {
+  LtApi api;
+  void* handle = nullptr;
+  // (m, k) -> pin
+  std::map<std::pair<int, int>, LtPin> pins;
+};
+
+// The row count the heuristic chooses each shape's algorithm for: NERVA_BI_LT_ROWS (default 128,
+// a large decode batch). A tuning knob: it changes the bits of batch-invariant matmuls (the same
+// for every row count of the process).
+int ltHintRows() {
+  static const int v = [] {
+    const char* e = getenv("NERVA_BI_LT_ROWS");
+    int r = e && *e ? atoi(e) : 128;
+    return r >= 1 ? r : 128;
+  }();
+  return v;
+}
+
+template <typename F>
+bool sym(void* lib, const char* name, F* out) {
+  *out = (F)dlsym(lib, name);
+  return *out != nullptr;
+}
+
+int fail(NervaExec* ex, const char* call, int st) {
+  snprintf(ex->errCall, sizeof ex->errCall, "%s (cuBLASLt status %d)", call, st);
+  return NERVA_CUBLAS_FAILED;
+}
+
+// Layouts (column-major, as cuBLASLt sees them): W [m, k] row-major is A = [k, m] with op T;
+// x [n, k] row-major is B = [k, n]; out [n, m] row-major is C = D = [m, n].
+bool rowLayouts(LtState* s, LtPin& p, int m, int n, int k, std::pair<void*, void*>* out) {
+  auto it = p.rowLayouts.find(n);
+  if (it != p.rowLayouts.end()) {
+    *out = it->second;
+    return true;
+  }
+  void *b = nullptr, *c = nullptr;
+  if (s->api.layoutCreate(&b, nlt::R_16BF, (uint64_t)k, (uint64_t)n, k) != 0) return false;
+  if (s->api.layoutCreate(&c, nlt::R_32F, (uint64_t)m, (uint64_t)n, m) != 0) {
+    s->api.layoutDestroy(b);
+    return false;
+  }
+  p.rowLayouts[n] = {b, c};
+  *out = {b, c};
+  return true;
+}
+
+// Chooses the shape's algorithm once: the heuristic's best for ltHintRows() rows among those with
+// no split-K (a split's partial sums and their reduction would depend on the launch) that also
+// run one row and the largest row count a call is likely to see.
+int pinShape(NervaExec* ex, LtState* s, LtPin& p, int m, int k) {
+  const LtApi& a = s->api;
+  int st = a.descCreate(&p.desc, nlt::COMPUTE_32F, nlt::R_32F);
+  if (st != 0) return fail(ex, "cublasLtMatmulDescCreate", st);
+  const int32_t opT = nlt::OP_T, opN = nlt::OP_N;
+  a.descSetAttr(p.desc, nlt::DESC_TRANSA, &opT, sizeof opT);
+  a.descSetAttr(p.desc, nlt::DESC_TRANSB, &opN, sizeof opN);
+  st = a.layoutCreate(&p.aLayout, nlt::R_16BF, (uint64_t)k, (uint64_t)m, k);
+  if (st != 0) return fail(ex, "cublasLtMatrixLayoutCreate", st);
+  std::pair<void*, void*> hint, one, big;
+  const int hintRows = ltHintRows();
+  if (!rowLayouts(s, p, m, hintRows, k, &hint) || !rowLayouts(s, p, m, 1, k, &one) || !rowLayouts(s, p, m, 4096, k, &big))
+    return fail(ex, "cublasLtMatrixLayoutCreate", -1);
+  void* pref = nullptr;
+  st = a.prefCreate(&pref);
+  if (st != 0) return fail(ex, "cublasLtMatmulPreferenceCreate", st);
+  const uint64_t wsMax = ex->cublasWsBytes;
+  a.prefSetAttr(pref, nlt::PREF_MAX_WORKSPACE_BYTES, &wsMax, sizeof wsMax);
+  nlt::Heuristic res[16];
+  int got = 0;
+  st = a.heuristic(s->handle, p.desc, p.aLayout, hint.first, hint.second, hint.second, pref, 16, res, &got);
+  a.prefDestroy(pref);
+  if (st != 0) return fail(ex, "cublasLtMatmulAlgoGetHeuristic", st);
+  for (int i = 0; i < got; i++) {
+    if (res[i].state != 0) continue;
+    int32_t splitK = 1;
+    size_t wr = 0;
+    if (a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof splitK, &wr) != 0 || splitK > 1) continue;
+    nlt::Heuristic chk{};
+    if (a.algoCheck(s->handle, p.desc, p.aLayout, one.first, one.second, one.second, &res[i].algo, &chk) != 0) continue;
+    if (a.algoCheck(s->handle, p.desc, p.aLayout, big.first, big.second, big.second, &res[i].algo, &chk) != 0) continue;
+    p.algo = res[i].algo;
+    p.wsBytes = res[i].workspaceSize;
+    a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_ID, &p.id, sizeof p.id, &wr);
+    a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_TILE_ID, &p.tile, sizeof p.tile, &wr);
+    a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_STAGES_ID, &p.stages, sizeof p.stages, &wr);
+    return NERVA_OK;
+  }
+  snprintf(ex->errCall, sizeof ex->errCall, "cuBLASLt: no algorithm without split-K for %d x %d (of %d offered)", m, k, got);
+  return NERVA_CUBLAS_FAILED;
+}
+
+}  // namespace
+
+bool nerva_lt_open(NervaExec* ex, char* why, size_t whyLen) {
+  const char* names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
+  void* lib = nullptr;
+  const char* picked = nullptr;
+  for (const char* n : names) {
+    lib = dlopen(n, RTLD_NOW | RTLD_LOCAL);
+    if (lib) {
+      picked = n;
+      break;
+    }
+  }
+  if (!lib) {
+    snprintf(why, whyLen, "libcublasLt not found (%s)", dlerror());
+    return false;
+  }
+  LtState* s = new LtState();
+  LtApi& a = s->api;
+  a.lib = lib;
+  bool ok = sym(lib, "cublasLtCreate", &a.create) && sym(lib, "cublasLtDestroy", &a.destroy) &&
+            sym(lib, "cublasLtMatmulDescCreate", &a.descCreate) && sym(lib, "cublasLtMatmulDescDestroy", &a.descDestroy) &&
+            sym(lib, "cublasLtMatmulDescSetAttribute", &a.descSetAttr) &&
+            sym(lib, "cublasLtMatrixLayoutCreate", &a.layoutCreate) && sym(lib, "cublasLtMatrixLayoutDestroy", &a.layoutDestroy) &&
+            sym(lib, "cublasLtMatmulPreferenceCreate", &a.prefCreate) &&
+            sym(lib, "cublasLtMatmulPreferenceDestroy", &a.prefDestroy) &&
+            sym(lib, "cublasLtMatmulPreferenceSetAttribute", &a.prefSetAttr) &&
+            sym(lib, "cublasLtMatmulAlgoGetHeuristic", &a.heuristic) && sym(lib, "cublasLtMatmulAlgoCheck", &a.algoCheck) &&
+            sym(lib, "cublasLtMatmulAlgoConfigGetAttribute", &a.algoConfigGet) && sym(lib, "cublasLtMatmul", &a.matmul);
+  if (!ok) {
+    snprintf(why, whyLen, "%s lacks a needed symbol", picked);
+    dlclose(lib);
+    delete s;
+    return false;
+  }
+  int st = a.create(&s->handle);
+  if (st != 0 || !s->handle) {
+    snprintf(why, whyLen, "cublasLtCreate failed (status %d)", st);
+    dlclose(lib);
+    delete s;
+    return false;
+  }
+  ex->lt = s;
+  return true;
+}
+
+void nerva_lt_close(NervaExec* ex) {
+  LtState* s = (LtState*)ex->lt;
+  if (!s) return;
+  for (auto& kv : s->pins) {
+    LtPin& p = kv.second;
+    for (auto& rl : p.rowLayouts) {
+      s->api.layoutDestroy(rl.second.first);
+      s->api.layoutDestroy(rl.second.second);
+    }
+    if (p.aLayout) s->api.layoutDestroy(p.aLayout);
+    if (p.desc) s->api.descDestroy(p.desc);
+  }
+  s->pins.clear();
+  s->api.destroy(s->handle);
+  dlclose(s->api.lib);
+  delete s;
+  ex->lt = nullptr;
+}
+
+int nerva_lt_gemm(NervaExec* ex, int m, int n, int k, const void* w, const void* x, float* out, bool accumulate) {
+  LtState* s = (LtState*)ex->lt;
+  if (!s) return NERVA_CUBLAS_FAILED;
+  auto key = std::make_pair(m, k);
+  auto it = s->pins.find(key);
+  if (it == s->pins.end()) {
+    it = s->pins.emplace(key, LtPin()).first;
+    int rc = pinShape(ex, s, it->second, m, k);
+    if (rc) {
+      // Keep nothing half-made: the next call tries again (and fails the same way).
+      LtPin& p = it->second;
+      for (auto& rl : p.rowLayouts) {
+        s->api.layoutDestroy(rl.second.first);
+        s->api.layoutDestroy(rl.second.second);
+      }
+      if (p.aLayout) s->api.layoutDestroy(p.aLayout);
+      if (p.desc) s->api.descDestroy(p.desc);
+      s->pins.erase(it);
+      return rc;
+    }
+  }
+  LtPin& p = it->second;
+  std::pair<void*, void*> lay;
+  if (!rowLayouts(s, p, m, n, k, &lay)) return fail(ex, "cublasLtMatrixLayoutCreate", -1);
+  const float one = 1.f, zero = 0.f;
+  int st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, accumulate ? &one : &zero, out, lay.second, out,
+                         lay.second, &p.algo, ex->cublasWs, p.wsBytes, ex->stream);
+  if (!ex->capturing) ex->launches++;
+  return st == 0 ? NERVA_OK : fail(ex, "cublasLtMatmul", st);
+}
+
+void nerva_lt_describe(const NervaExec* ex, char* buf, size_t bytes) {
+  buf[0] = 0;
+  const LtState* s = (const LtState*)ex->lt;
+  if (!s) return;
+  size_t used = 0;
+  for (const auto& kv : s->pins) {
+    if (used + 1 >= bytes) break;
+    int w = snprintf(buf + used, bytes - used, "%s%dx%d: algo %d tile %d stages %d", used ? "; " : "", kv.first.first,
+                     kv.first.second, kv.second.id, kv.second.tile, kv.second.stages);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+}

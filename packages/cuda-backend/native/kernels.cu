@@ -2134,10 +2134,11 @@ int gemvPick(NervaExec* ex, const GemvLaunch& a, int ks, bool norm, bool glu, bo
   return ks != 1 ? gemvNG<R, 4, 1>(ex, a, norm, glu) : gemvNG<R, 1, 1>(ex, a, norm, glu);
 }
 
-// Batch-invariant decode runs its matmuls on k_gemm_bi (default; NERVA_BI_GEMM=0: the GEMV,
-// k_gemv_bf16); the two give different bits, each row-independent. On the H100 (session 14)
+// Batch-invariant decode runs its matmuls on cuBLASLt with pinned algorithms where it loads
+// (gemmRowsBlas), else on k_gemm_bi (NERVA_BI_GEMM=kernel forces it; NERVA_BI_GEMM=0: the GEMV,
+// k_gemv_bf16); each gives different bits, each row-independent. On the H100 (session 14)
 // k_gemm_bi passed the invariance check at 2..64 rows and took 32 sampled 8B forks from 3.1x to
-// 16x over sequential; one row alone runs ~15 % slower than on the GEMV, the price of one kernel.
+// 16x over sequential, but at 64-128 rows it reached 24-43 TFMA/s, latency-bound.
 bool biGemmEnabled() {
   static const bool v = [] {
     const char* e = getenv("NERVA_BI_GEMM");
@@ -2251,9 +2252,12 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   // (or for shapes it does not take) keeps every row count on the GEMV: its per-row reduction order
   // (the lanes' k chunks, the warp sum, the KS split) is the same for any R, so each row's result
   // is the one it gets alone.
-  if (rows > 8 && !ex->batchInv && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
+  // Batch-invariant decode with cuBLASLt loaded: every row count (1 included) on its pinned GEMM.
+  if ((ex->batchInv ? ex->lt != nullptr : rows > 8) && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
     int rc = gemmRowsBlas(ex, x, w, out, rows, inDim, outDim, bias, f);
-    if (rc != NERVA_BAD_ARGS) return rc;  // BAD_ARGS here: the workspace is too small, the GEMV path below takes it
+    // BAD_ARGS here: one row does not fit the workspace (whatever the row count, so a
+    // batch-invariant row still takes one path), the kernels below take it.
+    if (rc != NERVA_BAD_ARGS) return rc;
   }
   bool nwOk = !f.nw.p || ((f.nw.dt == NV_BF16 || f.nw.dt == NV_F32) && ((uintptr_t)f.nw.p & 15) == 0);
   bool fast = w.dt == NV_BF16 && inDim % 8 == 0 && ((uintptr_t)w.p & 15) == 0 && ((uintptr_t)x & 15) == 0 && nwOk;
@@ -2377,45 +2381,66 @@ int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
 }
 
 // fused_matmul over many rows (batched decode): the norm (if any) into the workspace, the
-// activations split hi/lo (exact) or rounded (bf16), ONE cuBLAS GEMM over the stacked hi and lo
-// rows (so the weights are read once), then k_gemm_epilogue (lo + hi, bias, glu, accumulate).
-// Returns NERVA_BAD_ARGS, having enqueued nothing, when the workspace cannot hold it.
+// activations split hi/lo (exact) or rounded (bf16), ONE GEMM over the stacked hi and lo rows (so
+// the weights are read once), then k_gemm_epilogue (lo + hi, bias, glu, accumulate). With one term
+// and nothing but an accumulate to apply, the GEMM writes (or adds into) out itself: the same
+// single f32 add. Rows go in chunks the workspace holds. The GEMM is cuBLAS's (its heuristic picks
+// the kernel per row count) or, in a batch-invariant context, cuBLASLt's with a pinned algorithm
+// (nerva_lt_gemm): every step here is then row-independent, so a row's bits are the same at any
+// row count. Returns NERVA_BAD_ARGS, having enqueued nothing, when one row does not fit.
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
                  const Fuse& f) {
   const CublasApi* api = ex->api;
+  const bool pinned = ex->batchInv && ex->lt;
   const int bfa = ex->bf16act ? 1 : 0;
   const bool split = ex->gemmMode == GEMM_SPLIT_BF16 && !ex->bf16act;
   const int halves = split ? 2 : 1;
   const int wOut = outDim * (f.glu ? 2 : 1);
-  const size_t n = (size_t)rows * inDim;
-  const size_t normBytes = f.nw.p ? align256(n * sizeof(float)) : 0;
-  const size_t tBytes = align256((size_t)halves * rows * wOut * sizeof(float));
-  const size_t xBytes = align256((size_t)halves * n * sizeof(uint16_t));
-  if (normBytes + tBytes + xBytes > ex->wsBytes) return NERVA_BAD_ARGS;
-  char* ws = ex->ws;
-  const float* xin = x;
-  if (f.nw.p) {
-    LAUNCH(k_rmsnorm, rows, 256, 0, x, f.nw.p, f.nw.dt, (float*)ws, (float*)nullptr, inDim, f.eps, bfa);
-    xin = (const float*)ws;
-  }
-  float* t = (float*)(ws + normBytes);
-  uint16_t* xh = (uint16_t*)(ws + normBytes + tBytes);
-  // lo rows right after the hi rows: the GEMM sees one [halves * rows, inDim] operand.
-  LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, xin, xh, split ? xh + n : (uint16_t*)nullptr, n);
-  if (api->setStream(ex->cublas, ex->stream) != 0) {
+  const bool direct = !split && !f.glu && !bias.p && !bfa;
+  // Per row: the normalized row (f32), the GEMM's out (unless direct), the bf16 operand rows.
+  const size_t perRow = (f.nw.p ? (size_t)inDim * sizeof(float) : 0) + (direct ? 0 : (size_t)halves * wOut * sizeof(float)) +
+                        (size_t)halves * inDim * sizeof(uint16_t);
+  const size_t slack = 3 * 256;  // alignment of the three regions
+  if (ex->wsBytes < perRow + slack) return NERVA_BAD_ARGS;
+  const int chunk = (int)std::min<size_t>((size_t)rows, (ex->wsBytes - slack) / perRow);
+  if (!pinned && api->setStream(ex->cublas, ex->stream) != 0) {
     snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
     return NERVA_CUBLAS_FAILED;
   }
-  float one = 1.f, zero = 0.f;
-  int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, wOut, halves * rows, inDim, &one, w.p, CUDA_R_16BF_, inDim, xh,
-                       CUDA_R_16BF_, inDim, &zero, t, CUDA_R_32F_, wOut, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
-  if (!ex->capturing) ex->launches++;
-  if (st != 0) {
-    snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
-    return NERVA_CUBLAS_FAILED;
+  for (int r0 = 0; r0 < rows; r0 += chunk) {
+    const int nr = std::min(chunk, rows - r0);
+    const size_t n = (size_t)nr * inDim;
+    const size_t normBytes = f.nw.p ? align256(n * sizeof(float)) : 0;
+    const size_t tBytes = direct ? 0 : align256((size_t)halves * nr * wOut * sizeof(float));
+    char* ws = ex->ws;
+    const float* xin = x + (size_t)r0 * inDim;
+    float* o = out + (size_t)r0 * outDim;
+    if (f.nw.p) {
+      LAUNCH(k_rmsnorm, nr, 256, 0, xin, f.nw.p, f.nw.dt, (float*)ws, (float*)nullptr, inDim, f.eps, bfa);
+      xin = (const float*)ws;
+    }
+    float* t = direct ? o : (float*)(ws + normBytes);
+    uint16_t* xh = (uint16_t*)(ws + normBytes + tBytes);
+    // lo rows right after the hi rows: the GEMM sees one [halves * nr, inDim] operand.
+    LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, xin, xh, split ? xh + n : (uint16_t*)nullptr, n);
+    const bool acc = direct && f.accumulate;
+    if (pinned) {
+      int rc = nerva_lt_gemm(ex, wOut, halves * nr, inDim, w.p, xh, t, acc);
+      if (rc) return rc;
+    } else {
+      float one = 1.f, zero = 0.f;
+      int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, wOut, halves * nr, inDim, &one, w.p, CUDA_R_16BF_, inDim, xh,
+                           CUDA_R_16BF_, inDim, acc ? &one : &zero, t, CUDA_R_32F_, wOut, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+      if (!ex->capturing) ex->launches++;
+      if (st != 0) {
+        snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
+        return NERVA_CUBLAS_FAILED;
+      }
+    }
+    if (!direct)
+      LAUNCH(k_gemm_epilogue, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, t, split ? 1 : 0, o, bias.p, bias.dt, nr,
+             outDim, f.glu ? 1 : 0, f.accumulate ? 1 : 0, bfa);
   }
-  LAUNCH(k_gemm_epilogue, gridFor((size_t)rows * outDim, 256, ex->smCount), 256, 0, t, split ? 1 : 0, out, bias.p, bias.dt,
-         rows, outDim, f.glu ? 1 : 0, f.accumulate ? 1 : 0, bfa);
   return NERVA_OK;
 }
 

@@ -56,6 +56,19 @@ struct CublasApi {
 // Loads libcublas (13, 12, unversioned). Returns false and leaves api empty when not found.
 bool nerva_load_cublas(CublasApi* api, char* why, size_t whyLen);
 
+struct NervaExec;
+// cuBLASLt with one algorithm pinned per GEMM shape (cublas_dl.cc): the batch-invariant matmul.
+// A GEMM without split-K on one fixed kernel computes each output column (a row of x) by the same
+// instructions in the same order whatever the column count, so a row's bits do not depend on the
+// rows beside it. nerva_lt_open loads libcublasLt and sets ex->lt (false: why says why).
+bool nerva_lt_open(NervaExec* ex, char* why, size_t whyLen);
+void nerva_lt_close(NervaExec* ex);
+// out[n][m] = x[n][k] . W[m][k]^T (+ out[n][m] when accumulate): bf16 W and x, f32 out, on the
+// algorithm pinned for (m, k) at the first call. Returns NERVA_OK or an error code.
+int nerva_lt_gemm(NervaExec* ex, int m, int n, int k, const void* w, const void* x, float* out, bool accumulate);
+// Pinned algorithms so far, as "m x k: algo/tile/stages; ..." (for info()).
+void nerva_lt_describe(const NervaExec* ex, char* buf, size_t bytes);
+
 // How matmuls with many rows run.
 enum NervaGemmMode {
   GEMM_SPLIT_BF16 = 0,  // x = hi + lo (both bf16), two bf16 GEMMs with fp32 accumulation: ~f32-exact activations
@@ -95,10 +108,13 @@ struct NervaExec {
   bool bf16act = false;
   // Batch-invariant decode (CudaBackendOptions.batchInvariant): a decode row's results do not
   // depend on how many rows share the call. Op fused_matmul and op decoder_layers run every row
-  // count on k_gemm_bi (tensor cores, batch-invariant; NERVA_BI_GEMM=0: the GEMV kernels), never
-  // cuBLAS; decode attention sizes its splits as for one row and takes one kernel at every row
-  // count (GQA; NERVA_BI_ATTN_GQA=0: split-KV), the persistent decoder is off.
+  // count on one GEMM (cuBLASLt with pinned algorithms where it loads, else k_gemm_bi; never
+  // cuBLAS's heuristics); decode attention sizes its splits as for one row and takes one kernel
+  // at every row count (GQA; NERVA_BI_ATTN_GQA=0: split-KV), the persistent decoder is off.
   bool batchInv = false;
+  // cuBLASLt with pinned algorithms (nerva_lt_open), batch-invariant contexts only: their
+  // matmuls then run on it at every row count (NERVA_BI_GEMM=kernel: k_gemm_bi; 0: the GEMV).
+  void* lt = nullptr;
   // Error detail for a failure (which call, or why the arguments were rejected).
   char errCall[160] = {0};
 };

@@ -26,7 +26,10 @@ export interface SchedulerConfig {
    * alone, sized from the whole budget as it would be alone. Every row then goes through the ops
    * it would take in a run of its request alone: a decode row through the backend's
    * batch-invariant decode path, a prompt chunk through the same kernels at the same row count.
-   * Prefill and decode steps take turns while both are pending.
+   * While both are pending, prompt steps run until they have computed maxNumBatchedTokens tokens
+   * since the last decode step (the prompt tokens one mixed step would have taken), then a
+   * decode step runs: prompts enter the batch at the mixed schedule's pace, not one per decode
+   * step.
    */
   batchInvariant?: boolean;
 }
@@ -132,23 +135,23 @@ export class Scheduler {
     this.waiting.unshift(req);
   }
 
-  /** batchInvariant: the kind of the last step (prefill and decode take turns). */
-  private lastStep: 'decode' | 'prefill' = 'decode';
+  /** batchInvariant: prompt tokens computed since the last decode step. */
+  private promptTokensSinceDecode = 0;
 
   schedule(): SchedulerOutput {
     if (!this.config.batchInvariant) return this.scheduleMixed();
     const decoding = (r: Request) => r.numTokens - r.numComputedTokens === 1;
     const anyDecode = this.running.some(decoding);
     const inPrompt = this.running.find((r) => r.numTokens - r.numComputedTokens > 1);
-    if ((inPrompt !== undefined || this.waiting.length > 0) && (!anyDecode || this.lastStep === 'decode')) {
+    if ((inPrompt !== undefined || this.waiting.length > 0) && (!anyDecode || this.promptTokensSinceDecode < this.config.maxNumBatchedTokens)) {
       // One prompt alone: the oldest running one still in its prompt, else the next waiting one.
       const out = this.scheduleMixed(inPrompt ? [inPrompt] : [], inPrompt ? 0 : 1);
       if (out.scheduled.length > 0 || out.preempted.length > 0 || !anyDecode) {
-        this.lastStep = 'prefill';
+        this.promptTokensSinceDecode += out.numScheduledTokens;
         return out;
       }
     }
-    this.lastStep = 'decode';
+    this.promptTokensSinceDecode = 0;
     return this.scheduleMixed(this.running.filter(decoding), 0);
   }
 

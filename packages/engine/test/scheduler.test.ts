@@ -162,17 +162,19 @@ describe('Scheduler', () => {
   });
 
   describe('batchInvariant: decode-only steps and one prompt chunk alone', () => {
-    it('never mixes prompt rows with decode rows, chunks a prompt as alone, and alternates', () => {
+    it('never mixes prompt rows with decode rows, chunks a prompt as alone, and paces prompts by the token budget', () => {
       const kv = new KvCacheManager({ numBlocks: 64, blockSize: 4, enablePrefixCaching: false });
       const s = new Scheduler({ maxNumBatchedTokens: 10, maxNumSeqs: 4, batchInvariant: true }, kv);
       const a = req(6);
       const b = req(13);
       const c = req(3);
+      const d = req(2);
       s.add(c);
       s.add(b);
       s.add(a);
       const steps: Array<Array<[number, number]>> = [];
       for (let i = 0; i < 12; i++) {
+        if (i === 6) s.add(d);
         const p = s.schedule();
         steps.push(p.scheduled.map((x) => [x.req.id, x.numTokens]));
         finishStep(p);
@@ -181,23 +183,24 @@ describe('Scheduler', () => {
         // A step is one prompt chunk alone, or only rows of one token each.
         if (st.some(([, n]) => n > 1)) expect(st.length).toBe(1);
       }
-      expect(steps.slice(0, 6)).toEqual([
-        [[a.id, 6]], // a's prompt alone
+      expect(steps.slice(0, 8)).toEqual([
+        [[a.id, 6]], // a's prompt alone: 6 of the budget's 10 prompt tokens
+        [[b.id, 10]], // b's first chunk, the whole budget, as alone (16 >= 10: a decode step is due)
         [[a.id, 1]], // a decodes
-        [[b.id, 10]], // b's first chunk, the whole budget, as alone
-        [[a.id, 1]],
-        [[b.id, 3]], // b's last chunk
+        [[b.id, 3]], // b's last chunk (3 since the decode step)
+        [[c.id, 3]], // c's prompt (6): no prompt is left, so the three decode together
         [
           [a.id, 1],
           [b.id, 1],
+          [c.id, 1],
         ],
-      ]);
-      // c (a 3-token prompt) came in alone after that, then all three decode together.
-      expect(steps[6]).toEqual([[c.id, 3]]);
-      expect(steps[7]).toEqual([
-        [a.id, 1],
-        [b.id, 1],
-        [c.id, 1],
+        [[d.id, 2]], // d arrives: its prompt alone
+        [
+          [a.id, 1],
+          [b.id, 1],
+          [c.id, 1],
+          [d.id, 1],
+        ],
       ]);
     });
   });
