@@ -234,10 +234,20 @@ function decoderLayersCase(be: DeviceBackend, kv: 'f32' | 'bf16', seed: number):
   const qkvOut = (nq + 2 * nkv) * hd, kvw = nkv * hd;
   const lens = Array.from({ length: MAX_ROWS }, (_, i) => 1 + ((i * 37 + 11) % 700));
   const mbps = Math.ceil(Math.max(...lens) / bs) + 1;
-  const numBlocks = MAX_ROWS * mbps;
-  // Sequence q owns blocks q*mbps .. q*mbps+mbps-1 (any layout works: each row reads its own).
-  const tables = Array.from({ length: MAX_ROWS * mbps }, (_, i) => i);
-  const slotOf = (q: number, p: number) => (q * mbps + Math.floor(p / bs)) * bs + (p % bs);
+  // Sequence q owns the blocks its context needs, from first[q] on (any layout works: each row
+  // reads its own); the rest of its table row points at block 0, never read.
+  const own = lens.map((n) => Math.ceil(n / bs));
+  const first: number[] = [];
+  let numBlocks = 0;
+  for (const n of own) {
+    first.push(numBlocks);
+    numBlocks += n;
+  }
+  const tables = Array.from({ length: MAX_ROWS * mbps }, (_, i) => {
+    const q = Math.floor(i / mbps), j = i % mbps;
+    return j < own[q] ? first[q] + j : 0;
+  });
+  const slotOf = (q: number, p: number) => (first[q] + Math.floor(p / bs)) * bs + (p % bs);
   try {
     const norm = (n: number) => normals(r, n, 0.1).map((v) => 1 + v);
     const L: DecoderLayerWeights[] = [];

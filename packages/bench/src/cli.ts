@@ -266,6 +266,7 @@ program
   .addOption(batchInvOpt())
   .option('--baseline <file>', 'a JSON line from tools/gpu/torch_throughput.py on the same workload: adds the ratio to it')
   .option('--tokens-out <file>', "write every request's batched tokens as JSON")
+  .option('--profile', 'after the timed run, a few decode steps of the first --max-num-seqs requests with every op timed by device events: "profile" in the line (a mean step, ms by op class)')
   .action(async (f) => {
     const generated = ['requests', 'minLen', 'maxInputLen', 'maxOutputLen', 'seed'].filter((k) => f[k] !== undefined);
     if (f.workload !== undefined && generated.length > 0) {
@@ -294,6 +295,7 @@ program
         kvCacheBytes: f.kvCacheBytes,
         baselineFile: f.baseline,
         tokensOut: f.tokensOut,
+        profile: f.profile === true,
       }),
     );
   });

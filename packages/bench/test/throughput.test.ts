@@ -173,7 +173,16 @@ describe('nerva-bench throughput', () => {
   it('bf16 KV cache and bf16 matmul precision: reported, and the workload still completes', async () => {
     const r = await throughputProbe({ model: TINY, backend: 'cpu', requests: 4, minLen: 4, maxInputLen: 12, maxOutputLen: 12, seed: 7, verify: 0, kvCacheDtype: 'bf16', matmulPrecision: 'bf16' });
     expect(r).toMatchObject({ kv_dtype: 'bf16', matmul_precision: 'bf16', unfinished: 0, hot_path_allocations: 0 });
+    // --profile: a mean decode step with all four requests running, ms by op class.
+    const prof = await throughputProbe({ model: TINY, backend: 'cpu', requests: 4, minLen: 4, maxInputLen: 12, maxOutputLen: 12, seed: 7, verify: 0, profile: true });
+    const p = prof.profile as { rows: number; steps: number; device_ms: number; ms: Record<string, number> };
+    expect(p.rows).toBe(4);
+    expect(p.steps).toBeGreaterThanOrEqual(6);
+    expect(p.ms.attention).toBeGreaterThan(0);
+    expect(p.ms.lm_head).toBeGreaterThan(0);
+    expect(p.device_ms).toBeGreaterThan(0);
     const plain = await throughputProbe({ model: TINY, backend: 'cpu', requests: 4, minLen: 4, maxInputLen: 12, maxOutputLen: 12, seed: 7, verify: 0 });
+    expect(plain.profile).toBeUndefined();
     expect(plain).toMatchObject({ kv_dtype: 'f32', matmul_precision: 'exact' });
     expect(r.output_tokens).toBe(plain.output_tokens);
   }, 120_000);

@@ -90,15 +90,17 @@ export interface CudaBackendOptions {
    * Batch-invariant decode (default false; NERVA_BATCH_INVARIANT=1 turns it on when the option is
    * absent): each decode row's results are bit for bit what the row computes alone, for any number
    * of rows in the call. Op fused_matmul and op decoder_layers (and op matmul up to 8 rows) run
-   * every row count on a batch-invariant tensor-core kernel (bf16 weights), never a cuBLAS GEMM
-   * (k_gemm_bi: up to 64 rows a launch, the weights read once; activations split into three bf16
-   * terms, f32-grade; one row alone ~15 % slower than on the GEMV). NERVA_BI_GEMM=0 selects the
-   * GEMV kernels (16 rows a launch), which other weights take anyway. Decode attention sizes its
-   * key splits as for one row and runs the GQA kernel, which reads each key once for the q heads
-   * sharing it, at every row count where the shapes allow (NERVA_BI_ATTN_GQA=0 or other shapes:
-   * the split-KV kernel), and the persistent decoder is off. With both, 32 forks of an 8B shape
-   * decode 16x faster than one by one on an H100 (3.1x on the GEMV and split-KV). Prefill matmuls
-   * (op matmul past 8 rows) keep their GEMMs.
+   * every row count on one GEMM whose kernel never depends on the rows: cuBLASLt with one
+   * algorithm pinned per weight shape (no split-K; chosen once by cuBLASLt's heuristic for
+   * NERVA_BI_LT_ROWS rows, default 128), never cuBLAS's per-call heuristic. Where libcublasLt does
+   * not load, or with NERVA_BI_GEMM=kernel, k_gemm_bi (a tensor-core kernel of ours, activations
+   * split into three bf16 terms; latency-bound past 64 rows) takes them; NERVA_BI_GEMM=0 selects
+   * the GEMV kernels (16 rows a launch), which other weights take anyway. Decode attention sizes
+   * its key splits as for one row (at least NERVA_BI_ATTN_CHUNK keys, default 256) and runs the
+   * GQA kernel, which reads each key once for the q heads sharing it, at every row count where the
+   * shapes allow (NERVA_BI_ATTN_GQA=0 or other shapes: the split-KV kernel), and the persistent
+   * decoder is off. Prefill matmuls (op matmul past 8 rows) keep their GEMMs: the engine runs a
+   * prompt chunk alone, as its request alone would.
    * Reported as capabilities.batchInvariant.
    */
   batchInvariant?: boolean;

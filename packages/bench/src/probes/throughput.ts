@@ -2,6 +2,7 @@ import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from '
 import { join } from 'node:path';
 import { DTYPE_BYTES, type DeviceBackend } from '@nerva/core';
 import { Engine, kvDtypeOf, selectBackend, type KvCacheDtype, type RequestOutcome } from '@nerva/engine';
+import { meanStepProfile } from './fork.js';
 import { loadModelConfig } from '@nerva/models';
 import {
   canonicalWorkloadJson,
@@ -46,7 +47,16 @@ export interface ThroughputProbeOptions {
   baselineFile?: string;
   /** Write every request's batched tokens here: {"workload_sha256", "tokens": [[...], ...]} (torch_throughput.py --tokens-out writes the same shape). */
   tokensOut?: string;
+  /**
+   * After the timed run and the verification: the first maxNumSeqs requests again (a salt of
+   * their own, short outputs) with every op timed by device events (eager); `profile` in the
+   * line is the mean decode step with all of them running, ms by op class.
+   */
+  profile?: boolean;
 }
+
+/** Decode steps with every profiled request running, at least (see `profile`). */
+const PROFILE_STEPS = 6;
 
 const BLOCK = 16;
 const r2 = (v: number): number => Math.round(v * 100) / 100;
@@ -254,6 +264,24 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
     }
     const verifyS = (performance.now() - t0Verify) / 1000;
 
+    // --profile: where a decode step of a full batch goes (eager: every op timed).
+    let profile: Record<string, unknown> | null = null;
+    if (o.profile) {
+      const some = workload.requests.slice(0, maxNumSeqs);
+      // Long enough that every prompt is in before the first request ends (a step takes about a
+      // token budget of prompt tokens, 2048 by default on a GPU), so some decode steps are full width.
+      const promptTokens = some.reduce((a, r) => a + r.prompt_ids.length, 0);
+      const maxTokens = Math.ceil(promptTokens / (o.maxNumBatchedTokens ?? 2048) + some.length / 16) + PROFILE_STEPS + 1;
+      e.setProfiling(true);
+      e.takeProfiles();
+      try {
+        await Promise.all(some.map((r) => e.submit(r.prompt_ids, { maxTokens: Math.max(1, Math.min(maxTokens, stats.maxPositions - r.prompt_ids.length)), temperature: 0, ignoreEos: true, cacheSalt: 'throughput-profile' }).done));
+        profile = meanStepProfile(e.takeProfiles(), some.length);
+      } finally {
+        e.setProfiling(false);
+      }
+    }
+
     const r: Record<string, unknown> = {
       ...base,
       backend: backend.name,
@@ -292,6 +320,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       mismatches: mismatchDetails.length,
       mismatch_details: mismatchDetails,
       verify_s: r3(verifyS),
+      ...(o.profile ? { profile } : {}),
       notes,
     };
     if (o.tokensOut) writeFileSync(o.tokensOut, JSON.stringify({ workload_sha256: sha, tokens: outcomes.map((x) => x.tokenIds) }));
