@@ -2526,6 +2526,14 @@ bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, in
   return gqaMinRows() > 0 && rows >= gqaMinRows() && shapes;
 }
 
+int gqaMaxKeys() {
+  static const int v = [] {
+    const char* e = getenv("NERVA_ATTN_GQA_MAX_KEYS");
+    return e && *e ? std::max(0, atoi(e)) : 0;
+  }();
+  return v;
+}
+
 // Fewest keys a split of batch-invariant GQA decode attention takes: NERVA_BI_ATTN_CHUNK (default
 // 256). A tuning knob: it changes the bits of batch-invariant attention (the same for every row
 // count of the process): larger chunks mean fewer partials to write and merge for a many-row
@@ -2561,6 +2569,9 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
   const bool inv = ex->batchInv;
   const long long sRows = inv ? 1 : rows;
   long long S = std::max<long long>(1, ((long long)ex->smCount * 3 + sRows * KVH - 1) / (sRows * KVH));
+  // Many rows: NERVA_ATTN_GQA_MAX_KEYS > 0 also splits every row's keys into that many at most
+  // (an experiment: a wide batch of long contexts otherwise runs one block per row and head).
+  if (!inv && gqaMaxKeys() > 0) S = std::max<long long>(S, (maxLen + gqaMaxKeys() - 1) / gqaMaxKeys());
   S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
   const size_t perSplit = (size_t)(DG_HD + 2) * sizeof(float);
   int rowChunk = rows;
