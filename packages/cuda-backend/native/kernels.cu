@@ -2529,7 +2529,7 @@ bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, in
 int gqaMaxKeys() {
   static const int v = [] {
     const char* e = getenv("NERVA_ATTN_GQA_MAX_KEYS");
-    return e && *e ? std::max(0, atoi(e)) : 0;
+    return e && *e ? std::max(0, atoi(e)) : 512;
   }();
   return v;
 }
@@ -2569,8 +2569,10 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
   const bool inv = ex->batchInv;
   const long long sRows = inv ? 1 : rows;
   long long S = std::max<long long>(1, ((long long)ex->smCount * 3 + sRows * KVH - 1) / (sRows * KVH));
-  // Many rows: NERVA_ATTN_GQA_MAX_KEYS > 0 also splits every row's keys into that many at most
-  // (an experiment: a wide batch of long contexts otherwise runs one block per row and head).
+  // Many rows: every row's keys also go in splits of at most NERVA_ATTN_GQA_MAX_KEYS (default
+  // 512; 0: no bound) of the longest context, else a wide batch of long contexts runs one block
+  // per row and head over all its keys. On the H100 (session 15) the 0.6B throughput workload
+  // went from 13136 to 13984 output tok/s with 512 (13733 with 256; same call).
   if (!inv && gqaMaxKeys() > 0) S = std::max<long long>(S, (maxLen + gqaMaxKeys() - 1) / gqaMaxKeys());
   S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
   const size_t perSplit = (size_t)(DG_HD + 2) * sizeof(float);
