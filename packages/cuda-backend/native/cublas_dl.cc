@@ -69,6 +69,7 @@ struct LtApi {
 // One pinned GEMM shape: the weight operand's layout, the algorithm, and the layouts of x and out
 // per row count met so far (a few: the decode batch buckets).
 struct LtPin {
+  bool ok = false;  // false: no algorithm qualified; the shape's matmuls take our kernels
   void* desc = nullptr;
   void* aLayout = nullptr;
   nlt::Algo algo{};
@@ -138,37 +139,69 @@ int pinShape(NervaExec* ex, LtState* s, LtPin& p, int m, int k) {
   a.descSetAttr(p.desc, nlt::DESC_TRANSB, &opN, sizeof opN);
   st = a.layoutCreate(&p.aLayout, nlt::R_16BF, (uint64_t)k, (uint64_t)m, k);
   if (st != 0) return fail(ex, "cublasLtMatrixLayoutCreate", st);
-  std::pair<void*, void*> hint, one, big;
-  const int hintRows = ltHintRows();
-  if (!rowLayouts(s, p, m, hintRows, k, &hint) || !rowLayouts(s, p, m, 1, k, &one) || !rowLayouts(s, p, m, 4096, k, &big))
-    return fail(ex, "cublasLtMatrixLayoutCreate", -1);
+  std::pair<void*, void*> one, big;
+  if (!rowLayouts(s, p, m, 1, k, &one) || !rowLayouts(s, p, m, 4096, k, &big)) return fail(ex, "cublasLtMatrixLayoutCreate", -1);
   void* pref = nullptr;
   st = a.prefCreate(&pref);
   if (st != 0) return fail(ex, "cublasLtMatmulPreferenceCreate", st);
   const uint64_t wsMax = ex->cublasWsBytes;
   a.prefSetAttr(pref, nlt::PREF_MAX_WORKSPACE_BYTES, &wsMax, sizeof wsMax);
-  nlt::Heuristic res[16];
-  int got = 0;
-  st = a.heuristic(s->handle, p.desc, p.aLayout, hint.first, hint.second, hint.second, pref, 16, res, &got);
-  a.prefDestroy(pref);
-  if (st != 0) return fail(ex, "cublasLtMatmulAlgoGetHeuristic", st);
-  for (int i = 0; i < got; i++) {
-    if (res[i].state != 0) continue;
-    int32_t splitK = 1;
-    size_t wr = 0;
-    if (a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof splitK, &wr) != 0 || splitK > 1) continue;
-    nlt::Heuristic chk{};
-    if (a.algoCheck(s->handle, p.desc, p.aLayout, one.first, one.second, one.second, &res[i].algo, &chk) != 0) continue;
-    if (a.algoCheck(s->handle, p.desc, p.aLayout, big.first, big.second, big.second, &res[i].algo, &chk) != 0) continue;
-    p.algo = res[i].algo;
-    p.wsBytes = res[i].workspaceSize;
-    a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_ID, &p.id, sizeof p.id, &wr);
-    a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_TILE_ID, &p.tile, sizeof p.tile, &wr);
-    a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_STAGES_ID, &p.stages, sizeof p.stages, &wr);
-    return NERVA_OK;
+  // The hint's offers first; for few rows the heuristic may offer split-K only, so then those
+  // for 1024 rows (a fixed sequence: the same process state always pins the same algorithm).
+  const int hints[2] = {ltHintRows(), 1024};
+  for (int h : hints) {
+    std::pair<void*, void*> hint;
+    if (!rowLayouts(s, p, m, h, k, &hint)) break;
+    nlt::Heuristic res[16];
+    int got = 0;
+    if (a.heuristic(s->handle, p.desc, p.aLayout, hint.first, hint.second, hint.second, pref, 16, res, &got) != 0) continue;
+    for (int i = 0; i < got; i++) {
+      if (res[i].state != 0) continue;
+      int32_t splitK = 1;
+      size_t wr = 0;
+      if (a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof splitK, &wr) != 0 || splitK > 1) continue;
+      nlt::Heuristic chk{};
+      if (a.algoCheck(s->handle, p.desc, p.aLayout, one.first, one.second, one.second, &res[i].algo, &chk) != 0) continue;
+      if (a.algoCheck(s->handle, p.desc, p.aLayout, big.first, big.second, big.second, &res[i].algo, &chk) != 0) continue;
+      p.algo = res[i].algo;
+      p.wsBytes = res[i].workspaceSize;
+      a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_ID, &p.id, sizeof p.id, &wr);
+      a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_TILE_ID, &p.tile, sizeof p.tile, &wr);
+      a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_STAGES_ID, &p.stages, sizeof p.stages, &wr);
+      p.ok = true;
+      break;
+    }
+    if (p.ok) break;
   }
-  snprintf(ex->errCall, sizeof ex->errCall, "cuBLASLt: no algorithm without split-K for %d x %d (of %d offered)", m, k, got);
-  return NERVA_CUBLAS_FAILED;
+  a.prefDestroy(pref);
+  return NERVA_OK;
+}
+
+void dropPin(LtState* s, LtPin& p) {
+  for (auto& rl : p.rowLayouts) {
+    s->api.layoutDestroy(rl.second.first);
+    s->api.layoutDestroy(rl.second.second);
+  }
+  p.rowLayouts.clear();
+  if (p.aLayout) s->api.layoutDestroy(p.aLayout);
+  if (p.desc) s->api.descDestroy(p.desc);
+  p.aLayout = p.desc = nullptr;
+}
+
+// The shape's pin, made at its first call (nullptr: cuBLASLt failed; errCall says why).
+LtPin* pinFor(NervaExec* ex, LtState* s, int m, int k) {
+  auto key = std::make_pair(m, k);
+  auto it = s->pins.find(key);
+  if (it != s->pins.end()) return &it->second;
+  it = s->pins.emplace(key, LtPin()).first;
+  if (pinShape(ex, s, it->second, m, k) != NERVA_OK) {
+    dropPin(s, it->second);
+    s->pins.erase(it);
+    return nullptr;
+  }
+  // No algorithm qualified: nothing kept but the verdict.
+  if (!it->second.ok) dropPin(s, it->second);
+  return &it->second;
 }
 
 }  // namespace
@@ -220,15 +253,7 @@ bool nerva_lt_open(NervaExec* ex, char* why, size_t whyLen) {
 void nerva_lt_close(NervaExec* ex) {
   LtState* s = (LtState*)ex->lt;
   if (!s) return;
-  for (auto& kv : s->pins) {
-    LtPin& p = kv.second;
-    for (auto& rl : p.rowLayouts) {
-      s->api.layoutDestroy(rl.second.first);
-      s->api.layoutDestroy(rl.second.second);
-    }
-    if (p.aLayout) s->api.layoutDestroy(p.aLayout);
-    if (p.desc) s->api.descDestroy(p.desc);
-  }
+  for (auto& kv : s->pins) dropPin(s, kv.second);
   s->pins.clear();
   s->api.destroy(s->handle);
   dlclose(s->api.lib);
@@ -236,28 +261,23 @@ void nerva_lt_close(NervaExec* ex) {
   ex->lt = nullptr;
 }
 
+int nerva_lt_pinned(NervaExec* ex, int m, int k) {
+  LtState* s = (LtState*)ex->lt;
+  if (!s) return 0;
+  LtPin* p = pinFor(ex, s, m, k);
+  return p ? (p->ok ? 1 : 0) : -1;
+}
+
 int nerva_lt_gemm(NervaExec* ex, int m, int n, int k, const void* w, const void* x, float* out, bool accumulate) {
   LtState* s = (LtState*)ex->lt;
   if (!s) return NERVA_CUBLAS_FAILED;
-  auto key = std::make_pair(m, k);
-  auto it = s->pins.find(key);
-  if (it == s->pins.end()) {
-    it = s->pins.emplace(key, LtPin()).first;
-    int rc = pinShape(ex, s, it->second, m, k);
-    if (rc) {
-      // Keep nothing half-made: the next call tries again (and fails the same way).
-      LtPin& p = it->second;
-      for (auto& rl : p.rowLayouts) {
-        s->api.layoutDestroy(rl.second.first);
-        s->api.layoutDestroy(rl.second.second);
-      }
-      if (p.aLayout) s->api.layoutDestroy(p.aLayout);
-      if (p.desc) s->api.descDestroy(p.desc);
-      s->pins.erase(it);
-      return rc;
-    }
+  LtPin* pp = pinFor(ex, s, m, k);
+  if (!pp) return NERVA_CUBLAS_FAILED;
+  if (!pp->ok) {
+    snprintf(ex->errCall, sizeof ex->errCall, "cuBLASLt: no algorithm without split-K pinned for %d x %d", m, k);
+    return NERVA_CUBLAS_FAILED;
   }
-  LtPin& p = it->second;
+  LtPin& p = *pp;
   std::pair<void*, void*> lay;
   if (!rowLayouts(s, p, m, n, k, &lay)) return fail(ex, "cublasLtMatrixLayoutCreate", -1);
   const float one = 1.f, zero = 0.f;
@@ -274,8 +294,10 @@ void nerva_lt_describe(const NervaExec* ex, char* buf, size_t bytes) {
   size_t used = 0;
   for (const auto& kv : s->pins) {
     if (used + 1 >= bytes) break;
-    int w = snprintf(buf + used, bytes - used, "%s%dx%d: algo %d tile %d stages %d", used ? "; " : "", kv.first.first,
-                     kv.first.second, kv.second.id, kv.second.tile, kv.second.stages);
+    int w = kv.second.ok ? snprintf(buf + used, bytes - used, "%s%dx%d: algo %d tile %d stages %d", used ? "; " : "", kv.first.first,
+                                    kv.first.second, kv.second.id, kv.second.tile, kv.second.stages)
+                         : snprintf(buf + used, bytes - used, "%s%dx%d: none (k_gemm_bi)", used ? "; " : "", kv.first.first,
+                                    kv.first.second);
     if (w < 0) break;
     used += (size_t)w;
   }

@@ -2252,8 +2252,15 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   // (or for shapes it does not take) keeps every row count on the GEMV: its per-row reduction order
   // (the lanes' k chunks, the warp sum, the KS split) is the same for any R, so each row's result
   // is the one it gets alone.
-  // Batch-invariant decode with cuBLASLt loaded: every row count (1 included) on its pinned GEMM.
-  if ((ex->batchInv ? ex->lt != nullptr : rows > 8) && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
+  // Batch-invariant decode with cuBLASLt loaded: every row count (1 included) on the shape's
+  // pinned GEMM (a shape with none pinned takes k_gemm_bi below, at every row count).
+  bool pinned = false;
+  if (ex->batchInv && ex->lt && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
+    const int pin = nerva_lt_pinned(ex, outDim * (f.glu ? 2 : 1), inDim);
+    if (pin < 0) return NERVA_CUBLAS_FAILED;
+    pinned = pin == 1;
+  }
+  if ((ex->batchInv ? pinned : rows > 8) && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
     int rc = gemmRowsBlas(ex, x, w, out, rows, inDim, outDim, bias, f);
     // BAD_ARGS here: one row does not fit the workspace (whatever the row count, so a
     // batch-invariant row still takes one path), the kernels below take it.

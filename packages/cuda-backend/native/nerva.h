@@ -66,6 +66,10 @@ void nerva_lt_close(NervaExec* ex);
 // out[n][m] = x[n][k] . W[m][k]^T (+ out[n][m] when accumulate): bf16 W and x, f32 out, on the
 // algorithm pinned for (m, k) at the first call. Returns NERVA_OK or an error code.
 int nerva_lt_gemm(NervaExec* ex, int m, int n, int k, const void* w, const void* x, float* out, bool accumulate);
+// Pins the shape's algorithm if not yet done: 1 when its matmuls run on cuBLASLt, 0 when no
+// algorithm without split-K qualified (the shape's matmuls take k_gemm_bi, at every row count),
+// -1 when cuBLASLt failed (errCall says why).
+int nerva_lt_pinned(NervaExec* ex, int m, int k);
 // Pinned algorithms so far, as "m x k: algo/tile/stages; ..." (for info()).
 void nerva_lt_describe(const NervaExec* ex, char* buf, size_t bytes);
 

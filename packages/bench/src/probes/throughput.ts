@@ -238,6 +238,10 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
 
     const outputTokens = outcomes.reduce((a, x) => a + x.tokenIds.length, 0);
     const failed = outcomes.filter((x) => x.finishReason !== 'length').length;
+    // Nothing aborts these requests but an engine failure (it aborts every live request): a
+    // figure from such a run would measure the failure.
+    const aborted = outcomes.filter((x) => x.finishReason === 'abort').length;
+    if (aborted > 0) throw new Error(`throughput: ${aborted} of ${outcomes.length} requests were aborted by an engine failure (it ends their token streams with the error)`);
     let hot = 0;
     let replays = 0;
     let decodeTokens = 0;
