@@ -6,21 +6,23 @@
 
 #include "nerva.h"
 
-bool nerva_load_cublas(CublasApi* api, char* why, size_t whyLen) {
-  const char* names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-  void* lib = nullptr;
-  const char* picked = nullptr;
+// The first of `names` that loads (13, 12, unversioned); nullptr with `why` filled otherwise.
+static void* openFirst(const char* const (&names)[3], const char** picked, const char* what, char* why, size_t whyLen) {
   for (const char* n : names) {
-    lib = dlopen(n, RTLD_NOW | RTLD_LOCAL);
-    if (lib) {
-      picked = n;
-      break;
+    if (void* lib = dlopen(n, RTLD_NOW | RTLD_LOCAL)) {
+      *picked = n;
+      return lib;
     }
   }
-  if (!lib) {
-    snprintf(why, whyLen, "libcublas not found (%s)", dlerror());
-    return false;
-  }
+  snprintf(why, whyLen, "%s not found (%s)", what, dlerror());
+  return nullptr;
+}
+
+bool nerva_load_cublas(CublasApi* api, char* why, size_t whyLen) {
+  const char* const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+  const char* picked = nullptr;
+  void* lib = openFirst(names, &picked, "libcublas", why, whyLen);
+  if (!lib) return false;
   api->create = (cublasCreate_t)dlsym(lib, "cublasCreate_v2");
   api->destroy = (cublasDestroy_t)dlsym(lib, "cublasDestroy_v2");
   api->setStream = (cublasSetStream_t)dlsym(lib, "cublasSetStream_v2");
@@ -207,20 +209,10 @@ LtPin* pinFor(NervaExec* ex, LtState* s, int m, int k) {
 }  // namespace
 
 bool nerva_lt_open(NervaExec* ex, char* why, size_t whyLen) {
-  const char* names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
-  void* lib = nullptr;
+  const char* const names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
   const char* picked = nullptr;
-  for (const char* n : names) {
-    lib = dlopen(n, RTLD_NOW | RTLD_LOCAL);
-    if (lib) {
-      picked = n;
-      break;
-    }
-  }
-  if (!lib) {
-    snprintf(why, whyLen, "libcublasLt not found (%s)", dlerror());
-    return false;
-  }
+  void* lib = openFirst(names, &picked, "libcublasLt", why, whyLen);
+  if (!lib) return false;
   LtState* s = new LtState();
   LtApi& a = s->api;
   a.lib = lib;
