@@ -2052,7 +2052,7 @@ struct Fuse {
 };
 
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
-                 const Fuse& f);
+                 const Fuse& f, bool pinned);
 
 // Rows of one k_gemv_bf16 launch (NERVA_GEMV_MAX_ROWS: 8 or 16, default 16). Numerics do not
 // depend on it (a row's reduction order is the same for every R); speed does.
@@ -2261,7 +2261,7 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     pinned = pin == 1;
   }
   if ((ex->batchInv ? pinned : rows > 8) && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
-    int rc = gemmRowsBlas(ex, x, w, out, rows, inDim, outDim, bias, f);
+    int rc = gemmRowsBlas(ex, x, w, out, rows, inDim, outDim, bias, f, pinned);
     // BAD_ARGS here: one row does not fit the workspace (whatever the row count, so a
     // batch-invariant row still takes one path), the kernels below take it.
     if (rc != NERVA_BAD_ARGS) return rc;
@@ -2394,11 +2394,11 @@ int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
 // single f32 add. Rows go in chunks the workspace holds. The GEMM is cuBLAS's (its heuristic picks
 // the kernel per row count) or, in a batch-invariant context, cuBLASLt's with a pinned algorithm
 // (nerva_lt_gemm): every step here is then row-independent, so a row's bits are the same at any
-// row count. Returns NERVA_BAD_ARGS, having enqueued nothing, when one row does not fit.
+// row count (`pinned`: the caller found the shape pinned). Returns NERVA_BAD_ARGS, having enqueued
+// nothing, when one row does not fit.
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
-                 const Fuse& f) {
+                 const Fuse& f, bool pinned) {
   const CublasApi* api = ex->api;
-  const bool pinned = ex->batchInv && ex->lt;
   const int bfa = ex->bf16act ? 1 : 0;
   const bool split = ex->gemmMode == GEMM_SPLIT_BF16 && !ex->bf16act;
   const int halves = split ? 2 : 1;

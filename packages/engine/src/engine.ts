@@ -618,6 +618,11 @@ export class Engine {
     };
   }
 
+  /** Tokens one scheduler step computes at most (maxNumBatchedTokens, or the default it took). */
+  get maxNumBatchedTokens(): number {
+    return this.runner.limits.maxRows;
+  }
+
   get numBlocks(): number {
     return this.runner.limits.numBlocks;
   }

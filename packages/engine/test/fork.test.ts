@@ -257,6 +257,7 @@ describe('Engine.submitFork under memory pressure and other layouts', () => {
     await copyFile(join(MODEL, 'model.safetensors'), join(dir, 'model.safetensors'));
     // Chunks of 16: before the last prompt chunk (from 32) the pages wholly below 25 go back.
     const e = await Engine.create({ model: dir, backend: 'cpu', maxNumSeqs: 8, blockSize: 4, maxNumBatchedTokens: 16 });
+    expect(e.maxNumBatchedTokens).toBe(16);
     const want = await separately(e, 3, SAMPLED);
     const w = await watch(e, () => Promise.all(e.submitFork(PROMPT, 3, SAMPLED).map((h) => h.done)));
     for (let i = 0; i < 3; i++) expect(w.result[i].tokenIds).toEqual(want[i].tokenIds);

@@ -273,9 +273,9 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
     if (o.profile) {
       const some = workload.requests.slice(0, maxNumSeqs);
       // Long enough that every prompt is in before the first request ends (a step takes about a
-      // token budget of prompt tokens, 2048 by default on a GPU), so some decode steps are full width.
+      // token budget of prompt tokens), so some decode steps are full width.
       const promptTokens = some.reduce((a, r) => a + r.prompt_ids.length, 0);
-      const maxTokens = Math.ceil(promptTokens / (o.maxNumBatchedTokens ?? 2048) + some.length / 16) + PROFILE_STEPS + 1;
+      const maxTokens = Math.ceil(promptTokens / e.maxNumBatchedTokens + some.length / 16) + PROFILE_STEPS + 1;
       e.setProfiling(true);
       e.takeProfiles();
       try {
