@@ -37,7 +37,13 @@ describe('nerva-bench', () => {
     expect(j.roofline_tok_s).toBeCloseTo((j.copy_bandwidth_gbs * 1e9) / j.weight_bytes, 0);
     expect(j.fraction_of_roofline).toBeGreaterThan(0);
     expect(j.graph_replays_per_token).toBe(1);
-  }, 120_000);
+    // The token digest names the ids decoded: a run of 8 and one of its first 4 tokens differ.
+    expect(j.tokens_sha256).toMatch(/^[0-9a-f]{16}$/);
+    const four = JSON.parse((await run(process.execPath, [CLI, 'decode', '--backend', 'cpu', '--new-tokens', '4', '--prompt-len', '16'], { cwd: root })).stdout.trim());
+    expect(four.new_tokens).toBe(4);
+    expect(four.tokens_sha256).toMatch(/^[0-9a-f]{16}$/);
+    expect(four.tokens_sha256).not.toBe(j.tokens_sha256);
+  }, 180_000);
 
   it('decode takes --pipeline-parallel: the stages, their layers and links are reported', async () => {
     const { stdout } = await run(process.execPath, [CLI, 'decode', '--backend', 'cpu', '--new-tokens', '8', '--prompt-len', '16', '--pipeline-parallel', '2'], { cwd: root });

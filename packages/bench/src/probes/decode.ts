@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { resolve } from 'node:path';
 import { Engine } from '@nerva/engine';
 import { kvReportJson } from '@nerva/server';
@@ -84,6 +85,8 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       pipeline_parallel: engine.pipelineDescription()?.stages.length ?? 1,
       pipeline: engine.pipelineDescription() ?? null,
       new_tokens: out.tokenIds.length,
+      // Digest of the generated ids: two runs (other kernels, other machines) decoded the same tokens iff equal.
+      tokens_sha256: createHash('sha256').update(out.tokenIds.join(',')).digest('hex').slice(0, 16),
       tokens_per_s: s.decode_tokens_per_s,
       ms_per_token_p50: s.ms_per_token_p50,
       ms_per_token_p99: s.ms_per_token_p99,
