@@ -363,7 +363,7 @@ if (process.env.NERVA_INVARIANCE_DEFAULT !== '0') {
   byDefault = suite(def);
   def.dispose();
 }
-// NERVA_INVARIANCE_TIME=1: ms per fused_matmul call of the Qwen3-8B decode shapes at 1, 16 and 32
+// NERVA_INVARIANCE_TIME=1: ms per fused_matmul call of the Qwen3-8B and 0.6B decode shapes at 1..128
 // rows on a batchInvariant backend (the weights' GB/s and the FMA rate), to see where a batched
 // batch-invariant decode step goes. Informational; weights left uninitialized (timing only).
 let timing: Record<string, unknown>[] | undefined;
@@ -376,6 +376,10 @@ if (process.env.NERVA_INVARIANCE_TIME === '1') {
     { name: 'gate_up 8B', inDim: 4096, outDim: 12288, norm: true, glu: true },
     { name: 'down 8B', inDim: 12288, outDim: 4096, accumulate: true },
     { name: 'lm head 8B', inDim: 4096, outDim: 151936 },
+    { name: 'qkv 0.6B', inDim: 1024, outDim: 4096, norm: true },
+    { name: 'o 0.6B', inDim: 2048, outDim: 1024, accumulate: true },
+    { name: 'gate_up 0.6B', inDim: 1024, outDim: 3072, norm: true, glu: true },
+    { name: 'down 0.6B', inDim: 3072, outDim: 1024, accumulate: true },
   ];
   for (const s of shapes) {
     const B = new Bufs(be);

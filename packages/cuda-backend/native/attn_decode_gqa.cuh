@@ -26,7 +26,8 @@ template <typename KT, int G>
 __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const KT* kc, const KT* vc, const int* bt,
                                                         const int* rowSeq, const int* positions, float* part, int H,
                                                         int KVH, int bs, int mbps, int qStride, int qOff, float scale,
-                                                        int S, int rowBase, float* out, int* counters, int minChunk) {
+                                                        int S, int rowBase, float* out, int* counters, int minChunk,
+                                                        uint16_t* outHi, size_t loOff) {
   constexpr int LD = dgRowElems<KT>();
   constexpr int TILE = DG_KEYS * LD;  // elements of one K (or V) tile
   constexpr int CPR = DG_HD * (int)sizeof(KT) / 16;  // 16-byte copies per key row
@@ -181,5 +182,5 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const K
     }
   }
   if (counters)
-    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr);
+    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, outHi, loOff);
 }

@@ -803,9 +803,11 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     } else if (!rc) {
       rc = ropeAppendRun(ex, (float*)qkv.p, pos, inv, slots, l.kc, l.vc, l.qNorm, l.kNorm, rows, nq, nkv, hd, qkvOut, eps);
     }
+    // Many rows on cuBLAS(Lt): the attention also splits its output into o's bf16 operand.
+    SplitHandoff attnSplit;
     if (!rc && gqa)
       rc = attnDecodeGqa(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, bs, mbps, qkvOut,
-                         0, scale);
+                         0, scale, &attnSplit);
     else if (!rc)
       // Decode rows: the attention streams its first keys in before waiting on rope_append.
       rc = attentionRun(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, hd, bs, mbps,
@@ -819,11 +821,15 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     // during the attention. gate_up reads only weights before its wait, and down (accPre) still
     // starts after gate_up's wait, when o is complete.
     fo.early = true;
+    fo.take = &attnSplit;
     if (!rc) rc = gemvRows(ex, (const float*)attn.p, l.o, (float*)x.p, rows, qw, hidden, l.oBias, fo);
+    // Many rows on cuBLAS(Lt): gate_up's epilogue also splits its output into down's bf16 operand.
+    SplitHandoff mlpSplit;
     Fuse fg;
     fg.nw = l.mlpNorm;
     fg.eps = eps;
     fg.glu = true;
+    fg.emit = &mlpSplit;
     if (!rc) rc = gemvRows(ex, (const float*)x.p, l.gateUp, (float*)mlp.p, rows, hidden, inter, Buf{nullptr, 0}, fg);
     Fuse fd;
     fd.accumulate = true;
@@ -831,6 +837,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     // down triggers the next layer's qkv at entry, for the same reason (qkv reads only weights
     // before its wait, and triggers the attention only after it).
     fd.early = true;
+    fd.take = &mlpSplit;
     if (!rc) rc = gemvRows(ex, (const float*)mlp.p, l.down, (float*)x.p, rows, inter, hidden, Buf{nullptr, 0}, fd);
     if (rc) return rc;
   }

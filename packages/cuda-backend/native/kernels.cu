@@ -349,8 +349,9 @@ __global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int 
 // Epilogue of fused_matmul's many-row GEMM (gemmRowsBlas): t holds x.W^T as [rows, wOut] (and,
 // split, the lo half's product as rows more), wOut = outDim (2 outDim with glu: gate then up).
 // The same formulas as k_gemv_generic: y = R(g + bias); glu: R(R(silu(y)) * R(u)); accumulate.
+// nextHi (and nextLo): out's values split as k_split_bf16 splits them, the next GEMM's operand.
 __global__ void k_gemm_epilogue(const float* t, int split, float* out, const void* bias, int bdt, int rows, int outDim,
-                                int glu, int accumulate, int bfa) {
+                                int glu, int accumulate, int bfa, uint16_t* nextHi, uint16_t* nextLo) {
   PDL_ENTER();
   size_t n = (size_t)rows * outDim;
   int wOut = glu ? 2 * outDim : outDim;
@@ -364,7 +365,13 @@ __global__ void k_gemm_epilogue(const float* t, int split, float* out, const voi
       float u = tr[outDim + o] + (split ? tr[loOff + outDim + o] : 0.f);
       y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
     }
-    out[i] = accumulate ? bfr(out[i] + y, bfa) : y;
+    const float v = accumulate ? bfr(out[i] + y, bfa) : y;
+    out[i] = v;
+    if (nextHi) {
+      const uint16_t h = f2bf(v);
+      nextHi[i] = h;
+      if (nextLo) nextLo[i] = f2bf(v - bf2f(h));
+    }
   }
 }
 
@@ -377,6 +384,30 @@ __global__ void k_split_bf16(const float* x, uint16_t* hi, uint16_t* lo, size_t 
     uint16_t h = f2bf(v);
     hi[t] = h;
     if (lo) lo[t] = f2bf(v - bf2f(h));
+  }
+}
+
+// k_rmsnorm (no residual) and k_split_bf16 of its output in one kernel, bit for bit: each row's
+// normalized values go straight to their bf16 hi (and lo) halves, the operand of a cuBLAS(Lt)
+// GEMM (gemmRowsBlas). One block of 256 threads a row, as k_rmsnorm runs there.
+__global__ void k_rmsnorm_split(const float* x, const void* w, int wdt, uint16_t* hi, uint16_t* lo, int dim, float eps,
+                                int bfa) {
+  PDL_ENTER();
+  __shared__ float sh[32];
+  const int r = blockIdx.x;
+  const float* xr = x + (size_t)r * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = xr[i];
+    ss += v * v;
+  }
+  ss = blockSum(ss, sh);
+  const float inv = rsqrtf(ss / (float)dim + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = bfr(bfr(xr[i] * inv, bfa) * ldf(w, wdt, i), bfa);
+    const uint16_t h = f2bf(v);
+    hi[(size_t)r * dim + i] = h;
+    if (lo) lo[(size_t)r * dim + i] = f2bf(v - bf2f(h));
   }
 }
 
@@ -1093,8 +1124,10 @@ __device__ __forceinline__ void ldk2(const __half* p, bool in, float& a, float& 
 // into out and re-arms the counter: the combine needs no kernel (node) of its own. Splits past
 // the live length do not arrive at all (every block derives the same nAct from positions[r]),
 // so a short context pays no fence or atomic for the idle splits of the grid.
+// outHi (a many-row GEMM's operand hand-off, see SplitHandoff): the merged values also as bf16,
+// split as k_split_bf16 splits them, the lo halves loOff elements on (loOff 0: none).
 __device__ void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
-                           int nAct, float* lse) {
+                           int nAct, float* lse, uint16_t* outHi = nullptr, size_t loOff = 0) {
   __shared__ int lastFlag;
   int* c = counters + (size_t)rl * H + h;
   __threadfence();  // this block's partial is visible before it is counted
@@ -1142,7 +1175,14 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
         }
       M = bm;
     }
-    out[(size_t)r * H * hd + (size_t)h * hd + t] = L > 0.f ? a / L : 0.f;
+    const size_t oi = (size_t)r * H * hd + (size_t)h * hd + t;
+    const float v = L > 0.f ? a / L : 0.f;
+    out[oi] = v;
+    if (outHi) {
+      const uint16_t hb = f2bf(v);
+      outHi[oi] = hb;
+      if (loOff) outHi[loOff + oi] = f2bf(v - bf2f(hb));
+    }
     if (lse && t == 0) lse[(size_t)r * H + h] = L > 0.f ? M + logf(L) : -INFINITY;
   }
 }
@@ -2035,6 +2075,23 @@ unsigned gridFor(size_t n, int block, int smCount) {
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+// NERVA_SPLIT_FUSION=0: gemmRowsBlas normalizes and splits in two kernels and no operand is handed
+// off (the A/B switch for the fusions below; the bits are the same either way).
+bool splitFusion() {
+  static const bool v = [] {
+    const char* e = getenv("NERVA_SPLIT_FUSION");
+    return !(e && strcmp(e, "0") == 0);
+  }();
+  return v;
+}
+
+// Where a GEMM epilogue left the bf16 split (hi rows, then lo rows with `lo`) of its output.
+struct SplitHandoff {
+  const uint16_t* hi = nullptr;
+  int rows = 0, dim = 0;
+  bool lo = false;
+};
+
 // What fused_matmul adds to a matmul (all off for op matmul).
 struct Fuse {
   Buf nw{nullptr, 0};
@@ -2049,6 +2106,11 @@ struct Fuse {
   // ksLean). The next kernel must then read nothing before its own wait that relies on this
   // kernel's predecessors being complete (no accPre right after).
   bool early = false;
+  // Operand hand-off between two many-row GEMMs (gemmRowsBlas): `emit` asks this call's epilogue
+  // to also write the bf16 split of its output and says where (hi null: it did not); `take` gives
+  // this call its x already split there, so it launches no split of its own.
+  SplitHandoff* emit = nullptr;
+  const SplitHandoff* take = nullptr;
 };
 
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
@@ -2404,12 +2466,23 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
   const int halves = split ? 2 : 1;
   const int wOut = outDim * (f.glu ? 2 : 1);
   const bool direct = !split && !f.glu && !bias.p && !bfa;
-  // Per row: the normalized row (f32), the GEMM's out (unless direct), the bf16 operand rows.
-  const size_t perRow = (f.nw.p ? (size_t)inDim * sizeof(float) : 0) + (direct ? 0 : (size_t)halves * wOut * sizeof(float)) +
-                        (size_t)halves * inDim * sizeof(uint16_t);
-  const size_t slack = 3 * 256;  // alignment of the three regions
+  const bool fuse = splitFusion();
+  // Per row: the GEMM's out (unless direct), the bf16 operand rows (normalized first with a norm),
+  // and without the fusion the normalized row (f32) between.
+  const size_t perRow = (direct ? 0 : (size_t)halves * wOut * sizeof(float)) + (size_t)halves * inDim * sizeof(uint16_t) +
+                        (f.nw.p && !fuse ? (size_t)inDim * sizeof(float) : 0);
+  const size_t slack = 3 * 256;  // alignment of the regions
   if (ex->wsBytes < perRow + slack) return NERVA_BAD_ARGS;
   const int chunk = (int)std::min<size_t>((size_t)rows, (ex->wsBytes - slack) / perRow);
+  // The hand-offs need every row in one chunk: the handed-off region then holds all of them.
+  const size_t tAll = direct ? 0 : align256((size_t)halves * rows * wOut * sizeof(float));
+  const size_t xAll = align256((size_t)halves * rows * inDim * sizeof(uint16_t));
+  const size_t nextAll = (size_t)halves * rows * outDim * sizeof(uint16_t);
+  const SplitHandoff* tk = fuse ? f.take : nullptr;
+  const bool take = tk && tk->hi && !f.nw.p && chunk == rows && tk->rows == rows && tk->dim == inDim && tk->lo == split &&
+                    ((const char*)tk->hi >= ex->ws + tAll || (const char*)tk->hi + xAll <= ex->ws);
+  const bool emit = fuse && f.emit && !direct && chunk == rows && tAll + xAll + nextAll <= ex->wsBytes;
+  if (f.emit) *f.emit = SplitHandoff();
   if (!pinned && api->setStream(ex->cublas, ex->stream) != 0) {
     snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
     return NERVA_CUBLAS_FAILED;
@@ -2417,19 +2490,26 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
   for (int r0 = 0; r0 < rows; r0 += chunk) {
     const int nr = std::min(chunk, rows - r0);
     const size_t n = (size_t)nr * inDim;
-    const size_t normBytes = f.nw.p ? align256(n * sizeof(float)) : 0;
     const size_t tBytes = direct ? 0 : align256((size_t)halves * nr * wOut * sizeof(float));
     char* ws = ex->ws;
     const float* xin = x + (size_t)r0 * inDim;
     float* o = out + (size_t)r0 * outDim;
-    if (f.nw.p) {
-      LAUNCH(k_rmsnorm, nr, 256, 0, xin, f.nw.p, f.nw.dt, (float*)ws, (float*)nullptr, inDim, f.eps, bfa);
-      xin = (const float*)ws;
+    float* t = direct ? o : (float*)ws;
+    uint16_t* xh = (uint16_t*)(ws + tBytes);
+    // lo rows right after the hi rows: the GEMM sees one [halves * nr, inDim] operand. With a norm,
+    // one kernel normalizes and splits (the bits of k_rmsnorm then k_split_bf16, one launch fewer);
+    // a handed-off operand (the GEMM before split its output, which is our x) needs neither.
+    if (take) {
+      xh = const_cast<uint16_t*>(tk->hi);
+    } else if (f.nw.p && !fuse) {
+      float* nrm = (float*)(ws + tBytes + align256((size_t)halves * n * sizeof(uint16_t)));
+      LAUNCH(k_rmsnorm, nr, 256, 0, xin, f.nw.p, f.nw.dt, nrm, (float*)nullptr, inDim, f.eps, bfa);
+      LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, nrm, xh, split ? xh + n : (uint16_t*)nullptr, n);
+    } else if (f.nw.p) {
+      LAUNCH(k_rmsnorm_split, nr, 256, 0, xin, f.nw.p, f.nw.dt, xh, split ? xh + n : (uint16_t*)nullptr, inDim, f.eps, bfa);
+    } else {
+      LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, xin, xh, split ? xh + n : (uint16_t*)nullptr, n);
     }
-    float* t = direct ? o : (float*)(ws + normBytes);
-    uint16_t* xh = (uint16_t*)(ws + normBytes + tBytes);
-    // lo rows right after the hi rows: the GEMM sees one [halves * nr, inDim] operand.
-    LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, xin, xh, split ? xh + n : (uint16_t*)nullptr, n);
     const bool acc = direct && f.accumulate;
     if (pinned) {
       int rc = nerva_lt_gemm(ex, wOut, halves * nr, inDim, w.p, xh, t, acc);
@@ -2444,9 +2524,11 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
         return NERVA_CUBLAS_FAILED;
       }
     }
+    uint16_t* nextHi = emit ? (uint16_t*)(ws + tAll + xAll) : nullptr;
     if (!direct)
       LAUNCH(k_gemm_epilogue, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, t, split ? 1 : 0, o, bias.p, bias.dt, nr,
-             outDim, f.glu ? 1 : 0, f.accumulate ? 1 : 0, bfa);
+             outDim, f.glu ? 1 : 0, f.accumulate ? 1 : 0, bfa, nextHi, split && emit ? nextHi + (size_t)nr * outDim : nullptr);
+    if (emit) *f.emit = SplitHandoff{nextHi, rows, outDim, split};
   }
   return NERVA_OK;
 }
@@ -2566,7 +2648,7 @@ int invRowChunk(const NervaExec* ex, int rows, int H, long long S, size_t perSpl
 
 template <typename KT, int G>
 int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos, int rows,
-                     int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale) {
+                     int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, SplitHandoff* emit) {
   const long long maxLen = (long long)mbps * bs;
   const int minChunk = ex->batchInv ? biAttnChunk() : 64;
   // Splits: about three blocks per SM in all, each at least minChunk keys. Batch-invariant
@@ -2594,12 +2676,28 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
   cudaError_t e = cudaFuncSetAttribute(k_attn_decode_gqa<KT, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return check(ex, "k_attn_decode_gqa (shared memory opt-in)", e);
   float* part = (float*)ex->ws;
+  // The output's bf16 split for the o projection's GEMM (emit), at the workspace's end: only where
+  // the partials, as sized above, stay clear of it and every chunk merges through the counters.
+  uint16_t* outHi = nullptr;
+  size_t loOff = 0;
+  if (emit) *emit = SplitHandoff();
+  if (emit && splitFusion()) {
+    const bool lo = ex->gemmMode == GEMM_SPLIT_BF16 && !ex->bf16act;
+    const size_t n = (size_t)rows * H * DG_HD, bytes = (lo ? 2 : 1) * n * sizeof(uint16_t);
+    const size_t at = bytes < ex->wsBytes ? (ex->wsBytes - bytes) & ~(size_t)255 : 0;
+    const bool counted = ex->counters && (size_t)rowChunk * H <= ex->counterCount;
+    if (counted && at > 0 && (size_t)rowChunk * H * S * perSplit <= at) {
+      outHi = (uint16_t*)(ex->ws + at);
+      loOff = lo ? n : 0;
+      *emit = SplitHandoff{outHi, rows, H * DG_HD, lo};
+    }
+  }
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     const int nr = std::min(rowChunk, rows - r0);
     int* cnt = ex->counters && (size_t)nr * H <= ex->counterCount ? ex->counters : nullptr;
     LAUNCH((k_attn_decode_gqa<KT, G>), dim3((unsigned)S, (unsigned)KVH, (unsigned)nr), 128, smem, q, (const KT*)kc.p,
            (const KT*)vc.p, (const int*)bt.p, (const int*)rowSeq.p, (const int*)pos.p, part, H, KVH, bs, mbps, qStride, qOff,
-           scale, (int)S, r0, out, cnt, minChunk);
+           scale, (int)S, r0, out, cnt, minChunk, outHi, loOff);
     if (!cnt)
       LAUNCH(k_attn_combine, dim3(H, nr), DG_HD, 0, part, out, H, DG_HD, (int)S, r0, (float*)nullptr, (const int*)rowSeq.p, 0);
   }
@@ -2607,8 +2705,9 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
 }
 
 int attnDecodeGqa(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
-                  int KVH, int bs, int mbps, int qStride, int qOff, float scale) {
-#define DG_RUN(KT, G) return attnDecodeGqaRun<KT, G>(ex, q, kc, vc, out, bt, rowSeq, pos, rows, H, KVH, bs, mbps, qStride, qOff, scale)
+                  int KVH, int bs, int mbps, int qStride, int qOff, float scale, SplitHandoff* emit = nullptr) {
+#define DG_RUN(KT, G) \
+  return attnDecodeGqaRun<KT, G>(ex, q, kc, vc, out, bt, rowSeq, pos, rows, H, KVH, bs, mbps, qStride, qOff, scale, emit)
 #define DG_G(KT)              \
   switch (H / KVH) {          \
     case 1: DG_RUN(KT, 1);    \
