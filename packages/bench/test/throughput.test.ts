@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import type { DeviceBackend } from '@nerva/core';
 import { afterAll, describe, expect, it } from 'vitest';
 import { firstDivergence, throughputProbe, verifyIndices } from '../src/probes/throughput.js';
 import { canonicalWorkloadJson, makeWorkload, readWorkload, WorkloadError, workloadSha256, workloadStats, type WorkloadOptions } from '../src/workload.js';
@@ -133,7 +134,40 @@ describe('throughput workload', () => {
   });
 });
 
+// The backend with `onRun` called before each op (it may throw: an injected device fault).
+function withRunHook(b: DeviceBackend, onRun: () => void): DeviceBackend {
+  return new Proxy(b, {
+    get(t, p) {
+      if (p === 'run') return (...a: Parameters<DeviceBackend['run']>) => (onRun(), t.run(...a));
+      const v: unknown = Reflect.get(t, p);
+      return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(t) : v;
+    },
+  });
+}
+
 describe('nerva-bench throughput', () => {
+  it('fails, naming the cause, when an engine failure aborted requests of the timed run', async () => {
+    const opts = { model: TINY, backend: 'cpu', requests: 4, minLen: 4, maxInputLen: 12, maxOutputLen: 12, seed: 7, verify: 0 } as const;
+    // A clean run counts the ops; the same run again (the CPU engine schedules deterministically)
+    // fails one of the last ops, inside the timed run's last step, so its live requests abort.
+    let calls = 0;
+    const clean = await throughputProbe({ ...opts, wrapBackend: (b) => withRunHook(b, () => void calls++) });
+    expect(clean.output_tokens).toBeGreaterThan(0);
+    expect(calls).toBeGreaterThan(20);
+    let n = 0;
+    const failAt = calls - 5;
+    await expect(
+      throughputProbe({
+        ...opts,
+        wrapBackend: (b) =>
+          withRunHook(b, () => {
+            if (++n === failAt) throw new Error('injected device fault');
+          }),
+      }),
+    ).rejects.toThrow(/of 4 requests were aborted by an engine failure/);
+    expect(n).toBeGreaterThanOrEqual(failAt);
+  }, 120_000);
+
   it('runs every request at once on the tiny model; each one alone gives the same greedy tokens', async () => {
     const tokensOut = join(dir, 'tokens.json');
     const r = await throughputProbe({ model: TINY, backend: 'cpu', requests: 6, minLen: 4, maxInputLen: 16, maxOutputLen: 16, seed: 5, verify: 6, tokensOut });

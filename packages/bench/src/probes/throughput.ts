@@ -53,6 +53,11 @@ export interface ThroughputProbeOptions {
    * line is the mean decode step with all of them running, ms by op class.
    */
   profile?: boolean;
+  /**
+   * Wraps the backend the probe selected before anything uses it (instrumentation, fault
+   * injection); the probe disposes the wrapper when done.
+   */
+  wrapBackend?: (backend: DeviceBackend) => DeviceBackend;
 }
 
 /** Decode steps with every profiled request running, at least (see `profile`). */
@@ -172,11 +177,13 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
   const t0Load = performance.now();
   // The backend first, so the KV cache can be sized from the device's memory before the engine
   // places anything: the whole workload at once where it fits (nano-vllm fills 90 % of the GPU).
-  const { backend, notes: backendNotes } = await selectBackend(o.backend, {
+  const selected = await selectBackend(o.backend, {
     numerics: o.numerics,
     matmulPrecision: o.matmulPrecision,
     ...(o.batchInvariant !== undefined ? { batchInvariant: o.batchInvariant } : {}),
   });
+  const backend = o.wrapBackend ? o.wrapBackend(selected.backend) : selected.backend;
+  const backendNotes = selected.notes;
   let engine: Engine | undefined;
   try {
     const kvDtype = kvDtypeOf(backend, o.kvCacheDtype ?? 'auto');
