@@ -179,7 +179,19 @@ __global__ void k_embedding(const void* table, int tdt, const int* ids, float* o
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[(size_t)r * hidden + i] = bfr(ldf(table, tdt, id * hidden + i), bfa);
 }
 
-__global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, float* residual, int dim, float eps, int bfa) {
+// x = hi + lo with both halves bf16 (lo optional): the split of an activation into a bf16
+// tensor-core GEMM's operand, which keeps ~16 bits of its mantissa. Every kernel that writes such
+// an operand stores it through here, so the bits are the same whichever kernel wrote it.
+__device__ __forceinline__ void storeSplit(float v, uint16_t* hi, uint16_t* lo, size_t i) {
+  const uint16_t h = f2bf(v);
+  hi[i] = h;
+  if (lo) lo[i] = f2bf(v - bf2f(h));
+}
+
+// hi (and lo): the normalized rows go there as their bf16 split (storeSplit) instead of to `out`,
+// the operand of a cuBLAS(Lt) GEMM (gemmRowsBlas): norm and split in one launch.
+__global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, float* residual, int dim, float eps, int bfa,
+                          uint16_t* hi, uint16_t* lo) {
   PDL_ENTER();
   __shared__ float sh[32];
   int r = blockIdx.x;
@@ -197,7 +209,13 @@ __global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, fl
   ss = blockSum(ss, sh);
   float inv = rsqrtf(ss / (float)dim + eps);
   const float* src = rr ? rr : xr;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)r * dim + i] = bfr(bfr(src[i] * inv, bfa) * ldf(w, wdt, i), bfa);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = bfr(bfr(src[i] * inv, bfa) * ldf(w, wdt, i), bfa);
+    if (hi)
+      storeSplit(v, hi, lo, (size_t)r * dim + i);
+    else
+      out[(size_t)r * dim + i] = v;
+  }
 }
 
 // The NeoX rotation of the pair (a, b) by the float32 angle `ang`. Exact: cos/sin and the
@@ -349,7 +367,7 @@ __global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int 
 // Epilogue of fused_matmul's many-row GEMM (gemmRowsBlas): t holds x.W^T as [rows, wOut] (and,
 // split, the lo half's product as rows more), wOut = outDim (2 outDim with glu: gate then up).
 // The same formulas as k_gemv_generic: y = R(g + bias); glu: R(R(silu(y)) * R(u)); accumulate.
-// nextHi (and nextLo): out's values split as k_split_bf16 splits them, the next GEMM's operand.
+// nextHi (and nextLo): out's values also as their bf16 split (storeSplit), the next GEMM's operand.
 __global__ void k_gemm_epilogue(const float* t, int split, float* out, const void* bias, int bdt, int rows, int outDim,
                                 int glu, int accumulate, int bfa, uint16_t* nextHi, uint16_t* nextLo) {
   PDL_ENTER();
@@ -367,11 +385,7 @@ __global__ void k_gemm_epilogue(const float* t, int split, float* out, const voi
     }
     const float v = accumulate ? bfr(out[i] + y, bfa) : y;
     out[i] = v;
-    if (nextHi) {
-      const uint16_t h = f2bf(v);
-      nextHi[i] = h;
-      if (nextLo) nextLo[i] = f2bf(v - bf2f(h));
-    }
+    if (nextHi) storeSplit(v, nextHi, nextLo, i);
   }
 }
 
@@ -380,34 +394,7 @@ __global__ void k_gemm_epilogue(const float* t, int split, float* out, const voi
 __global__ void k_split_bf16(const float* x, uint16_t* hi, uint16_t* lo, size_t n) {
   PDL_ENTER();
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
-    float v = x[t];
-    uint16_t h = f2bf(v);
-    hi[t] = h;
-    if (lo) lo[t] = f2bf(v - bf2f(h));
-  }
-}
-
-// k_rmsnorm (no residual) and k_split_bf16 of its output in one kernel, bit for bit: each row's
-// normalized values go straight to their bf16 hi (and lo) halves, the operand of a cuBLAS(Lt)
-// GEMM (gemmRowsBlas). One block of 256 threads a row, as k_rmsnorm runs there.
-__global__ void k_rmsnorm_split(const float* x, const void* w, int wdt, uint16_t* hi, uint16_t* lo, int dim, float eps,
-                                int bfa) {
-  PDL_ENTER();
-  __shared__ float sh[32];
-  const int r = blockIdx.x;
-  const float* xr = x + (size_t)r * dim;
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    float v = xr[i];
-    ss += v * v;
-  }
-  ss = blockSum(ss, sh);
-  const float inv = rsqrtf(ss / (float)dim + eps);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = bfr(bfr(xr[i] * inv, bfa) * ldf(w, wdt, i), bfa);
-    const uint16_t h = f2bf(v);
-    hi[(size_t)r * dim + i] = h;
-    if (lo) lo[(size_t)r * dim + i] = f2bf(v - bf2f(h));
+    storeSplit(x[t], hi, lo, t);
   }
 }
 
@@ -1124,8 +1111,8 @@ __device__ __forceinline__ void ldk2(const __half* p, bool in, float& a, float& 
 // into out and re-arms the counter: the combine needs no kernel (node) of its own. Splits past
 // the live length do not arrive at all (every block derives the same nAct from positions[r]),
 // so a short context pays no fence or atomic for the idle splits of the grid.
-// outHi (a many-row GEMM's operand hand-off, see SplitHandoff): the merged values also as bf16,
-// split as k_split_bf16 splits them, the lo halves loOff elements on (loOff 0: none).
+// outHi (a many-row GEMM's operand hand-off, see SplitHandoff): the merged values also as their
+// bf16 split (storeSplit), the lo halves loOff elements on (loOff 0: none).
 __device__ void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
                            int nAct, float* lse, uint16_t* outHi = nullptr, size_t loOff = 0) {
   __shared__ int lastFlag;
@@ -1178,11 +1165,7 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
     const size_t oi = (size_t)r * H * hd + (size_t)h * hd + t;
     const float v = L > 0.f ? a / L : 0.f;
     out[oi] = v;
-    if (outHi) {
-      const uint16_t hb = f2bf(v);
-      outHi[oi] = hb;
-      if (loOff) outHi[loOff + oi] = f2bf(v - bf2f(hb));
-    }
+    if (outHi) storeSplit(v, outHi, loOff ? outHi + loOff : nullptr, oi);
     if (lse && t == 0) lse[(size_t)r * H + h] = L > 0.f ? M + logf(L) : -INFINITY;
   }
 }
@@ -2346,7 +2329,7 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
         // The generic kernel folds the norm into its dot product; bf16 numerics rounds the
         // normalized input first, so the norm runs as its own (rounding) kernel.
         if ((size_t)nr * inDim * sizeof(float) > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
-        LAUNCH(k_rmsnorm, nr, 256, 0, xr, nw.p, nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, bfa);
+        LAUNCH(k_rmsnorm, nr, 256, 0, xr, nw.p, nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, bfa, (uint16_t*)nullptr, (uint16_t*)nullptr);
         xr = (const float*)ex->ws;
         nw = Buf{nullptr, 0};
       }
@@ -2390,7 +2373,7 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
         // The block size of the GEMV that would have staged it (split: KS = 4; else 1).
         LAUNCH(k_rmsnorm_gemv, nr, 32 * gemvWarps(split ? 4 : 1), 0, xr, f.nw.p, nwbf, (float*)ex->ws, inDim, f.eps, bfa);
       } else {
-        LAUNCH(k_rmsnorm, nr, 256, 0, xr, f.nw.p, f.nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, bfa);
+        LAUNCH(k_rmsnorm, nr, 256, 0, xr, f.nw.p, f.nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, bfa, (uint16_t*)nullptr, (uint16_t*)nullptr);
       }
       xr = (const float*)ex->ws;
       norm = false;
@@ -2497,16 +2480,17 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
     float* t = direct ? o : (float*)ws;
     uint16_t* xh = (uint16_t*)(ws + tBytes);
     // lo rows right after the hi rows: the GEMM sees one [halves * nr, inDim] operand. With a norm,
-    // one kernel normalizes and splits (the bits of k_rmsnorm then k_split_bf16, one launch fewer);
+    // k_rmsnorm writes the split itself (the bits of k_rmsnorm then k_split_bf16, one launch fewer);
     // a handed-off operand (the GEMM before split its output, which is our x) needs neither.
     if (take) {
       xh = const_cast<uint16_t*>(tk->hi);
     } else if (f.nw.p && !fuse) {
       float* nrm = (float*)(ws + tBytes + align256((size_t)halves * n * sizeof(uint16_t)));
-      LAUNCH(k_rmsnorm, nr, 256, 0, xin, f.nw.p, f.nw.dt, nrm, (float*)nullptr, inDim, f.eps, bfa);
+      LAUNCH(k_rmsnorm, nr, 256, 0, xin, f.nw.p, f.nw.dt, nrm, (float*)nullptr, inDim, f.eps, bfa, (uint16_t*)nullptr, (uint16_t*)nullptr);
       LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, nrm, xh, split ? xh + n : (uint16_t*)nullptr, n);
     } else if (f.nw.p) {
-      LAUNCH(k_rmsnorm_split, nr, 256, 0, xin, f.nw.p, f.nw.dt, xh, split ? xh + n : (uint16_t*)nullptr, inDim, f.eps, bfa);
+      LAUNCH(k_rmsnorm, nr, 256, 0, xin, f.nw.p, f.nw.dt, (float*)nullptr, (float*)nullptr, inDim, f.eps, bfa, xh,
+             split ? xh + n : (uint16_t*)nullptr);
     } else {
       LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, xin, xh, split ? xh + n : (uint16_t*)nullptr, n);
     }
@@ -2990,13 +2974,11 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       float eps = (float)A.next();
       if (!A.ok) return bad(ex, "rmsnorm: argument count");
       if (rows <= 0) return NERVA_OK;
-      if (out.dt == NV_BF16) {  // capabilities.bf16Activations
-        LAUNCH(k_rmsnorm_bf16, rows, std::min(1024, ((dim + 31) / 32) * 32), 0, (const float*)x.p, w.p, w.dt, (uint16_t*)out.p,
-               (float*)res.p, dim, eps, ex->bf16act ? 1 : 0);
-        return NERVA_OK;
-      }
-      LAUNCH(k_rmsnorm, rows, std::min(1024, ((dim + 31) / 32) * 32), 0, (const float*)x.p, w.p, w.dt, (float*)out.p,
-             (float*)res.p, dim, eps, ex->bf16act ? 1 : 0);
+      // A bf16 out (capabilities.bf16Activations): the values rounded to bf16 as they are stored.
+      const bool bf = out.dt == NV_BF16;
+      LAUNCH(k_rmsnorm, rows, std::min(1024, ((dim + 31) / 32) * 32), 0, (const float*)x.p, w.p, w.dt,
+             bf ? (float*)nullptr : (float*)out.p, (float*)res.p, dim, eps, ex->bf16act ? 1 : 0,
+             bf ? (uint16_t*)out.p : (uint16_t*)nullptr, (uint16_t*)nullptr);
       return NERVA_OK;
     }
     case OP_MATMUL: return opMatmul(ex, A);

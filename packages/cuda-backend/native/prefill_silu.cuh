@@ -48,30 +48,6 @@ int siluMulRowsRun(NervaExec* ex, const float* x, OT* out, int rows, int dim) {
   return NERVA_OK;
 }
 
-// RMSNorm with a bf16 out (capabilities.bf16Activations): k_rmsnorm step for step (the residual
-// update, the block sum, the scale), the output rounded to bf16 (nearest even) as it is stored.
-__global__ void k_rmsnorm_bf16(const float* x, const void* w, int wdt, uint16_t* out, float* residual, int dim, float eps,
-                               int bfa) {
-  PDL_ENTER();
-  __shared__ float sh[32];
-  int r = blockIdx.x;
-  const float* xr = x + (size_t)r * dim;
-  float* rr = residual ? residual + (size_t)r * dim : nullptr;
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    float v = xr[i];
-    if (rr) {
-      v = bfr(v + rr[i], bfa);
-      rr[i] = v;
-    }
-    ss += v * v;
-  }
-  ss = blockSum(ss, sh);
-  float inv = rsqrtf(ss / (float)dim + eps);
-  const float* src = rr ? rr : xr;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)r * dim + i] = f2bf(bfr(bfr(src[i] * inv, bfa) * ldf(w, wdt, i), bfa));
-}
-
 // Op matmul with a bf16 x over more than 8 rows: the GEMM on x as it is (no rounding pass: its
 // values are bf16 already, so under 'split-bf16' the lo half would be zero), then op matmul's
 // epilogue (bias, bf16 numerics).
