@@ -10,7 +10,9 @@ const profile = args.includes('--profile');
 const [model, pl, nt] = args.filter((x) => !x.startsWith('--'));
 // NERVA_KV_DTYPE: the KV cache element type (auto, f32, bf16).
 const kvCacheDtype = (process.env.NERVA_KV_DTYPE ?? 'auto') as 'auto' | 'f32' | 'bf16';
-const r = await decodeProbe({ model, backend: 'cuda', promptLen: Number(pl ?? 128), newTokens: Number(nt ?? 256), profile, kvCacheDtype });
+// NERVA_RUN_AHEAD=0: the engine waits for each step's tokens before enqueuing the next.
+const runAhead = process.env.NERVA_RUN_AHEAD === '0' ? false : undefined;
+const r = await decodeProbe({ model, backend: 'cuda', promptLen: Number(pl ?? 128), newTokens: Number(nt ?? 256), profile, kvCacheDtype, runAhead });
 // Which kernels ran op decoder_layers (CudaBackendOptions.decoder, from the environment here).
 r.cuda_decoder = process.env.NERVA_CUDA_DECODER ?? 'layers';
 const line = JSON.stringify(r);

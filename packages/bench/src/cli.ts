@@ -87,6 +87,7 @@ program
   .addOption(kvOffloadDirOpt())
   .option('--pipeline-parallel <n>', 'pipeline stages (N > 1 needs N GPUs on CUDA unless --allow-single-device-stages)', int('--pipeline-parallel'))
   .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
+  .option('--no-run-ahead', 'wait for each decode step\'s tokens before enqueuing the next (engine option runAhead off)')
   .action(async (f) =>
     print(
       await decodeProbe({
@@ -107,6 +108,7 @@ program
         kvOffloadDir: f.kvOffloadDir,
         pipelineParallel: f.pipelineParallel,
         allowSingleDeviceStages: f.allowSingleDeviceStages,
+        ...(f.runAhead === false ? { runAhead: false } : {}),
       }),
     ),
   );

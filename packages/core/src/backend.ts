@@ -188,6 +188,12 @@ export interface DeviceBackend {
   elapsedMs(start: EventHandle, end: EventHandle): number;
   /** Block the host until the stream (or the whole device) is idle; counted under `kind`. */
   synchronize(kind: SyncKind, stream?: StreamHandle): void;
+  /**
+   * Block the host until `event` (recorded earlier) has completed, while work enqueued after it
+   * keeps running; counted under `kind`. Optional: the engine runs a decode step ahead of the
+   * host (EngineOptions.runAhead) only on backends that have it.
+   */
+  synchronizeEvent?(event: EventHandle, kind: SyncKind): void;
 
   /** Graph capture; only where capabilities.graphCapture. Ops between begin and end are recorded, not run. */
   beginCapture(stream?: StreamHandle): void;

@@ -361,6 +361,15 @@ export class CpuBackend implements DeviceBackend {
     this.syncs[kind]++;
   }
 
+  /** Work is complete when issued: only the event's state is checked, and the sync counted. */
+  synchronizeEvent(event: EventHandle, kind: SyncKind): void {
+    this.live();
+    if (!(SYNC_KINDS as readonly string[]).includes(kind)) throw new BackendError('INVALID_SYNC_KIND', `synchronizeEvent: unknown sync kind ${String(kind)}`);
+    this.noCapture('synchronizeEvent');
+    if (Number.isNaN(this.eventTime(event))) throw new EventStateError(event.id, 'not recorded');
+    this.syncs[kind]++;
+  }
+
   // ---- graphs -------------------------------------------------------------------------------
 
   beginCapture(stream?: StreamHandle): void {

@@ -75,6 +75,7 @@ class Context : public Napi::ObjectWrap<Context> {
                            InstanceMethod("waitEvent", &Context::WaitEvent),
                            InstanceMethod("elapsed", &Context::Elapsed),
                            InstanceMethod("synchronize", &Context::Synchronize),
+                           InstanceMethod("synchronizeEvent", &Context::SynchronizeEvent),
                            InstanceMethod("beginCapture", &Context::BeginCapture),
                            InstanceMethod("endCapture", &Context::EndCapture),
                            InstanceMethod("replay", &Context::Replay),
@@ -543,6 +544,14 @@ class Context : public Napi::ObjectWrap<Context> {
     return env.Undefined();
   }
 
+  // synchronizeEvent(event): the host waits for one recorded event; later work keeps running.
+  Napi::Value SynchronizeEvent(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Live(env);
+    CU(cudaEventSynchronize(Event(env, info[0])));
+    return env.Undefined();
+  }
+
   // NERVA_CUDA_SYNC: spin (cudaStreamSynchronize under the default schedule), block (a
   // blocking-sync event), or auto (default): block once the context has host compute modules.
   bool BlockingWait() {
@@ -649,6 +658,7 @@ class Context : public Napi::ObjectWrap<Context> {
   }
 
   Napi::Value Dispose(const Napi::CallbackInfo& info) {
+    nerva_trace_dump();
     Release();
     return info.Env().Undefined();
   }

@@ -69,9 +69,55 @@ __device__ __forceinline__ void stf(void* p, int dt, size_t i, float v) {
 // waits, completion is transitive down the stream. pdlTrigger() lets the next kernel's blocks be
 // scheduled now (onto free SM slots, where they prefetch their weights) instead of at our exit.
 // Without the launch attribute (older archs, PDL off) both are no-ops.
+// Device timeline (a build with -DNERVA_TRACE only; tools/gpu/trace_timeline.py reads it): thread 0
+// of each block of a traced kernel appends {tag, block, entry, wait, exit} (%globaltimer ns) to its
+// SM's ring, so the kernels of a replayed graph can be placed on one clock, PDL overlap included.
+#ifdef NERVA_TRACE
+__device__ unsigned long long* g_tr = nullptr;
+__device__ unsigned* g_trCount = nullptr;
+__device__ unsigned g_trCap = 0;
+__shared__ unsigned long long s_trWait;
+__device__ __forceinline__ unsigned long long trNow() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+struct TraceScope {
+  unsigned tag;
+  unsigned long long t0;
+  __device__ explicit TraceScope(unsigned line) : tag(line), t0(0) {
+    if (threadIdx.x == 0) {
+      t0 = trNow();
+      s_trWait = 0;
+    }
+  }
+  __device__ ~TraceScope() {
+    if (threadIdx.x != 0 || !g_tr) return;
+    unsigned sm;
+    asm volatile("mov.u32 %0, %smid;" : "=r"(sm));
+    const unsigned i = atomicAdd(g_trCount + sm, 1u) % g_trCap;
+    unsigned long long* r = g_tr + ((size_t)sm * g_trCap + i) * 5;
+    const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    r[0] = ((unsigned long long)tag << 40) | ((unsigned long long)sm << 32) | blk;
+    r[1] = t0;
+    r[2] = s_trWait;
+    r[4] = gridDim.x * gridDim.y * gridDim.z;
+    r[3] = trNow();
+  }
+};
+#define NERVA_TRACE_KERNEL() TraceScope nervaTraceScope_(__LINE__)
+#else
+#define NERVA_TRACE_KERNEL() \
+  do {                       \
+  } while (0)
+#endif
+
 __device__ __forceinline__ void pdlWait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#ifdef NERVA_TRACE
+  if (threadIdx.x == 0) s_trWait = trNow();
 #endif
 }
 __device__ __forceinline__ void pdlTrigger() {
@@ -173,6 +219,7 @@ __device__ int blockArgmax(const float* L, int vocab, float* shv, int* shi) {
 // ---------------------------------------------------------------- simple ops
 
 __global__ void k_embedding(const void* table, int tdt, const int* ids, float* out, int hidden, int bfa) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   int r = blockIdx.x;
   size_t id = (size_t)ids[r];
@@ -192,6 +239,7 @@ __device__ __forceinline__ void storeSplit(float v, uint16_t* hi, uint16_t* lo, 
 // the operand of a cuBLAS(Lt) GEMM (gemmRowsBlas): norm and split in one launch.
 __global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, float* residual, int dim, float eps, int bfa,
                           uint16_t* hi, uint16_t* lo) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   __shared__ float sh[32];
   int r = blockIdx.x;
@@ -265,6 +313,7 @@ __global__ void k_rope(float* x, const int* positions, const float* invFreq, con
 __global__ void k_rope_append(float* x, const int* positions, const float* invFreq, const void* qn, const void* kn,
                               int ndt, int nq, int headDim, int rowStride, float eps, const int* slots, void* kc, void* vc,
                               int cdt, int nkv, int bfa) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   __shared__ float sh[32];
   int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = headDim / 2;
@@ -300,6 +349,7 @@ __global__ void k_rope_append(float* x, const int* positions, const float* invFr
 
 __global__ void k_kv_append(const float* src, void* kc, void* vc, int cdt, const int* slots, int width, int rowStride,
                             int kOff, int vOff) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   int r = blockIdx.x;
   int slot = slots[r];
@@ -322,6 +372,7 @@ __global__ void k_silu_mul(const float* x, float* out, int rows, int dim, int bf
 }
 
 __global__ void k_add(const float* a, const float* b, float* out, size_t n, int bfa) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
     out[t] = bfr(a[t] + b[t], bfa);
@@ -331,6 +382,7 @@ __global__ void k_add(const float* a, const float* b, float* out, size_t n, int 
 // loads, four in flight a thread: x may be mapped host memory (tiered KV pages staged over the
 // link), where each load waits a PCIe round trip.
 __global__ void k_gather_rows(const char* x, const int* rowIdx, char* out, size_t rowBytes) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   int i = blockIdx.x;
   if (rowIdx[i] < 0) return;
@@ -370,6 +422,7 @@ __global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int 
 // nextHi (and nextLo): out's values also as their bf16 split (storeSplit), the next GEMM's operand.
 __global__ void k_gemm_epilogue(const float* t, int split, float* out, const void* bias, int bdt, int rows, int outDim,
                                 int glu, int accumulate, int bfa, uint16_t* nextHi, uint16_t* nextLo) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   size_t n = (size_t)rows * outDim;
   int wOut = glu ? 2 * outDim : outDim;
@@ -392,6 +445,7 @@ __global__ void k_gemm_epilogue(const float* t, int split, float* out, const voi
 // x = hi + lo with both halves bf16: the split lets a bf16 tensor-core GEMM keep ~16 bits of
 // every activation's mantissa.
 __global__ void k_split_bf16(const float* x, uint16_t* hi, uint16_t* lo, size_t n) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
     storeSplit(x[t], hi, lo, t);
@@ -399,6 +453,7 @@ __global__ void k_split_bf16(const float* x, uint16_t* hi, uint16_t* lo, size_t 
 }
 
 __global__ void k_argmax(const float* logits, int* out, int vocab) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   __shared__ float shv[32];
   __shared__ int shi[32];
@@ -408,6 +463,7 @@ __global__ void k_argmax(const float* logits, int* out, int vocab) {
 }
 
 __global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, int capacity) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   int cur = *(volatile int*)cursor;
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -424,6 +480,7 @@ __global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, in
 
 __global__ void k_advance_positions(int* positions, int* slots, const int* bt, const int* rowSeq, int rows, int blockSize,
                                     int mbps) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
@@ -501,6 +558,7 @@ __global__ void __launch_bounds__(gemvThreadsMax(KS, O), gemvMinBlocks(O))
   static_assert(O == 1 || !NORM, "k_gemv_bf16: NORM only with O == 1");
   static_assert(KS == 1 || O * R <= 32 * KS, "k_gemv_bf16: one thread per (output, row) of a split block");
   // trig: let the next kernel launch now rather than after our wait (see Fuse::early).
+  NERVA_TRACE_KERNEL();
   if (trig) pdlTrigger();
   constexpr int NO = O * (GLU ? 2 : 1);  // weight rows a warp: gates o..o+O-1, then (GLU) ups
   constexpr int P = NO <= 2 ? 4 : 8 / NO;  // chunks of each weight row in flight per lane
@@ -755,6 +813,7 @@ __global__ void __launch_bounds__(gemvThreadsMax(KS, O), gemvMinBlocks(O))
 // outputs a warp (other block sizes), so the norm's bits do not depend on how many rows share
 // the call. inDim % 4 == 0, x and nw 16-byte aligned.
 __global__ void k_rmsnorm_gemv(const float* x, const void* nw, int nwbf, float* out, int inDim, float eps, int bfa) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   __shared__ float ssw[GEMV_MAX_THREADS / 32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nWarps = blockDim.x >> 5;
@@ -783,6 +842,7 @@ __global__ void k_rmsnorm_gemv(const float* x, const void* nw, int nwbf, float* 
 __global__ void k_gemv_generic(const float* x, const void* w, int wdt, float* out, int rows, int inDim, int outDim,
                                const void* bias, int bdt, const void* nw, int nwdt, float eps, int glu, int accumulate,
                                int bfa) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int o = blockIdx.x * 4 + warp;
@@ -908,6 +968,7 @@ __global__ void __launch_bounds__(BI_MAX_THREADS, biMinBlocks(NT))
   constexpr int P = biInFlight(NT, GLU);
   constexpr int NACC = MT * NT * 4;
   // trig: let the next kernel launch now rather than after our wait (see Fuse::early).
+  NERVA_TRACE_KERNEL();
   if (trig) pdlTrigger();
   extern __shared__ float biRed[];  // KS > 1: partials of stripes 1..KS-1, [(ks - 1) * NWN + wn][NACC][32]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -1232,6 +1293,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   // it from the qkv rows, uses it from registers, and the first q head of each KV head's group
   // appends key and value to the cache. The angles' cos/sin only need the position, so they are
   // taken before the wait as well.
+  NERVA_TRACE_KERNEL();
   if (!decodeOnly) PDL_ENTER();
   // Rows of tiles that k_attn_prefill took (flashRows: the row count it saw; 0 when it did not run).
   if (flashRows && attnTileUniform(rowSeq, flashRows, (rowBase + (int)blockIdx.z) / PF_ROWS)) return;
@@ -1457,6 +1519,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
 // Exact merge of the split partials (online-softmax combine), one block per (head, row).
 __global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase, float* lse, const int* rowSeq,
                                int flashRows) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   int h = blockIdx.x, rl = blockIdx.y, r = rowBase + rl;
   if (flashRows && attnTileUniform(rowSeq, flashRows, r / PF_ROWS)) return;
@@ -1902,6 +1965,7 @@ __device__ int greedyArrive(const float* L, int vocab, int G, double* prob, int*
 // `counters` (one per row, zero, left zero) may be null only when G == 1.
 __global__ void __launch_bounds__(1024) k_sample(const float* logits, const float* params, int* rng, int* out, int vocab,
                                                  double* probScratch, size_t probStride, int rowBase, int* counters) {
+  NERVA_TRACE_KERNEL();
   PDL_ENTER();
   __shared__ SampleShared S;
   int r = rowBase + blockIdx.y, G = gridDim.x;
@@ -2956,7 +3020,52 @@ int opSample(NervaExec* ex, Args& A) {
 
 }  // namespace
 
+// Device timeline (NERVA_TRACE builds): the per-SM rings, allocated at the first launch (before
+// any graph capture) and written to $NERVA_DEVICE_TRACE by nerva_trace_dump.
+#ifdef NERVA_TRACE
+namespace {
+constexpr unsigned TRACE_CAP = 8192;  // records a SM keeps (the newest)
+constexpr unsigned TRACE_SMS = 256;
+unsigned long long* traceBuf = nullptr;
+unsigned* traceCount = nullptr;
+void traceInit() {
+  if (traceBuf) return;
+  cudaMalloc(&traceBuf, (size_t)TRACE_SMS * TRACE_CAP * 5 * 8);
+  cudaMalloc(&traceCount, TRACE_SMS * 4);
+  cudaMemset(traceCount, 0, TRACE_SMS * 4);
+  cudaMemset(traceBuf, 0, (size_t)TRACE_SMS * TRACE_CAP * 5 * 8);
+  unsigned cap = TRACE_CAP;
+  cudaMemcpyToSymbol(g_tr, &traceBuf, sizeof(traceBuf));
+  cudaMemcpyToSymbol(g_trCount, &traceCount, sizeof(traceCount));
+  cudaMemcpyToSymbol(g_trCap, &cap, sizeof(cap));
+  cudaDeviceSynchronize();
+}
+}  // namespace
+#endif
+
+void nerva_trace_dump() {
+#ifdef NERVA_TRACE
+  const char* path = getenv("NERVA_DEVICE_TRACE");
+  if (!traceBuf || !path) return;
+  cudaDeviceSynchronize();
+  std::vector<unsigned long long> recs((size_t)TRACE_SMS * TRACE_CAP * 5);
+  std::vector<unsigned> counts(TRACE_SMS);
+  cudaMemcpy(recs.data(), traceBuf, recs.size() * 8, cudaMemcpyDeviceToHost);
+  cudaMemcpy(counts.data(), traceCount, TRACE_SMS * 4, cudaMemcpyDeviceToHost);
+  FILE* f = fopen(path, "wb");
+  if (!f) return;
+  fwrite(&TRACE_CAP, 4, 1, f);
+  fwrite(counts.data(), 4, TRACE_SMS, f);
+  fwrite(recs.data(), 8, recs.size(), f);
+  fclose(f);
+  fprintf(stderr, "[nerva] device trace written to %s\n", path);
+#endif
+}
+
 int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
+#ifdef NERVA_TRACE
+  traceInit();
+#endif
   Args A{args, nargs};
   ex->errCall[0] = 0;
   switch (op) {

@@ -131,6 +131,9 @@ struct NervaExec {
 // Decodes `args` (see src/abi.ts for each op's layout) and enqueues the op's kernels on ex->stream.
 int nerva_launch(NervaExec* ex, int op, const double* args, int nargs);
 
+// NERVA_TRACE builds: writes the device timeline rings to $NERVA_DEVICE_TRACE (else nothing).
+void nerva_trace_dump();
+
 // Whether the kernels of this build carry the PDL dependency waits (compiled for compute_90+)
 // for the current device.
 bool nerva_pdl_compiled();

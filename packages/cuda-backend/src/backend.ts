@@ -614,6 +614,18 @@ export class CudaBackend implements DeviceBackend {
     this.syncs[kind]++;
   }
 
+  synchronizeEvent(event: EventHandle, kind: SyncKind): void {
+    this.live();
+    this.noCapture('synchronizeEvent');
+    if (!(kind in this.syncs)) throw new CudaArgumentError('synchronizeEvent', `unknown sync kind ${String(kind)}`);
+    try {
+      this.ctx.synchronizeEvent(this.event(event));
+    } catch (err) {
+      throw fromNative(err, 'synchronizeEvent');
+    }
+    this.syncs[kind]++;
+  }
+
   beginCapture(stream?: StreamHandle): void {
     this.live();
     if (this.capturing !== null) throw new CudaCaptureStateError(`stream #${this.capturing} is already capturing`);

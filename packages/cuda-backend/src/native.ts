@@ -117,6 +117,8 @@ export interface NativeContext {
   waitEvent(stream: number, event: number): void;
   elapsed(start: number, end: number): number;
   synchronize(stream: number): void;
+  /** Blocks until the event completes (spinning, as synchronize does without host compute). */
+  synchronizeEvent(event: number): void;
   beginCapture(stream: number): void;
   endCapture(stream: number): [number, number];
   replay(graph: number, stream: number): void;

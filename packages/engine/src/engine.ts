@@ -11,7 +11,7 @@ import { freeWeights, KV_CACHE_DTYPES, type KvCacheDtype, kvDtypeOf, type ModelW
 import { type FinishReason, Request, type TokenEvent } from './request.js';
 import { type RequestLimits, validateForkCount, validateRequest } from './request-validation.js';
 import { isDeviceSamplable, type SamplingParams } from './sampling-params.js';
-import { Scheduler } from './scheduler.js';
+import { Scheduler, type SchedulerOutput } from './scheduler.js';
 import { TokenStream } from './token-stream.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
 import { planKvTiers, stageSpan, TieredKv, validateKvTiers } from './kv-tiering.js';
@@ -39,6 +39,15 @@ export interface EngineOptions {
   enablePrefixCaching?: boolean;
   /** Replay captured decode graphs where the backend supports them (default true). */
   useGraphs?: boolean;
+  /**
+   * Enqueue the next decode step's graph before waiting for this step's tokens, so the device
+   * never idles while the host accepts tokens and schedules (default: on where the device
+   * computes apart from the host, computeTier 'vram', and the backend has synchronizeEvent). The
+   * step ahead is taken when the next step is the same pass (same rows, no new KV block, no
+   * request waiting); otherwise it is waited for and dropped, which costs device time, never
+   * results: the host then rewrites the step state the device advanced.
+   */
+  runAhead?: boolean;
   /** Split device time per token into buckets (disables graphs: ops are timed one by one). */
   profile?: boolean;
   /** Upload progress, for a progress bar. */
@@ -321,8 +330,15 @@ export class Engine {
     params: Float32Array;
     rng: Int32Array;
   };
-  private readonly startEv;
-  private readonly endEv;
+  private startEv;
+  private endEv;
+  /** The events of a step enqueued ahead (swapped with startEv/endEv when it is adopted). */
+  private aheadStartEv;
+  private aheadEndEv;
+  /** Whether decode steps are enqueued ahead of the host (EngineOptions.runAhead, resolved). */
+  readonly runAhead: boolean;
+  /** A decode graph replay enqueued for the step after the last one (see EngineOptions.runAhead). */
+  private ahead: { key: string; bucket: number } | undefined;
 
   private constructor(
     init: {
@@ -450,6 +466,9 @@ export class Engine {
     this.blockTwice = new Int32Array(pages);
     this.startEv = this.backend.createEvent();
     this.endEv = this.backend.createEvent();
+    this.aheadStartEv = this.backend.createEvent();
+    this.aheadEndEv = this.backend.createEvent();
+    this.runAhead = this.useGraphs && this.backend.synchronizeEvent !== undefined && (o.runAhead ?? this.backend.capabilities.computeTier === 'vram');
   }
 
   /** Load a model folder onto a backend. Errors name the file and the problem. */
@@ -880,10 +899,55 @@ export class Engine {
       this.failAll(e as Error);
     }
     if (this.scheduler.hasWork && !this.disposed) setImmediate(() => this.loop());
-    else this.looping = false;
+    else {
+      this.looping = false;
+      // Idle with a step enqueued ahead (its requests finished): wait for it and drop it now.
+      try {
+        this.retireAhead();
+      } catch (e) {
+        this.failAll(e as Error);
+      }
+    }
+  }
+
+  /**
+   * Wait for the step enqueued ahead and drop it: its tokens are skipped in the ring, and the
+   * step state it advanced on the device (ids, positions, slots, RNG counters) is rewritten by
+   * the next replay (graphKey reset). Its KV writes are at positions no accepted token has
+   * (rewritten by the step that computes them) or in blocks of finished requests.
+   */
+  private retireAhead(): void {
+    const a = this.ahead;
+    if (!a) return;
+    this.ahead = undefined;
+    this.graphKey = undefined;
+    this.backend.synchronizeEvent!(this.aheadEndEv, 'policy');
+    this.ringRead = (this.ringRead + a.bucket) % this.runner.limits.ringCapacity;
+  }
+
+  /**
+   * Whether the step after this decode-only graph step can be enqueued now: the same rows will
+   * be scheduled (nothing waiting, no row at its last token), and each row's next position is
+   * in a KV block it already holds (the device's advance_positions finds its slot there).
+   */
+  private mayRunAhead(scheduled: SchedulerOutput['scheduled'], bucket: number): boolean {
+    if (!this.runAhead || this.scheduler.waiting.length > 0 || this.kvTiers || this.pager || this.pipeline) return false;
+    if (2 * bucket > this.runner.limits.ringCapacity) return false;
+    const bs = this.kv.blockSize;
+    for (const { req } of scheduled) {
+      const next = req.numComputedTokens + 1;
+      if (Math.floor(next / bs) >= this.kv.blockTable(req.id).length) return false;
+      if (req.outputIds.length + 1 >= req.params.maxTokens || req.numTokens + 1 >= this.maxModelLen) return false;
+    }
+    return true;
   }
 
   private failAll(err: Error): void {
+    try {
+      this.retireAhead();
+    } catch {
+      // the device failed: the step ahead is gone with it
+    }
     for (const l of [...this.live.values()]) {
       this.scheduler.remove(l.req);
       this.detachFork(l.req);
@@ -904,7 +968,10 @@ export class Engine {
     this.totalPreemptions += plan.preempted.length;
     // Freed pages change staged block tables (their entries become the null page).
     if (plan.preempted.length || plan.freedBlocks) this.graphKey = undefined;
-    if (plan.scheduled.length === 0) return;
+    if (plan.scheduled.length === 0) {
+      this.retireAhead();
+      return;
+    }
     const before = this.pipeline?.stats() ?? this.backend.stats();
     const pagerBefore = this.pager?.stats();
     let replayed = false;
@@ -1011,11 +1078,20 @@ export class Engine {
     let sampleMs = 0;
 
     const tiered = kt?.tiered ?? false;
-    be.record(this.startEv);
-    if (this.useGraphs && !this.profile && decodeOnly && deviceSample && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs) {
-      const bucket = BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq;
-      const key = `${bucket}|${tiered}|` + plan.scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',');
-      if (key !== this.graphKey) {
+    const graphPath = this.useGraphs && !this.profile && decodeOnly && deviceSample && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
+    const bucket = graphPath ? (BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq) : 0;
+    const key = graphPath ? `${bucket}|${tiered}|` + plan.scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',') : '';
+    // The step enqueued ahead is this one when the pass is the same and nothing reset the
+    // device's step state since; otherwise it is dropped before anything is written.
+    const adopt = this.ahead !== undefined && graphPath && this.ahead.key === key && this.graphKey === key;
+    if (!adopt) this.retireAhead();
+    else this.ahead = undefined;
+    if (adopt) {
+      [this.startEv, this.aheadStartEv] = [this.aheadStartEv, this.startEv];
+      [this.endEv, this.aheadEndEv] = [this.aheadEndEv, this.endEv];
+    } else be.record(this.startEv);
+    if (graphPath) {
+      if (!adopt && key !== this.graphKey) {
         for (let r = nSeq; r < bucket; r++) {
           // Padding rows: a slot of -1 is skipped by kv_append; their own sequence row has only the null block.
           st.ids[r] = 0;
@@ -1062,19 +1138,33 @@ export class Engine {
         g = be.endCapture();
         this.graphs.set(gk, g);
       }
-      be.setHotPath(true);
-      try {
-        be.replay(g);
-        this.pager?.replayed();
-        this.runner.hostComputeBytes += this.replayHostBytes.get(bucket) ?? 0;
-        if (tiered) (this.runner as ModelRunner).tieredPasses++;
-      } finally {
-        be.setHotPath(false);
+      const replay = (graph: GraphHandle) => {
+        be.setHotPath(true);
+        try {
+          be.replay(graph);
+          this.pager?.replayed();
+          this.runner.hostComputeBytes += this.replayHostBytes.get(bucket) ?? 0;
+          if (tiered) (this.runner as ModelRunner).tieredPasses++;
+        } finally {
+          be.setHotPath(false);
+        }
+      };
+      if (!adopt) {
+        replay(g);
+        be.record(this.endEv);
       }
-      be.record(this.endEv);
-      be.synchronize('policy');
-      tokens = this.readRing(bucket).slice(0, nSeq);
       this.graphKey = key;
+      if (this.mayRunAhead(plan.scheduled, bucket)) {
+        // The next step goes in now: the device reads its ids, positions and slots from what
+        // this step's sampling and advance_positions leave (the host writes nothing for it).
+        be.record(this.aheadStartEv);
+        replay(g);
+        be.record(this.aheadEndEv);
+        this.ahead = { key, bucket };
+      }
+      if (this.ahead) be.synchronizeEvent!(this.endEv, 'policy');
+      else be.synchronize('policy');
+      tokens = this.readRing(bucket).slice(0, nSeq);
       replayed = true;
     } else {
       this.graphKey = undefined;
@@ -1348,6 +1438,8 @@ export class Engine {
     this.graphs.clear();
     this.backend.destroyEvent(this.startEv);
     this.backend.destroyEvent(this.endEv);
+    this.backend.destroyEvent(this.aheadStartEv);
+    this.backend.destroyEvent(this.aheadEndEv);
     this.runner.dispose();
     freeWeights(this.backend, this.weights);
     if (this.ownsBackend) this.backend.dispose();

@@ -34,6 +34,8 @@ export interface DecodeProbeOptions {
   pipelineParallel?: number;
   /** Every stage on one GPU (engine option allowSingleDeviceStages). */
   allowSingleDeviceStages?: boolean;
+  /** Engine option runAhead (absent: the engine's default). */
+  runAhead?: boolean;
 }
 
 /**
@@ -62,6 +64,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     kvOffloadDir: o.kvOffloadDir !== undefined ? resolve(o.kvOffloadDir) : undefined,
     pipelineParallel: o.pipelineParallel,
     allowSingleDeviceStages: o.allowSingleDeviceStages,
+    ...(o.runAhead !== undefined ? { runAhead: o.runAhead } : {}),
   });
   try {
     const bw = scratchBw ?? measureCopyBandwidth(engine.backend);
@@ -97,6 +100,8 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       roofline_tok_s: Math.round(roofline * 100) / 100,
       fraction_of_roofline: Math.round((s.decode_tokens_per_s / roofline) * 1000) / 1000,
       graph_nodes_per_token: nodes[1] ?? null,
+      // Decode steps enqueued before the host has the previous step's tokens (EngineOptions.runAhead).
+      run_ahead: engine.runAhead,
       graph_replays_per_token: s.graph_replays_per_decode_token,
       hot_path_allocations: s.hot_path_allocations,
       syncs_per_token: s.syncs_per_decode_token,

@@ -1,0 +1,135 @@
+import { createCpuBackend } from '@nerva/cpu-backend';
+import type { DeviceBackend } from '@nerva/core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Engine } from '../src/index.js';
+import { DEFAULT_MODEL } from './fixtures.js';
+
+// The CPU backend runs a replay when it is issued, so a step enqueued ahead is computed at once;
+// what these tests check is the engine's side: which steps it enqueues ahead, which it adopts or
+// drops, and that the tokens are those of an engine that never runs ahead.
+
+interface Counted {
+  engine: Engine;
+  counts: { replays: number; eventSyncs: number };
+}
+
+async function counted(runAhead: boolean): Promise<Counted> {
+  const inner = createCpuBackend();
+  const counts = { replays: 0, eventSyncs: 0 };
+  const backend = new Proxy(inner, {
+    get(target, prop, receiver) {
+      const v = Reflect.get(target, prop, receiver) as unknown;
+      if (typeof v !== 'function') return v;
+      const f = (v as (...x: unknown[]) => unknown).bind(target);
+      if (prop === 'replay') return (...a: unknown[]) => (counts.replays++, f(...a));
+      if (prop === 'synchronizeEvent') return (...a: unknown[]) => (counts.eventSyncs++, f(...a));
+      return f;
+    },
+  }) as DeviceBackend;
+  return { engine: await Engine.create({ model: DEFAULT_MODEL, backend, runAhead }), counts };
+}
+
+const greedy = (maxTokens: number, extra: Record<string, unknown> = {}) => ({ temperature: 0, maxTokens, ignoreEos: true, ...extra });
+const PROMPTS = ['ROMEO:', 'First Citizen:\nBefore we proceed', 'KING HENRY'];
+
+describe('run-ahead decode (EngineOptions.runAhead)', () => {
+  let ahead: Counted;
+  let plain: Counted;
+  beforeAll(async () => {
+    ahead = await counted(true);
+    plain = await counted(false);
+  });
+  afterAll(() => {
+    ahead?.engine.dispose();
+    plain?.engine.dispose();
+  });
+
+  const reset = () => {
+    for (const c of [ahead, plain]) c.counts.replays = c.counts.eventSyncs = 0;
+  };
+
+  it('adopts the steps it enqueued ahead and decodes the same tokens', async () => {
+    for (const prompts of [PROMPTS.slice(0, 1), PROMPTS]) {
+      reset();
+      const want = await Promise.all(prompts.map((p) => plain.engine.submit(p, greedy(40)).done));
+      const got = await Promise.all(prompts.map((p) => ahead.engine.submit(p, greedy(40)).done));
+      expect(got.map((o) => o.tokenIds)).toEqual(want.map((o) => o.tokenIds));
+      expect(want.every((o) => o.tokenIds.length === 40)).toBe(true);
+      // Requests that run to maxTokens waste no step: as many replays as without run-ahead...
+      expect(ahead.counts.replays).toBe(plain.counts.replays);
+      expect(plain.counts.eventSyncs).toBe(0);
+      // ...and most decode steps were enqueued during the step before (not at a new KV block).
+      expect(ahead.counts.eventSyncs).toBeGreaterThan(plain.counts.replays / 2);
+    }
+  });
+
+  it('drops the step ahead of a request that stops on a token; the next request is unaffected', async () => {
+    const prompt = PROMPTS[1];
+    const base = await plain.engine.submit(prompt, greedy(40)).done;
+    const promptLen = base.promptIds.length;
+    // An output index k whose token first appears there, computed at a position whose next one
+    // stays in the same KV block (16 positions a block), so a step was enqueued ahead of it.
+    const k = base.tokenIds.findIndex((t, i) => i >= 5 && base.tokenIds.indexOf(t) === i && (promptLen + i) % 16 !== 0);
+    expect(k).toBeGreaterThan(0);
+    const stopId = base.tokenIds[k];
+    reset();
+    const want = await plain.engine.submit(prompt, greedy(40, { stopTokenIds: [stopId] })).done;
+    const got = await ahead.engine.submit(prompt, greedy(40, { stopTokenIds: [stopId] })).done;
+    expect(want.tokenIds).toEqual(base.tokenIds.slice(0, k + 1));
+    expect(got.tokenIds).toEqual(want.tokenIds);
+    expect(got.finishReason).toBe('stop');
+    // One step ran ahead past the stop and was dropped.
+    expect(ahead.counts.replays).toBe(plain.counts.replays + 1);
+    // The device state it advanced (ring, positions, RNG) does not leak into what follows.
+    const next = await Promise.all([plain.engine.submit(PROMPTS[2], greedy(24)).done, ahead.engine.submit(PROMPTS[2], greedy(24)).done]);
+    expect(next[1].tokenIds).toEqual(next[0].tokenIds);
+  });
+
+  it('seeded sampling after a dropped step draws what it draws without run-ahead', async () => {
+    const sampled = { temperature: 0.9, topP: 0.95, seed: 1234, maxTokens: 30, ignoreEos: true };
+    const base = await plain.engine.submit(PROMPTS[0], greedy(20)).done;
+    const stop = { ...greedy(20), stopTokenIds: [base.tokenIds[9]] };
+    await Promise.all([plain.engine.submit(PROMPTS[0], stop).done, ahead.engine.submit(PROMPTS[0], stop).done]);
+    const [want, got] = await Promise.all([plain.engine.submit(PROMPTS[1], sampled).done, ahead.engine.submit(PROMPTS[1], sampled).done]);
+    expect(got.tokenIds).toEqual(want.tokenIds);
+  });
+
+  it('a request arriving mid-decode joins the batch with the same tokens', async () => {
+    const alone = await Promise.all(PROMPTS.map((p) => plain.engine.submit(p, greedy(30)).done));
+    const first = ahead.engine.submit(PROMPTS[0], greedy(30));
+    const later: Promise<number[]>[] = [];
+    let seen = 0;
+    for await (const ev of first.events) {
+      if (++seen === 7) for (const p of PROMPTS.slice(1)) later.push(ahead.engine.submit(p, greedy(30)).done.then((o) => o.tokenIds));
+      expect(ev.token).toBe(alone[0].tokenIds[ev.index]);
+    }
+    expect(await Promise.all(later)).toEqual(alone.slice(1).map((o) => o.tokenIds));
+  });
+
+  it('an abort while a step is ahead leaves the engine consistent', async () => {
+    const want = await plain.engine.submit(PROMPTS[2], greedy(20)).done;
+    const h = ahead.engine.submit(PROMPTS[0], greedy(60));
+    let n = 0;
+    for await (const ev of h.events) {
+      void ev;
+      if (++n === 9) h.abort();
+    }
+    const out = await h.done;
+    expect(out.finishReason).toBe('abort');
+    expect((await ahead.engine.submit(PROMPTS[2], greedy(20)).done).tokenIds).toEqual(want.tokenIds);
+  });
+
+  it('is off by default where the host computes (the CPU backend: nothing to overlap)', async () => {
+    const e = await Engine.create({ model: DEFAULT_MODEL, backend: createCpuBackend() });
+    try {
+      const be = e.backend as DeviceBackend & { synchronizeEvent: DeviceBackend['synchronizeEvent'] };
+      let eventSyncs = 0;
+      const orig = be.synchronizeEvent.bind(be);
+      be.synchronizeEvent = (...a) => (eventSyncs++, orig(...a));
+      await e.submit(PROMPTS[0], greedy(20)).done;
+      expect(eventSyncs).toBe(0);
+    } finally {
+      e.dispose();
+    }
+  });
+});

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Reads a device timeline written by an addon built with -DNERVA_TRACE (NERVA_DEVICE_TRACE=FILE)
+and prints where the last decode steps' time goes, kernel by kernel.
+
+  python3 tools/gpu/trace_timeline.py FILE [--tokens N] [--json OUT]
+
+Each traced block's thread 0 recorded {kernel tag (source line), SM, block, entry, wait release,
+exit} on the GPU's %globaltimer (ns). Blocks are grouped into kernel launches by (tag, grid size)
+by block index (a launch's blocks all start before the next launch of the same kernel: PDL
+launches a kernel only once every block of the one before has started) and by pauses in block starts. A decode step starts at
+its k_embedding launch.
+
+Per launch: `wait` is the first block's release from griddepcontrol.wait (the step's predecessor
+complete), `crit` the time to the next launch's release (this kernel's share of the critical
+path), `work` the last block exit minus the release, `pre` how early the first block was resident.
+"""
+import argparse
+import json
+import re
+import struct
+import sys
+from collections import defaultdict
+
+SMS = 256
+GAP_NS = 3000
+
+
+def kernel_names(sources):
+    names = {}
+    for path in sources:
+        try:
+            lines = open(path).read().split('\n')
+        except OSError:
+            continue
+        for i, l in enumerate(lines):
+            if 'NERVA_TRACE_KERNEL();' in l and '#define' not in l:
+                for j in range(i, max(0, i - 40), -1):
+                    m = re.search(r'\b(k_\w+)\(', lines[j])
+                    if m:
+                        names.setdefault(i + 1, m.group(1))
+                        break
+    return names
+
+
+def load(path):
+    data = open(path, 'rb').read()
+    cap = struct.unpack_from('<I', data, 0)[0]
+    counts = struct.unpack_from('<%dI' % SMS, data, 4)
+    off = 4 + 4 * SMS
+    recs = []
+    for sm in range(SMS):
+        n = min(counts[sm], cap)
+        if n == 0:
+            continue
+        base = off + sm * cap * 5 * 8
+        for i in range(n):
+            a, t0, tw, te, grid = struct.unpack_from('<5Q', data, base + i * 40)
+            if t0 == 0:
+                continue
+            recs.append((a >> 40, (a >> 32) & 0xff, a & 0xffffffff, t0, tw, te, grid))
+    return recs, counts, cap
+
+
+def launches(recs):
+    by = defaultdict(list)
+    for r in recs:
+        by[(r[0], r[6])].append(r)
+    out = []
+    for key, rs in by.items():
+        rs.sort(key=lambda r: r[3])
+        cur, seen = [], set()
+        for r in rs:
+            # A new launch: a block index seen again, or a pause in block starts (the first blocks
+            # of a launch may be dispatched well before the rest, so repeats alone misplace them).
+            if r[2] in seen or (cur and r[3] - cur[-1][3] > GAP_NS):
+                out.append((key, cur))
+                cur, seen = [], set()
+            cur.append(r)
+            seen.add(r[2])
+        if cur:
+            out.append((key, cur))
+    # A launch dispatched in waves may have been cut at a pause: join groups of one kernel that
+    # fit together (disjoint blocks, at most the grid).
+    out.sort(key=lambda g: g[1][0][3])
+    joined, last = [], {}
+    for key, rs in out:
+        j = last.get(key)
+        if j is not None and len(j[1]) + len(rs) <= key[1] and not ({r[2] for r in j[1]} & {r[2] for r in rs}):
+            j[1].extend(rs)
+            continue
+        joined.append((key, rs))
+        last[key] = joined[-1]
+    out = joined
+    res = []
+    for (tag, grid), rs in out:
+        waits = [r[4] for r in rs if r[4]]
+        res.append({
+            'tag': tag, 'grid': grid, 'blocks': len(rs),
+            'start': min(r[3] for r in rs), 'last_start': max(r[3] for r in rs),
+            'wait': min(waits) if waits else None, 'wait_last': max(waits) if waits else None,
+            'end': max(r[5] for r in rs),
+        })
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('file')
+    ap.add_argument('--tokens', type=int, default=4)
+    ap.add_argument('--json')
+    ap.add_argument('--src', nargs='*', default=['packages/cuda-backend/native/kernels.cu'])
+    a = ap.parse_args()
+    names = kernel_names(a.src)
+    recs, counts, cap = load(a.file)
+    ls = launches(recs)
+    ls.sort(key=lambda l: (l['wait'] if l['wait'] is not None else l['start']))
+    for l in ls:
+        l['name'] = names.get(l['tag'], 'line%d' % l['tag'])
+    emb = [i for i, l in enumerate(ls) if l['name'] == 'k_embedding']
+    if len(emb) < a.tokens + 1:
+        sys.exit('trace_timeline: only %d decode steps in the trace' % (len(emb) - 1))
+    # Complete steps: between consecutive k_embedding launches, the last one dropped (it may be a
+    # trailing partial step) and the oldest ones too (the SM rings overwrote their first blocks).
+    steps = []
+    for k in range(len(emb) - 1 - a.tokens, len(emb) - 1):
+        steps.append(ls[emb[k]:emb[k + 1]])
+    summary = []
+    per_pos = defaultdict(lambda: defaultdict(list))
+    for si, st in enumerate(steps):
+        t0 = st[0]['start']
+        total = steps[si][-1]['end'] - t0
+        nxt = ls[emb[len(emb) - 1 - a.tokens + si + 1]]
+        step_span = (nxt['wait'] or nxt['start']) - (st[0]['wait'] or t0)
+        print('step %d: %d launches, %.1f us from embedding release to the next one; last exit at %.1f us' %
+              (si, len(st), step_span / 1e3, total / 1e3))
+        for i, l in enumerate(st):
+            after = st[i + 1] if i + 1 < len(st) else nxt
+            w = l['wait'] if l['wait'] is not None else l['start']
+            nw = after['wait'] if after['wait'] is not None else after['start']
+            row = {
+                'step': si, 'i': i, 'name': l['name'], 'grid': l['grid'], 'blocks': l['blocks'],
+                'pre_us': (w - l['start']) / 1e3, 'crit_us': (nw - w) / 1e3, 'work_us': (l['end'] - w) / 1e3,
+                'release_lag_us': ((nw - l['end']) / 1e3),
+                'last_start_us': (l['last_start'] - w) / 1e3,
+                'at_us': (w - (st[0]['wait'] or t0)) / 1e3,
+            }
+            summary.append(row)
+            key = '%s/%d' % (l['name'], l['grid'])
+            for f in ('crit_us', 'work_us', 'release_lag_us', 'pre_us', 'last_start_us'):
+                per_pos[key][f].append(row[f])
+            if si == len(steps) - 1 and (i < 14 or i >= len(st) - 8):
+                print('  %3d %-20s grid %6d seen %6d  at %7.2f  pre %5.2f  crit %5.2f  work %5.2f  lag %5.2f  lastStart %5.2f' %
+                      (i, l['name'], l['grid'], l['blocks'], row['at_us'], row['pre_us'], row['crit_us'], row['work_us'],
+                       row['release_lag_us'], row['last_start_us']))
+    print('\nper kernel (launch, grid), mean over %d steps, us per launch; sum = share of a step:' % len(steps))
+    print('  %-28s %6s %8s %8s %8s %8s %8s %9s' % ('kernel/grid', 'n', 'crit', 'work', 'lag', 'pre', 'lastSt', 'crit sum'))
+    rows = []
+    for key, d in per_pos.items():
+        n = len(d['crit_us']) / len(steps)
+        mean = {f: sum(v) / len(v) for f, v in d.items()}
+        rows.append((mean['crit_us'] * n, key, n, mean))
+    for tot, key, n, m in sorted(rows, reverse=True):
+        print('  %-28s %6.0f %8.2f %8.2f %8.2f %8.2f %8.2f %9.1f' %
+              (key, n, m['crit_us'], m['work_us'], m['release_lag_us'], m['pre_us'], m['last_start_us'], tot))
+    if a.json:
+        json.dump({'steps': summary, 'records': len(recs), 'cap': cap}, open(a.json, 'w'))
+
+
+if __name__ == '__main__':
+    main()
