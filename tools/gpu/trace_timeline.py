@@ -98,7 +98,7 @@ def launches(recs):
             'tag': tag, 'grid': grid, 'blocks': len(rs),
             'start': min(r[3] for r in rs), 'last_start': max(r[3] for r in rs),
             'wait': min(waits) if waits else None, 'wait_last': max(waits) if waits else None,
-            'end': max(r[5] for r in rs),
+            'end': max(r[5] for r in rs), 'recs': rs,
         })
     return res
 
@@ -108,6 +108,7 @@ def main():
     ap.add_argument('file')
     ap.add_argument('--tokens', type=int, default=4)
     ap.add_argument('--json')
+    ap.add_argument('--detail', help='a kernel name: its blocks in the last step')
     ap.add_argument('--src', nargs='*', default=['packages/cuda-backend/native/kernels.cu'])
     a = ap.parse_args()
     names = kernel_names(a.src)
@@ -162,6 +163,21 @@ def main():
     for tot, key, n, m in sorted(rows, reverse=True):
         print('  %-28s %6.0f %8.2f %8.2f %8.2f %8.2f %8.2f %9.1f' %
               (key, n, m['crit_us'], m['work_us'], m['release_lag_us'], m['pre_us'], m['last_start_us'], tot))
+    if a.detail:
+        # Blocks of each launch of one kernel in the last step: when they were released and exited.
+        print('\nblocks of %s in the last step (us from the launch\'s first release):' % a.detail)
+        st = steps[-1]
+        for l in st:
+            if l['name'] != a.detail:
+                continue
+            rs = sorted(l['recs'], key=lambda r: r[5])
+            w0 = l['wait']
+            waits = sorted((r[4] - w0) / 1e3 for r in rs if r[4])
+            exits = [(r[5] - w0) / 1e3 for r in rs]
+            q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))] if v else float('nan')
+            print('  grid %d: release p50 %.2f max %.2f | exit p10 %.2f p50 %.2f p90 %.2f, 2nd last %.2f, last %.2f (block %d)' %
+                  (l['grid'], q(waits, 0.5), waits[-1] if waits else float('nan'), q(exits, 0.1), q(exits, 0.5), q(exits, 0.9),
+                   exits[-2] if len(exits) > 1 else float('nan'), exits[-1], rs[-1][2]))
     if a.json:
         json.dump({'steps': summary, 'records': len(recs), 'cap': cap}, open(a.json, 'w'))
 
