@@ -470,7 +470,8 @@ export class ModelRunner {
       else this.forwardFusedLayers(rows);
       if (head) {
         this.op('norm', 'rmsnorm', { x: a.residual, weight: this.need(w.finalNorm, 'final norm'), out: a.normed, rows, dim: H, eps });
-        this.lmHead(nLogits);
+        // One logit row per row (decode rows, see wholeStack): meta.logitRows is 0..rows-1.
+        this.lmHead(nLogits, nLogits === rows && !this.repeatedLogitRows);
       }
       // The compute stream waits for the loads that start the next pass (they overlapped lm_head).
       w.pager?.endPass(this.stream);
@@ -730,15 +731,19 @@ export class ModelRunner {
     }
   }
 
-  private lmHead(nLogits: number): void {
+  /**
+   * The LM head over the meta.logitRows rows of act.normed. `identity`: the caller knows those
+   * rows are 0..nLogits-1 in order (every row of the pass sampled once), so no gather runs.
+   */
+  private lmHead(nLogits: number, identity = false): void {
     const H = this.spec.hiddenSize;
     const a = this.act;
-    this.op('lm_head', 'gather_rows', { x: a.normed, rowIdx: this.meta.logitRows, out: a.last, n: nLogits, dim: H });
+    if (!identity) this.op('lm_head', 'gather_rows', { x: a.normed, rowIdx: this.meta.logitRows, out: a.last, n: nLogits, dim: H });
     // A batch-invariant backend computes a fused_matmul row the same way at any row count; op
     // matmul may switch to a GEMM past 8 rows, so a first token sampled once per fork (or any
     // logit row of a large batch) would not be the token the request gets alone.
     const op = this.backend.capabilities.batchInvariant === true ? 'fused_matmul' : 'matmul';
-    this.op('lm_head', op, { x: a.last, weight: this.need(this.weights.lmHead, 'LM head'), out: this.logits, rows: nLogits, inDim: H, outDim: this.spec.vocabSize }, 'lm_head');
+    this.op('lm_head', op, { x: identity ? a.normed : a.last, weight: this.need(this.weights.lmHead, 'LM head'), out: this.logits, rows: nLogits, inDim: H, outDim: this.spec.vocabSize }, 'lm_head');
   }
 
   /**
