@@ -22,6 +22,7 @@ import sys
 from collections import defaultdict
 
 SMS = 256
+REC = 6  # u64 words a record: tag|sm|block, entry, wait, exit, grid, mark
 GAP_NS = 3000
 
 
@@ -52,12 +53,12 @@ def load(path):
         n = min(counts[sm], cap)
         if n == 0:
             continue
-        base = off + sm * cap * 5 * 8
+        base = off + sm * cap * REC * 8
         for i in range(n):
-            a, t0, tw, te, grid = struct.unpack_from('<5Q', data, base + i * 40)
+            a, t0, tw, te, grid, mark = struct.unpack_from('<%dQ' % REC, data, base + i * REC * 8)
             if t0 == 0:
                 continue
-            recs.append((a >> 40, (a >> 32) & 0xff, a & 0xffffffff, t0, tw, te, grid))
+            recs.append((a >> 40, (a >> 32) & 0xff, a & 0xffffffff, t0, tw, te, grid, mark))
     return recs, counts, cap
 
 
@@ -175,9 +176,17 @@ def main():
             waits = sorted((r[4] - w0) / 1e3 for r in rs if r[4])
             exits = [(r[5] - w0) / 1e3 for r in rs]
             q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))] if v else float('nan')
-            print('  grid %d: release p50 %.2f max %.2f | exit p10 %.2f p50 %.2f p90 %.2f, 2nd last %.2f, last %.2f (block %d)' %
+            marks = [((r[7] - w0) / 1e3, (r[5] - r[7]) / 1e3) for r in rs if r[7]]
+            mk = ''
+            if marks:
+                # The blocks that spent longest after their mark (e.g. the attention's last split
+                # of each head, which merges): mark and mark -> exit.
+                tail = sorted(marks, key=lambda m: m[1])[-max(1, len(marks) // 12):]
+                mk = ' | mark p50 %.2f; longest after mark: at %.2f, %.2f after' % (
+                    q(sorted(m[0] for m in marks), 0.5), sum(m[0] for m in tail) / len(tail), sum(m[1] for m in tail) / len(tail))
+            print('  grid %d: release p50 %.2f max %.2f | exit p10 %.2f p50 %.2f p90 %.2f, 2nd last %.2f, last %.2f (block %d)%s' %
                   (l['grid'], q(waits, 0.5), waits[-1] if waits else float('nan'), q(exits, 0.1), q(exits, 0.5), q(exits, 0.9),
-                   exits[-2] if len(exits) > 1 else float('nan'), exits[-1], rs[-1][2]))
+                   exits[-2] if len(exits) > 1 else float('nan'), exits[-1], rs[-1][2], mk))
     if a.json:
         json.dump({'steps': summary, 'records': len(recs), 'cap': cap}, open(a.json, 'w'))
 

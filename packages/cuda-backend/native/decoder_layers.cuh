@@ -640,6 +640,16 @@ bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 
 // Op decoder_layers. The persistent kernel when the shapes fit it; otherwise the same
 // composition as the per-op path, layer by layer (fused_matmul, rope_append, attention).
+// NERVA_DECODE_EARLY (an A/B switch, default 3): bit 1, o triggers gate_up at its entry; bit 2,
+// down triggers the next layer's qkv at its entry (see the per-layer path below).
+int decodeEarlyMask() {
+  static const int v = [] {
+    const char* e = getenv("NERVA_DECODE_EARLY");
+    return e && *e ? std::max(0, std::min(3, atoi(e))) : 3;
+  }();
+  return v;
+}
+
 int opDecoderLayers(NervaExec* ex, Args& A) {
   Buf x = buf(A), qkv = buf(A), attn = buf(A), mlp = buf(A), pos = buf(A), slots = buf(A), bt = buf(A),
       rowSeq = buf(A), inv = buf(A);
@@ -817,10 +827,11 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     Fuse fo;
     fo.accumulate = true;
     fo.accPre = true;
+    const int earlyMask = decodeEarlyMask();
     // o triggers gate_up at entry: gate_up (the layer's largest matrix) then streams its weights
     // during the attention. gate_up reads only weights before its wait, and down (accPre) still
     // starts after gate_up's wait, when o is complete.
-    fo.early = true;
+    fo.early = (earlyMask & 1) != 0;
     fo.take = &attnSplit;
     if (!rc) rc = gemvRows(ex, (const float*)attn.p, l.o, (float*)x.p, rows, qw, hidden, l.oBias, fo);
     // Many rows on cuBLAS(Lt): gate_up's epilogue also splits its output into down's bf16 operand.
@@ -836,7 +847,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     fd.accPre = true;
     // down triggers the next layer's qkv at entry, for the same reason (qkv reads only weights
     // before its wait, and triggers the attention only after it).
-    fd.early = true;
+    fd.early = (earlyMask & 2) != 0;
     fd.take = &mlpSplit;
     if (!rc) rc = gemvRows(ex, (const float*)mlp.p, l.down, (float*)x.p, rows, inter, hidden, Buf{nullptr, 0}, fd);
     if (rc) return rc;

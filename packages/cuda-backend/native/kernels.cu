@@ -70,13 +70,14 @@ __device__ __forceinline__ void stf(void* p, int dt, size_t i, float v) {
 // scheduled now (onto free SM slots, where they prefetch their weights) instead of at our exit.
 // Without the launch attribute (older archs, PDL off) both are no-ops.
 // Device timeline (a build with -DNERVA_TRACE only; tools/gpu/trace_timeline.py reads it): thread 0
-// of each block of a traced kernel appends {tag, block, entry, wait, exit} (%globaltimer ns) to its
-// SM's ring, so the kernels of a replayed graph can be placed on one clock, PDL overlap included.
+// of each block of a traced kernel appends {tag, block, entry, wait, exit, grid, mark}
+// (%globaltimer ns; mark: NERVA_TRACE_MARK, a kernel's own midpoint) to its SM's ring, so the
+// kernels of a replayed graph can be placed on one clock, PDL overlap included.
 #ifdef NERVA_TRACE
 __device__ unsigned long long* g_tr = nullptr;
 __device__ unsigned* g_trCount = nullptr;
 __device__ unsigned g_trCap = 0;
-__shared__ unsigned long long s_trWait;
+__shared__ unsigned long long s_trWait, s_trMark;
 __device__ __forceinline__ unsigned long long trNow() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -89,6 +90,7 @@ struct TraceScope {
     if (threadIdx.x == 0) {
       t0 = trNow();
       s_trWait = 0;
+      s_trMark = 0;
     }
   }
   __device__ ~TraceScope() {
@@ -96,17 +98,25 @@ struct TraceScope {
     unsigned sm;
     asm volatile("mov.u32 %0, %smid;" : "=r"(sm));
     const unsigned i = atomicAdd(g_trCount + sm, 1u) % g_trCap;
-    unsigned long long* r = g_tr + ((size_t)sm * g_trCap + i) * 5;
+    unsigned long long* r = g_tr + ((size_t)sm * g_trCap + i) * 6;
     const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     r[0] = ((unsigned long long)tag << 40) | ((unsigned long long)sm << 32) | blk;
     r[1] = t0;
     r[2] = s_trWait;
     r[4] = gridDim.x * gridDim.y * gridDim.z;
+    r[5] = s_trMark;
     r[3] = trNow();
   }
 };
 #define NERVA_TRACE_KERNEL() TraceScope nervaTraceScope_(__LINE__)
+#define NERVA_TRACE_MARK()                 \
+  do {                                     \
+    if (threadIdx.x == 0) s_trMark = trNow(); \
+  } while (0)
 #else
+#define NERVA_TRACE_MARK() \
+  do {                     \
+  } while (0)
 #define NERVA_TRACE_KERNEL() \
   do {                       \
   } while (0)
@@ -1182,6 +1192,7 @@ template <int MODE = 0>
 __device__ void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
                            int nAct, float* lse, uint16_t* outHi = nullptr, size_t loOff = 0) {
   constexpr int GROUP = MODE == 0 ? 8 : 16;
+  NERVA_TRACE_MARK();  // the split's partial is written
   __shared__ int lastFlag;
   int* c = counters + (size_t)rl * H + h;
   if (MODE != 2) __threadfence();  // this block's partial is visible before it is counted
@@ -3044,10 +3055,10 @@ unsigned long long* traceBuf = nullptr;
 unsigned* traceCount = nullptr;
 void traceInit() {
   if (traceBuf) return;
-  cudaMalloc(&traceBuf, (size_t)TRACE_SMS * TRACE_CAP * 5 * 8);
+  cudaMalloc(&traceBuf, (size_t)TRACE_SMS * TRACE_CAP * 6 * 8);
   cudaMalloc(&traceCount, TRACE_SMS * 4);
   cudaMemset(traceCount, 0, TRACE_SMS * 4);
-  cudaMemset(traceBuf, 0, (size_t)TRACE_SMS * TRACE_CAP * 5 * 8);
+  cudaMemset(traceBuf, 0, (size_t)TRACE_SMS * TRACE_CAP * 6 * 8);
   unsigned cap = TRACE_CAP;
   cudaMemcpyToSymbol(g_tr, &traceBuf, sizeof(traceBuf));
   cudaMemcpyToSymbol(g_trCount, &traceCount, sizeof(traceCount));
@@ -3062,7 +3073,7 @@ void nerva_trace_dump() {
   const char* path = getenv("NERVA_DEVICE_TRACE");
   if (!traceBuf || !path) return;
   cudaDeviceSynchronize();
-  std::vector<unsigned long long> recs((size_t)TRACE_SMS * TRACE_CAP * 5);
+  std::vector<unsigned long long> recs((size_t)TRACE_SMS * TRACE_CAP * 6);
   std::vector<unsigned> counts(TRACE_SMS);
   cudaMemcpy(recs.data(), traceBuf, recs.size() * 8, cudaMemcpyDeviceToHost);
   cudaMemcpy(counts.data(), traceCount, TRACE_SMS * 4, cudaMemcpyDeviceToHost);

@@ -169,8 +169,9 @@ describe('the single-stage path is unchanged', () => {
     }
     const decode = passes(calls).slice(1);
     expect(decode.length).toBe(3);
-    // (No gather_rows: a decode pass samples every row in order, so the LM head reads them as they are.)
-    for (const p of decode) expect(p.map((c) => c.op)).toEqual(['embedding', 'decoder_layers', 'decoder_layers', 'rmsnorm', 'matmul', 'sample', 'ring_push']);
+    // (No gather_rows: a decode pass samples every row in order, so the LM head, with the final
+    // norm folded in, reads them as they are.)
+    for (const p of decode) expect(p.map((c) => c.op)).toEqual(['embedding', 'decoder_layers', 'decoder_layers', 'fused_matmul', 'sample', 'ring_push']);
   });
 });
 
