@@ -244,6 +244,18 @@ describe('streams, events, syncs, lifetime', () => {
     expect(() => be.synchronize('bogus' as never)).toThrow(BackendError);
   });
 
+  it('synchronizeEvent: a recorded event is counted under its kind; bad events and kinds are clear errors', () => {
+    const e = be.createEvent();
+    expect(() => be.synchronizeEvent(e, 'policy')).toThrow(EventStateError);
+    be.record(e);
+    expect(() => be.synchronizeEvent(e, 'bogus' as never)).toThrow(BackendError);
+    expect(be.stats().syncs.policy).toBe(0);
+    be.synchronizeEvent(e, 'policy');
+    expect(be.stats().syncs.policy).toBe(1);
+    be.destroyEvent(e);
+    expect(() => be.synchronizeEvent(e, 'policy')).toThrow(UnknownHandleError);
+  });
+
   it('peek reads without counting a sync', () => {
     const b = upload(be, Int32Array.from([4, 5, 6]));
     expect(Array.from(be.peek(b, 1, 2))).toEqual([5, 6]);
