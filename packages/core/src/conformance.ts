@@ -1521,6 +1521,12 @@ const CASES: { [K in OpName]: CaseDef[] } = {
       { ...QWEN3_06B, seqLens: [300] },
       true,
     ),
+    // A long context: CUDA's decode attention merges several clusters of splits per head.
+    decoderLayersCase(
+      'Qwen3-0.6B-like: 2 layers, 1 row, context 1500',
+      { ...QWEN3_06B, seqLens: [1500] },
+      true,
+    ),
     decoderLayersCase(
       'Qwen3-0.6B-like: 2 layers, 4 rows, contexts 1, 17, 200, 513',
       { ...QWEN3_06B, seqLens: [1, 17, 200, 513] },

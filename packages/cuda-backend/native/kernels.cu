@@ -1184,29 +1184,24 @@ __device__ __forceinline__ void ldk2(const __half* p, bool in, float& a, float& 
 // so a short context pays no fence or atomic for the idle splits of the grid.
 // outHi (a many-row GEMM's operand hand-off, see SplitHandoff): the merged values also as their
 // bf16 split (storeSplit), the lo halves loOff elements on (loOff 0: none).
-// MODE (NERVA_ATTN_MERGE, an A/B switch): 0: every thread fences, eight splits per load round;
-// 1: sixteen splits per round (one round trip for up to 16 splits); 2: as 1, with the fences of
-// thread 0 alone around the counter (the grid-barrier pattern: the block barrier orders the other
-// threads' partial writes before thread 0's fence).
-template <int MODE = 0>
+// (Measured without gain on the 0.6B shape, session 17: sixteen splits a load round; the fences
+// of thread 0 alone around the counter. Session 18: merging in thread block clusters over
+// distributed shared memory, and the last split polling for the others; see docs/results.)
 __device__ void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
                            int nAct, float* lse, uint16_t* outHi = nullptr, size_t loOff = 0) {
-  constexpr int GROUP = MODE == 0 ? 8 : 16;
   NERVA_TRACE_MARK();  // the split's partial is written
   __shared__ int lastFlag;
   int* c = counters + (size_t)rl * H + h;
-  if (MODE != 2) __threadfence();  // this block's partial is visible before it is counted
+  __threadfence();  // this block's partial is visible before it is counted
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (MODE == 2) __threadfence();
     int old = atomicAdd(c, 1);
     lastFlag = old == nAct - 1;
     if (lastFlag) *c = 0;
-    if (MODE == 2 && lastFlag) __threadfence();
   }
   __syncthreads();
   if (!lastFlag) return;
-  if (MODE != 2) __threadfence();
+  __threadfence();
   // Each thread merges its output columns on its own: (m, l, acc) of eight splits are loaded
   // at once and folded in with an online rescale, so the merge is one L2 round trip per eight
   // splits with no block reductions between the loads. (Loading every (m, l) first, reducing M
@@ -1215,10 +1210,10 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
   const float* base = part + ((size_t)rl * H + h) * S * stride;
   for (int t = threadIdx.x; t < hd; t += blockDim.x) {
     float M = -INFINITY, L = 0.f, a = 0.f;
-    for (int s0 = 0; s0 < nAct; s0 += GROUP) {
-      float mm[GROUP], ll[GROUP], aa[GROUP];
+    for (int s0 = 0; s0 < nAct; s0 += 8) {
+      float mm[8], ll[8], aa[8];
 #pragma unroll
-      for (int j = 0; j < GROUP; j++) {
+      for (int j = 0; j < 8; j++) {
         const float* ps = base + (size_t)(s0 + j) * stride;
         const bool in = s0 + j < nAct;
         mm[j] = in ? __ldcg(ps) : -INFINITY;
@@ -1227,14 +1222,14 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
       }
       float bm = M;
 #pragma unroll
-      for (int j = 0; j < GROUP; j++)
+      for (int j = 0; j < 8; j++)
         if (ll[j] > 0.f) bm = fmaxf(bm, mm[j]);
       if (bm == -INFINITY) continue;  // no live split yet
       const float c = M == -INFINITY ? 0.f : expf(M - bm);
       L *= c;
       a *= c;
 #pragma unroll
-      for (int j = 0; j < GROUP; j++)
+      for (int j = 0; j < 8; j++)
         if (ll[j] > 0.f) {
           const float w = expf(mm[j] - bm);
           L += ll[j] * w;
@@ -1303,7 +1298,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
                                                       int KVH, int hd, int bs, int mbps, int qStride, int qOff,
                                                       float scale, int minChunk, int S, int rowBase, float* out,
                                                       int* counters, int decodeOnly, RopeFuse rf, int window,
-                                                      float* lse, int flashRows, int mergeMode) {
+                                                      float* lse, int flashRows) {
   // decodeOnly (op decoder_layers: every row its own sequence): the keys before a row's own
   // position were written by earlier steps, so the first batch of them streams in before the
   // dependency wait, overlapping the kernel before (rope_append, which writes q and the new key).
@@ -1421,6 +1416,8 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     if (!waited) {
       waited = true;
       pdlWait();
+      // (Triggering only once the split's partial is written, so o's and gate_up's weight streams
+      // overlap the merge rather than the splits' loads, was slower: session 18.)
       pdlTrigger();
     }
     if (ROPE) {
@@ -1532,9 +1529,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
     dst[1] = L;
   }
   if (counters) {
-    if (mergeMode == 2) attnArrive<2>(part, out, counters, rl, r, h, H, hd, S, nAct, lse);
-    else if (mergeMode == 1) attnArrive<1>(part, out, counters, rl, r, h, H, hd, S, nAct, lse);
-    else attnArrive<0>(part, out, counters, rl, r, h, H, hd, S, nAct, lse);
+    attnArrive(part, out, counters, rl, r, h, H, hd, S, nAct, lse);
   }
   }
 }
@@ -2643,14 +2638,12 @@ int opFusedMatmul(NervaExec* ex, Args& A) {
 struct AttnTune {
   int blocksPerSm = 8;
   int minChunk = 32;
-  int mergeMode = 0;  // NERVA_ATTN_MERGE: attnArrive's MODE for the split-KV kernel
 };
 const AttnTune& attnTune() {
   static const AttnTune t = [] {
     AttnTune a;
     if (const char* v = getenv("NERVA_ATTN_BLOCKS_PER_SM")) a.blocksPerSm = std::max(1, atoi(v));
     if (const char* v = getenv("NERVA_ATTN_MIN_CHUNK")) a.minChunk = std::max(8, atoi(v));
-    if (const char* v = getenv("NERVA_ATTN_MERGE")) a.mergeMode = std::min(2, std::max(0, atoi(v)));
     return a;
   }();
   return t;
@@ -2936,7 +2929,7 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
 #define ATT_KP(KT, E, RP, PR)                                                                                          \
   LAUNCH((k_attn_partial<KT, ATT_WARPS, E, RP, PR>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, rsp, pp, \
          part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf, window, lse, \
-         flashRows, attnTune().mergeMode)
+         flashRows)
 #define ATT_KT(KT)                     \
   if (rope) {                          \
     ATT_K(KT, 4, true)                 \
