@@ -1178,6 +1178,90 @@ __device__ __forceinline__ void ldk2(const __half* p, bool in, float& a, float& 
   b = __high2float(v);
 }
 
+// Many splits (a long context): the merge of attnArrive in a fixed number of round trips. The
+// (m, l) of every split are loaded at once (one per thread), reduced to the block's max M and
+// weights w_j = exp(m_j - M) (sW) and L = sum of l_j w_j; then each column sums w_j acc_j over
+// its splits with ATT_WIDE_UNROLL loads in flight (a 256-thread block: two threads a column, each
+// half of the splits, then added in order). Eight splits a round, as attnArrive folds them in,
+// took ceil(nAct / 8) dependent L2 round trips: seven at 50 splits (a 1.5K context on the 0.6B).
+// The bits depend on nAct and the block size only, so a row's result is the same in any batch.
+constexpr int ATT_WIDE_MIN = 17;    // fewer splits: attnArrive's own loop (one or two rounds)
+constexpr int ATT_WIDE_MAX = 256;   // more: attnArrive's own loop (sW's size)
+constexpr int ATT_WIDE_UNROLL = 32;
+__device__ void attnMergeWide(const float* base, size_t stride, float* out, int r, int h, int H, int nAct, float* lse,
+                              uint16_t* outHi, size_t loOff) {
+  constexpr int hd = 128;
+  __shared__ float sW[ATT_WIDE_MAX], sRed[32], sA[hd];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nW = blockDim.x >> 5;
+  // (m, l) of every split in one round trip: blockDim >= 128 and nAct <= 256, so at most two a thread.
+  float mj[2], lj[2], mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    const int j = tid + k * blockDim.x;
+    mj[k] = -INFINITY;
+    lj[k] = 0.f;
+    if (j < nAct) {
+      const float* ps = base + (size_t)j * stride;
+      mj[k] = __ldcg(ps);
+      lj[k] = __ldcg(ps + 1);
+    }
+    if (lj[k] > 0.f) mx = fmaxf(mx, mj[k]);
+  }
+  mx = warpMax(mx);
+  if (lane == 0) sRed[warp] = mx;
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < nW; w++) M = fmaxf(M, sRed[w]);
+  __syncthreads();  // sRed is reused for L
+  float lw = 0.f;
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    const int j = tid + k * blockDim.x;
+    if (j < nAct) {
+      const float w = lj[k] > 0.f ? expf(mj[k] - M) : 0.f;
+      sW[j] = w;
+      lw += lj[k] * w;
+    }
+  }
+  lw = warpSum(lw);
+  if (lane == 0) sRed[warp] = lw;
+  __syncthreads();
+  float L = 0.f;
+  for (int w = 0; w < nW; w++) L += sRed[w];
+  // Columns: thread tid takes column tid % hd and every halves-th split from tid / hd.
+  const int halves = (int)blockDim.x / hd, t = tid % hd, half = tid / hd;
+  float a = 0.f;
+  if (half < halves) {
+    for (int j0 = half; j0 < nAct; j0 += ATT_WIDE_UNROLL * halves) {
+      float v[ATT_WIDE_UNROLL];
+#pragma unroll
+      for (int u = 0; u < ATT_WIDE_UNROLL; u++) {
+        const int j = j0 + u * halves;
+        v[u] = j < nAct ? __ldcg(base + (size_t)j * stride + 2 + t) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < ATT_WIDE_UNROLL; u++) {
+        const int j = j0 + u * halves;
+        if (j < nAct) a += sW[j] * v[u];
+      }
+    }
+  }
+  // Halves past the first add theirs in order (at most two halves at blockDim <= 256).
+  for (int k = 1; k < halves; k++) {
+    if (half == k) sA[t] = a;
+    __syncthreads();
+    if (half == 0) a += sA[t];
+    __syncthreads();
+  }
+  if (half == 0) {
+    const size_t oi = (size_t)r * H * hd + (size_t)h * hd + t;
+    const float v = L > 0.f ? a / L : 0.f;
+    out[oi] = v;
+    if (outHi) storeSplit(v, outHi, loOff ? outHi + loOff : nullptr, oi);
+    if (lse && t == 0) lse[(size_t)r * H + h] = L > 0.f ? M + logf(L) : -INFINITY;
+  }
+}
+
 // The block that arrives last of the nAct live splits of its (row, head) merges their partials
 // into out and re-arms the counter: the combine needs no kernel (node) of its own. Splits past
 // the live length do not arrive at all (every block derives the same nAct from positions[r]),
@@ -1208,6 +1292,10 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
   // and L across the block, then the accumulators cost two round trips and four barriers.)
   const size_t stride = (size_t)hd + 2;
   const float* base = part + ((size_t)rl * H + h) * S * stride;
+  if (hd == 128 && blockDim.x >= 128 && blockDim.x <= 1024 && nAct >= ATT_WIDE_MIN && nAct <= ATT_WIDE_MAX) {
+    attnMergeWide(base, stride, out, r, h, H, nAct, lse, outHi, loOff);
+    return;
+  }
   for (int t = threadIdx.x; t < hd; t += blockDim.x) {
     float M = -INFINITY, L = 0.f, a = 0.f;
     for (int s0 = 0; s0 < nAct; s0 += 8) {
@@ -1292,13 +1380,16 @@ __device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int 
 // EPL: head elements per lane (headDim <= 32 * EPL). Sizing the key/value registers to the
 // head (4 for headDim 128) rather than to the largest head takes the kernel from 128 registers a
 // thread to 80 (103 with ROPE), so more of the next kernel's blocks fit beside it.
+// The body of the split-KV kernels k_attn_partial and k_attn_partial_rope (below).
+#define ATT_PARTIAL_PARAMS                                                                                  \
+  const float* q, const KT* kc, const KT* vc, const int* bt, const int* rowSeq, const int* positions,   \
+      float* part, int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int minChunk, int S, \
+      int rowBase, float* out, int* counters, int decodeOnly, RopeFuse rf, int window, float* lse, int flashRows
+#define ATT_PARTIAL_ARGS                                                                                    \
+  q, kc, vc, bt, rowSeq, positions, part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, S, rowBase, out, \
+      counters, decodeOnly, rf, window, lse, flashRows
 template <typename KT, int W, int EPL, bool ROPE, bool PAIR>
-__global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const KT* kc, const KT* vc, const int* bt,
-                                                      const int* rowSeq, const int* positions, float* part, int H,
-                                                      int KVH, int hd, int bs, int mbps, int qStride, int qOff,
-                                                      float scale, int minChunk, int S, int rowBase, float* out,
-                                                      int* counters, int decodeOnly, RopeFuse rf, int window,
-                                                      float* lse, int flashRows) {
+__device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS) {
   // decodeOnly (op decoder_layers: every row its own sequence): the keys before a row's own
   // position were written by earlier steps, so the first batch of them streams in before the
   // dependency wait, overlapping the kernel before (rope_append, which writes q and the new key).
@@ -1307,7 +1398,6 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   // it from the qkv rows, uses it from registers, and the first q head of each KV head's group
   // appends key and value to the cache. The angles' cos/sin only need the position, so they are
   // taken before the wait as well.
-  NERVA_TRACE_KERNEL();
   if (!decodeOnly) PDL_ENTER();
   // Rows of tiles that k_attn_prefill took (flashRows: the row count it saw; 0 when it did not run).
   if (flashRows && attnTileUniform(rowSeq, flashRows, (rowBase + (int)blockIdx.z) / PF_ROWS)) return;
@@ -1533,6 +1623,24 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(const float* q, const K
   }
   }
 }
+
+template <typename KT, int W, int EPL, bool ROPE, bool PAIR>
+__global__ void __launch_bounds__(32 * W) k_attn_partial(ATT_PARTIAL_PARAMS) {
+  NERVA_TRACE_KERNEL();
+  attnPartial<KT, W, EPL, ROPE, PAIR>(ATT_PARTIAL_ARGS);
+}
+
+// The decode kernel (rope fused, headDim 128) held to 112 registers a thread: at two blocks an SM
+// that leaves room for a block of the o projection, which the attention launches early and which
+// streams its weights meanwhile (at 121, the register count with attnMergeWide inlined, it did not
+// fit and the 0.6B decoded about 0.7 % slower).
+template <typename KT, int W, bool PAIR>
+__global__ void __maxnreg__(112) k_attn_partial_rope(ATT_PARTIAL_PARAMS) {
+  NERVA_TRACE_KERNEL();
+  attnPartial<KT, W, 4, true, PAIR>(ATT_PARTIAL_ARGS);
+}
+#undef ATT_PARTIAL_PARAMS
+#undef ATT_PARTIAL_ARGS
 
 // Exact merge of the split partials (online-softmax combine), one block per (head, row).
 __global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase, float* lse, const int* rowSeq,
@@ -2930,9 +3038,17 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   LAUNCH((k_attn_partial<KT, ATT_WARPS, E, RP, PR>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, rsp, pp, \
          part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf, window, lse, \
          flashRows)
+#define ATT_KR(KT)                                                                                                     \
+  if (pair) {                                                                                                          \
+    LAUNCH((k_attn_partial_rope<KT, ATT_WARPS, true>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, \
+           rsp, pp, part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf,   \
+           window, lse, flashRows);                                                                                    \
+  } else {                                                                                                             \
+    return bad(ex, "attention: the fused rope needs headDim 128");                                                     \
+  }
 #define ATT_KT(KT)                     \
   if (rope) {                          \
-    ATT_K(KT, 4, true)                 \
+    ATT_KR(KT)                         \
   } else if (hd <= 128) {              \
     ATT_K(KT, 4, false)                \
   } else {                             \
@@ -2945,6 +3061,7 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
       default: return bad(ex, "attention: unsupported cache dtype");
     }
 #undef ATT_KT
+#undef ATT_KR
 #undef ATT_K
 #undef ATT_KP
     if (!cnt)
