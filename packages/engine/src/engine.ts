@@ -43,9 +43,10 @@ export interface EngineOptions {
    * Enqueue the next decode step's graph before waiting for this step's tokens, so the device
    * never idles while the host accepts tokens and schedules (default: on where the device
    * computes apart from the host, computeTier 'vram', and the backend has synchronizeEvent). The
-   * step ahead is taken when the next step is the same pass (same rows, no new KV block, no
-   * request waiting); otherwise it is waited for and dropped, which costs device time, never
-   * results: the host then rewrites the step state the device advanced.
+   * step ahead is taken when the next step is the same pass (same rows, no request waiting, none
+   * at its last token; a row whose next position starts a KV block gets the block one step
+   * early); otherwise it is waited for and dropped, which costs device time, never results: the
+   * host then rewrites the step state the device advanced.
    */
   runAhead?: boolean;
   /** Split device time per token into buckets (disables graphs: ops are timed one by one). */
@@ -928,7 +929,11 @@ export class Engine {
   /**
    * Whether the step after this decode-only graph step can be enqueued now: the same rows will
    * be scheduled (nothing waiting, no row at its last token), and each row's next position is
-   * in a KV block it already holds (the device's advance_positions finds its slot there).
+   * in a KV block it holds (this step's advance_positions found its slot in the block table).
+   * When it may, a row whose position after that one starts a new block gets the block now
+   * (KvCacheManager.reserveBlocks; the scheduler's allocation for that position takes it) and its
+   * device table entry, written in stream order before the step ahead, whose advance_positions
+   * reads it: so a row crossing into a new block no longer stops the step after from running ahead.
    */
   private mayRunAhead(scheduled: SchedulerOutput['scheduled'], bucket: number): boolean {
     if (!this.runAhead || this.scheduler.waiting.length > 0 || this.kvTiers || this.pager || this.pipeline) return false;
@@ -938,6 +943,21 @@ export class Engine {
       const next = req.numComputedTokens + 1;
       if (Math.floor(next / bs) >= this.kv.blockTable(req.id).length) return false;
       if (req.outputIds.length + 1 >= req.params.maxTokens || req.numTokens + 1 >= this.maxModelLen) return false;
+    }
+    const mb = this.runner.limits.maxBlocksPerSeq;
+    const st = this.stage;
+    for (let k = 0; k < scheduled.length; k++) {
+      const req = scheduled[k].req;
+      const after = req.numComputedTokens + 2;
+      const b = Math.floor(after / bs);
+      if (b < this.kv.blockTable(req.id).length || b >= mb) continue;
+      // Not for a row that stops at the step ahead, nor past the model's length.
+      if (req.outputIds.length + 2 >= req.params.maxTokens || req.numTokens + 2 >= this.maxModelLen) continue;
+      // A full pool: the row's block comes from the scheduler, a step later, as before.
+      if (this.kv.reserveBlocks(req.id, after + 1) === null) continue;
+      const at = k * mb + b;
+      st.tables[at] = this.kv.blockTable(req.id)[b];
+      this.backend.write(this.runner.meta.blockTables, st.tables.subarray(at, at + 1), at);
     }
     return true;
   }
@@ -1157,10 +1177,13 @@ export class Engine {
       if (this.mayRunAhead(plan.scheduled, bucket)) {
         // The next step goes in now: the device reads its ids, positions and slots from what
         // this step's sampling and advance_positions leave (the host writes nothing for it).
+        // Its key counts the blocks reserved for it, as the next step's schedule will.
+        const aheadKey = `${bucket}|${tiered}|` + plan.scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',');
         be.record(this.aheadStartEv);
         replay(g);
         be.record(this.aheadEndEv);
-        this.ahead = { key, bucket };
+        this.ahead = { key: aheadKey, bucket };
+        this.graphKey = aheadKey;
       }
       if (this.ahead) be.synchronizeEvent!(this.endEv, 'policy');
       else be.synchronize('policy');

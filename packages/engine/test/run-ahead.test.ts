@@ -58,8 +58,10 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
       // Requests that run to maxTokens waste no step: as many replays as without run-ahead...
       expect(ahead.counts.replays).toBe(plain.counts.replays);
       expect(plain.counts.eventSyncs).toBe(0);
-      // ...and most decode steps were enqueued during the step before (not at a new KV block).
-      expect(ahead.counts.eventSyncs).toBeGreaterThan(plain.counts.replays / 2);
+      // ...and every decode step but the last was enqueued during the step before, those that
+      // start a new KV block included (the block is reserved a step early).
+      // (Without the reservation a step whose next position starts a block was not: 36 and 34 of 39.)
+      expect(ahead.counts.eventSyncs).toBe(plain.counts.replays - 1);
     }
   });
 

@@ -306,6 +306,29 @@ export class KvCacheManager {
   }
 
   /**
+   * Makes `seqId` hold blocks for its first `numTokens` positions without giving the new positions
+   * slots: blocks a step enqueued ahead of the host will write (run-ahead decode, where the device
+   * finds the next position's slot in the block table itself). The positions get their slots, and
+   * full blocks their prefix-cache registration, from {@link allocateSlots} as usual, which uses
+   * the held blocks before taking new ones. Returns the ids of the blocks taken now (possibly
+   * none), or `null`, changing nothing, when the pool lacks free blocks.
+   */
+  reserveBlocks(seqId: SeqId, numTokens: number): number[] | null {
+    const t = this.table(seqId);
+    if (!Number.isInteger(numTokens) || numTokens < 1) {
+      throw new KvArgumentError(`numTokens must be a positive integer, got ${numTokens}`);
+    }
+    const needed = Math.ceil(numTokens / this.blockSize);
+    if (needed > this.maxBlocksPerSeq) throw new MaxBlocksPerSeqError(seqId, needed, this.maxBlocksPerSeq);
+    const n = needed - t.blocks.length;
+    if (n <= 0) return [];
+    if (n > this.pool.numFree) return null;
+    const fresh = this.pool.getNewBlocks(n);
+    t.push(fresh);
+    return fresh.map((b) => b.id);
+  }
+
+  /**
    * Sliding-window attention: gives back to the pool every block of `seqId` whose positions are all
    * below `position` (when every layer's window is W and the sequence next computes position p,
    * `position` = p - W + 1: no attention reads those blocks again). Only blocks whose K/V were
@@ -354,7 +377,8 @@ export class KvCacheManager {
     if (this.seqs.has(childId)) throw new SequenceExistsError(childId);
     const bs = this.blockSize;
     const full = Math.floor(p.numTokens / bs);
-    const partial = p.blocks.length > full;
+    // (Blocks held past the tokens, reserveBlocks, stay the parent's.)
+    const partial = p.numTokens % bs !== 0;
     if (!copyPartial && full === 0) {
       throw new KvArgumentError(`sequence ${String(parentId)} has no full block to share (${p.numTokens} tokens, block size ${bs})`);
     }
@@ -464,7 +488,8 @@ export class KvCacheManager {
       }
       for (let i = 0; i < t.numReleased; i++) if (t.blocks[i] !== this.pool.nullBlock) v.push(`${name}: released entry ${i} is not the null block`);
       if (t.numReleased * bs > t.numTokens) v.push(`${name}: ${t.numReleased} released blocks but only ${t.numTokens} tokens`);
-      if (t.numTokens < 1 || t.blocks.length !== Math.ceil(t.numTokens / bs)) {
+      // Blocks past the tokens are allowed: reserveBlocks.
+      if (t.numTokens < 1 || t.blocks.length < Math.ceil(t.numTokens / bs)) {
         v.push(`${name}: ${t.blocks.length} blocks for ${t.numTokens} tokens`);
       }
       if (t.blocks.length > this.maxBlocksPerSeq) v.push(`${name}: ${t.blocks.length} blocks > maxBlocksPerSeq`);

@@ -580,3 +580,72 @@ describe('KvCacheManager: shared-prefix forks', () => {
     m.checkInvariants();
   });
 });
+
+describe('KvCacheManager: blocks reserved ahead of their tokens (run-ahead decode)', () => {
+  it('holds the next block before its position is slotted; allocateSlots then takes it instead of a new one', () => {
+    const m = mgr();
+    const all = range(100, 8); // two full blocks of 4
+    admit(m, 'a', all);
+    expect(m.blockTable('a')).toEqual([1, 2]);
+    // A step enqueued ahead will write position 8: the table gets its block now, no slot yet.
+    expect(m.reserveBlocks('a', 9)).toEqual([3]);
+    expect(m.blockTable('a')).toEqual([1, 2, 3]);
+    expect(m.numTokens('a')).toBe(8);
+    expect(() => m.slotFor('a', 8)).toThrow(SlotOutOfRangeError);
+    m.checkInvariants();
+    // Already held: nothing more to take.
+    expect(m.reserveBlocks('a', 9)).toEqual([]);
+    expect(m.reserveBlocks('a', 3)).toEqual([]);
+    // The scheduler's next step slots position 8 in the reserved block.
+    all.push(7);
+    expect(m.allocateSlots('a', all, 1)).toEqual([]);
+    expect(m.blockTable('a')).toEqual([1, 2, 3]);
+    expect(m.slotFor('a', 8)).toBe(3 * 4);
+    m.checkInvariants();
+    // Freed with the sequence.
+    m.free('a');
+    expect(m.stats().freeBlocks).toBe(15);
+    m.checkInvariants();
+  });
+
+  it('registers a reserved block in the prefix cache only once its tokens fill it', () => {
+    const m = mgr();
+    const all = range(1, 4);
+    admit(m, 'a', all);
+    m.reserveBlocks('a', 8);
+    for (let t = 0; t < 4; t++) {
+      all.push(50 + t);
+      m.allocateSlots('a', all, 1);
+    }
+    m.checkInvariants();
+    m.free('a');
+    // A later prompt with the same first 8 tokens (+1) hits both blocks, the reserved one included.
+    const c = m.getComputedBlocks('b', [...all, 9]);
+    expect(c.numComputedTokens).toBe(8);
+  });
+
+  it('a fork of a parent with a reserved block shares only the blocks of its tokens', () => {
+    const m = mgr({ enablePrefixCaching: false });
+    admit(m, 'p', range(1, 8));
+    m.reserveBlocks('p', 9);
+    const f = m.forkSequence('p', 'c');
+    expect(f).toEqual({ numTokens: 8, sharedBlocks: 2 });
+    expect(m.blockTable('c')).toEqual(m.blockTable('p').slice(0, 2));
+    m.checkInvariants();
+  });
+
+  it('returns null and changes nothing when the pool is short; misuse is a typed error', () => {
+    const m = mgr({ numBlocks: 4 }); // 3 usable blocks
+    admit(m, 'a', range(1, 8));
+    admit(m, 'b', range(20, 4));
+    const before = m.stats();
+    expect(m.reserveBlocks('a', 9)).toBeNull();
+    expect(m.blockTable('a')).toEqual([1, 2]);
+    expect(m.stats()).toEqual(before);
+    expect(() => m.reserveBlocks('nope', 1)).toThrow(UnknownSequenceError);
+    expect(() => m.reserveBlocks('a', 0)).toThrow(KvArgumentError);
+    expect(() => m.reserveBlocks('a', 2.5)).toThrow(KvArgumentError);
+    expect(() => m.reserveBlocks('a', 1e9)).toThrow(MaxBlocksPerSeqError);
+    m.checkInvariants();
+  });
+});
