@@ -935,7 +935,7 @@ export class Engine {
    * device table entry, written in stream order before the step ahead, whose advance_positions
    * reads it: so a row crossing into a new block no longer stops the step after from running ahead.
    */
-  private mayRunAhead(scheduled: SchedulerOutput['scheduled'], bucket: number): boolean {
+  private prepareRunAhead(scheduled: SchedulerOutput['scheduled'], bucket: number): boolean {
     if (!this.runAhead || this.scheduler.waiting.length > 0 || this.kvTiers || this.pager || this.pipeline) return false;
     if (2 * bucket > this.runner.limits.ringCapacity) return false;
     const bs = this.kv.blockSize;
@@ -1174,7 +1174,7 @@ export class Engine {
         be.record(this.endEv);
       }
       this.graphKey = key;
-      if (this.mayRunAhead(plan.scheduled, bucket)) {
+      if (this.prepareRunAhead(plan.scheduled, bucket)) {
         // The next step goes in now: the device reads its ids, positions and slots from what
         // this step's sampling and advance_positions leave (the host writes nothing for it).
         // Its key counts the blocks reserved for it, as the next step's schedule will.
