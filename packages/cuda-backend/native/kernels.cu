@@ -2750,8 +2750,11 @@ struct AttnTune {
 const AttnTune& attnTune() {
   static const AttnTune t = [] {
     AttnTune a;
-    if (const char* v = getenv("NERVA_ATTN_BLOCKS_PER_SM")) a.blocksPerSm = std::max(1, atoi(v));
-    if (const char* v = getenv("NERVA_ATTN_MIN_CHUNK")) a.minChunk = std::max(8, atoi(v));
+    // (Empty: unset, as everywhere; createCudaBackend has rejected what atoi would misread.)
+    const char* v = getenv("NERVA_ATTN_BLOCKS_PER_SM");
+    if (v && *v) a.blocksPerSm = std::max(1, atoi(v));
+    v = getenv("NERVA_ATTN_MIN_CHUNK");
+    if (v && *v) a.minChunk = std::max(8, atoi(v));
     return a;
   }();
   return t;
@@ -2762,7 +2765,7 @@ const AttnTune& attnTune() {
 int gqaMinRows() {
   static const int v = [] {
     const char* e = getenv("NERVA_ATTN_GQA_MIN_ROWS");
-    return e ? std::max(0, atoi(e)) : 16;
+    return e && *e ? std::max(0, atoi(e)) : 16;
   }();
   return v;
 }

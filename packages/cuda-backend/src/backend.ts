@@ -38,6 +38,7 @@ import {
   CudaUnsupportedTierError,
   fromNative,
 } from './errors.js';
+import { checkTuningEnv } from './tuning-env.js';
 import { loadAddon, type NativeAddon, type NativeContext, type NativeInfo } from './native.js';
 
 /** How matmuls with more than 8 rows run. */
@@ -762,6 +763,7 @@ export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
   if (!NUMERICS.includes(numerics)) throw new CudaArgumentError('numerics', `unknown numerics ${String(numerics)} (expected ${NUMERICS.join(' or ')})`);
   const batchInvariant = resolveBatchInvariant(opts.batchInvariant);
   checkSyncMode();
+  checkTuningEnv();
   let gemm = opts.gemm;
   if (gemm === undefined) {
     const env = process.env.NERVA_MATMUL || 'exact';
