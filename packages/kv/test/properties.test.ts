@@ -34,7 +34,9 @@ type Op =
   /** Sliding-window release: give back the blocks wholly before numTokens - keep. */
   | { t: 'release'; s: number; keep: number }
   /** Shared-prefix fork of sequence `from` into `s`: full blocks shared, the partial one copied (or recomputed). */
-  | { t: 'fork'; s: number; from: number; copy: boolean };
+  | { t: 'fork'; s: number; from: number; copy: boolean }
+  /** Blocks held ahead of their tokens (run-ahead decode): up to numTokens + extra positions. */
+  | { t: 'reserve'; s: number; extra: number };
 
 const tok = fc.integer({ min: 0, max: 3 });
 const seq = fc.integer({ min: 0, max: SEQS - 1 });
@@ -55,6 +57,7 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
   { weight: 1, arbitrary: fc.record({ t: fc.constant('preempt' as const), s: seq }) },
   { weight: 2, arbitrary: fc.record({ t: fc.constant('release' as const), s: seq, keep: fc.integer({ min: 0, max: 8 }) }) },
   { weight: 2, arbitrary: fc.record({ t: fc.constant('fork' as const), s: seq, from: seq, copy: fc.boolean() }) },
+  { weight: 2, arbitrary: fc.record({ t: fc.constant('reserve' as const), s: seq, extra: fc.integer({ min: 1, max: 16 }) }) },
 );
 
 const HASHES: Record<string, BlockHashFn | undefined> = {
@@ -90,10 +93,12 @@ interface SeqModel {
   live: boolean;
   /** ctxIds[p]: interned identity of (salt, tokens[0..p]), extended as tokens are appended. */
   ctxIds: number[];
+  /** Blocks held by reserveBlocks (the table holds at least this many). */
+  reserved: number;
 }
 
 /** Counts of interesting events across all runs, to assert the generator reaches every path. */
-const tally = { hits: 0, refusals: 0, tooLong: 0, readmitHits: 0, collidingHits: 0, doubleFrees: 0, releases: 0, forks: 0, forkCopies: 0 };
+const tally = { hits: 0, refusals: 0, tooLong: 0, readmitHits: 0, collidingHits: 0, doubleFrees: 0, releases: 0, forks: 0, forkCopies: 0, reserved: 0, reserveRefusals: 0 };
 
 function run(cfg: Config, ops: Op[]): void {
   const bs = cfg.blockSize;
@@ -106,7 +111,7 @@ function run(cfg: Config, ops: Op[]): void {
   });
   const maxPerSeq = cfg.maxBlocksPerSeq ?? cfg.numBlocks - 1;
   const kv: (number | undefined)[] = new Array(cfg.numBlocks * bs).fill(undefined);
-  const model: SeqModel[] = Array.from({ length: SEQS }, () => ({ tokens: [], salt: undefined, live: false, ctxIds: [] }));
+  const model: SeqModel[] = Array.from({ length: SEQS }, () => ({ tokens: [], salt: undefined, live: false, ctxIds: [], reserved: 0 }));
   let queries = 0;
   let hits = 0;
   const id = (s: number) => `seq-${s}`;
@@ -208,6 +213,7 @@ function run(cfg: Config, ops: Op[]): void {
     }
     m.free(id(s));
     sm.live = false;
+    sm.reserved = 0;
   }
 
   function check(): void {
@@ -228,7 +234,7 @@ function run(cfg: Config, ops: Op[]): void {
       expect(table.slice(0, rel).every((b) => b === NULL_BLOCK_ID)).toBe(true);
       expect(new Set(held).size).toBe(held.length);
       expect(held).not.toContain(NULL_BLOCK_ID);
-      expect(table.length).toBe(Math.ceil(model[s].tokens.length / bs));
+      expect(table.length).toBe(Math.max(Math.ceil(model[s].tokens.length / bs), model[s].reserved));
       for (const b of held) refs.set(b, (refs.get(b) ?? 0) + 1);
       for (let p = rel * bs; p < model[s].tokens.length; p++) {
         ensure(kv[m.slotFor(id(s), p)] === ctx(model[s], p), () => `${id(s)} position ${p} lost its KV`);
@@ -254,6 +260,7 @@ function run(cfg: Config, ops: Op[]): void {
         sm.tokens = [...PREFIXES[op.prefix].slice(0, op.cut), ...op.suffix];
         sm.salt = SALTS[op.salt];
         sm.ctxIds = [];
+        sm.reserved = 0;
         admit(op.s);
         break;
       case 'append': {
@@ -304,6 +311,7 @@ function run(cfg: Config, ops: Op[]): void {
         sm.tokens = src.tokens.slice(0, keep);
         sm.salt = src.salt;
         sm.ctxIds = src.ctxIds.slice(0, keep);
+        sm.reserved = 0;
         sm.live = true;
         if (f.copy) {
           for (let o = 0; o < bs; o++) kv[f.copy.dst * bs + o] = kv[f.copy.src * bs + o];
@@ -312,10 +320,37 @@ function run(cfg: Config, ops: Op[]): void {
         tally.forks++;
         break;
       }
+      case 'reserve': {
+        if (!sm.live) break;
+        const n = m.numTokens(id(op.s));
+        const needed = Math.ceil((n + op.extra) / bs);
+        const held = m.blockTable(id(op.s)).length;
+        const freeBefore = m.numFreeBlocks;
+        const before = snapshot();
+        if (needed > maxPerSeq) {
+          expect(() => m.reserveBlocks(id(op.s), n + op.extra)).toThrow(MaxBlocksPerSeqError);
+          expect(snapshot()).toBe(before);
+          break;
+        }
+        const got = m.reserveBlocks(id(op.s), n + op.extra);
+        expect(got === null).toBe(needed - held > freeBefore);
+        if (got === null) {
+          tally.reserveRefusals++;
+          expect(snapshot()).toBe(before);
+          break;
+        }
+        expect(got).toHaveLength(Math.max(0, needed - held));
+        // The tokens (and their slots) are as they were.
+        expect(m.numTokens(id(op.s))).toBe(n);
+        sm.reserved = Math.max(held, needed);
+        if (got.length > 0) tally.reserved++;
+        break;
+      }
       case 'preempt':
         if (!sm.live) break;
         m.free(id(op.s));
         sm.live = false;
+        sm.reserved = 0;
         check();
         admit(op.s, true); // recompute: the sequence's own full blocks may still be cached
         break;
@@ -357,7 +392,7 @@ describe('KvCacheManager properties', () => {
     );
   });
 
-  it('exercised hits, refusals, length limits, cached re-admission, double frees and window releases', () => {
+  it('exercised hits, refusals, length limits, cached re-admission, double frees, window releases, forks and reservations', () => {
     // Runs after the properties above (vitest runs a file's tests in order).
     for (const [k, v] of Object.entries(tally)) expect(v, k).toBeGreaterThan(0);
   });
