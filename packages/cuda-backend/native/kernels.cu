@@ -1292,7 +1292,7 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
   // and L across the block, then the accumulators cost two round trips and four barriers.)
   const size_t stride = (size_t)hd + 2;
   const float* base = part + ((size_t)rl * H + h) * S * stride;
-  if (hd == 128 && blockDim.x >= 128 && blockDim.x <= 1024 && nAct >= ATT_WIDE_MIN && nAct <= ATT_WIDE_MAX) {
+  if (hd == 128 && blockDim.x >= 128 && nAct >= ATT_WIDE_MIN && nAct <= ATT_WIDE_MAX) {
     attnMergeWide(base, stride, out, r, h, H, nAct, lse, outHi, loOff);
     return;
   }
