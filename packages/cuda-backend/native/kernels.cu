@@ -2741,18 +2741,19 @@ int opFusedMatmul(NervaExec* ex, Args& A) {
   return gemvRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias, f);
 }
 
-// Split-KV sizing (A/B measurements on the GPU machine): NERVA_ATTN_BLOCKS_PER_SM (default 8)
-// blocks per SM the splits aim to fill, NERVA_ATTN_MIN_CHUNK (default 32) fewest keys a split.
+// Split-KV sizing (A/B measurements on the GPU machine): NERVA_ATTN_WAVES (default 1) waves of
+// the split kernel's resident blocks the splits aim to fill, NERVA_ATTN_MIN_CHUNK (default 32)
+// fewest keys a split.
 struct AttnTune {
-  int blocksPerSm = 8;
+  int waves = 1;
   int minChunk = 32;
 };
 const AttnTune& attnTune() {
   static const AttnTune t = [] {
     AttnTune a;
     // (Empty: unset, as everywhere; createCudaBackend has rejected what atoi would misread.)
-    const char* v = getenv("NERVA_ATTN_BLOCKS_PER_SM");
-    if (v && *v) a.blocksPerSm = std::max(1, atoi(v));
+    const char* v = getenv("NERVA_ATTN_WAVES");
+    if (v && *v) a.waves = std::max(1, atoi(v));
     v = getenv("NERVA_ATTN_MIN_CHUNK");
     if (v && *v) a.minChunk = std::max(8, atoi(v));
     return a;
@@ -2947,6 +2948,32 @@ int attnPrefillLaunch(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf
 
 #include "prefill_attn.cuh"
 
+// Blocks of the split-KV kernel attentionRun launches (rope fused or not, headDim, lane layout)
+// that fit an SM at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor, taken once per kernel).
+template <typename KT>
+int attnResident(bool rope, int hd, bool pair) {
+  static int cache[6] = {-1, -1, -1, -1, -1, -1};
+  const int v = rope ? (pair ? 0 : 1) : (hd <= 128 ? 2 : 4) + (pair ? 0 : 1);
+  if (cache[v] >= 0) return cache[v];
+  int n = 0;
+  cudaError_t e = cudaSuccess;
+  const int threads = 32 * ATT_WARPS;
+  switch (v) {
+    case 0: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_partial_rope<KT, ATT_WARPS, true>, threads, 0); break;
+    case 1: n = 0; break;  // not launched (the fused rope needs headDim 128)
+    case 2: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_partial<KT, ATT_WARPS, 4, false, true>, threads, 0); break;
+    case 3: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_partial<KT, ATT_WARPS, 4, false, false>, threads, 0); break;
+    case 4: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_partial<KT, ATT_WARPS, ATT_MAX_EPL, false, true>, threads, 0); break;
+    default: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_partial<KT, ATT_WARPS, ATT_MAX_EPL, false, false>, threads, 0); break;
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    n = 2;  // the fused decode kernel's figure on the H100
+  }
+  cache[v] = std::max(1, n);
+  return cache[v];
+}
+
 // decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
 int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
                  int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly = 0,
@@ -2994,15 +3021,35 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   }
   long long maxLen = (long long)mbps * bs;
   size_t perSplit = (size_t)(hd + 2) * sizeof(float);
-  // Splits: enough blocks to fill the GPU when rows*heads is small; bounded by the workspace.
-  long long target = (long long)ex->smCount * attnTune().blocksPerSm;
+  const bool pair = hd % 64 == 0;  // lanes hold adjacent element pairs (attnElem)
+  // Splits in whole waves of the split kernel's resident blocks (attnResident x SMs): the splits
+  // of one wave (NERVA_ATTN_WAVES, default 1) when rows*heads is small; a long context that
+  // needs more (at most 1024 keys a block) takes the next whole number of waves, so no wave runs a
+  // few stragglers. Bounded by the workspace. H100, batch 1, same call (session 19, call 8):
+  // against the old 8 blocks an SM (four waves of the fused decode kernel), the 0.6B decoded
+  // 1.27x faster at a 1536-token context, 1.35x at 4000, 1.14x at 16000; the 8B 1.10x at 2000,
+  // 1.09x at 6000, 1.03x at 12000 (12 splits needed: two whole waves, 16, beat 12 by 11 %, call
+  // 6). Short contexts do not change (minChunk decides); more waves were slower (calls 5, 6).
+  int resident = 0;
+  switch (kc.dt) {
+    case NV_F32: resident = attnResident<float>(rope != nullptr, hd, pair); break;
+    case NV_BF16: resident = attnResident<uint16_t>(rope != nullptr, hd, pair); break;
+    case NV_F16: resident = attnResident<__half>(rope != nullptr, hd, pair); break;
+    default: return bad(ex, "attention: unsupported cache dtype");
+  }
+  const long long slots = (long long)ex->smCount * std::max(1, resident);
+  const long long target = slots * attnTune().waves;
   // Batch-invariant decode: the splits (and so each row's key chunks and merge order) as for one
   // row alone, whatever the number of rows; rows go in chunks the workspace and the combine
   // counters cover, never fewer splits.
   const bool inv = ex->batchInv;
   const long long sRows = inv ? 1 : rows;
-  long long S = std::max<long long>(1, (target + sRows * H - 1) / (sRows * H));
-  if (!flashRows) S = std::max<long long>(S, (maxLen + 1023) / 1024);  // long contexts: at most 1024 keys per block
+  const long long perWave = std::max<long long>(1, slots / (sRows * H));
+  long long S = perWave * attnTune().waves;
+  if (!flashRows) {
+    const long long sMin = (maxLen + 1023) / 1024;  // long contexts: at most 1024 keys per block
+    if (sMin > S) S = (sMin + perWave - 1) / perWave * perWave;
+  }
   // At least minChunk keys per split: a split fewer keys than that costs more in merging than it
   // saves. (Capping S at maxLen/64 instead kept a short-context decode at 7 splits of ~55 keys,
   // 12 us per layer on the 0.6B shape.)
@@ -3030,7 +3077,6 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
     // One kernel when the re-armed counters cover this chunk of rows; else a separate combine.
     int* cnt = ex->counters && (size_t)nr * H <= ex->counterCount ? ex->counters : nullptr;
     RopeFuse rf = rope ? *rope : RopeFuse();
-    const bool pair = hd % 64 == 0;  // lanes hold adjacent element pairs (attnElem)
 #define ATT_K(KT, E, RP)                                                                                               \
   if (pair) {                                                                                                           \
     ATT_KP(KT, E, RP, true);                                                                                           \

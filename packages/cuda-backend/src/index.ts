@@ -17,7 +17,7 @@ export {
   type DecoderMode,
 } from './backend.js';
 export { probeCuda, type CudaProbe } from './probe.js';
-export { checkTuningEnv, TUNING_KNOBS, type TuningKnob } from './tuning-env.js';
+export { checkTuningEnv, RETIRED_KNOBS, TUNING_KNOBS, type TuningKnob } from './tuning-env.js';
 export { Arena, ARENA_ALIGN } from './arena.js';
 export {
   CudaUnavailableError,

@@ -13,7 +13,7 @@ export type TuningKnob =
  * its own check (checkSyncMode); paths (NERVA_DEVICE_TRACE, NERVA_NCCL_PATH) are not checked.
  */
 export const TUNING_KNOBS: Readonly<Record<string, TuningKnob>> = {
-  NERVA_ATTN_BLOCKS_PER_SM: { kind: 'int', min: 1, max: 1024, what: 'blocks an SM the split-KV decode attention aims to fill (default 8)' },
+  NERVA_ATTN_WAVES: { kind: 'int', min: 1, max: 64, what: "waves of the split-KV attention kernel's resident blocks its splits aim to fill (default 2)" },
   NERVA_ATTN_MIN_CHUNK: { kind: 'int', min: 8, max: 1 << 20, what: 'fewest keys a split of the split-KV attention takes (default 32)' },
   NERVA_ATTN_GQA_MIN_ROWS: { kind: 'int', min: 0, what: 'decode rows from which the GQA attention kernel runs (default 16; 0: never)' },
   NERVA_ATTN_GQA_MAX_KEYS: { kind: 'int', min: 0, what: 'most keys a split of the many-row GQA attention takes (default 512; 0: no bound)' },
@@ -42,14 +42,24 @@ export const TUNING_KNOBS: Readonly<Record<string, TuningKnob>> = {
   NERVA_HOST_CHANNEL_TIMEOUT_MS: { kind: 'int', min: 1, what: 'ms a device waits on a host call before it reports a timeout (default 30000)' },
 };
 
+/** Switches the addon no longer reads, with what replaced them: setting one is an error, not a no-op. */
+export const RETIRED_KNOBS: Readonly<Record<string, string>> = {
+  NERVA_ATTN_BLOCKS_PER_SM: 'NERVA_ATTN_WAVES (the splits now fill whole waves of the kernel\'s resident blocks; 8 blocks an SM was 4 waves of the fused decode kernel)',
+};
+
 const INT_MAX = 2 ** 31 - 1;
 
 /**
  * Checks every switch of {@link TUNING_KNOBS} set in `env`: unset or empty passes (the addon's
- * default), otherwise the value must be one the addon reads as written. Throws a
+ * default), otherwise the value must be one the addon reads as written. A switch of
+ * {@link RETIRED_KNOBS} set to anything but empty is an error naming its replacement. Throws a
  * CudaArgumentError naming the variable, the value and what it accepts.
  */
 export function checkTuningEnv(env: Record<string, string | undefined> = process.env): void {
+  for (const [name, instead] of Object.entries(RETIRED_KNOBS)) {
+    const v = env[name];
+    if (v !== undefined && v !== '') throw new CudaArgumentError(name, `is no longer read, got ${JSON.stringify(v)}; use ${instead}`);
+  }
   for (const [name, k] of Object.entries(TUNING_KNOBS)) {
     const v = env[name];
     if (v === undefined || v === '') continue;

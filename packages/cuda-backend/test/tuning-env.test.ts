@@ -17,8 +17,9 @@ describe('checkTuningEnv (the addon environment switches)', () => {
 
   it('names the variable, the value and what it accepts', () => {
     const bad: Array<[string, string, RegExp]> = [
-      ['NERVA_ATTN_BLOCKS_PER_SM', 'eight', /NERVA_ATTN_BLOCKS_PER_SM: must be an integer in \[1, 1024\].*"eight"/],
-      ['NERVA_ATTN_BLOCKS_PER_SM', '0', /\[1, 1024\].*"0"/],
+      ['NERVA_ATTN_WAVES', 'two', /NERVA_ATTN_WAVES: must be an integer in \[1, 64\].*"two"/],
+      ['NERVA_ATTN_WAVES', '0', /\[1, 64\].*"0"/],
+      ['NERVA_ATTN_BLOCKS_PER_SM', '8', /NERVA_ATTN_BLOCKS_PER_SM: is no longer read, got "8"; use NERVA_ATTN_WAVES/],
       ['NERVA_ATTN_MIN_CHUNK', '4', /NERVA_ATTN_MIN_CHUNK.*\[8, /],
       ['NERVA_DECODE_EARLY', '4', /NERVA_DECODE_EARLY.*\[0, 3\]/],
       ['NERVA_DECODE_EARLY', '-1', /NERVA_DECODE_EARLY.*"-1"/],
