@@ -13,7 +13,7 @@ export type TuningKnob =
  * its own check (checkSyncMode); paths (NERVA_DEVICE_TRACE, NERVA_NCCL_PATH) are not checked.
  */
 export const TUNING_KNOBS: Readonly<Record<string, TuningKnob>> = {
-  NERVA_ATTN_WAVES: { kind: 'int', min: 1, max: 64, what: "waves of the split-KV attention kernel's resident blocks its splits aim to fill (default 2)" },
+  NERVA_ATTN_WAVES: { kind: 'int', min: 1, max: 64, what: "waves of the split-KV attention kernel's resident blocks its splits aim to fill (default 1)" },
   NERVA_ATTN_MIN_CHUNK: { kind: 'int', min: 8, max: 1 << 20, what: 'fewest keys a split of the split-KV attention takes (default 32)' },
   NERVA_ATTN_GQA_MIN_ROWS: { kind: 'int', min: 0, what: 'decode rows from which the GQA attention kernel runs (default 16; 0: never)' },
   NERVA_ATTN_GQA_MAX_KEYS: { kind: 'int', min: 0, what: 'most keys a split of the many-row GQA attention takes (default 512; 0: no bound)' },
