@@ -816,6 +816,69 @@ __global__ void __launch_bounds__(gemvThreadsMax(KS, O), gemvMinBlocks(O))
   }
 }
 
+// One row (gemvWide): k_gemv_bf16<1, KS>'s split projection with OPB outputs a block and the
+// input staged once in shared memory, so the input crosses from L2 once per block instead of
+// once per output: at batch 1, o's and down's 1024 one-output blocks each read the whole 8-12 KB
+// input right after their dependency wait, 8-13 MB on the critical path (qkv and gate_up, which
+// read about 1 MB, had the shortest shares of a layer). The same bits: per output the same lane
+// chunks, expression, warp sum and KS reduction.
+template <int KS, int OPB>
+__global__ void __launch_bounds__(32 * KS * OPB) k_gemv_wide(const float* __restrict__ x, const uint16_t* __restrict__ w,
+                                                             float* __restrict__ out, int inDim, int outDim, const void* bias,
+                                                             int bdt, int acc, int bfa, int accPre, int trig) {
+  NERVA_TRACE_KERNEL();
+  if (trig) pdlTrigger();
+  constexpr int NW = KS * OPB, P = 4, ST = 32 * KS;
+  extern __shared__ float4 xs[];  // float4 j at (j & 1) * n8 + (j >> 1), as k_gemv_bf16's NORM staging
+  __shared__ float red[NW];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n8 = inDim >> 3;
+  int o = blockIdx.x * OPB + warp / KS;
+  const int ks = warp % KS;
+  const bool live = o < outDim;
+  if (!live) o = outDim - 1;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)o * inDim);
+  int k = lane + ks * 32;
+  uint4 q[P];
+#pragma unroll
+  for (int u = 0; u < P; u++)
+    if (k + u * ST < n8) q[u] = __ldcs(wr + k + u * ST);
+  float preLane = 0.f;
+  if (accPre && ks == 0 && lane == 0) preLane = __ldcg(out + o);
+  pdlWait();
+  pdlTrigger();
+  for (int j = threadIdx.x; j < (inDim >> 2); j += blockDim.x)
+    xs[(j & 1) * n8 + (j >> 1)] = __ldg(reinterpret_cast<const float4*>(x) + j);
+  __syncthreads();
+  float a = 0.f;
+  auto fma8 = [&](const uint4& qq, int k8) {
+    const float4 p0 = xs[k8], p1 = xs[n8 + k8];
+    float xv[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+    a += __uint_as_float(qq.x << 16) * xv[0] + __uint_as_float(qq.x & 0xffff0000u) * xv[1] +
+         __uint_as_float(qq.y << 16) * xv[2] + __uint_as_float(qq.y & 0xffff0000u) * xv[3] +
+         __uint_as_float(qq.z << 16) * xv[4] + __uint_as_float(qq.z & 0xffff0000u) * xv[5] +
+         __uint_as_float(qq.w << 16) * xv[6] + __uint_as_float(qq.w & 0xffff0000u) * xv[7];
+  };
+#pragma unroll
+  for (int u = 0; u < P; u++)
+    if (k + u * ST < n8) fma8(q[u], k + u * ST);
+  for (k += P * ST; k < n8; k += ST) fma8(__ldcs(wr + k), k);
+  const float v0 = warpSum(a);
+  if (lane == 0) red[warp] = v0;
+  __syncthreads();
+  if (ks == 0 && lane == 0 && live) {
+    float g = v0;
+    if (KS > 1) {
+      g = 0.f;
+      for (int j = 0; j < KS; j++) g += red[warp + j];
+    }
+    const float bo = bias ? ldf(bias, bdt, o) : 0.f;
+    const float y = bfr(g + bo, bfa);
+    float* d = out + o;
+    *d = acc ? bfr((accPre ? preLane : *d) + y, bfa) : y;
+  }
+}
+
 // RMSNorm of one row per block into `out`, bit for bit what k_gemv_bf16's NORM staging computes
 // for that row when launched with the GEMV's block size (32 * gemvWarps(KS) threads): the same
 // per-thread float4 partial sums, warp sums and warp-ordered total, the same scaling. The GEMV
@@ -2315,6 +2378,18 @@ bool gemvMultiOut() {
   return v;
 }
 
+// One-row split projections (o and down at batch 1) run k_gemv_wide with this many outputs a
+// block: NERVA_GEMV_WIDE (8, the default; 4; 0: k_gemv_bf16, a block an output). H100, 0.6B,
+// batch 1 (session 19, call 10, alternating): 1388-1396 tok/s a block an output, 1420-1428 with
+// 4 outputs a block, 1430-1437 with 8; the same tokens.
+int gemvWide() {
+  static const int v = [] {
+    const char* e = getenv("NERVA_GEMV_WIDE");
+    return e && *e ? (atoi(e) >= 8 ? 8 : atoi(e) >= 4 ? 4 : 0) : 8;
+  }();
+  return v;
+}
+
 // One k_gemv_bf16 launch's arguments.
 struct GemvLaunch {
   const float* x;
@@ -2544,6 +2619,27 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   const bool multi = gemvMultiOut();
   // Rows per launch: 16 (R = 16 reads the weights once per 16 rows) unless NERVA_GEMV_MAX_ROWS=8.
   const int maxR = gemvMaxRows();
+  if (rows == 1 && split && !f.nw.p && !f.glu && (ks == 2 || ks == 3 || ks == 4) && gemvWide() > 0 &&
+      (size_t)inDim * sizeof(float) <= 48 * 1024) {
+    const int opb = gemvWide();
+    const size_t sm = (size_t)inDim * sizeof(float);
+    const unsigned g4 = (unsigned)((outDim + 3) / 4), g8 = (unsigned)((outDim + 7) / 8);
+    const uint16_t* wp = (const uint16_t*)w.p;
+    const int ap = f.accPre ? 1 : 0, tg = f.early ? 1 : 0;
+#define GW(KS_, OPB_, G_)                                                                                              \
+  LAUNCH((k_gemv_wide<KS_, OPB_>), G_, 32 * KS_ * OPB_, sm, x, wp, out, inDim, outDim, bias.p, bias.dt, acc, bfa, ap, tg)
+    if (opb == 4) {
+      if (ks == 2) GW(2, 4, g4);
+      else if (ks == 3) GW(3, 4, g4);
+      else GW(4, 4, g4);
+    } else {
+      if (ks == 2) GW(2, 8, g8);
+      else if (ks == 3) GW(3, 8, g8);
+      else GW(4, 8, g8);
+    }
+#undef GW
+    return NERVA_OK;
+  }
   for (int r0 = 0; r0 < rows; r0 += maxR) {
     int nr = std::min(maxR, rows - r0);
     const float* xr = x + (size_t)r0 * inDim;
