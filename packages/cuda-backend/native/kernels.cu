@@ -3048,15 +3048,15 @@ int attnPrefillLaunch(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf
 // that fit an SM at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor, taken once per kernel).
 template <typename KT>
 int attnResident(bool rope, int hd, bool pair) {
+  if (rope && !pair) return 1;  // never launched: the fused rope needs headDim 128 (attentionRun rejects it)
   static int cache[6] = {-1, -1, -1, -1, -1, -1};
-  const int v = rope ? (pair ? 0 : 1) : (hd <= 128 ? 2 : 4) + (pair ? 0 : 1);
+  const int v = rope ? 0 : (hd <= 128 ? 2 : 4) + (pair ? 0 : 1);
   if (cache[v] >= 0) return cache[v];
   int n = 0;
   cudaError_t e = cudaSuccess;
   const int threads = 32 * ATT_WARPS;
   switch (v) {
     case 0: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_partial_rope<KT, ATT_WARPS, true>, threads, 0); break;
-    case 1: n = 0; break;  // not launched (the fused rope needs headDim 128)
     case 2: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_partial<KT, ATT_WARPS, 4, false, true>, threads, 0); break;
     case 3: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_partial<KT, ATT_WARPS, 4, false, false>, threads, 0); break;
     case 4: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_partial<KT, ATT_WARPS, ATT_MAX_EPL, false, true>, threads, 0); break;
