@@ -1561,6 +1561,25 @@ const CASES: { [K in OpName]: CaseDef[] } = {
       },
       true,
     ),
+    // One row, headDim 128: CUDA computes the qkv rows inside the attention kernel (GQA 4: six
+    // heads' rows a KV group), with the bias.
+    decoderLayersCase(
+      'GQA 4, headDim 128, qkv bias: 2 layers, 1 row, context 90',
+      {
+        layers: 2,
+        hidden: 512,
+        numHeads: 8,
+        numKvHeads: 2,
+        headDim: 128,
+        intermediate: 1024,
+        blockSize: 16,
+        seqLens: [90],
+        weight: 'bf16',
+        qkNorm: true,
+        qkvBias: true,
+      },
+      true,
+    ),
     decoderLayersCase(
       'Qwen2-0.5B-like: 2 layers, 2 rows, qkv bias, headDim 64, GQA 7',
       {
