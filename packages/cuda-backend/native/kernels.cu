@@ -474,8 +474,10 @@ __global__ void k_argmax(const float* logits, int* out, int vocab) {
 
 __global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, int capacity) {
   NERVA_TRACE_KERNEL();
-  PDL_ENTER();
+  // The cursor (pinned host memory: a PCIe round trip) is read before the dependency wait: only
+  // the ring push of an earlier step, complete by then, or the host between runs writes it.
   int cur = *(volatile int*)cursor;
+  PDL_ENTER();
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
     int slot = (int)(((long long)cur + r) % capacity);
     ((volatile int*)ring)[slot] = src[r];
@@ -483,20 +485,28 @@ __global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, in
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();  // the tokens are visible to a host peek before the cursor moves
+    // (No fence after: nothing in this kernel depends on the cursor reaching the host, and the
+    // host's reads after a stream or event sync see it regardless.)
     *(volatile int*)cursor = cur + rows;
-    __threadfence_system();
   }
 }
 
 __global__ void k_advance_positions(int* positions, int* slots, const int* bt, const int* rowSeq, int rows, int blockSize,
                                     int mbps) {
   NERVA_TRACE_KERNEL();
-  PDL_ENTER();
+  // Everything this reads is written by the host before the step or by this kernel a step earlier
+  // (this step's kernels only read positions and slots): the next slot is computed before the
+  // dependency wait and only stored after it, when this step's attention has read the old ones.
   int r = blockIdx.x * blockDim.x + threadIdx.x;
+  int p = 0, sl = 0;
+  if (r < rows) {
+    p = positions[r] + 1;
+    sl = bt[(size_t)rowSeq[r] * mbps + p / blockSize] * blockSize + p % blockSize;
+  }
+  PDL_ENTER();
   if (r >= rows) return;
-  int p = positions[r] + 1;
   positions[r] = p;
-  slots[r] = bt[(size_t)rowSeq[r] * mbps + p / blockSize] * blockSize + p % blockSize;
+  slots[r] = sl;
 }
 
 // ---------------------------------------------------------------- GEMV (few rows)
