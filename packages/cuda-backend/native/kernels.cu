@@ -474,10 +474,8 @@ __global__ void k_argmax(const float* logits, int* out, int vocab) {
 
 __global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, int capacity) {
   NERVA_TRACE_KERNEL();
-  // The cursor (pinned host memory: a PCIe round trip) is read before the dependency wait: only
-  // the ring push of an earlier step, complete by then, or the host between runs writes it.
-  int cur = *(volatile int*)cursor;
   PDL_ENTER();
+  int cur = *(volatile int*)cursor;
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
     int slot = (int)(((long long)cur + r) % capacity);
     ((volatile int*)ring)[slot] = src[r];
@@ -485,8 +483,8 @@ __global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, in
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();  // the tokens are visible to a host peek before the cursor moves
-    // (No fence after: nothing in this kernel depends on the cursor reaching the host, and the
-    // host's reads after a stream or event sync see it regardless.)
+    // (No fence after: nothing in this kernel depends on the cursor reaching the host; a later
+    // push reads it after its wait, and the host's reads after a stream or event sync see it.)
     *(volatile int*)cursor = cur + rows;
   }
 }
@@ -494,16 +492,17 @@ __global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, in
 __global__ void k_advance_positions(int* positions, int* slots, const int* bt, const int* rowSeq, int rows, int blockSize,
                                     int mbps) {
   NERVA_TRACE_KERNEL();
-  // Everything this reads is written by the host before the step or by this kernel a step earlier
-  // (this step's kernels only read positions and slots): the next slot is computed before the
-  // dependency wait and only stored after it, when this step's attention has read the old ones.
+  // Only the host (in stream order) and this kernel write what it reads (the step's other kernels
+  // only read positions and slots): the next slot is computed before the dependency wait and
+  // stored after it, when the step's attention has read the old ones. The next kernel is let in
+  // only at exit (no early trigger), so an advance right after this one reads the new positions.
   int r = blockIdx.x * blockDim.x + threadIdx.x;
   int p = 0, sl = 0;
   if (r < rows) {
     p = positions[r] + 1;
     sl = bt[(size_t)rowSeq[r] * mbps + p / blockSize] * blockSize + p % blockSize;
   }
-  PDL_ENTER();
+  pdlWait();
   if (r >= rows) return;
   positions[r] = p;
   slots[r] = sl;
@@ -2165,13 +2164,16 @@ __device__ int greedyArrive(const float* L, int vocab, int G, double* prob, int*
 __global__ void __launch_bounds__(1024) k_sample(const float* logits, const float* params, int* rng, int* out, int vocab,
                                                  double* probScratch, size_t probStride, int rowBase, int* counters) {
   NERVA_TRACE_KERNEL();
-  PDL_ENTER();
   __shared__ SampleShared S;
   int r = rowBase + blockIdx.y, G = gridDim.x;
   const float* L = logits + (size_t)r * vocab;
   double* prob = probScratch + (size_t)blockIdx.y * probStride;
+  // The parameters are read before the dependency wait (only the host writes them, in stream
+  // order). The seeds after it: the sample launch just before this one may still be moving the
+  // counter (back-to-back draws).
   float temp = params[(size_t)r * 4], topK = params[(size_t)r * 4 + 1], topP = params[(size_t)r * 4 + 2],
         minP = params[(size_t)r * 4 + 3];
+  PDL_ENTER();
   uint32_t seed = (uint32_t)rng[(size_t)r * 2], counter = (uint32_t)rng[(size_t)r * 2 + 1];
   int result;
   if (!(temp > 0.f)) {
