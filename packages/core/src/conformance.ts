@@ -1170,6 +1170,19 @@ const QWEN3_06B = {
   qkvBias: false,
 } as const satisfies Omit<DecoderShape, 'seqLens'>;
 
+/** GQA 4 with headDim 128 (a KV group of four q heads), small enough for the CPU reference. */
+const GQA4_HD128 = {
+  layers: 2,
+  hidden: 512,
+  numHeads: 8,
+  numKvHeads: 2,
+  headDim: 128,
+  intermediate: 1024,
+  blockSize: 16,
+  weight: 'bf16',
+  qkNorm: true,
+} as const satisfies Omit<DecoderShape, 'seqLens' | 'qkvBias'>;
+
 /** Every op's cases; the mapped type makes an op added to the catalogue without cases a type error. */
 const CASES: { [K in OpName]: CaseDef[] } = {
   embedding: [
@@ -1545,41 +1558,12 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     ),
     decoderLayersCase(
       'GQA 4, headDim 128: 2 layers, 18 rows, one padding row',
-      {
-        layers: 2,
-        hidden: 512,
-        numHeads: 8,
-        numKvHeads: 2,
-        headDim: 128,
-        intermediate: 1024,
-        blockSize: 16,
-        seqLens: Array.from({ length: 18 }, (_, i) => 1 + ((i * 53) % 300)),
-        padSeqs: [5],
-        weight: 'bf16',
-        qkNorm: true,
-        qkvBias: false,
-      },
+      { ...GQA4_HD128, seqLens: Array.from({ length: 18 }, (_, i) => 1 + ((i * 53) % 300)), padSeqs: [5], qkvBias: false },
       true,
     ),
-    // One row, headDim 128: CUDA computes the qkv rows inside the attention kernel (GQA 4: six
-    // heads' rows a KV group), with the bias.
-    decoderLayersCase(
-      'GQA 4, headDim 128, qkv bias: 2 layers, 1 row, context 90',
-      {
-        layers: 2,
-        hidden: 512,
-        numHeads: 8,
-        numKvHeads: 2,
-        headDim: 128,
-        intermediate: 1024,
-        blockSize: 16,
-        seqLens: [90],
-        weight: 'bf16',
-        qkNorm: true,
-        qkvBias: true,
-      },
-      true,
-    ),
+    // One row with a qkv bias: CUDA's one-row decode path (the qkv GEMV with its norm, the split-KV
+    // attention with RoPE and the KV append fused in) at six heads' rows a KV group.
+    decoderLayersCase('GQA 4, headDim 128, qkv bias: 2 layers, 1 row, context 90', { ...GQA4_HD128, seqLens: [90], qkvBias: true }, true),
     decoderLayersCase(
       'Qwen2-0.5B-like: 2 layers, 2 rows, qkv bias, headDim 64, GQA 7',
       {
