@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include <algorithm>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -1239,11 +1240,6 @@ __device__ __forceinline__ void ldk2(const float* p, bool in, float& a, float& b
   a = v.x;
   b = v.y;
 }
-__device__ __forceinline__ void ldk2(const uint16_t* p, bool in, float& a, float& b) {
-  uint32_t v = in ? *(const uint32_t*)p : 0u;
-  a = bf2f((uint16_t)(v & 0xffffu));
-  b = bf2f((uint16_t)(v >> 16));
-}
 __device__ __forceinline__ void ldk2(const __half* p, bool in, float& a, float& b) {
   __half2 v = in ? *(const __half2*)p : __floats2half2_rn(0.f, 0.f);
   a = __low2float(v);
@@ -1518,20 +1514,60 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS) {
   float kv[ATT_KB][EPL], vv[ATT_KB][EPL];
   float kNew[EPL], vNew[EPL];  // ROPE: the new key and value (owner warp)
   long long pOf[ATT_KB] = {-1, -1, -1, -1};  // ATT_KB entries
+  // bf16 caches with PAIR: a pair stays one packed 32-bit word in kv[b][j] (j even) from its load
+  // until widen() just before use. Unpacking at the load made every thread wait for its first
+  // keys before its dependency wait, which then released up to ~1 us late (session 21: bf16 KV
+  // decoded slower than f32).
+  constexpr bool PACKED = PAIR && std::is_same<KT, uint16_t>::value;
+  auto widen = [&]() {
+    if constexpr (PACKED) {
+#pragma unroll
+      for (int b = 0; b < ATT_KB; b++)
+#pragma unroll
+        for (int j = 0; j < EPL; j += 2) {
+          const uint32_t kw = __float_as_uint(kv[b][j]), vw = __float_as_uint(vv[b][j]);
+          kv[b][j] = __uint_as_float(kw << 16);
+          kv[b][j + 1] = __uint_as_float(kw & 0xffff0000u);
+          vv[b][j] = __uint_as_float(vw << 16);
+          vv[b][j + 1] = __uint_as_float(vw & 0xffff0000u);
+        }
+    }
+  };
   auto loadKey = [&](int b) {
     if (ROPE && pOf[b] == last) {
       // The new key and value from registers, rounded as the cache stores them, so a row sees the
       // same key whether it reads it back or not.
+      if constexpr (PACKED) {
 #pragma unroll
-      for (int j = 0; j < EPL; j++) {
-        kv[b][j] = asStored(kc, kNew[j]);
-        vv[b][j] = asStored(kc, vNew[j]);
+        for (int j = 0; j < EPL; j += 2) {
+          kv[b][j] = __uint_as_float((uint32_t)f2bf(kNew[j]) | ((uint32_t)f2bf(kNew[j + 1]) << 16));
+          vv[b][j] = __uint_as_float((uint32_t)f2bf(vNew[j]) | ((uint32_t)f2bf(vNew[j + 1]) << 16));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < EPL; j++) {
+          kv[b][j] = asStored(kc, kNew[j]);
+          vv[b][j] = asStored(kc, vNew[j]);
+        }
       }
       return;
     }
     const KT* kr = kc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
     const KT* vr = vc + (size_t)max(slot[b], 0ll) * width + (size_t)kvh * hd;
-    if constexpr (PAIR) {
+    if constexpr (PACKED) {
+#pragma unroll
+      for (int j = 0; j < EPL; j += 2) {
+        const bool in = slot[b] >= 0 && j < epl;
+        const int e = attnElem<true>(j, lane);
+        uint32_t kw = 0u, vw = 0u;
+        if (in) {
+          kw = *(const uint32_t*)(kr + e);
+          vw = *(const uint32_t*)(vr + e);
+        }
+        kv[b][j] = __uint_as_float(kw);
+        vv[b][j] = __uint_as_float(vw);
+      }
+    } else if constexpr (PAIR) {
 #pragma unroll
       for (int j = 0; j < EPL; j += 2) {
         bool in = slot[b] >= 0 && j < epl;
@@ -1637,6 +1673,7 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS) {
   }
   for (bool first = true; p0 <= end; p0 += W * ATT_KB, first = false) {
     if (!(first && decodeOnly)) loadBatch(p0, false);
+    widen();
     float d[ATT_KB];
 #pragma unroll
     for (int b = 0; b < ATT_KB; b++) {
