@@ -216,15 +216,10 @@ __device__ void dlGemv(const uint16_t* __restrict__ W, int N, int K, int KS, con
 #pragma unroll
       for (int r = 0; r < R; r++) {
         if (r < rows) {
-          float4 a = xs[r * n4 + k], b = xs[r * n4 + n8 + k];
+          const float4 a = xs[r * n4 + k], b = xs[r * n4 + n8 + k];
+          const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-          for (int n = 0; n < NO; n++) {
-            const uint4& w = qq[n];
-            acc[n][r] += __uint_as_float(w.x << 16) * a.x + __uint_as_float(w.x & 0xffff0000u) * a.y +
-                         __uint_as_float(w.y << 16) * a.z + __uint_as_float(w.y & 0xffff0000u) * a.w +
-                         __uint_as_float(w.z << 16) * b.x + __uint_as_float(w.z & 0xffff0000u) * b.y +
-                         __uint_as_float(w.w << 16) * b.z + __uint_as_float(w.w & 0xffff0000u) * b.w;
-          }
+          for (int n = 0; n < NO; n++) acc[n][r] += dot8bf16(qq[n], xv);
         }
       }
     }

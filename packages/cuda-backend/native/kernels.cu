@@ -535,6 +535,16 @@ __device__ __forceinline__ void normScale4(float4& v, float inv, const void* nw,
 }
 
 
+// The GEMV's 8-term dot product of one 16-byte chunk of bf16 weights with 8 activations, summed
+// left to right and then added to the accumulator by the caller: one expression for every GEMV
+// kernel, so the compiler's FMA contraction (hence the bits) is the same in all of them.
+__device__ __forceinline__ float dot8bf16(const uint4& q, const float (&xv)[8]) {
+  return __uint_as_float(q.x << 16) * xv[0] + __uint_as_float(q.x & 0xffff0000u) * xv[1] +
+         __uint_as_float(q.y << 16) * xv[2] + __uint_as_float(q.y & 0xffff0000u) * xv[3] +
+         __uint_as_float(q.z << 16) * xv[4] + __uint_as_float(q.z & 0xffff0000u) * xv[5] +
+         __uint_as_float(q.w << 16) * xv[6] + __uint_as_float(q.w & 0xffff0000u) * xv[7];
+}
+
 // Warps per block of k_gemv_bf16. Unsplit blocks are 16 outputs wide, so NORM's staged rows are
 // read once per 16 outputs rather than per 4 (per 4 outputs the staging cost the Qwen3-8B shape
 // ~4 % of roofline; at 16 it ran at 90 %), and plain GEMVs gained too (H100: 8B down 87 -> 95 %
@@ -629,10 +639,7 @@ __global__ void __launch_bounds__(gemvThreadsMax(KS, O), gemvMinBlocks(O))
 #pragma unroll
         for (int n = 0; n < NO; n++) {
           const uint4& qq = q[n];
-          acc[n][r] += __uint_as_float(qq.x << 16) * xv[0] + __uint_as_float(qq.x & 0xffff0000u) * xv[1] +
-                       __uint_as_float(qq.y << 16) * xv[2] + __uint_as_float(qq.y & 0xffff0000u) * xv[3] +
-                       __uint_as_float(qq.z << 16) * xv[4] + __uint_as_float(qq.z & 0xffff0000u) * xv[5] +
-                       __uint_as_float(qq.w << 16) * xv[6] + __uint_as_float(qq.w & 0xffff0000u) * xv[7];
+          acc[n][r] += dot8bf16(qq, xv);
         }
       }
     }
@@ -864,10 +871,7 @@ __global__ void __launch_bounds__(32 * KS * OPB) k_gemv_wide(const float* __rest
   auto fma8 = [&](const uint4& qq, int k8) {
     const float4 p0 = xs[k8], p1 = xs[n8 + k8];
     float xv[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-    a += __uint_as_float(qq.x << 16) * xv[0] + __uint_as_float(qq.x & 0xffff0000u) * xv[1] +
-         __uint_as_float(qq.y << 16) * xv[2] + __uint_as_float(qq.y & 0xffff0000u) * xv[3] +
-         __uint_as_float(qq.z << 16) * xv[4] + __uint_as_float(qq.z & 0xffff0000u) * xv[5] +
-         __uint_as_float(qq.w << 16) * xv[6] + __uint_as_float(qq.w & 0xffff0000u) * xv[7];
+    a += dot8bf16(qq, xv);
   };
 #pragma unroll
   for (int u = 0; u < P; u++)
