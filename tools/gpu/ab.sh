@@ -1,0 +1,69 @@
+# A/B decode runs of prebuilt addons on the GPU machine, sourced by a call script:
+#
+#   source tools/gpu/ab.sh
+#   ab_setup "qwen3-0.6b qwen3-8b" base=.device/addon-head new=.device/addon   # xz-compressed addons
+#   for i in 1 2 3; do ab_run base base; ab_run new new; done                  # alternate the builds
+#   PL=1536 GEN=128 ab_run new-1536 new NERVA_KV_DTYPE=bf16                    # VAR=value: the run's env
+#   ab_report; ab_check new; ab_pack callN
+#
+# ab_setup unpacks Node (.device/node.xz) and each NAME=DIR's DIR/nerva_cuda.node.xz to
+# /tmp/NAME.node (the first is also /tmp/nerva-addon/nerva_cuda.node, where run.sh looks), then
+# synthesizes the sizes (run.sh synth). ab_run TAG NAME [VAR=value...]: one decode probe
+# (.device/dist/bench.mjs, prompt PL (128), GEN (256) new tokens, checkpoint M (qwen3-0.6b)) on
+# /tmp/NAME.node, its JSON line tagged TAG in $AB/bench.jsonl. ab_report prints tag, tok/s,
+# fraction of roofline, p50 ms and token digest a line. ab_check NAME: conformance and batch
+# invariance on that addon. ab_pack NAME: $OUT/NAME.tgz of everything under $AB.
+# Build the addons here first: NERVA_CUDA_ARCHITECTURES=90 bash tools/gpu/build-addon.sh DIR, then
+# xz -c DIR/nerva_cuda.node > .device/addon/nerva_cuda.node.xz (carry ".device", 64 MiB at most).
+
+AB=${OUT:?set OUT to the output folder of the run tool}/a
+AB_NODE=/tmp/node
+
+ab_setup() {
+  local sizes=$1 spec name dir first=1
+  shift
+  mkdir -p "$AB/x"
+  [ -x $AB_NODE ] || { xz -dc .device/node.xz > $AB_NODE && chmod +x $AB_NODE; }
+  for spec in "$@"; do
+    name=${spec%%=*}
+    dir=${spec#*=}
+    xz -dc "$dir/nerva_cuda.node.xz" > "/tmp/$name.node" || return 1
+    if [ $first = 1 ]; then
+      mkdir -p /tmp/nerva-addon && cp "/tmp/$name.node" /tmp/nerva-addon/nerva_cuda.node
+      first=0
+    fi
+  done
+  NERVA_SIZES="$sizes" OUT=$AB bash tools/gpu/run.sh synth > "$AB/stdout.log" 2>&1
+  grep "run.sh\]" "$AB/run.log" | tail -3
+}
+
+ab_run() {
+  local tag=$1 name=$2
+  shift 2
+  env OUT="$AB/x" NERVA_CUDA_ADDON="/tmp/$name.node" "$@" timeout 120 $AB_NODE .device/dist/bench.mjs \
+    "/tmp/synth/${M:-qwen3-0.6b}" "${PL:-128}" "${GEN:-256}" 2>> "$AB/err.log" | tail -1 |
+    sed "s/^{/{\"tag\":\"$tag\",/" >> "$AB/bench.jsonl"
+}
+
+ab_report() {
+  python3 - "$AB/bench.jsonl" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    print(j['tag'], j.get('tokens_per_s'), j.get('fraction_of_roofline'), j.get('ms_per_token_p50'), (j.get('tokens_sha256') or '')[:16])
+PY
+  tail -3 "$AB/err.log" 2> /dev/null
+}
+
+ab_check() {
+  NERVA_CUDA_ADDON="/tmp/$1.node" OUT=$AB timeout 150 $AB_NODE .device/dist/conformance.mjs > "$AB/conf.log" 2>&1
+  echo "conformance rc $?"
+  tail -4 "$AB/conf.log"
+  NERVA_CUDA_ADDON="/tmp/$1.node" OUT=$AB timeout 200 $AB_NODE .device/dist/batch_invariance.mjs > "$AB/inv.log" 2>&1
+  echo "invariance rc $?, $(grep -c '\] ok' "$AB/inv.log") ok"
+  sed -n '/batchInvariant: true/,/default backend/p' "$AB/inv.log" | grep -i fail | head -5
+}
+
+ab_pack() {
+  (cd "$OUT" && tar czf "$1.tgz" a && rm -rf a)
+}
