@@ -223,8 +223,11 @@ int decodeGroupLaunch(NervaExec* ex, int CS, bool probe, int* clusters, dim3 gri
     cfg.numAttrs = 2;
   }
   if (probe) {
-    // Whether clusters of CS such blocks fit the GPU at all (the attributes are per kernel).
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, ex->smemOptin) != cudaSuccess ||
+    // Whether clusters of CS such blocks fit the GPU at all (the attributes are per kernel; the
+    // dynamic shared memory allowed is what the static part leaves of the opt-in limit).
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess || smem + fa.sharedSizeBytes > (size_t)ex->smemOptin ||
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, ex->smemOptin - (int)fa.sharedSizeBytes) != cudaSuccess ||
         cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
         cudaOccupancyMaxActiveClusters(clusters, fn, &cfg) != cudaSuccess) {
       cudaGetLastError();
@@ -240,23 +243,42 @@ int decodeGroupLaunch(NervaExec* ex, int CS, bool probe, int* clusters, dim3 gri
 // applies: exact numerics, bf16 qkv weights, headDim 128 with the fused rope, an f32 or bf16
 // cache, a group's rows dividing evenly over a cluster and fitting shared memory. Otherwise it
 // launches nothing and leaves *done false: the caller runs the qkv GEMV and attentionRun.
+// A forced cluster size (NERVA_DECODE_GROUP=8|16) that cannot run says so once on stderr.
+void decodeGroupDeclined(const char* why, long long a = 0, long long b = 0) {
+  static bool said = false;
+  if (said || decodeGroupSetting() <= 0) return;
+  said = true;
+  fprintf(stderr, "nerva: NERVA_DECODE_GROUP=%d not used: %s (%lld, %lld)\n", decodeGroupSetting(), why, a, b);
+}
+
 int decodeGroupRun(NervaExec* ex, const DecodeGroup& dg0, Buf qkvW, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos,
                    int H, int KVH, int hd, int bs, int mbps, float scale, const RopeFuse& rf, bool* done) {
   *done = false;
   const int setting = decodeGroupSetting();
-  if (setting == 0 || ex->bf16act || hd != 128 || KVH <= 0 || H % KVH != 0 || kc.dt != vc.dt) return NERVA_OK;
-  if (kc.dt != NV_F32 && kc.dt != NV_BF16) return NERVA_OK;
-  if (qkvW.dt != NV_BF16 || dg0.hidden <= 0 || dg0.hidden % 8 != 0 || ((uintptr_t)qkvW.p & 15) || ((uintptr_t)dg0.x & 15))
+  if (setting == 0) return NERVA_OK;
+  if (ex->bf16act || hd != 128 || KVH <= 0 || H % KVH != 0 || kc.dt != vc.dt || (kc.dt != NV_F32 && kc.dt != NV_BF16)) {
+    decodeGroupDeclined("numerics, head size or cache", hd, kc.dt);
     return NERVA_OK;
+  }
+  if (qkvW.dt != NV_BF16 || dg0.hidden <= 0 || dg0.hidden % 8 != 0 || ((uintptr_t)qkvW.p & 15) || ((uintptr_t)dg0.x & 15)) {
+    decodeGroupDeclined("qkv weights not bf16 or unaligned", qkvW.dt, dg0.hidden);
+    return NERVA_OK;
+  }
   // The rows as k_gemv_bf16<1, 1, NORM> computes them (one warp an output, the norm staged by
   // 512 threads): gemvRows' choice for one row of this shape.
   const int qkvOut = (H + 2 * KVH) * hd;
   const bool gemvSplit = (size_t)qkvOut < (size_t)ex->smCount * 16 && dg0.hidden >= 1024;
-  if (gemvSplit || (size_t)dg0.hidden * sizeof(float) > 48 * 1024) return NERVA_OK;
+  if (gemvSplit || (size_t)dg0.hidden * sizeof(float) > 48 * 1024) {
+    decodeGroupDeclined("the qkv GEMV splits its rows", qkvOut, dg0.hidden);
+    return NERVA_OK;
+  }
   const bool f32 = kc.dt == NV_F32;
   const int resident = f32 ? attnResident<float>(true, hd, true) : attnResident<uint16_t>(true, hd, true);
   const long long S = attnSplitCount(ex, resident, 1, H, (long long)mbps * bs, false);
-  if (S > DG_MAX_SPLITS) return NERVA_OK;
+  if (S > DG_MAX_SPLITS) {
+    decodeGroupDeclined("too many splits", S, DG_MAX_SPLITS);
+    return NERVA_OK;
+  }
   const int G = H / KVH, rowsG = (G + 2) * hd;
   // Cluster sizes to try: the setting's, else 16 then 8.
   const int sizes[2] = {setting > 0 ? setting : 16, setting > 0 ? 0 : 8};
@@ -267,7 +289,10 @@ int decodeGroupRun(NervaExec* ex, const DecodeGroup& dg0, Buf qkvW, Buf kc, Buf 
     dg.rowsPerBlock = rowsG / CS;
     const size_t smem = (size_t)dg.rowsPerBlock * dg.hidden * 2 + (size_t)dg.hidden * 4 + (size_t)qkvOut * 4 +
                         ((size_t)S * (hd + 2) + 1) * 4 + 64 * 16 + 16;
-    if (smem > (size_t)ex->smemOptin) continue;
+    if (smem > (size_t)ex->smemOptin) {
+      decodeGroupDeclined("shared memory", (long long)smem, ex->smemOptin);
+      continue;
+    }
     // Occupancy, once per (cache dtype, cluster size, shared memory).
     static std::vector<std::pair<long long, int>> fits;
     const long long key = ((long long)smem << 8) | (CS << 1) | (f32 ? 1 : 0);
@@ -284,7 +309,10 @@ int decodeGroupRun(NervaExec* ex, const DecodeGroup& dg0, Buf qkvW, Buf kc, Buf 
       fits.emplace_back(key, clusters);
     }
     // Every KV head's cluster at once when no setting forces the size (else at least one).
-    if (clusters < (setting > 0 ? 1 : KVH)) continue;
+    if (clusters < (setting > 0 ? 1 : KVH)) {
+      decodeGroupDeclined("clusters that fit the GPU at once, KV heads", clusters, KVH);
+      continue;
+    }
     const int minChunk = attnTune().minChunk;
     const int *btp = (const int*)bt.p, *rsp = (const int*)rowSeq.p, *pp = (const int*)pos.p;
     int rc = f32 ? decodeGroupLaunch<float>(ex, CS, false, nullptr, grid, smem, (const float*)kc.p, (const float*)vc.p, btp, rsp,

@@ -1262,15 +1262,13 @@ constexpr int ATT_WIDE_MIN = 17;    // fewer splits: attnArrive's own loop (one 
 constexpr int ATT_WIDE_MAX = 256;   // more: attnArrive's own loop (sW's size)
 constexpr int ATT_WIDE_UNROLL = 32;
 // A split's partial: written by other blocks, read through L2 (never a possibly stale L1 line);
-// SMEM: in this block's shared memory (the decode group kernel, decode_group.cuh).
-template <bool SMEM>
-__device__ __forceinline__ float ldPart(const float* p) {
-  if constexpr (SMEM) return *p;
-  else return __ldcg(p);
-}
-template <bool SMEM>
+// smem: in this block's shared memory (the decode group kernel, decode_group.cuh).
+__device__ __forceinline__ float ldPart(const float* p, bool smem) { return smem ? *p : __ldcg(p); }
+// smem: the partials are in this block's shared memory (ldPart). A plain function (not a
+// template) so that the compiler's inlining choices stay as they were: inlined into the rope
+// decode kernel it took it from 112 registers to 121 (see k_attn_partial_rope).
 __device__ void attnMergeWide(const float* base, size_t stride, float* out, int r, int h, int H, int nAct, float* lse,
-                              uint16_t* outHi, size_t loOff) {
+                              uint16_t* outHi, size_t loOff, bool smem) {
   constexpr int hd = 128;
   __shared__ float sW[ATT_WIDE_MAX], sRed[32], sA[hd];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nW = blockDim.x >> 5;
@@ -1283,8 +1281,8 @@ __device__ void attnMergeWide(const float* base, size_t stride, float* out, int 
     lj[k] = 0.f;
     if (j < nAct) {
       const float* ps = base + (size_t)j * stride;
-      mj[k] = ldPart<SMEM>(ps);
-      lj[k] = ldPart<SMEM>(ps + 1);
+      mj[k] = ldPart(ps, smem);
+      lj[k] = ldPart(ps + 1, smem);
     }
     if (lj[k] > 0.f) mx = fmaxf(mx, mj[k]);
   }
@@ -1318,7 +1316,7 @@ __device__ void attnMergeWide(const float* base, size_t stride, float* out, int 
 #pragma unroll
       for (int u = 0; u < ATT_WIDE_UNROLL; u++) {
         const int j = j0 + u * halves;
-        v[u] = j < nAct ? ldPart<SMEM>(base + (size_t)j * stride + 2 + t) : 0.f;
+        v[u] = j < nAct ? ldPart(base + (size_t)j * stride + 2 + t, smem) : 0.f;
       }
 #pragma unroll
       for (int u = 0; u < ATT_WIDE_UNROLL; u++) {
@@ -1384,7 +1382,7 @@ template <bool SMEM>
 __device__ __forceinline__ void attnMergeHead(const float* base, size_t stride, float* out, int r, int h, int H, int hd, int nAct, float* lse,
                               uint16_t* outHi, size_t loOff) {
   if (hd == 128 && blockDim.x >= 128 && nAct >= ATT_WIDE_MIN && nAct <= ATT_WIDE_MAX) {
-    attnMergeWide<SMEM>(base, stride, out, r, h, H, nAct, lse, outHi, loOff);
+    attnMergeWide(base, stride, out, r, h, H, nAct, lse, outHi, loOff, SMEM);
     return;
   }
   for (int t = threadIdx.x; t < hd; t += blockDim.x) {
@@ -1395,9 +1393,9 @@ __device__ __forceinline__ void attnMergeHead(const float* base, size_t stride, 
       for (int j = 0; j < 8; j++) {
         const float* ps = base + (size_t)(s0 + j) * stride;
         const bool in = s0 + j < nAct;
-        mm[j] = in ? ldPart<SMEM>(ps) : -INFINITY;
-        ll[j] = in ? ldPart<SMEM>(ps + 1) : 0.f;
-        aa[j] = in ? ldPart<SMEM>(ps + 2 + t) : 0.f;
+        mm[j] = in ? ldPart(ps, SMEM) : -INFINITY;
+        ll[j] = in ? ldPart(ps + 1, SMEM) : 0.f;
+        aa[j] = in ? ldPart(ps + 2 + t, SMEM) : 0.f;
       }
       float bm = M;
 #pragma unroll
