@@ -27,18 +27,21 @@ GAP_NS = 3000
 
 
 def kernel_names(sources):
+    # A source 'PATH:BASE' holds kernels traced with NERVA_TRACE_KERNEL_AT(BASE): tag BASE + line.
     names = {}
-    for path in sources:
+    for src in sources:
+        path, _, base = src.partition(':')
+        base = int(base or 0)
         try:
             lines = open(path).read().split('\n')
         except OSError:
             continue
         for i, l in enumerate(lines):
-            if 'NERVA_TRACE_KERNEL();' in l and '#define' not in l:
+            if re.search(r'NERVA_TRACE_KERNEL(_AT\(\w+\))?\(?\)?;', l) and '#define' not in l:
                 for j in range(i, max(0, i - 40), -1):
                     m = re.search(r'\b(k_\w+)\(', lines[j])
                     if m:
-                        names.setdefault(i + 1, m.group(1))
+                        names.setdefault(base + i + 1, m.group(1))
                         break
     return names
 
@@ -110,7 +113,8 @@ def main():
     ap.add_argument('--tokens', type=int, default=4)
     ap.add_argument('--json')
     ap.add_argument('--detail', help='a kernel name: its blocks in the last step')
-    ap.add_argument('--src', nargs='*', default=['packages/cuda-backend/native/kernels.cu'])
+    ap.add_argument('--src', nargs='*', default=['packages/cuda-backend/native/kernels.cu',
+                                                 'packages/cuda-backend/native/decode_group.cuh:100000'])
     a = ap.parse_args()
     names = kernel_names(a.src)
     recs, counts, cap = load(a.file)

@@ -55,7 +55,7 @@ template <typename KT>
 __global__ void __maxnreg__(112) k_decode_group(const KT* kc, const KT* vc, const int* bt, const int* rowSeq,
                                                 const int* positions, float* out, int H, int KVH, int hd, int bs, int mbps,
                                                 float scale, int minChunk, int S, RopeFuse rf, DecodeGroup dg) {
-  NERVA_TRACE_KERNEL();
+  NERVA_TRACE_KERNEL_AT(100000);  // trace_timeline.py: decode_group.cuh:100000
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
   const int CS = (int)cl.num_blocks(), rank = (int)cl.block_rank();
@@ -169,6 +169,7 @@ __global__ void __maxnreg__(112) k_decode_group(const KT* kc, const KT* vc, cons
     for (int b = lane; b < CS; b += 32) *cl.map_shared_rank(qkvS + row, b) = y;
   }
   cl.sync();  // every block holds the group's q, k and v rows
+  NERVA_TRACE_MARK();
 
   // The group's heads, each over the splits rank, rank + CS, ...; head g's partials go to block
   // g's shared memory (attnPartial writes partial s of head h at part + (h * S + s) * (hd + 2)).

@@ -111,6 +111,8 @@ struct TraceScope {
   }
 };
 #define NERVA_TRACE_KERNEL() TraceScope nervaTraceScope_(__LINE__)
+// A kernel in an included file: its tag is BASE + its line there (trace_timeline.py --src PATH:BASE).
+#define NERVA_TRACE_KERNEL_AT(BASE) TraceScope nervaTraceScope_((BASE) + __LINE__)
 #define NERVA_TRACE_MARK()                 \
   do {                                     \
     if (threadIdx.x == 0) s_trMark = trNow(); \
@@ -121,6 +123,9 @@ struct TraceScope {
   } while (0)
 #define NERVA_TRACE_KERNEL() \
   do {                       \
+  } while (0)
+#define NERVA_TRACE_KERNEL_AT(BASE) \
+  do {                              \
   } while (0)
 #endif
 
