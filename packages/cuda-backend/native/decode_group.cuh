@@ -114,62 +114,77 @@ __global__ void __maxnreg__(112) k_decode_group(const KT* kc, const KT* vc, cons
       const KT* base = (i & 1 ? vc : kc) + slot * width + (size_t)kvh * hd;
       asm volatile("prefetch.L1 [%0];" ::"l"(reinterpret_cast<const char*>(base) + l * 128));
     }
-  }
-  pdlWait();
-  pdlTrigger();
-
-  // RMSNorm of the row into xs, the sums of squares as k_gemv_bf16's 512 threads take them:
-  // virtual thread v sums float4s v, v + 512, ...; its warp's sum lands in ssw[v / 32]; the 16
-  // are added in order.
-  const float4* xr = reinterpret_cast<const float4*>(dg.x);
-  for (int v0 = 0; v0 < DG_NORM_THREADS; v0 += blockDim.x) {
-    const int v = v0 + (int)threadIdx.x;
-    float ss = 0.f;
-    for (int j = v; j < n4; j += DG_NORM_THREADS) {
-      float4 x4 = __ldcg(xr + j);
-      ss += x4.x * x4.x + x4.y * x4.y + x4.z * x4.z + x4.w * x4.w;
-      xs[(j & 1) * n8 + (j >> 1)] = x4;
+    // The q and k norms' weights, which the rope reads after the wait.
+    const int nb = rf.ndt == NV_BF16 ? 2 : 4;
+    if (threadIdx.x < 2 * ((hd * nb + 127) / 128)) {
+      const int l = threadIdx.x >> 1;
+      const void* nwp = threadIdx.x & 1 ? rf.kn : rf.qn;
+      if (nwp) asm volatile("prefetch.L1 [%0];" ::"l"(reinterpret_cast<const char*>(nwp) + l * 128));
     }
-    ss = warpSum(ss);
-    if (lane == 0) ssw[v >> 5] = ss;
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0.f;
-    for (int j = 0; j < DG_NORM_THREADS / 32; j++) t += ssw[j];
-    invS = rsqrtf(t / (float)dg.hidden + dg.eps);
-  }
-  __syncthreads();
-  const float inv = invS;
-  for (int j = threadIdx.x; j < n4; j += blockDim.x) normScale4g(xs[(j & 1) * n8 + (j >> 1)], inv, loadNw4(dg.nw, dg.nwbf, j), 0);
-  {
-    unsigned done = 0;
-    while (!done)
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done)
-                   : "r"(dgSmem(bar))
-                   : "memory");
-  }
-  __syncthreads();
+  // The qkv phase, run where the first head's attnPartial takes its dependency wait (its first
+  // keys and their block-table entries already in flight), or after it where this block has no
+  // live split: the wait, RMSNorm, the block's rows, and their hand-over.
+  bool qkvDone = false;
+  auto qkvPhase = [&]() {
+    if (qkvDone) return;
+    qkvDone = true;
+    pdlWait();
+    pdlTrigger();
 
-  // A warp a row, as k_gemv_bf16<1, 1>: lane chunks lane, lane + 32, ... ascending; every block of
-  // the cluster gets the value (lanes < CS write one block each).
-  for (int t = warp; t < rpb; t += blockDim.x >> 5) {
-    const uint4* wr = wS + (size_t)t * n8;
-    float acc = 0.f;
-    for (int k = lane; k < n8; k += 32) {
-      const float4 a = xs[k], b = xs[n8 + k];
-      const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      acc += dot8bf16(wr[k], xv);
+    // RMSNorm of the row into xs, the sums of squares as k_gemv_bf16's 512 threads take them:
+    // virtual thread v sums float4s v, v + 512, ...; its warp's sum lands in ssw[v / 32]; the 16
+    // are added in order.
+    const float4* xr = reinterpret_cast<const float4*>(dg.x);
+    for (int v0 = 0; v0 < DG_NORM_THREADS; v0 += blockDim.x) {
+      const int v = v0 + (int)threadIdx.x;
+      float ss = 0.f;
+      for (int j = v; j < n4; j += DG_NORM_THREADS) {
+        float4 x4 = __ldcg(xr + j);
+        ss += x4.x * x4.x + x4.y * x4.y + x4.z * x4.z + x4.w * x4.w;
+        xs[(j & 1) * n8 + (j >> 1)] = x4;
+      }
+      ss = warpSum(ss);
+      if (lane == 0) ssw[v >> 5] = ss;
     }
-    acc = warpSum(acc);
-    const int row = dgRow(r0 + t, kvh, G, H, KVH, hd);
-    const float bo = dg.bias ? ldf(dg.bias, dg.bdt, row) : 0.f;
-    const float y = acc + bo;
-    for (int b = lane; b < CS; b += 32) *cl.map_shared_rank(qkvS + row, b) = y;
-  }
-  cl.sync();  // every block holds the group's q, k and v rows
-  NERVA_TRACE_MARK();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float t = 0.f;
+      for (int j = 0; j < DG_NORM_THREADS / 32; j++) t += ssw[j];
+      invS = rsqrtf(t / (float)dg.hidden + dg.eps);
+    }
+    __syncthreads();
+    const float inv = invS;
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) normScale4g(xs[(j & 1) * n8 + (j >> 1)], inv, loadNw4(dg.nw, dg.nwbf, j), 0);
+    {
+      unsigned done = 0;
+      while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(dgSmem(bar))
+                     : "memory");
+    }
+    __syncthreads();
+
+    // A warp a row, as k_gemv_bf16<1, 1>: lane chunks lane, lane + 32, ... ascending; every block of
+    // the cluster gets the value (lanes < CS write one block each).
+    for (int t = warp; t < rpb; t += blockDim.x >> 5) {
+      const uint4* wr = wS + (size_t)t * n8;
+      float acc = 0.f;
+      for (int k = lane; k < n8; k += 32) {
+        const float4 a = xs[k], b = xs[n8 + k];
+        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        acc += dot8bf16(wr[k], xv);
+      }
+      acc = warpSum(acc);
+      const int row = dgRow(r0 + t, kvh, G, H, KVH, hd);
+      const float bo = dg.bias ? ldf(dg.bias, dg.bdt, row) : 0.f;
+      const float y = acc + bo;
+      for (int b = lane; b < CS; b += 32) *cl.map_shared_rank(qkvS + row, b) = y;
+    }
+    cl.sync();  // every block holds the group's q, k and v rows
+    NERVA_TRACE_MARK();
+  };
 
   // The group's heads, each over the splits rank, rank + CS, ...; head g's partials go to block
   // g's shared memory (attnPartial writes partial s of head h at part + (h * S + s) * (hd + 2)).
@@ -180,9 +195,15 @@ __global__ void __maxnreg__(112) k_decode_group(const KT* kc, const KT* vc, cons
     const int h = kvh * G + g;
     float* part = cl.map_shared_rank(partS, g % CS) - (size_t)h * S * stride;
     if (g) __syncthreads();  // attnPartial's shared arrays are free
-    attnPartial<KT, ATT_WARPS, 4, true, true, true>(qkvS, kc, vc, bt, rowSeq, positions, part, H, KVH, hd, bs, mbps, qkvOut, 0,
-                                              scale, minChunk, S, 0, out, nullptr, 1, rfl, 0, nullptr, 0,
-                                              AttnCoord{rank, CS, h, 0});
+    if (g == 0)
+      attnPartial<KT, ATT_WARPS, 4, true, true, true>(qkvS, kc, vc, bt, rowSeq, positions, part, H, KVH, hd, bs, mbps, qkvOut,
+                                                      0, scale, minChunk, S, 0, out, nullptr, 1, rfl, 0, nullptr, 0,
+                                                      AttnCoord{rank, CS, h, 0}, qkvPhase);
+    else
+      attnPartial<KT, ATT_WARPS, 4, true, true, true>(qkvS, kc, vc, bt, rowSeq, positions, part, H, KVH, hd, bs, mbps, qkvOut,
+                                                      0, scale, minChunk, S, 0, out, nullptr, 1, rfl, 0, nullptr, 0,
+                                                      AttnCoord{rank, CS, h, 0});
+    qkvPhase();  // (a block without a live split of head 0)
   }
   cl.sync();  // every partial is in place; no block touches another's shared memory after this
   const int chunk = max(minChunk, (last + S) / S);

@@ -1497,10 +1497,15 @@ __device__ __forceinline__ void attnRopeAngle(int last, const float* invFreq, in
 #define ATT_PARTIAL_ARGS                                                                                    \
   q, kc, vc, bt, rowSeq, positions, part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, S, rowBase, out, \
       counters, decodeOnly, rf, window, lse, flashRows
-// GROUP (the decode group kernel, decode_group.cuh): the caller took the dependency wait and the
-// rotary angles (rf.cs); a compile-time switch, so the grid kernels' code is as it was.
-template <typename KT, int W, int EPL, bool ROPE, bool PAIR, bool GROUP = false>
-__device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS, AttnCoord at) {
+// GROUP (the decode group kernel, decode_group.cuh): the caller took the rotary angles (rf.cs),
+// and where a grid block takes its dependency wait (its first keys in flight) a group's block runs
+// onWait (the group's qkv phase, or nothing); a compile-time switch, so the grid kernels' code is
+// as it was.
+struct AttnNoWait {
+  __device__ void operator()() const {}
+};
+template <typename KT, int W, int EPL, bool ROPE, bool PAIR, bool GROUP = false, typename OnWait = AttnNoWait>
+__device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS, AttnCoord at, const OnWait& onWait = OnWait()) {
   // decodeOnly (op decoder_layers: every row its own sequence): the keys before a row's own
   // position were written by earlier steps, so the first batch of them streams in before the
   // dependency wait, overlapping the kernel before (rope_append, which writes q and the new key).
@@ -1658,7 +1663,10 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS, AttnCoord at) {
   const double(*cs)[2] = GROUP ? rf.cs : shcs;
   if (decodeOnly) {
     if (p0 <= end) loadBatch(p0, true);
-    if (!GROUP && !waited) {
+    if (GROUP && !waited) {
+      waited = true;
+      onWait();
+    } else if (!GROUP && !waited) {
       waited = true;
       pdlWait();
       // (Triggering only once the split's partial is written, so o's and gate_up's weight streams
