@@ -130,7 +130,6 @@ __global__ void __maxnreg__(112) k_decode_group(const KT* kc, const KT* vc, cons
     if (qkvDone) return;
     qkvDone = true;
     pdlWait();
-    pdlTrigger();
 
     // RMSNorm of the row into xs, the sums of squares as k_gemv_bf16's 512 threads take them:
     // virtual thread v sums float4s v, v + 512, ...; its warp's sum lands in ssw[v / 32]; the 16
@@ -184,6 +183,9 @@ __global__ void __maxnreg__(112) k_decode_group(const KT* kc, const KT* vc, cons
     }
     cl.sync();  // every block holds the group's q, k and v rows
     NERVA_TRACE_MARK();
+    // Only now the next kernels (o, then gate_up) start streaming their weights: released at the
+    // wait they took the memory from this kernel's own weight copies (traced, session 22).
+    pdlTrigger();
   };
 
   // The group's heads, each over the splits rank, rank + CS, ...; head g's partials go to block
