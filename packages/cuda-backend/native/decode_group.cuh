@@ -40,7 +40,15 @@ struct DecodeGroup {
   int hidden = 0;
   int rowsPerBlock = 0;         // (G + 2) * hd / CS
   float eps = 0.f;
+  int markAt = 3;               // traced builds: where NERVA_TRACE_MARK is taken (DG_MARK)
 };
+// Traced builds (-DNERVA_TRACE): the block's trace mark at point k of the kernel, chosen by the
+// environment variable NERVA_DG_MARK (1 norm done, 2 weights in, 3 rows handed over (default),
+// 4 first head's partial, 5 every head's partial, 6 partials in place).
+#define DG_MARK(k)                     \
+  do {                                 \
+    if (dg.markAt == (k)) NERVA_TRACE_MARK(); \
+  } while (0)
 
 // The qkv output row of group-local row t of KV head kvh: its G q heads, then its k, then its v.
 __device__ __forceinline__ int dgRow(int t, int kvh, int G, int H, int KVH, int hd) {
@@ -155,6 +163,7 @@ __global__ void __maxnreg__(112) k_decode_group(const KT* kc, const KT* vc, cons
     __syncthreads();
     const float inv = invS;
     for (int j = threadIdx.x; j < n4; j += blockDim.x) normScale4g(xs[(j & 1) * n8 + (j >> 1)], inv, loadNw4(dg.nw, dg.nwbf, j), 0);
+    DG_MARK(1);
     {
       unsigned done = 0;
       while (!done)
@@ -164,6 +173,7 @@ __global__ void __maxnreg__(112) k_decode_group(const KT* kc, const KT* vc, cons
                      : "memory");
     }
     __syncthreads();
+    DG_MARK(2);
 
     // A warp a row, as k_gemv_bf16<1, 1>: lane chunks lane, lane + 32, ... ascending; every block of
     // the cluster gets the value (lanes < CS write one block each).
@@ -182,7 +192,7 @@ __global__ void __maxnreg__(112) k_decode_group(const KT* kc, const KT* vc, cons
       for (int b = lane; b < CS; b += 32) *cl.map_shared_rank(qkvS + row, b) = y;
     }
     cl.sync();  // every block holds the group's q, k and v rows
-    NERVA_TRACE_MARK();
+    DG_MARK(3);
     // Only now the next kernels (o, then gate_up) start streaming their weights: released at the
     // wait they took the memory from this kernel's own weight copies (traced, session 22).
     pdlTrigger();
@@ -206,8 +216,10 @@ __global__ void __maxnreg__(112) k_decode_group(const KT* kc, const KT* vc, cons
                                                       0, scale, minChunk, S, 0, out, nullptr, 1, rfl, 0, nullptr, 0,
                                                       AttnCoord{rank, CS, h, 0});
     qkvPhase();  // (a block without a live split of head 0)
+    DG_MARK(4 + (g > 0));
   }
   cl.sync();  // every partial is in place; no block touches another's shared memory after this
+  DG_MARK(6);
   const int chunk = max(minChunk, (last + S) / S);
   const int nAct = last / chunk + 1;
   for (int g = rank; g < G; g += CS) attnMergeHead<true>(partS, stride, out, 0, kvh * G + g, H, hd, nAct, nullptr, nullptr, 0);
@@ -309,6 +321,9 @@ int decodeGroupRun(NervaExec* ex, const DecodeGroup& dg0, Buf qkvW, Buf kc, Buf 
   for (int CS : sizes) {
     if (CS <= 0 || rowsG % CS != 0 || G > CS) continue;
     DecodeGroup dg = dg0;
+#ifdef NERVA_TRACE
+    if (const char* m = getenv("NERVA_DG_MARK")) dg.markAt = atoi(m);
+#endif
     dg.w = (const uint16_t*)qkvW.p;
     dg.rowsPerBlock = rowsG / CS;
     const size_t smem = (size_t)dg.rowsPerBlock * dg.hidden * 2 + (size_t)dg.hidden * 4 + (size_t)qkvOut * 4 +
