@@ -114,7 +114,7 @@ def main():
     ap.add_argument('--json')
     ap.add_argument('--detail', help='a kernel name: its blocks in the last step')
     ap.add_argument('--src', nargs='*', default=['packages/cuda-backend/native/kernels.cu',
-                                                 'packages/cuda-backend/native/decode_group.cuh:100000'])
+                                                 'packages/cuda-backend/native/attn_decode_gqa.cuh:200000'])
     a = ap.parse_args()
     names = kernel_names(a.src)
     recs, counts, cap = load(a.file)

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const K
   __shared__ float mFin[G], lFin[G];
   __shared__ long long slot[2][DG_KEYS];
 
-  NERVA_TRACE_KERNEL();
+  NERVA_TRACE_KERNEL_AT(200000);  // trace_timeline.py: attn_decode_gqa.cuh:200000
   PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
   const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;

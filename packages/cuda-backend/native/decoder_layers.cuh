@@ -787,7 +787,10 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
 
   // Per layer: the per-op path (fused_matmul, rope_append, attention), as separate kernels.
   for (auto& l : Ls) {
-    int rc = NERVA_OK;
+    Fuse fq;
+    fq.nw = l.attnNorm;
+    fq.eps = eps;
+    int rc = gemvRows(ex, (const float*)x.p, l.qkv, (float*)qkv.p, rows, hidden, qkvOut, l.qkvBias, fq);
     // Many rows: the GQA kernel (each key read once for its q heads), after rope_append.
     const bool gqa = attnDecodeGqaFits(ex, rows, nq, nkv, hd, l.kc.dt, l.vc.dt);
     // Decode rows with headDim 128: rope_append's work is fused into the attention kernel.
@@ -802,35 +805,15 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
       rf.ndt = l.qNorm.p ? l.qNorm.dt : l.kNorm.dt;
       rf.slots = (const int*)slots.p;
       rf.eps = eps;
-    }
-    // One row: qkv and the attention as a decode group (decode_group.cuh) where it applies.
-    bool grouped = false;
-    if (fuseRope && rows == 1 && (l.attnNorm.dt == NV_BF16 || l.attnNorm.dt == NV_F32)) {
-      DecodeGroup dg;
-      dg.x = (const float*)x.p;
-      dg.nw = l.attnNorm.p;
-      dg.nwbf = l.attnNorm.dt == NV_BF16;
-      dg.bias = l.qkvBias.p;
-      dg.bdt = l.qkvBias.dt;
-      dg.hidden = hidden;
-      dg.eps = eps;
-      rc = decodeGroupRun(ex, dg, l.qkv, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, nq, nkv, hd, bs, mbps, scale, rf,
-                          &grouped);
-    }
-    if (!rc && !grouped) {
-      Fuse fq;
-      fq.nw = l.attnNorm;
-      fq.eps = eps;
-      rc = gemvRows(ex, (const float*)x.p, l.qkv, (float*)qkv.p, rows, hidden, qkvOut, l.qkvBias, fq);
-    }
-    if (!rc && !fuseRope)
+    } else if (!rc) {
       rc = ropeAppendRun(ex, (float*)qkv.p, pos, inv, slots, l.kc, l.vc, l.qNorm, l.kNorm, rows, nq, nkv, hd, qkvOut, eps);
+    }
     // Many rows on cuBLAS(Lt): the attention also splits its output into o's bf16 operand.
     SplitHandoff attnSplit;
-    if (!rc && !grouped && gqa)
+    if (!rc && gqa)
       rc = attnDecodeGqa(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, bs, mbps, qkvOut,
                          0, scale, &attnSplit);
-    else if (!rc && !grouped)
+    else if (!rc)
       // Decode rows: the attention streams its first keys in before waiting on rope_append.
       rc = attentionRun(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, hd, bs, mbps,
                         qkvOut, 0, scale, 1, fuseRope ? &rf : nullptr);

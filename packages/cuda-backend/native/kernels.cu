@@ -5,7 +5,6 @@
 // buffers, never from kernel arguments, so a captured graph replays with new values.
 #include "nerva.h"
 
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdio.h>
@@ -111,7 +110,8 @@ struct TraceScope {
   }
 };
 #define NERVA_TRACE_KERNEL() TraceScope nervaTraceScope_(__LINE__)
-// A kernel in an included file: its tag is BASE + its line there (trace_timeline.py --src PATH:BASE).
+// A kernel in an included file: its tag is BASE + its line there, so it cannot take the name of a
+// kernels.cu kernel at the same line (trace_timeline.py --src PATH:BASE).
 #define NERVA_TRACE_KERNEL_AT(BASE) TraceScope nervaTraceScope_((BASE) + __LINE__)
 #define NERVA_TRACE_MARK()                 \
   do {                                     \
@@ -1266,14 +1266,8 @@ __device__ __forceinline__ void ldk2(const __half* p, bool in, float& a, float& 
 constexpr int ATT_WIDE_MIN = 17;    // fewer splits: attnArrive's own loop (one or two rounds)
 constexpr int ATT_WIDE_MAX = 256;   // more: attnArrive's own loop (sW's size)
 constexpr int ATT_WIDE_UNROLL = 32;
-// A split's partial: written by other blocks, read through L2 (never a possibly stale L1 line);
-// smem: in this block's shared memory (the decode group kernel, decode_group.cuh).
-__device__ __forceinline__ float ldPart(const float* p, bool smem) { return smem ? *p : __ldcg(p); }
-// smem: the partials are in this block's shared memory (ldPart). A plain function (not a
-// template) so that the compiler's inlining choices stay as they were: inlined into the rope
-// decode kernel it took it from 112 registers to 121 (see k_attn_partial_rope).
 __device__ void attnMergeWide(const float* base, size_t stride, float* out, int r, int h, int H, int nAct, float* lse,
-                              uint16_t* outHi, size_t loOff, bool smem) {
+                              uint16_t* outHi, size_t loOff) {
   constexpr int hd = 128;
   __shared__ float sW[ATT_WIDE_MAX], sRed[32], sA[hd];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nW = blockDim.x >> 5;
@@ -1286,8 +1280,8 @@ __device__ void attnMergeWide(const float* base, size_t stride, float* out, int 
     lj[k] = 0.f;
     if (j < nAct) {
       const float* ps = base + (size_t)j * stride;
-      mj[k] = ldPart(ps, smem);
-      lj[k] = ldPart(ps + 1, smem);
+      mj[k] = __ldcg(ps);
+      lj[k] = __ldcg(ps + 1);
     }
     if (lj[k] > 0.f) mx = fmaxf(mx, mj[k]);
   }
@@ -1321,7 +1315,7 @@ __device__ void attnMergeWide(const float* base, size_t stride, float* out, int 
 #pragma unroll
       for (int u = 0; u < ATT_WIDE_UNROLL; u++) {
         const int j = j0 + u * halves;
-        v[u] = j < nAct ? ldPart(base + (size_t)j * stride + 2 + t, smem) : 0.f;
+        v[u] = j < nAct ? __ldcg(base + (size_t)j * stride + 2 + t) : 0.f;
       }
 #pragma unroll
       for (int u = 0; u < ATT_WIDE_UNROLL; u++) {
@@ -1355,9 +1349,6 @@ __device__ void attnMergeWide(const float* base, size_t stride, float* out, int 
 // (Measured without gain on the 0.6B shape, session 17: sixteen splits a load round; the fences
 // of thread 0 alone around the counter. Session 18: merging in thread block clusters over
 // distributed shared memory, and the last split polling for the others; see docs/results.)
-template <bool SMEM>
-__device__ __forceinline__ void attnMergeHead(const float* base, size_t stride, float* out, int r, int h, int H, int hd, int nAct, float* lse,
-                              uint16_t* outHi, size_t loOff);
 __device__ void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
                            int nAct, float* lse, uint16_t* outHi = nullptr, size_t loOff = 0) {
   NERVA_TRACE_MARK();  // the split's partial is written
@@ -1373,21 +1364,14 @@ __device__ void attnArrive(const float* part, float* out, int* counters, int rl,
   __syncthreads();
   if (!lastFlag) return;
   __threadfence();
+  // Each thread merges its output columns on its own: (m, l, acc) of eight splits are loaded
+  // at once and folded in with an online rescale, so the merge is one L2 round trip per eight
+  // splits with no block reductions between the loads. (Loading every (m, l) first, reducing M
+  // and L across the block, then the accumulators cost two round trips and four barriers.)
   const size_t stride = (size_t)hd + 2;
-  attnMergeHead<false>(part + ((size_t)rl * H + h) * S * stride, stride, out, r, h, H, hd, nAct, lse, outHi, loOff);
-}
-
-// The merge of one (row, head)'s nAct live split partials at base (stride floats apart) into
-// out (and lse), by the whole block; SMEM: the partials are in this block's shared memory.
-// Each thread merges its output columns on its own: (m, l, acc) of eight splits are loaded
-// at once and folded in with an online rescale, so the merge is one L2 round trip per eight
-// splits with no block reductions between the loads. (Loading every (m, l) first, reducing M
-// and L across the block, then the accumulators cost two round trips and four barriers.)
-template <bool SMEM>
-__device__ __forceinline__ void attnMergeHead(const float* base, size_t stride, float* out, int r, int h, int H, int hd, int nAct, float* lse,
-                              uint16_t* outHi, size_t loOff) {
+  const float* base = part + ((size_t)rl * H + h) * S * stride;
   if (hd == 128 && blockDim.x >= 128 && nAct >= ATT_WIDE_MIN && nAct <= ATT_WIDE_MAX) {
-    attnMergeWide(base, stride, out, r, h, H, nAct, lse, outHi, loOff, SMEM);
+    attnMergeWide(base, stride, out, r, h, H, nAct, lse, outHi, loOff);
     return;
   }
   for (int t = threadIdx.x; t < hd; t += blockDim.x) {
@@ -1398,9 +1382,9 @@ __device__ __forceinline__ void attnMergeHead(const float* base, size_t stride, 
       for (int j = 0; j < 8; j++) {
         const float* ps = base + (size_t)(s0 + j) * stride;
         const bool in = s0 + j < nAct;
-        mm[j] = in ? ldPart(ps, SMEM) : -INFINITY;
-        ll[j] = in ? ldPart(ps + 1, SMEM) : 0.f;
-        aa[j] = in ? ldPart(ps + 2 + t, SMEM) : 0.f;
+        mm[j] = in ? __ldcg(ps) : -INFINITY;
+        ll[j] = in ? __ldcg(ps + 1) : 0.f;
+        aa[j] = in ? __ldcg(ps + 2 + t) : 0.f;
       }
       float bm = M;
 #pragma unroll
@@ -1438,16 +1422,6 @@ struct RopeFuse {
   int ndt = 0;
   const int* slots = nullptr;
   float eps = 0.f;
-  // The 64 angles' float64 (cos, sin), taken by the caller before its dependency wait (shared
-  // memory); null: attnPartial takes them itself.
-  const double (*cs)[2] = nullptr;
-};
-
-// Which splits, head and row a decode group's block takes in attnPartial: splits s0, s0 + sStep,
-// ... of head h of row rl (a grid's block takes blockIdx.x, + gridDim.x, ... of head blockIdx.y,
-// row blockIdx.z).
-struct AttnCoord {
-  int s0 = 0, sStep = 1, h = 0, rl = 0;
 };
 
 // Which head element lane `lane` holds as its j-th. PAIR (headDim a multiple of 64): lanes hold
@@ -1481,11 +1455,6 @@ __device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int 
   }
 }
 
-// The rotary angle i of position `last` as rope_append takes it: float64 (cos, sin).
-__device__ __forceinline__ void attnRopeAngle(int last, const float* invFreq, int i, double (&cs)[2]) {
-  sincos((double)__fmul_rn((float)last, invFreq[i]), &cs[1], &cs[0]);
-}
-
 // EPL: head elements per lane (headDim <= 32 * EPL). Sizing the key/value registers to the
 // head (4 for headDim 128) rather than to the largest head takes the kernel from 128 registers a
 // thread to 80 (103 with ROPE), so more of the next kernel's blocks fit beside it.
@@ -1497,15 +1466,8 @@ __device__ __forceinline__ void attnRopeAngle(int last, const float* invFreq, in
 #define ATT_PARTIAL_ARGS                                                                                    \
   q, kc, vc, bt, rowSeq, positions, part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, S, rowBase, out, \
       counters, decodeOnly, rf, window, lse, flashRows
-// GROUP (the decode group kernel, decode_group.cuh): the caller took the rotary angles (rf.cs),
-// and where a grid block takes its dependency wait (its first keys in flight) a group's block runs
-// onWait (the group's qkv phase, or nothing); a compile-time switch, so the grid kernels' code is
-// as it was.
-struct AttnNoWait {
-  __device__ void operator()() const {}
-};
-template <typename KT, int W, int EPL, bool ROPE, bool PAIR, bool GROUP = false, typename OnWait = AttnNoWait>
-__device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS, AttnCoord at, const OnWait& onWait = OnWait()) {
+template <typename KT, int W, int EPL, bool ROPE, bool PAIR>
+__device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS) {
   // decodeOnly (op decoder_layers: every row its own sequence): the keys before a row's own
   // position were written by earlier steps, so the first batch of them streams in before the
   // dependency wait, overlapping the kernel before (rope_append, which writes q and the new key).
@@ -1516,14 +1478,10 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS, AttnCoord at, co
   // taken before the wait as well.
   if (!decodeOnly) PDL_ENTER();
   // Rows of tiles that k_attn_prefill took (flashRows: the row count it saw; 0 when it did not run).
-  // The block's coordinates: the grid's, or (GROUP) the caller's. Read from the special
-  // registers where they are used, as before AttnCoord existed (held in registers they cost the
-  // rope kernel 8 registers and a spill).
-#define ATT_S0 (GROUP ? at.s0 : (int)blockIdx.x)
-  if (flashRows && attnTileUniform(rowSeq, flashRows, (rowBase + (GROUP ? at.rl : (int)blockIdx.z)) / PF_ROWS)) return;
+  if (flashRows && attnTileUniform(rowSeq, flashRows, (rowBase + (int)blockIdx.z) / PF_ROWS)) return;
   __shared__ float shm[W], shl[W];
   __shared__ float sha[W][EPL * 32];
-  const int h = GROUP ? at.h : (int)blockIdx.y, rl = GROUP ? at.rl : (int)blockIdx.z, r = rowBase + rl;
+  const int h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int epl = (hd + 31) >> 5;
   const int last = positions[r];
@@ -1532,8 +1490,8 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS, AttnCoord at, co
   // S splits of the keys; a block takes splits blockIdx.x, + gridDim.x, ... in turn (gridDim.x <
   // S under batch-invariant decode: the split of a row's keys, and so its numerics, is the one
   // of a single-row call, while a many-row call launches fewer blocks per row).
-  for (int s = ATT_S0; s < S; s += GROUP ? at.sStep : (int)gridDim.x) {
-  if (s != ATT_S0) __syncthreads();  // the shared arrays of the split before are free
+  for (int s = blockIdx.x; s < S; s += gridDim.x) {
+  if (s != (int)blockIdx.x) __syncthreads();  // the shared arrays of the split before are free
   float* dst = part + (((size_t)rl * H + h) * S + s) * (hd + 2);
   // A sliding window (window > 0) starts the keys at last - window + 1.
   int lo = window > 0 ? max(0, last - window + 1) : 0;
@@ -1655,18 +1613,15 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS, AttnCoord at, co
   // ROPE: the 64 angles' cos/sin, one per thread into shared memory, before anything else is
   // live (float64 sincos needs many registers; a per-lane copy cost the kernel ~30 more).
   __shared__ double shcs[ROPE ? 64 : 1][2];
-  if (ROPE && !GROUP && !cosDone) {
+  if (ROPE && !cosDone) {
     cosDone = true;
-    if (threadIdx.x < 64) attnRopeAngle(last, rf.invFreq, threadIdx.x, shcs[threadIdx.x]);
+    if (threadIdx.x < 64)
+      sincos((double)__fmul_rn((float)last, rf.invFreq[threadIdx.x]), &shcs[threadIdx.x][1], &shcs[threadIdx.x][0]);
     __syncthreads();
   }
-  const double(*cs)[2] = GROUP ? rf.cs : shcs;
   if (decodeOnly) {
     if (p0 <= end) loadBatch(p0, true);
-    if (GROUP && !waited) {
-      waited = true;
-      onWait();
-    } else if (!GROUP && !waited) {
+    if (!waited) {
       waited = true;
       pdlWait();
       // (Triggering only once the split's partial is written, so o's and gate_up's weight streams
@@ -1687,7 +1642,7 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS, AttnCoord at, co
           vr4[j] = vrow[attnElem<PAIR>(j, lane)];
         }
       }
-      ropeHeadWarp<PAIR>(a, rf.qn, rf.ndt, rf.eps, cs, lane);
+      ropeHeadWarp<PAIR>(a, rf.qn, rf.ndt, rf.eps, shcs, lane);
 #pragma unroll
       for (int j = 0; j < EPL; j++) {
         qv[j] = j < 4 ? a[j] * scale : 0.f;
@@ -1696,7 +1651,7 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS, AttnCoord at, co
         vNew[j] = 0.f;
       }
       if (owner) {
-        ropeHeadWarp<PAIR>(kr4, rf.kn, rf.ndt, rf.eps, cs, lane);
+        ropeHeadWarp<PAIR>(kr4, rf.kn, rf.ndt, rf.eps, shcs, lane);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
           kNew[j] = kr4[j];
@@ -1787,12 +1742,11 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS, AttnCoord at, co
   }
   }
 }
-#undef ATT_S0
 
 template <typename KT, int W, int EPL, bool ROPE, bool PAIR>
 __global__ void __launch_bounds__(32 * W) k_attn_partial(ATT_PARTIAL_PARAMS) {
   NERVA_TRACE_KERNEL();
-  attnPartial<KT, W, EPL, ROPE, PAIR>(ATT_PARTIAL_ARGS, AttnCoord());
+  attnPartial<KT, W, EPL, ROPE, PAIR>(ATT_PARTIAL_ARGS);
 }
 
 // The decode kernel (rope fused, headDim 128) held to 112 registers a thread: at two blocks an SM
@@ -1802,7 +1756,7 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(ATT_PARTIAL_PARAMS) {
 template <typename KT, int W, bool PAIR>
 __global__ void __maxnreg__(112) k_attn_partial_rope(ATT_PARTIAL_PARAMS) {
   NERVA_TRACE_KERNEL();
-  attnPartial<KT, W, 4, true, PAIR>(ATT_PARTIAL_ARGS, AttnCoord());
+  attnPartial<KT, W, 4, true, PAIR>(ATT_PARTIAL_ARGS);
 }
 #undef ATT_PARTIAL_PARAMS
 #undef ATT_PARTIAL_ARGS
@@ -3175,32 +3129,6 @@ int attnResident(bool rope, int hd, bool pair) {
   return cache[v];
 }
 
-// Splits of attentionRun's split-KV launch for sRows rows of H heads and keys up to maxLen
-// (before the workspace bound): those of one wave of the kernel's resident blocks (`resident` an
-// SM) when rows * heads is small (NERVA_ATTN_WAVES, default 1); a long context that needs more
-// (at most 1024 keys a block, unless prefill tiles took the long rows) takes the next whole number
-// of waves, so no wave runs a few stragglers. H100, batch 1, same call (session 19, call 8):
-// against the old 8 blocks an SM (four waves of the fused decode kernel), the 0.6B decoded 1.27x
-// faster at a 1536-token context, 1.35x at 4000, 1.14x at 16000; the 8B 1.10x at 2000, 1.09x at
-// 6000, 1.03x at 12000 (12 splits needed: two whole waves, 16, beat 12 by 11 %, call 6). Short
-// contexts do not change (minChunk decides); more waves were slower (calls 5, 6).
-long long attnSplitCount(const NervaExec* ex, int resident, long long sRows, int H, long long maxLen, bool flash) {
-  const long long slots = (long long)ex->smCount * std::max(1, resident);
-  const long long perWave = std::max<long long>(1, slots / (sRows * H));
-  long long S = perWave * attnTune().waves;
-  if (!flash) {
-    const long long sMin = (maxLen + 1023) / 1024;  // long contexts: at most 1024 keys per block
-    if (sMin > S) S = (sMin + perWave - 1) / perWave * perWave;
-  }
-  // At least minChunk keys per split: a split fewer keys than that costs more in merging than it
-  // saves. (Capping S at maxLen/64 instead kept a short-context decode at 7 splits of ~55 keys,
-  // 12 us per layer on the 0.6B shape.)
-  // (minChunk 16 and 64 measured no better; 8 slower.)
-  const int minChunk = attnTune().minChunk;
-  S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
-  return std::min<long long>(S, 4096);
-}
-
 // decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
 int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
                  int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly = 0,
@@ -3249,7 +3177,14 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   long long maxLen = (long long)mbps * bs;
   size_t perSplit = (size_t)(hd + 2) * sizeof(float);
   const bool pair = hd % 64 == 0;  // lanes hold adjacent element pairs (attnElem)
-  // Splits: attnSplitCount, then bounded by the workspace.
+  // Splits in whole waves of the split kernel's resident blocks (attnResident x SMs): the splits
+  // of one wave (NERVA_ATTN_WAVES, default 1) when rows*heads is small; a long context that
+  // needs more (at most 1024 keys a block) takes the next whole number of waves, so no wave runs a
+  // few stragglers. Bounded by the workspace. H100, batch 1, same call (session 19, call 8):
+  // against the old 8 blocks an SM (four waves of the fused decode kernel), the 0.6B decoded
+  // 1.27x faster at a 1536-token context, 1.35x at 4000, 1.14x at 16000; the 8B 1.10x at 2000,
+  // 1.09x at 6000, 1.03x at 12000 (12 splits needed: two whole waves, 16, beat 12 by 11 %, call
+  // 6). Short contexts do not change (minChunk decides); more waves were slower (calls 5, 6).
   int resident = 0;
   switch (kc.dt) {
     case NV_F32: resident = attnResident<float>(rope != nullptr, hd, pair); break;
@@ -3263,8 +3198,20 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   // row alone, whatever the number of rows; rows go in chunks the workspace and the combine
   // counters cover, never fewer splits.
   const bool inv = ex->batchInv;
-  long long S = attnSplitCount(ex, resident, inv ? 1 : rows, H, maxLen, flashRows != 0);
+  const long long sRows = inv ? 1 : rows;
+  const long long perWave = std::max<long long>(1, slots / (sRows * H));
+  long long S = perWave * attnTune().waves;
+  if (!flashRows) {
+    const long long sMin = (maxLen + 1023) / 1024;  // long contexts: at most 1024 keys per block
+    if (sMin > S) S = (sMin + perWave - 1) / perWave * perWave;
+  }
+  // At least minChunk keys per split: a split fewer keys than that costs more in merging than it
+  // saves. (Capping S at maxLen/64 instead kept a short-context decode at 7 splits of ~55 keys,
+  // 12 us per layer on the 0.6B shape.)
+  // (minChunk 16 and 64 measured no better; 8 slower.)
   const int minChunk = attnTune().minChunk;
+  S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
+  S = std::min<long long>(S, 4096);
   int rowChunk = rows;
   if (inv) rowChunk = invRowChunk(ex, rows, H, S, perSplit);
   while (rowChunk > 1 && (size_t)rowChunk * H * S * perSplit > ex->wsBytes) {
@@ -3408,7 +3355,6 @@ int opSample(NervaExec* ex, Args& A) {
   return NERVA_OK;
 }
 
-#include "decode_group.cuh"
 #include "decoder_layers.cuh"
 
 }  // namespace

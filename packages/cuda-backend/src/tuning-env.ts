@@ -22,7 +22,6 @@ export const TUNING_KNOBS: Readonly<Record<string, TuningKnob>> = {
   NERVA_BI_GEMM: { kind: 'oneOf', values: ['0', '1', 'kernel'], what: 'batch-invariant matmul: 1 cuBLASLt pinned (default), kernel k_gemm_bi, 0 the GEMV' },
   NERVA_BI_GEMM_WARPS: { kind: 'int', min: 0, what: "warps' worth of weight tiles k_gemm_bi's split-K aims for (default 2048)" },
   NERVA_BI_LT_ROWS: { kind: 'int', min: 1, what: 'rows a batch-invariant cuBLASLt call takes at most (default 128)' },
-  NERVA_DECODE_GROUP: { kind: 'oneOf', values: ['0', '8', '16'], what: "one-row decode's qkv and attention as one kernel of clusters of this many blocks (default: 16 where they fit, else 8; 0: two kernels)" },
   NERVA_DECODE_EARLY: { kind: 'int', min: 0, max: 3, what: 'which decode GEMVs trigger the next kernel at entry (bits; default 3)' },
   NERVA_FLASH_PREFILL: { kind: 'oneOf', values: ['0', '1'], what: 'tensor-core prefill attention (default 1)' },
   NERVA_GEMV_MAX_ROWS: { kind: 'oneOf', values: ['8', '16'], what: 'rows of one GEMV launch (default 16)' },

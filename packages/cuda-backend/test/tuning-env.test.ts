@@ -23,7 +23,6 @@ describe('checkTuningEnv (the addon environment switches)', () => {
       ['NERVA_ATTN_MIN_CHUNK', '4', /NERVA_ATTN_MIN_CHUNK.*\[8, /],
       ['NERVA_DECODE_EARLY', '4', /NERVA_DECODE_EARLY.*\[0, 3\]/],
       ['NERVA_DECODE_EARLY', '-1', /NERVA_DECODE_EARLY.*"-1"/],
-      ['NERVA_DECODE_GROUP', '4', /NERVA_DECODE_GROUP: must be 0, 8, 16 or unset, got "4"/],
       ['NERVA_HOST_THREADS', '1.5', /NERVA_HOST_THREADS.*"1.5"/],
       ['NERVA_HOST_THREADS', ' 4', /NERVA_HOST_THREADS.*" 4"/],
       ['NERVA_BI_GEMM_WARPS', '99999999999', /NERVA_BI_GEMM_WARPS/],
