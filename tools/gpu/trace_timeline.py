@@ -37,7 +37,7 @@ def kernel_names(sources):
         except OSError:
             continue
         for i, l in enumerate(lines):
-            if re.search(r'NERVA_TRACE_KERNEL(_AT\(\w+\))?\(?\)?;', l) and '#define' not in l:
+            if re.search(r'NERVA_TRACE_KERNEL(\(\)|_AT\(\w+\));', l) and '#define' not in l:
                 for j in range(i, max(0, i - 40), -1):
                     m = re.search(r'\b(k_\w+)\(', lines[j])
                     if m:
