@@ -31,6 +31,8 @@ def kernel_names(sources):
     names = {}
     for src in sources:
         path, _, base = src.partition(':')
+        if base and not base.isdigit():
+            sys.exit('trace_timeline: --src %r: BASE after the colon must be a whole number' % src)
         base = int(base or 0)
         try:
             lines = open(path).read().split('\n')
