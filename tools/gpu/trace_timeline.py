@@ -115,7 +115,7 @@ def main():
     ap.add_argument('--tokens', type=int, default=4)
     ap.add_argument('--json')
     ap.add_argument('--detail', help='a kernel name: its blocks in the last step')
-    ap.add_argument('--src', nargs='*', default=['packages/cuda-backend/native/kernels.cu',
+    ap.add_argument('--src', nargs='*', default=['packages/cuda-backend/native/kernels.cu', 'packages/cuda-backend/native/attn_decode_short.cuh:300000',
                                                  'packages/cuda-backend/native/attn_decode_gqa.cuh:200000'])
     a = ap.parse_args()
     names = kernel_names(a.src)

@@ -5,6 +5,7 @@
 // buffers, never from kernel arguments, so a captured graph replays with new values.
 #include "nerva.h"
 
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdio.h>
@@ -1761,6 +1762,8 @@ __global__ void __maxnreg__(112) k_attn_partial_rope(ATT_PARTIAL_PARAMS) {
 #undef ATT_PARTIAL_PARAMS
 #undef ATT_PARTIAL_ARGS
 
+#include "attn_decode_short.cuh"
+
 // Exact merge of the split partials (online-softmax combine), one block per (head, row).
 __global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase, float* lse, const int* rowSeq,
                                int flashRows) {
@@ -3162,6 +3165,32 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
       }
     }
     return NERVA_OK;
+  }
+  // Decode rows with the fused rope: k_attn_decode_short (clusters, no global merge) when chosen.
+  if (rope && decodeOnly && !ex->batchInv && hd == 128 && attnShortSetting() > 0 && rows <= 65535 &&
+      (kc.dt == NV_F32 || kc.dt == NV_BF16)) {
+    const int G = H / KVH, C = attnShortSetting(), cap = attnShortCap();
+    if (C != 2 && C != 4 && C != 8 && C != 16) return bad(ex, "attention: NERVA_ATTN_SHORT must be 0, 2, 4, 8 or 16");
+    const int *btp = (const int*)bt.p, *rsp = (const int*)rowSeq.p, *pp = (const int*)pos.p;
+    cudaError_t e = cudaErrorInvalidValue;
+#define SA_L(KT, GG)                                                                                                  \
+  e = attnShortLaunch<KT, GG>(ex, C, cap, rows, qPtr, (KT*)kc.p, (KT*)vc.p, btp, rsp, pp, outPtr, H, KVH, bs, mbps,     \
+                              qStride, qOff, scale, *rope)
+#define SA_G(KT)                                                 \
+  switch (G) {                                                   \
+    case 1: SA_L(KT, 1); break;                                  \
+    case 2: SA_L(KT, 2); break;                                  \
+    case 4: SA_L(KT, 4); break;                                  \
+    default: return bad(ex, "attention: NERVA_ATTN_SHORT needs 1, 2 or 4 q heads a KV head"); \
+  }
+    if (kc.dt == NV_F32) {
+      SA_G(float)
+    } else {
+      SA_G(uint16_t)
+    }
+#undef SA_G
+#undef SA_L
+    return check(ex, "k_attn_decode_short", e);
   }
   // Tiles of 64 rows of one sequence (prefill chunks) run on tensor cores; the split-KV kernel
   // below skips their rows. It then needs no splits for long contexts: the rows left are few.
