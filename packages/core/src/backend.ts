@@ -121,6 +121,13 @@ export interface BackendCapabilities {
    * at any number of logit rows. Absent: false (no promise).
    */
   batchInvariant?: boolean;
+  /**
+   * Op decoder_layers at one decode row: the most keys the row may have (maxKeys) for which the
+   * backend runs a faster decode attention. The engine then captures a one-row decode step that
+   * stays within it as a graph of its own, with maxKeys set to this value. Absent or 0: maxKeys
+   * changes nothing.
+   */
+  decodeShortKeys?: number;
   graphCapture: boolean;
   peerAccess: boolean;
   collectives: boolean;

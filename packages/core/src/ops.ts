@@ -252,6 +252,13 @@ export interface OpCatalogue {
     maxBlocksPerSeq: number;
     eps: number;
     scale: number;
+    /**
+     * An upper bound on every row's keys (its position + 1) for as long as this call runs, a
+     * captured graph's replays included; 0 or absent: none known. A backend may choose its
+     * attention kernel by it (see capabilities.decodeShortKeys); within exact numerics the
+     * results are the same either way.
+     */
+    maxKeys?: number;
   };
   /**
    * out[r, i] = silu(x[r, i]) * x[r, dim + i]; x is [rows, 2*dim] (gate then up). `out` may be

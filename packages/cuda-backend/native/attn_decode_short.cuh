@@ -14,14 +14,15 @@ constexpr int SA_THREADS = 128;
 constexpr int SA_HD = 128;
 constexpr int SA_MAX_G = 4;
 constexpr int SA_MAX_C = 16;  // cluster size (16: non-portable)
+constexpr int SA_MAX_KEYS = 1024;  // the most keys (maxKeys) the kernel is chosen for
 
 template <typename KT>
 __host__ __device__ constexpr int saRowElems() {
-  return SA_HD + 16 / (int)sizeof(KT);  // padded: a row starts 16 bytes on from the bank of the one before
+  return SA_HD + 64 / (int)sizeof(KT);  // padded: a row starts 64 bytes on (16 banks) from the one before
 }
 template <typename KT>
 size_t saSmemBytes(int cap) {
-  return (size_t)cap * 2 * saRowElems<KT>() * sizeof(KT) + (size_t)cap * (sizeof(long long) + SA_MAX_G * sizeof(float));
+  return (size_t)cap * 2 * saRowElems<KT>() * sizeof(KT) + (size_t)cap * sizeof(long long);
 }
 
 __device__ __forceinline__ void saLoad8(const float* p, float (&v)[8]) {
@@ -56,7 +57,7 @@ template <typename KT, int G>
 __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q, KT* kc, KT* vc, const int* bt,
                                                                  const int* rowSeq, const int* positions, float* out,
                                                                  int H, int KVH, int bs, int mbps, int qStride, int qOff,
-                                                                 float scale, int cap, RopeFuse rf, int markAt, int trigAt) {
+                                                                 float scale, int cap, RopeFuse rf, int markAt) {
   namespace cg = cooperative_groups;
   constexpr int LD = saRowElems<KT>();
   constexpr int CPR = SA_HD * (int)sizeof(KT) / 16;  // 16-byte copies a row
@@ -65,12 +66,8 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
   KT* const ks = (KT*)sasm;                  // cap rows of keys
   KT* const vs = ks + (size_t)cap * LD;      // then cap rows of values
   long long* const slotS = (long long*)(vs + (size_t)cap * LD);  // -1: not in this cache; -2: the new key
-  float* const ps = (float*)(slotS + cap);   // [G][cap] scores, then probabilities
   __shared__ __align__(16) float qs[G][SA_HD];
   __shared__ __align__(16) float accW[NW][G][SA_HD];
-  __shared__ float red[NW][G];
-  __shared__ float mS[G], lS[G];             // this block's partial, read by the cluster
-  __shared__ __align__(16) float accS[G][SA_HD];
   __shared__ double shcs[64][2];
 
   NERVA_TRACE_KERNEL_AT(300000);  // trace_timeline.py: attn_decode_short.cuh:300000
@@ -113,7 +110,8 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
   if (tid < 64) sincos((double)__fmul_rn((float)last, rf.invFreq[tid]), &shcs[tid][1], &shcs[tid][0]);
   __syncthreads();
   pdlWait();
-  if (trigAt == 0) pdlTrigger();
+  // (Letting o in only after the keys are folded, or at the exit, was slower: session 23.)
+  pdlTrigger();
 
   // q heads (warps 0..G-1) and, in the block that holds key `last`, the new key and value.
   const bool owner = last >= start && last < stop;
@@ -158,6 +156,14 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
     }
   }
 
+  // A warp takes 8 keys at a time (keys 32 j + 8 warp ..), a quad of lanes a key: lane `qp` of
+  // the quad holds every fourth 16-byte chunk of q and of the key (padded rows put the 8 keys of
+  // a phase in distinct banks), so a score is 32 products and two shuffles. The warp keeps its
+  // own running softmax, as the split-KV kernel's warps do; lane `lane` owns the value columns
+  // 4 lane .. 4 lane + 3.
+  constexpr int EPC = 16 / (int)sizeof(KT);  // elements a 16-byte chunk
+  constexpr int CH = SA_HD / EPC / 4;        // chunks a lane of a quad takes
+  const int qp = lane & 3, kq = lane >> 2;
   float m[G], l[G], acc[G][4];
 #pragma unroll
   for (int g = 0; g < G; g++) {
@@ -166,6 +172,8 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
 #pragma unroll
     for (int j = 0; j < 4; j++) acc[g][j] = 0.f;
   }
+  float qr[G][CH * EPC];
+  bool qLoaded = false;
   for (int t0 = start; t0 < stop; t0 += cap) {
     const int n = min(cap, stop - t0);
     if (t0 != start) {
@@ -175,155 +183,149 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
     saCopyWait();
     __syncthreads();
     if (t0 == start && markAt == 1) NERVA_TRACE_MARK();  // q, the new key and the first tile are in
-    // Scores: a thread a key, every q head of the group.
-    for (int i = tid; i < n; i += SA_THREADS) {
+    if (!qLoaded) {
+      qLoaded = true;
+#pragma unroll
+      for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int c = 0; c < CH; c++)
+#pragma unroll
+          for (int e = 0; e < EPC; e++) qr[g][c * EPC + e] = qs[g][(c * 4 + qp) * EPC + e];
+    }
+    for (int k0 = warp * 8; k0 < n; k0 += NW * 8) {
+      const int i = k0 + kq;  // this quad's key
+      const bool live = i < n && slotS[i] != -1;
       float d[G];
 #pragma unroll
       for (int g = 0; g < G; g++) d[g] = 0.f;
-      const KT* kr = ks + (size_t)i * LD;
-#pragma unroll 4
-      for (int e = 0; e < SA_HD; e += 8) {
-        float kv8[8];
-        saLoad8(kr + e, kv8);
+      if (i < n) {
+        const KT* kr = ks + (size_t)i * LD + qp * EPC;
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-          const float4 qa = *(const float4*)&qs[g][e], qb = *(const float4*)&qs[g][e + 4];
-          d[g] += qa.x * kv8[0] + qa.y * kv8[1] + qa.z * kv8[2] + qa.w * kv8[3] + qb.x * kv8[4] + qb.y * kv8[5] +
-                  qb.z * kv8[6] + qb.w * kv8[7];
+        for (int c = 0; c < CH; c++) {
+          float kv[EPC];
+          if constexpr (EPC == 4) {
+            saLoad4(kr + c * 4 * EPC, kv);
+          } else {
+            saLoad8(kr + c * 4 * EPC, kv);
+          }
+#pragma unroll
+          for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int e = 0; e < EPC; e++) d[g] += qr[g][c * EPC + e] * kv[e];
         }
       }
-      const bool in = slotS[i] != -1;
-#pragma unroll
-      for (int g = 0; g < G; g++) ps[g * cap + i] = in ? d[g] : -INFINITY;
-    }
-    __syncthreads();
-    if (t0 == start && markAt == 2) NERVA_TRACE_MARK();  // scored
-    // The tile's maximum per head, then its probabilities under the running maximum.
-    float mx[G];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      float v = -INFINITY;
-      for (int i = tid; i < n; i += SA_THREADS) v = fmaxf(v, ps[g * cap + i]);
-      v = warpMax(v);
-      if (lane == 0) red[warp][g] = v;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      float v = m[g];
-#pragma unroll
-      for (int w = 0; w < NW; w++) v = fmaxf(v, red[w][g]);
-      mx[g] = v;
-    }
-    __syncthreads();  // red is reused for the sums
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      float s = 0.f;
-      for (int i = tid; i < n; i += SA_THREADS) {
-        const float e = mx[g] == -INFINITY ? 0.f : expf(ps[g * cap + i] - mx[g]);
-        ps[g * cap + i] = e;
-        s += e;
-      }
-      s = warpSum(s);
-      if (lane == 0) red[warp][g] = s;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      const float corr = m[g] == -INFINITY ? 0.f : expf(m[g] - mx[g]);
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < NW; w++) s += red[w][g];
-      l[g] = l[g] * corr + s;
-#pragma unroll
-      for (int j = 0; j < 4; j++) acc[g][j] *= corr;
-      m[g] = mx[g];
-    }
-    // Values: warp w folds keys w, w + NW, ..., lane its 4 columns.
-    for (int i = warp; i < n; i += NW) {
-      float v4[4];
-      saLoad4(vs + (size_t)i * LD + 4 * lane, v4);
+      float p[G];
+      bool any = false;
 #pragma unroll
       for (int g = 0; g < G; g++) {
-        const float p = ps[g * cap + i];
+        d[g] += __shfl_xor_sync(0xffffffffu, d[g], 1);
+        d[g] += __shfl_xor_sync(0xffffffffu, d[g], 2);
+        float s = live ? d[g] : -INFINITY;
+        float mx = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float mn = fmaxf(m[g], mx);
+        if (mn == -INFINITY) {  // no live key yet
+          p[g] = 0.f;
+          continue;
+        }
+        any = true;
+        const float corr = expf(m[g] - mn);
+        p[g] = live ? expf(s - mn) : 0.f;
+        float ps4 = p[g];  // one key a quad: the sum over the 8 quads
+        ps4 += __shfl_xor_sync(0xffffffffu, ps4, 4);
+        ps4 += __shfl_xor_sync(0xffffffffu, ps4, 8);
+        ps4 += __shfl_xor_sync(0xffffffffu, ps4, 16);
+        l[g] = l[g] * corr + ps4;
 #pragma unroll
-        for (int j = 0; j < 4; j++) acc[g][j] += p * v4[j];
+        for (int j = 0; j < 4; j++) acc[g][j] *= corr;
+        m[g] = mn;
+      }
+      if (!any) continue;
+#pragma unroll
+      for (int kk = 0; kk < 8; kk++) {
+        if (k0 + kk >= n) break;
+        float v4[4];
+        saLoad4(vs + (size_t)(k0 + kk) * LD + 4 * lane, v4);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+          const float pk = __shfl_sync(0xffffffffu, p[g], kk * 4);
+#pragma unroll
+          for (int j = 0; j < 4; j++) acc[g][j] += pk * v4[j];
+        }
       }
     }
   }
   if (markAt == 3) NERVA_TRACE_MARK();  // keys folded
-  if (trigAt == 1) pdlTrigger();
-  // The block's partial: the warps' columns summed in order.
+  // The block's partial (the warps' in order), each element pushed to the block of the cluster
+  // that merges it (block c merges elements c * SL ..), with the block's (m, l) to every block:
+  // after one cluster barrier each block merges from its own shared memory.
+  constexpr int NE = G * SA_HD;
+  const int SL = NE / C;
+  __shared__ float mW[NW][G], lW[NW][G];
+  __shared__ __align__(16) float inbox[NE];          // [C][SL]: the cluster's partials of my slice
+  __shared__ float inM[SA_MAX_C][G], inL[SA_MAX_C][G];
 #pragma unroll
   for (int g = 0; g < G; g++) *(float4*)&accW[warp][g][4 * lane] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-  __syncthreads();
-  for (int c = tid; c < G * SA_HD; c += SA_THREADS) {
-    const int g = c / SA_HD, d = c % SA_HD;
-    float s = 0.f;
+  if (lane == 0) {
 #pragma unroll
-    for (int w = 0; w < NW; w++) s += accW[w][g][d];
-    accS[g][d] = s;
-  }
-  if (tid < G) {
-    mS[tid] = m[tid];
-    lS[tid] = l[tid];
-  }
-  if (markAt == 4) NERVA_TRACE_MARK();  // partial in shared memory
-  cl.sync();  // every block's partial is in its shared memory
-  if (markAt == 5) NERVA_TRACE_MARK();  // the cluster's partials are in
-  // Every block takes the C (m, l) pairs at once, then their weights; block `rank` writes its share
-  // of the G * 128 outputs, the C accumulators of each loaded together (one DSMEM round trip).
-  __shared__ float mAll[SA_MAX_C][G], wAll[SA_MAX_C][G], invL[G];
-  if (tid < C * G) {
-    const int b = tid / G, g = tid % G;
-    const float lb = *cl.map_shared_rank(&lS[g], b);
-    mAll[b][g] = lb > 0.f ? *cl.map_shared_rank(&mS[g], b) : -INFINITY;
-    wAll[b][g] = lb;
-  }
-  __syncthreads();
-  if (tid < G) {
-    float M = -INFINITY;
-    for (int b = 0; b < C; b++) M = fmaxf(M, mAll[b][tid]);
-    float L = 0.f;
-    for (int b = 0; b < C; b++) {
-      const float w = mAll[b][tid] == -INFINITY ? 0.f : expf(mAll[b][tid] - M);
-      L += wAll[b][tid] * w;
-      wAll[b][tid] = w;
+    for (int g = 0; g < G; g++) {
+      mW[warp][g] = m[g];
+      lW[warp][g] = l[g];
     }
-    invL[tid] = L;
   }
   __syncthreads();
-  const int per = (G * SA_HD + C - 1) / C;
-  for (int c = rank * per + tid; c < min((rank + 1) * per, G * SA_HD); c += SA_THREADS) {
-    const int g = c / SA_HD, d = c % SA_HD;
-    float v[SA_MAX_C];
+  for (int e = tid; e < NE + G; e += SA_THREADS) {
+    const int g = e < NE ? e / SA_HD : e - NE;
+    float M = -INFINITY;
 #pragma unroll
-    for (int b = 0; b < SA_MAX_C; b++) v[b] = b < C ? *cl.map_shared_rank(&accS[g][d], b) : 0.f;
-    float a = 0.f;
+    for (int w = 0; w < NW; w++)
+      if (lW[w][g] > 0.f) M = fmaxf(M, mW[w][g]);
+    float a = 0.f, L = 0.f;
 #pragma unroll
-    for (int b = 0; b < SA_MAX_C; b++)
-      if (b < C) a += v[b] * wAll[b][g];
-    const float L = invL[g];
-    out[(size_t)r * H * SA_HD + (size_t)(kvh * G + g) * SA_HD + d] = L > 0.f ? a / L : 0.f;
+    for (int w = 0; w < NW; w++)
+      if (lW[w][g] > 0.f) {
+        const float wt = expf(mW[w][g] - M);
+        L += lW[w][g] * wt;
+        if (e < NE) a += accW[w][g][e % SA_HD] * wt;
+      }
+    if (e < NE) {
+      *cl.map_shared_rank(&inbox[rank * SL + e % SL], e / SL) = a;
+    } else {
+      for (int c = 0; c < C; c++) {
+        *cl.map_shared_rank(&inM[rank][g], c) = M;
+        *cl.map_shared_rank(&inL[rank][g], c) = L;
+      }
+    }
+  }
+  if (markAt == 4) NERVA_TRACE_MARK();  // partial pushed
+  cl.sync();  // every block's partial is in place
+  if (markAt == 5) NERVA_TRACE_MARK();  // the cluster's partials are in
+  for (int t = tid; t < SL; t += SA_THREADS) {
+    const int e = rank * SL + t, g = e / SA_HD;
+    float M = -INFINITY;
+    for (int b = 0; b < C; b++)
+      if (inL[b][g] > 0.f) M = fmaxf(M, inM[b][g]);
+    float a = 0.f, L = 0.f;
+    for (int b = 0; b < C; b++)
+      if (inL[b][g] > 0.f) {
+        const float wt = expf(inM[b][g] - M);
+        L += inL[b][g] * wt;
+        a += inbox[b * SL + t] * wt;
+      }
+    out[(size_t)r * H * SA_HD + (size_t)(kvh * G) * SA_HD + e] = L > 0.f ? a / L : 0.f;
   }
   if (markAt == 6) NERVA_TRACE_MARK();  // merged
-  if (trigAt == 2) pdlTrigger();
-  cl.sync();  // no block leaves while another reads its shared memory
 }
 
-// Cluster size for k_attn_decode_short (NERVA_ATTN_SHORT: 0 off, else 2, 4, 8 or 16) and its
-// tile in keys (NERVA_ATTN_SHORT_CAP).
+// Blocks a cluster (a KV head) of k_attn_decode_short: NERVA_ATTN_SHORT (0: the kernel is not
+// used; 2, 4, 8 or 16), default 8. 8 measured fastest on the 0.6B at 128-384 keys (session 23:
+// 4 and 16 about 3.5 % slower).
 int attnShortSetting() {
   static const int v = [] {
     const char* e = getenv("NERVA_ATTN_SHORT");
-    return e && *e ? atoi(e) : 0;
-  }();
-  return v;
-}
-int attnShortCap() {
-  static const int v = [] {
-    const char* e = getenv("NERVA_ATTN_SHORT_CAP");
-    return e && *e ? std::max(8, atoi(e)) : 64;
+    const int c = e && *e ? atoi(e) : 8;
+    return c == 0 || c == 2 || c == 4 || c == 8 || c == 16 ? c : 8;
   }();
   return v;
 }
@@ -332,13 +334,9 @@ template <typename KT, int G>
 cudaError_t attnShortLaunch(NervaExec* ex, int C, int cap, int rows, const float* q, KT* kc, KT* vc, const int* bt,
                             const int* rowSeq, const int* pos, float* out, int H, int KVH, int bs, int mbps, int qStride,
                             int qOff, float scale, const RopeFuse& rf) {
-  int markAt = 1;
-  static const int trigAt = [] {
-    const char* e = getenv("NERVA_SA_TRIGGER");
-    return e && *e ? atoi(e) : 0;
-  }();
+  int markAt = 0;
 #ifdef NERVA_TRACE
-  if (const char* m = getenv("NERVA_SA_MARK")) markAt = atoi(m);
+  if (const char* m = getenv("NERVA_SA_MARK")) markAt = atoi(m);  // where blocks mark the trace (1..6)
 #endif
   auto fn = k_attn_decode_short<KT, G>;
   const size_t smem = saSmemBytes<KT>(cap);
@@ -366,5 +364,36 @@ cudaError_t attnShortLaunch(NervaExec* ex, int C, int cap, int rows, const float
     attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.numAttrs = 2;
   }
-  return cudaLaunchKernelEx(&cfg, fn, q, kc, vc, bt, rowSeq, pos, out, H, KVH, bs, mbps, qStride, qOff, scale, cap, rf, markAt, trigAt);
+  return cudaLaunchKernelEx(&cfg, fn, q, kc, vc, bt, rowSeq, pos, out, H, KVH, bs, mbps, qStride, qOff, scale, cap, rf, markAt);
+}
+
+// Whether clusters of C blocks of k_attn_decode_short<KT, G> holding SA_MAX_KEYS / C keys fit
+// this GPU (asked once; where they do not, the split-KV kernel runs instead).
+template <typename KT, int G>
+bool attnShortFits(NervaExec* ex, int C) {
+  static int fits[17] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  if (C <= 0 || C > 16) return false;
+  if (fits[C] >= 0) return fits[C] == 1;
+  auto fn = k_attn_decode_short<KT, G>;
+  const size_t smem = saSmemBytes<KT>((SA_MAX_KEYS + C - 1) / C);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)C, 1, 1);
+  cfg.blockDim = dim3(SA_THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (ex->smemOptin < (int)smem || cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
+      (C > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
+      cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    clusters = 0;
+  }
+  fits[C] = clusters > 0 ? 1 : 0;
+  return fits[C] == 1;
 }

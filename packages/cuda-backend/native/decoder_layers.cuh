@@ -651,8 +651,12 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   int rows = A.num(), hidden = A.num(), nq = A.num(), nkv = A.num(), hd = A.num(), inter = A.num(), bs = A.num(),
       mbps = A.num();
   float eps = (float)A.next(), scale = (float)A.next();
+  // An upper bound on every row's keys (position + 1) while this call, or a graph captured with
+  // it, runs; 0: none known. Decode attention picks its kernel by it.
+  const int maxKeys = A.num();
   int nL = A.num();
   if (!A.ok || nL < 0) return bad(ex, "decoder_layers: argument count");
+  if (maxKeys < 0) return bad(ex, "decoder_layers: maxKeys must be >= 0");
   std::vector<DlLayerBufs> Ls((size_t)nL);
   for (auto& l : Ls) {
     l.attnNorm = buf(A);
@@ -816,7 +820,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     else if (!rc)
       // Decode rows: the attention streams its first keys in before waiting on rope_append.
       rc = attentionRun(ex, (const float*)qkv.p, l.kc, l.vc, (float*)attn.p, bt, rowSeq, pos, rows, nq, nkv, hd, bs, mbps,
-                        qkvOut, 0, scale, 1, fuseRope ? &rf : nullptr);
+                        qkvOut, 0, scale, 1, fuseRope ? &rf : nullptr, 0, nullptr, 0, maxKeys);
     // The residual x that o and down accumulate into was last written by down of the layer
     // before (three kernels back) and by o (two back): both read it before their wait.
     Fuse fo;

@@ -296,7 +296,8 @@ export class OpEncoder {
         this.buf('rowSeq', B('rowSeq'), rows, INT);
         this.buf('invFreq', B('invFreq'), hd / 2, FLOAT);
         this.num(rows); this.num(hidden); this.num(nq); this.num(nkv); this.num(hd); this.num(inter); this.num(bs); this.num(mbps);
-        this.num(eps); this.num(scale); this.num(layers.length);
+        const maxKeys = x.maxKeys === undefined ? 0 : c('maxKeys');
+        this.num(eps); this.num(scale); this.num(maxKeys); this.num(layers.length);
         layers.forEach((l, i) => {
           const L = (name: string) => `layers[${i}].${name}`;
           this.buf(L('attnNorm'), l.attnNorm, hidden, WEIGHT);

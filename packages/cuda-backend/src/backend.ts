@@ -138,6 +138,21 @@ export function checkSyncMode(env: Record<string, string | undefined> = process.
   throw new CudaArgumentError('NERVA_CUDA_SYNC', `must be spin, block or auto, got ${JSON.stringify(v)}`);
 }
 
+/**
+ * The most keys a decode row may have for op decoder_layers to run its cluster attention
+ * (k_attn_decode_short: a KV head's keys in the shared memory of 8 blocks, no global merge). The
+ * addon's SA_MAX_KEYS; it takes the kernel where maxKeys is at most this, at one decode row, on
+ * sm_90+ (thread block clusters), with exact numerics, per-layer kernels, no batch invariance,
+ * headDim 128 and at most two q heads a KV head, unless NERVA_ATTN_SHORT is 0.
+ */
+export const DECODE_SHORT_KEYS = 1024;
+
+function decodeShortKeys(info: NativeInfo): number {
+  const major = Number.parseInt(info.computeCapability, 10);
+  const on = major >= 9 && info.numerics === 'exact' && info.decoder === 'layers' && info.batchInvariant !== true && process.env.NERVA_ATTN_SHORT !== '0';
+  return on ? DECODE_SHORT_KEYS : 0;
+}
+
 /** Kernels behind op decoder_layers (CudaBackendOptions.decoder). */
 export type DecoderMode = 'layers' | 'persistent';
 const DECODER_MODES: readonly DecoderMode[] = ['layers', 'persistent'];
@@ -298,6 +313,7 @@ export class CudaBackend implements DeviceBackend {
       // rmsnorm and silu_mul write bf16 outs, matmul reads a bf16 x over more than 8 rows (the GEMM).
       bf16Activations: true,
       batchInvariant: this.native.batchInvariant === true,
+      decodeShortKeys: decodeShortKeys(this.native),
       graphCapture: true,
       peerAccess: false,
       collectives: false,

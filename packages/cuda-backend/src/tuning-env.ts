@@ -15,6 +15,7 @@ export type TuningKnob =
 export const TUNING_KNOBS: Readonly<Record<string, TuningKnob>> = {
   NERVA_ATTN_WAVES: { kind: 'int', min: 1, max: 64, what: "waves of the split-KV attention kernel's resident blocks its splits aim to fill (default 1)" },
   NERVA_ATTN_MIN_CHUNK: { kind: 'int', min: 8, max: 1 << 20, what: 'fewest keys a split of the split-KV attention takes (default 32)' },
+  NERVA_ATTN_SHORT: { kind: 'oneOf', values: ['0', '2', '4', '8', '16'], what: 'blocks a KV head of the cluster decode attention for contexts within capabilities.decodeShortKeys (default 8; 0: the split-KV kernel always)' },
   NERVA_ATTN_GQA_MIN_ROWS: { kind: 'int', min: 0, what: 'decode rows from which the GQA attention kernel runs (default 16; 0: never)' },
   NERVA_ATTN_GQA_MAX_KEYS: { kind: 'int', min: 0, what: 'most keys a split of the many-row GQA attention takes (default 512; 0: no bound)' },
   NERVA_BI_ATTN_CHUNK: { kind: 'int', min: 16, max: 1 << 20, what: 'fewest keys a split of batch-invariant GQA attention takes (default 256)' },

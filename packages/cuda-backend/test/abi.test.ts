@@ -100,15 +100,20 @@ describe('OpEncoder', () => {
     const layers = Array.from({ length: 5 }, layer);
     const attrs = { rows, hidden, numHeads: nq, numKvHeads: nkv, headDim: hd, intermediate: inter, blockSize: 16, maxBlocksPerSeq: 4, eps: 1e-6, scale: 0.25 };
     enc.encode('decoder_layers', { ...shared, layers, ...attrs });
-    expect(enc.n).toBe(9 * 2 + 11 + 5 * 24);
+    expect(enc.n).toBe(9 * 2 + 12 + 5 * 24);
     const a = Array.from(enc.args.subarray(0, enc.n));
-    expect(a.slice(18, 29)).toEqual([1, 16, 4, 2, 8, 24, 16, 4, 1e-6, 0.25, 5]);
+    // maxKeys (absent: 0) between scale and the layer count.
+    expect(a.slice(18, 30)).toEqual([1, 16, 4, 2, 8, 24, 16, 4, 1e-6, 0.25, 0, 5]);
     // Layer 4: qkv weight after attnNorm; absent qkvBias, qNorm, kNorm encode as (0, 0).
-    const l4 = a.slice(29 + 4 * 24, 29 + 5 * 24);
+    const l4 = a.slice(30 + 4 * 24, 30 + 5 * 24);
     expect(l4.slice(0, 10)).toEqual([resolved.get(layers[4].attnNorm.id)!.addr, 1, resolved.get(layers[4].qkv.id)!.addr, 1, 0, 0, 0, 0, 0, 0]);
     expect(l4.slice(20)).toEqual([resolved.get(layers[4].kCache.id)!.addr, 0, resolved.get(layers[4].vCache.id)!.addr, 0]);
     const bad = [...layers.slice(0, 2), { ...layer(), down: buf('bf16', hidden * inter - 1) }];
     expect(() => enc.encode('decoder_layers', { ...shared, layers: bad, ...attrs })).toThrow(/layers\[2\]\.down needs 384 elements/);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, numKvHeads: 3 })).toThrow(/not a multiple of numKvHeads 3/);
+    enc.encode('decoder_layers', { ...shared, layers, ...attrs, maxKeys: 1024 });
+    expect(enc.args[28]).toBe(1024);
+    expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, maxKeys: -1 })).toThrow(/maxKeys must be an integer >= 0, got -1/);
+    expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, maxKeys: 2.5 })).toThrow(/maxKeys must be an integer >= 0, got 2.5/);
   });
 });

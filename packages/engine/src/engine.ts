@@ -1130,12 +1130,18 @@ export class Engine {
       }
       // Passes with host partials (some page warm) and without are different graphs.
       // Tiered graphs also differ by the staging span their copies were captured with.
-      const gk = tiered ? `t${bucket}:${span}` : `${bucket}`;
+      // One-row steps that stay within the backend's decodeShortKeys (the row's keys: its position
+      // + 1, this step's and the one run ahead of it, one more) replay a graph of their own ("s"
+      // suffix), captured with that bound as op decoder_layers' maxKeys.
+      const shortKeys = this.backend.capabilities.decodeShortKeys ?? 0;
+      const short = shortKeys > 0 && bucket === 1 && !this.pipeline && !tiered && plan.scheduled.every(({ req }) => req.numComputedTokens + 2 <= shortKeys);
+      const gk = (tiered ? `t${bucket}:${span}` : `${bucket}`) + (short ? 's' : '');
       let g = this.graphs.get(gk);
       if (!g) {
         be.beginCapture();
         this.pager?.beginCapture();
         const hostBefore = this.runner.hostComputeBytes;
+        if (short) (this.runner as ModelRunner).decodeKeyBound = shortKeys;
         try {
           if (tiered) (this.runner as ModelRunner).forward(bucket, bucket, undefined, undefined, true);
           else this.runner.forward(bucket, bucket);
@@ -1150,6 +1156,7 @@ export class Engine {
           }
           throw err;
         } finally {
+          if (short) (this.runner as ModelRunner).decodeKeyBound = 0;
           this.pager?.endCapture();
           // Captured, not run: counted on each replay instead.
           this.replayHostBytes.set(bucket, this.runner.hostComputeBytes - hostBefore);

@@ -121,6 +121,11 @@ export class ModelRunner {
    * the engine before forward; a captured graph keeps the value it was captured with).
    */
   linkSpan = 0;
+  /**
+   * Op decoder_layers' maxKeys: an upper bound on every decode row's keys while a pass (or a graph
+   * captured with it) runs, 0 when none is known. Set by the engine around a decode capture.
+   */
+  decodeKeyBound = 0;
   /** The stream staged pages are copied on; staged[b]: buffer b holds its layer; stageFree[b]: its layer was attended. */
   private linkStream: StreamHandle | undefined;
   private staged: EventHandle[] = [];
@@ -875,6 +880,7 @@ export class ModelRunner {
         maxBlocksPerSeq: this.limits.maxBlocksPerSeq,
         eps: s.rmsNormEps,
         scale: 1 / Math.sqrt(s.headDim),
+        ...(this.decodeKeyBound > 0 ? { maxKeys: this.decodeKeyBound } : {}),
       });
       if (run.streamed !== undefined) pager!.release(run.streamed, this.stream);
     }

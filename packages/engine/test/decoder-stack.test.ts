@@ -109,3 +109,36 @@ describe('decode through decoder_layers matches the per-layer fused path', () =>
     expect(shapes).toContainEqual({ rows: 2, stack: true });
   });
 });
+
+describe('decode graphs by key bound (capabilities.decodeShortKeys)', () => {
+  it('captures a graph for steps within the bound, with it as maxKeys, and another past it; same tokens', async () => {
+    const bound = 24;
+    const { backend, calls } = recordingBackend([], { decodeShortKeys: bound });
+    const plain = recordingBackend([]);
+    const e = await Engine.create({ model: DEFAULT_MODEL, backend });
+    const ref = await Engine.create({ model: DEFAULT_MODEL, backend: plain.backend });
+    try {
+      const params = { temperature: 0, maxTokens: 30, ignoreEos: true };
+      const prompt = 'ROMEO:';
+      const promptLen = e.tokenizer!.encode(prompt).length;
+      expect(promptLen + 2).toBeLessThanOrEqual(bound);  // the first decode steps fall within it
+      const out = await e.submit(prompt, params).done;
+      const want = await ref.submit(prompt, params).done;
+      expect(out.tokenIds).toEqual(want.tokenIds);
+      // Batch-size bucket 1, once within the bound ("1s") and once past it ("1").
+      expect(Object.keys(e.graphNodes()).sort()).toEqual(['1', '1s']);
+      expect(Object.keys(ref.graphNodes())).toEqual(['1']);
+      const stack = calls.filter((c) => c.op === 'decoder_layers');
+      const bounded = stack.filter((c) => c.args.maxKeys !== undefined);
+      // Each graph's op is recorded once, at its capture; only the short graph's carries maxKeys.
+      expect(bounded.map((c) => c.args.maxKeys)).toEqual([bound]);
+      expect(stack.length - bounded.length).toBe(1);
+      expect(plain.calls.some((c) => c.op === 'decoder_layers' && c.args.maxKeys !== undefined)).toBe(false);
+    } finally {
+      e.dispose();
+      ref.dispose();
+      backend.dispose();
+      plain.backend.dispose();
+    }
+  });
+});
