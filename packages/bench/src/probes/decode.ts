@@ -99,7 +99,10 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       copy_bandwidth_gbs: Math.round(bw / 1e7) / 100,
       roofline_tok_s: Math.round(roofline * 100) / 100,
       fraction_of_roofline: Math.round((s.decode_tokens_per_s / roofline) * 1000) / 1000,
-      graph_nodes_per_token: nodes[1] ?? null,
+      // The one-row decode graph's nodes ("1s": the graph of steps within the backend's
+      // decodeShortKeys, "1" past it; the same kernels a token either way).
+      graph_nodes_per_token: nodes['1'] ?? nodes['1s'] ?? null,
+      decode_graphs: Object.keys(nodes).sort(),
       // Decode steps enqueued before the host has the previous step's tokens (EngineOptions.runAhead).
       run_ahead: engine.runAhead,
       graph_replays_per_token: s.graph_replays_per_decode_token,
