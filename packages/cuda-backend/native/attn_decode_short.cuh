@@ -58,6 +58,9 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
                                                                  const int* rowSeq, const int* positions, float* out,
                                                                  int H, int KVH, int bs, int mbps, int qStride, int qOff,
                                                                  float scale, int cap, RopeFuse rf, int markAt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // clusters need sm_90: never launched there (attnShortFits, capabilities.decodeShortKeys)
+#else
   namespace cg = cooperative_groups;
   constexpr int LD = saRowElems<KT>();
   constexpr int CPR = SA_HD * (int)sizeof(KT) / 16;  // 16-byte copies a row
@@ -214,34 +217,38 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
             for (int e = 0; e < EPC; e++) d[g] += qr[g][c * EPC + e] * kv[e];
         }
       }
-      float p[G];
-      bool any = false;
+      // Both heads step by step, so their shuffle and exp chains overlap. A batch with no live key
+      // yet (mn = -inf) leaves m, l and acc as they are (corr 0 on zeros, p 0).
+      float p[G], mx[G], ps[G];
+#pragma unroll
+      for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], 1);
 #pragma unroll
       for (int g = 0; g < G; g++) {
-        d[g] += __shfl_xor_sync(0xffffffffu, d[g], 1);
         d[g] += __shfl_xor_sync(0xffffffffu, d[g], 2);
-        float s = live ? d[g] : -INFINITY;
-        float mx = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float mn = fmaxf(m[g], mx);
-        if (mn == -INFINITY) {  // no live key yet
-          p[g] = 0.f;
-          continue;
-        }
-        any = true;
-        const float corr = expf(m[g] - mn);
-        p[g] = live ? expf(s - mn) : 0.f;
-        float ps4 = p[g];  // one key a quad: the sum over the 8 quads
-        ps4 += __shfl_xor_sync(0xffffffffu, ps4, 4);
-        ps4 += __shfl_xor_sync(0xffffffffu, ps4, 8);
-        ps4 += __shfl_xor_sync(0xffffffffu, ps4, 16);
-        l[g] = l[g] * corr + ps4;
+        mx[g] = live ? d[g] : -INFINITY;
+      }
 #pragma unroll
-        for (int j = 0; j < 4; j++) acc[g][j] *= corr;
+      for (int o = 4; o < 32; o <<= 1)
+#pragma unroll
+        for (int g = 0; g < G; g++) mx[g] = fmaxf(mx[g], __shfl_xor_sync(0xffffffffu, mx[g], o));
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        const float mn = fmaxf(m[g], mx[g]);
+        p[g] = live ? expf(d[g] - mn) : 0.f;  // live: d finite, so mn is
+        ps[g] = p[g];
+        mx[g] = m[g] == -INFINITY ? 0.f : expf(m[g] - mn);  // now the rescale of what came before
         m[g] = mn;
       }
-      if (!any) continue;
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1)  // one key a quad: the sum over the 8 quads
+#pragma unroll
+        for (int g = 0; g < G; g++) ps[g] += __shfl_xor_sync(0xffffffffu, ps[g], o);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        l[g] = l[g] * mx[g] + ps[g];
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[g][j] *= mx[g];
+      }
 #pragma unroll
       for (int kk = 0; kk < 8; kk++) {
         if (k0 + kk >= n) break;
@@ -275,47 +282,71 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
     }
   }
   __syncthreads();
-  for (int e = tid; e < NE + G; e += SA_THREADS) {
-    const int g = e < NE ? e / SA_HD : e - NE;
-    float M = -INFINITY;
+  // The warps' weights under the block's maximum, a lane of warp 0 each (in parallel, not a chain
+  // of exps a thread); the sums then run in warp order as before.
+  __shared__ float wW[NW][G], mB[G], lB[G];
+  if (warp == 0) {
 #pragma unroll
-    for (int w = 0; w < NW; w++)
-      if (lW[w][g] > 0.f) M = fmaxf(M, mW[w][g]);
-    float a = 0.f, L = 0.f;
+    for (int g = 0; g < G; g++) {
+      const float lw = lane < NW ? lW[lane][g] : 0.f;
+      const float mw = lw > 0.f ? mW[lane][g] : -INFINITY;
+      float M = mw;
 #pragma unroll
-    for (int w = 0; w < NW; w++)
-      if (lW[w][g] > 0.f) {
-        const float wt = expf(mW[w][g] - M);
-        L += lW[w][g] * wt;
-        if (e < NE) a += accW[w][g][e % SA_HD] * wt;
-      }
-    if (e < NE) {
-      *cl.map_shared_rank(&inbox[rank * SL + e % SL], e / SL) = a;
-    } else {
-      for (int c = 0; c < C; c++) {
-        *cl.map_shared_rank(&inM[rank][g], c) = M;
-        *cl.map_shared_rank(&inL[rank][g], c) = L;
+      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+      const float wt = lw > 0.f ? expf(mw - M) : 0.f;
+      float L = 0.f;
+#pragma unroll
+      for (int w = 0; w < NW; w++) L += __shfl_sync(0xffffffffu, lw * wt, w);
+      if (lane < NW) wW[lane][g] = wt;
+      if (lane == 0) {
+        mB[g] = M;
+        lB[g] = L;
       }
     }
+  }
+  __syncthreads();
+  for (int e = tid; e < NE; e += SA_THREADS) {
+    const int g = e / SA_HD;
+    float a = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) a += accW[w][g][e % SA_HD] * wW[w][g];
+    *cl.map_shared_rank(&inbox[rank * SL + e % SL], e / SL) = a;
+  }
+  if (tid < C * G) {
+    const int c = tid / G, g = tid % G;
+    *cl.map_shared_rank(&inM[rank][g], c) = mB[g];
+    *cl.map_shared_rank(&inL[rank][g], c) = lB[g];
   }
   if (markAt == 4) NERVA_TRACE_MARK();  // partial pushed
   cl.sync();  // every block's partial is in place
   if (markAt == 5) NERVA_TRACE_MARK();  // the cluster's partials are in
+  // The C partials' weights, a lane of warp 0 each; then every output of this block's slice.
+  __shared__ float wC[SA_MAX_C][G], lC[G];
+  if (warp == 0) {
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      const float lb = lane < C ? inL[lane][g] : 0.f;
+      const float mb = lb > 0.f ? inM[lane][g] : -INFINITY;
+      float M = mb;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+      const float wt = lb > 0.f ? expf(mb - M) : 0.f;
+      float L = 0.f;
+      for (int b = 0; b < C; b++) L += __shfl_sync(0xffffffffu, lb * wt, b);
+      if (lane < C) wC[lane][g] = wt;
+      if (lane == 0) lC[g] = L;
+    }
+  }
+  __syncthreads();
   for (int t = tid; t < SL; t += SA_THREADS) {
     const int e = rank * SL + t, g = e / SA_HD;
-    float M = -INFINITY;
-    for (int b = 0; b < C; b++)
-      if (inL[b][g] > 0.f) M = fmaxf(M, inM[b][g]);
-    float a = 0.f, L = 0.f;
-    for (int b = 0; b < C; b++)
-      if (inL[b][g] > 0.f) {
-        const float wt = expf(inM[b][g] - M);
-        L += inL[b][g] * wt;
-        a += inbox[b * SL + t] * wt;
-      }
+    float a = 0.f;
+    for (int b = 0; b < C; b++) a += inbox[b * SL + t] * wC[b][g];
+    const float L = lC[g];
     out[(size_t)r * H * SA_HD + (size_t)(kvh * G) * SA_HD + e] = L > 0.f ? a / L : 0.f;
   }
   if (markAt == 6) NERVA_TRACE_MARK();  // merged
+#endif
 }
 
 // Blocks a cluster (a KV head) of k_attn_decode_short: NERVA_ATTN_SHORT (0: the kernel is not
@@ -329,6 +360,30 @@ int attnShortSetting() {
   }();
   return v;
 }
+
+// A launch of clusters of C blocks (with programmatic dependent launch where `pdl`).
+struct SaLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[2];
+  SaLaunch(dim3 grid, size_t smem, int C, cudaStream_t stream, bool pdl) {
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(SA_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)C;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (pdl) {
+      attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[1].val.programmaticStreamSerializationAllowed = 1;
+      cfg.numAttrs = 2;
+    }
+  }
+  SaLaunch(const SaLaunch&) = delete;  // cfg.attrs points into it
+};
 
 template <typename KT, int G>
 cudaError_t attnShortLaunch(NervaExec* ex, int C, int cap, int rows, const float* q, KT* kc, KT* vc, const int* bt,
@@ -347,24 +402,8 @@ cudaError_t attnShortLaunch(NervaExec* ex, int C, int cap, int rows, const float
     if (C > 8 && (e = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) != cudaSuccess) return e;
     granted = smem;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)C, (unsigned)KVH, (unsigned)rows);
-  cfg.blockDim = dim3(SA_THREADS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = ex->stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (ex->pdl) {
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.numAttrs = 2;
-  }
-  return cudaLaunchKernelEx(&cfg, fn, q, kc, vc, bt, rowSeq, pos, out, H, KVH, bs, mbps, qStride, qOff, scale, cap, rf, markAt);
+  SaLaunch L(dim3((unsigned)C, (unsigned)KVH, (unsigned)rows), smem, C, ex->stream, ex->pdl);
+  return cudaLaunchKernelEx(&L.cfg, fn, q, kc, vc, bt, rowSeq, pos, out, H, KVH, bs, mbps, qStride, qOff, scale, cap, rf, markAt);
 }
 
 // Whether clusters of C blocks of k_attn_decode_short<KT, G> holding SA_MAX_KEYS / C keys fit
@@ -376,21 +415,11 @@ bool attnShortFits(NervaExec* ex, int C) {
   if (fits[C] >= 0) return fits[C] == 1;
   auto fn = k_attn_decode_short<KT, G>;
   const size_t smem = saSmemBytes<KT>((SA_MAX_KEYS + C - 1) / C);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)C, 1, 1);
-  cfg.blockDim = dim3(SA_THREADS);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  SaLaunch L(dim3((unsigned)C, 1, 1), smem, C, nullptr, false);
   int clusters = 0;
   if (ex->smemOptin < (int)smem || cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
       (C > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
-      cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) != cudaSuccess) {
+      cudaOccupancyMaxActiveClusters(&clusters, fn, &L.cfg) != cudaSuccess) {
     cudaGetLastError();
     clusters = 0;
   }
