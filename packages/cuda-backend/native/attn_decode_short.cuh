@@ -47,6 +47,19 @@ __device__ __forceinline__ void saLoad4(const uint16_t* p, float (&v)[4]) {
   v[0] = __uint_as_float(a.x << 16), v[1] = __uint_as_float(a.x & 0xffff0000u);
   v[2] = __uint_as_float(a.y << 16), v[3] = __uint_as_float(a.y & 0xffff0000u);
 }
+// Softmax partials (m, l), one a lane (lanes 0..n-1; l = 0 elsewhere and for an empty partial),
+// merged by a warp: each lane's weight exp(m - M) under their maximum M (0 where l = 0), and
+// L = sum of l * weight in lane order.
+__device__ __forceinline__ float saWeight(float l, float m, int n, float& M, float& L) {
+  const float mm = l > 0.f ? m : -INFINITY;
+  M = mm;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  const float w = l > 0.f ? expf(mm - M) : 0.f;
+  L = 0.f;
+  for (int b = 0; b < n; b++) L += __shfl_sync(0xffffffffu, l * w, b);
+  return w;
+}
 __device__ __forceinline__ void saCopy16(void* dst, const void* src, bool in) {
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
@@ -288,15 +301,8 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
   if (warp == 0) {
 #pragma unroll
     for (int g = 0; g < G; g++) {
-      const float lw = lane < NW ? lW[lane][g] : 0.f;
-      const float mw = lw > 0.f ? mW[lane][g] : -INFINITY;
-      float M = mw;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-      const float wt = lw > 0.f ? expf(mw - M) : 0.f;
-      float L = 0.f;
-#pragma unroll
-      for (int w = 0; w < NW; w++) L += __shfl_sync(0xffffffffu, lw * wt, w);
+      float M, L;
+      const float wt = saWeight(lane < NW ? lW[lane][g] : 0.f, lane < NW ? mW[lane][g] : 0.f, NW, M, L);
       if (lane < NW) wW[lane][g] = wt;
       if (lane == 0) {
         mB[g] = M;
@@ -325,14 +331,8 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
   if (warp == 0) {
 #pragma unroll
     for (int g = 0; g < G; g++) {
-      const float lb = lane < C ? inL[lane][g] : 0.f;
-      const float mb = lb > 0.f ? inM[lane][g] : -INFINITY;
-      float M = mb;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-      const float wt = lb > 0.f ? expf(mb - M) : 0.f;
-      float L = 0.f;
-      for (int b = 0; b < C; b++) L += __shfl_sync(0xffffffffu, lb * wt, b);
+      float M, L;
+      const float wt = saWeight(lane < C ? inL[lane][g] : 0.f, lane < C ? inM[lane][g] : 0.f, C, M, L);
       if (lane < C) wC[lane][g] = wt;
       if (lane == 0) lC[g] = L;
     }
