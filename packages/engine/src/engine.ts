@@ -1449,7 +1449,7 @@ export class Engine {
     return out;
   }
 
-  /** Nodes of each captured decode graph, by batch-size bucket ("t<bucket>:<staging span>" for tiered passes). */
+  /** Nodes of each captured decode graph, by batch-size bucket ("t<bucket>:<staging span>" for tiered passes; "1s": one-row steps within capabilities.decodeShortKeys). */
   graphNodes(): Record<string, number> {
     return Object.fromEntries([...this.graphs].map(([b, g]) => [b, g.nodes]));
   }
