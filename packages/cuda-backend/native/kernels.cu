@@ -585,17 +585,18 @@ __host__ __device__ constexpr int gemvMinBlocks(int o) { return o == 1 ? 0 : GEM
 // its first weight loads are in flight; the warps then read activations from there, so the norm
 // adds no per-weight work and fuses at any matrix size. GLU: the warp also reduces the up rows
 // o + outDim and writes silu(gate) * up; `accumulate` adds the result into out.
-template <int R, int KS, bool NORM, bool GLU, int O = 1>
-__global__ void __launch_bounds__(gemvThreadsMax(KS, O), gemvMinBlocks(O))
-    k_gemv_bf16(const float* __restrict__ x, const uint16_t* __restrict__ w, float* __restrict__ out, int rows, int inDim,
-                int outDim, const void* bias, int bdt, const void* nw, int nwbf, float eps, int accumulate, int bfa,
-                int accPre, int trig) {
+#define GEMV_BF16_PARAMS                                                                                            \
+  const float *__restrict__ x, const uint16_t *__restrict__ w, float *__restrict__ out, int rows, int inDim, int outDim, \
+      const void *bias, int bdt, const void *nw, int nwbf, float eps, int accumulate, int bfa, int accPre, int trig
+#define GEMV_BF16_ARGS x, w, out, rows, inDim, outDim, bias, bdt, nw, nwbf, eps, accumulate, bfa, accPre, trig
+// The body of k_gemv_bf16 and k_gemv_bf16_lean (the same code under two register bounds).
+template <int R, int KS, bool NORM, bool GLU, int O>
+__device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS) {
   // NORM's staged sums of squares depend on the block size: with O > 1 the norm runs first, as
   // k_rmsnorm_gemv with the O == 1 block size (see gemvRows).
   static_assert(O == 1 || !NORM, "k_gemv_bf16: NORM only with O == 1");
   static_assert(KS == 1 || O * R <= 32 * KS, "k_gemv_bf16: one thread per (output, row) of a split block");
   // trig: let the next kernel launch now rather than after our wait (see Fuse::early).
-  NERVA_TRACE_KERNEL();
   if (trig) pdlTrigger();
   constexpr int NO = O * (GLU ? 2 : 1);  // weight rows a warp: gates o..o+O-1, then (GLU) ups
   constexpr int P = NO <= 2 ? 4 : 8 / NO;  // chunks of each weight row in flight per lane
@@ -838,6 +839,25 @@ __global__ void __launch_bounds__(gemvThreadsMax(KS, O), gemvMinBlocks(O))
       }
     }
   }
+}
+
+template <int R, int KS, bool NORM, bool GLU, int O = 1>
+__global__ void __launch_bounds__(gemvThreadsMax(KS, O), gemvMinBlocks(O)) k_gemv_bf16(GEMV_BF16_PARAMS) {
+  NERVA_TRACE_KERNEL();
+  gemvBf16<R, KS, NORM, GLU, O>(GEMV_BF16_ARGS);
+}
+
+// The one-row normed projection at batch 1 (qkv) in at most 48 registers a thread (51 unbounded,
+// 12 bytes spilled): two of its 512-thread blocks an SM then leave 16 K registers, room for a
+// block of the cluster attention that follows it (k_attn_decode_short: 128 threads of 126
+// registers), which is then resident, copies its keys and passes its prologue while qkv still
+// runs instead of after it (session 24: qkv's release lag 2.1 -> 0.5 us, 1.02x decode). Same
+// code, same bits.
+constexpr int GEMV_LEAN_REGS = 48;
+template <int R, int KS, bool NORM, bool GLU, int O = 1>
+__global__ void __maxnreg__(GEMV_LEAN_REGS) k_gemv_bf16_lean(GEMV_BF16_PARAMS) {
+  NERVA_TRACE_KERNEL();
+  gemvBf16<R, KS, NORM, GLU, O>(GEMV_BF16_ARGS);
 }
 
 // One row (gemvWide): k_gemv_bf16<1, KS>'s split projection with OPB outputs a block and the
@@ -2467,10 +2487,29 @@ struct GemvLaunch {
   size_t smem;
 };
 
+// One-row normed projections of at most two blocks an SM run k_gemv_bf16_lean (qkv at batch 1;
+// not the LM head, many waves, which the register bound slowed by 4 %); NERVA_GEMV_LEAN=0 keeps
+// k_gemv_bf16.
+bool gemvLean() {
+  static const bool v = [] {
+    const char* e = getenv("NERVA_GEMV_LEAN");
+    return !(e && strcmp(e, "0") == 0);
+  }();
+  return v;
+}
+
 template <int R, int KS, bool N, bool G, int O>
 int gemvLaunch(NervaExec* ex, const GemvLaunch& a) {
   constexpr int perBlock = gemvWarpsO(KS, O) / KS * O;  // outputs a block
-  LAUNCH((k_gemv_bf16<R, KS, N, G, O>), (unsigned)((a.outDim + perBlock - 1) / perBlock), 32 * gemvWarpsO(KS, O), a.smem,
+  const unsigned grid = (unsigned)((a.outDim + perBlock - 1) / perBlock);
+  if constexpr (R == 1 && KS == 1 && N && !G && O == 1) {
+    if (gemvLean() && grid <= 2u * (unsigned)ex->smCount) {
+      LAUNCH((k_gemv_bf16_lean<1, 1, true, false, 1>), grid, 32 * gemvWarpsO(KS, O), a.smem, a.x, a.w, a.out, a.rows,
+             a.inDim, a.outDim, a.bias, a.bdt, a.nw, a.nwbf, a.eps, a.acc, a.bfa, a.accPre, a.trig);
+      return NERVA_OK;
+    }
+  }
+  LAUNCH((k_gemv_bf16<R, KS, N, G, O>), grid, 32 * gemvWarpsO(KS, O), a.smem,
          a.x, a.w, a.out, a.rows, a.inDim, a.outDim, a.bias, a.bdt, a.nw, a.nwbf, a.eps, a.acc, a.bfa, a.accPre, a.trig);
   return NERVA_OK;
 }

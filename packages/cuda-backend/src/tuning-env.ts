@@ -27,6 +27,7 @@ export const TUNING_KNOBS: Readonly<Record<string, TuningKnob>> = {
   NERVA_FLASH_PREFILL: { kind: 'oneOf', values: ['0', '1'], what: 'tensor-core prefill attention (default 1)' },
   NERVA_GEMV_MAX_ROWS: { kind: 'oneOf', values: ['8', '16'], what: 'rows of one GEMV launch (default 16)' },
   NERVA_GEMV_WIDE: { kind: 'oneOf', values: ['0', '4', '8'], what: 'outputs a block of the one-row split projections (default 8; 0: one, the many-row kernel)' },
+  NERVA_GEMV_LEAN: { kind: 'oneOf', values: ['0', '1'], what: 'the one-row normed projection (qkv) in 48 registers a thread, so the cluster attention fits beside it (default 1)' },
   NERVA_GEMV_OUTPUTS: { kind: 'oneOf', values: ['0', '1'], what: '1: one output a warp at every row count (default 0)' },
   NERVA_PDL: { kind: 'oneOf', values: ['0', '1'], what: 'programmatic dependent launch on sm_90+ (default 1)' },
   NERVA_PINNED_HUGEPAGES: { kind: 'oneOf', values: ['0', '1'], what: 'pinned arenas on 2 MiB pages where the kernel allows (default 1)' },

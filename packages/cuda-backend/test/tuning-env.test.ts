@@ -29,6 +29,7 @@ describe('checkTuningEnv (the addon environment switches)', () => {
       ['NERVA_GEMV_MAX_ROWS', '12', /NERVA_GEMV_MAX_ROWS: must be 8, 16 or unset, got "12"/],
       ['NERVA_GEMV_WIDE', '2', /NERVA_GEMV_WIDE: must be 0, 4, 8 or unset, got "2"/],
       ['NERVA_ATTN_SHORT', '3', /NERVA_ATTN_SHORT: must be 0, 2, 4, 8, 16 or unset, got "3"/],
+      ['NERVA_GEMV_LEAN', '2', /NERVA_GEMV_LEAN: must be 0, 1 or unset, got "2"/],
       ['NERVA_BI_GEMM', 'Kernel', /NERVA_BI_GEMM: must be 0, 1, kernel or unset/],
       ['NERVA_PDL', 'off', /NERVA_PDL.*"off"/],
       ['NERVA_HOST_ISA', 'avx', /NERVA_HOST_ISA: must be scalar, avx2, avx512 or unset, got "avx"/],
