@@ -13,6 +13,10 @@
 # /tmp/NAME.node, its JSON line tagged TAG in $AB/bench.jsonl. ab_report prints tag, tok/s,
 # fraction of roofline, p50 ms and token digest a line. ab_check NAME: conformance and batch
 # invariance on that addon. ab_pack NAME: $OUT/NAME.tgz of everything under $AB.
+# ab_marks TRACE_ADDON KERNEL "MARKS" [VAR=value...]: a traced probe for each mark value (NERVA_SA_MARK),
+# each launch's timeline and KERNEL's block detail kept under $AB, and one line a mark: the
+# medians over the step's launches of the blocks' release, mark and exit (µs after a launch's
+# first release).
 # Build the addons here first: NERVA_CUDA_ARCHITECTURES=90 bash tools/gpu/build-addon.sh DIR, then
 # xz -c DIR/nerva_cuda.node > .device/addon/nerva_cuda.node.xz (carry ".device", 64 MiB at most).
 
@@ -62,6 +66,33 @@ ab_check() {
   NERVA_CUDA_ADDON="/tmp/$1.node" OUT=$AB timeout 200 $AB_NODE .device/dist/batch_invariance.mjs > "$AB/inv.log" 2>&1
   echo "invariance rc $?, $(grep -c '\] ok' "$AB/inv.log") ok"
   sed -n '/batchInvariant: true/,/default backend/p' "$AB/inv.log" | grep -i fail | head -5
+}
+
+ab_marks() {
+  local addon=$1 kernel=$2 marks=$3 mk
+  shift 3
+  for mk in $marks; do
+    env OUT="$AB/x" NERVA_CUDA_ADDON="$addon" NERVA_SA_MARK=$mk NERVA_DEVICE_TRACE="$AB/trace.bin" "$@" timeout 120 \
+      $AB_NODE .device/dist/bench.mjs "/tmp/synth/${M:-qwen3-0.6b}" "${PL:-128}" "${GEN:-256}" > /dev/null 2>> "$AB/err.log"
+    python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 > "$AB/timeline-mark$mk.txt" 2>&1
+    python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 --detail "$kernel" > "$AB/detail-mark$mk.txt" 2>&1
+    rm -f "$AB/trace.bin"
+    python3 - "$AB/detail-mark$mk.txt" "$mk" <<'PY'
+import re, sys, statistics as st
+rel, mk, ex = [], [], []
+for l in open(sys.argv[1]):
+    if l.startswith('  grid'):
+        rel.append(float(re.search(r'release p50 ([\d.]+)', l).group(1)))
+        ex.append(float(re.search(r'exit p10 [\d.]+ p50 ([\d.]+)', l).group(1)))
+        m = re.search(r'mark p50 ([\d.]+)', l)
+        if m: mk.append(float(m.group(1)))
+if rel:
+    print('mark', sys.argv[2], 'launches', len(rel), 'release p50 %.2f' % st.median(rel),
+          'mark p50 %.2f' % (st.median(mk) if mk else -1), 'exit p50 %.2f' % st.median(ex))
+else:
+    print('mark', sys.argv[2], 'no launches of the kernel in the trace')
+PY
+  done
 }
 
 ab_pack() {
