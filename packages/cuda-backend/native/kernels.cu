@@ -3464,6 +3464,16 @@ void nerva_trace_dump() {
 #endif
 }
 
+int nerva_decode_short_keys(const NervaExec* ex) {
+  if (ex->bf16act || ex->persistentDecoder || ex->batchInv || attnShortSetting() == 0) return 0;
+  int dev = 0, clusters = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return clusters ? SA_MAX_KEYS : 0;
+}
+
 int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
 #ifdef NERVA_TRACE
   traceInit();

@@ -131,6 +131,12 @@ struct NervaExec {
 // Decodes `args` (see src/abi.ts for each op's layout) and enqueues the op's kernels on ex->stream.
 int nerva_launch(NervaExec* ex, int op, const double* args, int nargs);
 
+// The most keys a decode row may have for op decoder_layers to run its cluster attention
+// (k_attn_decode_short, SA_MAX_KEYS) in this context; 0 where it never runs: bf16 numerics, the
+// persistent decoder, batch invariance, NERVA_ATTN_SHORT=0, or a device without thread block
+// clusters. (The layer's shape must fit it as well: headDim 128, one or two q heads a KV head.)
+int nerva_decode_short_keys(const NervaExec* ex);
+
 // NERVA_TRACE builds: writes the device timeline rings to $NERVA_DEVICE_TRACE (else nothing).
 void nerva_trace_dump();
 

@@ -140,17 +140,15 @@ export function checkSyncMode(env: Record<string, string | undefined> = process.
 
 /**
  * The most keys a decode row may have for op decoder_layers to run its cluster attention
- * (k_attn_decode_short: a KV head's keys in the shared memory of 8 blocks, no global merge). The
- * addon's SA_MAX_KEYS; it takes the kernel where maxKeys is at most this, at one decode row, on
- * sm_90+ (thread block clusters), with exact numerics, per-layer kernels, no batch invariance,
- * headDim 128 and at most two q heads a KV head, unless NERVA_ATTN_SHORT is 0.
+ * (k_attn_decode_short: a KV head's keys in the shared memory of 8 blocks, no global merge), as
+ * the addon reports it (its SA_MAX_KEYS where the kernel can run in this context: thread block
+ * clusters, exact numerics, per-layer kernels, no batch invariance, NERVA_ATTN_SHORT not 0). The
+ * kernel then takes one-row decode steps whose maxKeys is at most this, for layers of headDim 128
+ * and at most two q heads a KV head. An addon that does not report it: 0.
  */
-export const DECODE_SHORT_KEYS = 1024;
-
 function decodeShortKeys(info: NativeInfo): number {
-  const major = Number.parseInt(info.computeCapability, 10);
-  const on = major >= 9 && info.numerics === 'exact' && info.decoder === 'layers' && info.batchInvariant !== true && process.env.NERVA_ATTN_SHORT !== '0';
-  return on ? DECODE_SHORT_KEYS : 0;
+  const v = info.decodeShortKeys;
+  return typeof v === 'number' && Number.isInteger(v) && v > 0 ? v : 0;
 }
 
 /** Kernels behind op decoder_layers (CudaBackendOptions.decoder). */

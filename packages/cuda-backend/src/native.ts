@@ -49,6 +49,12 @@ export interface NativeInfo {
    * for compute_90+, and NERVA_PDL is not "0"); absent from addons built before it existed.
    */
   pdl?: boolean;
+  /**
+   * The most keys a decode row may have for op decoder_layers to run its cluster attention (the
+   * addon's SA_MAX_KEYS; 0 where it never runs in this context); absent from addons built before
+   * it existed (then 0).
+   */
+  decodeShortKeys?: number;
 }
 
 export interface NativeCounters {
