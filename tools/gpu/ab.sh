@@ -13,10 +13,12 @@
 # /tmp/NAME.node, its JSON line tagged TAG in $AB/bench.jsonl. ab_report prints tag, tok/s,
 # fraction of roofline, p50 ms and token digest a line. ab_check NAME: conformance and batch
 # invariance on that addon. ab_pack NAME: $OUT/NAME.tgz of everything under $AB.
-# ab_marks TRACE_ADDON KERNEL "MARKS" [VAR=value...]: a traced probe for each mark value (NERVA_SA_MARK),
-# each launch's timeline and KERNEL's block detail kept under $AB, and one line a mark: the
-# medians over the step's launches of the blocks' release, mark and exit (µs after a launch's
-# first release).
+# ab_trace TAG TRACE_ADDON [VAR=value...]: one decode probe on a traced addon (built with -DNERVA_TRACE),
+# its timeline in $AB/timeline-TAG.txt (DETAIL=KERNEL: that kernel's block detail in
+# $AB/detail-TAG.txt too); prints the per-kernel summary.
+# ab_marks TRACE_ADDON KERNEL "MARKS" [VAR=value...]: ab_trace for each mark value (NERVA_SA_MARK, tag
+# markN, KERNEL's detail kept), and one line a mark: the medians over the step's launches of the
+# blocks' release, mark and exit (µs after a launch's first release).
 # Build the addons here first: NERVA_CUDA_ARCHITECTURES=90 bash tools/gpu/build-addon.sh DIR, then
 # xz -c DIR/nerva_cuda.node > .device/addon/nerva_cuda.node.xz (carry ".device", 64 MiB at most).
 
@@ -68,15 +70,25 @@ ab_check() {
   sed -n '/batchInvariant: true/,/default backend/p' "$AB/inv.log" | grep -i fail | head -5
 }
 
+ab_trace() {
+  local tag=$1 addon=$2
+  shift 2
+  env OUT="$AB/x" NERVA_CUDA_ADDON="$addon" NERVA_DEVICE_TRACE="$AB/trace.bin" "$@" timeout 120 \
+    $AB_NODE .device/dist/bench.mjs "/tmp/synth/${M:-qwen3-0.6b}" "${PL:-128}" "${GEN:-256}" > /dev/null 2>> "$AB/err.log"
+  python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 > "$AB/timeline-$tag.txt" 2>&1
+  if [ -n "${DETAIL:-}" ]; then
+    python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 --detail "$DETAIL" > "$AB/detail-$tag.txt" 2>&1
+  fi
+  rm -f "$AB/trace.bin"
+  echo "== $tag"
+  grep -A10 "per kernel" "$AB/timeline-$tag.txt"
+}
+
 ab_marks() {
   local addon=$1 kernel=$2 marks=$3 mk
   shift 3
   for mk in $marks; do
-    env OUT="$AB/x" NERVA_CUDA_ADDON="$addon" NERVA_SA_MARK=$mk NERVA_DEVICE_TRACE="$AB/trace.bin" "$@" timeout 120 \
-      $AB_NODE .device/dist/bench.mjs "/tmp/synth/${M:-qwen3-0.6b}" "${PL:-128}" "${GEN:-256}" > /dev/null 2>> "$AB/err.log"
-    python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 > "$AB/timeline-mark$mk.txt" 2>&1
-    python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 --detail "$kernel" > "$AB/detail-mark$mk.txt" 2>&1
-    rm -f "$AB/trace.bin"
+    DETAIL=$kernel ab_trace "mark$mk" "$addon" NERVA_SA_MARK=$mk "$@" > /dev/null
     python3 - "$AB/detail-mark$mk.txt" "$mk" <<'PY'
 import re, sys, statistics as st
 rel, mk, ex = [], [], []
