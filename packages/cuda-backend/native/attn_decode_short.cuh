@@ -192,6 +192,94 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
   }
   float qr[G][CH * EPC];
   bool qLoaded = false;
+  // NB batches of 8 keys (k0 + b NW 8 + kq, a quad a key) folded into the warp's running softmax
+  // in one step. NB = 1 is the one-batch fold; a batch with no live key yet (mn = -inf) leaves m,
+  // l and acc as they are (corr 0 on zeros, p 0).
+  auto fold = [&](auto nbc, int k0, int n) {
+    constexpr int NB = decltype(nbc)::value;
+    float d[NB][G], p[NB][G], mx[G], ps[G];
+    bool live[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      const int i = k0 + b * NW * 8 + kq;  // this quad's key
+      live[b] = i < n && slotS[i] != -1;
+#pragma unroll
+      for (int g = 0; g < G; g++) d[b][g] = 0.f;
+      if (i < n) {
+        const KT* kr = ks + (size_t)i * LD + qp * EPC;
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+          float kv[EPC];
+          if constexpr (EPC == 4) {
+            saLoad4(kr + c * 4 * EPC, kv);
+          } else {
+            saLoad8(kr + c * 4 * EPC, kv);
+          }
+#pragma unroll
+          for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int e = 0; e < EPC; e++) d[b][g] += qr[g][c * EPC + e] * kv[e];
+        }
+      }
+    }
+    // Every head and batch step by step, so their shuffle and exp chains overlap.
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+      for (int g = 0; g < G; g++) d[b][g] += __shfl_xor_sync(0xffffffffu, d[b][g], 1);
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+      for (int g = 0; g < G; g++) d[b][g] += __shfl_xor_sync(0xffffffffu, d[b][g], 2);
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      mx[g] = live[0] ? d[0][g] : -INFINITY;
+#pragma unroll
+      for (int b = 1; b < NB; b++) mx[g] = fmaxf(mx[g], live[b] ? d[b][g] : -INFINITY);
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1)
+#pragma unroll
+      for (int g = 0; g < G; g++) mx[g] = fmaxf(mx[g], __shfl_xor_sync(0xffffffffu, mx[g], o));
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      const float mn = fmaxf(m[g], mx[g]);
+      ps[g] = 0.f;
+#pragma unroll
+      for (int b = 0; b < NB; b++) {
+        p[b][g] = live[b] ? expf(d[b][g] - mn) : 0.f;  // live: d finite, so mn is
+        ps[g] = b == 0 ? p[b][g] : ps[g] + p[b][g];
+      }
+      mx[g] = m[g] == -INFINITY ? 0.f : expf(m[g] - mn);  // now the rescale of what came before
+      m[g] = mn;
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1)  // one key a quad (a lane's keys summed first): the sum over the 8 quads
+#pragma unroll
+      for (int g = 0; g < G; g++) ps[g] += __shfl_xor_sync(0xffffffffu, ps[g], o);
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      l[g] = l[g] * mx[g] + ps[g];
+#pragma unroll
+      for (int j = 0; j < 4; j++) acc[g][j] *= mx[g];
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      const int kb = k0 + b * NW * 8;
+#pragma unroll
+      for (int kk = 0; kk < 8; kk++) {
+        if (kb + kk >= n) break;
+        float v4[4];
+        saLoad4(vs + (size_t)(kb + kk) * LD + 4 * lane, v4);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+          const float pk = __shfl_sync(0xffffffffu, p[b][g], kk * 4);
+#pragma unroll
+          for (int j = 0; j < 4; j++) acc[g][j] += pk * v4[j];
+        }
+      }
+    }
+  };
   for (int t0 = start; t0 < stop; t0 += cap) {
     const int n = min(cap, stop - t0);
     if (t0 != start) {
@@ -210,71 +298,15 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
 #pragma unroll
           for (int e = 0; e < EPC; e++) qr[g][c * EPC + e] = qs[g][(c * 4 + qp) * EPC + e];
     }
-    for (int k0 = warp * 8; k0 < n; k0 += NW * 8) {
-      const int i = k0 + kq;  // this quad's key
-      const bool live = i < n && slotS[i] != -1;
-      float d[G];
-#pragma unroll
-      for (int g = 0; g < G; g++) d[g] = 0.f;
-      if (i < n) {
-        const KT* kr = ks + (size_t)i * LD + qp * EPC;
-#pragma unroll
-        for (int c = 0; c < CH; c++) {
-          float kv[EPC];
-          if constexpr (EPC == 4) {
-            saLoad4(kr + c * 4 * EPC, kv);
-          } else {
-            saLoad8(kr + c * 4 * EPC, kv);
-          }
-#pragma unroll
-          for (int g = 0; g < G; g++)
-#pragma unroll
-            for (int e = 0; e < EPC; e++) d[g] += qr[g][c * EPC + e] * kv[e];
-        }
-      }
-      // Both heads step by step, so their shuffle and exp chains overlap. A batch with no live key
-      // yet (mn = -inf) leaves m, l and acc as they are (corr 0 on zeros, p 0).
-      float p[G], mx[G], ps[G];
-#pragma unroll
-      for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], 1);
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        d[g] += __shfl_xor_sync(0xffffffffu, d[g], 2);
-        mx[g] = live ? d[g] : -INFINITY;
-      }
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1)
-#pragma unroll
-        for (int g = 0; g < G; g++) mx[g] = fmaxf(mx[g], __shfl_xor_sync(0xffffffffu, mx[g], o));
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        const float mn = fmaxf(m[g], mx[g]);
-        p[g] = live ? expf(d[g] - mn) : 0.f;  // live: d finite, so mn is
-        ps[g] = p[g];
-        mx[g] = m[g] == -INFINITY ? 0.f : expf(m[g] - mn);  // now the rescale of what came before
-        m[g] = mn;
-      }
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1)  // one key a quad: the sum over the 8 quads
-#pragma unroll
-        for (int g = 0; g < G; g++) ps[g] += __shfl_xor_sync(0xffffffffu, ps[g], o);
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        l[g] = l[g] * mx[g] + ps[g];
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[g][j] *= mx[g];
-      }
-#pragma unroll
-      for (int kk = 0; kk < 8; kk++) {
-        if (k0 + kk >= n) break;
-        float v4[4];
-        saLoad4(vs + (size_t)(k0 + kk) * LD + 4 * lane, v4);
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-          const float pk = __shfl_sync(0xffffffffu, p[g], kk * 4);
-#pragma unroll
-          for (int j = 0; j < 4; j++) acc[g][j] += pk * v4[j];
-        }
+    // A warp's batches two at a time where it has two (keys k0 and k0 + NW * 8): their loads,
+    // shuffles and exps overlap, and the running softmax takes one step for both.
+    for (int k0 = warp * 8; k0 < n;) {
+      if (k0 + NW * 8 < n) {
+        fold(std::integral_constant<int, 2>{}, k0, n);
+        k0 += 2 * NW * 8;
+      } else {
+        fold(std::integral_constant<int, 1>{}, k0, n);
+        k0 += NW * 8;
       }
     }
   }
