@@ -126,19 +126,26 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
   const int n0 = max(0, min(cap, stop - start));
   if (n0 > 0) issue(start, n0, true);
   if (tid < 64) sincos((double)__fmul_rn((float)last, rf.invFreq[tid]), &shcs[tid][1], &shcs[tid][0]);
+  // What the q heads and the new key need besides the qkv rows, taken before the wait (weights,
+  // and the new key's slot: advance_positions, which wrote it, completed before qkv's wait,
+  // after which qkv let this kernel launch).
+  const bool owner = last >= start && last < stop;
+  float nwq[4], nwk[4];
+  headNormWeights<true>(nwq, warp < G ? rf.qn : nullptr, rf.ndt, lane);
+  headNormWeights<true>(nwk, owner && warp == G % NW ? rf.kn : nullptr, rf.ndt, lane);
+  const int newSlot = owner ? rf.slots[r] : -1;
   __syncthreads();
   pdlWait();
   // (Letting o in only after the keys are folded, or at the exit, was slower: session 23.)
   pdlTrigger();
 
   // q heads (warps 0..G-1) and, in the block that holds key `last`, the new key and value.
-  const bool owner = last >= start && last < stop;
   if (warp < G) {
     const float* qr = q + (size_t)r * qStride + qOff + (size_t)(kvh * G + warp) * SA_HD;
     float a[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) a[j] = qr[attnElem<true>(j, lane)];
-    ropeHeadWarp<true>(a, rf.qn, rf.ndt, rf.eps, shcs, lane);
+    ropeHeadWarpW<true>(a, rf.qn != nullptr, nwq, rf.eps, shcs, lane);
 #pragma unroll
     for (int j = 0; j < 4; j++) qs[warp][attnElem<true>(j, lane)] = a[j] * scale;
   }
@@ -151,8 +158,8 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
       kr4[j] = krow[attnElem<true>(j, lane)];
       vr4[j] = vrow[attnElem<true>(j, lane)];
     }
-    ropeHeadWarp<true>(kr4, rf.kn, rf.ndt, rf.eps, shcs, lane);
-    const int sl = rf.slots[r];
+    ropeHeadWarpW<true>(kr4, rf.kn != nullptr, nwk, rf.eps, shcs, lane);
+    const int sl = newSlot;
     const int li = last - start;  // its row in the tile (the new key is in the first pass when it fits)
 #pragma unroll
     for (int j = 0; j < 4; j++) {

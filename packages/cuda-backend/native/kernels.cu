@@ -1485,16 +1485,25 @@ __device__ __forceinline__ int attnElem(int j, int lane) {
   return PAIR ? (j & 1) + 2 * lane + 64 * (j >> 1) : j * 32 + lane;
 }
 
-// rope_append's arithmetic on one head held by a warp, headDim 128, lane elements as attnElem.
-// cs[i] holds the float64 cos and sin of angle i.
+// The lane's four head-norm weights (attnElem order), 1 without a norm: loaded apart from the
+// head so a kernel can take them before its dependency wait.
 template <bool PAIR>
-__device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int ndt, float eps, const double (*cs)[2],
-                                             int lane) {
-  if (nw) {
+__device__ __forceinline__ void headNormWeights(float (&w)[4], const void* nw, int ndt, int lane) {
+#pragma unroll
+  for (int j = 0; j < 4; j++) w[j] = nw ? ldf(nw, ndt, attnElem<PAIR>(j, lane)) : 1.f;
+}
+
+// rope_append's arithmetic on one head held by a warp, headDim 128, lane elements as attnElem,
+// with the head norm's weights w (headNormWeights) where `norm`. cs[i] holds the float64 cos and
+// sin of angle i.
+template <bool PAIR>
+__device__ __forceinline__ void ropeHeadWarpW(float (&a)[4], bool norm, const float (&w)[4], float eps,
+                                              const double (*cs)[2], int lane) {
+  if (norm) {
     float ss = warpSum(a[0] * a[0] + a[1] * a[1] + a[2] * a[2] + a[3] * a[3]);
     float inv = rsqrtf(ss / 128.f + eps);
 #pragma unroll
-    for (int j = 0; j < 4; j++) a[j] = a[j] * inv * ldf(nw, ndt, attnElem<PAIR>(j, lane));
+    for (int j = 0; j < 4; j++) a[j] = a[j] * inv * w[j];
   }
 #pragma unroll
   for (int j = 0; j < 2; j++) {
@@ -1504,6 +1513,14 @@ __device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int 
     a[j] = (float)((double)x * c - (double)y * sn);
     a[j + 2] = (float)((double)y * c + (double)x * sn);
   }
+}
+
+template <bool PAIR>
+__device__ __forceinline__ void ropeHeadWarp(float (&a)[4], const void* nw, int ndt, float eps, const double (*cs)[2],
+                                             int lane) {
+  float w[4];
+  headNormWeights<PAIR>(w, nw, ndt, lane);
+  ropeHeadWarpW<PAIR>(a, nw != nullptr, w, eps, cs, lane);
 }
 
 // EPL: head elements per lane (headDim <= 32 * EPL). Sizing the key/value registers to the
