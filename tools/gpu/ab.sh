@@ -21,8 +21,8 @@
 # blocks' release, mark and exit (µs after a launch's first release).
 # Build the addons here first: NERVA_CUDA_ARCHITECTURES=90 bash tools/gpu/build-addon.sh DIR, then
 # xz -c DIR/nerva_cuda.node > .device/addon/nerva_cuda.node.xz (carry ".device"; the run tool's 64 MiB
-# limit counts the tracked tree too, ~20 MiB, and .device's Node, bundles and fixtures ~30 MiB: about
-# two xz-compressed addons of ~6 MiB fit beside them, not three).
+# limit counts the tracked tree too, ~20 MiB, and .device's Node, bundles and fixtures ~30 MiB: room
+# for about ten addons of ~1.4 MiB xz-compressed, two of ~6 MiB built with NERVA_LINEINFO=1).
 
 AB=${OUT:?set OUT to the output folder of the run tool}/a
 AB_NODE=/tmp/node

@@ -18,7 +18,12 @@ archs=${archs:-90}
 gencode=()
 for a in ${archs//;/ }; do a=${a#sm_}; a=${a//./}; gencode+=("-gencode=arch=compute_$a,code=sm_$a"); done
 echo "[build-addon] CUDA $cuda, archs $archs"
-nvcc -c $pkg/native/kernels.cu -o "$out/kernels.o" -O3 -std=c++17 -Xcompiler -fPIC -lineinfo -I"$cuda/include" "${gencode[@]}" ${NERVA_NVCC_FLAGS:-} &
+# NERVA_LINEINFO=1 adds -lineinfo (source lines for nvdisasm -g or a profiler). Off, as in
+# binding.gyp: the addon then xz-compresses to ~1.4 MiB instead of ~6, so several fit the run
+# tool's carry beside Node and the bundles.
+lineinfo=()
+[ "${NERVA_LINEINFO:-0}" = 1 ] && lineinfo=(-lineinfo)
+nvcc -c $pkg/native/kernels.cu -o "$out/kernels.o" -O3 -std=c++17 -Xcompiler -fPIC "${lineinfo[@]}" -I"$cuda/include" "${gencode[@]}" ${NERVA_NVCC_FLAGS:-} &
 nvcc_pid=$!
 flags=(-c -fPIC -O2 -std=c++17 -fexceptions -DNAPI_VERSION=8 -DNAPI_CPP_EXCEPTIONS -DBUILDING_NODE_EXTENSION
   -I"$inc/node-api-headers" -I"$inc/node-addon-api" -I"$cuda/include")
