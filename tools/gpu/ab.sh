@@ -10,7 +10,8 @@
 # /tmp/NAME.node (the first is also /tmp/nerva-addon/nerva_cuda.node, where run.sh looks), then
 # synthesizes the sizes (run.sh synth). ab_run TAG NAME [VAR=value...]: one decode probe
 # (.device/dist/bench.mjs, prompt PL (128), GEN (256) new tokens, checkpoint M (qwen3-0.6b)) on
-# /tmp/NAME.node, its JSON line tagged TAG in $AB/bench.jsonl. ab_report prints tag, tok/s,
+# /tmp/NAME.node, its JSON line tagged TAG in $AB/bench.jsonl; BENCH=PATH runs another bundle of
+# bench.ts (an engine change against the tree's: .device/dist2/bench.mjs, say). ab_report prints tag, tok/s,
 # fraction of roofline, p50 ms and token digest a line. ab_check NAME: conformance and batch
 # invariance on that addon. ab_pack NAME: $OUT/NAME.tgz of everything under $AB.
 # ab_trace TAG TRACE_ADDON [VAR=value...]: one decode probe on a traced addon (built with -DNERVA_TRACE),
@@ -48,7 +49,7 @@ ab_setup() {
 ab_run() {
   local tag=$1 name=$2
   shift 2
-  env OUT="$AB/x" NERVA_CUDA_ADDON="/tmp/$name.node" "$@" timeout 120 $AB_NODE .device/dist/bench.mjs \
+  env OUT="$AB/x" NERVA_CUDA_ADDON="/tmp/$name.node" "$@" timeout 120 $AB_NODE ${BENCH:-.device/dist/bench.mjs} \
     "/tmp/synth/${M:-qwen3-0.6b}" "${PL:-128}" "${GEN:-256}" 2>> "$AB/err.log" | tail -1 |
     sed "s/^{/{\"tag\":\"$tag\",/" >> "$AB/bench.jsonl"
 }
@@ -76,7 +77,7 @@ ab_trace() {
   local tag=$1 addon=$2
   shift 2
   env OUT="$AB/x" NERVA_CUDA_ADDON="$addon" NERVA_DEVICE_TRACE="$AB/trace.bin" "$@" timeout 120 \
-    $AB_NODE .device/dist/bench.mjs "/tmp/synth/${M:-qwen3-0.6b}" "${PL:-128}" "${GEN:-256}" > /dev/null 2>> "$AB/err.log"
+    $AB_NODE ${BENCH:-.device/dist/bench.mjs} "/tmp/synth/${M:-qwen3-0.6b}" "${PL:-128}" "${GEN:-256}" > /dev/null 2>> "$AB/err.log"
   python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 > "$AB/timeline-$tag.txt" 2>&1
   if [ -n "${DETAIL:-}" ]; then
     python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 --detail "$DETAIL" > "$AB/detail-$tag.txt" 2>&1

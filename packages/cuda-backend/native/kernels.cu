@@ -510,17 +510,24 @@ __global__ void k_argmax(const float* logits, int* out, int vocab) {
   if (threadIdx.x == 0) out[r] = idx;
 }
 
-__global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, int capacity) {
+// pre: the cursor is read before the dependency wait. Its only writers are earlier pushes and
+// the host (stream-ordered copies, which no kernel overlaps); the launch passes pre when three or
+// more kernels were issued since the last push, so that push has completed by the time this
+// kernel starts (the kernel before it triggers only after its own wait, and no two consecutive
+// kernels trigger at entry). Then the cursor's round trip over PCIe (pinned memory, ~1 us) runs
+// while the sampling still finishes, not after it.
+__global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, int capacity, int pre, int fence) {
   NERVA_TRACE_KERNEL();
+  int cur = pre ? *(volatile int*)cursor : 0;
   PDL_ENTER();
-  int cur = *(volatile int*)cursor;
+  if (!pre) cur = *(volatile int*)cursor;
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
     int slot = (int)(((long long)cur + r) % capacity);
     ((volatile int*)ring)[slot] = src[r];
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence_system();  // the tokens are visible to a host peek before the cursor moves
+    if (fence) __threadfence_system();  // the tokens are visible to a host peek before the cursor moves
     // (No fence after: nothing in this kernel depends on the cursor reaching the host; a later
     // push reads it after its wait, and the host's reads after a stream or event sync see it.)
     *(volatile int*)cursor = cur + rows;
@@ -2123,6 +2130,8 @@ struct SelResult {
   double p;            // its own probability
 };
 
+constexpr int SAMPLE_MAX_CLUSTER = 16;
+
 struct SampleShared {
   int cnt[256];
   double mass[256];
@@ -2236,6 +2245,62 @@ __device__ SelResult selectKey(const double* prob, int vocab, int mode, int rank
   return res;
 }
 
+// A sampled row (temperature > 0) by one block: softmax in float64 into `prob`, then top-k,
+// top-p and min-p by radix selection, and the draw from the counter-based uniform.
+__device__ __forceinline__ int sampleRow(const float* L, double* prob, int vocab, float temp, float topK, float topP, float minP,
+                         uint32_t seed, uint32_t counter, SampleShared& S) {
+  double u = uniformFromSeed(seed, counter);
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, L[i]);
+  mx = blockMax(mx, S.redf);
+  double t = (double)temp, sum = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    double e = exp(((double)L[i] - (double)mx) / t);
+    prob[i] = e;
+    sum += e;
+  }
+  sum = blockSum(sum, S.red);
+  double pmax = 0, total = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    double p = prob[i] / sum;
+    prob[i] = p;
+    pmax = fmax(pmax, p);
+    total += p;
+  }
+  total = blockSum(total, S.red);
+  // block max of a double via the sum buffer
+  {
+    double v = pmax;
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) S.red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    pmax = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) pmax = fmax(pmax, S.red[w]);
+    __syncthreads();
+  }
+  long long n = vocab;
+  if (topK > 0.f && (double)topK < (double)n) n = (long long)ceil((double)topK);
+  if (topP < 1.f) {
+    SelResult sp = selectKey(prob, vocab, 1, 0, (double)topP, S);
+    long long k = sp.index >= 0 ? (long long)sp.countBefore + 1 : (long long)vocab;
+    if (k > n) k = n;
+    n = k < 1 ? 1 : k;
+  }
+  if (minP > 0.f) {
+    double floorP = (double)minP * pmax;
+    int c = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += prob[i] >= floorP ? 1 : 0;
+    c = blockSum(c, S.redi);
+    long long k = c < 1 ? 1 : c;
+    if (k < n) n = k;
+  }
+  SelResult lastKept = selectKey(prob, vocab, 0, (int)(n - 1), 0, S);
+  double kept = n == vocab ? total : lastKept.massBefore + lastKept.p;
+  SelResult pick = selectKey(prob, vocab, 2, 0, u * kept, S);
+  return (pick.index >= 0 && pick.countBefore < n) ? pick.index : lastKept.index;
+}
+
 // Greedy rows: the G blocks of the row each reduce one slice of the vocabulary to (max, index),
 // store it in the row's scratch and count in; the last to arrive merges the G pairs (lowest index
 // on ties, as blockArgmax) and re-arms the counter, so a large vocabulary is read by many SMs in
@@ -2302,61 +2367,129 @@ __global__ void __launch_bounds__(1024) k_sample(const float* logits, const floa
     }
   } else {
     if (blockIdx.x != 0) return;
-    double u = uniformFromSeed(seed, counter);
-    float mx = -INFINITY;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, L[i]);
-    mx = blockMax(mx, S.redf);
-    double t = (double)temp, sum = 0;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-      double e = exp(((double)L[i] - (double)mx) / t);
-      prob[i] = e;
-      sum += e;
-    }
-    sum = blockSum(sum, S.red);
-    double pmax = 0, total = 0;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-      double p = prob[i] / sum;
-      prob[i] = p;
-      pmax = fmax(pmax, p);
-      total += p;
-    }
-    total = blockSum(total, S.red);
-    // block max of a double via the sum buffer
-    {
-      double v = pmax;
-      for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-      __syncthreads();
-      if ((threadIdx.x & 31) == 0) S.red[threadIdx.x >> 5] = v;
-      __syncthreads();
-      pmax = 0;
-      for (int w = 0; w < (int)(blockDim.x >> 5); w++) pmax = fmax(pmax, S.red[w]);
-      __syncthreads();
-    }
-    long long n = vocab;
-    if (topK > 0.f && (double)topK < (double)n) n = (long long)ceil((double)topK);
-    if (topP < 1.f) {
-      SelResult sp = selectKey(prob, vocab, 1, 0, (double)topP, S);
-      long long k = sp.index >= 0 ? (long long)sp.countBefore + 1 : (long long)vocab;
-      if (k > n) k = n;
-      n = k < 1 ? 1 : k;
-    }
-    if (minP > 0.f) {
-      double floorP = (double)minP * pmax;
-      int c = 0;
-      for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += prob[i] >= floorP ? 1 : 0;
-      c = blockSum(c, S.redi);
-      long long k = c < 1 ? 1 : c;
-      if (k < n) n = k;
-    }
-    SelResult lastKept = selectKey(prob, vocab, 0, (int)(n - 1), 0, S);
-    double kept = n == vocab ? total : lastKept.massBefore + lastKept.p;
-    SelResult pick = selectKey(prob, vocab, 2, 0, u * kept, S);
-    result = (pick.index >= 0 && pick.countBefore < n) ? pick.index : lastKept.index;
+    result = sampleRow(L, prob, vocab, temp, topK, topP, minP, seed, counter, S);
   }
   if (threadIdx.x == 0) {
     out[r] = result;
     rng[(size_t)r * 2 + 1] = (int)(counter + 1u);
   }
+}
+
+// blockArgmaxRange over float4s: L + begin 16-byte aligned, begin % 4 == 0. U float4s a thread in
+// flight at once (a cluster block's ~19 K logits in one round trip), taken in index order, so the
+// result is blockArgmaxRange's (strictly greater wins; lowest index among equal maxima).
+__device__ void blockArgmaxRange4(const float* L, int begin, int end, float* shv, int* shi, float& outV, int& outI) {
+  constexpr int U = 8;
+  float bv = -INFINITY;
+  int bi = -1;
+  const int n4 = (end - begin + 3) >> 2;
+  const float4* L4 = reinterpret_cast<const float4*>(L + begin);
+  for (int j0 = threadIdx.x; j0 < n4; j0 += U * blockDim.x) {
+    float4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int j = j0 + u * blockDim.x;
+      v[u] = j < n4 ? L4[j] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int i = begin + 4 * (j0 + u * blockDim.x);
+      const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        if (i + c < end && e[c] > bv) {
+          bv = e[c];
+          bi = i + c;
+        }
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+    int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+    argmaxMerge(bv, bi, v2, i2);
+  }
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) {
+    shv[w] = bv;
+    shi[w] = bi;
+  }
+  __syncthreads();
+  // The block's warps merged by one warp (lane k holds warp k's pair), not a thread's loop.
+  float v = -INFINITY;
+  int idx = -1;
+  if (lane < nw) {
+    v = shv[lane];
+    idx = shi[lane];
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+    int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+    argmaxMerge(v, idx, v2, i2);
+  }
+  outV = v;
+  outI = idx;
+}
+
+// k_sample with the G blocks of a row as one thread block cluster (grid (G, rows), cluster
+// (G, 1)): a greedy row's blocks push their (max, index) into block 0's shared memory and meet
+// at one cluster barrier, instead of a fence, an atomic count and the last block's reads back
+// from L2 (the step's end is a chain of such round trips after the LM head). A sampled row runs
+// in block 0 alone, as in k_sample (the other blocks exit; no barrier on that path). The caller
+// checked: vocab % 4 == 0 and the logits 16-byte aligned.
+__global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, const float* params, int* rng, int* out,
+                                                         int vocab, double* probScratch, size_t probStride, int rowBase) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // clusters need sm_90: never launched there (sampleClusterSize)
+#else
+  namespace cg = cooperative_groups;
+  NERVA_TRACE_KERNEL();
+  __shared__ SampleShared S;
+  __shared__ float pairV[SAMPLE_MAX_CLUSTER];
+  __shared__ int pairI[SAMPLE_MAX_CLUSTER];
+  cg::cluster_group cl = cg::this_cluster();
+  const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+  const int r = rowBase + blockIdx.y;
+  const float* L = logits + (size_t)r * vocab;
+  double* prob = probScratch + (size_t)blockIdx.y * probStride;
+  const float temp = params[(size_t)r * 4], topK = params[(size_t)r * 4 + 1], topP = params[(size_t)r * 4 + 2],
+              minP = params[(size_t)r * 4 + 3];
+  PDL_ENTER();
+  const uint32_t seed = (uint32_t)rng[(size_t)r * 2], counter = (uint32_t)rng[(size_t)r * 2 + 1];
+  int result;
+  if (!(temp > 0.f)) {
+    const int chunk = (((vocab + C - 1) / C) + 3) & ~3;
+    const int begin = min(vocab, rank * chunk), end = min(vocab, begin + chunk);
+    float v;
+    int idx;
+    blockArgmaxRange4(L, begin, end, S.redf, S.redi, v, idx);
+    if (threadIdx.x == 0) {
+      *cl.map_shared_rank(&pairV[rank], 0) = v;
+      *cl.map_shared_rank(&pairI[rank], 0) = idx;
+    }
+    cl.sync();
+    if (rank != 0 || threadIdx.x >= 32) return;
+    float bv = -INFINITY;
+    int bi = -1;
+    if ((int)threadIdx.x < C) {
+      bv = pairV[threadIdx.x];
+      bi = pairI[threadIdx.x];
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+      int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+      argmaxMerge(bv, bi, v2, i2);
+    }
+    result = bi < 0 ? 0 : bi;
+  } else {
+    if (rank != 0) return;
+    result = sampleRow(L, prob, vocab, temp, topK, topP, minP, seed, counter, S);
+  }
+  if (threadIdx.x == 0) {
+    out[r] = result;
+    rng[(size_t)r * 2 + 1] = (int)(counter + 1u);
+  }
+#endif
 }
 
 // ---------------------------------------------------------------- launch helpers
@@ -2422,7 +2555,17 @@ cudaError_t launchKernel(NervaExec* ex, void (*kernel)(KArgs...), dim3 grid, dim
     cfg.attrs = attr;
     cfg.numAttrs = 1;
   }
+  if (ex->sinceRingPush < (1u << 20)) ex->sinceRingPush++;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Actual>(args)...);
+}
+
+// NERVA_RING_EARLY=0 (an A/B switch): every ring_push reads the cursor after its wait.
+bool ringPushEarly() {
+  static const bool v = [] {
+    const char* e = getenv("NERVA_RING_EARLY");
+    return !(e && strcmp(e, "0") == 0);
+  }();
+  return v;
 }
 
 #define LAUNCH(name, grid, block, smem, ...)                                    \
@@ -3444,6 +3587,52 @@ int opMoeMlp(NervaExec* ex, Args& A) {
   return NERVA_OK;
 }
 
+// The launch of k_sample_cluster: clusters of C blocks of 1024 threads along x, rows along y.
+void sampleClusterConfig(NervaExec* ex, cudaLaunchConfig_t& cfg, cudaLaunchAttribute (&attr)[2], int C, int rows) {
+  cfg = {};
+  cfg.gridDim = dim3((unsigned)C, (unsigned)rows, 1);
+  cfg.blockDim = dim3(1024);
+  cfg.stream = ex->stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (ex->pdl) {
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.numAttrs = 2;
+  }
+}
+
+// Blocks a cluster of k_sample_cluster: NERVA_SAMPLE_CLUSTER (0: k_sample's blocks with a last-
+// arriving merge; 4, 8 or 16), default 8; 0 where clusters of that size cannot run (before sm_90).
+// Asked once per process.
+int sampleClusterSize(NervaExec* ex) {
+  static int v = -1;
+  if (v >= 0) return v;
+  const char* e = getenv("NERVA_SAMPLE_CLUSTER");
+  int c = e && *e ? atoi(e) : 8;
+  if (c != 4 && c != 8 && c != 16) c = 0;
+  if (c > 0) {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr[2];
+    sampleClusterConfig(ex, cfg, attr, c, 1);
+    cfg.stream = nullptr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if ((c > 8 && cudaFuncSetAttribute(k_sample_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
+        cudaOccupancyMaxActiveClusters(&clusters, k_sample_cluster, &cfg) != cudaSuccess) {
+      cudaGetLastError();
+      clusters = 0;
+    }
+    if (clusters <= 0) c = 0;
+  }
+  v = c;
+  return v;
+}
+
 int opSample(NervaExec* ex, Args& A) {
   Buf logits = buf(A), params = buf(A), rng = buf(A), out = buf(A);
   int rows = A.num(), vocab = A.num();
@@ -3456,8 +3645,20 @@ int opSample(NervaExec* ex, Args& A) {
   // Greedy rows split the vocabulary over G blocks of ~4096 logits (4 per thread) when the
   // re-armed counters cover the rows; a single block over 151,936 logits was a serial tail.
   int G = std::min(128, std::max(1, (vocab + 4095) / 4096));
+  // Greedy rows as one cluster a row where clusters run (sampleClusterSize).
+  const int C = vocab % 4 == 0 && ((uintptr_t)logits.p & 15) == 0 ? sampleClusterSize(ex) : 0;
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     int nr = std::min(rowChunk, rows - r0);
+    if (C > 0) {
+      cudaLaunchConfig_t cfg = {};
+      cudaLaunchAttribute attr[2];
+      sampleClusterConfig(ex, cfg, attr, C, nr);
+      cudaError_t e = cudaLaunchKernelEx(&cfg, k_sample_cluster, (const float*)logits.p, (const float*)params.p, (int*)rng.p,
+                                         (int*)out.p, vocab, (double*)ex->ws, perRow / sizeof(double), r0);
+      int rc = check(ex, "k_sample_cluster", e);
+      if (rc) return rc;
+      continue;
+    }
     int g = ex->counters && (size_t)nr <= ex->counterCount ? G : 1;
     LAUNCH(k_sample, dim3(g, nr), 1024, 0, (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p,
            vocab, (double*)ex->ws, perRow / sizeof(double), r0, g > 1 ? ex->counters : (int*)nullptr);
@@ -3634,8 +3835,10 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (!A.ok) return bad(ex, "ring_push: argument count");
       if (cap <= 0) return bad(ex, "ring_push: capacity must be positive");
       if (rows <= 0) return NERVA_OK;
+      const int pre = ex->sinceRingPush >= 3 && ringPushEarly() ? 1 : 0;
       LAUNCH(k_ring_push, 1, std::min(1024, ((rows + 31) / 32) * 32), 0, (const int*)src.p, (int*)ring.p,
-             (int*)cursor.p, rows, cap);
+             (int*)cursor.p, rows, cap, pre, getenv("NERVA_RING_FENCE") && atoi(getenv("NERVA_RING_FENCE")) == 0 ? 0 : 1);
+      ex->sinceRingPush = 0;
       return NERVA_OK;
     }
     case OP_ADVANCE_POSITIONS: {

@@ -1,4 +1,4 @@
-import type { BackendStats, DeviceBackend, GraphHandle, MatmulPrecision, Numerics, TokenLedgerRecord } from '@nerva/core';
+import type { BackendStats, DeviceBackend, EventHandle, GraphHandle, MatmulPrecision, Numerics, TokenLedgerRecord } from '@nerva/core';
 import { emptySyncCounts, LedgerAggregator, MATMUL_PRECISIONS, NervaError, NUMERICS, SYNC_KINDS } from '@nerva/core';
 import { KvCacheManager } from '@nerva/kv';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
@@ -333,9 +333,14 @@ export class Engine {
   };
   private startEv;
   private endEv;
-  /** The events of a step enqueued ahead (swapped with startEv/endEv when it is adopted). */
+  /**
+   * The events of a step enqueued ahead (swapped with startEv/endEv when it is adopted). Its start
+   * is the end event of the step before it (see prepareRunAhead's caller), so these fields may
+   * alias; `events` holds each event once.
+   */
   private aheadStartEv;
   private aheadEndEv;
+  private readonly events: EventHandle[];
   /** Whether decode steps are enqueued ahead of the host (EngineOptions.runAhead, resolved). */
   readonly runAhead: boolean;
   /** A decode graph replay enqueued for the step after the last one (see EngineOptions.runAhead). */
@@ -465,10 +470,9 @@ export class Engine {
     };
     this.blockSeen = new Int32Array(pages);
     this.blockTwice = new Int32Array(pages);
-    this.startEv = this.backend.createEvent();
-    this.endEv = this.backend.createEvent();
-    this.aheadStartEv = this.backend.createEvent();
-    this.aheadEndEv = this.backend.createEvent();
+    this.events = [0, 1, 2].map(() => this.backend.createEvent());
+    [this.startEv, this.endEv, this.aheadEndEv] = this.events;
+    this.aheadStartEv = this.endEv;
     this.runAhead = this.useGraphs && this.backend.synchronizeEvent !== undefined && (o.runAhead ?? this.backend.capabilities.computeTier === 'vram');
   }
 
@@ -1186,7 +1190,12 @@ export class Engine {
         // this step's sampling and advance_positions leave (the host writes nothing for it).
         // Its key counts the blocks reserved for it, as the next step's schedule will.
         const aheadKey = `${bucket}|${tiered}|` + plan.scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',');
-        be.record(this.aheadStartEv);
+        // Nothing runs between this step and the one ahead in the stream, so the step ahead starts
+        // at this step's end event instead of a start event of its own: a timed event record holds
+        // the GPU about 1.5 us between two graph replays (an untimed one costs nothing; session 26,
+        // tools/gpu/graphgap.cu). Its end takes the event no live step's start or end uses.
+        this.aheadStartEv = this.endEv;
+        this.aheadEndEv = this.events.find((e) => e !== this.startEv && e !== this.endEv)!;
         replay(g);
         be.record(this.aheadEndEv);
         this.ahead = { key: aheadKey, bucket };
@@ -1466,10 +1475,7 @@ export class Engine {
     for (const g of this.graphs.values()) this.backend.destroyGraph(g);
     this.kvTiers?.dispose();
     this.graphs.clear();
-    this.backend.destroyEvent(this.startEv);
-    this.backend.destroyEvent(this.endEv);
-    this.backend.destroyEvent(this.aheadStartEv);
-    this.backend.destroyEvent(this.aheadEndEv);
+    for (const e of this.events) this.backend.destroyEvent(e);
     this.runner.dispose();
     freeWeights(this.backend, this.weights);
     if (this.ownsBackend) this.backend.dispose();

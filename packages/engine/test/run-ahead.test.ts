@@ -10,12 +10,16 @@ import { DEFAULT_MODEL } from './fixtures.js';
 
 interface Counted {
   engine: Engine;
-  counts: { replays: number; eventSyncs: number };
+  counts: { replays: number; eventSyncs: number; records: number; badIntervals: number };
 }
 
 async function counted(runAhead: boolean | undefined): Promise<Counted> {
   const inner = createCpuBackend();
-  const counts = { replays: 0, eventSyncs: 0 };
+  const counts = { replays: 0, eventSyncs: 0, records: 0, badIntervals: 0 };
+  // When each event was last recorded: a step's time is measured between two events recorded in
+  // that order, neither recorded again since (a start re-recorded for a later step would not be).
+  let seq = 0;
+  const recordedAt = new Map<unknown, number>();
   const backend = new Proxy(inner, {
     get(target, prop, receiver) {
       const v = Reflect.get(target, prop, receiver) as unknown;
@@ -23,6 +27,14 @@ async function counted(runAhead: boolean | undefined): Promise<Counted> {
       const f = (v as (...x: unknown[]) => unknown).bind(target);
       if (prop === 'replay') return (...a: unknown[]) => (counts.replays++, f(...a));
       if (prop === 'synchronizeEvent') return (...a: unknown[]) => (counts.eventSyncs++, f(...a));
+      if (prop === 'record') return (...a: unknown[]) => (counts.records++, recordedAt.set(a[0], ++seq), f(...a));
+      if (prop === 'elapsedMs')
+        return (...a: unknown[]) => {
+          const s0 = recordedAt.get(a[0]);
+          const s1 = recordedAt.get(a[1]);
+          if (s0 === undefined || s1 === undefined || s0 >= s1) counts.badIntervals++;
+          return f(...a);
+        };
       return f;
     },
   }) as DeviceBackend;
@@ -45,7 +57,7 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
   });
 
   const reset = () => {
-    for (const c of [ahead, plain]) c.counts.replays = c.counts.eventSyncs = 0;
+    for (const c of [ahead, plain]) c.counts.replays = c.counts.eventSyncs = c.counts.records = c.counts.badIntervals = 0;
   };
 
   it('adopts the steps it enqueued ahead and decodes the same tokens', async () => {
@@ -62,6 +74,12 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
       // start a new KV block included (the block is reserved a step early).
       // (Without the reservation a step whose next position starts a block was not: 36 and 34 of 39.)
       expect(ahead.counts.eventSyncs).toBe(plain.counts.replays - 1);
+      // A step enqueued ahead starts at the end event of the step before it: one event record
+      // instead of two (a timed record between two graphs holds the GPU), and every step's time
+      // is still taken between two events recorded in order.
+      expect(ahead.counts.records).toBe(plain.counts.records - ahead.counts.eventSyncs);
+      expect(ahead.counts.badIntervals).toBe(0);
+      expect(plain.counts.badIntervals).toBe(0);
     }
   });
 
