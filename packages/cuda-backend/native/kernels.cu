@@ -516,7 +516,7 @@ __global__ void k_argmax(const float* logits, int* out, int vocab) {
 // kernel starts (the kernel before it triggers only after its own wait, and no two consecutive
 // kernels trigger at entry). Then the cursor's round trip over PCIe (pinned memory, ~1 us) runs
 // while the sampling still finishes, not after it.
-__global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, int capacity, int pre, int fence) {
+__global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, int capacity, int pre) {
   NERVA_TRACE_KERNEL();
   int cur = pre ? *(volatile int*)cursor : 0;
   PDL_ENTER();
@@ -527,7 +527,7 @@ __global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, in
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (fence) __threadfence_system();  // the tokens are visible to a host peek before the cursor moves
+    __threadfence_system();  // the tokens are visible to a host peek before the cursor moves
     // (No fence after: nothing in this kernel depends on the cursor reaching the host; a later
     // push reads it after its wait, and the host's reads after a stream or event sync see it.)
     *(volatile int*)cursor = cur + rows;
@@ -705,6 +705,32 @@ __device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS) {
   // The thread's first chunk of norm weights (nw0) is loaded before the dependency wait.
   float4 nw0 = make_float4(0.f, 0.f, 0.f, 0.f);
   auto stageNorm = [&]() {
+    // One row, at most one float4 a thread (the 0.6B's 1024-wide rows under 512 threads): the
+    // thread keeps its float4 in registers, every thread sums the warps' squares itself (the same
+    // sum in the same order as thread 0 below) and writes its float4 scaled: one barrier fewer and
+    // no write-back pass through shared memory between the reduction and the GEMV, the same bits.
+    if constexpr (R == 1) {
+      if (n4 <= (int)blockDim.x) {
+        const int j = threadIdx.x;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        float s1 = 0.f;
+        if (j < n4) {
+          v = reinterpret_cast<const float4*>(x)[j];
+          s1 = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        s1 = warpSum(s1);
+        if (lane == 0) ssw[warp][0] = s1;
+        __syncthreads();
+        float t = 0.f;
+        for (int i = 0; i < NW; i++) t += ssw[i][0];
+        if (j < n4) {
+          normScale4g(v, rsqrtf(t / (float)inDim + eps), nw0, bfa);
+          xs[(j & 1) * n8 + (j >> 1)] = v;
+        }
+        __syncthreads();
+        return;
+      }
+    }
     float ss[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -3837,7 +3863,7 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (rows <= 0) return NERVA_OK;
       const int pre = ex->sinceRingPush >= 3 && ringPushEarly() ? 1 : 0;
       LAUNCH(k_ring_push, 1, std::min(1024, ((rows + 31) / 32) * 32), 0, (const int*)src.p, (int*)ring.p,
-             (int*)cursor.p, rows, cap, pre, getenv("NERVA_RING_FENCE") && atoi(getenv("NERVA_RING_FENCE")) == 0 ? 0 : 1);
+             (int*)cursor.p, rows, cap, pre);
       ex->sinceRingPush = 0;
       return NERVA_OK;
     }
