@@ -13,7 +13,7 @@
 # /tmp/NAME.node, its JSON line tagged TAG in $AB/bench.jsonl; BENCH=PATH runs another bundle of
 # bench.ts (an engine change against the tree's: .device/dist2/bench.mjs, say). ab_report prints tag, tok/s,
 # fraction of roofline, p50 ms and token digest a line. ab_check NAME: conformance and batch
-# invariance on that addon. ab_pack NAME: $OUT/NAME.tgz of everything under $AB.
+# invariance on that addon (DIST=DIR: the bundles of another tree, as BENCH). ab_pack NAME: $OUT/NAME.tgz of everything under $AB.
 # ab_trace TAG TRACE_ADDON [VAR=value...]: one decode probe on a traced addon (built with -DNERVA_TRACE),
 # its timeline in $AB/timeline-TAG.txt (DETAIL=KERNEL: that kernel's block detail in
 # $AB/detail-TAG.txt too); prints the per-kernel summary.
@@ -65,10 +65,10 @@ PY
 }
 
 ab_check() {
-  NERVA_CUDA_ADDON="/tmp/$1.node" OUT=$AB timeout 150 $AB_NODE .device/dist/conformance.mjs > "$AB/conf.log" 2>&1
+  NERVA_CUDA_ADDON="/tmp/$1.node" OUT=$AB timeout 150 $AB_NODE ${DIST:-.device/dist}/conformance.mjs > "$AB/conf.log" 2>&1
   echo "conformance rc $?"
   tail -4 "$AB/conf.log"
-  NERVA_CUDA_ADDON="/tmp/$1.node" OUT=$AB timeout 200 $AB_NODE .device/dist/batch_invariance.mjs > "$AB/inv.log" 2>&1
+  NERVA_CUDA_ADDON="/tmp/$1.node" OUT=$AB timeout 200 $AB_NODE ${DIST:-.device/dist}/batch_invariance.mjs > "$AB/inv.log" 2>&1
   echo "invariance rc $?, $(grep -c '\] ok' "$AB/inv.log") ok"
   sed -n '/batchInvariant: true/,/default backend/p' "$AB/inv.log" | grep -i fail | head -5
 }

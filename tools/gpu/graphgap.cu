@@ -17,8 +17,9 @@ __global__ void k_spin(int* p) {
 int main() {
   int* d;
   cudaMalloc(&d, 1024);
-  cudaStream_t s;
+  cudaStream_t s, side;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
   cudaEvent_t t0, t1, ea, eb, na, nb, inT, inU;
   cudaEventCreate(&t0);
   cudaEventCreate(&t1);
@@ -38,7 +39,7 @@ int main() {
       if (inGraph) cudaEventRecordWithFlags(inGraph == 1 ? inT : inU, s, cudaEventRecordExternal);
       cudaStreamEndCapture(s, &g);
       cudaGraphInstantiate(&ge, g, 0);
-      for (int mode = 0; mode < (inGraph ? 1 : 4); mode++) {
+      for (int mode = 0; mode < (inGraph ? 1 : 5); mode++) {
         const int N = 2000;
         for (int w = 0; w < 100; w++) cudaGraphLaunch(ge, s);
         cudaStreamSynchronize(s);
@@ -48,6 +49,7 @@ int main() {
           if (mode == 1) cudaEventRecord(ea, s), cudaEventRecord(eb, s);
           if (mode == 2) cudaEventRecord(na, s), cudaEventRecord(nb, s);
           if (mode == 3) cudaEventRecord(ea, s);
+          if (mode == 4) cudaEventRecord(na, s), cudaStreamWaitEvent(side, na, 0), cudaEventRecord(ea, side);
         }
         cudaEventRecord(t1, s);
         cudaEventSynchronize(t1);
@@ -58,7 +60,8 @@ int main() {
                            : mode == 0    ? "no events"
                            : mode == 1    ? "2 timed events between replays"
                            : mode == 2    ? "2 untimed events between replays"
-                                          : "1 timed event between replays";
+                           : mode == 3    ? "1 timed event between replays"
+                                          : "an untimed event between replays, a timed one behind it on another stream";
         printf("kernels a graph %d, %s: %.3f us a replay beyond the spins\n", nk, what, ms * 1e3 / N - 20.0 * nk);
       }
       cudaGraphExecDestroy(ge);

@@ -8,7 +8,8 @@ Each traced block's thread 0 recorded {kernel tag (source line), SM, block, entr
 exit} on the GPU's %globaltimer (ns). Blocks are grouped into kernel launches by (tag, grid size)
 by block index (a launch's blocks all start before the next launch of the same kernel: PDL
 launches a kernel only once every block of the one before has started) and by pauses in block starts. A decode step starts at
-its k_embedding launch.
+its k_embedding launch, or where op decoder_layers gathers the rows itself (embed), at its
+k_gemv_bf16_lean_embed launch.
 
 Per launch: `wait` is the first block's release from griddepcontrol.wait (the step's predecessor
 complete), `crit` the time to the next launch's release (this kernel's share of the critical
@@ -124,10 +125,11 @@ def main():
     ls.sort(key=lambda l: (l['wait'] if l['wait'] is not None else l['start']))
     for l in ls:
         l['name'] = names.get(l['tag'], 'line%d' % l['tag'])
-    emb = [i for i, l in enumerate(ls) if l['name'] == 'k_embedding']
+    # The step's first kernel: the embedding, or the first qkv that gathers the rows itself.
+    emb = [i for i, l in enumerate(ls) if l['name'] in ('k_embedding', 'k_gemv_bf16_lean_embed')]
     if len(emb) < a.tokens + 1:
         sys.exit('trace_timeline: only %d decode steps in the trace' % (len(emb) - 1))
-    # Complete steps: between consecutive k_embedding launches, the last one dropped (it may be a
+    # Complete steps: between consecutive step starts, the last one dropped (it may be a
     # trailing partial step) and the oldest ones too (the SM rings overwrote their first blocks).
     steps = []
     for k in range(len(emb) - 1 - a.tokens, len(emb) - 1):
@@ -139,7 +141,7 @@ def main():
         total = steps[si][-1]['end'] - t0
         nxt = ls[emb[len(emb) - 1 - a.tokens + si + 1]]
         step_span = (nxt['wait'] or nxt['start']) - (st[0]['wait'] or t0)
-        print('step %d: %d launches, %.1f us from embedding release to the next one; last exit at %.1f us' %
+        print('step %d: %d launches, %.1f us from the first release to the next step\'s; last exit at %.1f us' %
               (si, len(st), step_span / 1e3, total / 1e3))
         for i, l in enumerate(st):
             after = st[i + 1] if i + 1 < len(st) else nxt

@@ -128,6 +128,8 @@ export interface BackendCapabilities {
    * changes nothing.
    */
   decodeShortKeys?: number;
+  /** Op decoder_layers takes `embed` (the embedding gather as part of the op). Absent: false. */
+  decoderLayersEmbed?: boolean;
   graphCapture: boolean;
   peerAccess: boolean;
   collectives: boolean;

@@ -752,6 +752,8 @@ interface DecoderShape {
   qkvBias: boolean;
   oBias?: boolean;
   eps?: number;
+  /** The rows come from an embedding table of `vocab` rows (op decoder_layers' embed). */
+  embed?: { vocab: number; table: 'f32' | 'bf16' };
 }
 
 /**
@@ -800,6 +802,11 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
         invFreq: f32(invFreq(hd, 1e6)),
       };
       const outputs: OutputDef[] = [floatOut('x')];
+      if (s.embed) {
+        // Rows of unit scale, ids spread over the table (the last row included).
+        buffers.table = (s.embed.table === 'bf16' ? bf16 : f32)(rng.normals(s.embed.vocab * H));
+        buffers.ids = i32(Array.from({ length: rows }, (_, r) => (r === 0 ? s.embed!.vocab - 1 : rng.int(0, s.embed!.vocab))));
+      }
       for (let l = 0; l < s.layers; l++) {
         buffers[`L${l}.attnNorm`] = normW(H);
         buffers[`L${l}.qkv`] = wb(rng.normals(qkvOut * H, 1 / Math.sqrt(H)));
@@ -857,6 +864,7 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
             maxBlocksPerSeq: maxBlocks,
             eps,
             scale: 1 / Math.sqrt(hd),
+            ...(s.embed ? { embed: { table: b.table, ids: b.ids } } : {}),
           })),
         ],
         outputs,
@@ -1529,9 +1537,44 @@ const CASES: { [K in OpName]: CaseDef[] } = {
       qkNorm: true,
       qkvBias: false,
     }),
+    // embed: CUDA gathers a one-row step's row in the first qkv kernel (bf16 table, lean GEMV);
+    // other shapes run op embedding's kernel first.
+    decoderLayersCase('2 layers, 1 row, bf16, rows from a bf16 embedding table', {
+      layers: 2,
+      hidden: 64,
+      numHeads: 4,
+      numKvHeads: 2,
+      headDim: 16,
+      intermediate: 96,
+      blockSize: 4,
+      seqLens: [9],
+      weight: 'bf16',
+      qkNorm: true,
+      qkvBias: false,
+      embed: { vocab: 50, table: 'bf16' },
+    }),
+    decoderLayersCase('2 layers, 3 sequences, f32, rows from an f32 embedding table', {
+      layers: 2,
+      hidden: 48,
+      numHeads: 6,
+      numKvHeads: 2,
+      headDim: 8,
+      intermediate: 80,
+      blockSize: 4,
+      seqLens: [5, 1, 12],
+      weight: 'f32',
+      qkNorm: false,
+      qkvBias: true,
+      embed: { vocab: 30, table: 'f32' },
+    }),
     decoderLayersCase(
       'Qwen3-0.6B-like: 2 layers, 1 row, context 300',
       { ...QWEN3_06B, seqLens: [300] },
+      true,
+    ),
+    decoderLayersCase(
+      'Qwen3-0.6B-like: 2 layers, 1 row, context 300, rows from a bf16 embedding table',
+      { ...QWEN3_06B, seqLens: [300], embed: { vocab: 2000, table: 'bf16' } },
       true,
     ),
     // A long context: CUDA's decode attention merges several clusters of splits per head.

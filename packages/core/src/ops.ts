@@ -259,6 +259,13 @@ export interface OpCatalogue {
      * results are the same either way.
      */
     maxKeys?: number;
+    /**
+     * The residual rows come from an embedding table first: x[r] = table[ids[r]] (op `embedding`
+     * into x, then the layers). A backend may fold the gather into the first layer's kernels (the
+     * step's first kernel less on a decode step); x holds the embedded rows' results either way.
+     * Only where capabilities.decoderLayersEmbed.
+     */
+    embed?: { table: Buf; ids: Buf };
   };
   /**
    * out[r, i] = silu(x[r, i]) * x[r, dim + i]; x is [rows, 2*dim] (gate then up). `out` may be

@@ -158,6 +158,7 @@ export class CpuBackend implements DeviceBackend {
       numerics,
       matmulPrecision,
       bf16Activations: true,
+      decoderLayersEmbed: true,
       graphCapture: true,
       peerAccess: false,
       collectives: false,

@@ -165,6 +165,41 @@ describe('decoder_layers', () => {
     }
   });
 
+  it('with embed: op embedding into x, then the layers, bit for bit', () => {
+    const be = new CpuBackend();
+    const r = rng(11);
+    const vocab = 13;
+    const table = upload(be, randn(r, vocab * GQA.hidden));
+    const ids = upload(be, Int32Array.from([12, 0, 5]));
+    const fused = build(be, GQA, 9);
+    const hand = build(be, GQA, 9);
+    be.run('decoder_layers', { ...fused, embed: { table, ids } });
+    be.run('embedding', { table, ids, out: hand.x, rows: hand.rows, hidden: GQA.hidden });
+    be.run('decoder_layers', hand);
+    expect(state(be, fused)).toEqual(state(be, hand));
+    // The embedded rows replaced x: a run on x as it was gives another result.
+    const plain = build(be, GQA, 9);
+    be.run('decoder_layers', plain);
+    expect(state(be, plain)[0]).not.toEqual(state(be, fused)[0]);
+  });
+
+  it('with embed: an id outside the table is refused before anything is written', () => {
+    const be = new CpuBackend();
+    const a = build(be, GQA, 4);
+    const table = upload(be, randn(rng(2), 7 * GQA.hidden));
+    const before = state(be, a);
+    const e = thrown(() => be.run('decoder_layers', { ...a, embed: { table, ids: upload(be, Int32Array.from([1, 7, 2])) } }));
+    expect(e).toBeInstanceOf(OpArgumentError);
+    expect(e.message).toMatch(/ids\[1\] = 7 is outside the table \(7 rows\)/);
+    expect(state(be, a)).toEqual(before);
+    // A table shorter than one row, and an embed that is not an object, are refused as well.
+    expect(() => be.run('decoder_layers', { ...a, embed: { table: zeros(be, GQA.hidden - 1), ids: a.rowSeq } })).toThrow(OpArgumentError);
+    expect(() => be.run('decoder_layers', { ...a, embed: 3 as unknown as { table: DeviceBuffer; ids: DeviceBuffer } })).toThrow(OpArgumentError);
+    // The table may not be a buffer the op writes.
+    expect(() => be.run('decoder_layers', { ...a, embed: { table: a.x, ids: a.rowSeq } })).toThrow(/x: must not be the same buffer as embed\.table/);
+    expect(state(be, a)).toEqual(before);
+  });
+
   it('is captured and replayed like any op, with the same result as a direct run', () => {
     const be = new CpuBackend();
     const direct = build(be, GQA, 3);

@@ -331,6 +331,7 @@ class Context : public Napi::ObjectWrap<Context> {
     o.Set("pinnedPages", pinPages_);
     o.Set("pdl", ex_.pdl);
     o.Set("decodeShortKeys", nerva_decode_short_keys(&ex_));
+    o.Set("decoderLayersEmbed", true);
     return o;
   }
 

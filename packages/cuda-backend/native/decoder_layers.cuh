@@ -672,11 +672,24 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     l.kc = buf(A);
     l.vc = buf(A);
   }
+  // embed: a flag, then the table and the ids (x := table[ids] before the layers).
+  Buf etab{nullptr, 0}, eids{nullptr, 0};
+  const int embed = A.num();
+  if (embed) {
+    etab = buf(A);
+    eids = buf(A);
+  }
   if (!A.ok) return bad(ex, "decoder_layers: argument count");
+  if (embed && (!etab.p || !eids.p)) return bad(ex, "decoder_layers: embed needs a table and ids");
   if (nkv <= 0 || nq % nkv != 0) return bad(ex, "decoder_layers: numHeads must be a multiple of numKvHeads");
   if (hd <= 0 || hd % 2 != 0 || hd > 256) return bad(ex, "decoder_layers: headDim must be even and at most 256");
   for (auto& l : Ls)
     if (l.kc.dt != l.vc.dt) return bad(ex, "decoder_layers: kCache and vCache dtypes differ");
+  // Nothing to fold the gather into: op embedding's kernel, then the layers (if any).
+  if (embed && rows > 0 && (nL == 0 || rows != 1)) {
+    LAUNCH(k_embedding, rows, 256, 0, etab.p, etab.dt, (const int*)eids.p, (float*)x.p, hidden, ex->bf16act ? 1 : 0);
+    etab.p = nullptr;
+  }
   if (rows <= 0 || nL == 0) return NERVA_OK;
   const int qkvOut = (nq + 2 * nkv) * hd, qw = nq * hd, gq = nq / nkv;
 
@@ -727,6 +740,10 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     if ((size_t)rows * nq * S * (hd + 2) * sizeof(float) > ex->wsBytes) mega = false;
   }
 
+  if (mega && etab.p) {
+    LAUNCH(k_embedding, rows, 256, 0, etab.p, etab.dt, (const int*)eids.p, (float*)x.p, hidden, ex->bf16act ? 1 : 0);
+    etab.p = nullptr;
+  }
   if (mega) {
     DlParams P;
     memset(&P, 0, sizeof P);
@@ -794,6 +811,13 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     Fuse fq;
     fq.nw = l.attnNorm;
     fq.eps = eps;
+    if (&l == &Ls[0] && etab.p) {
+      // The first qkv gathers the row from the table itself where it runs as one lean block
+      // grid (the step's embedding kernel and its boundary gone), else launches k_embedding first.
+      fq.embTable = etab.p;
+      fq.embDt = etab.dt;
+      fq.embIds = (const int*)eids.p;
+    }
     int rc = gemvRows(ex, (const float*)x.p, l.qkv, (float*)qkv.p, rows, hidden, qkvOut, l.qkvBias, fq);
     // Many rows: the GQA kernel (each key read once for its q heads), after rope_append.
     const bool gqa = attnDecodeGqaFits(ex, rows, nq, nkv, hd, l.kc.dt, l.vc.dt);

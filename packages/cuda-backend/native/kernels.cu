@@ -627,8 +627,14 @@ __host__ __device__ constexpr int gemvMinBlocks(int o) { return o == 1 ? 0 : GEM
       const void *bias, int bdt, const void *nw, int nwbf, float eps, int accumulate, int bfa, int accPre, int trig
 #define GEMV_BF16_ARGS x, w, out, rows, inDim, outDim, bias, bdt, nw, nwbf, eps, accumulate, bfa, accPre, trig
 // The body of k_gemv_bf16 and k_gemv_bf16_lean (the same code under two register bounds).
-template <int R, int KS, bool NORM, bool GLU, int O>
-__device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS) {
+// EMB (R == 1 with NORM, k_gemv_bf16_lean_embed): the row is gathered from the bf16 embedding
+// table etab at row eids[0] (op embedding's values, bf16-rounded under bfa) instead of read from
+// x, and block 0 writes it to eout (the residual stream), so the step's embedding is no kernel of
+// its own (see opDecoderLayers).
+template <int R, int KS, bool NORM, bool GLU, int O, bool EMB = false>
+__device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS, const uint16_t* etab = nullptr, const int* eids = nullptr,
+                                         float* eout = nullptr) {
+  static_assert(!EMB || (R == 1 && NORM), "k_gemv_bf16: EMB only for one normed row");
   // NORM's staged sums of squares depend on the block size: with O > 1 the norm runs first, as
   // k_rmsnorm_gemv with the O == 1 block size (see gemvRows).
   static_assert(O == 1 || !NORM, "k_gemv_bf16: NORM only with O == 1");
@@ -710,12 +716,19 @@ __device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS) {
     // sum in the same order as thread 0 below) and writes its float4 scaled: one barrier fewer and
     // no write-back pass through shared memory between the reduction and the GEMV, the same bits.
     if constexpr (R == 1) {
-      if (n4 <= (int)blockDim.x) {
+      if (EMB || n4 <= (int)blockDim.x) {  // (EMB: the launch checked n4 <= blockDim.x)
         const int j = threadIdx.x;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         float s1 = 0.f;
         if (j < n4) {
-          v = reinterpret_cast<const float4*>(x)[j];
+          if constexpr (EMB) {
+            const uint2 t = reinterpret_cast<const uint2*>(etab + (size_t)eids[0] * inDim)[j];
+            v = make_float4(bfr(__uint_as_float(t.x << 16), bfa), bfr(__uint_as_float(t.x & 0xffff0000u), bfa),
+                            bfr(__uint_as_float(t.y << 16), bfa), bfr(__uint_as_float(t.y & 0xffff0000u), bfa));
+            if (blockIdx.x == 0) reinterpret_cast<float4*>(eout)[j] = v;
+          } else {
+            v = reinterpret_cast<const float4*>(x)[j];
+          }
           s1 = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
         s1 = warpSum(s1);
@@ -921,6 +934,13 @@ template <int R, int KS, bool NORM, bool GLU, int O = 1>
 __global__ void __maxnreg__(GEMV_LEAN_REGS) k_gemv_bf16_lean(GEMV_BF16_PARAMS) {
   NERVA_TRACE_KERNEL();
   gemvBf16<R, KS, NORM, GLU, O>(GEMV_BF16_ARGS);
+}
+// The first layer's qkv of a one-row op decoder_layers with embed: k_gemv_bf16_lean with the
+// row gathered from the embedding table (gemvBf16's EMB).
+__global__ void __maxnreg__(GEMV_LEAN_REGS) k_gemv_bf16_lean_embed(GEMV_BF16_PARAMS, const uint16_t* etab, const int* eids,
+                                                                  float* eout) {
+  NERVA_TRACE_KERNEL();
+  gemvBf16<1, 1, true, false, 1, true>(GEMV_BF16_ARGS, etab, eids, eout);
 }
 
 // One row (gemvWide): k_gemv_bf16<1, KS>'s split projection with OPB outputs a block and the
@@ -2645,7 +2665,32 @@ struct Fuse {
   // this call its x already split there, so it launches no split of its own.
   SplitHandoff* emit = nullptr;
   const SplitHandoff* take = nullptr;
+  // embed (op decoder_layers' first qkv): x := table[ids] first, the rows gathered by the GEMV
+  // itself where it takes one row on k_gemv_bf16_lean (gemvLeanNormOneRow), else by k_embedding
+  // launched first. table: embTable (dtype embDt), x is written either way.
+  const void* embTable = nullptr;
+  int embDt = 0;
+  const int* embIds = nullptr;
 };
+
+int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
+             const Fuse& f = Fuse());
+
+bool gemvLean();
+
+// Whether gemvRows runs this call as k_gemv_bf16_lean<1, 1, true, false, 1> (one row, staged
+// norm, unsplit, at most two blocks an SM, one float4 of the row a thread): the one kernel that
+// gathers an embedded row itself. Mirrors gemvRows' choice for that shape.
+bool gemvLeanNormOneRow(NervaExec* ex, const float* x, Buf w, int rows, int inDim, int outDim, const Fuse& f) {
+  if (rows != 1 || ex->batchInv || !f.nw.p || f.glu || !gemvLean()) return false;
+  const bool nwOk = (f.nw.dt == NV_BF16 || f.nw.dt == NV_F32) && ((uintptr_t)f.nw.p & 15) == 0;
+  if (!(w.dt == NV_BF16 && inDim % 8 == 0 && ((uintptr_t)w.p & 15) == 0 && ((uintptr_t)x & 15) == 0 && nwOk)) return false;
+  if ((size_t)outDim < (size_t)ex->smCount * 16 && inDim >= 1024) return false;  // split
+  if ((size_t)inDim * sizeof(float) > 48 * 1024 || (size_t)inDim * sizeof(float) > ex->wsBytes) return false;
+  const int threads = 32 * gemvWarps(1);
+  const unsigned grid = (unsigned)((outDim + gemvWarps(1) - 1) / gemvWarps(1));
+  return grid <= 2u * (unsigned)ex->smCount && inDim / 4 <= threads;
+}
 
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
                  const Fuse& f, bool pinned);
@@ -2701,6 +2746,10 @@ struct GemvLaunch {
   float eps;
   int acc, bfa, accPre, trig;
   size_t smem;
+  // Fuse::embed, passed on only where gemvLeanNormOneRow holds (the lean kernel folds it).
+  const uint16_t* etab = nullptr;
+  const int* eids = nullptr;
+  float* eout = nullptr;
 };
 
 // One-row normed projections of at most two blocks an SM run k_gemv_bf16_lean (qkv at batch 1;
@@ -2720,11 +2769,17 @@ int gemvLaunch(NervaExec* ex, const GemvLaunch& a) {
   const unsigned grid = (unsigned)((a.outDim + perBlock - 1) / perBlock);
   if constexpr (R == 1 && KS == 1 && N && !G && O == 1) {
     if (gemvLean() && grid <= 2u * (unsigned)ex->smCount) {
+      if (a.etab) {
+        LAUNCH(k_gemv_bf16_lean_embed, grid, 32 * gemvWarpsO(KS, O), a.smem, a.x, a.w, a.out, a.rows, a.inDim, a.outDim,
+               a.bias, a.bdt, a.nw, a.nwbf, a.eps, a.acc, a.bfa, a.accPre, a.trig, a.etab, a.eids, a.eout);
+        return NERVA_OK;
+      }
       LAUNCH((k_gemv_bf16_lean<1, 1, true, false, 1>), grid, 32 * gemvWarpsO(KS, O), a.smem, a.x, a.w, a.out, a.rows,
              a.inDim, a.outDim, a.bias, a.bdt, a.nw, a.nwbf, a.eps, a.acc, a.bfa, a.accPre, a.trig);
       return NERVA_OK;
     }
   }
+  if (a.etab) return bad(ex, "fused_matmul: embed reached a kernel that does not gather (gemvLeanNormOneRow)");
   LAUNCH((k_gemv_bf16<R, KS, N, G, O>), grid, 32 * gemvWarpsO(KS, O), a.smem,
          a.x, a.w, a.out, a.rows, a.inDim, a.outDim, a.bias, a.bdt, a.nw, a.nwbf, a.eps, a.acc, a.bfa, a.accPre, a.trig);
   return NERVA_OK;
@@ -2873,7 +2928,16 @@ int gemmBiRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
 // (staged in the kernel by 32 * gemvWarps(KS) threads, or k_rmsnorm_gemv with that block size
 // first, which launches with O > 1 always take since their blocks differ).
 int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
-             const Fuse& f = Fuse()) {
+             const Fuse& fIn) {
+  // embed: gathered by the lean kernel, or by k_embedding into x before whatever runs the call.
+  Fuse f = fIn;
+  bool gather = false;
+  if (f.embTable) {
+    gather = f.embDt == NV_BF16 && ((uintptr_t)f.embTable & 7) == 0 && gemvLeanNormOneRow(ex, x, w, rows, inDim, outDim, f);
+    if (!gather)
+      LAUNCH(k_embedding, rows, 256, 0, f.embTable, f.embDt, f.embIds, (float*)x, inDim, ex->bf16act ? 1 : 0);
+    f.embTable = nullptr;
+  }
   // Past 8 rows the GEMV reads the weights once per 8 rows; a tensor-core GEMM reads them once.
   // Batch-invariant decode takes k_gemm_bi at every row count (below; NERVA_BI_GEMM=0 opts out), else
   // (or for shapes it does not take) keeps every row count on the GEMV: its per-row reduction order
@@ -2982,8 +3046,13 @@ int gemvRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
       norm = false;
       smem = 0;
     }
-    const GemvLaunch a{xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc, bfa,
-                       f.accPre ? 1 : 0, f.early ? 1 : 0, smem};
+    GemvLaunch a{xr, wp, orow, nr, inDim, outDim, bias.p, bias.dt, f.nw.p, nwbf, f.eps, acc, bfa,
+                 f.accPre ? 1 : 0, f.early ? 1 : 0, smem};
+    if (gather) {
+      a.etab = (const uint16_t*)fIn.embTable;
+      a.eids = fIn.embIds;
+      a.eout = (float*)x;
+    }
     int rc;
     switch (rPad) {
       case 1: rc = gemvPick<1>(ex, a, ks, norm, f.glu, multi); break;

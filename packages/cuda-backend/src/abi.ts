@@ -285,7 +285,7 @@ export class OpEncoder {
         const layers = x.layers as OpArgs<'decoder_layers'>['layers'];
         if (!Array.isArray(layers)) this.fail('layers must be an array');
         const qkvOut = (nq + 2 * nkv) * hd, qw = nq * hd;
-        this.reserve(64 + layers.length * 24);
+        this.reserve(72 + layers.length * 24);
         this.buf('x', B('x'), rows * hidden, FLOAT);
         this.buf('qkv', B('qkv'), rows * qkvOut, FLOAT);
         this.buf('attn', B('attn'), rows * qw, FLOAT);
@@ -313,6 +313,16 @@ export class OpEncoder {
           this.buf(L('kCache'), l.kCache, nkv * hd, WEIGHT);
           this.buf(L('vCache'), l.vCache, nkv * hd, WEIGHT);
         });
+        // embed: a flag, then the table and the ids (rows of hidden; ids as op embedding takes them).
+        const embed = x.embed as OpArgs<'decoder_layers'>['embed'];
+        if (embed === undefined) {
+          this.num(0);
+        } else {
+          if (embed === null || typeof embed !== 'object') this.fail('embed must be { table, ids }');
+          this.num(1);
+          this.buf('embed.table', embed.table, hidden, WEIGHT);
+          this.buf('embed.ids', embed.ids, rows, INT);
+        }
         return;
       }
       default:

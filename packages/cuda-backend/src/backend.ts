@@ -312,6 +312,8 @@ export class CudaBackend implements DeviceBackend {
       bf16Activations: true,
       batchInvariant: this.native.batchInvariant === true,
       decodeShortKeys: decodeShortKeys(this.native),
+      // An addon that reads op decoder_layers' embed arguments says so (an older one would not).
+      decoderLayersEmbed: this.native.decoderLayersEmbed === true,
       graphCapture: true,
       peerAccess: false,
       collectives: false,

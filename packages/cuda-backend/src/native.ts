@@ -55,6 +55,8 @@ export interface NativeInfo {
    * it existed (then 0).
    */
   decodeShortKeys?: number;
+  /** Op decoder_layers reads its embed arguments (table, ids) after the layers'. */
+  decoderLayersEmbed?: boolean;
 }
 
 export interface NativeCounters {

@@ -100,8 +100,10 @@ describe('OpEncoder', () => {
     const layers = Array.from({ length: 5 }, layer);
     const attrs = { rows, hidden, numHeads: nq, numKvHeads: nkv, headDim: hd, intermediate: inter, blockSize: 16, maxBlocksPerSeq: 4, eps: 1e-6, scale: 0.25 };
     enc.encode('decoder_layers', { ...shared, layers, ...attrs });
-    expect(enc.n).toBe(9 * 2 + 12 + 5 * 24);
+    // ... then the embed flag (absent: 0).
+    expect(enc.n).toBe(9 * 2 + 12 + 5 * 24 + 1);
     const a = Array.from(enc.args.subarray(0, enc.n));
+    expect(a[enc.n - 1]).toBe(0);
     // maxKeys (absent: 0) between scale and the layer count.
     expect(a.slice(18, 30)).toEqual([1, 16, 4, 2, 8, 24, 16, 4, 1e-6, 0.25, 0, 5]);
     // Layer 4: qkv weight after attnNorm; absent qkvBias, qNorm, kNorm encode as (0, 0).
@@ -115,5 +117,12 @@ describe('OpEncoder', () => {
     expect(enc.args[28]).toBe(1024);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, maxKeys: -1 })).toThrow(/maxKeys must be an integer >= 0, got -1/);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, maxKeys: 2.5 })).toThrow(/maxKeys must be an integer >= 0, got 2.5/);
+    // embed: 1, the table (a row at least), the ids (one a row).
+    const table = buf('bf16', 10 * hidden), ids = buf('i32', rows);
+    enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table, ids } });
+    expect(enc.n).toBe(9 * 2 + 12 + 5 * 24 + 5);
+    expect(Array.from(enc.args.subarray(enc.n - 5, enc.n))).toEqual([1, resolved.get(table.id)!.addr, 1, resolved.get(ids.id)!.addr, 3]);
+    expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table: buf('bf16', hidden - 1), ids } })).toThrow(/embed\.table needs 16 elements/);
+    expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table, ids: buf('f32', 1) } })).toThrow(/embed\.ids/);
   });
 });

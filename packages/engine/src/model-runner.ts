@@ -462,7 +462,6 @@ export class ModelRunner {
     const qkvOut = this.qkvOut;
     const eps = s.rmsNormEps;
 
-    if (this.first) this.op('embedding', 'embedding', { table: this.need(w.embed, 'embedding'), ids: m.ids, out: a.residual, rows, hidden: H });
     // The whole stack as one op needs every row to be a different sequence (op decoder_layers'
     // precondition). meta.logitRows lists one row per sequence (its last), so nLogits === rows
     // means every sequence of the pass has exactly one row: a batch of decode rows. Profiling
@@ -470,8 +469,15 @@ export class ModelRunner {
     // Split layers (compute near data) stage host rows in buffers of FUSED_MAX_ROWS rows.
     const wholeStack =
       this.stack !== undefined && nLogits === rows && !this.repeatedLogitRows && !this.profiling && !tiered && (rows <= FUSED_MAX_ROWS || !this.stack.some((r) => r.split));
+    // The embedding folded into the stack's first op where the backend takes it (op
+    // decoder_layers' embed: a decode step's first kernel then gathers its row itself).
+    const embed =
+      this.first && wholeStack && this.backend.capabilities.decoderLayersEmbed === true && this.stack![0]?.split !== true
+        ? { table: this.need(w.embed, 'embedding'), ids: m.ids }
+        : undefined;
+    if (this.first && !embed) this.op('embedding', 'embedding', { table: this.need(w.embed, 'embedding'), ids: m.ids, out: a.residual, rows, hidden: H });
     if (wholeStack || (rows <= FUSED_MAX_ROWS && this.fusedOps)) {
-      if (wholeStack) this.forwardStack(rows);
+      if (wholeStack) this.forwardStack(rows, embed);
       else this.forwardFusedLayers(rows);
       if (head) {
         // One logit row per row (decode rows, see wholeStack): meta.logitRows is 0..rows-1, so
@@ -847,12 +853,12 @@ export class ModelRunner {
    * a backend may run as a single persistent kernel. The residual stream stays in act.residual;
    * act.qkv, act.attn and act.mlpAct are its scratch.
    */
-  private forwardStack(rows: number): void {
+  private forwardStack(rows: number, embed?: { table: DeviceBuffer; ids: DeviceBuffer }): void {
     const s = this.spec;
     const a = this.act;
     const m = this.meta;
     const pager = this.weights.pager;
-    for (const run of this.stack!) {
+    for (const [i, run] of this.stack!.entries()) {
       if (run.split) {
         this.fusedLayer(run.layer!, rows);
         continue;
@@ -881,6 +887,7 @@ export class ModelRunner {
         eps: s.rmsNormEps,
         scale: 1 / Math.sqrt(s.headDim),
         ...(this.decodeKeyBound > 0 ? { maxKeys: this.decodeKeyBound } : {}),
+        ...(i === 0 && embed ? { embed } : {}),
       });
       if (run.streamed !== undefined) pager!.release(run.streamed, this.stream);
     }

@@ -1,6 +1,7 @@
 import type { DecoderLayerWeights, OpArgs } from '@nerva/core';
 import type { OpContext } from '../op-context.js';
 import { attention } from './attention.js';
+import { embedding } from './embedding.js';
 import { fusedMatmul } from './fused-matmul.js';
 import { ropeAppend } from './rope-append.js';
 
@@ -91,9 +92,20 @@ export function decoderLayers(ctx: OpContext, a: OpArgs<'decoder_layers'>): void
     }
     ops.push(layerOps(a, lw, { rows, hidden, nq, nkv, hd, inter, blockSize, maxBlocks, eps, scale, qkvOut }));
   }
+  // embed: op embedding into x first (its ids are checked before anything is written).
+  const embed: OpArgs<'embedding'> | undefined =
+    a.embed === undefined ? undefined : { table: a.embed.table, ids: a.embed.ids, out: a.x, rows, hidden };
+  if (a.embed !== undefined) {
+    if (a.embed === null || typeof a.embed !== 'object') ctx.fail('embed', 'must be { table, ids }');
+    for (const act of actNames) {
+      ctx.distinct(act, acts[act], 'embed.table', a.embed.table);
+      ctx.distinct(act, acts[act], 'embed.ids', a.embed.ids);
+    }
+  }
   const dry = ctx.dry;
   ctx.dry = true;
   try {
+    if (embed) embedding(ctx, embed);
     for (const o of ops) runLayer(ctx, o);
   } finally {
     ctx.dry = dry;
@@ -127,6 +139,7 @@ export function decoderLayers(ctx: OpContext, a: OpArgs<'decoder_layers'>): void
       seen[seq] = 1;
     }
   }
+  if (embed) embedding(ctx, embed);
   for (const o of ops) runLayer(ctx, o);
 }
 
