@@ -402,13 +402,14 @@ int attnShortSetting() {
   return v;
 }
 
-// A launch of clusters of C blocks (with programmatic dependent launch where `pdl`).
-struct SaLaunch {
+// A launch of clusters of C blocks along x (with programmatic dependent launch where `pdl`);
+// also k_sample_cluster's.
+struct ClusterLaunch {
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[2];
-  SaLaunch(dim3 grid, size_t smem, int C, cudaStream_t stream, bool pdl) {
+  ClusterLaunch(dim3 grid, unsigned threads, size_t smem, int C, cudaStream_t stream, bool pdl) {
     cfg.gridDim = grid;
-    cfg.blockDim = dim3(SA_THREADS);
+    cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -423,7 +424,7 @@ struct SaLaunch {
       cfg.numAttrs = 2;
     }
   }
-  SaLaunch(const SaLaunch&) = delete;  // cfg.attrs points into it
+  ClusterLaunch(const ClusterLaunch&) = delete;  // cfg.attrs points into it
 };
 
 template <typename KT, int G>
@@ -443,7 +444,7 @@ cudaError_t attnShortLaunch(NervaExec* ex, int C, int cap, int rows, const float
     if (C > 8 && (e = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) != cudaSuccess) return e;
     granted = smem;
   }
-  SaLaunch L(dim3((unsigned)C, (unsigned)KVH, (unsigned)rows), smem, C, ex->stream, ex->pdl);
+  ClusterLaunch L(dim3((unsigned)C, (unsigned)KVH, (unsigned)rows), SA_THREADS, smem, C, ex->stream, ex->pdl);
   return cudaLaunchKernelEx(&L.cfg, fn, q, kc, vc, bt, rowSeq, pos, out, H, KVH, bs, mbps, qStride, qOff, scale, cap, rf, markAt);
 }
 
@@ -456,7 +457,7 @@ bool attnShortFits(NervaExec* ex, int C) {
   if (fits[C] >= 0) return fits[C] == 1;
   auto fn = k_attn_decode_short<KT, G>;
   const size_t smem = saSmemBytes<KT>((SA_MAX_KEYS + C - 1) / C);
-  SaLaunch L(dim3((unsigned)C, 1, 1), smem, C, nullptr, false);
+  ClusterLaunch L(dim3((unsigned)C, 1, 1), SA_THREADS, smem, C, nullptr, false);
   int clusters = 0;
   if (ex->smemOptin < (int)smem || cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
       (C > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||

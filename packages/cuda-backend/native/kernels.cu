@@ -194,6 +194,14 @@ __device__ __forceinline__ void argmaxMerge(float& v, int& i, float v2, int i2) 
     i = i2;
   }
 }
+// The warp's (value, index) pairs merged by argmaxMerge in a butterfly: every lane gets the result.
+__device__ __forceinline__ void warpArgmax(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+    argmaxMerge(v, i, v2, i2);
+  }
+}
 
 // Block-wide argmax over L[begin, end); every thread gets (value, index), index -1 when nothing
 // was seen (all -inf or NaN).
@@ -218,11 +226,7 @@ __device__ void blockArgmaxRange(const float* L, int begin, int end, float* shv,
       }
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-    int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-    argmaxMerge(bv, bi, v2, i2);
-  }
+  warpArgmax(bv, bi);
   int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
   __syncthreads();
   if (lane == 0) {
@@ -716,7 +720,7 @@ __device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS, const uint16_t* etab 
     // sum in the same order as thread 0 below) and writes its float4 scaled: one barrier fewer and
     // no write-back pass through shared memory between the reduction and the GEMV, the same bits.
     if constexpr (R == 1) {
-      if (EMB || n4 <= (int)blockDim.x) {  // (EMB: the launch checked n4 <= blockDim.x)
+      if (n4 <= (int)blockDim.x) {  // (always with EMB: gemvLeanNormOneRow checked it)
         const int j = threadIdx.x;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         float s1 = 0.f;
@@ -744,39 +748,42 @@ __device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS, const uint16_t* etab 
         return;
       }
     }
-    float ss[R];
+    // (Not with EMB: its row is always one float4 a thread.)
+    if constexpr (!EMB) {
+      float ss[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-      ss[r] = 0.f;
-      if (r < rows) {
-        const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * inDim);
-        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
-          float4 v = xr[j];
-          ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-          xs[r * n4 + (j & 1) * n8 + (j >> 1)] = v;
+      for (int r = 0; r < R; r++) {
+        ss[r] = 0.f;
+        if (r < rows) {
+          const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * inDim);
+          for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+            float4 v = xr[j];
+            ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            xs[r * n4 + (j & 1) * n8 + (j >> 1)] = v;
+          }
+        }
+        ss[r] = warpSum(ss[r]);
+        if (lane == 0) ssw[warp][r] = ss[r];
+      }
+      __syncthreads();
+      if (threadIdx.x < R) {
+        float t = 0.f;
+        for (int j = 0; j < NW; j++) t += ssw[j][threadIdx.x];
+        invs[threadIdx.x] = rsqrtf(t / (float)inDim + eps);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        if (r < rows) {
+          float inv = invs[r];
+          for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+            float4 g = j == (int)threadIdx.x ? nw0 : loadNw4(nw, nwbf, j);
+            normScale4g(xs[r * n4 + (j & 1) * n8 + (j >> 1)], inv, g, bfa);
+          }
         }
       }
-      ss[r] = warpSum(ss[r]);
-      if (lane == 0) ssw[warp][r] = ss[r];
+      __syncthreads();
     }
-    __syncthreads();
-    if (threadIdx.x < R) {
-      float t = 0.f;
-      for (int j = 0; j < NW; j++) t += ssw[j][threadIdx.x];
-      invs[threadIdx.x] = rsqrtf(t / (float)inDim + eps);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-      if (r < rows) {
-        float inv = invs[r];
-        for (int j = threadIdx.x; j < n4; j += blockDim.x) {
-          float4 g = j == (int)threadIdx.x ? nw0 : loadNw4(nw, nwbf, j);
-          normScale4g(xs[r * n4 + (j & 1) * n8 + (j >> 1)], inv, g, bfa);
-        }
-      }
-    }
-    __syncthreads();
   };
 
   constexpr int ST = 32 * KS;
@@ -2068,11 +2075,7 @@ __global__ void k_moe_route(const float* logits, int* topIds, float* topW, int r
         bv = p[i];
         bi = i;
       }
-    for (int o = 16; o > 0; o >>= 1) {
-      float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-      int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-      argmaxMerge(bv, bi, v2, i2);
-    }
+    warpArgmax(bv, bi);
     if (lane == 0) {
       topIds[(size_t)r * K + k] = bi;
       topW[(size_t)r * K + k] = bv;
@@ -2374,11 +2377,7 @@ __device__ int greedyArrive(const float* L, int vocab, int G, double* prob, int*
     int bi = -1;
     for (int j = threadIdx.x; j < G; j += 32)
       argmaxMerge(bv, bi, __ldcg(pv + 2 * j), __ldcg(reinterpret_cast<const int*>(pv) + 2 * j + 1));
-    for (int o = 16; o > 0; o >>= 1) {
-      float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-      int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-      argmaxMerge(bv, bi, v2, i2);
-    }
+    warpArgmax(bv, bi);
     if (threadIdx.x == 0) S.redi[0] = bi;
   }
   __syncthreads();
@@ -2449,11 +2448,7 @@ __device__ void blockArgmaxRange4(const float* L, int begin, int end, float* shv
         }
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-    int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-    argmaxMerge(bv, bi, v2, i2);
-  }
+  warpArgmax(bv, bi);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
   __syncthreads();
   if (lane == 0) {
@@ -2468,11 +2463,7 @@ __device__ void blockArgmaxRange4(const float* L, int begin, int end, float* shv
     v = shv[lane];
     idx = shi[lane];
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    float v2 = __shfl_xor_sync(0xffffffffu, v, o);
-    int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
-    argmaxMerge(v, idx, v2, i2);
-  }
+  warpArgmax(v, idx);
   outV = v;
   outI = idx;
 }
@@ -2521,11 +2512,7 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
       bv = pairV[threadIdx.x];
       bi = pairI[threadIdx.x];
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-      int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-      argmaxMerge(bv, bi, v2, i2);
-    }
+    warpArgmax(bv, bi);
     result = bi < 0 ? 0 : bi;
   } else {
     if (rank != 0) return;
@@ -3682,43 +3669,20 @@ int opMoeMlp(NervaExec* ex, Args& A) {
   return NERVA_OK;
 }
 
-// The launch of k_sample_cluster: clusters of C blocks of 1024 threads along x, rows along y.
-void sampleClusterConfig(NervaExec* ex, cudaLaunchConfig_t& cfg, cudaLaunchAttribute (&attr)[2], int C, int rows) {
-  cfg = {};
-  cfg.gridDim = dim3((unsigned)C, (unsigned)rows, 1);
-  cfg.blockDim = dim3(1024);
-  cfg.stream = ex->stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (ex->pdl) {
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.numAttrs = 2;
-  }
-}
-
 // Blocks a cluster of k_sample_cluster: NERVA_SAMPLE_CLUSTER (0: k_sample's blocks with a last-
 // arriving merge; 4, 8 or 16), default 8; 0 where clusters of that size cannot run (before sm_90).
 // Asked once per process.
-int sampleClusterSize(NervaExec* ex) {
+int sampleClusterSize() {
   static int v = -1;
   if (v >= 0) return v;
   const char* e = getenv("NERVA_SAMPLE_CLUSTER");
   int c = e && *e ? atoi(e) : 8;
   if (c != 4 && c != 8 && c != 16) c = 0;
   if (c > 0) {
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute attr[2];
-    sampleClusterConfig(ex, cfg, attr, c, 1);
-    cfg.stream = nullptr;
-    cfg.numAttrs = 1;
+    ClusterLaunch L(dim3((unsigned)c, 1, 1), 1024, 0, c, nullptr, false);
     int clusters = 0;
     if ((c > 8 && cudaFuncSetAttribute(k_sample_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
-        cudaOccupancyMaxActiveClusters(&clusters, k_sample_cluster, &cfg) != cudaSuccess) {
+        cudaOccupancyMaxActiveClusters(&clusters, k_sample_cluster, &L.cfg) != cudaSuccess) {
       cudaGetLastError();
       clusters = 0;
     }
@@ -3741,14 +3705,12 @@ int opSample(NervaExec* ex, Args& A) {
   // re-armed counters cover the rows; a single block over 151,936 logits was a serial tail.
   int G = std::min(128, std::max(1, (vocab + 4095) / 4096));
   // Greedy rows as one cluster a row where clusters run (sampleClusterSize).
-  const int C = vocab % 4 == 0 && ((uintptr_t)logits.p & 15) == 0 ? sampleClusterSize(ex) : 0;
+  const int C = vocab % 4 == 0 && ((uintptr_t)logits.p & 15) == 0 ? sampleClusterSize() : 0;
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     int nr = std::min(rowChunk, rows - r0);
     if (C > 0) {
-      cudaLaunchConfig_t cfg = {};
-      cudaLaunchAttribute attr[2];
-      sampleClusterConfig(ex, cfg, attr, C, nr);
-      cudaError_t e = cudaLaunchKernelEx(&cfg, k_sample_cluster, (const float*)logits.p, (const float*)params.p, (int*)rng.p,
+      ClusterLaunch L(dim3((unsigned)C, (unsigned)nr, 1), 1024, 0, C, ex->stream, ex->pdl);
+      cudaError_t e = cudaLaunchKernelEx(&L.cfg, k_sample_cluster, (const float*)logits.p, (const float*)params.p, (int*)rng.p,
                                          (int*)out.p, vocab, (double*)ex->ws, perRow / sizeof(double), r0);
       int rc = check(ex, "k_sample_cluster", e);
       if (rc) return rc;

@@ -46,14 +46,37 @@ describe('ModelRunner fused decode pass', () => {
       // so the LM head reads the residual rows directly, the final norm folded into it.
       expect(all[0].some((c) => c.op === 'gather_rows')).toBe(true);
       for (const p of decode) {
-        expect(p.map((c) => c.op).slice(0, 3)).toEqual(['embedding', 'decoder_layers', 'fused_matmul']);
-        expect(p[2].normed).toBe(true);
+        // The embedding rides in the stack op (capabilities.decoderLayersEmbed): no op of its own.
+        expect(p.map((c) => c.op).slice(0, 2)).toEqual(['decoder_layers', 'fused_matmul']);
+        expect(p[0].args.embed).toBeDefined();
+        expect(p[1].normed).toBe(true);
         // No per-layer op besides: the only fused_matmul is the LM head.
         expect(p.filter((c) => c.op === 'fused_matmul')).toHaveLength(1);
         expect(p.some((c) => c.op === 'attention' || c.op === 'rope_append')).toBe(false);
       }
     } finally {
       engine.dispose();
+    }
+  });
+
+  it('runs op embedding first where the backend does not take embed in decoder_layers, with the same tokens', async () => {
+    const folded = recordingBackend();
+    const apart = recordingBackend([], { decoderLayersEmbed: false });
+    const a = await Engine.create({ model: DEFAULT_MODEL, backend: folded.backend });
+    const b = await Engine.create({ model: DEFAULT_MODEL, backend: apart.backend });
+    try {
+      const prompt = a.encode('ROMEO:\n');
+      const want = await a.submit(prompt, { temperature: 0, maxTokens: 4, ignoreEos: true }).done;
+      const got = await b.submit(prompt, { temperature: 0, maxTokens: 4, ignoreEos: true }).done;
+      expect(got.tokenIds).toEqual(want.tokenIds);
+      const stacks = apart.calls.filter((c) => c.op === 'decoder_layers');
+      expect(stacks.length).toBeGreaterThanOrEqual(1);
+      expect(stacks.every((c) => c.args.embed === undefined)).toBe(true);
+      for (const p of passes(apart.calls).filter((q) => q[0].rows === 1)) expect(p.map((c) => c.op).slice(0, 2)).toEqual(['embedding', 'decoder_layers']);
+      expect(folded.calls.some((c) => c.op === 'decoder_layers' && c.args.embed !== undefined)).toBe(true);
+    } finally {
+      a.dispose();
+      b.dispose();
     }
   });
 });

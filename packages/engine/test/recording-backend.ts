@@ -56,11 +56,14 @@ export function recordingBackend(
   return { backend, calls, copies };
 }
 
-/** The recorded calls split into forward passes (each starts with an embedding). */
+/**
+ * The recorded calls split into forward passes: each starts with an embedding, or with a
+ * decoder_layers op that takes the embedding itself (its `embed`, capabilities.decoderLayersEmbed).
+ */
 export function passes(calls: readonly Recorded[]): Recorded[][] {
   const out: Recorded[][] = [];
   for (const c of calls) {
-    if (c.op === 'embedding') out.push([]);
+    if (c.op === 'embedding' || (c.op === 'decoder_layers' && c.args.embed !== undefined)) out.push([]);
     out.at(-1)?.push(c);
   }
   return out;
