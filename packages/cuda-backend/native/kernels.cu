@@ -2420,10 +2420,11 @@ __global__ void __launch_bounds__(1024) k_sample(const float* logits, const floa
   }
 }
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (k_sample_cluster's alone, sm_90+)
 // blockArgmaxRange over float4s: L + begin 16-byte aligned, begin % 4 == 0. U float4s a thread in
 // flight at once (a cluster block's ~19 K logits in one round trip), taken in index order, so the
 // result is blockArgmaxRange's (strictly greater wins; lowest index among equal maxima).
-__device__ void blockArgmaxRange4(const float* L, int begin, int end, float* shv, int* shi, float& outV, int& outI) {
+__device__ __forceinline__ void blockArgmaxRange4(const float* L, int begin, int end, float* shv, int* shi, float& outV, int& outI) {
   constexpr int U = 8;
   float bv = -INFINITY;
   int bi = -1;
@@ -2467,6 +2468,7 @@ __device__ void blockArgmaxRange4(const float* L, int begin, int end, float* shv
   outV = v;
   outI = idx;
 }
+#endif
 
 // k_sample with the G blocks of a row as one thread block cluster (grid (G, rows), cluster
 // (G, 1)): a greedy row's blocks push their (max, index) into block 0's shared memory and meet
@@ -3677,7 +3679,7 @@ int sampleClusterSize() {
   if (v >= 0) return v;
   const char* e = getenv("NERVA_SAMPLE_CLUSTER");
   int c = e && *e ? atoi(e) : 8;
-  if (c != 4 && c != 8 && c != 16) c = 0;
+  if ((c != 4 && c != 8 && c != 16) || c > SAMPLE_MAX_CLUSTER) c = 0;
   if (c > 0) {
     ClusterLaunch L(dim3((unsigned)c, 1, 1), 1024, 0, c, nullptr, false);
     int clusters = 0;
