@@ -203,6 +203,18 @@ __device__ __forceinline__ void warpArgmax(float& v, int& i) {
   }
 }
 
+// A block's per-thread (value, index) pairs reduced to one a warp, in shv/shi[warp] for every
+// thread to read (the barrier before the writes: the arrays may hold an earlier call's pairs).
+__device__ __forceinline__ void blockArgmaxStage(float bv, int bi, float* shv, int* shi) {
+  warpArgmax(bv, bi);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) {
+    shv[threadIdx.x >> 5] = bv;
+    shi[threadIdx.x >> 5] = bi;
+  }
+  __syncthreads();
+}
+
 // Block-wide argmax over L[begin, end); every thread gets (value, index), index -1 when nothing
 // was seen (all -inf or NaN).
 __device__ void blockArgmaxRange(const float* L, int begin, int end, float* shv, int* shi, float& outV, int& outI) {
@@ -226,14 +238,8 @@ __device__ void blockArgmaxRange(const float* L, int begin, int end, float* shv,
       }
     }
   }
-  warpArgmax(bv, bi);
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  __syncthreads();
-  if (lane == 0) {
-    shv[w] = bv;
-    shi[w] = bi;
-  }
-  __syncthreads();
+  blockArgmaxStage(bv, bi, shv, shi);
+  const int nw = (blockDim.x + 31) >> 5;
   float v = -INFINITY;
   int idx = -1;
   for (int k = 0; k < nw; k++) argmaxMerge(v, idx, shv[k], shi[k]);
@@ -2449,14 +2455,8 @@ __device__ __forceinline__ void blockArgmaxRange4(const float* L, int begin, int
         }
     }
   }
-  warpArgmax(bv, bi);
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  __syncthreads();
-  if (lane == 0) {
-    shv[w] = bv;
-    shi[w] = bi;
-  }
-  __syncthreads();
+  blockArgmaxStage(bv, bi, shv, shi);
+  const int lane = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
   // The block's warps merged by one warp (lane k holds warp k's pair), not a thread's loop.
   float v = -INFINITY;
   int idx = -1;
