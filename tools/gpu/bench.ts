@@ -12,7 +12,10 @@ const [model, pl, nt] = args.filter((x) => !x.startsWith('--'));
 const kvCacheDtype = (process.env.NERVA_KV_DTYPE ?? 'auto') as 'auto' | 'f32' | 'bf16';
 // NERVA_RUN_AHEAD=0: the engine waits for each step's tokens before enqueuing the next.
 const runAhead = process.env.NERVA_RUN_AHEAD === '0' ? false : undefined;
-const r = await decodeProbe({ model, backend: 'cuda', promptLen: Number(pl ?? 128), newTokens: Number(nt ?? 256), profile, kvCacheDtype, runAhead });
+// NERVA_RUN_AHEAD_STEPS: decode steps one replay enqueued ahead may run (engine default if unset).
+const steps = process.env.NERVA_RUN_AHEAD_STEPS;
+const runAheadSteps = steps ? Number(steps) : undefined;
+const r = await decodeProbe({ model, backend: 'cuda', promptLen: Number(pl ?? 128), newTokens: Number(nt ?? 256), profile, kvCacheDtype, runAhead, runAheadSteps });
 // Which kernels ran op decoder_layers (CudaBackendOptions.decoder, from the environment here).
 r.cuda_decoder = process.env.NERVA_CUDA_DECODER ?? 'layers';
 const line = JSON.stringify(r);

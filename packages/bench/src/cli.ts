@@ -88,6 +88,7 @@ program
   .option('--pipeline-parallel <n>', 'pipeline stages (N > 1 needs N GPUs on CUDA unless --allow-single-device-stages)', int('--pipeline-parallel'))
   .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
   .option('--no-run-ahead', 'wait for each decode step\'s tokens before enqueuing the next (engine option runAhead off)')
+  .option('--run-ahead-steps <n>', 'decode steps one graph replay enqueued ahead may run (engine option runAheadSteps)', int('--run-ahead-steps'))
   .action(async (f) =>
     print(
       await decodeProbe({
@@ -109,6 +110,7 @@ program
         pipelineParallel: f.pipelineParallel,
         allowSingleDeviceStages: f.allowSingleDeviceStages,
         ...(f.runAhead === false ? { runAhead: false } : {}),
+        ...(f.runAheadSteps !== undefined ? { runAheadSteps: f.runAheadSteps } : {}),
       }),
     ),
   );

@@ -130,6 +130,11 @@ export interface BackendCapabilities {
   decodeShortKeys?: number;
   /** Op decoder_layers takes `embed` (the embedding gather as part of the op). Absent: false. */
   decoderLayersEmbed?: boolean;
+  /**
+   * Op sample takes `push` and `advance` (ops ring_push and advance_positions after it, as part
+   * of the op: a decode step's tail). Absent: false.
+   */
+  sampleStepTail?: boolean;
   graphCapture: boolean;
   peerAccess: boolean;
   collectives: boolean;

@@ -46,6 +46,8 @@ export interface ConformanceOptions {
    * rmsnorm and silu_mul outs and bf16 matmul inputs run only then.
    */
   bf16Activations?: boolean;
+  /** Both backends have capabilities.sampleStepTail (runConformance sets it): op sample's push and advance cases run only then. */
+  sampleStepTail?: boolean;
 }
 
 export interface ConformanceCase {
@@ -179,6 +181,8 @@ interface CaseDef {
   exactOnly?: boolean;
   /** Needs capabilities.bf16Activations of both backends (bf16 outs or matmul inputs). */
   bf16Activations?: boolean;
+  /** Needs capabilities.sampleStepTail of both backends (op sample's push and advance). */
+  sampleStepTail?: boolean;
   build(rng: ConformanceRng): CaseSpec;
 }
 
@@ -1071,9 +1075,20 @@ function argmaxCase(name: string, rows: number, vocab: number, withTie: boolean,
  * counter the op advances is exercised. A mismatch is excused only when nudging u, topP or minP
  * by a tolerance-sized amount makes the reference rule pick the backend's token.
  */
-function sampleCase(name: string, vocab: number, params: number[][], draws: number, scale: number): CaseDef {
+/**
+ * `tail`: each draw also pushes its tokens into a ring and advances the rows' positions and
+ * slots (op sample's push and advance, capabilities.sampleStepTail), as a decode step's tail.
+ */
+interface SampleTail {
+  capacity: number;
+  cursor: number;
+  blockSize: number;
+}
+
+function sampleCase(name: string, vocab: number, params: number[][], draws: number, scale: number, tail?: SampleTail): CaseDef {
   return {
     name,
+    sampleStepTail: tail !== undefined,
     build: (rng) => {
       const rows = params.length;
       const logits = rng.normals(rows * vocab, scale);
@@ -1103,12 +1118,36 @@ function sampleCase(name: string, vocab: number, params: number[][], draws: numb
       const buffers: Record<string, BufDef> = { logits: f32(logits), params: f32(p32), rng: i32(state) };
       const steps: Step[] = [];
       const outputs: OutputDef[] = [];
+      // The tail's state: a ring partly filled, each row at a position of its own whose next
+      // positions cross block boundaries within the draws, tables in a shuffled order.
+      const maxBlocks = tail ? Math.ceil((3 * tail.blockSize + draws) / tail.blockSize) + 1 : 0;
+      if (tail) {
+        buffers.ring = i32(Array.from({ length: tail.capacity }, () => -1 - rng.int(0, 100)));
+        buffers.cursor = i32([tail.cursor]);
+        buffers.blockTables = i32(rng.perm(rows * maxBlocks));
+        buffers.rowSeq = i32(rng.perm(rows));
+        buffers.positions = i32(Array.from({ length: rows }, (_, r) => tail.blockSize * (1 + (r % 3)) - 1 - (r % 2)));
+        buffers.slots = i32(new Int32Array(rows).fill(-9));
+      }
+      const tailArgs = (b: Record<string, DeviceBuffer>) =>
+        tail
+          ? {
+              push: { ring: b.ring, cursor: b.cursor, capacity: tail.capacity },
+              advance: { positions: b.positions, slots: b.slots, blockTables: b.blockTables, rowSeq: b.rowSeq, blockSize: tail.blockSize, maxBlocksPerSeq: maxBlocks },
+            }
+          : {};
       for (let d = 0; d < draws; d++) {
         buffers[`out${d}`] = i32(new Int32Array(rows).fill(-5));
-        steps.push(step('sample', (b) => ({ logits: b.logits, params: b.params, rng: b.rng, out: b[`out${d}`], rows, vocab })));
+        steps.push(step('sample', (b) => ({ logits: b.logits, params: b.params, rng: b.rng, out: b[`out${d}`], rows, vocab, ...tailArgs(b) })));
         outputs.push(intOut(`out${d}`, excuseFor(d)));
       }
       outputs.push(intOut('rng'));
+      if (tail) {
+        // The ring holds the draws' tokens: where a sampled token may differ within the excuse,
+        // it would differ there too, so the ring is compared where every row is greedy.
+        if (params.every((q) => q[0] === 0)) outputs.push(intOut('ring'));
+        outputs.push(intOut('cursor'), intOut('positions'), intOut('slots'));
+      }
       return { buffers, steps, outputs };
     },
   };
@@ -1460,6 +1499,22 @@ const CASES: { [K in OpName]: CaseDef[] } = {
       2,
       3,
     ),
+    // A decode step's tail in one op (capabilities.sampleStepTail): CUDA runs one row's as one
+    // kernel, more rows' as the separate ops' kernels.
+    sampleCase('1 greedy row x 3 draws, vocab 151936, ring wraps, blockSize 16', 151936, [[0, 0, 1, 0]], 3, 3, { capacity: 4, cursor: 2, blockSize: 16 }),
+    sampleCase('1 sampled row x 2 draws, vocab 5000, blockSize 4', 5000, [[0.9, 40, 0.95, 0]], 2, 2, { capacity: 16, cursor: 1000001, blockSize: 4 }),
+    sampleCase(
+      '3 greedy rows x 2 draws, vocab 4099, blockSize 8',
+      4099,
+      [
+        [0, 0, 1, 0],
+        [0, 0, 1, 0],
+        [0, 0, 1, 0],
+      ],
+      2,
+      2,
+      { capacity: 8, cursor: 6, blockSize: 8 },
+    ),
   ],
   ring_push: [ringPushCase('capacity 8, wraps', 8, 6, [4, 3]), ringPushCase('capacity 5, full pushes', 5, 1000003, [5, 2, 5])],
   advance_positions: [advanceCase('4 sequences, block boundaries, 3 steps', 4, [4, 1, 7, 12], 3), advanceCase('1 sequence, blockSize 16', 16, [31], 2)],
@@ -1772,6 +1827,7 @@ export function conformanceCases(opts: ConformanceOptions = {}): ConformanceCase
       if (def.large && opts.sizes !== 'large') continue;
       if (def.exactOnly && opts.numerics === 'bf16') continue;
       if (def.bf16Activations && !opts.bf16Activations) continue;
+      if (def.sampleStepTail && !opts.sampleStepTail) continue;
       out.push(makeCase(op, def, seed, absTol));
     }
   }
@@ -1789,7 +1845,8 @@ export async function runConformance(backend: DeviceBackend, reference: DeviceBa
   if (bn !== rn) throw new RangeError(`conformance: the backend has numerics '${bn}' but the reference has '${rn}'; create the reference with the same numerics`);
   const results: ConformanceCaseResult[] = [];
   const bf16Activations = backend.capabilities.bf16Activations === true && reference.capabilities.bf16Activations === true;
-  for (const c of conformanceCases({ ...opts, numerics: bn, bf16Activations })) {
+  const sampleStepTail = backend.capabilities.sampleStepTail === true && reference.capabilities.sampleStepTail === true;
+  for (const c of conformanceCases({ ...opts, numerics: bn, bf16Activations, sampleStepTail })) {
     let r: ConformanceCaseResult;
     try {
       r = c.run(backend, reference);

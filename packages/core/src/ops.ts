@@ -335,7 +335,24 @@ export interface OpCatalogue {
    * minP. rng: i32[rows*2] = seed, counter; the op draws uniformFromSeed(seed, counter) and then
    * increments counter, on the device. out: i32[rows].
    */
-  sample: { logits: Buf; params: Buf; rng: Buf; out: Buf; rows: number; vocab: number };
+  sample: {
+    logits: Buf;
+    params: Buf;
+    rng: Buf;
+    out: Buf;
+    rows: number;
+    vocab: number;
+    /**
+     * Then push `out` into the token ring (op ring_push with src = out over these rows). Only
+     * where capabilities.sampleStepTail.
+     */
+    push?: { ring: Buf; cursor: Buf; capacity: number };
+    /**
+     * Then advance the step (op advance_positions over these rows): a decode step's tail in one
+     * op, so a backend may run it as one kernel. Only where capabilities.sampleStepTail.
+     */
+    advance?: { positions: Buf; slots: Buf; blockTables: Buf; rowSeq: Buf; blockSize: number; maxBlocksPerSeq: number };
+  };
   /**
    * The device token ring: ring[(cursor[0] + r) % capacity] = src[r] for r < rows, then
    * cursor[0] += rows. Lets the host observe tokens later without a sync per token.

@@ -159,6 +159,7 @@ export class CpuBackend implements DeviceBackend {
       matmulPrecision,
       bf16Activations: true,
       decoderLayersEmbed: true,
+      sampleStepTail: true,
       graphCapture: true,
       peerAccess: false,
       collectives: false,

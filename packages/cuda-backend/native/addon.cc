@@ -332,6 +332,7 @@ class Context : public Napi::ObjectWrap<Context> {
     o.Set("pdl", ex_.pdl);
     o.Set("decodeShortKeys", nerva_decode_short_keys(&ex_));
     o.Set("decoderLayersEmbed", true);
+    o.Set("sampleStepTail", true);
     return o;
   }
 

@@ -2476,8 +2476,53 @@ __device__ __forceinline__ void blockArgmaxRange4(const float* L, int begin, int
 // from L2 (the step's end is a chain of such round trips after the LM head). A sampled row runs
 // in block 0 alone, as in k_sample (the other blocks exit; no barrier on that path). The caller
 // checked: vocab % 4 == 0 and the logits 16-byte aligned.
+// A decode step's tail (op sample's push and advance) for a grid of one row, in block 0 after
+// the merge: ring[cursor % capacity] = the token, cursor + 1, then the row's next position and
+// KV slot. `pre`: the cursor and the row's position, block table entry and next slot are read
+// before the dependency wait (the caller saw three or more kernels since the last that wrote
+// them: see NervaExec::sinceRingPush), as k_ring_push and k_advance_positions do.
+struct SampleTail {
+  int* ring = nullptr;  // null: no push
+  int* cursor = nullptr;
+  int capacity = 1;
+  int* positions = nullptr;  // null: no advance
+  int* slots = nullptr;
+  const int* bt = nullptr;
+  const int* rowSeq = nullptr;
+  int blockSize = 1;
+  int mbps = 1;
+  int pre = 0;
+};
+
+struct SampleTailState {
+  int cur = 0, pos = 0, slot = 0;
+};
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // k_sample_cluster's only (clusters: sm_90)
+__device__ __forceinline__ void sampleTailRead(const SampleTail& T, SampleTailState& s) {
+  if (T.ring) s.cur = *(volatile int*)T.cursor;
+  if (T.positions) {
+    s.pos = T.positions[0] + 1;
+    s.slot = T.bt[(size_t)T.rowSeq[0] * T.mbps + s.pos / T.blockSize] * T.blockSize + s.pos % T.blockSize;
+  }
+}
+
+__device__ __forceinline__ void sampleTailWrite(const SampleTail& T, const SampleTailState& s, int token) {
+  if (T.ring) {
+    ((volatile int*)T.ring)[(int)((long long)s.cur % T.capacity)] = token;
+    __threadfence_system();  // the token is visible to a host peek before the cursor moves
+    *(volatile int*)T.cursor = s.cur + 1;
+  }
+  if (T.positions) {
+    T.positions[0] = s.pos;
+    T.slots[0] = s.slot;
+  }
+}
+#endif
+
 __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, const float* params, int* rng, int* out,
-                                                         int vocab, double* probScratch, size_t probStride, int rowBase) {
+                                                         int vocab, double* probScratch, size_t probStride, int rowBase,
+                                                         SampleTail tail) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // clusters need sm_90: never launched there (sampleClusterSize)
 #else
@@ -2493,7 +2538,10 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
   double* prob = probScratch + (size_t)blockIdx.y * probStride;
   const float temp = params[(size_t)r * 4], topK = params[(size_t)r * 4 + 1], topP = params[(size_t)r * 4 + 2],
               minP = params[(size_t)r * 4 + 3];
+  SampleTailState ts;
+  if (tail.pre && rank == 0 && threadIdx.x == 0) sampleTailRead(tail, ts);
   PDL_ENTER();
+  if (!tail.pre && rank == 0 && threadIdx.x == 0) sampleTailRead(tail, ts);
   const uint32_t seed = (uint32_t)rng[(size_t)r * 2], counter = (uint32_t)rng[(size_t)r * 2 + 1];
   int result;
   if (!(temp > 0.f)) {
@@ -2523,6 +2571,7 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
   if (threadIdx.x == 0) {
     out[r] = result;
     rng[(size_t)r * 2 + 1] = (int)(counter + 1u);
+    sampleTailWrite(tail, ts, result);
   }
 #endif
 }
@@ -2592,6 +2641,16 @@ cudaError_t launchKernel(NervaExec* ex, void (*kernel)(KArgs...), dim3 grid, dim
   }
   if (ex->sinceRingPush < (1u << 20)) ex->sinceRingPush++;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Actual>(args)...);
+}
+
+// NERVA_SAMPLE_TAIL=0 (an A/B switch): op sample's push and advance run as their own ops'
+// kernels even for one row on the cluster path.
+bool sampleTailFold() {
+  static const bool v = [] {
+    const char* e = getenv("NERVA_SAMPLE_TAIL");
+    return !(e && strcmp(e, "0") == 0);
+  }();
+  return v;
 }
 
 // NERVA_RING_EARLY=0 (an A/B switch): every ring_push reads the cursor after its wait.
@@ -3694,10 +3753,47 @@ int sampleClusterSize() {
   return v;
 }
 
+int launchRingPush(NervaExec* ex, const int* src, int* ring, int* cursor, int rows, int cap) {
+  const int pre = ex->sinceRingPush >= 3 && ringPushEarly() ? 1 : 0;
+  LAUNCH(k_ring_push, 1, std::min(1024, ((rows + 31) / 32) * 32), 0, src, ring, cursor, rows, cap, pre);
+  ex->sinceRingPush = 0;
+  return NERVA_OK;
+}
+
+int launchAdvance(NervaExec* ex, int* pos, int* slots, const int* bt, const int* rowSeq, int rows, int bs, int mbps) {
+  LAUNCH(k_advance_positions, (rows + 127) / 128, 128, 0, pos, slots, bt, rowSeq, rows, bs, mbps);
+  ex->sinceRingPush = 0;
+  return NERVA_OK;
+}
+
+// Op sample, then (where given) its push (op ring_push of out) and advance (op
+// advance_positions): in k_sample_cluster's block 0 for one greedy-or-sampled row on the cluster
+// path (a decode step's tail in one kernel), else as those ops' kernels after it.
 int opSample(NervaExec* ex, Args& A) {
   Buf logits = buf(A), params = buf(A), rng = buf(A), out = buf(A);
   int rows = A.num(), vocab = A.num();
+  const int hasPush = A.num();
+  Buf ring{}, cursor{};
+  int cap = 1;
+  if (hasPush) {
+    ring = buf(A);
+    cursor = buf(A);
+    cap = A.num();
+  }
+  const int hasAdvance = A.num();
+  Buf pos{}, slots{}, bt{}, rowSeq{};
+  int bs = 1, mbps = 1;
+  if (hasAdvance) {
+    pos = buf(A);
+    slots = buf(A);
+    bt = buf(A);
+    rowSeq = buf(A);
+    bs = A.num();
+    mbps = A.num();
+  }
   if (!A.ok) return bad(ex, "sample: argument count");
+  if (hasPush && cap <= 0) return bad(ex, "sample: push capacity must be positive");
+  if (hasAdvance && (bs <= 0 || mbps <= 0)) return bad(ex, "sample: advance blockSize and maxBlocksPerSeq must be positive");
   if (rows <= 0) return NERVA_OK;
   size_t perRow = align256((size_t)vocab * sizeof(double));
   int rowChunk = (int)std::min<size_t>((size_t)rows, ex->wsBytes / perRow);
@@ -3708,20 +3804,49 @@ int opSample(NervaExec* ex, Args& A) {
   int G = std::min(128, std::max(1, (vocab + 4095) / 4096));
   // Greedy rows as one cluster a row where clusters run (sampleClusterSize).
   const int C = vocab % 4 == 0 && ((uintptr_t)logits.p & 15) == 0 ? sampleClusterSize() : 0;
+  // One row on the cluster path: the tail runs in the sampling kernel.
+  const bool fold = C > 0 && rows == 1 && (hasPush || hasAdvance) && sampleTailFold();
+  SampleTail tail;
+  if (fold) {
+    if (hasPush) {
+      tail.ring = (int*)ring.p;
+      tail.cursor = (int*)cursor.p;
+      tail.capacity = cap;
+    }
+    if (hasAdvance) {
+      tail.positions = (int*)pos.p;
+      tail.slots = (int*)slots.p;
+      tail.bt = (const int*)bt.p;
+      tail.rowSeq = (const int*)rowSeq.p;
+      tail.blockSize = bs;
+      tail.mbps = mbps;
+    }
+    tail.pre = ex->sinceRingPush >= 3 && ringPushEarly() ? 1 : 0;
+  }
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     int nr = std::min(rowChunk, rows - r0);
     if (C > 0) {
       ClusterLaunch L(dim3((unsigned)C, (unsigned)nr, 1), 1024, 0, C, ex->stream, ex->pdl);
       cudaError_t e = cudaLaunchKernelEx(&L.cfg, k_sample_cluster, (const float*)logits.p, (const float*)params.p, (int*)rng.p,
-                                         (int*)out.p, vocab, (double*)ex->ws, perRow / sizeof(double), r0);
+                                         (int*)out.p, vocab, (double*)ex->ws, perRow / sizeof(double), r0, tail);
       int rc = check(ex, "k_sample_cluster", e);
       if (rc) return rc;
+      if (ex->sinceRingPush < (1u << 20)) ex->sinceRingPush++;
       continue;
     }
     int g = ex->counters && (size_t)nr <= ex->counterCount ? G : 1;
     LAUNCH(k_sample, dim3(g, nr), 1024, 0, (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p,
            vocab, (double*)ex->ws, perRow / sizeof(double), r0, g > 1 ? ex->counters : (int*)nullptr);
   }
+  if (fold) {
+    ex->sinceRingPush = 0;
+    return NERVA_OK;
+  }
+  if (hasPush) {
+    int rc = launchRingPush(ex, (const int*)out.p, (int*)ring.p, (int*)cursor.p, rows, cap);
+    if (rc) return rc;
+  }
+  if (hasAdvance) return launchAdvance(ex, (int*)pos.p, (int*)slots.p, (const int*)bt.p, (const int*)rowSeq.p, rows, bs, mbps);
   return NERVA_OK;
 }
 
@@ -3894,20 +4019,14 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs) {
       if (!A.ok) return bad(ex, "ring_push: argument count");
       if (cap <= 0) return bad(ex, "ring_push: capacity must be positive");
       if (rows <= 0) return NERVA_OK;
-      const int pre = ex->sinceRingPush >= 3 && ringPushEarly() ? 1 : 0;
-      LAUNCH(k_ring_push, 1, std::min(1024, ((rows + 31) / 32) * 32), 0, (const int*)src.p, (int*)ring.p,
-             (int*)cursor.p, rows, cap, pre);
-      ex->sinceRingPush = 0;
-      return NERVA_OK;
+      return launchRingPush(ex, (const int*)src.p, (int*)ring.p, (int*)cursor.p, rows, cap);
     }
     case OP_ADVANCE_POSITIONS: {
       Buf pos = buf(A), slots = buf(A), bt = buf(A), rowSeq = buf(A);
       int rows = A.num(), bs = A.num(), mbps = A.num();
       if (!A.ok) return bad(ex, "advance_positions: argument count");
       if (rows <= 0) return NERVA_OK;
-      LAUNCH(k_advance_positions, (rows + 127) / 128, 128, 0, (int*)pos.p, (int*)slots.p, (const int*)bt.p,
-             (const int*)rowSeq.p, rows, bs, mbps);
-      return NERVA_OK;
+      return launchAdvance(ex, (int*)pos.p, (int*)slots.p, (const int*)bt.p, (const int*)rowSeq.p, rows, bs, mbps);
     }
     case OP_FUSED_MATMUL: return opFusedMatmul(ex, A);
     case OP_ROPE_APPEND: {

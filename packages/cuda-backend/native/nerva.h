@@ -95,8 +95,10 @@ struct NervaExec {
   int gemmMode = GEMM_GEMV;
   // Launch kernels with programmatic dependent launch (sm_90+, see pdlWait in kernels.cu).
   bool pdl = false;
-  // Kernels issued (eagerly or into a capture) since the last ring_push: from 3 on, every earlier
-  // push has completed when the next one starts, so it may read the cursor before its wait.
+  // Kernels issued (eagerly or into a capture) since the last that wrote the step state read
+  // early (ring_push's cursor; advance_positions' positions, also in op sample's tail): from 3
+  // on, every earlier such write has completed when the next kernel starts, so it may read the
+  // cursor and the positions before its wait.
   unsigned sinceRingPush = 1u << 20;
   // Zeroed int counters (one per (row, head) of an attention call) for the split-KV combine done
   // by the last block of each head; every user leaves them zero again.

@@ -218,11 +218,37 @@ export class OpEncoder {
       }
       case 'sample': {
         const rows = c('rows'), vocab = c('vocab', 1);
+        this.reserve(32);
         this.buf('logits', B('logits'), rows * vocab, FLOAT);
         this.buf('params', B('params'), rows * 4, FLOAT);
         this.buf('rng', B('rng'), rows * 2, INT);
         this.buf('out', B('out'), rows, INT);
         this.num(rows); this.num(vocab);
+        // push, then advance: a flag each, then their buffers and numbers (as ops ring_push and
+        // advance_positions take them; src and rows are the sampling's).
+        const push = x.push as OpArgs<'sample'>['push'];
+        if (push === undefined) this.num(0);
+        else {
+          if (push === null || typeof push !== 'object') this.fail('push must be { ring, cursor, capacity }');
+          const cap = this.count('push.capacity', push.capacity, 1);
+          if (rows > cap) this.fail(`${rows} rows exceed the ring capacity ${cap}`);
+          this.num(1);
+          this.buf('push.ring', push.ring, cap, INT);
+          this.buf('push.cursor', push.cursor, 1, INT);
+          this.num(cap);
+        }
+        const adv = x.advance as OpArgs<'sample'>['advance'];
+        if (adv === undefined) this.num(0);
+        else {
+          if (adv === null || typeof adv !== 'object') this.fail('advance must be { positions, slots, blockTables, rowSeq, blockSize, maxBlocksPerSeq }');
+          const bs = this.count('advance.blockSize', adv.blockSize, 1), mbps = this.count('advance.maxBlocksPerSeq', adv.maxBlocksPerSeq, 1);
+          this.num(1);
+          this.buf('advance.positions', adv.positions, rows, INT);
+          this.buf('advance.slots', adv.slots, rows, INT);
+          this.buf('advance.blockTables', adv.blockTables, mbps, INT);
+          this.buf('advance.rowSeq', adv.rowSeq, rows, INT);
+          this.num(bs); this.num(mbps);
+        }
         return;
       }
       case 'ring_push': {

@@ -314,6 +314,8 @@ export class CudaBackend implements DeviceBackend {
       decodeShortKeys: decodeShortKeys(this.native),
       // An addon that reads op decoder_layers' embed arguments says so (an older one would not).
       decoderLayersEmbed: this.native.decoderLayersEmbed === true,
+      // An addon that reads op sample's push and advance says so.
+      sampleStepTail: this.native.sampleStepTail === true,
       graphCapture: true,
       peerAccess: false,
       collectives: false,

@@ -57,6 +57,8 @@ export interface NativeInfo {
   decodeShortKeys?: number;
   /** Op decoder_layers reads its embed arguments (table, ids) after the layers'. */
   decoderLayersEmbed?: boolean;
+  /** Op sample reads its push and advance arguments (flags after vocab). */
+  sampleStepTail?: boolean;
 }
 
 export interface NativeCounters {

@@ -125,4 +125,24 @@ describe('OpEncoder', () => {
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table: buf('bf16', hidden - 1), ids } })).toThrow(/embed\.table needs 16 elements/);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table, ids: buf('f32', 1) } })).toThrow(/embed\.ids/);
   });
+
+  it('packs sample: the sampling, then a push flag (ring, cursor, capacity) and an advance flag (positions, slots, tables, rowSeq, sizes)', () => {
+    const rows = 2, vocab = 10;
+    const logits = buf('f32', rows * vocab), params = buf('f32', rows * 4), rng = buf('i32', rows * 2), out = buf('i32', rows);
+    const base = { logits, params, rng, out, rows, vocab };
+    enc.encode('sample', base);
+    expect(enc.n).toBe(4 * 2 + 2 + 2);
+    expect(Array.from(enc.args.subarray(8, enc.n))).toEqual([rows, vocab, 0, 0]);
+    const ring = buf('i32', 8), cursor = buf('i32', 1);
+    const positions = buf('i32', rows), slots = buf('i32', rows), blockTables = buf('i32', 3 * 4), rowSeq = buf('i32', rows);
+    const advance = { positions, slots, blockTables, rowSeq, blockSize: 16, maxBlocksPerSeq: 4 };
+    enc.encode('sample', { ...base, push: { ring, cursor, capacity: 8 }, advance });
+    const A = (b: DeviceBuffer) => resolved.get(b.id)!.addr;
+    expect(Array.from(enc.args.subarray(10, enc.n))).toEqual([1, A(ring), 3, A(cursor), 3, 8, 1, A(positions), 3, A(slots), 3, A(blockTables), 3, A(rowSeq), 3, 16, 4]);
+    expect(() => enc.encode('sample', { ...base, push: { ring, cursor, capacity: 1 } })).toThrow(/2 rows exceed the ring capacity 1/);
+    expect(() => enc.encode('sample', { ...base, push: { ring: buf('i32', 4), cursor, capacity: 8 } })).toThrow(/push\.ring needs 8 elements, has 4/);
+    expect(() => enc.encode('sample', { ...base, advance: { ...advance, slots: buf('f32', rows) } })).toThrow(/advance\.slots must be i32/);
+    expect(() => enc.encode('sample', { ...base, advance: { ...advance, blockSize: 0 } })).toThrow(/advance\.blockSize must be an integer >= 1/);
+    expect(() => enc.encode('sample', { ...base, push: 5 as unknown as { ring: DeviceBuffer; cursor: DeviceBuffer; capacity: number } })).toThrow(CudaArgumentError);
+  });
 });

@@ -49,6 +49,23 @@ export interface EngineOptions {
    * host then rewrites the step state the device advanced.
    */
   runAhead?: boolean;
+  /**
+   * Decode steps one graph replay enqueued ahead may run (default 4): a replay of k steps is the
+   * step's graph captured k times in a row, so the ~4 us between two replays (and the timed event
+   * between them) falls on one step of k. Steps of a replay are timed together (each gets the
+   * replay's device time / k) and their tokens are seen together. The engine keeps up to 2k - 1
+   * steps enqueued; a request arriving meanwhile is admitted when they are done (they are kept,
+   * not dropped), so k is also bounded by `runAheadMs`. 1: one step a replay, as before.
+   */
+  runAheadSteps?: number;
+  /**
+   * Device time (ms) the steps enqueued ahead may hold (default 8): replays run `runAheadSteps`
+   * steps only while 2 * runAheadSteps - 1 steps of the last step's device time fit, else one.
+   * So a model whose steps take milliseconds (an 8B) runs one step a replay and an arriving
+   * request waits at most one step more, while a 0.6B's ~0.6 ms steps run four a replay.
+   * Infinity: always `runAheadSteps`.
+   */
+  runAheadMs?: number;
   /** Split device time per token into buckets (disables graphs: ops are timed one by one). */
   profile?: boolean;
   /** Upload progress, for a progress bar. */
@@ -197,6 +214,11 @@ export interface StepSignals {
   sharedBlocks: number;
   /** Reads of those blocks beyond the first, summed: the block reads such a kernel would save in this step. */
   sharedBlockReads: number;
+  /**
+   * Decode steps enqueued ahead and dropped since the engine started (EngineOptions.runAhead):
+   * device time spent on tokens no request took (a request that stopped on a token, an abort).
+   */
+  droppedSteps: number;
 }
 
 export interface RequestOutcome {
@@ -255,6 +277,18 @@ interface Live {
 }
 
 const BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
+/** The most steps one decode replay runs (EngineOptions.runAheadSteps): each is a graph copy of the step. */
+const MAX_RUN_AHEAD_STEPS = 16;
+
+/** A decode step enqueued ahead: the pass it is (its schedule's key) and the events that time it. */
+interface AheadStep {
+  key: string;
+  bucket: number;
+  start: EventHandle;
+  end: EventHandle;
+  /** Steps of its replay (they share start and end). */
+  share: number;
+}
 
 /**
  * The inference VM: a model on a backend, a paged KV cache, a continuous-batching scheduler and
@@ -298,7 +332,7 @@ export class Engine {
   /** Captured decode graphs by bucket, tiered or not, and (tiered) the staging span they copy. */
   private readonly graphs = new Map<string, GraphHandle>();
   /** Host-slice weight bytes one replay of each captured bucket computes. */
-  private readonly replayHostBytes = new Map<number, number>();
+  private readonly replayHostBytes = new Map<string, number>();
   private readonly useGraphs: boolean;
   private profile: boolean;
   /** The op-level device times of the profiled steps since takeProfiles (at most PROFILES_KEPT, the latest). */
@@ -331,20 +365,30 @@ export class Engine {
     params: Float32Array;
     rng: Int32Array;
   };
-  private startEv;
-  private endEv;
   /**
-   * The events of a step enqueued ahead (swapped with startEv/endEv when it is adopted). Its start
-   * is the end event of the step before it (see prepareRunAhead's caller), so these fields may
-   * alias; `events` holds each event once.
+   * The step's device time is taken between these two events, over `stepShare` steps (a step
+   * adopted from a replay of several takes that replay's events).
    */
-  private aheadStartEv;
-  private aheadEndEv;
+  private startEv: EventHandle;
+  private endEv: EventHandle;
+  private stepShare = 1;
+  /** Every event the engine made, each once (the fields above and `ahead` alias them). */
   private readonly events: EventHandle[];
   /** Whether decode steps are enqueued ahead of the host (EngineOptions.runAhead, resolved). */
   readonly runAhead: boolean;
-  /** A decode graph replay enqueued for the step after the last one (see EngineOptions.runAhead). */
-  private ahead: { key: string; bucket: number } | undefined;
+  /** EngineOptions.runAheadSteps and runAheadMs, resolved. */
+  readonly runAheadSteps: number;
+  readonly runAheadMs: number;
+  /** Device time of the last decode step taken from the graph path (ms; 0 before the first). */
+  private lastDecodeMs = 0;
+  /**
+   * Decode steps enqueued ahead, oldest first (see EngineOptions.runAhead). A replay of k steps
+   * gives k entries sharing its events: its start is the end event of whatever was enqueued
+   * before it (no event of its own between two replays), its end is recorded after it.
+   */
+  private ahead: AheadStep[] = [];
+  /** StepSignals.droppedSteps. */
+  private droppedSteps = 0;
 
   private constructor(
     init: {
@@ -470,10 +514,11 @@ export class Engine {
     };
     this.blockSeen = new Int32Array(pages);
     this.blockTwice = new Int32Array(pages);
-    this.events = [0, 1, 2].map(() => this.backend.createEvent());
-    [this.startEv, this.endEv, this.aheadEndEv] = this.events;
-    this.aheadStartEv = this.endEv;
+    this.events = [0, 1].map(() => this.backend.createEvent());
+    [this.startEv, this.endEv] = this.events;
     this.runAhead = this.useGraphs && this.backend.synchronizeEvent !== undefined && (o.runAhead ?? this.backend.capabilities.computeTier === 'vram');
+    this.runAheadSteps = o.runAheadSteps ?? 4;
+    this.runAheadMs = o.runAheadMs ?? 8;
   }
 
   /** Load a model folder onto a backend. Errors name the file and the problem. */
@@ -482,6 +527,10 @@ export class Engine {
     const pipe = pipelineRequest(o);
     if (o.matmulPrecision !== undefined && !MATMUL_PRECISIONS.includes(o.matmulPrecision))
       throw new RangeError(`matmulPrecision must be ${MATMUL_PRECISIONS.join(' or ')}, got ${String(o.matmulPrecision)}`);
+    if (o.runAheadSteps !== undefined && !(Number.isInteger(o.runAheadSteps) && o.runAheadSteps >= 1 && o.runAheadSteps <= MAX_RUN_AHEAD_STEPS))
+      throw new RangeError(`runAheadSteps must be an integer from 1 to ${MAX_RUN_AHEAD_STEPS}, got ${JSON.stringify(o.runAheadSteps)}`);
+    if (o.runAheadMs !== undefined && !(typeof o.runAheadMs === 'number' && o.runAheadMs >= 0))
+      throw new RangeError(`runAheadMs must be a number of milliseconds (0 or more, Infinity allowed), got ${JSON.stringify(o.runAheadMs)}`);
     if (o.batchInvariant !== undefined && typeof o.batchInvariant !== 'boolean') throw new RangeError(`batchInvariant must be a boolean, got ${JSON.stringify(o.batchInvariant)}`);
     const loaded = await loadModelDir(o.model);
     let backend: DeviceBackend;
@@ -916,54 +965,188 @@ export class Engine {
   }
 
   /**
-   * Wait for the step enqueued ahead and drop it: its tokens are skipped in the ring, and the
-   * step state it advanced on the device (ids, positions, slots, RNG counters) is rewritten by
-   * the next replay (graphKey reset). Its KV writes are at positions no accepted token has
+   * Wait for the steps enqueued ahead and drop them: their tokens are skipped in the ring, and
+   * the step state they advanced on the device (ids, positions, slots, RNG counters) is rewritten
+   * by the next replay (graphKey reset). Their KV writes are at positions no accepted token has
    * (rewritten by the step that computes them) or in blocks of finished requests.
    */
   private retireAhead(): void {
-    const a = this.ahead;
-    if (!a) return;
-    this.ahead = undefined;
+    const q = this.ahead;
+    if (q.length === 0) return;
+    this.ahead = [];
     this.graphKey = undefined;
-    this.backend.synchronizeEvent!(this.aheadEndEv, 'policy');
-    this.ringRead = (this.ringRead + a.bucket) % this.runner.limits.ringCapacity;
+    this.droppedSteps += q.length;
+    this.backend.synchronizeEvent!(q[q.length - 1].end, 'policy');
+    let rows = 0;
+    for (const a of q) rows += a.bucket;
+    this.ringRead = (this.ringRead + rows) % this.runner.limits.ringCapacity;
   }
 
   /**
-   * Whether the step after this decode-only graph step can be enqueued now: the same rows will
-   * be scheduled (nothing waiting, no row at its last token), and each row's next position is
-   * in a KV block it holds (this step's advance_positions found its slot in the block table).
-   * When it may, a row whose position after that one starts a new block gets the block now
-   * (KvCacheManager.reserveBlocks; the scheduler's allocation for that position takes it) and its
-   * device table entry, written in stream order before the step ahead, whose advance_positions
-   * reads it: so a row crossing into a new block no longer stops the step after from running ahead.
+   * Steps the next replay enqueued ahead may run: runAheadSteps where 2k - 1 steps of the last
+   * step's device time fit runAheadMs, else 1. Two sizes only, so a run captures its graphs
+   * early (a first capture mid-run holds the device for milliseconds) and a step time near the
+   * bound does not capture a graph for every k it crosses.
    */
-  private prepareRunAhead(scheduled: SchedulerOutput['scheduled'], bucket: number): boolean {
-    if (!this.runAhead || this.scheduler.waiting.length > 0 || this.kvTiers || this.pager || this.pipeline) return false;
-    if (2 * bucket > this.runner.limits.ringCapacity) return false;
+  private aheadSteps(): number {
+    const k = this.runAheadSteps;
+    const fits = this.lastDecodeMs > 0 ? (2 * k - 1) * this.lastDecodeMs <= this.runAheadMs : this.runAheadMs === Infinity;
+    return fits ? k : 1;
+  }
+
+  /**
+   * Whether steps d+1..d+s after the current one (d already enqueued) may be enqueued now for
+   * these rows: each row's first of them computes a position in a block it holds (the advance of
+   * the step before it, already enqueued, found its slot in the table), none runs past its last
+   * token, the model's length or its block table, and the ring holds every step in flight.
+   */
+  private aheadFits(scheduled: SchedulerOutput['scheduled'], bucket: number, d: number, s: number): boolean {
+    if ((1 + d + s) * bucket > this.runner.limits.ringCapacity) return false;
     const bs = this.kv.blockSize;
-    for (const { req } of scheduled) {
-      const next = req.numComputedTokens + 1;
-      if (Math.floor(next / bs) >= this.kv.blockTable(req.id).length) return false;
-      if (req.outputIds.length + 1 >= req.params.maxTokens || req.numTokens + 1 >= this.maxModelLen) return false;
-    }
     const mb = this.runner.limits.maxBlocksPerSeq;
-    const st = this.stage;
-    for (let k = 0; k < scheduled.length; k++) {
-      const req = scheduled[k].req;
-      const after = req.numComputedTokens + 2;
-      const b = Math.floor(after / bs);
-      if (b < this.kv.blockTable(req.id).length || b >= mb) continue;
-      // Not for a row that stops at the step ahead, nor past the model's length.
-      if (req.outputIds.length + 2 >= req.params.maxTokens || req.numTokens + 2 >= this.maxModelLen) continue;
-      // A full pool: the row's block comes from the scheduler, a step later, as before.
-      if (this.kv.reserveBlocks(req.id, after + 1) === null) continue;
-      const at = k * mb + b;
-      st.tables[at] = this.kv.blockTable(req.id)[b];
-      this.backend.write(this.runner.meta.blockTables, st.tables.subarray(at, at + 1), at);
+    for (const { req } of scheduled) {
+      const c = req.numComputedTokens;
+      if (Math.floor((c + d + 1) / bs) >= this.kv.blockTable(req.id).length) return false;
+      if (req.outputIds.length + d + s >= req.params.maxTokens || req.numTokens + d + s >= this.maxModelLen) return false;
+      if (Math.floor((c + d + s) / bs) >= mb) return false;
     }
     return true;
+  }
+
+  /**
+   * Reserve each row's blocks through position `last(req)` (KvCacheManager.reserveBlocks; the
+   * scheduler's allocation for those positions takes them) and write their device table entries,
+   * in stream order before the replay whose advances read them. False where the pool is short
+   * for some row (what the others reserved stays theirs, entries written).
+   */
+  private reserveThrough(scheduled: SchedulerOutput['scheduled'], last: (req: Request) => number | undefined): boolean {
+    const mb = this.runner.limits.maxBlocksPerSeq;
+    const st = this.stage;
+    let ok = true;
+    for (let k = 0; k < scheduled.length; k++) {
+      const req = scheduled[k].req;
+      const p = last(req);
+      if (p === undefined) continue;
+      const had = this.kv.blockTable(req.id).length;
+      if (Math.floor(p / this.kv.blockSize) < had) continue;
+      if (this.kv.reserveBlocks(req.id, p + 1) === null) {
+        ok = false;
+        continue;
+      }
+      const table = this.kv.blockTable(req.id);
+      for (let b = had; b < table.length; b++) st.tables[k * mb + b] = table[b];
+      this.backend.write(this.runner.meta.blockTables, st.tables.subarray(k * mb + had, k * mb + table.length), k * mb + had);
+    }
+    return ok;
+  }
+
+  /**
+   * Enqueue decode steps after this decode-only graph step while the same rows will be
+   * scheduled (nothing waiting, no row reaching its last token), up to aheadSteps() - 1 beyond
+   * the one replay that keeps the device busy while the host takes the current one's tokens: a
+   * replay of k = aheadSteps() steps where they fit, else of one. The device reads their ids,
+   * positions and slots from what the step before leaves (the host writes nothing for them but
+   * table entries of blocks reserved for them, a replay early). A row whose position after the
+   * replay starts a new block gets it now when the pool has it, so crossing into a block does not
+   * stop the replay after from running ahead.
+   */
+  private enqueueAhead(scheduled: SchedulerOutput['scheduled'], bucket: number, short: (last: number) => boolean): void {
+    if (!this.runAhead || this.scheduler.waiting.length > 0 || this.kvTiers || this.pager || this.pipeline) return;
+    const K = this.aheadSteps();
+    while (this.ahead.length < K) {
+      const d = this.ahead.length;
+      let s = K > 1 && this.aheadFits(scheduled, bucket, d, K) ? K : 1;
+      if (s > 1 && !this.reserveThrough(scheduled, (req) => req.numComputedTokens + d + s)) s = 1;
+      if (s === 1 && !this.aheadFits(scheduled, bucket, d, 1)) return;
+      const after = d + s + 1;
+      this.reserveThrough(scheduled, (req) =>
+        req.outputIds.length + after < req.params.maxTokens && req.numTokens + after < this.maxModelLen && Math.floor((req.numComputedTokens + after) / this.kv.blockSize) < this.runner.limits.maxBlocksPerSeq
+          ? req.numComputedTokens + after
+          : undefined,
+      );
+      // Every step in flight is the same pass: the next schedules count the blocks reserved now.
+      const key = this.passKey(bucket, false, scheduled);
+      for (const a of this.ahead) a.key = key;
+      // Nothing runs between the step before and this replay in the stream, so the replay starts
+      // at that step's end event instead of an event of its own: a timed event record holds the
+      // GPU about 1.5 us between two graph replays (an untimed one costs nothing; session 26,
+      // tools/gpu/graphgap.cu).
+      const start = d > 0 ? this.ahead[d - 1].end : this.endEv;
+      const end = this.freeEvent();
+      this.replayDecode(bucket, s, false, 0, short(d + s));
+      this.backend.record(end);
+      for (let j = 0; j < s; j++) this.ahead.push({ key, bucket, start, end, share: s });
+      this.graphKey = key;
+    }
+  }
+
+  /** An event no step in flight uses (the current one's, those enqueued ahead). */
+  private freeEvent(): EventHandle {
+    const used = new Set<EventHandle>([this.startEv, this.endEv]);
+    for (const a of this.ahead) used.add(a.start).add(a.end);
+    let e = this.events.find((x) => !used.has(x));
+    if (e === undefined) {
+      e = this.backend.createEvent();
+      this.events.push(e);
+    }
+    return e;
+  }
+
+  /** The identity of a graph pass: its bucket, whether tiered, and each row's request and table length. */
+  private passKey(bucket: number, tiered: boolean, scheduled: SchedulerOutput['scheduled']): string {
+    return `${bucket}|${tiered}|` + scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',');
+  }
+
+  /**
+   * Replay the decode graph of `steps` steps of this bucket (captured on first use: forward,
+   * sampling, advance, `steps` times). Passes with host partials (some page warm) and without
+   * are different graphs; tiered graphs also differ by the staging span their copies were
+   * captured with. One-row steps whose row stays within the backend's decodeShortKeys (`short`)
+   * replay a graph of their own ("s" suffix), captured with that bound as op decoder_layers'
+   * maxKeys. Several steps: "x<steps>" suffix.
+   */
+  private replayDecode(bucket: number, steps: number, tiered: boolean, span: number, short: boolean): void {
+    const be = this.backend;
+    const gk = (tiered ? `t${bucket}:${span}` : `${bucket}`) + (short ? 's' : '') + (steps > 1 ? `x${steps}` : '');
+    let g = this.graphs.get(gk);
+    if (!g) {
+      be.beginCapture();
+      this.pager?.beginCapture();
+      const hostBefore = this.runner.hostComputeBytes;
+      if (short) (this.runner as ModelRunner).decodeKeyBound = this.backend.capabilities.decodeShortKeys ?? 0;
+      try {
+        for (let j = 0; j < steps; j++) {
+          if (tiered) (this.runner as ModelRunner).forward(bucket, bucket, undefined, undefined, true);
+          else this.runner.forward(bucket, bucket);
+          this.runner.sampleStep(bucket, this.runner.meta.ids);
+        }
+      } catch (err) {
+        // End the failed capture, so the stream is usable (and disposable) again; its error stands.
+        try {
+          be.destroyGraph(be.endCapture());
+        } catch {
+          // an invalidated capture ends with an error of its own
+        }
+        throw err;
+      } finally {
+        if (short) (this.runner as ModelRunner).decodeKeyBound = 0;
+        this.pager?.endCapture();
+        // Captured, not run: counted on each replay instead.
+        this.replayHostBytes.set(gk, this.runner.hostComputeBytes - hostBefore);
+        this.runner.hostComputeBytes = hostBefore;
+      }
+      g = be.endCapture();
+      this.graphs.set(gk, g);
+    }
+    be.setHotPath(true);
+    try {
+      be.replay(g);
+      this.pager?.replayed();
+      this.runner.hostComputeBytes += this.replayHostBytes.get(gk) ?? 0;
+      if (tiered) (this.runner as ModelRunner).tieredPasses++;
+    } finally {
+      be.setHotPath(false);
+    }
   }
 
   private failAll(err: Error): void {
@@ -988,7 +1171,9 @@ export class Engine {
   /** One scheduler step: plan, one forward pass, sampling, and the policies of the host. */
   step(): void {
     const t0 = performance.now();
-    const plan = this.scheduler.schedule();
+    // With steps enqueued ahead, a waiting request is admitted once they are done (they are the
+    // running rows' next tokens: adopted, not dropped; none is enqueued while it waits).
+    const plan = this.scheduler.schedule(this.ahead.length === 0);
     this.totalPreemptions += plan.preempted.length;
     // Freed pages change staged block tables (their entries become the null page).
     if (plan.preempted.length || plan.freedBlocks) this.graphKey = undefined;
@@ -1104,16 +1289,23 @@ export class Engine {
     const tiered = kt?.tiered ?? false;
     const graphPath = this.useGraphs && !this.profile && decodeOnly && deviceSample && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
     const bucket = graphPath ? (BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq) : 0;
-    const key = graphPath ? `${bucket}|${tiered}|` + plan.scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',') : '';
+    const key = graphPath ? this.passKey(bucket, tiered, plan.scheduled) : '';
     // The step enqueued ahead is this one when the pass is the same and nothing reset the
-    // device's step state since; otherwise it is dropped before anything is written.
-    const adopt = this.ahead !== undefined && graphPath && this.ahead.key === key && this.graphKey === key;
-    if (!adopt) this.retireAhead();
-    else this.ahead = undefined;
+    // device's step state since; otherwise the steps enqueued are dropped before anything is written.
+    const head = this.ahead[0];
+    const adopt = head !== undefined && graphPath && head.key === key && this.graphKey === key;
     if (adopt) {
-      [this.startEv, this.aheadStartEv] = [this.aheadStartEv, this.startEv];
-      [this.endEv, this.aheadEndEv] = [this.aheadEndEv, this.endEv];
-    } else be.record(this.startEv);
+      this.ahead.shift();
+      this.startEv = head.start;
+      this.endEv = head.end;
+      this.stepShare = head.share;
+    } else {
+      this.retireAhead();
+      // Nothing in flight: any two events.
+      [this.startEv, this.endEv] = this.events;
+      this.stepShare = 1;
+      be.record(this.startEv);
+    }
     if (graphPath) {
       if (!adopt && key !== this.graphKey) {
         for (let r = nSeq; r < bucket; r++) {
@@ -1132,76 +1324,18 @@ export class Engine {
         for (let r = 0; r < bucket; r++) st.logitRows[r] = r;
         this.writeMeta(bucket, bucket, true);
       }
-      // Passes with host partials (some page warm) and without are different graphs.
-      // Tiered graphs also differ by the staging span their copies were captured with.
-      // One-row steps that stay within the backend's decodeShortKeys (the row's keys: its position
-      // + 1, this step's and the one run ahead of it, one more) replay a graph of their own ("s"
-      // suffix), captured with that bound as op decoder_layers' maxKeys.
+      // A replay whose last step is `last` steps after this one: the short-keys graph where every
+      // row's keys stay within the backend's bound through that step.
       const shortKeys = this.backend.capabilities.decodeShortKeys ?? 0;
-      const short = shortKeys > 0 && bucket === 1 && !this.pipeline && !tiered && plan.scheduled.every(({ req }) => req.numComputedTokens + 2 <= shortKeys);
-      const gk = (tiered ? `t${bucket}:${span}` : `${bucket}`) + (short ? 's' : '');
-      let g = this.graphs.get(gk);
-      if (!g) {
-        be.beginCapture();
-        this.pager?.beginCapture();
-        const hostBefore = this.runner.hostComputeBytes;
-        if (short) (this.runner as ModelRunner).decodeKeyBound = shortKeys;
-        try {
-          if (tiered) (this.runner as ModelRunner).forward(bucket, bucket, undefined, undefined, true);
-          else this.runner.forward(bucket, bucket);
-          this.runner.sampleOnDevice(bucket, m.ids);
-          this.runner.advance(bucket);
-        } catch (err) {
-          // End the failed capture, so the stream is usable (and disposable) again; its error stands.
-          try {
-            be.destroyGraph(be.endCapture());
-          } catch {
-            // an invalidated capture ends with an error of its own
-          }
-          throw err;
-        } finally {
-          if (short) (this.runner as ModelRunner).decodeKeyBound = 0;
-          this.pager?.endCapture();
-          // Captured, not run: counted on each replay instead.
-          this.replayHostBytes.set(bucket, this.runner.hostComputeBytes - hostBefore);
-          this.runner.hostComputeBytes = hostBefore;
-        }
-        g = be.endCapture();
-        this.graphs.set(gk, g);
-      }
-      const replay = (graph: GraphHandle) => {
-        be.setHotPath(true);
-        try {
-          be.replay(graph);
-          this.pager?.replayed();
-          this.runner.hostComputeBytes += this.replayHostBytes.get(bucket) ?? 0;
-          if (tiered) (this.runner as ModelRunner).tieredPasses++;
-        } finally {
-          be.setHotPath(false);
-        }
-      };
+      const short = (last: number) =>
+        shortKeys > 0 && bucket === 1 && !this.pipeline && !tiered && plan.scheduled.every(({ req }) => req.numComputedTokens + last + 1 <= shortKeys);
       if (!adopt) {
-        replay(g);
+        this.replayDecode(bucket, 1, tiered, span, short(0));
         be.record(this.endEv);
       }
       this.graphKey = key;
-      if (this.prepareRunAhead(plan.scheduled, bucket)) {
-        // The next step goes in now: the device reads its ids, positions and slots from what
-        // this step's sampling and advance_positions leave (the host writes nothing for it).
-        // Its key counts the blocks reserved for it, as the next step's schedule will.
-        const aheadKey = `${bucket}|${tiered}|` + plan.scheduled.map(({ req }) => `${req.id}:${this.kv.blockTable(req.id).length}`).join(',');
-        // Nothing runs between this step and the one ahead in the stream, so the step ahead starts
-        // at this step's end event instead of a start event of its own: a timed event record holds
-        // the GPU about 1.5 us between two graph replays (an untimed one costs nothing; session 26,
-        // tools/gpu/graphgap.cu). Its end takes the event no live step's start or end uses.
-        this.aheadStartEv = this.endEv;
-        this.aheadEndEv = this.events.find((e) => e !== this.startEv && e !== this.endEv)!;
-        replay(g);
-        be.record(this.aheadEndEv);
-        this.ahead = { key: aheadKey, bucket };
-        this.graphKey = aheadKey;
-      }
-      if (this.ahead) be.synchronizeEvent!(this.endEv, 'policy');
+      this.enqueueAhead(plan.scheduled, bucket, short);
+      if (this.ahead.length > 0) be.synchronizeEvent!(this.endEv, 'policy');
       else be.synchronize('policy');
       tokens = this.readRing(bucket).slice(0, nSeq);
       replayed = true;
@@ -1247,7 +1381,8 @@ export class Engine {
         be.synchronize('hard');
       }
     }
-    const deviceMs = be.elapsedMs(this.startEv, this.endEv);
+    const deviceMs = be.elapsedMs(this.startEv, this.endEv) / this.stepShare;
+    if (replayed) this.lastDecodeMs = deviceMs;
     const ops: Record<string, number> | undefined = this.profile ? {} : undefined;
     const buckets = this.profile ? this.runner.takeProfile(ops) : undefined;
     if (buckets) {
@@ -1297,6 +1432,7 @@ export class Engine {
       stepMs: now - t0,
       sharedBlocks,
       sharedBlockReads,
+      droppedSteps: this.droppedSteps,
     };
     for (const f of this.stepListeners) f(sig);
   }

@@ -932,16 +932,35 @@ export class ModelRunner {
 
   /** The device-side end of a decode step: next positions and KV slots for every row. */
   advance(rows: number): void {
+    this.op('sampling', 'advance_positions', { ...this.advanceArgs(), rows });
+  }
+
+  /**
+   * A captured decode step's tail: sampleOnDevice then advance, as op sample's push and advance
+   * where the backend folds them (capabilities.sampleStepTail: one kernel for a row on CUDA).
+   */
+  sampleStep(rows: number, out: DeviceBuffer): void {
+    if (this.backend.capabilities.sampleStepTail !== true) {
+      this.sampleOnDevice(rows, out);
+      this.advance(rows);
+      return;
+    }
     const m = this.meta;
-    this.op('sampling', 'advance_positions', {
-      positions: m.positions,
-      slots: m.slots,
-      blockTables: m.blockTables,
-      rowSeq: m.rowSeq,
+    this.op('sampling', 'sample', {
+      logits: this.logits,
+      params: m.sampleParams,
+      rng: m.rng,
+      out,
       rows,
-      blockSize: this.limits.blockSize,
-      maxBlocksPerSeq: this.limits.maxBlocksPerSeq,
+      vocab: this.spec.vocabSize,
+      push: { ring: m.ring, cursor: m.ringCursor, capacity: this.limits.ringCapacity },
+      advance: this.advanceArgs(),
     });
+  }
+
+  private advanceArgs() {
+    const m = this.meta;
+    return { positions: m.positions, slots: m.slots, blockTables: m.blockTables, rowSeq: m.rowSeq, blockSize: this.limits.blockSize, maxBlocksPerSeq: this.limits.maxBlocksPerSeq };
   }
 
   dispose(): void {

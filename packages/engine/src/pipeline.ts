@@ -269,6 +269,8 @@ export interface PassRunner {
   forward(rows: number, nLogits: number): void;
   sampleOnDevice(nLogits: number, out: DeviceBuffer): void;
   advance(rows: number): void;
+  /** A captured decode step's tail: sampleOnDevice(rows, out) then advance(rows), in as few ops as the backend takes them. */
+  sampleStep(rows: number, out: DeviceBuffer): void;
   setProfiling(on: boolean, maxEvents?: number): void;
   /** Bucket times of the last profiled pass; `ops` gets the time of each op class added (ModelRunner.takeProfile). */
   takeProfile(ops?: Record<string, number>): Record<ProfileBucket, number>;
@@ -587,6 +589,12 @@ export class StagePipeline implements PassRunner {
   advance(rows: number): void {
     if (!this.capturable) throw new NervaError('PIPELINE_STATE', 'advance is part of a captured decode step; this pipeline runs its passes eagerly');
     this.runners[0].advance(rows);
+  }
+
+  /** The tail of a captured decode step: the stages' ops as they are (stage 0 advances). */
+  sampleStep(rows: number, out: DeviceBuffer): void {
+    this.sampleOnDevice(rows, out);
+    this.advance(rows);
   }
 
   setProfiling(on: boolean, maxEvents?: number): void {

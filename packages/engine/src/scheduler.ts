@@ -138,12 +138,13 @@ export class Scheduler {
   /** batchInvariant: prompt tokens computed since the last decode step. */
   private promptTokensSinceDecode = 0;
 
-  schedule(): SchedulerOutput {
-    if (!this.config.batchInvariant) return this.scheduleMixed();
+  /** The next step. `admit` false: no waiting request is admitted in it (the running ones go on). */
+  schedule(admit = true): SchedulerOutput {
+    if (!this.config.batchInvariant) return this.scheduleMixed(undefined, admit ? Infinity : 0);
     const decoding = (r: Request) => r.numTokens - r.numComputedTokens === 1;
     const anyDecode = this.running.some(decoding);
     const inPrompt = this.running.find((r) => r.numTokens - r.numComputedTokens > 1);
-    if ((inPrompt !== undefined || this.waiting.length > 0) && (!anyDecode || this.promptTokensSinceDecode < this.config.maxNumBatchedTokens)) {
+    if ((inPrompt !== undefined || (admit && this.waiting.length > 0)) && (!anyDecode || this.promptTokensSinceDecode < this.config.maxNumBatchedTokens)) {
       // One prompt alone: the oldest running one still in its prompt, else the next waiting one.
       const out = this.scheduleMixed(inPrompt ? [inPrompt] : [], inPrompt ? 0 : 1);
       if (out.scheduled.length > 0 || out.preempted.length > 0 || !anyDecode) {

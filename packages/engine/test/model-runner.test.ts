@@ -79,4 +79,32 @@ describe('ModelRunner fused decode pass', () => {
       b.dispose();
     }
   });
+
+  it("ends a captured decode step with op sample's push and advance where the backend folds them, with the same tokens", async () => {
+    const folded = recordingBackend();
+    const apart = recordingBackend([], { sampleStepTail: false });
+    const a = await Engine.create({ model: DEFAULT_MODEL, backend: folded.backend });
+    const b = await Engine.create({ model: DEFAULT_MODEL, backend: apart.backend });
+    try {
+      const prompt = a.encode('ROMEO:\n');
+      for (const params of [{ temperature: 0 }, { temperature: 0.9, topP: 0.9, seed: 3 }]) {
+        const want = await a.submit(prompt, { ...params, maxTokens: 6, ignoreEos: true }).done;
+        const got = await b.submit(prompt, { ...params, maxTokens: 6, ignoreEos: true }).done;
+        expect(got.tokenIds).toEqual(want.tokenIds);
+      }
+      const tails = (calls: typeof folded.calls) => calls.filter((c) => c.op === 'sample' && c.args.advance !== undefined);
+      // The captured step's tail: one op where folded (push and advance with it) ...
+      expect(tails(folded.calls).length).toBeGreaterThanOrEqual(1);
+      expect(tails(folded.calls).every((c) => c.args.push !== undefined)).toBe(true);
+      expect(folded.calls.some((c) => c.op === 'advance_positions')).toBe(false);
+      // ... three ops apart.
+      expect(tails(apart.calls)).toHaveLength(0);
+      expect(apart.calls.filter((c) => c.op === 'advance_positions').length).toBeGreaterThanOrEqual(1);
+      const i = apart.calls.findIndex((c) => c.op === 'advance_positions');
+      expect(apart.calls.slice(i - 2, i + 1).map((c) => c.op)).toEqual(['sample', 'ring_push', 'advance_positions']);
+    } finally {
+      a.dispose();
+      b.dispose();
+    }
+  });
 });

@@ -1,7 +1,7 @@
 import { createCpuBackend } from '@nerva/cpu-backend';
-import type { DeviceBackend } from '@nerva/core';
+import type { DeviceBackend, GraphHandle, OpArgs } from '@nerva/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Engine } from '../src/index.js';
+import { Engine, type EngineOptions } from '../src/index.js';
 import { DEFAULT_MODEL } from './fixtures.js';
 
 // The CPU backend runs a replay when it is issued, so a step enqueued ahead is computed at once;
@@ -10,22 +10,34 @@ import { DEFAULT_MODEL } from './fixtures.js';
 
 interface Counted {
   engine: Engine;
-  counts: { replays: number; eventSyncs: number; records: number; badIntervals: number };
+  counts: { replays: number; eventSyncs: number; records: number; badIntervals: number; steps: number };
 }
 
-async function counted(runAhead: boolean | undefined): Promise<Counted> {
+async function counted(runAhead: boolean | undefined, extra: Partial<EngineOptions> = {}): Promise<Counted> {
   const inner = createCpuBackend();
-  const counts = { replays: 0, eventSyncs: 0, records: 0, badIntervals: 0 };
+  const counts = { replays: 0, eventSyncs: 0, records: 0, badIntervals: 0, steps: 0 };
   // When each event was last recorded: a step's time is measured between two events recorded in
   // that order, neither recorded again since (a start re-recorded for a later step would not be).
   let seq = 0;
   const recordedAt = new Map<unknown, number>();
+  const stepsOf = new Map<GraphHandle, number>();
+  let capturing = 0;
   const backend = new Proxy(inner, {
     get(target, prop, receiver) {
       const v = Reflect.get(target, prop, receiver) as unknown;
       if (typeof v !== 'function') return v;
       const f = (v as (...x: unknown[]) => unknown).bind(target);
-      if (prop === 'replay') return (...a: unknown[]) => (counts.replays++, f(...a));
+      // Steps a replay runs: the advances its capture recorded (one a step: op advance_positions,
+      // or op sample's advance where the backend folds it).
+      if (prop === 'replay') return (...a: unknown[]) => (counts.replays++, (counts.steps += stepsOf.get(a[0] as GraphHandle)!), f(...a));
+      if (prop === 'beginCapture') return (...a: unknown[]) => ((capturing = 0), f(...a));
+      if (prop === 'run')
+        return (...a: unknown[]) => ((a[0] === 'advance_positions' || (a[0] === 'sample' && (a[1] as OpArgs<'sample'>).advance)) && capturing++, f(...a));
+      if (prop === 'endCapture') return (...a: unknown[]) => {
+        const g = f(...a) as GraphHandle;
+        stepsOf.set(g, capturing);
+        return g;
+      };
       if (prop === 'synchronizeEvent') return (...a: unknown[]) => (counts.eventSyncs++, f(...a));
       if (prop === 'record') return (...a: unknown[]) => (counts.records++, recordedAt.set(a[0], ++seq), f(...a));
       if (prop === 'elapsedMs')
@@ -38,7 +50,7 @@ async function counted(runAhead: boolean | undefined): Promise<Counted> {
       return f;
     },
   }) as DeviceBackend;
-  return { engine: await Engine.create({ model: DEFAULT_MODEL, backend, ...(runAhead !== undefined ? { runAhead } : {}) }), counts };
+  return { engine: await Engine.create({ model: DEFAULT_MODEL, backend, ...(runAhead !== undefined ? { runAhead } : {}), ...extra }), counts };
 }
 
 const greedy = (maxTokens: number, extra: Record<string, unknown> = {}) => ({ temperature: 0, maxTokens, ignoreEos: true, ...extra });
@@ -48,7 +60,8 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
   let ahead: Counted;
   let plain: Counted;
   beforeAll(async () => {
-    ahead = await counted(true);
+    // One step a replay (replays of several: the suite below).
+    ahead = await counted(true, { runAheadSteps: 1 });
     plain = await counted(false);
   });
   afterAll(() => {
@@ -57,7 +70,7 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
   });
 
   const reset = () => {
-    for (const c of [ahead, plain]) c.counts.replays = c.counts.eventSyncs = c.counts.records = c.counts.badIntervals = 0;
+    for (const c of [ahead, plain]) c.counts.replays = c.counts.eventSyncs = c.counts.records = c.counts.badIntervals = c.counts.steps = 0;
   };
 
   it('adopts the steps it enqueued ahead and decodes the same tokens', async () => {
@@ -148,5 +161,106 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
     } finally {
       c.engine.dispose();
     }
+  });
+});
+
+describe('replays of several decode steps (EngineOptions.runAheadSteps)', () => {
+  let grouped: Counted;
+  let plain: Counted;
+  // StepSignals.droppedSteps as of the last step.
+  let droppedNow = -1;
+  const watch = (e: Engine) => e.onStep((s) => (droppedNow = s.droppedSteps));
+  beforeAll(async () => {
+    // runAheadMs Infinity: four steps a replay whatever the CPU's step time.
+    grouped = await counted(true, { runAheadSteps: 4, runAheadMs: Infinity });
+    plain = await counted(false);
+  });
+  afterAll(() => {
+    grouped?.engine.dispose();
+    plain?.engine.dispose();
+  });
+  const reset = () => {
+    for (const c of [grouped, plain]) c.counts.replays = c.counts.eventSyncs = c.counts.records = c.counts.badIntervals = c.counts.steps = 0;
+  };
+
+  it('runs four steps a replay, computes each step once and decodes the same tokens', async () => {
+    for (const prompts of [PROMPTS.slice(0, 1), PROMPTS]) {
+      reset();
+      const sampled = { temperature: 0.8, topK: 40, seed: 77, maxTokens: 40, ignoreEos: true };
+      const want = await Promise.all(prompts.map((p, i) => plain.engine.submit(p, i === 1 ? sampled : greedy(40)).done));
+      const got = await Promise.all(prompts.map((p, i) => grouped.engine.submit(p, i === 1 ? sampled : greedy(40)).done));
+      expect(got.map((o) => o.tokenIds)).toEqual(want.map((o) => o.tokenIds));
+      // Every decode step computed once (the requests run to maxTokens: none is dropped)...
+      expect(grouped.counts.steps).toBe(plain.counts.replays);
+      // ...in fewer replays: 4-step ones while no row nears its last token, one-step ones after.
+      expect(grouped.counts.replays).toBeLessThan(plain.counts.replays / 2);
+      expect(grouped.counts.badIntervals).toBe(0);
+      // A step's device time is its replay's over its steps: positive, finite, in every token's ledger.
+      for (const o of got) expect(o.ledger.all().every((r) => (r.deviceActiveMs ?? 0) > 0 && Number.isFinite(r.deviceActiveMs))).toBe(true);
+    }
+    // The 4-step graph is the step's graph four times over.
+    const nodes = grouped.engine.graphNodes();
+    for (const b of ['1', '4']) expect(nodes[`${b}x4`]).toBe(4 * nodes[b]);
+  });
+
+  it('a request arriving mid-decode waits for the steps enqueued: none is dropped, tokens the same', async () => {
+    const alone = await Promise.all(PROMPTS.map((p) => plain.engine.submit(p, greedy(30)).done));
+    const off = watch(grouped.engine);
+    await grouped.engine.submit(PROMPTS[0], greedy(2)).done;
+    const start = droppedNow;
+    expect(start).toBeGreaterThanOrEqual(0);
+    const first = grouped.engine.submit(PROMPTS[0], greedy(30));
+    const later: Promise<number[]>[] = [];
+    let seen = 0;
+    for await (const ev of first.events) {
+      if (++seen === 9) for (const p of PROMPTS.slice(1)) later.push(grouped.engine.submit(p, greedy(30)).done.then((o) => o.tokenIds));
+      expect(ev.token).toBe(alone[0].tokenIds[ev.index]);
+    }
+    expect(await Promise.all(later)).toEqual(alone.slice(1).map((o) => o.tokenIds));
+    off();
+    expect(droppedNow).toBe(start);
+  });
+
+  it('drops the steps enqueued past a stop token (at most 2k - 1) and nothing leaks into the next request', async () => {
+    const prompt = PROMPTS[1];
+    const base = await plain.engine.submit(prompt, greedy(40)).done;
+    const k = base.tokenIds.findIndex((t, i) => i >= 12 && base.tokenIds.indexOf(t) === i);
+    expect(k).toBeGreaterThan(0);
+    const off = watch(grouped.engine);
+    await grouped.engine.submit(PROMPTS[0], greedy(2)).done;
+    const start = droppedNow;
+    expect(start).toBeGreaterThanOrEqual(0);
+    const got = await grouped.engine.submit(prompt, greedy(40, { stopTokenIds: [base.tokenIds[k]] })).done;
+    expect(got.tokenIds).toEqual(base.tokenIds.slice(0, k + 1));
+    expect(got.finishReason).toBe('stop');
+    const next = await Promise.all([plain.engine.submit(PROMPTS[2], greedy(24)).done, grouped.engine.submit(PROMPTS[2], greedy(24)).done]);
+    expect(next[1].tokenIds).toEqual(next[0].tokenIds);
+    off();
+    const n = droppedNow - start;
+    expect(n).toBeGreaterThanOrEqual(1);
+    expect(n).toBeLessThanOrEqual(7);
+  });
+
+  it('runAheadMs bounds the steps a replay runs by the device time they hold', async () => {
+    const c = await counted(true, { runAheadSteps: 4, runAheadMs: 0 });
+    try {
+      reset();
+      const want = await plain.engine.submit(PROMPTS[0], greedy(24)).done;
+      const got = await c.engine.submit(PROMPTS[0], greedy(24)).done;
+      expect(got.tokenIds).toEqual(want.tokenIds);
+      expect(c.counts.replays).toBeGreaterThan(0);
+      // No device time to hold: one step a replay.
+      expect(c.counts.steps).toBe(c.counts.replays);
+      expect(Object.keys(c.engine.graphNodes()).some((k) => k.includes('x'))).toBe(false);
+    } finally {
+      c.engine.dispose();
+    }
+  });
+
+  it('refuses bad runAheadSteps and runAheadMs with a clear error', async () => {
+    for (const runAheadSteps of [0, 1.5, 17, '2' as unknown as number])
+      await expect(Engine.create({ model: DEFAULT_MODEL, backend: createCpuBackend(), runAheadSteps })).rejects.toThrow(/runAheadSteps must be an integer from 1 to 16/);
+    for (const runAheadMs of [-1, Number.NaN, '5' as unknown as number])
+      await expect(Engine.create({ model: DEFAULT_MODEL, backend: createCpuBackend(), runAheadMs })).rejects.toThrow(/runAheadMs must be a number of milliseconds/);
   });
 });

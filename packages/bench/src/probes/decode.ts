@@ -36,6 +36,8 @@ export interface DecodeProbeOptions {
   allowSingleDeviceStages?: boolean;
   /** Engine option runAhead (absent: the engine's default). */
   runAhead?: boolean;
+  /** Engine option runAheadSteps (absent: the engine's default). */
+  runAheadSteps?: number;
 }
 
 /**
@@ -65,6 +67,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     pipelineParallel: o.pipelineParallel,
     allowSingleDeviceStages: o.allowSingleDeviceStages,
     ...(o.runAhead !== undefined ? { runAhead: o.runAhead } : {}),
+    ...(o.runAheadSteps !== undefined ? { runAheadSteps: o.runAheadSteps } : {}),
   });
   try {
     const bw = scratchBw ?? measureCopyBandwidth(engine.backend);
@@ -105,6 +108,8 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       decode_graphs: Object.keys(nodes).sort(),
       // Decode steps enqueued before the host has the previous step's tokens (EngineOptions.runAhead).
       run_ahead: engine.runAhead,
+      // Steps one replay enqueued ahead may run (bounded by runAheadMs; decode_graphs "x<k>": replays of k steps).
+      run_ahead_steps: engine.runAheadSteps,
       graph_replays_per_token: s.graph_replays_per_decode_token,
       hot_path_allocations: s.hot_path_allocations,
       syncs_per_token: s.syncs_per_decode_token,

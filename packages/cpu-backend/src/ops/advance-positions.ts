@@ -7,6 +7,15 @@ import type { OpContext } from '../op-context.js';
  * row leaves positions and slots as they were.
  */
 export function advancePositions(ctx: OpContext, a: OpArgs<'advance_positions'>): void {
+  advanceStep(ctx, a)?.();
+}
+
+/**
+ * advance_positions in two halves: the arguments and every row are checked now, the writes
+ * happen when the returned function runs (undefined on a dry run), so an op that folds this one
+ * in (sample's advance) checks it before writing anything of its own.
+ */
+export function advanceStep(ctx: OpContext, a: OpArgs<'advance_positions'>): (() => void) | undefined {
   const rows = ctx.count('rows', a.rows);
   const blockSize = ctx.count('blockSize', a.blockSize, 1);
   const maxBlocks = ctx.count('maxBlocksPerSeq', a.maxBlocksPerSeq, 1);
@@ -15,7 +24,7 @@ export function advancePositions(ctx: OpContext, a: OpArgs<'advance_positions'>)
   const tables = ctx.ints('blockTables', a.blockTables, maxBlocks);
   const rowSeq = ctx.ints('rowSeq', a.rowSeq, rows);
   ctx.distinct('slots', a.slots, 'positions', a.positions);
-  if (ctx.dry) return;
+  if (ctx.dry) return undefined;
   const numSeqs = Math.floor(tables.length / maxBlocks);
   for (let r = 0; r < rows; r++) {
     const seq = rowSeq[r];
@@ -27,9 +36,11 @@ export function advancePositions(ctx: OpContext, a: OpArgs<'advance_positions'>)
     // kv_append drop this row's keys, so it is an error.
     if (blk < 0) ctx.fail('blockTables', `sequence ${seq} has no block for position ${pos} (entry ${Math.floor(pos / blockSize)} = ${blk})`);
   }
-  for (let r = 0; r < rows; r++) {
-    const pos = positions[r] + 1;
-    positions[r] = pos;
-    slots[r] = tables[rowSeq[r] * maxBlocks + Math.floor(pos / blockSize)] * blockSize + (pos % blockSize);
-  }
+  return () => {
+    for (let r = 0; r < rows; r++) {
+      const pos = positions[r] + 1;
+      positions[r] = pos;
+      slots[r] = tables[rowSeq[r] * maxBlocks + Math.floor(pos / blockSize)] * blockSize + (pos % blockSize);
+    }
+  };
 }

@@ -1,5 +1,7 @@
 import { sampleRow, uniformFromSeed, type OpArgs, type SampleParams } from '@nerva/core';
 import type { OpContext } from '../op-context.js';
+import { advanceStep } from './advance-positions.js';
+import { ringPush } from './ring-push.js';
 
 /** Reused across calls: the decode path builds no objects per token. */
 const params: SampleParams = { temperature: 0, topK: 0, topP: 1, minP: 0 };
@@ -9,6 +11,34 @@ const params: SampleParams = { temperature: 0, topK: 0, topP: 1, minP: 0 };
  * one on every call (also for greedy rows, so a row's stream position never depends on its params).
  */
 export function sample(ctx: OpContext, a: OpArgs<'sample'>): void {
+  // push and advance: ops ring_push (src = out) and advance_positions after the sampling, their
+  // arguments checked before anything is written.
+  const push: OpArgs<'ring_push'> | undefined = a.push === undefined ? undefined : { ...tailArg(ctx, 'push', a.push), src: a.out, rows: a.rows };
+  const advance: OpArgs<'advance_positions'> | undefined = a.advance === undefined ? undefined : { ...tailArg(ctx, 'advance', a.advance), rows: a.rows };
+  if (push || advance) {
+    const dry = ctx.dry;
+    ctx.dry = true;
+    try {
+      sampleRows(ctx, a);
+      if (push) ringPush(ctx, push);
+      if (advance) advanceStep(ctx, advance);
+    } finally {
+      ctx.dry = dry;
+    }
+  }
+  // The advance's rows (their tables' entries) are checked before the sampling writes.
+  const applyAdvance = advance ? advanceStep(ctx, advance) : undefined;
+  sampleRows(ctx, a);
+  if (push) ringPush(ctx, push);
+  applyAdvance?.();
+}
+
+function tailArg<T>(ctx: OpContext, name: string, v: T): T {
+  if (v === null || typeof v !== 'object') ctx.fail(name, 'must be an object of buffers and numbers');
+  return v;
+}
+
+function sampleRows(ctx: OpContext, a: OpArgs<'sample'>): void {
   const rows = ctx.count('rows', a.rows);
   const vocab = ctx.count('vocab', a.vocab, 1);
   const logits = ctx.floats('logits', a.logits, rows * vocab);
