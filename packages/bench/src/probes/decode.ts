@@ -72,7 +72,12 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
   try {
     const bw = scratchBw ?? measureCopyBandwidth(engine.backend);
     const prompt = syntheticPrompt(o.promptLen, engine.spec.vocabSize);
-    await engine.submit(prompt.slice(0, 16), { maxTokens: 8, temperature: 0, ignoreEos: true }).done;
+    // Warm-up: a prompt of the same length (another seed: no prefix-cache hit) decoding long
+    // enough to capture the decode graphs the measured run replays (the one-step graph and the
+    // replay of runAheadSteps steps, for its context bucket): a first capture holds the device
+    // for milliseconds, which a steady-state rate should not count.
+    const warm = syntheticPrompt(o.promptLen, engine.spec.vocabSize, 7);
+    await engine.submit(warm, { maxTokens: Math.min(o.newTokens, 4 * engine.runAheadSteps + 8), temperature: 0, ignoreEos: true }).done;
     const out = await engine.submit(prompt, { maxTokens: o.newTokens, temperature: 0, ignoreEos: true }).done;
     const s = out.ledger.summary();
     const roofline = bw / engine.weightBytes;
