@@ -34,6 +34,7 @@ export const TUNING_KNOBS: Readonly<Record<string, TuningKnob>> = {
   NERVA_PREFILL_ATTN: { kind: 'oneOf', values: ['1', '2', '3'], what: 'prefill attention variant (default 3)' },
   NERVA_PREFILL_ATTN_HPB: { kind: 'oneOf', values: ['0', '1'], what: '1: a q head a block in prefill attention (default 0)' },
   NERVA_RING_EARLY: { kind: 'oneOf', values: ['0', '1'], what: "ring_push reads the token ring's cursor before its dependency wait where no push can still be running (default 1)" },
+  NERVA_SAMPLE_TAIL: { kind: 'oneOf', values: ['0', '1'], what: "op sample's push and advance run in the sampling kernel for one row on the cluster path (default 1; 0: ring_push's and advance_positions' kernels after it)" },
   NERVA_SAMPLE_CLUSTER: { kind: 'oneOf', values: ['0', '4', '8', '16'], what: 'blocks a thread block cluster of the greedy sampler merges over distributed shared memory (default 8; 0: the blocks merge through a counter)' },
   NERVA_PREFILL_ROPE: { kind: 'oneOf', values: ['0', '1'], what: 'the row-block rope_append for prefill (default 1)' },
   NERVA_SPLIT_FUSION: { kind: 'oneOf', values: ['0', '1'], what: 'bf16 operand hand-off between many-row GEMMs (default 1)' },
