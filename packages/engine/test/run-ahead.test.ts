@@ -56,49 +56,58 @@ async function counted(runAhead: boolean | undefined, extra: Partial<EngineOptio
 const greedy = (maxTokens: number, extra: Record<string, unknown> = {}) => ({ temperature: 0, maxTokens, ignoreEos: true, ...extra });
 const PROMPTS = ['ROMEO:', 'First Citizen:\nBefore we proceed', 'KING HENRY'];
 
-describe('run-ahead decode (EngineOptions.runAhead)', () => {
-  let ahead: Counted;
-  let plain: Counted;
+/**
+ * An engine running ahead with `extra` and one that does not, made before the suite's tests and
+ * disposed after them; reset() zeroes both engines' counts.
+ */
+function enginePair(extra: Partial<EngineOptions>): { ahead: Counted; plain: Counted; reset(): void } {
+  const p = {
+    reset() {
+      for (const c of [p.ahead, p.plain]) for (const k of Object.keys(c.counts) as (keyof Counted['counts'])[]) c.counts[k] = 0;
+    },
+  } as { ahead: Counted; plain: Counted; reset(): void };
   beforeAll(async () => {
-    // One step a replay (replays of several: the suite below).
-    ahead = await counted(true, { runAheadSteps: 1 });
-    plain = await counted(false);
+    p.ahead = await counted(true, extra);
+    p.plain = await counted(false);
   });
   afterAll(() => {
-    ahead?.engine.dispose();
-    plain?.engine.dispose();
+    p.ahead?.engine.dispose();
+    p.plain?.engine.dispose();
   });
+  return p;
+}
 
-  const reset = () => {
-    for (const c of [ahead, plain]) c.counts.replays = c.counts.eventSyncs = c.counts.records = c.counts.badIntervals = c.counts.steps = 0;
-  };
+describe('run-ahead decode (EngineOptions.runAhead)', () => {
+  // One step a replay (replays of several: the suite below).
+  const s = enginePair({ runAheadSteps: 1 });
+  const reset = s.reset;
 
   it('adopts the steps it enqueued ahead and decodes the same tokens', async () => {
     for (const prompts of [PROMPTS.slice(0, 1), PROMPTS]) {
       reset();
-      const want = await Promise.all(prompts.map((p) => plain.engine.submit(p, greedy(40)).done));
-      const got = await Promise.all(prompts.map((p) => ahead.engine.submit(p, greedy(40)).done));
+      const want = await Promise.all(prompts.map((p) => s.plain.engine.submit(p, greedy(40)).done));
+      const got = await Promise.all(prompts.map((p) => s.ahead.engine.submit(p, greedy(40)).done));
       expect(got.map((o) => o.tokenIds)).toEqual(want.map((o) => o.tokenIds));
       expect(want.every((o) => o.tokenIds.length === 40)).toBe(true);
       // Requests that run to maxTokens waste no step: as many replays as without run-ahead...
-      expect(ahead.counts.replays).toBe(plain.counts.replays);
-      expect(plain.counts.eventSyncs).toBe(0);
+      expect(s.ahead.counts.replays).toBe(s.plain.counts.replays);
+      expect(s.plain.counts.eventSyncs).toBe(0);
       // ...and every decode step but the last was enqueued during the step before, those that
       // start a new KV block included (the block is reserved a step early).
       // (Without the reservation a step whose next position starts a block was not: 36 and 34 of 39.)
-      expect(ahead.counts.eventSyncs).toBe(plain.counts.replays - 1);
+      expect(s.ahead.counts.eventSyncs).toBe(s.plain.counts.replays - 1);
       // A step enqueued ahead starts at the end event of the step before it: one event record
       // instead of two (a timed record between two graphs holds the GPU), and every step's time
       // is still taken between two events recorded in order.
-      expect(ahead.counts.records).toBe(plain.counts.records - ahead.counts.eventSyncs);
-      expect(ahead.counts.badIntervals).toBe(0);
-      expect(plain.counts.badIntervals).toBe(0);
+      expect(s.ahead.counts.records).toBe(s.plain.counts.records - s.ahead.counts.eventSyncs);
+      expect(s.ahead.counts.badIntervals).toBe(0);
+      expect(s.plain.counts.badIntervals).toBe(0);
     }
   });
 
   it('drops the step ahead of a request that stops on a token; the next request is unaffected', async () => {
     const prompt = PROMPTS[1];
-    const base = await plain.engine.submit(prompt, greedy(40)).done;
+    const base = await s.plain.engine.submit(prompt, greedy(40)).done;
     const promptLen = base.promptIds.length;
     // An output index k whose token first appears there, computed at a position whose next one
     // stays in the same KV block (16 positions a block), so a step was enqueued ahead of it.
@@ -106,42 +115,42 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
     expect(k).toBeGreaterThan(0);
     const stopId = base.tokenIds[k];
     reset();
-    const want = await plain.engine.submit(prompt, greedy(40, { stopTokenIds: [stopId] })).done;
-    const got = await ahead.engine.submit(prompt, greedy(40, { stopTokenIds: [stopId] })).done;
+    const want = await s.plain.engine.submit(prompt, greedy(40, { stopTokenIds: [stopId] })).done;
+    const got = await s.ahead.engine.submit(prompt, greedy(40, { stopTokenIds: [stopId] })).done;
     expect(want.tokenIds).toEqual(base.tokenIds.slice(0, k + 1));
     expect(got.tokenIds).toEqual(want.tokenIds);
     expect(got.finishReason).toBe('stop');
     // One step ran ahead past the stop and was dropped.
-    expect(ahead.counts.replays).toBe(plain.counts.replays + 1);
+    expect(s.ahead.counts.replays).toBe(s.plain.counts.replays + 1);
     // The device state it advanced (ring, positions, RNG) does not leak into what follows.
-    const next = await Promise.all([plain.engine.submit(PROMPTS[2], greedy(24)).done, ahead.engine.submit(PROMPTS[2], greedy(24)).done]);
+    const next = await Promise.all([s.plain.engine.submit(PROMPTS[2], greedy(24)).done, s.ahead.engine.submit(PROMPTS[2], greedy(24)).done]);
     expect(next[1].tokenIds).toEqual(next[0].tokenIds);
   });
 
   it('seeded sampling after a dropped step draws what it draws without run-ahead', async () => {
     const sampled = { temperature: 0.9, topP: 0.95, seed: 1234, maxTokens: 30, ignoreEos: true };
-    const base = await plain.engine.submit(PROMPTS[0], greedy(20)).done;
+    const base = await s.plain.engine.submit(PROMPTS[0], greedy(20)).done;
     const stop = { ...greedy(20), stopTokenIds: [base.tokenIds[9]] };
-    await Promise.all([plain.engine.submit(PROMPTS[0], stop).done, ahead.engine.submit(PROMPTS[0], stop).done]);
-    const [want, got] = await Promise.all([plain.engine.submit(PROMPTS[1], sampled).done, ahead.engine.submit(PROMPTS[1], sampled).done]);
+    await Promise.all([s.plain.engine.submit(PROMPTS[0], stop).done, s.ahead.engine.submit(PROMPTS[0], stop).done]);
+    const [want, got] = await Promise.all([s.plain.engine.submit(PROMPTS[1], sampled).done, s.ahead.engine.submit(PROMPTS[1], sampled).done]);
     expect(got.tokenIds).toEqual(want.tokenIds);
   });
 
   it('a request arriving mid-decode joins the batch with the same tokens', async () => {
-    const alone = await Promise.all(PROMPTS.map((p) => plain.engine.submit(p, greedy(30)).done));
-    const first = ahead.engine.submit(PROMPTS[0], greedy(30));
+    const alone = await Promise.all(PROMPTS.map((p) => s.plain.engine.submit(p, greedy(30)).done));
+    const first = s.ahead.engine.submit(PROMPTS[0], greedy(30));
     const later: Promise<number[]>[] = [];
     let seen = 0;
     for await (const ev of first.events) {
-      if (++seen === 7) for (const p of PROMPTS.slice(1)) later.push(ahead.engine.submit(p, greedy(30)).done.then((o) => o.tokenIds));
+      if (++seen === 7) for (const p of PROMPTS.slice(1)) later.push(s.ahead.engine.submit(p, greedy(30)).done.then((o) => o.tokenIds));
       expect(ev.token).toBe(alone[0].tokenIds[ev.index]);
     }
     expect(await Promise.all(later)).toEqual(alone.slice(1).map((o) => o.tokenIds));
   });
 
   it('an abort while a step is ahead leaves the engine consistent', async () => {
-    const want = await plain.engine.submit(PROMPTS[2], greedy(20)).done;
-    const h = ahead.engine.submit(PROMPTS[0], greedy(60));
+    const want = await s.plain.engine.submit(PROMPTS[2], greedy(20)).done;
+    const h = s.ahead.engine.submit(PROMPTS[0], greedy(60));
     let n = 0;
     for await (const ev of h.events) {
       void ev;
@@ -149,7 +158,7 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
     }
     const out = await h.done;
     expect(out.finishReason).toBe('abort');
-    expect((await ahead.engine.submit(PROMPTS[2], greedy(20)).done).tokenIds).toEqual(want.tokenIds);
+    expect((await s.ahead.engine.submit(PROMPTS[2], greedy(20)).done).tokenIds).toEqual(want.tokenIds);
   });
 
   it('is off by default where the host computes (the CPU backend: nothing to overlap)', async () => {
@@ -165,55 +174,44 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
 });
 
 describe('replays of several decode steps (EngineOptions.runAheadSteps)', () => {
-  let grouped: Counted;
-  let plain: Counted;
   // StepSignals.droppedSteps as of the last step.
   let droppedNow = -1;
   const watch = (e: Engine) => e.onStep((s) => (droppedNow = s.droppedSteps));
-  beforeAll(async () => {
-    // runAheadMs Infinity: four steps a replay whatever the CPU's step time.
-    grouped = await counted(true, { runAheadSteps: 4, runAheadMs: Infinity });
-    plain = await counted(false);
-  });
-  afterAll(() => {
-    grouped?.engine.dispose();
-    plain?.engine.dispose();
-  });
-  const reset = () => {
-    for (const c of [grouped, plain]) c.counts.replays = c.counts.eventSyncs = c.counts.records = c.counts.badIntervals = c.counts.steps = 0;
-  };
+  // runAheadMs Infinity: four steps a replay whatever the CPU's step time.
+  const s = enginePair({ runAheadSteps: 4, runAheadMs: Infinity });
+  const reset = s.reset;
 
   it('runs four steps a replay, computes each step once and decodes the same tokens', async () => {
     for (const prompts of [PROMPTS.slice(0, 1), PROMPTS]) {
       reset();
       const sampled = { temperature: 0.8, topK: 40, seed: 77, maxTokens: 40, ignoreEos: true };
-      const want = await Promise.all(prompts.map((p, i) => plain.engine.submit(p, i === 1 ? sampled : greedy(40)).done));
-      const got = await Promise.all(prompts.map((p, i) => grouped.engine.submit(p, i === 1 ? sampled : greedy(40)).done));
+      const want = await Promise.all(prompts.map((p, i) => s.plain.engine.submit(p, i === 1 ? sampled : greedy(40)).done));
+      const got = await Promise.all(prompts.map((p, i) => s.ahead.engine.submit(p, i === 1 ? sampled : greedy(40)).done));
       expect(got.map((o) => o.tokenIds)).toEqual(want.map((o) => o.tokenIds));
       // Every decode step computed once (the requests run to maxTokens: none is dropped)...
-      expect(grouped.counts.steps).toBe(plain.counts.replays);
+      expect(s.ahead.counts.steps).toBe(s.plain.counts.replays);
       // ...in fewer replays: 4-step ones while no row nears its last token, one-step ones after.
-      expect(grouped.counts.replays).toBeLessThan(plain.counts.replays / 2);
-      expect(grouped.counts.badIntervals).toBe(0);
+      expect(s.ahead.counts.replays).toBeLessThan(s.plain.counts.replays / 2);
+      expect(s.ahead.counts.badIntervals).toBe(0);
       // A step's device time is its replay's over its steps: positive, finite, in every token's ledger.
       for (const o of got) expect(o.ledger.all().every((r) => (r.deviceActiveMs ?? 0) > 0 && Number.isFinite(r.deviceActiveMs))).toBe(true);
     }
     // The 4-step graph is the step's graph four times over.
-    const nodes = grouped.engine.graphNodes();
+    const nodes = s.ahead.engine.graphNodes();
     for (const b of ['1', '4']) expect(nodes[`${b}x4`]).toBe(4 * nodes[b]);
   });
 
   it('a request arriving mid-decode waits for the steps enqueued: none is dropped, tokens the same', async () => {
-    const alone = await Promise.all(PROMPTS.map((p) => plain.engine.submit(p, greedy(30)).done));
-    const off = watch(grouped.engine);
-    await grouped.engine.submit(PROMPTS[0], greedy(2)).done;
+    const alone = await Promise.all(PROMPTS.map((p) => s.plain.engine.submit(p, greedy(30)).done));
+    const off = watch(s.ahead.engine);
+    await s.ahead.engine.submit(PROMPTS[0], greedy(2)).done;
     const start = droppedNow;
     expect(start).toBeGreaterThanOrEqual(0);
-    const first = grouped.engine.submit(PROMPTS[0], greedy(30));
+    const first = s.ahead.engine.submit(PROMPTS[0], greedy(30));
     const later: Promise<number[]>[] = [];
     let seen = 0;
     for await (const ev of first.events) {
-      if (++seen === 9) for (const p of PROMPTS.slice(1)) later.push(grouped.engine.submit(p, greedy(30)).done.then((o) => o.tokenIds));
+      if (++seen === 9) for (const p of PROMPTS.slice(1)) later.push(s.ahead.engine.submit(p, greedy(30)).done.then((o) => o.tokenIds));
       expect(ev.token).toBe(alone[0].tokenIds[ev.index]);
     }
     expect(await Promise.all(later)).toEqual(alone.slice(1).map((o) => o.tokenIds));
@@ -223,17 +221,17 @@ describe('replays of several decode steps (EngineOptions.runAheadSteps)', () => 
 
   it('drops the steps enqueued past a stop token (at most 2k - 1) and nothing leaks into the next request', async () => {
     const prompt = PROMPTS[1];
-    const base = await plain.engine.submit(prompt, greedy(40)).done;
+    const base = await s.plain.engine.submit(prompt, greedy(40)).done;
     const k = base.tokenIds.findIndex((t, i) => i >= 12 && base.tokenIds.indexOf(t) === i);
     expect(k).toBeGreaterThan(0);
-    const off = watch(grouped.engine);
-    await grouped.engine.submit(PROMPTS[0], greedy(2)).done;
+    const off = watch(s.ahead.engine);
+    await s.ahead.engine.submit(PROMPTS[0], greedy(2)).done;
     const start = droppedNow;
     expect(start).toBeGreaterThanOrEqual(0);
-    const got = await grouped.engine.submit(prompt, greedy(40, { stopTokenIds: [base.tokenIds[k]] })).done;
+    const got = await s.ahead.engine.submit(prompt, greedy(40, { stopTokenIds: [base.tokenIds[k]] })).done;
     expect(got.tokenIds).toEqual(base.tokenIds.slice(0, k + 1));
     expect(got.finishReason).toBe('stop');
-    const next = await Promise.all([plain.engine.submit(PROMPTS[2], greedy(24)).done, grouped.engine.submit(PROMPTS[2], greedy(24)).done]);
+    const next = await Promise.all([s.plain.engine.submit(PROMPTS[2], greedy(24)).done, s.ahead.engine.submit(PROMPTS[2], greedy(24)).done]);
     expect(next[1].tokenIds).toEqual(next[0].tokenIds);
     off();
     const n = droppedNow - start;
@@ -245,7 +243,7 @@ describe('replays of several decode steps (EngineOptions.runAheadSteps)', () => 
     const c = await counted(true, { runAheadSteps: 4, runAheadMs: 0 });
     try {
       reset();
-      const want = await plain.engine.submit(PROMPTS[0], greedy(24)).done;
+      const want = await s.plain.engine.submit(PROMPTS[0], greedy(24)).done;
       const got = await c.engine.submit(PROMPTS[0], greedy(24)).done;
       expect(got.tokenIds).toEqual(want.tokenIds);
       expect(c.counts.replays).toBeGreaterThan(0);
