@@ -1082,9 +1082,9 @@ export class Engine {
 
   /** An event no step in flight uses (the current one's, those enqueued ahead). */
   private freeEvent(): EventHandle {
-    const used = new Set<EventHandle>([this.startEv, this.endEv]);
-    for (const a of this.ahead) used.add(a.start).add(a.end);
-    let e = this.events.find((x) => !used.has(x));
+    // (A scan, not a Set: this runs once a replay enqueued, and the queue holds at most 2k - 1 steps.)
+    const used = (x: EventHandle) => x === this.startEv || x === this.endEv || this.ahead.some((a) => a.start === x || a.end === x);
+    let e = this.events.find((x) => !used(x));
     if (e === undefined) {
       e = this.backend.createEvent();
       this.events.push(e);
