@@ -46,9 +46,16 @@ export interface ConformanceOptions {
    * rmsnorm and silu_mul outs and bf16 matmul inputs run only then.
    */
   bf16Activations?: boolean;
-  /** Both backends have capabilities.sampleStepTail (runConformance sets it): op sample's push and advance cases run only then. */
-  sampleStepTail?: boolean;
+  /**
+   * Optional op fields both backends take (runConformance sets them from their capabilities):
+   * the cases that use one run only where it is true.
+   */
+  capabilities?: Partial<Record<CaseCapability, boolean>>;
 }
+
+/** Capabilities that add an optional field to an op (capabilities.sampleStepTail, decoderLayersEmbed). */
+export type CaseCapability = 'sampleStepTail' | 'decoderLayersEmbed';
+const CASE_CAPABILITIES: readonly CaseCapability[] = ['sampleStepTail', 'decoderLayersEmbed'];
 
 export interface ConformanceCase {
   op: OpName;
@@ -181,8 +188,8 @@ interface CaseDef {
   exactOnly?: boolean;
   /** Needs capabilities.bf16Activations of both backends (bf16 outs or matmul inputs). */
   bf16Activations?: boolean;
-  /** Needs capabilities.sampleStepTail of both backends (op sample's push and advance). */
-  sampleStepTail?: boolean;
+  /** Needs this capability of both backends (an optional op field the case uses). */
+  needs?: CaseCapability;
   build(rng: ConformanceRng): CaseSpec;
 }
 
@@ -771,6 +778,7 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
   return {
     name,
     large,
+    ...(s.embed ? { needs: 'decoderLayersEmbed' as const } : {}),
     build: (rng) => {
       const { hidden: H, numHeads: nq, numKvHeads: nkv, headDim: hd, intermediate: I } = s;
       const qkvOut = (nq + 2 * nkv) * hd;
@@ -1088,7 +1096,7 @@ interface SampleTail {
 function sampleCase(name: string, vocab: number, params: number[][], draws: number, scale: number, tail?: SampleTail): CaseDef {
   return {
     name,
-    sampleStepTail: tail !== undefined,
+    ...(tail !== undefined ? { needs: 'sampleStepTail' as const } : {}),
     build: (rng) => {
       const rows = params.length;
       const logits = rng.normals(rows * vocab, scale);
@@ -1827,7 +1835,7 @@ export function conformanceCases(opts: ConformanceOptions = {}): ConformanceCase
       if (def.large && opts.sizes !== 'large') continue;
       if (def.exactOnly && opts.numerics === 'bf16') continue;
       if (def.bf16Activations && !opts.bf16Activations) continue;
-      if (def.sampleStepTail && !opts.sampleStepTail) continue;
+      if (def.needs && opts.capabilities?.[def.needs] !== true) continue;
       out.push(makeCase(op, def, seed, absTol));
     }
   }
@@ -1845,8 +1853,10 @@ export async function runConformance(backend: DeviceBackend, reference: DeviceBa
   if (bn !== rn) throw new RangeError(`conformance: the backend has numerics '${bn}' but the reference has '${rn}'; create the reference with the same numerics`);
   const results: ConformanceCaseResult[] = [];
   const bf16Activations = backend.capabilities.bf16Activations === true && reference.capabilities.bf16Activations === true;
-  const sampleStepTail = backend.capabilities.sampleStepTail === true && reference.capabilities.sampleStepTail === true;
-  for (const c of conformanceCases({ ...opts, numerics: bn, bf16Activations, sampleStepTail })) {
+  const capabilities = Object.fromEntries(
+    CASE_CAPABILITIES.map((k) => [k, backend.capabilities[k] === true && reference.capabilities[k] === true]),
+  ) as Record<CaseCapability, boolean>;
+  for (const c of conformanceCases({ ...opts, numerics: bn, bf16Activations, capabilities })) {
     let r: ConformanceCaseResult;
     try {
       r = c.run(backend, reference);

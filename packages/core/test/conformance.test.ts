@@ -79,6 +79,18 @@ describe('conformance suite', () => {
     expect(new Set(conformanceCases().map((c) => c.op))).toEqual(new Set(OP_NAMES));
   });
 
+  it("runs the cases of an optional op field only where both backends take it (capabilities)", () => {
+    const names = (o: Parameters<typeof conformanceCases>[0]) => conformanceCases(o).map((c) => `${c.op}/${c.name}`);
+    const none = names({});
+    const all = names({ capabilities: { sampleStepTail: true, decoderLayersEmbed: true } });
+    const tail = all.filter((n) => !none.includes(n));
+    // The push/advance cases of op sample and the embed cases of op decoder_layers, nothing else.
+    expect(tail.some((n) => n.startsWith('sample/'))).toBe(true);
+    expect(tail.some((n) => n.startsWith('decoder_layers/'))).toBe(true);
+    expect(tail.every((n) => n.startsWith('sample/') || n.startsWith('decoder_layers/'))).toBe(true);
+    expect(names({ capabilities: { sampleStepTail: true } }).filter((n) => !none.includes(n)).every((n) => n.startsWith('sample/'))).toBe(true);
+  });
+
   it('turns a throwing op into a failed result, frees the case buffers, and keeps going', async () => {
     const be = memoryOnlyBackend('stub');
     const report = await runConformance(be, memoryOnlyBackend('stub-ref'));

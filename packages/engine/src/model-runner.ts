@@ -926,7 +926,7 @@ export class ModelRunner {
   /** Sample one token per logit row on the device into `out` and push them into the token ring. */
   sampleOnDevice(nLogits: number, out: DeviceBuffer): void {
     const m = this.meta;
-    this.op('sampling', 'sample', { logits: this.logits, params: m.sampleParams, rng: m.rng, out, rows: nLogits, vocab: this.spec.vocabSize });
+    this.op('sampling', 'sample', this.sampleArgs(nLogits, out));
     this.op('sampling', 'ring_push', { src: out, ring: m.ring, cursor: m.ringCursor, rows: nLogits, capacity: this.limits.ringCapacity });
   }
 
@@ -947,15 +947,15 @@ export class ModelRunner {
     }
     const m = this.meta;
     this.op('sampling', 'sample', {
-      logits: this.logits,
-      params: m.sampleParams,
-      rng: m.rng,
-      out,
-      rows,
-      vocab: this.spec.vocabSize,
+      ...this.sampleArgs(rows, out),
       push: { ring: m.ring, cursor: m.ringCursor, capacity: this.limits.ringCapacity },
       advance: this.advanceArgs(),
     });
+  }
+
+  private sampleArgs(rows: number, out: DeviceBuffer) {
+    const m = this.meta;
+    return { logits: this.logits, params: m.sampleParams, rng: m.rng, out, rows, vocab: this.spec.vocabSize };
   }
 
   private advanceArgs() {
