@@ -82,6 +82,13 @@ const configArb: fc.Arbitrary<Config> = fc.record({
   maxBlocksPerSeq: fc.option(fc.integer({ min: 1, max: 12 }), { nil: undefined }),
 });
 
+const REFUSED_RESERVE_CFG: Config = { numBlocks: 4, blockSize: 1, enablePrefixCaching: false, hash: 'sha256', maxBlocksPerSeq: undefined };
+const REFUSED_RESERVE_OPS: Op[] = [
+  { t: 'admit', s: 0, prefix: 2, cut: 1, suffix: [2], salt: 0 },
+  { t: 'admit', s: 1, prefix: 0, cut: 0, suffix: [1], salt: 0 },
+  { t: 'reserve', s: 1, extra: 1 },
+];
+
 /** Cheap assertion for per-slot loops (vitest's expect is too slow to call millions of times). */
 function ensure(cond: boolean, what: () => string): void {
   if (!cond) throw new Error(`property violated: ${what()}`);
@@ -371,7 +378,10 @@ describe('KvCacheManager properties', () => {
   it('keeps every invariant and every sequence\'s KV intact under random schedules', () => {
     fc.assert(
       fc.property(configArb, fc.array(opArb, { minLength: 1, maxLength: 60 }), (cfg, ops) => run(cfg, ops)),
-      { numRuns: 400 },
+      // Besides the random schedules, one that always reaches a reservation refused for want of
+      // free blocks (three usable blocks all held); random ones reach it only sometimes (a CI run
+      // in session 27 saw none, failing the tally below).
+      { numRuns: 400, examples: [[REFUSED_RESERVE_CFG, REFUSED_RESERVE_OPS]] },
     );
   });
 
