@@ -17,6 +17,9 @@ constexpr int SA_HD = 128;
 constexpr int SA_MAX_G = 4;
 constexpr int SA_MAX_C = 16;  // cluster size (16: non-portable)
 constexpr int SA_MAX_KEYS = 1024;  // the most keys (maxKeys) the kernel is chosen for
+// At most 128 registers a thread (65536 / (4 * 128)): a block then fits beside two of qkv's lean
+// blocks (GEMV_LEAN_REGS), which is what lets it copy its keys while qkv runs.
+constexpr int SA_MIN_BLOCKS = 4;
 
 template <typename KT>
 __host__ __device__ constexpr int saRowElems() {
@@ -62,6 +65,28 @@ __device__ __forceinline__ float saWeight(float l, float m, int n, float& M, flo
   for (int b = 0; b < n; b++) L += __shfl_sync(0xffffffffu, l * w, b);
   return w;
 }
+// saWeight for the G heads at once: head g's n partials on lanes g S .. g S + n - 1 (S, a power
+// of two >= n with G S <= 32; l = 0 on the group's other lanes), so the heads' shuffle and exp
+// chains run side by side instead of one after the other. Each lane gets its group's M and L;
+// the same values as saWeight per head (the maximum does not depend on order, L sums in lane
+// order within the group).
+template <int S>
+__device__ __forceinline__ float saWeightGroup(float l, float m, int n, int lane, float& M, float& L) {
+  const float mm = l > 0.f ? m : -INFINITY;
+  M = mm;
+#pragma unroll
+  for (int o = S / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  const float w = l > 0.f ? expf(mm - M) : 0.f;
+  const float lw = l * w;
+  const int base = lane & ~(S - 1);
+  L = 0.f;
+#pragma unroll
+  for (int b = 0; b < S; b++) {
+    const float t = __shfl_sync(0xffffffffu, lw, base + b);
+    if (b < n) L += t;
+  }
+  return w;
+}
 __device__ __forceinline__ void saCopy16(void* dst, const void* src, bool in) {
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
@@ -69,7 +94,7 @@ __device__ __forceinline__ void saCopy16(void* dst, const void* src, bool in) {
 __device__ __forceinline__ void saCopyWait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 template <typename KT, int G>
-__global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q, KT* kc, KT* vc, const int* bt,
+__global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short(const float* q, KT* kc, KT* vc, const int* bt,
                                                                  const int* rowSeq, const int* positions, float* out,
                                                                  int H, int KVH, int bs, int mbps, int qStride, int qOff,
                                                                  float scale, int cap, RopeFuse rf, int markAt) {
@@ -212,21 +237,21 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
       live[b] = i < n && slotS[i] != -1;
 #pragma unroll
       for (int g = 0; g < G; g++) d[b][g] = 0.f;
-      if (i < n) {
-        const KT* kr = ks + (size_t)i * LD + qp * EPC;
+      // Past the tile's n keys a quad scores row n - 1 again (loaded, so finite) and drops it
+      // (live is false): no branch, so both batches' loads are in flight at once.
+      const KT* kr = ks + (size_t)min(i, n - 1) * LD + qp * EPC;
 #pragma unroll
-        for (int c = 0; c < CH; c++) {
-          float kv[EPC];
-          if constexpr (EPC == 4) {
-            saLoad4(kr + c * 4 * EPC, kv);
-          } else {
-            saLoad8(kr + c * 4 * EPC, kv);
-          }
-#pragma unroll
-          for (int g = 0; g < G; g++)
-#pragma unroll
-            for (int e = 0; e < EPC; e++) d[b][g] += qr[g][c * EPC + e] * kv[e];
+      for (int c = 0; c < CH; c++) {
+        float kv[EPC];
+        if constexpr (EPC == 4) {
+          saLoad4(kr + c * 4 * EPC, kv);
+        } else {
+          saLoad8(kr + c * 4 * EPC, kv);
         }
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+          for (int e = 0; e < EPC; e++) d[b][g] += qr[g][c * EPC + e] * kv[e];
       }
     }
     // Every head and batch step by step, so their shuffle and exp chains overlap.
@@ -270,19 +295,22 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
 #pragma unroll
       for (int j = 0; j < 4; j++) acc[g][j] *= mx[g];
     }
+    // The batch's 8 value rows, loaded together (a row past n is row n - 1 again, finite, and
+    // its weight p is 0: a dead key adds exactly 0): no branch between the loads, so they are all
+    // in flight at once instead of one shared-memory round trip a key.
 #pragma unroll
     for (int b = 0; b < NB; b++) {
       const int kb = k0 + b * NW * 8;
+      float v4[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; kk++) saLoad4(vs + (size_t)min(kb + kk, n - 1) * LD + 4 * lane, v4[kk]);
 #pragma unroll
       for (int kk = 0; kk < 8; kk++) {
-        if (kb + kk >= n) break;
-        float v4[4];
-        saLoad4(vs + (size_t)(kb + kk) * LD + 4 * lane, v4);
 #pragma unroll
         for (int g = 0; g < G; g++) {
           const float pk = __shfl_sync(0xffffffffu, p[b][g], kk * 4);
 #pragma unroll
-          for (int j = 0; j < 4; j++) acc[g][j] += pk * v4[j];
+          for (int j = 0; j < 4; j++) acc[g][j] += pk * v4[kk][j];
         }
       }
     }
@@ -339,25 +367,26 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
   // The warps' weights under the block's maximum, a lane of warp 0 each (in parallel, not a chain
   // of exps a thread); the sums then run in warp order as before.
   __shared__ float wW[NW][G], mB[G], lB[G];
+  static_assert(NW == 4 && G * NW <= 32, "a lane a (head, warp) pair");
   if (warp == 0) {
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      float M, L;
-      const float wt = saWeight(lane < NW ? lW[lane][g] : 0.f, lane < NW ? mW[lane][g] : 0.f, NW, M, L);
-      if (lane < NW) wW[lane][g] = wt;
-      if (lane == 0) {
-        mB[g] = M;
-        lB[g] = L;
-      }
+    const int g = lane / NW, w = lane % NW;
+    const bool in = g < G;
+    float M, L;
+    const float wt = saWeightGroup<NW>(in ? lW[w][g] : 0.f, in ? mW[w][g] : 0.f, NW, lane, M, L);
+    if (in) wW[w][g] = wt;
+    if (in && w == 0) {
+      mB[g] = M;
+      lB[g] = L;
     }
   }
   __syncthreads();
+  const int slLog = __ffs(SL) - 1;  // SL = G 128 / C, a power of two: shifts, not divisions
   for (int e = tid; e < NE; e += SA_THREADS) {
     const int g = e / SA_HD;
     float a = 0.f;
 #pragma unroll
     for (int w = 0; w < NW; w++) a += accW[w][g][e % SA_HD] * wW[w][g];
-    *cl.map_shared_rank(&inbox[rank * SL + e % SL], e / SL) = a;
+    *cl.map_shared_rank(&inbox[rank * SL + (e & (SL - 1))], e >> slLog) = a;
   }
   if (tid < C * G) {
     const int c = tid / G, g = tid % G;
@@ -370,12 +399,32 @@ __global__ void __launch_bounds__(SA_THREADS) k_attn_decode_short(const float* q
   // The C partials' weights, a lane of warp 0 each; then every output of this block's slice.
   __shared__ float wC[SA_MAX_C][G], lC[G];
   if (warp == 0) {
-#pragma unroll
-    for (int g = 0; g < G; g++) {
+    // The G heads side by side where their groups of lanes fit the warp (C and S powers of two).
+    auto grouped = [&](auto sc) {
+      constexpr int S = decltype(sc)::value;
+      const int g = lane / S, c = lane % S;
+      const bool in = g < G && c < C;
       float M, L;
-      const float wt = saWeight(lane < C ? inL[lane][g] : 0.f, lane < C ? inM[lane][g] : 0.f, C, M, L);
-      if (lane < C) wC[lane][g] = wt;
-      if (lane == 0) lC[g] = L;
+      const float wt = saWeightGroup<S>(in ? inL[c][g] : 0.f, in ? inM[c][g] : 0.f, C, lane, M, L);
+      if (in) wC[c][g] = wt;
+      if (in && c == 0) lC[g] = L;
+    };
+    if (C <= 2) {
+      grouped(std::integral_constant<int, 2>{});
+    } else if (C <= 4) {
+      grouped(std::integral_constant<int, 4>{});
+    } else if (C <= 8 && G <= 4) {
+      grouped(std::integral_constant<int, 8>{});
+    } else if (G <= 2) {
+      grouped(std::integral_constant<int, 16>{});
+    } else {
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float M, L;
+        const float wt = saWeight(lane < C ? inL[lane][g] : 0.f, lane < C ? inM[lane][g] : 0.f, C, M, L);
+        if (lane < C) wC[lane][g] = wt;
+        if (lane == 0) lC[g] = L;
+      }
     }
   }
   __syncthreads();

@@ -938,7 +938,7 @@ __global__ void __launch_bounds__(gemvThreadsMax(KS, O), gemvMinBlocks(O)) k_gem
 
 // The one-row normed projection at batch 1 (qkv) in at most 48 registers a thread (51 unbounded,
 // 12 bytes spilled): two of its 512-thread blocks an SM then leave 16 K registers, room for a
-// block of the cluster attention that follows it (k_attn_decode_short: 128 threads of 126
+// block of the cluster attention that follows it (k_attn_decode_short: 128 threads of at most 128
 // registers), which is then resident, copies its keys and passes its prologue while qkv still
 // runs instead of after it (session 24: qkv's release lag 2.1 -> 0.5 us, 1.02x decode). Same
 // code, same bits.
