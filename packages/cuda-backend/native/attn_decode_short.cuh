@@ -4,8 +4,8 @@
 // with cp.async before its dependency wait (they were written by earlier steps), so they arrive
 // while qkv still runs; after the wait it takes q and the new key from the qkv rows (rope_append's
 // arithmetic, as the split-KV kernel does), scores and folds its keys, and the cluster merges the
-// blocks' partials through distributed shared memory: no fence, counter or L2 round trip between
-// the keys and the output. The tile is sized from the caller's bound (op decoder_layers' maxKeys),
+// blocks' partials through distributed shared memory (st.async, counted by each merging block's
+// transaction barrier): no fence, counter or L2 round trip between the keys and the output. The tile is sized from the caller's bound (op decoder_layers' maxKeys),
 // so one pass takes a block's keys; should a row exceed the bound, the keys beyond the tile are
 // taken in further passes (loaded after the wait), slower but the same attention. headDim 128,
 // exact numerics (f32 arithmetic), f32 or bf16 caches.
@@ -93,6 +93,39 @@ __device__ __forceinline__ void saCopy16(void* dst, const void* src, bool in) {
 }
 __device__ __forceinline__ void saCopyWait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// The cluster's partials travel by st.async into the merging block's shared memory, each store
+// counted by that block's transaction barrier (mbarrier complete_tx), instead of plain remote
+// stores and a cluster barrier: a cluster barrier's release is a GPU-scope fence (MEMBAR.ALL.GPU,
+// an L2 round trip) and waits for every block, where a block here needs only its own slices.
+// The barrier's initialization is published once, before the dependency wait, by a relaxed
+// cluster barrier (fence.mbarrier_init: no L2 round trip).
+__device__ __forceinline__ unsigned saShared(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ unsigned saMapa(unsigned addr, int rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void saTxInit(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void saStAsync(unsigned remote, float v, unsigned remoteBar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote), "r"(__float_as_uint(v)),
+               "r"(remoteBar)
+               : "memory");
+}
+__device__ __forceinline__ void saTxWait(unsigned bar) {
+  unsigned done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(bar)
+        : "memory");
+  }
+}
+
 template <typename KT, int G>
 __global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short(const float* q, KT* kc, KT* vc, const int* bt,
                                                                  const int* rowSeq, const int* positions, float* out,
@@ -123,6 +156,13 @@ __global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short
   const int start = rank * chunk, stop = min(start + chunk, last + 1);  // [start, stop)
   const int* btr = bt + (size_t)rowSeq[r] * mbps;
   const size_t width = (size_t)KVH * SA_HD;
+  // This block's slice of the merge: C partials of SL elements and C (m, l) pairs a head.
+  constexpr int NE = G * SA_HD;
+  const int SL = NE / C;
+  __shared__ __align__(8) unsigned long long txBar;
+  const unsigned bar = saShared(&txBar);
+  if (tid == 0) saTxInit(bar, (unsigned)(C * (SL + 2 * G) * sizeof(float)));
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 
   // Slots and copies of keys [t0, t0 + n). The first tile is copied before the wait, when the new
   // key (last) is not in the cache yet: the owner warp puts it in from registers (-2). A later tile
@@ -348,9 +388,8 @@ __global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short
   if (markAt == 3) NERVA_TRACE_MARK();  // keys folded
   // The block's partial (the warps' in order), each element pushed to the block of the cluster
   // that merges it (block c merges elements c * SL ..), with the block's (m, l) to every block:
-  // after one cluster barrier each block merges from its own shared memory.
-  constexpr int NE = G * SA_HD;
-  const int SL = NE / C;
+  // once its transaction barrier has counted them all, each block merges from its own shared
+  // memory.
   __shared__ float mW[NW][G], lW[NW][G];
   __shared__ __align__(16) float inbox[NE];          // [C][SL]: the cluster's partials of my slice
   __shared__ float inM[SA_MAX_C][G], inL[SA_MAX_C][G];
@@ -381,20 +420,24 @@ __global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short
   }
   __syncthreads();
   const int slLog = __ffs(SL) - 1;  // SL = G 128 / C, a power of two: shifts, not divisions
+  // Every block's barrier is initialized (the relaxed arrive at the start; long passed by now).
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
   for (int e = tid; e < NE; e += SA_THREADS) {
     const int g = e / SA_HD;
     float a = 0.f;
 #pragma unroll
     for (int w = 0; w < NW; w++) a += accW[w][g][e % SA_HD] * wW[w][g];
-    *cl.map_shared_rank(&inbox[rank * SL + (e & (SL - 1))], e >> slLog) = a;
+    const int dst = e >> slLog;
+    saStAsync(saMapa(saShared(&inbox[rank * SL + (e & (SL - 1))]), dst), a, saMapa(bar, dst));
   }
   if (tid < C * G) {
     const int c = tid / G, g = tid % G;
-    *cl.map_shared_rank(&inM[rank][g], c) = mB[g];
-    *cl.map_shared_rank(&inL[rank][g], c) = lB[g];
+    const unsigned rb = saMapa(bar, c);
+    saStAsync(saMapa(saShared(&inM[rank][g]), c), mB[g], rb);
+    saStAsync(saMapa(saShared(&inL[rank][g]), c), lB[g], rb);
   }
   if (markAt == 4) NERVA_TRACE_MARK();  // partial pushed
-  cl.sync();  // every block's partial is in place
+  saTxWait(bar);  // the cluster's partials of this block's slice are in (its own included)
   if (markAt == 5) NERVA_TRACE_MARK();  // the cluster's partials are in
   // The C partials' weights, a lane of warp 0 each; then every output of this block's slice.
   __shared__ float wC[SA_MAX_C][G], lC[G];

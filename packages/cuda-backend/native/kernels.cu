@@ -2515,9 +2515,9 @@ __device__ __forceinline__ void sampleTailWrite(const SampleTail& T, const Sampl
 #endif
 
 // k_sample with the G blocks of a row as one thread block cluster (grid (G, rows), cluster
-// (G, 1)): a greedy row's blocks push their (max, index) into block 0's shared memory and meet
-// at one cluster barrier, instead of a fence, an atomic count and the last block's reads back
-// from L2 (the step's end is a chain of such round trips after the LM head). A sampled row runs
+// (G, 1)): a greedy row's blocks push their (max, index) into block 0's shared memory (st.async,
+// counted by block 0's transaction barrier), instead of a fence, an atomic count and the last
+// block's reads back from L2 (the step's end is a chain of such round trips after the LM head). A sampled row runs
 // in block 0 alone, as in k_sample (the other blocks exit; no barrier on that path). The caller
 // checked: vocab % 4 == 0 and the logits 16-byte aligned.
 __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, const float* params, int* rng, int* out,
@@ -2547,15 +2547,24 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
   if (!(temp > 0.f)) {
     const int chunk = (((vocab + C - 1) / C) + 3) & ~3;
     const int begin = min(vocab, rank * chunk), end = min(vocab, begin + chunk);
+    // The pairs travel by st.async into block 0, counted by its transaction barrier (as the
+    // cluster attention's partials, attn_decode_short.cuh): no cluster barrier, whose release
+    // is a GPU-scope fence, and the other blocks exit once their pair is sent.
+    __shared__ __align__(8) unsigned long long txBar;
+    const unsigned bar = saShared(&txBar);
+    if (rank == 0 && threadIdx.x == 0) saTxInit(bar, (unsigned)(C * 2 * sizeof(float)));
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     float v;
     int idx;
     blockArgmaxRange4(L, begin, end, S.redf, S.redi, v, idx);
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // block 0's barrier is initialized
     if (threadIdx.x == 0) {
-      *cl.map_shared_rank(&pairV[rank], 0) = v;
-      *cl.map_shared_rank(&pairI[rank], 0) = idx;
+      const unsigned rb = saMapa(bar, 0);
+      saStAsync(saMapa(saShared(&pairV[rank]), 0), v, rb);
+      saStAsync(saMapa(saShared(&pairI[rank]), 0), __int_as_float(idx), rb);
     }
-    cl.sync();
     if (rank != 0 || threadIdx.x >= 32) return;
+    saTxWait(bar);
     float bv = -INFINITY;
     int bi = -1;
     if ((int)threadIdx.x < C) {
