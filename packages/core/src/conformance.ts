@@ -765,6 +765,8 @@ interface DecoderShape {
   eps?: number;
   /** The rows come from an embedding table of `vocab` rows (op decoder_layers' embed). */
   embed?: { vocab: number; table: 'f32' | 'bf16' };
+  /** Op decoder_layers' maxKeys: a bound on every row's keys, by which a backend may pick its attention. */
+  maxKeys?: number;
 }
 
 /**
@@ -877,6 +879,7 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
             eps,
             scale: 1 / Math.sqrt(hd),
             ...(s.embed ? { embed: { table: b.table, ids: b.ids } } : {}),
+            ...(s.maxKeys !== undefined ? { maxKeys: s.maxKeys } : {}),
           })),
         ],
         outputs,
@@ -1558,6 +1561,56 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     ropeAppendCase('80 rows, 32 q, 8 kv heads x 128, QK-norm', { rows: 80, numHeads: 32, numKvHeads: 8, headDim: 128, pad: 0, norm: true, slots: 128, padding: 3, maxPos: 40000 }, true),
   ],
   decoder_layers: [
+    // maxKeys: CUDA on sm_90 runs a one-row step of headDim 128 and at most two q heads a KV head
+    // on its cluster attention (k_attn_decode_short: 8 blocks a KV head share the keys, their
+    // partials merged in shared memory), the engine's short-context decode graph. 9 keys leave
+    // half of a KV head's blocks without a key (empty partials in the merge); 1000 fill the tile.
+    decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, 200 keys within maxKeys 1024', {
+      layers: 2,
+      hidden: 128,
+      numHeads: 4,
+      numKvHeads: 2,
+      headDim: 128,
+      intermediate: 192,
+      blockSize: 16,
+      seqLens: [200],
+      weight: 'f32',
+      qkNorm: true,
+      qkvBias: false,
+      maxKeys: 1024,
+    }),
+    decoderLayersCase('2 layers, 1 row, MHA 2 x 128, QK-norm, bf16, 9 keys within maxKeys 64', {
+      layers: 2,
+      hidden: 96,
+      numHeads: 2,
+      numKvHeads: 2,
+      headDim: 128,
+      intermediate: 160,
+      blockSize: 16,
+      seqLens: [9],
+      weight: 'bf16',
+      qkNorm: true,
+      qkvBias: false,
+      maxKeys: 64,
+    }),
+    decoderLayersCase(
+      '2 layers, 1 row, GQA 2 x 128, QK-norm, bf16, 1000 keys within maxKeys 1024',
+      {
+        layers: 2,
+        hidden: 128,
+        numHeads: 4,
+        numKvHeads: 2,
+        headDim: 128,
+        intermediate: 192,
+        blockSize: 16,
+        seqLens: [1000],
+        weight: 'bf16',
+        qkNorm: true,
+        qkvBias: false,
+        maxKeys: 1024,
+      },
+      true,
+    ),
     decoderLayersCase('2 layers, 1 row, GQA 2, QK-norm, f32', {
       layers: 2,
       hidden: 64,
