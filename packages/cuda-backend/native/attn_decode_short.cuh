@@ -5,10 +5,11 @@
 // while qkv still runs; after the wait it takes q and the new key from the qkv rows (rope_append's
 // arithmetic, as the split-KV kernel does), scores and folds its keys, and the cluster merges the
 // blocks' partials through distributed shared memory (st.async, counted by each merging block's
-// transaction barrier): no fence, counter or L2 round trip between the keys and the output. The tile is sized from the caller's bound (op decoder_layers' maxKeys),
-// so one pass takes a block's keys; should a row exceed the bound, the keys beyond the tile are
-// taken in further passes (loaded after the wait), slower but the same attention. headDim 128,
-// exact numerics (f32 arithmetic), f32 or bf16 caches.
+// transaction barrier): no fence, counter or L2 round trip between the keys and the output. The
+// tile is sized from the caller's bound (op decoder_layers' maxKeys), so one pass takes a block's
+// keys; should a row exceed the bound, the keys beyond the tile are taken in further passes
+// (loaded after the wait), slower but the same attention. headDim 128, exact numerics (f32
+// arithmetic), f32 or bf16 caches.
 
 // (cooperative_groups.h: included at the top of kernels.cu, outside its namespace)
 

@@ -2517,9 +2517,9 @@ __device__ __forceinline__ void sampleTailWrite(const SampleTail& T, const Sampl
 // k_sample with the G blocks of a row as one thread block cluster (grid (G, rows), cluster
 // (G, 1)): a greedy row's blocks push their (max, index) into block 0's shared memory (st.async,
 // counted by block 0's transaction barrier), instead of a fence, an atomic count and the last
-// block's reads back from L2 (the step's end is a chain of such round trips after the LM head). A sampled row runs
-// in block 0 alone, as in k_sample (the other blocks exit; no barrier on that path). The caller
-// checked: vocab % 4 == 0 and the logits 16-byte aligned.
+// block's reads back from L2 (the step's end is a chain of such round trips after the LM head).
+// A sampled row runs in block 0 alone, as in k_sample (the other blocks exit; no barrier on that
+// path). The caller checked: vocab % 4 == 0 and the logits 16-byte aligned.
 __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, const float* params, int* rng, int* out,
                                                          int vocab, double* probScratch, size_t probStride, int rowBase,
                                                          SampleTail tail) {
