@@ -1611,6 +1611,25 @@ const CASES: { [K in OpName]: CaseDef[] } = {
       },
       true,
     ),
+    // A bound past CUDA's decodeShortKeys (1024): the split-KV kernel, whatever maxKeys says.
+    decoderLayersCase(
+      '2 layers, 1 row, GQA 2 x 128, QK-norm, 1500 keys within maxKeys 2048',
+      {
+        layers: 2,
+        hidden: 128,
+        numHeads: 4,
+        numKvHeads: 2,
+        headDim: 128,
+        intermediate: 192,
+        blockSize: 16,
+        seqLens: [1500],
+        weight: 'f32',
+        qkNorm: true,
+        qkvBias: false,
+        maxKeys: 2048,
+      },
+      true,
+    ),
     decoderLayersCase('2 layers, 1 row, GQA 2, QK-norm, f32', {
       layers: 2,
       hidden: 64,
