@@ -888,6 +888,19 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
   };
 }
 
+/** One decode row through two layers of headDim 128, two q heads a KV head (the maxKeys cases). */
+const gqa128Row = {
+  layers: 2,
+  hidden: 128,
+  numHeads: 4,
+  numKvHeads: 2,
+  headDim: 128,
+  intermediate: 192,
+  blockSize: 16,
+  qkNorm: true,
+  qkvBias: false,
+} as const;
+
 /** Decode rows (the last position) of every sequence. */
 const decodeRows = (lens: number[]): Array<[number, number]> => lens.map((n, q) => [q, n - 1]);
 
@@ -1565,71 +1578,19 @@ const CASES: { [K in OpName]: CaseDef[] } = {
     // on its cluster attention (k_attn_decode_short: 8 blocks a KV head share the keys, their
     // partials merged in shared memory), the engine's short-context decode graph. 9 keys leave
     // half of a KV head's blocks without a key (empty partials in the merge); 1000 fill the tile.
-    decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, 200 keys within maxKeys 1024', {
-      layers: 2,
-      hidden: 128,
-      numHeads: 4,
-      numKvHeads: 2,
-      headDim: 128,
-      intermediate: 192,
-      blockSize: 16,
-      seqLens: [200],
-      weight: 'f32',
-      qkNorm: true,
-      qkvBias: false,
-      maxKeys: 1024,
-    }),
+    decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, 200 keys within maxKeys 1024', { ...gqa128Row, seqLens: [200], weight: 'f32', maxKeys: 1024 }),
     decoderLayersCase('2 layers, 1 row, MHA 2 x 128, QK-norm, bf16, 9 keys within maxKeys 64', {
-      layers: 2,
+      ...gqa128Row,
       hidden: 96,
       numHeads: 2,
-      numKvHeads: 2,
-      headDim: 128,
       intermediate: 160,
-      blockSize: 16,
       seqLens: [9],
       weight: 'bf16',
-      qkNorm: true,
-      qkvBias: false,
       maxKeys: 64,
     }),
-    decoderLayersCase(
-      '2 layers, 1 row, GQA 2 x 128, QK-norm, bf16, 1000 keys within maxKeys 1024',
-      {
-        layers: 2,
-        hidden: 128,
-        numHeads: 4,
-        numKvHeads: 2,
-        headDim: 128,
-        intermediate: 192,
-        blockSize: 16,
-        seqLens: [1000],
-        weight: 'bf16',
-        qkNorm: true,
-        qkvBias: false,
-        maxKeys: 1024,
-      },
-      true,
-    ),
+    decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, bf16, 1000 keys within maxKeys 1024', { ...gqa128Row, seqLens: [1000], weight: 'bf16', maxKeys: 1024 }, true),
     // A bound past CUDA's decodeShortKeys (1024): the split-KV kernel, whatever maxKeys says.
-    decoderLayersCase(
-      '2 layers, 1 row, GQA 2 x 128, QK-norm, 1500 keys within maxKeys 2048',
-      {
-        layers: 2,
-        hidden: 128,
-        numHeads: 4,
-        numKvHeads: 2,
-        headDim: 128,
-        intermediate: 192,
-        blockSize: 16,
-        seqLens: [1500],
-        weight: 'f32',
-        qkNorm: true,
-        qkvBias: false,
-        maxKeys: 2048,
-      },
-      true,
-    ),
+    decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, 1500 keys within maxKeys 2048', { ...gqa128Row, seqLens: [1500], weight: 'f32', maxKeys: 2048 }, true),
     decoderLayersCase('2 layers, 1 row, GQA 2, QK-norm, f32', {
       layers: 2,
       hidden: 64,
