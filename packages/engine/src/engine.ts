@@ -532,14 +532,15 @@ export class Engine {
     if (o.runAheadMs !== undefined && !(typeof o.runAheadMs === 'number' && o.runAheadMs >= 0))
       throw new RangeError(`runAheadMs must be a number of milliseconds (0 or more, Infinity allowed), got ${JSON.stringify(o.runAheadMs)}`);
     if (o.batchInvariant !== undefined && typeof o.batchInvariant !== 'boolean') throw new RangeError(`batchInvariant must be a boolean, got ${JSON.stringify(o.batchInvariant)}`);
-    const loaded = await loadModelDir(o.model);
-    let backend: DeviceBackend;
-    let notes: string[] = [];
-    let reservedBytes = 0;
     if (o.numerics !== undefined && !NUMERICS.includes(o.numerics)) throw new RangeError(`numerics must be ${NUMERICS.join(' or ')}, got ${String(o.numerics)}`);
     if (o.kvCacheDtype !== undefined && !KV_CACHE_DTYPES.includes(o.kvCacheDtype)) throw new RangeError(`kvCacheDtype must be ${KV_CACHE_DTYPES.join(', ')}, got ${String(o.kvCacheDtype)}`);
     validateResidency(o);
     validateKvTiers(o);
+    // Options are checked before the checkpoint opens: a refused one leaves no file open.
+    const loaded = await loadModelDir(o.model);
+    let backend: DeviceBackend;
+    let notes: string[] = [];
+    let reservedBytes = 0;
     const budgeted = o.vramBudget !== undefined || o.hostBudget !== undefined;
     if (typeof o.backend === 'object') {
       backend = o.backend;
