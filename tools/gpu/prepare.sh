@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .device/include/node-api-headers .device/include/node-addon-api
 [ -f .device/node.xz ] || cp ../shared/device/node-v20.20.2-linux-x64.xz .device/node.xz
-grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
+EXCL=$(git rev-parse --git-path info/exclude); grep -qx "/.device/" "$EXCL" 2>/dev/null || echo "/.device/" >> "$EXCL"
 cp packages/cuda-backend/node_modules/node-api-headers/include/*.h .device/include/node-api-headers/
 cp packages/cuda-backend/node_modules/node-addon-api/*.h .device/include/node-addon-api/
 rm -rf .device/fixtures .device/configs && mkdir -p .device/fixtures
