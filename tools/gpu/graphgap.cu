@@ -1,5 +1,5 @@
 // What separates two back-to-back CUDA graph replays on the GPU, with and without event records
-// between them or inside them (session 26). Each kernel spins 20 us so the host enqueues faster
+// between them or inside them (figures: docs/results/decode.md). Each kernel spins 20 us so the host enqueues faster
 // than the GPU runs; the time per replay beyond the spins is then the GPU's own.
 //   nvcc -O2 -arch=sm_90 -o graphgap tools/gpu/graphgap.cu && ./graphgap
 #include <cuda_runtime.h>

@@ -1,4 +1,4 @@
-// Read bandwidth of the H100's HBM for the shapes a batch-1 LM head streams (session 26): a
+// Read bandwidth of the H100's HBM for the shapes a batch-1 LM head streams (docs/results/decode.md): a
 // persistent grid with eight 16-byte loads in flight a thread, against short blocks of 512
 // threads that each read one 32 KB tile (four loads a thread) and reduce it, as k_gemv_bf16's
 // LM-head blocks do (9,496 of them over 311 MB), at 2 and 3 such blocks an SM.

@@ -379,8 +379,8 @@ describe('KvCacheManager properties', () => {
     fc.assert(
       fc.property(configArb, fc.array(opArb, { minLength: 1, maxLength: 60 }), (cfg, ops) => run(cfg, ops)),
       // Besides the random schedules, one that always reaches a reservation refused for want of
-      // free blocks (three usable blocks all held); random ones reach it only sometimes (a CI run
-      // in session 27 saw none, failing the tally below).
+      // free blocks (three usable blocks all held); random ones reach it only sometimes (one CI run
+      // saw none, failing the tally below).
       { numRuns: 400, examples: [[REFUSED_RESERVE_CFG, REFUSED_RESERVE_OPS]] },
     );
   });
