@@ -20,7 +20,7 @@ for (const dir of readdirSync(path.join(root, 'packages'))) {
   if (existsSync(src)) alias[`@nerva/${dir}`] = src;
 }
 
-const defaults = ['conformance.ts', 'checks.ts', 'parity.ts', 'bench.ts', 'offload.ts', 'cli.ts', 'nccl_check.ts', 'pipeline.ts', 'long_context.ts', 'bench_cli.ts', 'batch_invariance.ts'];
+const defaults = ['conformance.ts', 'checks.ts', 'parity.ts', 'bench.ts', 'offload.ts', 'cli.ts', 'nccl_check.ts', 'pipeline.ts', 'long_context.ts', 'bench_cli.ts', 'batch_invariance.ts', 'vitest_report.ts'];
 const entries = (process.argv.length > 2 ? process.argv.slice(2) : defaults.filter((f) => existsSync(path.join(here, f)))).map((f) =>
   path.resolve(here, f),
 );

@@ -134,7 +134,7 @@ async function batch(dir: string): Promise<void> {
     const prompts = ['ROMEO:', 'JULIET:', 'First Citizen:', 'KING RICHARD III:', 'O, ', 'Good my lord,', 'MENENIUS:', 'To be'];
     const reqs = Array.from({ length: 16 }, (_, i) => ({ prompt: prompts[i % prompts.length], seed: 1000 + i, temperature: i % 2 ? 0 : 0.8 }));
     const opts = (r: (typeof reqs)[number]) => ({ temperature: r.temperature, topK: 40, seed: r.seed, maxTokens: 48, ignoreEos: true });
-    const alone = [];
+    const alone: Awaited<ReturnType<Engine['submit']>['done']>[] = [];
     for (const r of reqs) alone.push(await engine.submit(r.prompt, opts(r)).done);
     const together = await Promise.all(reqs.map((r) => engine.submit(r.prompt, opts(r)).done));
     const firstDiff = together.map((o, i) => {

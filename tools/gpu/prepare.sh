@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .device/include/node-api-headers .device/include/node-addon-api
 [ -f .device/node.xz ] || cp ../shared/device/node-v20.20.2-linux-x64.xz .device/node.xz
-EXCL=$(git rev-parse --git-path info/exclude); grep -qx "/.device/" "$EXCL" 2>/dev/null || echo "/.device/" >> "$EXCL"
+# .gitignore names .device/ already; the exclude line is for older checkouts (a worktree's .git is a file).
+git check-ignore -q .device || echo '/.device/' >> "$(git rev-parse --git-path info/exclude)"
 cp packages/cuda-backend/node_modules/node-api-headers/include/*.h .device/include/node-api-headers/
 cp packages/cuda-backend/node_modules/node-addon-api/*.h .device/include/node-addon-api/
 rm -rf .device/fixtures .device/configs && mkdir -p .device/fixtures
@@ -13,7 +14,10 @@ cp -r ../shared/fixtures/models .device/fixtures/models && cp -r ../shared/confi
 # The tree carries models/tiny-shakespeare-qwen3 (14 MB) already; a second copy would not fit carry's 64 MiB.
 rm -rf .device/fixtures/models/tiny-shakespeare-qwen3
 node tools/gpu/bundle.mjs
-rm -rf .device/dist && cp -r tools/gpu/dist .device/dist
+# The bundles repeat the same modules: 15 MiB as files, 0.5 MiB packed (run.sh unpacks them).
+rm -rf .device/dist .device/dist.tar.xz && tar -C tools/gpu -cf - dist | xz -T0 -6 > .device/dist.tar.xz
+# vitest for run.sh's vitest phase (~5.5 MiB), packed again when the lockfile changes.
+[ .device/vitest.tar.xz -nt pnpm-lock.yaml ] || node tools/gpu/pack_vitest.mjs .device/vitest.tar.xz
 # --addon: build the addon here too (nvcc targets sm_90 unless NERVA_CUDA_ARCHITECTURES says
 # otherwise), so run.sh's build phase copies it instead of compiling on the device (~60 s saved).
 if [ "${1:-}" = --addon ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (see /work/shared/device/README.md and tools/gpu/README.md).
 # Prepare here with tools/gpu/prepare.sh, then run with carry [".device"]:
-#   bash tools/gpu/run.sh [phases]     phases: comma list of build,conformance,checks,parity,paged,synth,oracle,bench,profile,offload,
+#   bash tools/gpu/run.sh [phases]     phases: comma list of build,vitest,conformance,checks,parity,paged,synth,oracle,bench,profile,offload,
 #                                      tiered (tiered KV vs all hot on the fixtures and each size; NERVA_TIERED_LINK_SHARES=0,0.5,1 per link share), longctx (nerva-bench long-context
 #                                      on each size; NERVA_LONGCTX_CONTEXT, default "1024 4096", NERVA_LONGCTX_RATIOS, default 2,4;
 #                                      NERVA_LONGCTX_LINK_SHARES, e.g. 0,0.3,0.5: kvWarmLinkShare values per ratio),
@@ -51,12 +51,18 @@
 #   (cuBLASLt with pinned algorithms, GQA attention), the same under matmul precision bf16 (NERVA_MATMUL=bf16: one
 #   term), once with NERVA_BI_GEMM=kernel (k_gemm_bi), once with NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0 (the GEMV,
 #   split-KV attention) -> $OUT/batch_invariance-{lt-gqa,lt-gqa-bf16,bigemm-gqa,gemv}.json
+#   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
+#   @nerva/cuda-backend, the GPU-only ones among them, under vitest from .device/vitest.tar.xz
+#   (tools/gpu/pack_vitest.mjs) with NERVA_GPU_TESTS=1 (a GPU-only file without the addon or a GPU
+#   fails, naming why) and a stub libnccl.so.2 lacking ncclSend first on LD_LIBRARY_PATH (the NCCL
+#   glue's stub checks must not reach the machine's real NCCL) -> $OUT/vitest.json: passed, failed,
+#   skipped (must be 0), each failure's message
 # Results land in $OUT as JSON (at most 8 files come back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/nerva-out}
 mkdir -p "$OUT"
-phases=${1:-build,conformance,checks,parity,batch,cli,synth,oracle,bench,profile}
+phases=${1:-build,vitest,conformance,checks,parity,batch,cli,synth,oracle,bench,profile}
 has() { [[ ",$phases," == *",$1,"* ]]; }
 log="$OUT/run.log"
 : > "$log"
@@ -64,6 +70,8 @@ say() { echo "[run.sh] $*" | tee -a "$log"; }
 status=0
 
 xz -dc .device/node.xz > /tmp/node && chmod +x /tmp/node
+# tools/gpu/prepare.sh packs the bundles (.device/dist.tar.xz); a .device/dist folder is used as it is.
+[ -d .device/dist ] || [ ! -f .device/dist.tar.xz ] || xz -dc .device/dist.tar.xz | tar -xf - -C .device
 NODE=/tmp/node
 say "node $($NODE --version); $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader)"
 export NERVA_CUDA_ADDON=/tmp/nerva-addon/nerva_cuda.node
@@ -116,6 +124,17 @@ if has hostattn; then
   fi
 fi
 
+if has vitest; then
+  t0=$(date +%s)
+  # node_modules is only here on a dev machine (a dry run); on the GPU machine vitest travels packed.
+  [ -e node_modules/vitest ] || { mkdir -p node_modules && xz -dc .device/vitest.tar.xz | tar -xf -; }
+  stub=/tmp/nerva-nccl-loader && mkdir -p "$stub"
+  cc -shared -fPIC -DSTUB_NO_SEND -o "$stub/libnccl.so.2" packages/cuda-backend/test/fixtures/nccl_stub.c >>"$log" 2>&1 || say "vitest: no stub libnccl.so.2 (cc failed)"
+  rm -f /tmp/vitest-raw.json
+  NERVA_GPU_TESTS=1 LD_LIBRARY_PATH="$stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" $NODE node_modules/vitest/vitest.mjs run --config tools/gpu/vitest.device.config.ts \
+    --reporter=default --reporter=json --outputFile.json=/tmp/vitest-raw.json >>"$log" 2>&1
+  if $NODE .device/dist/vitest_report.mjs /tmp/vitest-raw.json "$OUT/vitest.json" 2>&1 | tee -a "$log"; then say "vitest ok ($(( $(date +%s) - t0 )) s)"; else say "vitest FAILED ($(( $(date +%s) - t0 )) s)"; status=1; fi
+fi
 has conformance && runjs conformance conformance.mjs
 # Four times: the default batch-invariant kernels (k_gemm_bi, GQA attention), then each opt-out
 # added in turn (split-KV attention, then the GEMV too), then matmul precision bf16 (k_gemm_bi's

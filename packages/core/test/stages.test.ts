@@ -23,12 +23,8 @@ describe('planStages (core)', () => {
     expect(() => planStages(2, 3)).toThrow(StagePlanError);
     expect(() => planStages(2, 3)).toThrow(/numStages \(3\) exceeds numLayers \(2\)/);
     expect(() => planStages(4, 0)).toThrow(/numStages must be a positive integer/);
-    try {
-      planStages(4, 1.5);
-    } catch (e) {
-      expect(e).toBeInstanceOf(NervaError);
-      expect((e as NervaError).code).toBe('STAGE_PLAN');
-    }
+    expect(() => planStages(4, 1.5)).toThrow(NervaError);
+    expect(() => planStages(4, 1.5)).toThrow(expect.objectContaining({ code: 'STAGE_PLAN' }));
     expect(() => stageOfLayer(planStages(4, 2), 4)).toThrow(StagePlanError);
   });
 });

@@ -1,18 +1,17 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadAddon, type NativeAddon, type NativeContext } from '../src/native.js';
+import type { NativeAddon, NativeContext } from '../src/native.js';
+import { addon as loadedAddon, failEachUnless, gpuUnavailableReason, skipGpuSuite } from './gpu-world.js';
 
 // The addon's host-MLP methods (native/addon.cc -> native/host_mlp.cc) on a real context: run now,
 // enqueued on a stream, and replayed from a captured graph, against a float64 reference; the
-// argument checks. Needs a GPU and an addon with hostMlpCreate: skipped elsewhere (CI). The math
-// itself is checked without a GPU by host-mlp-native.test.ts.
+// argument checks. Needs a GPU and an addon with hostMlpCreate: skipped elsewhere (CI), failed
+// in the GPU test phase (NERVA_GPU_TESTS=1, test/gpu-world.ts). The math itself is checked
+// without a GPU by host-mlp-native.test.ts.
 
-let addon: NativeAddon | null = null;
-try {
-  const a = loadAddon();
-  if (a.probe().ok && typeof (a.Context.prototype as Partial<NativeContext>).hostMlpCreate === 'function') addon = a;
-} catch {
-  // not built, or no GPU
-}
+const missing =
+  gpuUnavailableReason() ??
+  (typeof (loadedAddon!.Context.prototype as Partial<NativeContext>).hostMlpCreate === 'function' ? null : 'the addon has no hostMlpCreate (a stale build)');
+const addon: NativeAddon | null = missing === null ? loadedAddon : null;
 
 const rows = 3;
 const H = 131;
@@ -28,7 +27,8 @@ function fromBf16(b: number): number {
   return new Float32Array(new Uint32Array([b << 16]).buffer)[0];
 }
 
-describe.skipIf(!addon)('host MLP through the addon (GPU machine)', () => {
+describe.skipIf(skipGpuSuite(missing))('host MLP through the addon (GPU machine)', () => {
+  failEachUnless(missing, 'the host MLP cannot run through the addon');
   let ctx: NativeContext;
   let pinnedBase = 0;
   let view: ArrayBuffer;
@@ -39,6 +39,7 @@ describe.skipIf(!addon)('host MLP through the addon (GPU machine)', () => {
   const scale = new Float64Array(rows * H);
 
   beforeAll(() => {
+    if (missing !== null) return;
     ctx = new addon!.Context({ device: 0, deviceArenaBytes: 1 << 20, pinnedArenaBytes: 1 << 20, workspaceBytes: 1 << 20, cublasWorkspaceBytes: 0, gemmMode: 2 });
     pinnedBase = ctx.info().pinnedBase;
     view = ctx.pinnedArrayBuffer();

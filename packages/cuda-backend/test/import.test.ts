@@ -1,10 +1,35 @@
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { NervaError } from '@nerva/core';
-import { createCudaBackend, CudaArgumentError, CudaUnavailableError, GEMM_FOR_MATMUL_PRECISION, probeCuda } from '../src/index.js';
+import { createCudaBackend, CudaArgumentError, CudaUnavailableError, GEMM_FOR_MATMUL_PRECISION, probeCuda, type CudaBackendOptions } from '../src/index.js';
+import { addon, gpuTestsRequired, gpuUnavailableReason, hasGpu } from './gpu-world.js';
 
 // CI has no GPU (and usually no built addon): the package must import, report why it is
-// unavailable, and refuse to create a backend with one typed error.
+// unavailable, and refuse to create a backend with one typed error. On the GPU machine (the addon
+// built, a GPU) the same calls load it and create a backend. A path that does not exist falls
+// through to NERVA_CUDA_ADDON and the package's own build, so which world this is decides what
+// each call must do (test/gpu-world.ts).
 const missing = '/nonexistent/nerva_cuda.node';
+const packageBuild = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', 'build', 'Release', 'nerva_cuda.node');
+
+/**
+ * createCudaBackend(opts) once the options are accepted: CudaUnavailableError without a GPU, a
+ * working backend (then disposed) with one.
+ */
+function expectPastOptionCheck(opts: CudaBackendOptions): void {
+  if (!hasGpu) {
+    expect(() => createCudaBackend(opts)).toThrow(CudaUnavailableError);
+    return;
+  }
+  const b = createCudaBackend({ deviceArenaBytes: 2 ** 24, pinnedArenaBytes: 2 ** 20, ...opts });
+  try {
+    expect(b.name).toMatch(/cuda/i);
+  } finally {
+    b.dispose();
+  }
+}
 
 /** Runs fn with environment variable `name` set to `value`, then restores it. */
 function withEnv(name: string, value: string, fn: () => void): void {
@@ -18,20 +43,31 @@ function withEnv(name: string, value: string, fn: () => void): void {
   }
 }
 
-describe('@nerva/cuda-backend without a GPU', () => {
+describe('@nerva/cuda-backend with and without a GPU', () => {
   it('imports without loading the addon', async () => {
     const mod = await import('../src/index.js');
     expect(typeof mod.createCudaBackend).toBe('function');
     expect(typeof mod.probeCuda).toBe('function');
   });
 
-  it('probeCuda reports unavailable with a reason and never throws', () => {
+  it.runIf(gpuTestsRequired)('finds the addon and a GPU (the GPU test phase)', () => {
+    expect(gpuUnavailableReason(), 'NERVA_GPU_TESTS=1 but the CUDA addon or a GPU is missing').toBeNull();
+  });
+
+  it('probeCuda reports what is there and never throws', () => {
     const p = probeCuda({ addonPath: missing });
-    // With NERVA_CUDA_ADDON unset and no build, every candidate fails; on a dev box the local
-    // build may load but finds no driver. Either way: unavailable, with a reason.
+    if (hasGpu) {
+      // NERVA_CUDA_ADDON or the package's build loaded and sees the GPU.
+      expect(p).toMatchObject({ available: true, device: expect.stringMatching(/\(sm_\d+\)$/) });
+      expect(p.deviceCount).toBeGreaterThan(0);
+      return;
+    }
+    // With no build every candidate fails; on a dev box the local build may load but finds no
+    // driver. Either way: unavailable, with a reason.
     expect(p.available).toBe(false);
     expect(typeof p.reason).toBe('string');
     expect(p.reason!.length).toBeGreaterThan(10);
+    if (!addon) expect(p.reason).toMatch(/^CUDA addon not loadable: /);
   });
 
   it('probeCuda names the addon paths it tried when none loads', () => {
@@ -39,9 +75,15 @@ describe('@nerva/cuda-backend without a GPU', () => {
     process.env.NERVA_CUDA_ADDON = '/also/missing/nerva_cuda.node';
     try {
       const p = probeCuda({ addonPath: missing });
-      if (!p.available && p.reason?.startsWith('CUDA addon not loadable')) {
+      if (!existsSync(packageBuild)) {
+        expect(p.available).toBe(false);
+        expect(p.reason).toMatch(/^CUDA addon not loadable: /);
         expect(p.reason).toContain(missing);
         expect(p.reason).toContain('/also/missing/nerva_cuda.node');
+        expect(p.reason).toContain(packageBuild);
+      } else if (hasGpu) {
+        // The package's own build loaded and sees the GPU.
+        expect(p.available).toBe(true);
       } else {
         // The package's own build loaded: then the reason is the CUDA runtime's.
         expect(p.available).toBe(false);
@@ -53,7 +95,11 @@ describe('@nerva/cuda-backend without a GPU', () => {
     }
   });
 
-  it('createCudaBackend throws CudaUnavailableError', () => {
+  it('createCudaBackend throws CudaUnavailableError without a GPU, and creates a backend with one', () => {
+    if (hasGpu) {
+      expectPastOptionCheck({ addonPath: missing });
+      return;
+    }
     let err: unknown;
     try {
       createCudaBackend({ addonPath: missing });
@@ -71,8 +117,8 @@ describe('@nerva/cuda-backend without a GPU', () => {
     expect(() => createCudaBackend({ addonPath: missing, decoder: 'megakernel' as never })).toThrow(/decoder mode megakernel/);
     withEnv('NERVA_CUDA_DECODER', 'fast', () => {
       expect(() => createCudaBackend({ addonPath: missing })).toThrow(/unknown decoder mode fast/);
-      // A valid mode gets past the option check to the missing addon.
-      expect(() => createCudaBackend({ addonPath: missing, decoder: 'persistent' })).toThrow(CudaUnavailableError);
+      // A valid mode gets past the option check (to the missing addon, or to a backend).
+      expectPastOptionCheck({ addonPath: missing, decoder: 'persistent' });
     });
   });
 
@@ -81,7 +127,7 @@ describe('@nerva/cuda-backend without a GPU', () => {
     expect(() => createCudaBackend({ addonPath: missing, numerics: 'fp8' as never })).toThrow(/unknown numerics fp8/);
     withEnv('NERVA_NUMERICS', 'int4', () => {
       expect(() => createCudaBackend({ addonPath: missing })).toThrow(/unknown numerics int4/);
-      expect(() => createCudaBackend({ addonPath: missing, numerics: 'bf16' })).toThrow(CudaUnavailableError);
+      expectPastOptionCheck({ addonPath: missing, numerics: 'bf16' });
     });
   });
 
@@ -91,10 +137,10 @@ describe('@nerva/cuda-backend without a GPU', () => {
     withEnv('NERVA_MATMUL', 'fp8', () => {
       expect(() => createCudaBackend({ addonPath: missing })).toThrow(/NERVA_MATMUL: unknown matmul precision fp8 \(expected exact or bf16\)/);
       // An explicit gemm option wins over the environment.
-      expect(() => createCudaBackend({ addonPath: missing, gemm: 'bf16' })).toThrow(CudaUnavailableError);
+      expectPastOptionCheck({ addonPath: missing, gemm: 'bf16' });
     });
     withEnv('NERVA_MATMUL', 'bf16', () => {
-      expect(() => createCudaBackend({ addonPath: missing })).toThrow(CudaUnavailableError);
+      expectPastOptionCheck({ addonPath: missing });
     });
     expect(GEMM_FOR_MATMUL_PRECISION).toEqual({ exact: 'split-bf16', bf16: 'bf16' });
   });

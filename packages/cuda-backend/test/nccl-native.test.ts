@@ -6,22 +6,25 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createNcclUniqueId, loadNccl, NcclError } from '../src/index.js';
 import { fromNativeNccl } from '../src/errors.js';
-import { loadAddon, type NativeAddon, type NativeNccl } from '../src/native.js';
+import type { NativeAddon, NativeNccl } from '../src/native.js';
+import { addon as loadedAddon, addonError, failEachUnless, gpuTestsRequired, skipGpuSuite } from './gpu-world.js';
 
 // The addon's NCCL glue (native/nccl_dl.cc) against a stub libnccl.so.2 compiled here
 // (test/fixtures/nccl_stub.c): loading, symbol checks, version and path, the unique id, the
 // communicator table and the error text, all without a GPU. Skipped where the addon is not built
-// or there is no C compiler. A process loads one library for good, so the order below matters
-// (vitest runs each test file in its own process).
+// or there is no C compiler; failed instead in the GPU test phase (NERVA_GPU_TESTS=1,
+// test/gpu-world.ts). A process loads one library for good, so the order below matters (vitest
+// runs each test file in its own process).
 
-let addon: (NativeAddon & NativeNccl) | null = null;
-try {
-  const a = loadAddon();
-  if (typeof a.ncclLoad === 'function') addon = a as NativeAddon & NativeNccl;
-} catch {
-  // not built here
-}
 const hasCc = spawnSync('cc', ['--version'], { stdio: 'ignore' }).status === 0;
+const missing = !loadedAddon
+  ? (addonError ?? 'CUDA addon not loadable')
+  : typeof loadedAddon.ncclLoad !== 'function'
+    ? 'the addon was built without NCCL support'
+    : hasCc
+      ? null
+      : 'no C compiler (cc) to build the stub libnccl.so.2';
+const addon = missing === null ? (loadedAddon as NativeAddon & NativeNccl) : null;
 const stubSrc = path.resolve(path.dirname(fileURLToPath(import.meta.url)), 'fixtures', 'nccl_stub.c');
 
 /** Runs fn with environment variable `name` set to `value` (or unset), then restores it. */
@@ -47,15 +50,18 @@ function thrown(fn: () => unknown): Error & Record<string, unknown> {
   throw new Error('expected an exception');
 }
 
-describe.skipIf(!addon || !hasCc)("the addon's NCCL glue against a stub libnccl.so.2", () => {
+describe.skipIf(skipGpuSuite(missing))("the addon's NCCL glue against a stub libnccl.so.2", () => {
+  failEachUnless(missing, "the addon's NCCL glue cannot be tested");
   let tmp = '';
   let goodDir = '';
   let badDir = '';
   // A machine with a real NCCL on the loader path loads that instead of the stubs: the checks
-  // that need the stub are skipped there.
+  // that need the stub are skipped there. The GPU test phase puts a stub lacking ncclSend first
+  // on LD_LIBRARY_PATH, so the loader's search refuses it and every check runs.
   let systemNccl = false;
 
   beforeAll(() => {
+    if (missing !== null) return;
     tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-nccl-stub-'));
     goodDir = path.join(tmp, 'good');
     badDir = path.join(tmp, 'bad');
@@ -71,10 +77,12 @@ describe.skipIf(!addon || !hasCc)("the addon's NCCL glue against a stub libnccl.
 
   it('refuses a library lacking a needed symbol and names every candidate it tried', () => {
     const r = withEnv('NERVA_NCCL_PATH', badDir, () => addon!.ncclLoad(['/nonexistent/nccl/lib']));
-    if (r.ok) {
+    if (r.ok && !gpuTestsRequired) {
       systemNccl = true;
       return;
     }
+    // In the GPU test phase a real NCCL must not be reached (see systemNccl above).
+    expect(r.ok, `loaded ${r.path}: a real libnccl.so.2 is on the loader path`).toBe(false);
     expect(r.error).toContain(`${path.join(badDir, 'libnccl.so.2')} (lacks ncclSend`);
     expect(r.error).toMatch(/; libnccl\.so\.2 \(/);
     expect(r.error).toContain('/nonexistent/nccl/lib/libnccl.so.2 (');

@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { CpuBackend } from '@nerva/cpu-backend';
 import { describe, expect, it } from 'vitest';
 import { Engine } from '../src/index.js';
-import { fixtureModels, MODELS, type ReferenceCase } from './fixtures.js';
+import { fixtureModels, MODELS, nonEmpty, type ReferenceCase } from './fixtures.js';
 
 interface Bf16Case extends ReferenceCase {
   /** transformers' greedy tokens with bf16 weights and compute (eager attention, H100). */
@@ -40,7 +40,7 @@ describe.each(fixtureModels())('bf16 numerics (CPU) against transformers bf16: %
     const engine = await Engine.create({ model: dir, backend: 'cpu', numerics: 'bf16' });
     try {
       expect(engine.backend.capabilities.numerics).toBe('bf16');
-      for (const c of ref.cases) {
+      for (const c of nonEmpty(ref.cases, `cases in ${name}/reference.json`)) {
         const gaps = await gapsToTransformersBf16(engine, c);
         expect(gaps).toHaveLength(c.greedy_bf16_gpu.length);
         // Our float64 accumulation and cuBLAS's float32 order put a rare sum on the other side of

@@ -1,13 +1,16 @@
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { Engine } from '../src/index.js';
-import { DEFAULT_MODEL, fixtureModels, MODELS } from './fixtures.js';
+import { DEFAULT_MODEL, fixtureModels, MODELS, nonEmpty } from './fixtures.js';
 import { ReferenceModel } from './reference-forward.js';
 
 // A bf16 KV cache rounds each key and value once, when stored: the engine's logits must match a
 // float64 forward that rounds keys and values the same way, and differ from one that does not.
 const PROMPT = [1, 7, 3, 22, 9, 14, 2, 30, 5, 11, 8, 19, 4, 27, 6, 13, 21];
-const dense = fixtureModels().filter((m) => m.includes('qwen') && !m.includes('moe'));
+const dense = nonEmpty(
+  fixtureModels().filter((m) => m.includes('qwen') && !m.includes('moe')),
+  'dense Qwen fixture models',
+);
 
 function relErr(a: ArrayLike<number>, b: ArrayLike<number>): number {
   let d = 0;

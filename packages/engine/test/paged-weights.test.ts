@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { OffloadDirError, WorkingSetTooLargeError } from '@nerva/memos';
 import { afterAll, describe, expect, it } from 'vitest';
 import { Engine } from '../src/index.js';
-import { DEFAULT_MODEL, fixtureModels, MODELS } from './fixtures.js';
+import { DEFAULT_MODEL, fixtureModels, MODELS, nonEmpty } from './fixtures.js';
 
 const PROMPT = [1, 5, 9, 14, 3, 27, 8, 2, 11, 6, 19, 4];
 // Small shapes keep the activations and the KV cache, and so the smallest budget, small.
@@ -84,7 +84,10 @@ describe.each(models)('paged weights give the resident run\'s tokens: %s', (mode
 });
 
 // Sparse (MoE) layers keep their experts whole: compute near data splits dense MLPs only.
-const dense = models.filter((m) => !('num_experts' in JSON.parse(readFileSync(join(m, 'config.json'), 'utf8'))));
+const dense = nonEmpty(
+  models.filter((m) => !('num_experts' in JSON.parse(readFileSync(join(m, 'config.json'), 'utf8')))),
+  'dense models',
+);
 
 describe.each(dense)('compute near data (host MLP slices) gives the resident run\'s tokens: %s', (model) => {
   it('half of each streamed layer\'s MLP channels computed by op mlp_slice, the rest streamed', async () => {

@@ -1,4 +1,4 @@
-import { chmodSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { chmodSync, chownSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { OffloadDirError } from '@nerva/memos';
@@ -9,6 +9,7 @@ import { createCpuBackend } from '@nerva/cpu-backend';
 import { KvBudgetError, planKvTiers, stageSpan } from '../src/kv-tiering.js';
 import { DEFAULT_MODEL, fixtureModels, MODELS } from './fixtures.js';
 import { recordingBackend } from './recording-backend.js';
+import { asNobody, ENGINE_DIST, NOBODY } from './unprivileged.js';
 
 // A long prompt (for these models) over small pages: many pages per sequence, most of them warm
 // once the hot pool holds only the sinks and the recent window.
@@ -295,8 +296,22 @@ describe('cold KV pages', () => {
     const file = mkdtempSync(join(tmpdir(), 'nerva-kv-ro-'));
     dirs.push(file);
     chmodSync(file, 0o500);
-    // As root the mode is not enforced; the check then passes and the engine works (nothing to assert).
-    if (process.getuid?.() !== 0) await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 8 * pb, kvOffloadDir: file })).rejects.toBeInstanceOf(OffloadDirError);
+    if (process.getuid?.() !== 0) {
+      await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 8 * pb, kvOffloadDir: file })).rejects.toBeInstanceOf(OffloadDirError);
+    } else {
+      // Root writes whatever the mode says: the same create runs as nobody, who owns the folder
+      // (so that only the missing write bit stops it).
+      chownSync(file, NOBODY, NOBODY);
+      const opts = { model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 8 * pb, kvOffloadDir: file };
+      const got = asNobody(`
+        import { Engine } from ${JSON.stringify(ENGINE_DIST.href)};
+        const r = await Engine.create(${JSON.stringify(opts)}).then(
+          (e) => (e.dispose(), { created: true }),
+          (e) => ({ name: e.name, code: e.code, message: e.message }),
+        );
+        console.log(JSON.stringify(r));`);
+      expect(got).toMatchObject({ name: 'OffloadDirError', code: 'OFFLOAD_DIR', message: expect.stringContaining(`${file}: is not readable and writable (EACCES)`) });
+    }
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvHostBudget: 8 * pb })).rejects.toThrow(/^kvHostBudget needs kvVramBudget/);
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvHostBudget: 8 * pb, kvOffloadDir: '/tmp' })).rejects.toThrow(/^kvHostBudget and kvOffloadDir need kvVramBudget \(the hot KV pool they extend\)$/);
     await expect(Engine.create({ model: DEFAULT_MODEL, ...SHAPE, kvVramBudget: 8 * pb, numerics: 'bf16' })).rejects.toThrow(/needs numerics 'exact'/);

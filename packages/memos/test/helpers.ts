@@ -1,6 +1,8 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { DTYPE_BYTES, f32ToBf16 } from '@nerva/core';
 import { CpuBackend } from '@nerva/cpu-backend';
 import type { PagedTensor, PlanBlock, ResidencyPlan } from '../src/index.js';
@@ -61,3 +63,22 @@ export const sum = (xs: Iterable<number>): number => {
   for (const x of xs) s += x;
   return s;
 };
+
+/** Linux's conventional uid and gid of `nobody` / `nogroup`. */
+export const NOBODY = 65534;
+
+/**
+ * Runs `source` (an ES module) in a child Node process as the unprivileged user nobody and
+ * returns the JSON of its last stdout line. Root (CI runs as root) bypasses the mode bits a
+ * permission check is about, so such a check runs here. The source imports the package's built
+ * dist (`distUrl`): the test task builds first; a stale or missing build is reported as such.
+ */
+export function runAsNobody(source: string): unknown {
+  if (!existsSync(fileURLToPath(distUrl))) throw new Error(`${fileURLToPath(distUrl)} is missing: build @nerva/memos first (pnpm build)`);
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', source], { uid: NOBODY, gid: NOBODY, cwd: '/', encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`the child process as nobody failed (${r.status ?? r.signal}): ${r.stderr}`);
+  return JSON.parse(r.stdout.trim().split('\n').pop()!);
+}
+
+/** The built package, for runAsNobody's child. */
+export const distUrl = new URL('../dist/index.js', import.meta.url);

@@ -1,9 +1,9 @@
-import { chmodSync, existsSync, mkdirSync, readdirSync, statfsSync, statSync, truncateSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, existsSync, mkdirSync, readdirSync, statfsSync, statSync, truncateSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { f32ToBf16, f32ToF16 } from '@nerva/core';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DiskSpill, OffloadDirError, type SpillTensor } from '../src/index.js';
-import { tempDir } from './helpers.js';
+import { distUrl, NOBODY, runAsNobody, tempDir } from './helpers.js';
 
 const cleanups: (() => void)[] = [];
 afterEach(() => {
@@ -68,24 +68,26 @@ describe('DiskSpill.open: the offload dir', () => {
     expect(offloadError(() => DiskSpill.open(file, LAYOUT)).message).toBe(`offload dir ${file}: is not a directory`);
   });
 
-  it('refuses a directory it cannot write (as root, which bypasses permissions, it does not crash)', () => {
+  it('refuses a directory it cannot write (as root: checked as the unprivileged user nobody)', () => {
     const d = dir();
     const locked = join(d, 'locked');
     mkdirSync(locked);
     chmodSync(locked, 0o500);
     cleanups.push(() => chmodSync(locked, 0o700));
     if (process.getuid?.() === 0) {
-      // Root may write anyway: either the spill opens (and its file goes on dispose) or a clear error.
-      let s: DiskSpill | undefined;
-      try {
-        s = DiskSpill.open(locked, LAYOUT);
-      } catch (e) {
-        expect(e).toBeInstanceOf(OffloadDirError);
-      }
-      if (s) {
-        expect(readdirSync(locked)).toHaveLength(1);
-        s.dispose();
-      }
+      // Root writes whatever the mode says: nobody, owning the folder (so that only the missing
+      // write bit stops it) and able to reach it, runs the same open in a child process.
+      chmodSync(d, 0o755);
+      chownSync(locked, NOBODY, NOBODY);
+      const got = runAsNobody(`
+        import { DiskSpill } from ${JSON.stringify(distUrl.href)};
+        try {
+          DiskSpill.open(${JSON.stringify(locked)}, new Map(${JSON.stringify([...LAYOUT])})).dispose();
+          console.log(JSON.stringify({ opened: true }));
+        } catch (e) {
+          console.log(JSON.stringify({ name: e.name, code: e.code, message: e.message }));
+        }`);
+      expect(got).toEqual({ name: 'OffloadDirError', code: 'OFFLOAD_DIR', message: `offload dir ${locked}: is not readable and writable (EACCES)` });
       expect(readdirSync(locked)).toEqual([]);
       return;
     }

@@ -20,7 +20,10 @@ function configErr(json: unknown): ConfigError {
 
 describe('parseModelConfig on the fixture models', () => {
   it('every fixture config parses and matches its config.json', async () => {
-    for (const name of await readdir(MODELS)) {
+    const names = await readdir(MODELS);
+    // An empty folder would pass with nothing checked.
+    expect(names.length).toBeGreaterThan(0);
+    for (const name of names) {
       const c = await rawConfig(join(MODELS, name));
       const s = await loadModelConfig(join(MODELS, name));
       expect(s.arch).toBe(c.model_type);
@@ -83,7 +86,9 @@ describe('parseModelConfig on the fixture models', () => {
 
 describe('parseModelConfig on real model shapes and edge cases', () => {
   it('parses every shared real config (Qwen3 dense and MoE, Llama 3.x, Qwen2.5)', async () => {
-    for (const f of await readdir(CONFIGS)) {
+    const files = await readdir(CONFIGS);
+    expect(files.length).toBeGreaterThan(0);
+    for (const f of files) {
       const c = JSON.parse(await readFile(join(CONFIGS, f), 'utf8'));
       const s = parseModelConfig(c, f);
       expect(s.numLayers).toBe(c.num_hidden_layers);
@@ -183,7 +188,9 @@ describe('parseModelConfig on real model shapes and edge cases', () => {
     };
 
     it('real configs with use_sliding_window=false have no windows', async () => {
-      for (const f of await readdir(CONFIGS)) {
+      const files = await readdir(CONFIGS);
+      expect(files.length).toBeGreaterThan(0);
+      for (const f of files) {
         const s = parseModelConfig(JSON.parse(await readFile(join(CONFIGS, f), 'utf8')), f);
         expect(s.layerWindows).toBeUndefined();
         expect(kvReadWindow(s)).toBe(0);
