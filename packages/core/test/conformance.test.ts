@@ -1,16 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import {
-  ConformanceRng,
-  OP_NAMES,
-  bf16ToF32,
-  conformanceCases,
-  emptySyncCounts,
-  f32ToBf16,
-  roundToBf16,
-  runConformance,
-  type DeviceBackend,
-  type DeviceBuffer,
-} from '../src/index.js';
+import { OP_NAMES, bf16ToF32, emptySyncCounts, f32ToBf16, type DeviceBackend, type DeviceBuffer } from '../src/index.js';
+import { ConformanceRng, conformanceCases, roundToBf16, runConformance } from '../src/conformance/index.js';
 
 /**
  * A backend with working memory but no kernels: every op throws. The suite must turn each case
