@@ -37,7 +37,7 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
   return {
     name,
     large,
-    ...(s.embed ? { needs: 'decoderLayersEmbed' as const } : {}),
+    ...(s.embed ? { fields: ['embed'] } : {}),
     build: (rng) => {
       const { hidden: H, numHeads: nq, numKvHeads: nkv, headDim: hd, intermediate: I } = s;
       const qkvOut = (nq + 2 * nkv) * hd;

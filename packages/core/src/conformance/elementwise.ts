@@ -25,7 +25,7 @@ function rmsnormCase(name: string, rows: number, dim: number, residual: boolean,
   return {
     name,
     large,
-    bf16Activations: out === 'bf16',
+    activationDtype: out === 'bf16' ? 'bf16' : undefined,
     build: (rng) => {
       const buffers: Record<string, BufDef> = {
         x: f32(rng.normals(rows * dim, xScale)),
@@ -47,7 +47,7 @@ function rmsnormCase(name: string, rows: number, dim: number, residual: boolean,
 function siluMulCase(name: string, rows: number, dim: number, scale: number, out: 'f32' | 'bf16' = 'f32'): CaseDef {
   return {
     name,
-    bf16Activations: out === 'bf16',
+    activationDtype: out === 'bf16' ? 'bf16' : undefined,
     build: (rng) => ({
       buffers: { x: f32(rng.normals(rows * 2 * dim, scale)), out: out === 'bf16' ? bf16(rng.normals(rows * dim + 1)) : f32(rng.normals(rows * dim + 1)) },
       steps: [step('silu_mul', (b) => ({ x: b.x, out: b.out, rows, dim }))],
@@ -190,7 +190,7 @@ export const elementwiseCases: Pick<CaseTable, 'embedding' | 'rmsnorm' | 'silu_m
     rmsnormCase('1 x 130, residual, large x', 1, 130, true, 1e-6, 30),
     rmsnormCase('2 x 5, tiny x (eps matters)', 2, 5, false, 1e-2, 1e-2),
     rmsnormCase('5 x 4096, residual', 5, 4096, true, 1e-6, 1, true),
-    // bf16 outs (capabilities.bf16Activations): the prefill norms before the projections.
+    // bf16 outs (capabilities.activationDtypes): the prefill norms before the projections.
     rmsnormCase('bf16 out, 3 x 17', 3, 17, false, 1e-6, 1, false, 'bf16'),
     rmsnormCase('bf16 out, 12 x 4096, residual', 12, 4096, true, 1e-6, 1, true, 'bf16'),
   ],
@@ -200,7 +200,7 @@ export const elementwiseCases: Pick<CaseTable, 'embedding' | 'rmsnorm' | 'silu_m
     siluMulCase('2 x 33, large gates', 2, 33, 12),
     // Prefill rows (CUDA: a row per block row, four elements a thread, past 8 rows).
     siluMulCase('40 x 1028, large gates', 40, 1028, 12),
-    // bf16 outs (capabilities.bf16Activations): the down projection's input.
+    // bf16 outs (capabilities.activationDtypes): the down projection's input.
     siluMulCase('bf16 out, 3 x 21', 3, 21, 1, 'bf16'),
     siluMulCase('bf16 out, 40 x 1028, large gates', 40, 1028, 12, 'bf16'),
   ],

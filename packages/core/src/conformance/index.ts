@@ -10,4 +10,4 @@
  */
 export { conformanceCases, runConformance } from './runner.js';
 export { ConformanceRng, roundToBf16 } from './kit.js';
-export type { CaseCapability, ConformanceCase, ConformanceCaseResult, ConformanceOptions, ConformanceReport } from './kit.js';
+export type { ConformanceCase, ConformanceCaseResult, ConformanceOptions, ConformanceReport } from './kit.js';

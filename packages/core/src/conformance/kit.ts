@@ -3,8 +3,8 @@
  * buffer and output definitions every case family builds on.
  */
 import type { Tier } from '../tiers.js';
-import type { DeviceBackend, DeviceBuffer, Numerics } from '../backend.js';
-import { f32ToBf16 } from '../dtype.js';
+import type { DeviceBackend, DeviceBuffer, Numerics, OpFieldSupport } from '../backend.js';
+import { f32ToBf16, type DType } from '../dtype.js';
 import type { OpArgs, OpName } from '../ops.js';
 import { mix32 } from '../sampling.js';
 
@@ -36,20 +36,17 @@ export interface ConformanceOptions {
   /** The numerics of the backends compared (runConformance sets it): 'bf16' leaves out exact-only cases. */
   numerics?: Numerics;
   /**
-   * Both backends have capabilities.bf16Activations (runConformance sets it): the cases of bf16
-   * rmsnorm and silu_mul outs and bf16 matmul inputs run only then.
+   * The activation dtypes besides f32 both backends take (capabilities.activationDtypes;
+   * runConformance sets it): the cases of bf16 rmsnorm and silu_mul outs and bf16 matmul inputs
+   * run only where it has 'bf16'.
    */
-  bf16Activations?: boolean;
+  activationDtypes?: readonly DType[];
   /**
-   * Optional op fields both backends take (runConformance sets them from their capabilities):
-   * the cases that use one run only where it is true.
+   * The optional op fields both backends take (capabilities.opFields; runConformance sets it):
+   * a case that uses one runs only where its op lists it.
    */
-  capabilities?: Partial<Record<CaseCapability, boolean>>;
+  opFields?: OpFieldSupport;
 }
-
-/** Capabilities that add an optional field to an op (capabilities.sampleStepTail, decoderLayersEmbed). */
-export type CaseCapability = 'sampleStepTail' | 'decoderLayersEmbed';
-export const CASE_CAPABILITIES: readonly CaseCapability[] = ['sampleStepTail', 'decoderLayersEmbed'];
 
 export interface ConformanceCase {
   op: OpName;
@@ -180,10 +177,10 @@ export interface CaseDef {
   large?: boolean;
   /** Defined for exact numerics only (partial attention): left out for a bf16 backend. */
   exactOnly?: boolean;
-  /** Needs capabilities.bf16Activations of both backends (bf16 outs or matmul inputs). */
-  bf16Activations?: boolean;
-  /** Needs this capability of both backends (an optional op field the case uses). */
-  needs?: CaseCapability;
+  /** Needs this activation dtype in capabilities.activationDtypes of both backends (bf16 outs or matmul inputs). */
+  activationDtype?: DType;
+  /** The optional fields of its op the case uses (capabilities.opFields of both backends must list them). */
+  fields?: readonly string[];
   build(rng: ConformanceRng): CaseSpec;
 }
 

@@ -8,7 +8,7 @@ interface MatmulShape {
   bias?: boolean;
   weightOffset?: number;
   weight?: 'f32' | 'bf16';
-  /** A bf16 x (capabilities.bf16Activations; more than 8 rows). */
+  /** A bf16 x (capabilities.activationDtypes; more than 8 rows). */
   x?: 'bf16';
 }
 
@@ -16,7 +16,7 @@ function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
   return {
     name,
     large,
-    bf16Activations: s.x === 'bf16',
+    activationDtype: s.x === 'bf16' ? 'bf16' : undefined,
     build: (rng) => {
       const off = s.weightOffset ?? 0;
       // Values around the used window are garbage a backend must not read.
@@ -226,7 +226,7 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
     matmulCase('8 rows 96 -> 80, bf16 weights, bias, weightOffset', { rows: 8, inDim: 96, outDim: 80, weight: 'bf16', bias: true, weightOffset: 96 * 3 }),
     matmulCase('1 row 1024 -> 4096, bf16 weights', { rows: 1, inDim: 1024, outDim: 4096, weight: 'bf16' }, true),
     matmulCase('17 rows 512 -> 1536, bias', { rows: 17, inDim: 512, outDim: 1536, bias: true }, true),
-    // A bf16 x (capabilities.bf16Activations): the prefill projections' inputs.
+    // A bf16 x (capabilities.activationDtypes): the prefill projections' inputs.
     matmulCase('12 rows 64 -> 40, bf16 x, bf16 weights, bias', { rows: 12, inDim: 64, outDim: 40, weight: 'bf16', bias: true, x: 'bf16' }),
     matmulCase('70 rows 1024 -> 768, bf16 x, bf16 weights, weightOffset', { rows: 70, inDim: 1024, outDim: 768, weight: 'bf16', weightOffset: 1024 * 5, x: 'bf16' }, true),
   ],

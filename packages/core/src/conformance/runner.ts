@@ -1,5 +1,5 @@
 /** Running the suite: each case on both backends, outputs compared, leaks counted. */
-import type { DeviceBackend } from '../backend.js';
+import type { DeviceBackend, OpFieldSupport } from '../backend.js';
 import { OP_NAMES, type OpName } from '../ops.js';
 import { mix32 } from '../sampling.js';
 import { attentionCases } from './attention.js';
@@ -8,10 +8,8 @@ import { elementwiseCases } from './elementwise.js';
 import {
   bf16Bits,
   bf16Ulp,
-  CASE_CAPABILITIES,
   ConformanceRng,
   type Bufs,
-  type CaseCapability,
   type CaseDef,
   type CaseSpec,
   type CaseTable,
@@ -168,8 +166,8 @@ export function conformanceCases(opts: ConformanceOptions = {}): ConformanceCase
     for (const def of CASES[op]) {
       if (def.large && opts.sizes !== 'large') continue;
       if (def.exactOnly && opts.numerics === 'bf16') continue;
-      if (def.bf16Activations && !opts.bf16Activations) continue;
-      if (def.needs && opts.capabilities?.[def.needs] !== true) continue;
+      if (def.activationDtype && !opts.activationDtypes?.includes(def.activationDtype)) continue;
+      if (def.fields && !def.fields.every((f) => (opts.opFields?.[op] as readonly string[] | undefined)?.includes(f))) continue;
       out.push(makeCase(op, def, seed, absTol));
     }
   }
@@ -186,11 +184,12 @@ export async function runConformance(backend: DeviceBackend, reference: DeviceBa
   const rn = reference.capabilities.numerics ?? 'exact';
   if (bn !== rn) throw new RangeError(`conformance: the backend has numerics '${bn}' but the reference has '${rn}'; create the reference with the same numerics`);
   const results: ConformanceCaseResult[] = [];
-  const bf16Activations = backend.capabilities.bf16Activations === true && reference.capabilities.bf16Activations === true;
-  const capabilities = Object.fromEntries(
-    CASE_CAPABILITIES.map((k) => [k, backend.capabilities[k] === true && reference.capabilities[k] === true]),
-  ) as Record<CaseCapability, boolean>;
-  for (const c of conformanceCases({ ...opts, numerics: bn, bf16Activations, capabilities })) {
+  // Cases of optional dtypes and fields run where both backends take them.
+  const activationDtypes = (backend.capabilities.activationDtypes ?? []).filter((d) => reference.capabilities.activationDtypes?.includes(d));
+  const opFields = Object.fromEntries(
+    OP_NAMES.map((op) => [op, ((backend.capabilities.opFields?.[op] ?? []) as readonly string[]).filter((f) => (reference.capabilities.opFields?.[op] as readonly string[] | undefined)?.includes(f))]),
+  ) as OpFieldSupport;
+  for (const c of conformanceCases({ ...opts, numerics: bn, activationDtypes, opFields })) {
     let r: ConformanceCaseResult;
     try {
       r = c.run(backend, reference);

@@ -40,7 +40,7 @@ function argmaxCase(name: string, rows: number, vocab: number, withTie: boolean,
  */
 /**
  * `tail`: each draw also pushes its tokens into a ring and advances the rows' positions and
- * slots (op sample's push and advance, capabilities.sampleStepTail), as a decode step's tail.
+ * slots (op sample's push and advance, capabilities.opFields), as a decode step's tail.
  */
 interface SampleTail {
   capacity: number;
@@ -51,7 +51,7 @@ interface SampleTail {
 function sampleCase(name: string, vocab: number, params: number[][], draws: number, scale: number, tail?: SampleTail): CaseDef {
   return {
     name,
-    ...(tail !== undefined ? { needs: 'sampleStepTail' as const } : {}),
+    ...(tail !== undefined ? { fields: ['push', 'advance'] } : {}),
     build: (rng) => {
       const rows = params.length;
       const logits = rng.normals(rows * vocab, scale);
@@ -197,7 +197,7 @@ export const samplingCases: Pick<CaseTable, 'argmax' | 'sample' | 'ring_push' | 
       2,
       3,
     ),
-    // A decode step's tail in one op (capabilities.sampleStepTail): CUDA runs one row's as one
+    // A decode step's tail in one op (capabilities.opFields sample: push, advance): CUDA runs one row's as one
     // kernel, more rows' as the separate ops' kernels.
     sampleCase('1 greedy row x 3 draws, vocab 151936, ring wraps, blockSize 16', 151936, [[0, 0, 1, 0]], 3, 3, { capacity: 4, cursor: 2, blockSize: 16 }),
     sampleCase('1 sampled row x 2 draws, vocab 5000, blockSize 4', 5000, [[0.9, 40, 0.95, 0]], 2, 2, { capacity: 16, cursor: 1000001, blockSize: 4 }),
