@@ -202,7 +202,7 @@ export const decoderCases: Pick<CaseTable, 'decoder_layers'> = {
       maxKeys: 64,
     }),
     decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, bf16, 1000 keys within maxKeys 1024', { ...gqa128Row, seqLens: [1000], weight: 'bf16', maxKeys: 1024 }, true),
-    // A bound past CUDA's decodeShortKeys (1024): the split-KV kernel, whatever maxKeys says.
+    // A bound past CUDA's shortContextKeys (1024): the split-KV kernel, whatever maxKeys says.
     decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, 1500 keys within maxKeys 2048', { ...gqa128Row, seqLens: [1500], weight: 'f32', maxKeys: 2048 }, true),
     decoderLayersCase('2 layers, 1 row, GQA 2, QK-norm, f32', {
       layers: 2,
