@@ -72,7 +72,7 @@ function argParser(spec: OptionSpec): ((v: string) => unknown) | undefined {
 
 const isNegated = (spec: OptionSpec): boolean => spec.flag?.startsWith('--no-') === true;
 
-/** The commander option of a spec; `applyDefault` shows the default in the help line. */
+/** The commander option of a spec: its flag, its help (with the default, where there is one), the parser of its value, its choices. */
 export function optionFlag(spec: OptionSpec, o: FlagOverride = {}): Option {
   const def = o.default ?? spec.default;
   const help = (o.help ?? spec.help) + (def !== undefined && !isNegated(spec) ? ` (default: ${String(def)})` : '');

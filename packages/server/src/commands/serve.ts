@@ -12,26 +12,26 @@ export function registerServe(program: Command): void {
     .description('OpenAI-compatible HTTP server (the embedded default model when --model is absent)')
     .option('--config <file>', 'TOML config file (flags override it)');
   addFlags(cmd, FLAGS).action(async (f: Record<string, unknown> & { config?: string }) => {
-      const flags: Partial<ServerConfig> = checkFlags(FLAGS.read(f) as Partial<ServerConfig>);
-      const file = f.config ? await loadConfigFile(f.config) : {};
-      const config = mergeConfig(file, flags);
-      const log = (line: string) => process.stderr.write(line + '\n');
-      const server = await startServer(config, { log });
-      log(`nerva: serving ${server.state.modelName} at ${server.url}/v1 (loading the model; GET ${server.url}/health answers 200 when ready)`);
-      server.ready.then(
-        () => log(`nerva: ready at ${server.url}/v1`),
-        (e: Error) => log(`nerva: error: the model failed to load: ${e.message}`),
-      );
-      await new Promise<void>((resolveStop) => {
-        const stop = (sig: string) => {
-          log(`nerva: ${sig}: draining in-flight requests`);
-          server.shutdown().then(() => resolveStop(), (e: Error) => {
-            log(`nerva: error during shutdown: ${e.message}`);
-            resolveStop();
-          });
-        };
-        process.once('SIGTERM', () => stop('SIGTERM'));
-        process.once('SIGINT', () => stop('SIGINT'));
-      });
+    const flags: Partial<ServerConfig> = checkFlags(FLAGS.read(f) as Partial<ServerConfig>);
+    const file = f.config ? await loadConfigFile(f.config) : {};
+    const config = mergeConfig(file, flags);
+    const log = (line: string) => process.stderr.write(line + '\n');
+    const server = await startServer(config, { log });
+    log(`nerva: serving ${server.state.modelName} at ${server.url}/v1 (loading the model; GET ${server.url}/health answers 200 when ready)`);
+    server.ready.then(
+      () => log(`nerva: ready at ${server.url}/v1`),
+      (e: Error) => log(`nerva: error: the model failed to load: ${e.message}`),
+    );
+    await new Promise<void>((resolveStop) => {
+      const stop = (sig: string) => {
+        log(`nerva: ${sig}: draining in-flight requests`);
+        server.shutdown().then(() => resolveStop(), (e: Error) => {
+          log(`nerva: error during shutdown: ${e.message}`);
+          resolveStop();
+        });
+      };
+      process.once('SIGTERM', () => stop('SIGTERM'));
+      process.once('SIGINT', () => stop('SIGINT'));
     });
+  });
 }
