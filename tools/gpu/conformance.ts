@@ -2,7 +2,7 @@
 // small and model-sized cases. Writes $OUT/conformance.json; exits 1 when a case fails.
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { runConformance } from '@nerva/core';
+import { runConformance } from '@nerva/core/conformance';
 import { createCpuBackend } from '@nerva/cpu-backend';
 import { createCudaBackend, probeCuda } from '@nerva/cuda-backend';
 

@@ -84,6 +84,14 @@ export const MATMUL_PRECISIONS: readonly MatmulPrecision[] = ['exact', 'bf16'];
 /** Matmuls of at most this many rows run exact under either precision (the GEMV path of decode). */
 export const BF16_MATMUL_MAX_EXACT_ROWS = 8;
 
+/** The optional fields of each op's arguments a backend takes (BackendCapabilities.opFields). */
+export type OpFieldSupport = { readonly [K in OpName]?: readonly (keyof OpArgs<K> & string)[] };
+
+/** Whether a backend takes op `op`'s optional argument field `field` (capabilities.opFields). */
+export function takesOpField<K extends OpName>(capabilities: Pick<BackendCapabilities, 'opFields'>, op: K, field: keyof OpArgs<K> & string): boolean {
+  return (capabilities.opFields?.[op] as readonly string[] | undefined)?.includes(field) === true;
+}
+
 export interface BackendCapabilities {
   /** 'cpu', 'cuda', ... */
   deviceKind: string;
@@ -107,13 +115,13 @@ export interface BackendCapabilities {
    */
   matmulPrecision?: MatmulPrecision;
   /**
-   * Ops `rmsnorm` and `silu_mul` may write a bf16 `out` (each value rounded to bf16, nearest
-   * even, as it is stored) and op `matmul` may read a bf16 `x` over more than 8 rows (its values
-   * as they are). Under matmul precision 'bf16' the engine's prefill layers then hand the
-   * projections their inputs in bf16, which those matmuls round to anyway: the same results
-   * without a rounding pass per matmul.
+   * Element types besides f32 that the activations of ops `rmsnorm` and `silu_mul` (their `out`)
+   * and op `matmul` over more than 8 rows (its `x`) may have. With 'bf16' each value is rounded to
+   * bf16 (nearest even) as it is stored and read as it is; under matmul precision 'bf16' the
+   * engine's prefill layers then hand the projections their inputs in bf16, which those matmuls
+   * round to anyway: the same results without a rounding pass per matmul. Absent: f32 only.
    */
-  bf16Activations?: boolean;
+  activationDtypes?: readonly DType[];
   /**
    * Batch-invariant decode: a decode row's results (op fused_matmul and op decoder_layers, each
    * row its own sequence) are bit for bit the same whatever number of other rows share the call.
@@ -122,19 +130,19 @@ export interface BackendCapabilities {
    */
   batchInvariant?: boolean;
   /**
-   * Op decoder_layers at one decode row: the most keys the row may have (maxKeys) for which the
-   * backend runs a faster decode attention. The engine then captures a one-row decode step that
-   * stays within it as a graph of its own, with maxKeys set to this value. Absent or 0: maxKeys
-   * changes nothing.
+   * The short-context fast path: at one decode row of op decoder_layers, the most keys the row
+   * may have (its maxKeys) for which the backend runs a faster decode attention. The engine then
+   * captures a one-row decode step that stays within it as a graph of its own, with maxKeys set to
+   * this value. Absent or 0: maxKeys changes nothing.
    */
-  decodeShortKeys?: number;
-  /** Op decoder_layers takes `embed` (the embedding gather as part of the op). Absent: false. */
-  decoderLayersEmbed?: boolean;
+  shortContextKeys?: number;
   /**
-   * Op sample takes `push` and `advance` (ops ring_push and advance_positions after it, as part
-   * of the op: a decode step's tail). Absent: false.
+   * The optional argument fields each op takes on this backend (ops.ts marks them "only where
+   * capabilities.opFields lists it"); an op absent here takes none. E.g. `decoder_layers:
+   * ['embed']` (the embedding gather as part of the op), `sample: ['push', 'advance']` (ops
+   * ring_push and advance_positions after it, as part of the op: a decode step's tail).
    */
-  sampleStepTail?: boolean;
+  opFields?: OpFieldSupport;
   graphCapture: boolean;
   peerAccess: boolean;
   collectives: boolean;
@@ -160,8 +168,8 @@ export interface BackendStats {
   syncs: SyncCounts;
   /** Milliseconds the host spent computing ops near host-tier data on a device backend (op mlp_slice; op attention over a KV cache in pinned memory). */
   hostComputeMs?: number;
-  /** hostComputeMs by op: the host MLP slices over streamed weights, the host attention over warm KV pages. */
-  hostComputeMsByOp?: { mlp_slice: number; attention: number };
+  /** hostComputeMs by op (today: mlp_slice, the host MLP slices over streamed weights; attention, over warm KV pages). */
+  hostComputeMsByOp?: Partial<Record<OpName, number>>;
 }
 
 export type HostArray = Float32Array | Int32Array | Uint16Array;

@@ -8,5 +8,4 @@ export * from './ops.js';
 export * from './backend.js';
 export * from './sampling.js';
 export * from './ledger.js';
-export * from './conformance.js';
 export * from './stages.js';

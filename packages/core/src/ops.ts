@@ -57,13 +57,13 @@ export interface OpCatalogue {
   /**
    * RMSNorm with optional fused residual add. With `residual`: residual += x (in place; the
    * residual stream), then out = rmsnorm(residual) * weight. Without: out = rmsnorm(x) * weight.
-   * `out` may be bf16 on a backend with capabilities.bf16Activations (values rounded on store).
+   * `out` may be bf16 on a backend with capabilities.activationDtypes including 'bf16' (values rounded on store).
    */
   rmsnorm: { x: Buf; weight: Buf; out: Buf; rows: number; dim: number; eps: number; residual?: Buf };
   /**
    * out[r, o] = sum_i x[r, i] * weight[weightOffset + o*inDim + i] (+ bias[o]).
    * One op for one row (GEMV) and for many (GEMM); the backend picks the kernel. `x` may be bf16
-   * over more than 8 rows on a backend with capabilities.bf16Activations.
+   * over more than 8 rows on a backend with capabilities.activationDtypes including 'bf16'.
    */
   matmul: { x: Buf; weight: Buf; out: Buf; rows: number; inDim: number; outDim: number; bias?: Buf; weightOffset?: number };
   /**
@@ -255,7 +255,7 @@ export interface OpCatalogue {
     /**
      * An upper bound on every row's keys (its position + 1) for as long as this call runs, a
      * captured graph's replays included; 0 or absent: none known. A backend may choose its
-     * attention kernel by it (see capabilities.decodeShortKeys); within exact numerics the
+     * attention kernel by it (see capabilities.shortContextKeys); within exact numerics the
      * results are the same either way.
      */
     maxKeys?: number;
@@ -263,13 +263,13 @@ export interface OpCatalogue {
      * The residual rows come from an embedding table first: x[r] = table[ids[r]] (op `embedding`
      * into x, then the layers). A backend may fold the gather into the first layer's kernels (the
      * step's first kernel less on a decode step); x holds the embedded rows' results either way.
-     * Only where capabilities.decoderLayersEmbed.
+     * Only where capabilities.opFields lists it (decoder_layers: ['embed']).
      */
     embed?: { table: Buf; ids: Buf };
   };
   /**
    * out[r, i] = silu(x[r, i]) * x[r, dim + i]; x is [rows, 2*dim] (gate then up). `out` may be
-   * bf16 on a backend with capabilities.bf16Activations (values rounded on store).
+   * bf16 on a backend with capabilities.activationDtypes including 'bf16' (values rounded on store).
    */
   silu_mul: { x: Buf; out: Buf; rows: number; dim: number };
   /** out = a + b, elementwise over `length`. */
@@ -344,12 +344,12 @@ export interface OpCatalogue {
     vocab: number;
     /**
      * Then push `out` into the token ring (op ring_push with src = out over these rows). Only
-     * where capabilities.sampleStepTail.
+     * where capabilities.opFields lists it (sample: ['push', 'advance']).
      */
     push?: { ring: Buf; cursor: Buf; capacity: number };
     /**
      * Then advance the step (op advance_positions over these rows): a decode step's tail in one
-     * op, so a backend may run it as one kernel. Only where capabilities.sampleStepTail.
+     * op, so a backend may run it as one kernel. Only where capabilities.opFields lists it (sample: ['push', 'advance']).
      */
     advance?: { positions: Buf; slots: Buf; blockTables: Buf; rowSeq: Buf; blockSize: number; maxBlocksPerSeq: number };
   };

@@ -1,16 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import {
-  ConformanceRng,
-  OP_NAMES,
-  bf16ToF32,
-  conformanceCases,
-  emptySyncCounts,
-  f32ToBf16,
-  roundToBf16,
-  runConformance,
-  type DeviceBackend,
-  type DeviceBuffer,
-} from '../src/index.js';
+import { OP_NAMES, bf16ToF32, emptySyncCounts, f32ToBf16, type DeviceBackend, type DeviceBuffer } from '../src/index.js';
+import { ConformanceRng, conformanceCases, roundToBf16, runConformance } from '../src/conformance/index.js';
 
 /**
  * A backend with working memory but no kernels: every op throws. The suite must turn each case
@@ -79,16 +69,26 @@ describe('conformance suite', () => {
     expect(new Set(conformanceCases().map((c) => c.op))).toEqual(new Set(OP_NAMES));
   });
 
-  it("runs the cases of an optional op field only where both backends take it (capabilities)", () => {
+  it("runs the cases of an optional op field only where both backends take it (capabilities.opFields)", () => {
     const names = (o: Parameters<typeof conformanceCases>[0]) => conformanceCases(o).map((c) => `${c.op}/${c.name}`);
     const none = names({});
-    const all = names({ capabilities: { sampleStepTail: true, decoderLayersEmbed: true } });
+    const all = names({ opFields: { sample: ['push', 'advance'], decoder_layers: ['embed'] } });
     const tail = all.filter((n) => !none.includes(n));
     // The push/advance cases of op sample and the embed cases of op decoder_layers, nothing else.
     expect(tail.some((n) => n.startsWith('sample/'))).toBe(true);
     expect(tail.some((n) => n.startsWith('decoder_layers/'))).toBe(true);
     expect(tail.every((n) => n.startsWith('sample/') || n.startsWith('decoder_layers/'))).toBe(true);
-    expect(names({ capabilities: { sampleStepTail: true } }).filter((n) => !none.includes(n)).every((n) => n.startsWith('sample/'))).toBe(true);
+    expect(names({ opFields: { sample: ['push', 'advance'] } }).filter((n) => !none.includes(n)).every((n) => n.startsWith('sample/'))).toBe(true);
+    // A case needs every field it uses: push alone runs no tail case.
+    expect(names({ opFields: { sample: ['push'] } })).toEqual(none);
+  });
+
+  it("runs the bf16 activation cases only where both backends take bf16 activations (capabilities.activationDtypes)", () => {
+    const names = (o: Parameters<typeof conformanceCases>[0]) => conformanceCases(o).map((c) => `${c.op}/${c.name}`);
+    const none = names({});
+    const bf16 = names({ activationDtypes: ['bf16'] }).filter((n) => !none.includes(n));
+    expect(bf16.length).toBeGreaterThan(0);
+    expect(bf16.every((n) => /^(rmsnorm|silu_mul|matmul)\//.test(n))).toBe(true);
   });
 
   it('turns a throwing op into a failed result, frees the case buffers, and keeps going', async () => {

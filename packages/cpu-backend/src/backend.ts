@@ -157,9 +157,9 @@ export class CpuBackend implements DeviceBackend {
       ),
       numerics,
       matmulPrecision,
-      bf16Activations: true,
-      decoderLayersEmbed: true,
-      sampleStepTail: true,
+      activationDtypes: Object.freeze(['bf16'] as const),
+      // The embedding gather inside the stack op; a decode step's tail (ring push, advance) inside op sample.
+      opFields: Object.freeze({ decoder_layers: ['embed'], sample: ['push', 'advance'] } as const),
       graphCapture: true,
       peerAccess: false,
       collectives: false,

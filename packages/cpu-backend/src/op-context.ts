@@ -97,7 +97,7 @@ export class OpContext {
   }
 
   /**
-   * A float buffer written by the op that may also be bf16 (capabilities.bf16Activations): its
+   * A float buffer written by the op that may also be bf16 (capabilities.activationDtypes): its
    * values and the rounding every store into it applies (undefined for f32).
    */
   f32OrBf16(arg: string, buf: DeviceBuffer | undefined, need: number): { data: Float32Array; store: ((x: number) => number) | undefined } {

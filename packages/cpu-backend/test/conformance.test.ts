@@ -1,4 +1,5 @@
-import { OP_NAMES, runConformance } from '@nerva/core';
+import { OP_NAMES } from '@nerva/core';
+import { runConformance } from '@nerva/core/conformance';
 import { describe, expect, it } from 'vitest';
 import { CpuBackend } from '../src/index.js';
 

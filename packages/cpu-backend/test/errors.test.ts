@@ -139,7 +139,7 @@ describe('op argument validation', () => {
     expect(e).toMatchObject({ arg: 'ids' });
     expect(e.message).toMatch(/ids\[0\] = 10 is outside the table/);
     expect(thrown(() => be.run('embedding', { table, ids, out, rows: 1, hidden: 0 }))).toMatchObject({ arg: 'hidden' });
-    // out may be f32 or bf16 (capabilities.bf16Activations), not f16.
+    // out may be f32 or bf16 (capabilities.activationDtypes), not f16.
     expect(thrown(() => be.run('rmsnorm', { x: out, weight: out, out: zeros(be, 4, 'f16'), rows: 1, dim: 4, eps: 1e-6 }))).toMatchObject({ arg: 'out' });
     expect(thrown(() => be.run('silu_mul', { x: zeros(be, 8), out: zeros(be, 4, 'f16'), rows: 1, dim: 4 }))).toMatchObject({ arg: 'out' });
     expect(thrown(() => be.run('rmsnorm', { x: out, weight: out, out, rows: 1, dim: 4, eps: NaN }))).toMatchObject({ arg: 'eps' });

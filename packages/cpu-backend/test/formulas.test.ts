@@ -1,4 +1,5 @@
-import { argmaxRow, roundToBf16, sampleRow, uniformFromSeed } from '@nerva/core';
+import { argmaxRow, sampleRow, uniformFromSeed } from '@nerva/core';
+import { roundToBf16 } from '@nerva/core/conformance';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { CpuBackend } from '../src/index.js';
 import { causalAttentionF64, matmulF64, moeMlpF64, moeRouteF64, rmsnormF64, ropeHeadF64, siluMulF64 } from './formulas.js';

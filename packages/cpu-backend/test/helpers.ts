@@ -1,5 +1,6 @@
 /** Test helpers: seeded inputs, upload/download, and the tolerance check the backend claims. */
-import { ConformanceRng, type DType, type DeviceBuffer } from '@nerva/core';
+import type { DType, DeviceBuffer } from '@nerva/core';
+import { ConformanceRng } from '@nerva/core/conformance';
 import { expect } from 'vitest';
 import type { CpuBackend } from '../src/index.js';
 

@@ -1,4 +1,5 @@
-import { bf16ToF32, f32ToBf16, runConformance } from '@nerva/core';
+import { bf16ToF32, f32ToBf16 } from '@nerva/core';
+import { runConformance } from '@nerva/core/conformance';
 import { describe, expect, it } from 'vitest';
 import { BF16_MATMUL_REL_TOL, CPU_REL_TOL, CpuBackend, CpuBackendOptionError } from '../src/index.js';
 

@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { CpuBackend, OpArgumentError } from '../src/index.js';
 import { randn, rng, upload, zeros } from './helpers.js';
 
-// Op sample's push and advance (capabilities.sampleStepTail): a decode step's tail in one op.
+// Op sample's push and advance (capabilities.opFields: sample takes push and advance): a decode step's tail in one op.
 
 const VOCAB = 97;
 const BLOCK = 4;
@@ -45,7 +45,7 @@ const state = (be: CpuBackend, t: Tail) => t.bufs.map((b) => Array.from(be.read(
 describe('op sample with push and advance', () => {
   it('is op sample, then ring_push of its out, then advance_positions, bit for bit', () => {
     const be = new CpuBackend();
-    expect(be.capabilities.sampleStepTail).toBe(true);
+    expect(be.capabilities.opFields?.sample).toEqual(['push', 'advance']);
     const fused = build(be, 3);
     const hand = build(be, 3);
     for (let step = 0; step < 3; step++) {

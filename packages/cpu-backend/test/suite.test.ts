@@ -2,7 +2,8 @@
  * The conformance suite must catch what it claims to catch: each backend here is the CPU backend
  * with one deliberate defect, and the suite has to fail exactly the affected cases.
  */
-import { conformanceCases, runConformance, type BackendCapabilities, type OpArgs, type OpName, type StreamHandle } from '@nerva/core';
+import type { BackendCapabilities, OpArgs, OpName, StreamHandle } from '@nerva/core';
+import { conformanceCases, runConformance } from '@nerva/core/conformance';
 import { describe, expect, it } from 'vitest';
 import { CpuBackend } from '../src/index.js';
 

@@ -309,13 +309,11 @@ export class CudaBackend implements DeviceBackend {
       // 'gemv' and 'split-bf16' are both f32-grade; 'bf16' also selects plain-bf16 prefill attention.
       matmulPrecision: (bf16Gemm ? 'bf16' : 'exact') as MatmulPrecision,
       // rmsnorm and silu_mul write bf16 outs, matmul reads a bf16 x over more than 8 rows (the GEMM).
-      bf16Activations: true,
+      activationDtypes: Object.freeze(['bf16'] as DType[]),
       batchInvariant: this.native.batchInvariant === true,
-      decodeShortKeys: decodeShortKeys(this.native),
-      // An addon that reads op decoder_layers' embed arguments says so (an older one would not).
-      decoderLayersEmbed: this.native.decoderLayersEmbed === true,
-      // An addon that reads op sample's push and advance says so.
-      sampleStepTail: this.native.sampleStepTail === true,
+      shortContextKeys: decodeShortKeys(this.native),
+      // An addon that reads op decoder_layers' embed and op sample's push and advance says so (an older one would not).
+      opFields: { ...(this.native.decoderLayersEmbed === true ? { decoder_layers: ['embed'] as const } : {}), ...(this.native.sampleStepTail === true ? { sample: ['push', 'advance'] as const } : {}) },
       graphCapture: true,
       peerAccess: false,
       collectives: false,

@@ -49,13 +49,13 @@ function shortKeys(value: unknown | undefined, present = true): number {
   else delete reported.decodeShortKeys;
   const b = createCudaBackend({ addonPath, deviceArenaBytes: 2 ** 20 });
   try {
-    return b.capabilities.decodeShortKeys ?? -1;
+    return b.capabilities.shortContextKeys ?? -1;
   } finally {
     b.dispose();
   }
 }
 
-describe('capabilities.decodeShortKeys (from the addon)', () => {
+describe('capabilities.shortContextKeys (from the addon: info().decodeShortKeys)', () => {
   it('is the bound the addon reports', () => {
     expect(shortKeys(1024)).toBe(1024);
     expect(shortKeys(512)).toBe(512);

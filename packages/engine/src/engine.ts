@@ -1102,7 +1102,7 @@ export class Engine {
    * Replay the decode graph of `steps` steps of this bucket (captured on first use: forward,
    * sampling, advance, `steps` times). Passes with host partials (some page warm) and without
    * are different graphs; tiered graphs also differ by the staging span their copies were
-   * captured with. One-row steps whose row stays within the backend's decodeShortKeys (`short`)
+   * captured with. One-row steps whose row stays within the backend's shortContextKeys (`short`)
    * replay a graph of their own ("s" suffix), captured with that bound as op decoder_layers'
    * maxKeys. Several steps: "x<steps>" suffix.
    */
@@ -1114,7 +1114,7 @@ export class Engine {
       be.beginCapture();
       this.pager?.beginCapture();
       const hostBefore = this.runner.hostComputeBytes;
-      if (short) (this.runner as ModelRunner).decodeKeyBound = this.backend.capabilities.decodeShortKeys ?? 0;
+      if (short) (this.runner as ModelRunner).decodeKeyBound = this.backend.capabilities.shortContextKeys ?? 0;
       try {
         for (let j = 0; j < steps; j++) {
           if (tiered) (this.runner as ModelRunner).forward(bucket, bucket, undefined, undefined, true);
@@ -1327,7 +1327,7 @@ export class Engine {
       }
       // A replay whose last step is `last` steps after this one: the short-keys graph where every
       // row's keys stay within the backend's bound through that step.
-      const shortKeys = this.backend.capabilities.decodeShortKeys ?? 0;
+      const shortKeys = this.backend.capabilities.shortContextKeys ?? 0;
       const short = (last: number) =>
         shortKeys > 0 && bucket === 1 && !this.pipeline && !tiered && plan.scheduled.every(({ req }) => req.numComputedTokens + last + 1 <= shortKeys);
       if (!adopt) {
@@ -1595,7 +1595,7 @@ export class Engine {
     return out;
   }
 
-  /** Nodes of each captured decode graph, by batch-size bucket ("t<bucket>:<staging span>" for tiered passes; "1s": one-row steps within capabilities.decodeShortKeys). */
+  /** Nodes of each captured decode graph, by batch-size bucket ("t<bucket>:<staging span>" for tiered passes; "1s": one-row steps within capabilities.shortContextKeys). */
   graphNodes(): Record<string, number> {
     return Object.fromEntries([...this.graphs].map(([b, g]) => [b, g.nodes]));
   }

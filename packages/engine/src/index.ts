@@ -13,3 +13,4 @@ export * from './pipeline.js';
 export * from './stage-links.js';
 export { KvBudgetError } from './kv-tiering.js';
 export type { MeasuredRates } from './rates.js';
+export * from './options-schema.js';

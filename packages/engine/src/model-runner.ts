@@ -151,7 +151,7 @@ export class ModelRunner {
   /** Whether the backend has the fused decode ops (fused_matmul, rope_append). */
   private readonly fusedOps: boolean;
   /**
-   * Matmul precision 'bf16' on a backend with capabilities.bf16Activations (dense layers, no host
+   * Matmul precision 'bf16' on a backend with capabilities.activationDtypes 'bf16' (dense layers, no host
    * slices): passes of more than 8 rows have the norms before the qkv and gate_up projections and
    * silu_mul write bf16 (act.normedBf16, act.mlpActBf16), which those matmuls read as they are.
    * They round their inputs to bf16 anyway, so the results are the same, without a rounding pass
@@ -224,7 +224,7 @@ export class ModelRunner {
       this.act.gateUp = f32(maxRows * 2 * inter, 'act.gate_up');
       this.act.mlpAct = f32(maxRows * inter, 'act.mlp');
       this.act.mlpOut = f32(maxRows * H, 'act.mlp_out');
-      this.bf16Act = backend.capabilities.bf16Activations === true && backend.capabilities.matmulPrecision === 'bf16' && !s.moe && !weights.hostParts && maxRows > FUSED_MAX_ROWS;
+      this.bf16Act = backend.capabilities.activationDtypes?.includes('bf16') === true && backend.capabilities.matmulPrecision === 'bf16' && !s.moe && !weights.hostParts && maxRows > FUSED_MAX_ROWS;
       if (this.bf16Act) {
         this.act.normedBf16 = this.own(backend.alloc({ dtype: 'bf16', length: maxRows * H, usage: 'activations', label: 'act.normed_bf16' }));
         this.act.mlpActBf16 = this.own(backend.alloc({ dtype: 'bf16', length: maxRows * inter, usage: 'activations', label: 'act.mlp_bf16' }));
@@ -472,7 +472,7 @@ export class ModelRunner {
     // The embedding folded into the stack's first op where the backend takes it (op
     // decoder_layers' embed: a decode step's first kernel then gathers its row itself).
     const embed =
-      this.first && wholeStack && this.backend.capabilities.decoderLayersEmbed === true && this.stack![0]?.split !== true
+      this.first && wholeStack && this.backend.capabilities.opFields?.decoder_layers?.includes('embed') === true && this.stack![0]?.split !== true
         ? { table: this.need(w.embed, 'embedding'), ids: m.ids }
         : undefined;
     if (this.first && !embed) this.op('embedding', 'embedding', { table: this.need(w.embed, 'embedding'), ids: m.ids, out: a.residual, rows, hidden: H });
@@ -937,10 +937,10 @@ export class ModelRunner {
 
   /**
    * A captured decode step's tail: sampleOnDevice then advance, as op sample's push and advance
-   * where the backend folds them (capabilities.sampleStepTail: one kernel for a row on CUDA).
+   * where the backend folds them (capabilities.opFields sample push/advance: one kernel for a row on CUDA).
    */
   sampleStep(rows: number, out: DeviceBuffer): void {
-    if (this.backend.capabilities.sampleStepTail !== true) {
+    if (this.backend.capabilities.opFields?.sample?.includes('push') !== true) {
       this.sampleOnDevice(rows, out);
       this.advance(rows);
       return;

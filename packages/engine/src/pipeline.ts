@@ -629,7 +629,7 @@ export class StagePipeline implements PassRunner {
       syncs,
       ...(all.some((s) => s.hostComputeMs !== undefined) ? { hostComputeMs: sum('hostComputeMs') } : {}),
       ...(byOp.length
-        ? { hostComputeMsByOp: { mlp_slice: byOp.reduce((t, b) => t + b.mlp_slice, 0), attention: byOp.reduce((t, b) => t + b.attention, 0) } }
+        ? { hostComputeMsByOp: { mlp_slice: byOp.reduce((t, b) => t + (b.mlp_slice ?? 0), 0), attention: byOp.reduce((t, b) => t + (b.attention ?? 0), 0) } }
         : {}),
     };
   }

@@ -110,10 +110,10 @@ describe('decode through decoder_layers matches the per-layer fused path', () =>
   });
 });
 
-describe('decode graphs by key bound (capabilities.decodeShortKeys)', () => {
+describe('decode graphs by key bound (capabilities.shortContextKeys)', () => {
   it('captures a graph for steps within the bound, with it as maxKeys, and another past it; same tokens', async () => {
     const bound = 24;
-    const { backend, calls } = recordingBackend([], { decodeShortKeys: bound });
+    const { backend, calls } = recordingBackend([], { shortContextKeys: bound });
     const plain = recordingBackend([]);
     const e = await Engine.create({ model: DEFAULT_MODEL, backend });
     const ref = await Engine.create({ model: DEFAULT_MODEL, backend: plain.backend });

@@ -47,11 +47,11 @@ describe('matmulPrecision', () => {
     }
   });
 
-  it("'bf16' hands the prefill projections bf16 inputs (bf16Activations): the same logits as rounding in each matmul", async () => {
+  it("'bf16' hands the prefill projections bf16 inputs (activationDtypes bf16): the same logits as rounding in each matmul", async () => {
     const outs: Record<string, string[]> = {};
     const make = (bf16Act: boolean) => {
       const inner = new CpuBackend({ matmulPrecision: 'bf16' });
-      const caps = Object.freeze({ ...inner.capabilities, bf16Activations: bf16Act });
+      const caps = Object.freeze({ ...inner.capabilities, activationDtypes: bf16Act ? ['bf16'] : [] });
       const seen: string[] = [];
       outs[String(bf16Act)] = seen;
       return new Proxy(inner, {

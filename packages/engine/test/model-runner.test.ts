@@ -46,7 +46,7 @@ describe('ModelRunner fused decode pass', () => {
       // so the LM head reads the residual rows directly, the final norm folded into it.
       expect(all[0].some((c) => c.op === 'gather_rows')).toBe(true);
       for (const p of decode) {
-        // The embedding rides in the stack op (capabilities.decoderLayersEmbed): no op of its own.
+        // The embedding rides in the stack op (capabilities.opFields decoder_layers: embed): no op of its own.
         expect(p.map((c) => c.op).slice(0, 2)).toEqual(['decoder_layers', 'fused_matmul']);
         expect(p[0].args.embed).toBeDefined();
         expect(p[1].normed).toBe(true);
@@ -61,7 +61,7 @@ describe('ModelRunner fused decode pass', () => {
 
   it('runs op embedding first where the backend does not take embed in decoder_layers, with the same tokens', async () => {
     const folded = recordingBackend();
-    const apart = recordingBackend([], { decoderLayersEmbed: false });
+    const apart = recordingBackend([], { opFields: { sample: ['push', 'advance'] } });
     const a = await Engine.create({ model: DEFAULT_MODEL, backend: folded.backend });
     const b = await Engine.create({ model: DEFAULT_MODEL, backend: apart.backend });
     try {
@@ -82,7 +82,7 @@ describe('ModelRunner fused decode pass', () => {
 
   it("ends a captured decode step with op sample's push and advance where the backend folds them, with the same tokens", async () => {
     const folded = recordingBackend();
-    const apart = recordingBackend([], { sampleStepTail: false });
+    const apart = recordingBackend([], { opFields: { decoder_layers: ['embed'] } });
     const a = await Engine.create({ model: DEFAULT_MODEL, backend: folded.backend });
     const b = await Engine.create({ model: DEFAULT_MODEL, backend: apart.backend });
     try {

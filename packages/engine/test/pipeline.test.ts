@@ -171,7 +171,7 @@ describe('the single-stage path is unchanged', () => {
     expect(decode.length).toBe(3);
     // (No gather_rows: a decode pass samples every row in order, so the LM head, with the final
     // norm folded in, reads them as they are.)
-    // The first stage's stack op takes the embedding (capabilities.decoderLayersEmbed), the second's not.
+    // The first stage's stack op takes the embedding (capabilities.opFields decoder_layers: embed), the second's not.
     for (const p of decode) {
       expect(p.map((c) => c.op)).toEqual(['decoder_layers', 'decoder_layers', 'fused_matmul', 'sample', 'ring_push']);
       expect(p[0].args.embed).toBeDefined();

@@ -58,7 +58,7 @@ export function recordingBackend(
 
 /**
  * The recorded calls split into forward passes: each starts with an embedding, or with a
- * decoder_layers op that takes the embedding itself (its `embed`, capabilities.decoderLayersEmbed).
+ * decoder_layers op that takes the embedding itself (its `embed`, capabilities.opFields).
  */
 export function passes(calls: readonly Recorded[]): Recorded[][] {
   const out: Recorded[][] = [];

@@ -1,8 +1,9 @@
 import { readFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
+import { ENGINE_OPTIONS, engineOption, flagName, type OptionSpec } from '@nerva/engine';
 import { ConfigError } from './errors.js';
-import { parseSize } from './size.js';
+import { checkOptionValue } from './options.js';
 
 /** Everything `nerva serve` can be told, from a TOML file, flags, or code. */
 export interface ServerConfig {
@@ -81,100 +82,48 @@ export interface ServerConfig {
   allowSingleDeviceStages?: boolean;
 }
 
+/** The options of the server itself (not the engine's), declared as the engine's are. */
+export const SERVER_OPTIONS = [
+  { name: 'servedModelName', flag: '--served-model-name <name>', toml: 'served_model_name', kind: 'string', help: 'model name clients use (default: the folder name)' },
+  { name: 'host', flag: '--host <host>', toml: 'host', kind: 'string', default: '127.0.0.1', help: 'address to listen on' },
+  { name: 'port', flag: '--port <n>', toml: 'port', kind: 'port', default: 8000, help: 'port (0 = any free port)' },
+  { name: 'apiKey', flag: '--api-key <key>', toml: 'api_key', kind: 'string', help: 'require Authorization: Bearer <key> on /v1/*' },
+  { name: 'maxQueue', flag: '--max-queue <n>', toml: 'max_queue', kind: 'int', default: 256, help: 'sequences that may wait beyond max-num-seqs before 429' },
+  { name: 'requestTimeoutS', flag: '--request-timeout <s>', toml: 'request_timeout_s', kind: 'posint', default: 600, help: 'seconds before an unfinished request is aborted' },
+  { name: 'bodyLimitBytes', flag: '--body-limit <bytes>', toml: 'body_limit_bytes', kind: 'posint', default: 1024 * 1024, help: 'largest request body in bytes' },
+  { name: 'chatTemplate', flag: '--chat-template <file>', toml: 'chat_template', kind: 'path', help: "Jinja chat template replacing the model's" },
+  { name: 'drainTimeoutS', toml: 'drain_timeout_s', kind: 'int', default: 30, help: 'seconds in-flight requests get to finish on shutdown' },
+] as const satisfies readonly OptionSpec<keyof ServerConfig>[];
+
+/**
+ * Every option `nerva serve` takes from a config file, in the order its keys are listed: the
+ * engine's with a TOML key (each a field of ServerConfig of the same name), then the server's.
+ */
+export const CONFIG_OPTIONS = ([...ENGINE_OPTIONS, ...SERVER_OPTIONS] as readonly OptionSpec[]).filter((s) => s.toml !== undefined) as readonly OptionSpec<
+  keyof ServerConfig
+>[];
+
+const defaultOf = (specs: readonly OptionSpec[], name: string): unknown => specs.find((s) => s.name === name)?.default;
+
 export const DEFAULT_CONFIG: ServerConfig = {
-  host: '127.0.0.1',
-  port: 8000,
-  backend: 'auto',
-  enablePrefixCaching: true,
-  maxQueue: 256,
-  requestTimeoutS: 600,
-  bodyLimitBytes: 1024 * 1024,
-  drainTimeoutS: 30,
+  host: defaultOf(SERVER_OPTIONS, 'host') as string,
+  port: defaultOf(SERVER_OPTIONS, 'port') as number,
+  backend: engineOption('backend').default as ServerConfig['backend'],
+  enablePrefixCaching: engineOption('enablePrefixCaching').default as boolean,
+  maxQueue: defaultOf(SERVER_OPTIONS, 'maxQueue') as number,
+  requestTimeoutS: defaultOf(SERVER_OPTIONS, 'requestTimeoutS') as number,
+  bodyLimitBytes: defaultOf(SERVER_OPTIONS, 'bodyLimitBytes') as number,
+  drainTimeoutS: defaultOf(SERVER_OPTIONS, 'drainTimeoutS') as number,
 };
 
-type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics' | 'precision' | 'kvdtype' | 'size' | 'fraction';
+/** The accepted keys: TOML spelling → option spec. Anything else is an error naming the key. */
+const KEYS = new Map(CONFIG_OPTIONS.map((s) => [s.toml!, s]));
 
-/** The accepted keys: TOML spelling → field and type. Anything else is an error naming the key. */
-const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boolean }> = {
-  model: { field: 'model', kind: 'string', path: true },
-  served_model_name: { field: 'servedModelName', kind: 'string' },
-  host: { field: 'host', kind: 'string' },
-  port: { field: 'port', kind: 'int' },
-  api_key: { field: 'apiKey', kind: 'string' },
-  backend: { field: 'backend', kind: 'backend' },
-  numerics: { field: 'numerics', kind: 'numerics' },
-  matmul_precision: { field: 'matmulPrecision', kind: 'precision' },
-  batch_invariant: { field: 'batchInvariant', kind: 'bool' },
-  max_num_seqs: { field: 'maxNumSeqs', kind: 'posint' },
-  max_num_batched_tokens: { field: 'maxNumBatchedTokens', kind: 'posint' },
-  kv_cache_bytes: { field: 'kvCacheBytes', kind: 'size' },
-  kv_cache_dtype: { field: 'kvCacheDtype', kind: 'kvdtype' },
-  max_model_len: { field: 'maxModelLen', kind: 'posint' },
-  enable_prefix_caching: { field: 'enablePrefixCaching', kind: 'bool' },
-  max_queue: { field: 'maxQueue', kind: 'int' },
-  request_timeout_s: { field: 'requestTimeoutS', kind: 'posint' },
-  body_limit_bytes: { field: 'bodyLimitBytes', kind: 'posint' },
-  chat_template: { field: 'chatTemplate', kind: 'string', path: true },
-  drain_timeout_s: { field: 'drainTimeoutS', kind: 'int' },
-  vram_budget: { field: 'vramBudget', kind: 'size' },
-  host_budget: { field: 'hostBudget', kind: 'size' },
-  offload_dir: { field: 'offloadDir', kind: 'string', path: true },
-  kv_vram_budget: { field: 'kvVramBudget', kind: 'size' },
-  kv_host_budget: { field: 'kvHostBudget', kind: 'size' },
-  kv_offload_dir: { field: 'kvOffloadDir', kind: 'string', path: true },
-  kv_warm_link_share: { field: 'kvWarmLinkShare', kind: 'fraction' },
-  pipeline_parallel: { field: 'pipelineParallel', kind: 'posint' },
-  allow_single_device_stages: { field: 'allowSingleDeviceStages', kind: 'bool' },
-};
-
-const BY_FIELD = new Map(Object.entries(KEYS).map(([k, v]) => [v.field as string, k]));
+const BY_FIELD = new Map(CONFIG_OPTIONS.map((s) => [s.name as string, s.toml!]));
 
 /** The TOML key of a config field (for messages about flags). */
 export function configKeyOf(field: keyof ServerConfig): string {
   return BY_FIELD.get(field) ?? field;
-}
-
-function check(key: string, kind: Kind, v: unknown, where: string): unknown {
-  const fail = (what: string): never => {
-    throw new ConfigError(key, `${where}: "${key}" must be ${what}, got ${JSON.stringify(v)}`);
-  };
-  switch (kind) {
-    case 'string':
-      if (typeof v !== 'string' || v.length === 0) fail('a non-empty string');
-      return v;
-    case 'bool':
-      if (typeof v !== 'boolean') fail('true or false');
-      return v;
-    case 'int':
-    case 'posint': {
-      // TOML integers may come back as bigint.
-      const n = typeof v === 'bigint' ? Number(v) : v;
-      if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < (kind === 'posint' ? 1 : 0)) fail(kind === 'posint' ? 'a positive integer' : 'a non-negative integer');
-      if (key === 'port' && (n as number) > 65535) fail('a port number (0-65535)');
-      return n;
-    }
-    case 'backend':
-      if (v !== 'cpu' && v !== 'cuda' && v !== 'auto') fail('"cpu", "cuda" or "auto"');
-      return v;
-    case 'numerics':
-    case 'precision':
-      if (v !== 'exact' && v !== 'bf16') fail('"exact" or "bf16"');
-      return v;
-    case 'fraction':
-      if (typeof v !== 'number' || !(v >= 0 && v <= 1)) fail('a number from 0 to 1');
-      return v;
-    case 'kvdtype':
-      if (v !== 'auto' && v !== 'f32' && v !== 'bf16') fail('"auto", "f32" or "bf16"');
-      return v;
-    case 'size':
-      // A string with a unit ("4GiB", "512MB", "4G" = 4 GiB) or an integer byte count.
-      if (typeof v !== 'string' && typeof v !== 'number' && typeof v !== 'bigint') fail('a size such as "4GiB" or a positive integer byte count');
-      try {
-        return parseSize(v as string | number | bigint, `${where}: "${key}"`);
-      } catch (e) {
-        throw new ConfigError(key, (e as Error).message);
-      }
-  }
 }
 
 /**
@@ -184,11 +133,11 @@ function check(key: string, kind: Kind, v: unknown, where: string): unknown {
 export function parseConfigTable(table: Record<string, unknown>, where: string, baseDir?: string): Partial<ServerConfig> {
   const out: Partial<ServerConfig> = {};
   for (const [key, raw] of Object.entries(table)) {
-    const spec = KEYS[key];
-    if (!spec) throw new ConfigError(key, `${where}: unknown key "${key}" (known: ${Object.keys(KEYS).join(', ')})`);
-    let v = check(key, spec.kind, raw, where);
-    if (spec.path && baseDir !== undefined) v = resolve(baseDir, v as string);
-    (out as Record<string, unknown>)[spec.field] = v;
+    const spec = KEYS.get(key);
+    if (!spec) throw new ConfigError(key, `${where}: unknown key "${key}" (known: ${[...KEYS.keys()].join(', ')})`);
+    let v = checkOptionValue(spec, key, raw, where);
+    if (spec.kind === 'path' && baseDir !== undefined) v = resolve(baseDir, v as string);
+    (out as Record<string, unknown>)[spec.name] = v;
   }
   return out;
 }
@@ -228,13 +177,11 @@ export function mergeConfig(file: Partial<ServerConfig>, flags: Partial<ServerCo
  */
 export function checkKvTiers(config: Pick<ServerConfig, 'kvVramBudget' | 'kvHostBudget' | 'kvOffloadDir' | 'kvWarmLinkShare'>): void {
   if (config.kvVramBudget !== undefined) return;
-  const extra: [string, string][] = [];
-  if (config.kvHostBudget !== undefined) extra.push(['kv_host_budget', '--kv-host-budget']);
-  if (config.kvOffloadDir !== undefined) extra.push(['kv_offload_dir', '--kv-offload-dir']);
-  if (config.kvWarmLinkShare !== undefined) extra.push(['kv_warm_link_share', '--kv-warm-link-share']);
+  const extra = (['kvHostBudget', 'kvOffloadDir', 'kvWarmLinkShare'] as const).filter((k) => config[k] !== undefined).map(engineOption);
   if (extra.length === 0) return;
-  const named = extra.map(([k, f]) => `${k} (${f})`).join(' and ');
-  throw new ConfigError(extra[0][0], `${named} need${extra.length === 1 ? 's' : ''} kv_vram_budget (--kv-vram-budget): the hot KV pool that the warm and cold KV tiers extend`);
+  const named = extra.map((s) => `${s.toml} (${flagName(s)})`).join(' and ');
+  const hot = engineOption('kvVramBudget');
+  throw new ConfigError(extra[0].toml!, `${named} need${extra.length === 1 ? 's' : ''} ${hot.toml} (${flagName(hot)}): the hot KV pool that the warm and cold KV tiers extend`);
 }
 
 /** Validate flag values with the same rules as file keys (flags arrive already typed). */

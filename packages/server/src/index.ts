@@ -9,5 +9,6 @@ export * from './server.js';
 export * from './state.js';
 export { parseFloatArg, parseFractionArg, parseIdList, parseIntArg, parseSizeArg, progressBar } from './cli-util.js';
 export { formatSize, parseSize, SizeError } from './size.js';
+export { addFlags, checkOptionValue, deriveFlags, optionFlag, type DerivedFlags, type FlagOverride, type FlagPick } from './options.js';
 export * from './memory-report.js';
 export * from './fabric-topology.js';

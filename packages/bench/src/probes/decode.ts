@@ -1,43 +1,35 @@
 import { createHash } from 'node:crypto';
 import { resolve } from 'node:path';
-import { Engine } from '@nerva/engine';
+import { Engine, type BackendChoice, type EngineOptions } from '@nerva/engine';
 import { kvReportJson } from '@nerva/server';
 import { measureCopyBandwidth, syntheticPrompt, withScratchBackend } from '../measure.js';
 
-export interface DecodeProbeOptions {
+/** The engine options the probe hands to Engine.create (each as EngineOptions documents it). */
+type DecodeEngineOptions = Pick<
+  EngineOptions,
+  | 'numerics'
+  | 'matmulPrecision'
+  | 'batchInvariant'
+  | 'kvCacheDtype'
+  | 'vramBudget'
+  | 'hostBudget'
+  | 'offloadDir'
+  | 'kvVramBudget'
+  | 'kvHostBudget'
+  | 'kvOffloadDir'
+  | 'pipelineParallel'
+  | 'allowSingleDeviceStages'
+  | 'runAhead'
+  | 'runAheadSteps'
+>;
+
+export interface DecodeProbeOptions extends DecodeEngineOptions {
   model: string;
-  backend: 'cpu' | 'cuda' | 'auto';
-  /** Activation rounding (default 'exact'). */
-  numerics?: 'exact' | 'bf16';
-  /** Many-row matmul precision (engine option matmulPrecision; default: NERVA_MATMUL, else 'exact'). */
-  matmulPrecision?: 'exact' | 'bf16';
-  /** Batch-invariant decode (engine option batchInvariant; default: NERVA_BATCH_INVARIANT, else off). */
-  batchInvariant?: boolean;
-  /** KV cache element type (engine option kvCacheDtype; default 'auto'). */
-  kvCacheDtype?: 'auto' | 'f32' | 'bf16';
+  backend: BackendChoice;
   promptLen: number;
   newTokens: number;
+  /** Time buckets per token (engine option profile; disables graphs). */
   profile?: boolean;
-  /** Compute-tier bytes the engine may use; weights beyond it stream from host memory. */
-  vramBudget?: number;
-  /** Host bytes for streamed weight blocks (beyond: the disk tier). */
-  hostBudget?: number;
-  /** Disk tier directory. */
-  offloadDir?: string;
-  /** Tiered KV: compute-tier bytes for hot KV pages (engine option kvVramBudget). */
-  kvVramBudget?: number;
-  /** Tiered KV: pinned host bytes for warm KV pages (kvHostBudget). */
-  kvHostBudget?: number;
-  /** Tiered KV: cold tier directory (kvOffloadDir). */
-  kvOffloadDir?: string;
-  /** Pipeline stages (engine option pipelineParallel). */
-  pipelineParallel?: number;
-  /** Every stage on one GPU (engine option allowSingleDeviceStages). */
-  allowSingleDeviceStages?: boolean;
-  /** Engine option runAhead (absent: the engine's default). */
-  runAhead?: boolean;
-  /** Engine option runAheadSteps (absent: the engine's default). */
-  runAheadSteps?: number;
 }
 
 /**
@@ -108,7 +100,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       roofline_tok_s: Math.round(roofline * 100) / 100,
       fraction_of_roofline: Math.round((s.decode_tokens_per_s / roofline) * 1000) / 1000,
       // The one-row decode graph's nodes ("1s": the graph of steps within the backend's
-      // decodeShortKeys, "1" past it; the same kernels a token either way).
+      // shortContextKeys, "1" past it; the same kernels a token either way).
       graph_nodes_per_token: nodes['1'] ?? nodes['1s'] ?? null,
       decode_graphs: Object.keys(nodes).sort(),
       // Decode steps enqueued before the host has the previous step's tokens (EngineOptions.runAhead).

@@ -1,7 +1,7 @@
-import { Engine, type GenerateOptions, type PassProfile, type RequestOutcome, type StepSignals } from '@nerva/engine';
+import { Engine, type GenerateOptions, type PassProfile, type RequestOutcome, type StepSignals, type EngineOptions } from '@nerva/engine';
 import { syntheticPrompt } from '../measure.js';
 
-export interface ForkProbeOptions {
+export interface ForkProbeOptions extends Pick<EngineOptions, 'kvCacheDtype' | 'matmulPrecision' | 'batchInvariant'> {
   model: string;
   backend: 'cpu' | 'cuda' | 'auto';
   /** Forks of the prompt (default 32). */
@@ -12,10 +12,6 @@ export interface ForkProbeOptions {
   temperature: number;
   /** Fork i samples with seed + i; its sequential run uses the same seed. */
   seed: number;
-  kvCacheDtype?: 'auto' | 'f32' | 'bf16';
-  matmulPrecision?: 'exact' | 'bf16';
-  /** Batch-invariant decode (engine option batchInvariant; default: NERVA_BATCH_INVARIANT, else off). */
-  batchInvariant?: boolean;
   /**
    * Prefix caching (default off: every block the forks share is shared by the fork itself, and
    * each sequential run prefills the whole prompt, as a request would alone).

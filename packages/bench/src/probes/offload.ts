@@ -1,30 +1,20 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { Engine, type WorkerEngineStats } from '@nerva/engine';
+import { Engine, type WorkerEngineStats, type EngineOptions } from '@nerva/engine';
 import { loadModelConfig, type ModelSpec } from '@nerva/models';
 import { measureH2dBandwidth, syntheticPrompt, withScratchBackend } from '../measure.js';
 
 type MemoryReport = WorkerEngineStats['memory'];
 
-export interface OffloadProbeOptions {
+export interface OffloadProbeOptions extends Pick<EngineOptions, 'hostBudget' | 'offloadDir' | 'numerics' | 'hostCompute'> {
   model: string;
   backend: 'cpu' | 'cuda' | 'auto';
   /** Compute-tier bytes the engine may use (weights, staging slots, KV, activations). */
   vramBudget: number;
-  /** Host bytes for streamed weight blocks (beyond: the disk tier). */
-  hostBudget?: number;
-  /** Disk tier directory. */
-  offloadDir?: string;
-  numerics?: 'exact' | 'bf16';
   promptLen: number;
   newTokens: number;
   /** KV cache bytes (default {@link offloadKvCacheBytes}: one sequence of the probe's length). */
   kvCacheBytes?: number;
-  /**
-   * Compute near data (the engine's hostCompute): 'auto' (default) splits each streamed layer's MLP
-   * by the rates measured at start-up, 'off' streams everything, a fraction in (0, 1) forces it.
-   */
-  hostCompute?: 'auto' | 'off' | number;
   /** A JSON line written by tools/gpu/accelerate_offload.py (default: env NERVA_ACCELERATE_JSON). */
   accelerateJson?: string;
 }

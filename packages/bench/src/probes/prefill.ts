@@ -1,26 +1,17 @@
-import type { MatmulPrecision, Numerics } from '@nerva/core';
-import { Engine, type PassProfile } from '@nerva/engine';
+import { Engine, type PassProfile, type EngineOptions } from '@nerva/engine';
 import type { ModelSpec } from '@nerva/models';
 import { prefillFlops, prefillFlopsByClass } from '../flops.js';
 import { type GemmRate, type GemmShape, measureGemmRate, syntheticPrompt, withScratchBackend } from '../measure.js';
 
-export interface PrefillProbeOptions {
+export interface PrefillProbeOptions extends Pick<EngineOptions, 'matmulPrecision' | 'numerics' | 'kvCacheDtype' | 'vramBudget'> {
   model: string;
   backend: 'cpu' | 'cuda' | 'auto';
   /** Prompt tokens of each timed prefill. */
   promptLen: number;
   /** Timed prefills (default 3), each of a distinct prompt. */
   repeats?: number;
-  /** Many-row matmul precision (engine option matmulPrecision; default: NERVA_MATMUL, else 'exact'). */
-  matmulPrecision?: MatmulPrecision;
-  /** Activation rounding (default: the backend's default, 'exact'). */
-  numerics?: Numerics;
   /** Largest prefill chunk (the engine's maxNumBatchedTokens); default promptLen: the prompt is one chunk. */
   chunk?: number;
-  /** KV cache element type (engine option kvCacheDtype; default 'auto'). */
-  kvCacheDtype?: 'auto' | 'f32' | 'bf16';
-  /** Compute-tier bytes the engine may use (the GEMM rate is then timed on a scratch backend first). */
-  vramBudget?: number;
   /** GEMM shapes of the rate measurement (default: defaultGemmShapes of the backend). */
   gemmShapes?: readonly GemmShape[];
   /** Device time of each shape's timed products, at least (default 200 ms). */

@@ -1,7 +1,7 @@
 import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { DTYPE_BYTES, type DeviceBackend } from '@nerva/core';
-import { Engine, kvDtypeOf, selectBackend, type KvCacheDtype, type RequestOutcome } from '@nerva/engine';
+import { Engine, kvDtypeOf, selectBackend, type RequestOutcome, type EngineOptions } from '@nerva/engine';
 import { meanStepProfile } from './fork.js';
 import { loadModelConfig } from '@nerva/models';
 import {
@@ -15,16 +15,9 @@ import {
   type Workload,
 } from '../workload.js';
 
-export interface ThroughputProbeOptions {
+export interface ThroughputProbeOptions extends Pick<EngineOptions, 'numerics' | 'kvCacheDtype' | 'matmulPrecision' | 'batchInvariant' | 'maxNumSeqs' | 'maxNumBatchedTokens'> {
   model: string;
   backend: 'cpu' | 'cuda' | 'auto';
-  numerics?: 'exact' | 'bf16';
-  /** KV cache element type (engine option kvCacheDtype; default 'auto'). */
-  kvCacheDtype?: 'auto' | KvCacheDtype;
-  /** Many-row matmul precision (engine option matmulPrecision; default: NERVA_MATMUL, else 'exact'). */
-  matmulPrecision?: 'exact' | 'bf16';
-  /** Batch-invariant decode (backend option batchInvariant; default: NERVA_BATCH_INVARIANT, else off). */
-  batchInvariant?: boolean;
   /** Workload parameters (nano-vllm's bench.py: 256 requests, lengths 100..1024, seed 0). */
   requests?: number;
   minLen?: number;
@@ -39,8 +32,6 @@ export interface ThroughputProbeOptions {
   workloadOnly?: boolean;
   /** Rerun this many requests alone (evenly spread, the longest included) and compare tokens. */
   verify?: number;
-  maxNumSeqs?: number;
-  maxNumBatchedTokens?: number;
   /** KV cache bytes (default: the whole workload at once, where the device has room). */
   kvCacheBytes?: number;
   /** A JSON line written by tools/gpu/torch_throughput.py on the same workload: the ratio to it. */

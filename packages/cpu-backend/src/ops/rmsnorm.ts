@@ -14,7 +14,7 @@ export function rmsnorm(ctx: OpContext, a: OpArgs<'rmsnorm'>): void {
   const n = rows * dim;
   const x = ctx.floats('x', a.x, n);
   const w = ctx.floats('weight', a.weight, dim);
-  // out may be bf16 (capabilities.bf16Activations): each value rounded as it is stored.
+  // out may be bf16 (capabilities.activationDtypes): each value rounded as it is stored.
   const { data: out, store } = ctx.f32OrBf16('out', a.out, n);
   const res = a.residual === undefined ? undefined : ctx.f32('residual', a.residual, n);
   if (a.residual !== undefined) ctx.distinct('residual', a.residual, 'x', a.x);

@@ -7,7 +7,7 @@ export function siluMul(ctx: OpContext, a: OpArgs<'silu_mul'>): void {
   const rows = ctx.count('rows', a.rows);
   const dim = ctx.count('dim', a.dim, 1);
   const x = ctx.floats('x', a.x, rows * 2 * dim);
-  // out may be bf16 (capabilities.bf16Activations): each value rounded as it is stored.
+  // out may be bf16 (capabilities.activationDtypes): each value rounded as it is stored.
   const { data: out, store } = ctx.f32OrBf16('out', a.out, rows * dim);
   ctx.distinct('out', a.out, 'x', a.x);
   if (ctx.dry) return;

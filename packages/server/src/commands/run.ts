@@ -1,14 +1,39 @@
 import { resolve } from 'node:path';
-import { Engine, type GenerateOptions } from '@nerva/engine';
+import { Engine, engineOption, type EngineOptions, type GenerateOptions } from '@nerva/engine';
 import type { Command } from 'commander';
-import { Option } from 'commander';
 import { checkKvTiers } from '../config.js';
 import { defaultModelDir } from '../default-model.js';
 import { memoryReportJson, tiersJson } from '../memory-report.js';
-import { parseFloatArg, parseFractionArg, parseIdList, parseIntArg, parseSizeArg, progressBar } from '../cli-util.js';
+import { parseFloatArg, parseIdList, parseIntArg, progressBar } from '../cli-util.js';
+import { addFlags, deriveFlags } from '../options.js';
 
+/** The engine options `nerva run` takes, by their EngineOptions names (defaults apply: no config file here). */
+const ENGINE_FLAGS = deriveFlags(
+  (
+    [
+      'model',
+      'backend',
+      'numerics',
+      'matmulPrecision',
+      'batchInvariant',
+      'kvCacheDtype',
+      'vramBudget',
+      'hostBudget',
+      'offloadDir',
+      'kvVramBudget',
+      'kvHostBudget',
+      'kvOffloadDir',
+      'kvWarmLinkShare',
+      'pipelineParallel',
+      'allowSingleDeviceStages',
+      'profile',
+    ] as const
+  ).map(engineOption),
+  { applyDefaults: true },
+);
+
+/** The flags of `nerva run` that are not engine options. */
 interface RunFlags {
-  model?: string;
   prompt?: string;
   promptIds?: number[];
   maxTokens: number;
@@ -17,29 +42,13 @@ interface RunFlags {
   topP?: number;
   minP?: number;
   seed?: number;
-  backend: 'cpu' | 'cuda' | 'auto';
-  numerics?: 'exact' | 'bf16';
-  matmulPrecision?: 'exact' | 'bf16';
-  batchInvariant?: boolean;
-  kvCacheDtype?: 'auto' | 'f32' | 'bf16';
   json?: boolean;
-  profile?: boolean;
-  vramBudget?: number;
-  hostBudget?: number;
-  offloadDir?: string;
-  kvVramBudget?: number;
-  kvHostBudget?: number;
-  kvOffloadDir?: string;
-  kvWarmLinkShare?: number;
-  pipelineParallel?: number;
-  allowSingleDeviceStages?: boolean;
 }
 
 export function registerRun(program: Command): void {
-  program
+  const cmd = program
     .command('run')
     .description('generate text from a model (the embedded default model when --model is absent)')
-    .option('--model <dir>', 'model folder (config.json + safetensors + tokenizer.json)')
     .option('--prompt <text>', 'prompt text')
     .option('--prompt-ids <ids>', 'prompt as comma-separated token ids', parseIdList)
     .option('--max-tokens <n>', 'tokens to generate', parseIntArg('--max-tokens'), 128)
@@ -47,47 +56,18 @@ export function registerRun(program: Command): void {
     .option('--top-k <k>', 'top-k (0 = off)', parseIntArg('--top-k'))
     .option('--top-p <p>', 'top-p', parseFloatArg('--top-p'))
     .option('--min-p <p>', 'min-p', parseFloatArg('--min-p'))
-    .option('--seed <s>', 'seed for reproducible sampling', parseIntArg('--seed'))
-    .addOption(new Option('--backend <name>', 'compute backend').choices(['cpu', 'cuda', 'auto']).default('auto'))
-    .addOption(new Option('--numerics <mode>', "activation rounding: exact (default) or bf16 (transformers' bf16 rounding points)").choices(['exact', 'bf16']))
-    .addOption(new Option('--matmul-precision <p>', 'matmuls over more than 8 rows (prefill): exact (default, f32-grade) or bf16 (activations rounded to bf16 once; faster). Default from NERVA_MATMUL').choices(['exact', 'bf16']))
-    .option('--batch-invariant', 'batch-invariant decode on CUDA: each request gets the tokens it gets alone, whatever shares the batch (slower decode batches); default NERVA_BATCH_INVARIANT, else off')
-    .addOption(new Option('--kv-cache-dtype <dtype>', 'KV cache element type: auto (f32 under exact numerics, bf16 under bf16 numerics), f32, or bf16 (keys and values rounded once when stored: half the bytes a token)').choices(['auto', 'f32', 'bf16']))
-    .option('--vram-budget <size>', 'compute-tier memory the engine may use, e.g. 4GiB (G = GiB); weights that do not fit stream from host memory', parseSizeArg('--vram-budget'))
-    .option('--host-budget <size>', 'host memory for streamed weights, e.g. 32GiB; beyond it they spill to --offload-dir', parseSizeArg('--host-budget'))
-    .option('--offload-dir <dir>', 'directory of the disk tier for weights the host budget cannot hold')
-    .option('--kv-vram-budget <size>', 'tiered KV: compute-tier memory for hot KV pages, e.g. 64MiB; pages beyond it move to pinned host memory (same tokens)', parseSizeArg('--kv-vram-budget'))
-    .option('--kv-host-budget <size>', 'tiered KV: pinned host memory for warm KV pages (default 8x --kv-vram-budget); beyond it they spill to --kv-offload-dir', parseSizeArg('--kv-host-budget'))
-    .option('--kv-offload-dir <dir>', 'tiered KV: directory of the cold tier for KV pages (swapped-out sequences)')
-    .option('--kv-warm-link-share <x>', 'tiered KV: share (0..1) of the warm KV pages the GPU attends over itself, streamed through VRAM over PCIe a layer ahead, while the host CPU attends over the rest (default on a GPU: what a staging of a quarter of --kv-vram-budget holds, up to 1; 0 on the CPU backend)', parseFractionArg('--kv-warm-link-share'))
-    .option('--pipeline-parallel <n>', 'pipeline stages: the layers split into N contiguous ranges (N > 1 needs N GPUs on CUDA; any N on the CPU backend)', parseIntArg('--pipeline-parallel', { positive: true }))
-    .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
-    .option('--profile', 'split device time per token into buckets (projection, norm, attention, mlp, sampling)')
+    .option('--seed <s>', 'seed for reproducible sampling', parseIntArg('--seed'));
+  addFlags(cmd, ENGINE_FLAGS)
     .option('--json', 'end with one JSON line: ids, text, first-position logits and the ledger summary')
-    .action(async (f: RunFlags) => {
+    .action(async (f: RunFlags & Record<string, unknown>) => {
       if (f.prompt !== undefined && f.promptIds !== undefined) throw new Error('give --prompt or --prompt-ids, not both');
-      checkKvTiers(f);
-      const model = f.model ?? defaultModelDir();
+      const e = ENGINE_FLAGS.read(f) as Partial<EngineOptions>;
+      checkKvTiers(e);
+      const model = e.model ?? defaultModelDir();
+      const offloadDir = e.offloadDir !== undefined ? resolve(e.offloadDir) : undefined;
+      const kvOffloadDir = e.kvOffloadDir !== undefined ? resolve(e.kvOffloadDir) : undefined;
       const bar = progressBar('loading weights');
-      const engine = await Engine.create({
-        model,
-        backend: f.backend,
-        numerics: f.numerics,
-        matmulPrecision: f.matmulPrecision,
-        ...(f.batchInvariant !== undefined ? { batchInvariant: f.batchInvariant } : {}),
-        kvCacheDtype: f.kvCacheDtype,
-        profile: f.profile,
-        vramBudget: f.vramBudget,
-        hostBudget: f.hostBudget,
-        offloadDir: f.offloadDir !== undefined ? resolve(f.offloadDir) : undefined,
-        kvVramBudget: f.kvVramBudget,
-        kvHostBudget: f.kvHostBudget,
-        kvOffloadDir: f.kvOffloadDir !== undefined ? resolve(f.kvOffloadDir) : undefined,
-        kvWarmLinkShare: f.kvWarmLinkShare,
-        pipelineParallel: f.pipelineParallel,
-        allowSingleDeviceStages: f.allowSingleDeviceStages,
-        onProgress: (p) => bar(p.done, p.total),
-      });
+      const engine = await Engine.create({ ...e, model, offloadDir, kvOffloadDir, onProgress: (p) => bar(p.done, p.total) });
       try {
         for (const n of engine.notes) process.stderr.write(`nerva: ${n}\n`);
         const gen = engine.generationDefaults;
@@ -135,12 +115,12 @@ export function registerRun(program: Command): void {
             memory: {
               ...memoryReportJson(mem),
               tiers: tiersJson(mem),
-              vram_budget_bytes: f.vramBudget ?? null,
-              host_budget_bytes: f.hostBudget ?? null,
-              offload_dir: f.offloadDir !== undefined ? resolve(f.offloadDir) : null,
-              kv_vram_budget_bytes: f.kvVramBudget ?? null,
-              kv_host_budget_bytes: f.kvHostBudget ?? null,
-              kv_offload_dir: f.kvOffloadDir !== undefined ? resolve(f.kvOffloadDir) : null,
+              vram_budget_bytes: e.vramBudget ?? null,
+              host_budget_bytes: e.hostBudget ?? null,
+              offload_dir: offloadDir ?? null,
+              kv_vram_budget_bytes: e.kvVramBudget ?? null,
+              kv_host_budget_bytes: e.kvHostBudget ?? null,
+              kv_offload_dir: kvOffloadDir ?? null,
               kv_warm_link_share: mem.kv ? (mem.kv.staging?.share ?? 0) : null,
             },
           };

@@ -1,0 +1,267 @@
+/** Conformance cases, matmul family: matmul, fused_matmul, mlp_slice and the MoE router and expert MLP. */
+import { ConformanceRng, step, f32, i32, bf16, floatOut, intOut, type BufDef, type Excuse, type CaseDef, type CaseTable } from './kit.js';
+
+interface MatmulShape {
+  rows: number;
+  inDim: number;
+  outDim: number;
+  bias?: boolean;
+  weightOffset?: number;
+  weight?: 'f32' | 'bf16';
+  /** A bf16 x (capabilities.activationDtypes; more than 8 rows). */
+  x?: 'bf16';
+}
+
+function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
+  return {
+    name,
+    large,
+    activationDtype: s.x === 'bf16' ? 'bf16' : undefined,
+    build: (rng) => {
+      const off = s.weightOffset ?? 0;
+      // Values around the used window are garbage a backend must not read.
+      const w = rng.normals(off + s.outDim * s.inDim + 17, 1 / Math.sqrt(s.inDim));
+      const buffers: Record<string, BufDef> = {
+        x: s.x === 'bf16' ? bf16(rng.normals(s.rows * s.inDim)) : f32(rng.normals(s.rows * s.inDim)),
+        weight: s.weight === 'bf16' ? bf16(w) : f32(w),
+        out: f32(rng.normals(s.rows * s.outDim + 5)),
+      };
+      if (s.bias) buffers.bias = f32(rng.normals(s.outDim));
+      return {
+        buffers,
+        steps: [
+          step('matmul', (b) => ({
+            x: b.x,
+            weight: b.weight,
+            out: b.out,
+            rows: s.rows,
+            inDim: s.inDim,
+            outDim: s.outDim,
+            ...(s.bias ? { bias: b.bias } : {}),
+            ...(s.weightOffset !== undefined ? { weightOffset: s.weightOffset } : {}),
+          })),
+        ],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+interface FusedMatmulShape {
+  rows: number;
+  inDim: number;
+  outDim: number;
+  norm?: boolean;
+  glu?: boolean;
+  accumulate?: boolean;
+  bias?: boolean;
+  weight?: 'f32' | 'bf16';
+  eps?: number;
+}
+
+function fusedMatmulCase(name: string, s: FusedMatmulShape, large = false): CaseDef {
+  return {
+    name,
+    large,
+    build: (rng) => {
+      const wRows = s.glu ? 2 * s.outDim : s.outDim;
+      const w = rng.normals(wRows * s.inDim, 1 / Math.sqrt(s.inDim));
+      const buffers: Record<string, BufDef> = {
+        // A norm input far from unit scale, so a backend that skips the normalization is caught.
+        x: f32(rng.normals(s.rows * s.inDim, s.norm ? 7 : 1.5)),
+        weight: s.weight === 'bf16' ? bf16(w) : f32(w),
+        out: f32(rng.normals(s.rows * s.outDim + 3, 2)),
+      };
+      if (s.bias) buffers.bias = f32(rng.normals(s.outDim));
+      if (s.norm) buffers.normWeight = f32(rng.normals(s.inDim, 0.3).map((v) => 1 + v));
+      return {
+        buffers,
+        steps: [
+          step('fused_matmul', (b) => ({
+            x: b.x,
+            weight: b.weight,
+            out: b.out,
+            rows: s.rows,
+            inDim: s.inDim,
+            outDim: s.outDim,
+            ...(s.bias ? { bias: b.bias } : {}),
+            ...(s.norm ? { normWeight: b.normWeight, eps: s.eps ?? 1e-6 } : {}),
+            ...(s.glu ? { glu: true } : {}),
+            ...(s.accumulate ? { accumulate: true } : {}),
+          })),
+        ],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+/**
+ * mlp_slice with its weights (and staging) in the host tier: compute near data. Weights are bf16,
+ * what a GPU backend stores and its host kernels read (the CPU reference also takes f32: its own
+ * tests cover that).
+ */
+function mlpSliceCase(name: string, rows: number, hidden: number, inter: number, weight: 'f32' | 'bf16'): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const w = (n: number, fan: number) => rng.normals(n, 1 / Math.sqrt(fan));
+      const host = (d: BufDef): BufDef => ({ ...d, tier: 'pinned' });
+      const wt = (d: Float32Array) => host(weight === 'bf16' ? bf16(d) : f32(d));
+      return {
+        buffers: {
+          // Far from unit scale, so a backend that skips the normalization is caught.
+          x: f32(rng.normals(rows * hidden, 6)),
+          normWeight: host(f32(rng.normals(hidden, 0.3).map((v) => 1 + v))),
+          gateUp: wt(w(2 * inter * hidden, hidden)),
+          down: wt(w(hidden * inter, Math.max(inter, 1))),
+          out: f32(rng.normals(rows * hidden + 2, 3)),
+          xHost: host(f32(new Float32Array(rows * hidden))),
+          yHost: host(f32(new Float32Array(rows * hidden))),
+        },
+        steps: [
+          step('mlp_slice', (b) => ({ x: b.x, normWeight: b.normWeight, gateUp: b.gateUp, down: b.down, out: b.out, rows, hidden, inter, eps: 1e-6, xHost: b.xHost, yHost: b.yHost })),
+        ],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+/**
+ * Router logits with well separated values (a shuffled ladder with step 0.08 plus noise under
+ * 0.02), so the top-k set is never decided by rounding.
+ */
+function routerLogits(rng: ConformanceRng, rows: number, experts: number): Float32Array {
+  const a = new Float32Array(rows * experts);
+  for (let r = 0; r < rows; r++) {
+    const p = rng.perm(experts);
+    for (let e = 0; e < experts; e++) a[r * experts + e] = (p[e] - experts / 2) * 0.08 + (rng.next() - 0.5) * 0.02;
+  }
+  return a;
+}
+
+/** Softmax of one row in float64 (for the near-tie excuse of topIds). */
+function softmaxRow(x: ArrayLike<number>, off: number, n: number): Float64Array {
+  const p = new Float64Array(n);
+  let max = -Infinity;
+  for (let i = 0; i < n; i++) max = Math.max(max, x[off + i]);
+  let sum = 0;
+  for (let i = 0; i < n; i++) sum += p[i] = Math.exp(x[off + i] - max);
+  for (let i = 0; i < n; i++) p[i] /= sum;
+  return p;
+}
+
+function moeRouteCase(name: string, rows: number, numExperts: number, topK: number, normalize: boolean): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const logits = routerLogits(rng, rows, numExperts);
+      const excuse: Excuse = (i, got, ref, relTol, absTol) => {
+        const r = Math.floor(i / topK);
+        const p = softmaxRow(logits, r * numExperts, numExperts);
+        return got >= 0 && got < numExperts && Math.abs(p[got] - p[ref]) <= relTol + absTol;
+      };
+      return {
+        buffers: { logits: f32(logits), topIds: i32(new Int32Array(rows * topK).fill(-7)), topWeights: f32(rng.normals(rows * topK)) },
+        steps: [step('moe_route', (b) => ({ logits: b.logits, topIds: b.topIds, topWeights: b.topWeights, rows, numExperts, topK, normalize }))],
+        outputs: [intOut('topIds', excuse), floatOut('topWeights')],
+      };
+    },
+  };
+}
+
+function moeMlpCase(name: string, rows: number, hidden: number, inter: number, experts: number, topK: number, weight: 'f32' | 'bf16'): CaseDef {
+  return {
+    name,
+    build: (rng) => {
+      const ids: number[] = [];
+      const wts = new Float32Array(rows * topK);
+      for (let r = 0; r < rows; r++) {
+        const chosen = rng.perm(experts).slice(0, topK);
+        let sum = 0;
+        for (let k = 0; k < topK; k++) sum += wts[r * topK + k] = 0.1 + rng.next();
+        for (let k = 0; k < topK; k++) wts[r * topK + k] /= sum;
+        ids.push(...chosen);
+      }
+      const gu = rng.normals(experts * 2 * inter * hidden, 1 / Math.sqrt(hidden));
+      const dn = rng.normals(experts * hidden * inter, 1 / Math.sqrt(inter));
+      const wb = weight === 'bf16' ? bf16 : f32;
+      return {
+        buffers: {
+          x: f32(rng.normals(rows * hidden)),
+          topIds: i32(ids),
+          topWeights: f32(wts),
+          gateUp: wb(gu),
+          down: wb(dn),
+          out: f32(rng.normals(rows * hidden + 1)),
+        },
+        steps: [
+          step('moe_mlp', (b) => ({
+            x: b.x,
+            topIds: b.topIds,
+            topWeights: b.topWeights,
+            gateUp: b.gateUp,
+            down: b.down,
+            out: b.out,
+            rows,
+            hidden,
+            inter,
+            topK,
+          })),
+        ],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
+export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice' | 'moe_route' | 'moe_mlp'> = {
+  matmul: [
+    matmulCase('1 row 67 -> 29', { rows: 1, inDim: 67, outDim: 29 }),
+    matmulCase('5 rows 64 -> 48, bias', { rows: 5, inDim: 64, outDim: 48, bias: true }),
+    matmulCase('3 rows 33 -> 7, weightOffset 100', { rows: 3, inDim: 33, outDim: 7, weightOffset: 100 }),
+    matmulCase('2 rows 3 -> 5', { rows: 2, inDim: 3, outDim: 5 }),
+    matmulCase('1 row 256 -> 130, bf16 weights', { rows: 1, inDim: 256, outDim: 130, weight: 'bf16' }),
+    matmulCase('8 rows 96 -> 80, bf16 weights, bias, weightOffset', { rows: 8, inDim: 96, outDim: 80, weight: 'bf16', bias: true, weightOffset: 96 * 3 }),
+    matmulCase('1 row 1024 -> 4096, bf16 weights', { rows: 1, inDim: 1024, outDim: 4096, weight: 'bf16' }, true),
+    matmulCase('17 rows 512 -> 1536, bias', { rows: 17, inDim: 512, outDim: 1536, bias: true }, true),
+    // A bf16 x (capabilities.activationDtypes): the prefill projections' inputs.
+    matmulCase('12 rows 64 -> 40, bf16 x, bf16 weights, bias', { rows: 12, inDim: 64, outDim: 40, weight: 'bf16', bias: true, x: 'bf16' }),
+    matmulCase('70 rows 1024 -> 768, bf16 x, bf16 weights, weightOffset', { rows: 70, inDim: 1024, outDim: 768, weight: 'bf16', weightOffset: 1024 * 5, x: 'bf16' }, true),
+  ],
+  fused_matmul: [
+    fusedMatmulCase('1 row 64 -> 40, rmsnorm input', { rows: 1, inDim: 64, outDim: 40, norm: true }),
+    fusedMatmulCase('3 rows 37 -> 11, rmsnorm input eps 1e-5, bias', { rows: 3, inDim: 37, outDim: 11, norm: true, eps: 1e-5, bias: true }),
+    fusedMatmulCase('2 rows 48 -> 24, rmsnorm input, glu', { rows: 2, inDim: 48, outDim: 24, norm: true, glu: true }),
+    fusedMatmulCase('1 row 13 -> 9, glu', { rows: 1, inDim: 13, outDim: 9, glu: true }),
+    fusedMatmulCase('5 rows 32 -> 16, accumulate, bias', { rows: 5, inDim: 32, outDim: 16, accumulate: true, bias: true }),
+    fusedMatmulCase('1 row 256 -> 96, bf16, rmsnorm input', { rows: 1, inDim: 256, outDim: 96, norm: true, weight: 'bf16' }),
+    fusedMatmulCase('9 rows 64 -> 32, bf16, rmsnorm, glu', { rows: 9, inDim: 64, outDim: 32, norm: true, glu: true, weight: 'bf16' }),
+    fusedMatmulCase('3 rows 64 -> 24, bf16, accumulate', { rows: 3, inDim: 64, outDim: 24, accumulate: true, weight: 'bf16' }),
+    fusedMatmulCase('1 row 1024 -> 4096, bf16, rmsnorm input', { rows: 1, inDim: 1024, outDim: 4096, norm: true, weight: 'bf16' }, true),
+    fusedMatmulCase('1 row 1024 -> 3072, bf16, rmsnorm, glu', { rows: 1, inDim: 1024, outDim: 3072, norm: true, glu: true, weight: 'bf16' }, true),
+    fusedMatmulCase('1 row 3072 -> 1024, bf16, accumulate', { rows: 1, inDim: 3072, outDim: 1024, accumulate: true, weight: 'bf16' }, true),
+    fusedMatmulCase('4 rows 2048 -> 1024, bf16, rmsnorm, accumulate', { rows: 4, inDim: 2048, outDim: 1024, norm: true, accumulate: true, weight: 'bf16' }, true),
+    // Batched decode: past 8 rows a backend may switch to a GEMM with a fused epilogue.
+    fusedMatmulCase('40 rows 1024 -> 3072, bf16, rmsnorm, glu', { rows: 40, inDim: 1024, outDim: 3072, norm: true, glu: true, weight: 'bf16' }, true),
+    fusedMatmulCase('33 rows 3072 -> 1024, bf16, accumulate', { rows: 33, inDim: 3072, outDim: 1024, accumulate: true, weight: 'bf16' }, true),
+    fusedMatmulCase('17 rows 256 -> 96, bf16, rmsnorm, bias', { rows: 17, inDim: 256, outDim: 96, norm: true, bias: true, weight: 'bf16' }, true),
+  ],
+  mlp_slice: [
+    mlpSliceCase('1 row, hidden 64, 24 channels, bf16', 1, 64, 24, 'bf16'),
+    mlpSliceCase('3 rows, hidden 70, 33 channels (odd tails), bf16', 3, 70, 33, 'bf16'),
+    mlpSliceCase('8 rows, hidden 128, 96 channels, bf16', 8, 128, 96, 'bf16'),
+  ],
+  moe_route: [
+    moeRouteCase('4 rows, 8 experts, top 2, normalized', 4, 8, 2, true),
+    moeRouteCase('3 rows, 60 experts, top 4, not normalized', 3, 60, 4, false),
+    moeRouteCase('2 rows, 128 experts, top 8, normalized', 2, 128, 8, true),
+    moeRouteCase('1 row, topK = numExperts = 5', 1, 5, 5, false),
+  ],
+  moe_mlp: [
+    moeMlpCase('3 rows, hidden 16, inter 12, 4 experts, top 2', 3, 16, 12, 4, 2, 'f32'),
+    moeMlpCase('2 rows, hidden 24, inter 10, 8 experts, top 3, bf16', 2, 24, 10, 8, 3, 'bf16'),
+    moeMlpCase('1 row, hidden 7, inter 5, 3 experts, top 1', 1, 7, 5, 3, 1, 'f32'),
+  ],
+};
