@@ -1,11 +1,11 @@
-// Standalone check of native/host_attention.cc (no CUDA) against a float64 reference: f32, bf16
+// Standalone check of native/host/host_attention.cc (no CUDA) against a float64 reference: f32, bf16
 // and f16 caches, GQA groups of 1, 4 and 12 (more than one pass of 8 heads), head dims 32, 80
 // and 128, windows, blocks missing from this cache (negative entries: partial attention with
 // lse), rows with no position left, pools of 1 and 4 threads (bitwise equal), out-of-range block
 // ids (NaN rows, counted), no allocation once reserved. Built and run by
 // test/host-attention-native.test.ts:
-//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Inative test/native/host_attention_test.cc native/host_attention.cc \
-//     native/host_pool.cc
+//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Inative/host -Inative/common test/native/host_attention_test.cc
+//     native/host/host_attention.cc native/host/host_pool.cc native/host/isa.cc native/common/knobs.cc
 // Prints one JSON line per case and a summary line; exits 1 when a case fails.
 //
 // Error bound. The kernel rounds each score s_p to f32 (a dot of hd terms: error <= hd u
