@@ -1,4 +1,4 @@
-// Benchmark of the host MLP (packages/cuda-backend/native/host_mlp.cc) on the GPU machine: the
+// Benchmark of the host MLP (packages/cuda-backend/native/host/host_mlp.cc) on the GPU machine: the
 // Qwen3-8B MLP shape (H 4096, I 12288) with c host channels, weight bytes read per second
 // (3 * c * H * 2 bytes per call), alone and while a concurrent cudaMemcpyAsync loop copies a 1 GiB
 // pinned buffer to the device over and over (how the CPU and the DMA share DRAM bandwidth).
