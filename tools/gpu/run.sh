@@ -155,7 +155,6 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   # The limit of a tiered mix uses the DRAM read rate the hostattn phase measured (when it ran).
   if has longctx; then export NERVA_HOST_READ_GBPS=$(grep -o '"read_gbps":[0-9.]*' "$OUT/hostattn.json" 2>/dev/null | cut -d: -f2); for ctx in ${NERVA_LONGCTX_CONTEXT:-1024 4096}; do runjs "long-context $size $ctx" long_context.mjs "$dir" $ctx ${NERVA_LONGCTX_TOKENS:-32} ${NERVA_LONGCTX_RATIOS:-2,4}; done; fi
   has bench && runjs "bench $size" bench.mjs "$dir" 128 256
-  has bench && NERVA_CUDA_DECODER=persistent runjs "bench $size persistent" bench.mjs "$dir" 128 256
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
   if has offload; then
     # The baseline first (it frees the GPU when it exits), then NERVA on the same files, same budget.

@@ -62,5 +62,5 @@ describe.skipIf(!hasGxx)('host attention math (native/host_attention.cc, g++, no
     expect(runProgram(exe, { NERVA_HOST_SPIN_US: '' }).summary.spinUs).toBe(1000); // the knob's default
     expect(runProgram(exe, { NERVA_HOST_SPIN_US: 'x' }).summary.spinUs).toBe(1000); // validateKnobs reports it
     expect(runProgram(exe, { NERVA_HOST_SPIN_US: '50' }).summary.spinUs).toBe(50);
-  });
+  }, 60_000);
 });

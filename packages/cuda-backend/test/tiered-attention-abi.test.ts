@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { DeviceBuffer, DType, Tier } from '@nerva/core';
-import { OpEncoder, type ResolvedBuffer } from '../src/abi.js';
+import { OpEncoder, type ResolvedBuffer } from '../src/abi/index.js';
 import { hostAttentionPlan, type ResolvedAttnBuf } from '../src/host-attention.js';
 import { CudaArgumentError } from '../src/index.js';
 
