@@ -66,7 +66,7 @@ export interface NativeCounters {
 }
 
 /**
- * A host MLP (native/host_mlp.cc): part of a streamed layer's MLP computed on the CPU, where its
+ * A host MLP (native/host/host_mlp.cc): part of a streamed layer's MLP computed on the CPU, where its
  * weights are. For r < rows: xn = RMSNorm(x[r]) * normW (eps), a = silu(gate . xn) * (up . xn)
  * over the `inter` channels given here, y[r] = down . a (written, not accumulated). Addresses as
  * JS numbers; the pinned arena's addresses (info().pinnedBase + offset) are translated to its host

@@ -2,7 +2,7 @@ import { spawnSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildNative, HOST_BASE, hasGxx } from './native-build.js';
 
-// The host attention math (native/host_attention.cc: tiered KV's warm partial, computed by the
+// The host attention math (native/host/host_attention.cc: tiered KV's warm partial, computed by the
 // CPU where the pages lie) without CUDA or the addon: test/native/host_attention_test.cc is
 // compiled with g++ and checks f32/bf16/f16 caches, GQA, windows and missing blocks against a
 // float64 reference, with its error bound stated in that file. Skipped where there is no g++.
@@ -32,7 +32,7 @@ function runProgram(exe: string, env: Record<string, string>): { cases: CaseLine
   };
 }
 
-describe.skipIf(!hasGxx)('host attention math (native/host_attention.cc, g++, no CUDA)', () => {
+describe.skipIf(!hasGxx)('host attention math (native/host/host_attention.cc, g++, no CUDA)', () => {
   let exe = '';
   let dispose = () => {};
 

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadAddon, type NativeAddon, type NativeContext } from '../src/native.js';
 
-// The addon's host-MLP methods (native/addon.cc -> native/host_mlp.cc) on a real context: run now,
+// The addon's host-MLP methods (native/addon/host_compute.cc -> native/host/host_mlp.cc) on a real context: run now,
 // enqueued on a stream, and replayed from a captured graph, against a float64 reference; the
 // argument checks. Needs a GPU and an addon with hostMlpCreate: skipped elsewhere (CI). The math
 // itself is checked without a GPU by host-mlp-native.test.ts.

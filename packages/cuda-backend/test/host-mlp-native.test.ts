@@ -3,7 +3,7 @@ import os from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildNative, HOST_BASE, hasGxx } from './native-build.js';
 
-// The host MLP math (native/host_mlp.cc) without CUDA or the addon: test/native/host_mlp_test.cc
+// The host MLP math (native/host/host_mlp.cc) without CUDA or the addon: test/native/host_mlp_test.cc
 // is compiled here with g++ and checks every vector path this CPU has (scalar, AVX2, AVX-512)
 // against a float64 reference, with the error bound and its reason stated in that file. Skipped
 // where there is no g++.
@@ -50,7 +50,7 @@ function runProgram(exe: string, env: Record<string, string>): { cases: CaseLine
   };
 }
 
-describe.skipIf(!hasGxx)('host MLP math (native/host_mlp.cc, g++, no CUDA)', () => {
+describe.skipIf(!hasGxx)('host MLP math (native/host/host_mlp.cc, g++, no CUDA)', () => {
   let exe = '';
   let dispose = () => {};
 

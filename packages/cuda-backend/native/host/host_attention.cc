@@ -704,8 +704,7 @@ void nerva_host_attention_configure(int threads) { nerva_host_pool_configure(thr
 int nerva_host_attention_threads() { return nerva_host_pool_threads(); }
 
 #ifndef NERVA_HOST_ATTN_NO_CUDA
-namespace {
-void CUDART_CB hostAttnHostFn(void* p) {
+void nerva_host_attention_channel_fn(void* p) {
   const HostAttnArgs& a = *static_cast<const HostAttnArgs*>(p);
   try {
     nerva_host_attention(a);
@@ -714,38 +713,21 @@ void CUDART_CB hostAttnHostFn(void* p) {
     for (size_t i = 0; i < (size_t)a.rows * a.numHeads * a.headDim; i++) a.out[i] = std::nanf("");
   }
 }
-}  // namespace
-
-void nerva_host_attention_channel_fn(void* p) { hostAttnHostFn(p); }
 
 int nerva_host_attention_enqueue(CUstream_st* s, const HostAttnArgs* a, const HostAttnStage* st) {
   if (!a || !st || nerva_host_attention_validate(*a) || !st->outDst || (a->lse && !st->lseDst)) return (int)cudaErrorInvalidValue;
   if (a->rows <= 0) return 0;
+  if (!st->channel || !st->qDev || !st->intsDev || !st->outHostDev || (a->lse && !st->lseHostDev)) return (int)cudaErrorInvalidValue;
   const size_t qw = (size_t)a->numHeads * a->headDim;
   const size_t nTables = (size_t)a->numSeqs * a->maxBlocksPerSeq;
-  if (st->channel) {
-    if (!st->qDev || !st->intsDev || !st->outHostDev || (a->lse && !st->lseHostDev)) return (int)cudaErrorInvalidValue;
-    HostChannelCopy in[4], out[2];
-    in[0] = {st->qDev, st->qSrc + st->qOffset, (uint32_t)qw, (uint32_t)a->rows, (uint32_t)qw, (uint32_t)st->qStride};
-    in[1] = {st->intsDev, st->tablesSrc, (uint32_t)nTables, 1, 0, 0};
-    in[2] = {st->intsDev + nTables, st->rowSeqSrc, (uint32_t)a->rows, 1, 0, 0};
-    in[3] = {st->intsDev + nTables + a->rows, st->positionsSrc, (uint32_t)a->rows, 1, 0, 0};
-    out[0] = {st->outDst, st->outHostDev, (uint32_t)(qw * a->rows), 1, 0, 0};
-    int nOut = 1;
-    if (a->lse) out[nOut++] = {st->lseDst, st->lseHostDev, (uint32_t)((size_t)a->rows * a->numHeads), 1, 0, 0};
-    return nerva_host_channel_enqueue(s, st->channel, in, 4, out, nOut);
-  }
-  cudaError_t e = cudaMemcpy2DAsync(const_cast<float*>(a->q), qw * sizeof(float), st->qSrc + st->qOffset, (size_t)st->qStride * sizeof(float),
-                                    qw * sizeof(float), (size_t)a->rows, cudaMemcpyDefault, s);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(const_cast<int*>(a->tables), st->tablesSrc, nTables * sizeof(int), cudaMemcpyDefault, s);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(const_cast<int*>(a->rowSeq), st->rowSeqSrc, (size_t)a->rows * sizeof(int), cudaMemcpyDefault, s);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(const_cast<int*>(a->positions), st->positionsSrc, (size_t)a->rows * sizeof(int), cudaMemcpyDefault, s);
-  if (e == cudaSuccess) e = cudaLaunchHostFunc(s, hostAttnHostFn, const_cast<HostAttnArgs*>(a));
-  if (e == cudaSuccess) e = cudaMemcpyAsync(st->outDst, a->out, qw * a->rows * sizeof(float), cudaMemcpyDefault, s);
-  if (e == cudaSuccess && a->lse)
-    e = cudaMemcpyAsync(st->lseDst, a->lse, (size_t)a->rows * a->numHeads * sizeof(float), cudaMemcpyDefault, s);
-  return (int)e;
+  HostChannelCopy in[4], out[2];
+  in[0] = {st->qDev, st->qSrc + st->qOffset, (uint32_t)qw, (uint32_t)a->rows, (uint32_t)qw, (uint32_t)st->qStride};
+  in[1] = {st->intsDev, st->tablesSrc, (uint32_t)nTables, 1, 0, 0};
+  in[2] = {st->intsDev + nTables, st->rowSeqSrc, (uint32_t)a->rows, 1, 0, 0};
+  in[3] = {st->intsDev + nTables + a->rows, st->positionsSrc, (uint32_t)a->rows, 1, 0, 0};
+  out[0] = {st->outDst, st->outHostDev, (uint32_t)(qw * a->rows), 1, 0, 0};
+  int nOut = 1;
+  if (a->lse) out[nOut++] = {st->lseDst, st->lseHostDev, (uint32_t)((size_t)a->rows * a->numHeads), 1, 0, 0};
+  return nerva_host_channel_enqueue(s, st->channel, in, 4, out, nOut);
 }
 #endif

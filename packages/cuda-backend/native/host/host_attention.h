@@ -79,10 +79,10 @@ struct HostChannel;
 // What the stream-ordered form copies around the host computation: q rows from the device
 // (qStride floats apart, heads at qOffset) into a.q, the int buffers into a.tables/rowSeq/
 // positions (host scratch the caller owns), and afterwards a.out (and a.lse) to outDst (lseDst).
-// With a channel (host_channel.h) the copies are kernels through mapped memory and need the
+// The copies are kernels of the host channel (host_channel.h) through mapped memory: they need the
 // device aliases of the host buffers (qDev: a.q; intsDev: a.tables, with rowSeq and positions
-// right after it as the caller lays them out; outHostDev, lseHostDev); without one they are
-// cudaMemcpyAsync around a cudaLaunchHostFunc.
+// right after it as the caller lays them out; outHostDev, lseHostDev) and the channel. A
+// cudaLaunchHostFunc round trip cost about 100 us against the channel's 30 and is gone.
 struct HostAttnStage {
   const float* qSrc = nullptr;
   int qStride = 0;
@@ -98,8 +98,8 @@ struct HostAttnStage {
   const float* lseHostDev = nullptr;
   HostChannel* channel = nullptr;
 };
-// Enqueues on s the whole round trip: inputs to the host, nerva_host_attention(*a), outputs back
-// (capturable into a graph). `a` and `st` must outlive every graph captured with them. Returns
+// Enqueues on s the whole round trip through st->channel: inputs to the host,
+// nerva_host_attention(*a), outputs back (capturable into a graph). `a` and `st` must outlive every graph captured with them. Returns
 // the first cudaError_t (0 = queued).
 int nerva_host_attention_enqueue(CUstream_st* s, const HostAttnArgs* a, const HostAttnStage* st);
 // The host function a channel for `a` calls (pass &args as its arg).
