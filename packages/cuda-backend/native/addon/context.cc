@@ -93,7 +93,7 @@ Context::Context(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Context>(inf
   CU(cudaSetDevice(device_));
   CU(cudaGetDeviceProperties(&prop_, device_));
   // One reservation holds the arena, the op workspace and cuBLAS's workspace.
-  size_t total = devBytes_ + wsBytes + cbWs + (kCounterCount + kGridSyncCount) * sizeof(int);
+  size_t total = devBytes_ + wsBytes + cbWs + kCounterCount * sizeof(int);
   cudaError_t e = cudaMalloc((void**)&devBase_, total);
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -121,8 +121,7 @@ Context::Context(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Context>(inf
   ex_.l2Bytes = (size_t)prop_.l2CacheSize;
   ex_.counters = (int*)(devBase_ + devBytes_ + wsBytes + cbWs);
   ex_.counterCount = kCounterCount;
-  ex_.gridSync = (unsigned*)(ex_.counters + kCounterCount);
-  CU(cudaMemset(ex_.counters, 0, (kCounterCount + kGridSyncCount) * sizeof(int)));
+  CU(cudaMemset(ex_.counters, 0, kCounterCount * sizeof(int)));
   CU(cudaDeviceSynchronize());  // the streams are non-blocking: the zeroes land before any launch
   cudaStream_t s0;
   CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));

@@ -126,7 +126,6 @@ class Context : public Napi::ObjectWrap<Context> {
   static constexpr size_t kStageBytes = 4u << 20;     // the pinned staging ring
   static constexpr size_t kStageMaxWrite = 1u << 20;  // larger writes synchronize instead
   static constexpr size_t kCounterCount = 16384;      // attention combine counters (rows x heads)
-  static constexpr size_t kGridSyncCount = 4;         // the persistent decoder kernel's grid barrier
   size_t stageOff_ = 0, stageHead_ = 0;
   std::deque<Staged> staged_;
   std::vector<cudaEvent_t> stageEvents_;
