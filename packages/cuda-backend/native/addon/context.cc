@@ -129,7 +129,7 @@ Context::Context(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Context>(inf
 
   // Programmatic dependent launch: Hopper and later, kernels built with their PDL waits,
   // unless NERVA_PDL=0 (an escape hatch).
-  ex_.pdl = prop_.major >= 9 && knobs::intValue("NERVA_PDL") != 0 && nerva_pdl_compiled();
+  ex_.pdl = prop_.major >= 9 && std::strcmp(knobs::textValue("NERVA_PDL"), "0") != 0 && nerva_pdl_compiled();
 
   ex_.gemmMode = GEMM_GEMV;
   if (gemmMode != GEMM_GEMV) {

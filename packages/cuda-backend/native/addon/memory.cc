@@ -22,7 +22,7 @@ constexpr size_t kPinnedViewBytes = (size_t)1 << 31;
 // machine (hardware prefetchers stop at page boundaries; TLB misses). NERVA_PINNED_HUGEPAGES=0,
 // or a failed mmap/registration, falls back to cudaHostAlloc. The H2D path is the same either way.
 cudaError_t Context::AllocPinned(size_t bytes) {
-  if (knobs::intValue("NERVA_PINNED_HUGEPAGES") != 0) {
+  if (std::strcmp(knobs::textValue("NERVA_PINNED_HUGEPAGES"), "0") != 0) {
     const size_t huge = (size_t)2 << 20;
     size_t len = (bytes + huge - 1) & ~(huge - 1);
     void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

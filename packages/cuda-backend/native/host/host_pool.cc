@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -43,7 +44,7 @@ int defaultThreads() {
   return n > 256 ? 256 : n;
 }
 
-bool defaultPin() { return nerva::knobs::intValue("NERVA_HOST_PIN") == 1; }
+bool defaultPin() { return std::strcmp(nerva::knobs::textValue("NERVA_HOST_PIN"), "1") == 0; }
 
 int64_t spinNs() { return (int64_t)nerva::knobs::intValue("NERVA_HOST_SPIN_US") * 1000; }
 
