@@ -41,7 +41,6 @@ class Context : public Napi::ObjectWrap<Context> {
   static Napi::Function Init(Napi::Env env);
   Context(const Napi::CallbackInfo& info);
   ~Context();
-  Napi::Value NcclCommInit(const Napi::CallbackInfo& info);
 
  private:
   // Host MLP (host_mlp.cc): CPU-computed MLP channels of a streamed layer. The args live here,
@@ -75,20 +74,35 @@ class Context : public Napi::ObjectWrap<Context> {
     size_t off, len;
     cudaEvent_t ev;
   };
+
+  // context.cc: creation, info, launches, counters, NCCL ranks
   void Release();
-  cudaError_t AllocPinned(size_t bytes);
-  void FreePinned();
   void Live(Napi::Env env);
   cudaStream_t Stream(Napi::Env env, const Napi::Value& v);
   cudaEvent_t Event(Napi::Env env, const Napi::Value& v);
   Napi::Value Info(const Napi::CallbackInfo& info);
+  Napi::Value Launch(const Napi::CallbackInfo& info);
+  Napi::Value SetHotPath(const Napi::CallbackInfo& info);
+  Napi::Value Counters(const Napi::CallbackInfo& info);
+  Napi::Value CopyBandwidth(const Napi::CallbackInfo& info);
+  Napi::Value Dispose(const Napi::CallbackInfo& info);
+  Napi::Value NcclCommInit(const Napi::CallbackInfo& info);
+  Napi::Value NcclSend(const Napi::CallbackInfo& info);
+  Napi::Value NcclRecv(const Napi::CallbackInfo& info);
+
+  // memory.cc: the pinned arena, copies, the staging ring
+  cudaError_t AllocPinned(size_t bytes);
+  void FreePinned();
+  char* PinnedDevView(const char* host);
+  char* PinnedHostView(Napi::Env env, double addr, size_t bytes, const char* name);
   Napi::Value PinnedArrayBuffer(const Napi::CallbackInfo& info);
   Napi::Value PeekPinned(const Napi::CallbackInfo& info);
-  Napi::Value Launch(const Napi::CallbackInfo& info);
   Napi::Value Copy(const Napi::CallbackInfo& info);
   Napi::Value Write(const Napi::CallbackInfo& info);
   size_t StageAlloc(Napi::Env env, size_t len, bool* waited);
   Napi::Value Read(const Napi::CallbackInfo& info);
+
+  // streams.cc: streams, events, synchronization, graphs
   Napi::Value CreateStream(const Napi::CallbackInfo& info);
   Napi::Value DestroyStream(const Napi::CallbackInfo& info);
   Napi::Value CreateEvent(const Napi::CallbackInfo& info);
@@ -103,21 +117,15 @@ class Context : public Napi::ObjectWrap<Context> {
   Napi::Value EndCapture(const Napi::CallbackInfo& info);
   Napi::Value Replay(const Napi::CallbackInfo& info);
   Napi::Value DestroyGraph(const Napi::CallbackInfo& info);
-  Napi::Value SetHotPath(const Napi::CallbackInfo& info);
-  Napi::Value Counters(const Napi::CallbackInfo& info);
-  Napi::Value CopyBandwidth(const Napi::CallbackInfo& info);
-  Napi::Value Dispose(const Napi::CallbackInfo& info);
-  Napi::Value NcclSend(const Napi::CallbackInfo& info);
-  Napi::Value NcclRecv(const Napi::CallbackInfo& info);
+
+  // host_compute.cc: host MLP and host attention
   HostMlp& HostMlpAt(Napi::Env env, const Napi::Value& v);
   Napi::Value HostMlpCreate(const Napi::CallbackInfo& info);
   Napi::Value HostMlpEnqueue(const Napi::CallbackInfo& info);
   Napi::Value HostMlpRun(const Napi::CallbackInfo& info);
   Napi::Value HostMlpDestroy(const Napi::CallbackInfo& info);
   Napi::Value HostMlpStats(const Napi::CallbackInfo& info);
-  char* PinnedDevView(const char* host);
   HostAttn& HostAttnAt(Napi::Env env, const Napi::Value& v);
-  char* PinnedHostView(Napi::Env env, double addr, size_t bytes, const char* name);
   Napi::Value HostAttnCreate(const Napi::CallbackInfo& info);
   Napi::Value HostAttnEnqueue(const Napi::CallbackInfo& info);
   Napi::Value HostAttnDestroy(const Napi::CallbackInfo& info);
