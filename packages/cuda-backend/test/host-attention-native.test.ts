@@ -36,9 +36,11 @@ describe.skipIf(!hasGxx)('host attention math (native/host/host_attention.cc, g+
   let exe = '';
   let dispose = () => {};
 
+  // The build compiles the span kernels at three ISA levels with -O3: past two minutes on a busy
+  // two-core machine.
   beforeAll(() => {
     ({ exe, dispose } = buildNative('host_attention_test', ['-pthread', '-DNERVA_HOST_ATTN_NO_CUDA', 'test/native/host_attention_test.cc', 'native/host/host_attention.cc', ...HOST_BASE]));
-  }, 120_000);
+  }, 300_000);
   afterAll(() => dispose());
 
   it('matches the float64 reference (dtypes, GQA 1/4/12, windows, missing blocks), thread-count independent, allocation-free', () => {
