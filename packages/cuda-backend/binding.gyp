@@ -6,10 +6,16 @@
   "targets": [
     {
       "target_name": "nerva_cuda",
-      "sources": ["native/addon.cc", "native/cublas_dl.cc", "native/nccl_dl.cc", "native/host_pool.cc", "native/host_mlp.cc", "native/host_attention.cc", "native/host_channel.cc"],
+      "sources": [
+        "native/addon/module.cc", "native/addon/context.cc", "native/addon/memory.cc", "native/addon/streams.cc",
+        "native/addon/host_compute.cc", "native/addon/cublas_dl.cc", "native/addon/nccl_dl.cc",
+        "native/host/isa.cc", "native/host/host_pool.cc", "native/host/host_mlp.cc", "native/host/host_attention.cc",
+        "native/host/host_channel.cc", "native/common/knobs.cc"
+      ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",
-        "<(cuda_home)/include"
+        "<(cuda_home)/include",
+        "native", "native/common", "native/host", "native/addon"
       ],
       "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS"],
       "cflags_cc!": ["-fno-exceptions", "-fno-rtti"],

@@ -16,8 +16,6 @@ const runAhead = process.env.NERVA_RUN_AHEAD === '0' ? false : undefined;
 const steps = process.env.NERVA_RUN_AHEAD_STEPS;
 const runAheadSteps = steps ? Number(steps) : undefined;
 const r = await decodeProbe({ model, backend: 'cuda', promptLen: Number(pl ?? 128), newTokens: Number(nt ?? 256), profile, kvCacheDtype, runAhead, runAheadSteps });
-// Which kernels ran op decoder_layers (CudaBackendOptions.decoder, from the environment here).
-r.cuda_decoder = process.env.NERVA_CUDA_DECODER ?? 'layers';
 const line = JSON.stringify(r);
 console.log(line);
 appendFileSync(path.join(process.env.OUT ?? '.', 'bench.jsonl'), line + '\n');

@@ -23,17 +23,19 @@ echo "[build-addon] CUDA $cuda, archs $archs"
 # tool's carry beside Node and the bundles.
 lineinfo=()
 [ "${NERVA_LINEINFO:-0}" = 1 ] && lineinfo=(-lineinfo)
-nvcc -c $pkg/native/kernels.cu -o "$out/kernels.o" -O3 -std=c++17 -Xcompiler -fPIC "${lineinfo[@]}" -I"$cuda/include" "${gencode[@]}" ${NERVA_NVCC_FLAGS:-} &
+nvcc -c $pkg/native/kernels.cu -o "$out/kernels.o" -O3 -std=c++17 -Xcompiler -fPIC "${lineinfo[@]}" -I"$cuda/include" -I$pkg/native -I$pkg/native/common -I$pkg/native/host "${gencode[@]}" ${NERVA_NVCC_FLAGS:-} &
 nvcc_pid=$!
 flags=(-c -fPIC -O2 -std=c++17 -fexceptions -DNAPI_VERSION=8 -DNAPI_CPP_EXCEPTIONS -DBUILDING_NODE_EXTENSION
   -I"$inc/node-api-headers" -I"$inc/node-addon-api" -I"$cuda/include")
-g++ "${flags[@]}" $pkg/native/addon.cc -o "$out/addon.o"
-g++ "${flags[@]}" $pkg/native/cublas_dl.cc -o "$out/cublas_dl.o"
-g++ "${flags[@]}" $pkg/native/nccl_dl.cc -o "$out/nccl_dl.o"
-g++ "${flags[@]}" $pkg/native/host_pool.cc -o "$out/host_pool.o"
-g++ "${flags[@]}" $pkg/native/host_mlp.cc -o "$out/host_mlp.o"
-g++ "${flags[@]}" $pkg/native/host_attention.cc -o "$out/host_attention.o"
-g++ "${flags[@]}" $pkg/native/host_channel.cc -o "$out/host_channel.o"
+# The addon's and the host modules' sources (binding.gyp's list).
+cc_sources=(addon/module addon/context addon/memory addon/streams addon/host_compute addon/cublas_dl addon/nccl_dl
+  host/isa host/host_pool host/host_mlp host/host_attention host/host_channel common/knobs)
+objs=()
+for src in "${cc_sources[@]}"; do
+  o="$out/$(basename "$src").o"
+  g++ "${flags[@]}" -I$pkg/native -I$pkg/native/common -I$pkg/native/host -I$pkg/native/addon $pkg/native/$src.cc -o "$o"
+  objs+=("$o")
+done
 # The hand-declared cuBLASLt ABI against the real header, where the machine has it.
 if [ -f "$cuda/include/cublasLt.h" ]; then
   g++ -fsyntax-only -std=c++17 -I"$cuda/include" tools/gpu/lt_abi_check.cc
@@ -42,6 +44,6 @@ else
   echo "[build-addon] no cublasLt.h here: the cuBLASLt ABI check is skipped"
 fi
 wait $nvcc_pid
-g++ -shared -o "$out/nerva_cuda.node" "$out/addon.o" "$out/cublas_dl.o" "$out/nccl_dl.o" "$out/host_pool.o" "$out/host_mlp.o" "$out/host_attention.o" "$out/host_channel.o" "$out/kernels.o" \
+g++ -shared -o "$out/nerva_cuda.node" "${objs[@]}" "$out/kernels.o" \
   -L"$cuda/lib64" -L"$cuda/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread
 echo "[build-addon] $out/nerva_cuda.node"

@@ -1,9 +1,9 @@
-// Phase hostattn: the host attention (packages/cuda-backend/native/host_attention.cc, tiered KV's
+// Phase hostattn: the host attention (packages/cuda-backend/native/host/host_attention.cc, tiered KV's
 // warm partial) on the Qwen3-8B attention shape (32 heads, 8 KV heads, headDim 128), one decode
 // row over W warm keys, f32 and bf16 caches, against the host's DRAM read rate measured in the
 // same process (threads summing a 2 GiB buffer). One JSON line per probe on stdout.
-//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Ipackages/cuda-backend/native \
-//     tools/gpu/host_attention_bench.cc packages/cuda-backend/native/host_attention.cc packages/cuda-backend/native/host_pool.cc
+// Built by tools/gpu/run.sh (phase hostattn) with native/host/host_attention.cc, the host pool,
+// the ISA layer (native/host/isa.cc) and the knob table (native/common/knobs.cc).
 #include <algorithm>
 #include <atomic>
 #include <chrono>

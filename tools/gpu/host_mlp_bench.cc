@@ -1,4 +1,4 @@
-// Benchmark of the host MLP (packages/cuda-backend/native/host_mlp.cc) on the GPU machine: the
+// Benchmark of the host MLP (packages/cuda-backend/native/host/host_mlp.cc) on the GPU machine: the
 // Qwen3-8B MLP shape (H 4096, I 12288) with c host channels, weight bytes read per second
 // (3 * c * H * 2 bytes per call), alone and while a concurrent cudaMemcpyAsync loop copies a 1 GiB
 // pinned buffer to the device over and over (how the CPU and the DMA share DRAM bandwidth).
@@ -217,7 +217,7 @@ void config(const Buffers& b, int c, int rows, int threads, int pin, int isa, bo
       "{\"probe\":\"hostmlp\",\"set\":\"%s\",\"hidden\":%d,\"intermediate\":%d,\"c\":%d,\"rows\":%d,\"threads\":%d,"
       "\"pinned\":%s,\"isa\":\"%s\",\"overlap\":%s,\"weight_bytes_per_call\":%.0f,\"calls\":%d,\"ms_per_call\":%.4f,"
       "\"ms_median\":%.4f,\"ms_min\":%.4f,\"ms_p90\":%.4f,\"gemv_gbps\":%.2f,",
-      tag, H, I, c, rows, st.threads, st.pinned ? "true" : "false", nerva_host_mlp_isa_name(st.isa),
+      tag, H, I, c, rows, st.threads, st.pinned ? "true" : "false", nerva_host_isa_name(st.isa),
       overlap ? "true" : "false", bytes, t.calls, t.mean, t.median, t.min, t.p90, bytes * t.calls / t.secs / 1e9);
   if (overlap) std::printf("\"h2d_gbps\":%.2f,\"h2d_copies\":%d,", h2d, copies);
   else std::printf("\"h2d_gbps\":null,");
@@ -325,7 +325,7 @@ int main(int argc, char** argv) {
 
   int best = HOST_ISA_SCALAR;
   for (int i = HOST_ISA_SCALAR; i <= HOST_ISA_AVX512; i++)
-    if (nerva_host_mlp_isa_supported(i)) best = i;
+    if (nerva_host_isa_supported(i)) best = i;
   const std::vector<int> threadList = intList("NERVA_BENCH_THREADS", {16, 8});
   const std::vector<int> pinList = intList("NERVA_BENCH_PIN", {0, 1});
   const int cs[] = {2048, 4096, 6144, 12288};
@@ -339,7 +339,7 @@ int main(int argc, char** argv) {
           for (int rows : rowsList) config(b, c, rows, threads, pin, best, overlap == 1, "main");
   // The vector paths side by side, on the largest slice.
   for (int isa = HOST_ISA_SCALAR; isa <= HOST_ISA_AVX512; isa++)
-    if (nerva_host_mlp_isa_supported(isa))
+    if (nerva_host_isa_supported(isa))
       for (int rows : rowsList) config(b, I, rows, threadList[0], 0, isa, false, "isa");
   wake(b, threadList[0]);
   if (!gCpuOnly) {

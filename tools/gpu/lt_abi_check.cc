@@ -2,7 +2,7 @@
 // packages/cuda-backend/native/cublaslt_abi.h must match the real header, value for value.
 #include <cublasLt.h>
 
-#include "../../packages/cuda-backend/native/cublaslt_abi.h"
+#include "../../packages/cuda-backend/native/addon/cublaslt_abi.h"
 
 static_assert(nlt::DESC_TRANSA == CUBLASLT_MATMUL_DESC_TRANSA, "TRANSA");
 static_assert(nlt::DESC_TRANSB == CUBLASLT_MATMUL_DESC_TRANSB, "TRANSB");

@@ -15,7 +15,7 @@
 #   nccl (not in the default list; bash tools/gpu/run.sh build,nccl): NCCL load, a one-rank
 #   communicator, and with 2+ GPUs a checked GPU 0 -> GPU 1 send/recv (tools/gpu/nccl_check.ts) -> $OUT/nccl.json
 #   hostmlp (not in the default list; bash tools/gpu/run.sh hostmlp, needs no Node and no addon):
-#   builds tools/gpu/host_mlp_bench.cc with packages/cuda-backend/native/host_mlp.cc and host_pool.cc
+#   builds tools/gpu/host_mlp_bench.cc with packages/cuda-backend/native/host/ (host_mlp.cc, the pool, the ISA layer)
 #   (g++, cudart as build-addon.sh links it) and runs it: the host MLP's weight GB/s for the Qwen3-8B
 #   MLP shape, alone and during a 1 GiB H2D copy loop -> one JSON object per line in $OUT/hostmlp.json
 #   pipeline (not in the default list; bash tools/gpu/run.sh build,synth,pipeline): the engine's stage
@@ -79,7 +79,7 @@ export OUT
 
 # The sources the addon is built from: a prebuilt .device/addon (tools/gpu/prepare.sh --addon, same
 # nvcc and archs as build-addon.sh) is used instead of building when it came from these sources.
-addon_sha() { cat packages/cuda-backend/native/* tools/gpu/build-addon.sh | sha256sum | cut -c1-16; }
+addon_sha() { find packages/cuda-backend/native -type f | sort | xargs cat tools/gpu/build-addon.sh | sha256sum | cut -c1-16; }
 if has build && [ -f .device/addon/nerva_cuda.node ] && [ "$(cat .device/addon/sources.sha 2>/dev/null)" = "$(addon_sha)" ]; then
   mkdir -p /tmp/nerva-addon && cp .device/addon/nerva_cuda.node /tmp/nerva-addon/ && say "addon prebuilt here (sources $(addon_sha))"
 elif has build; then
@@ -103,10 +103,14 @@ runjs() { # name bundle args...
   if $NODE --enable-source-maps "$f" "$@" 2>&1 | tee -a "$log"; then say "$name ok ($(( $(date +%s) - t0 )) s)"; else say "$name FAILED"; status=1; fi
 }
 
+# The host modules' standalone builds: the pool, the ISA layer and the knob table beside each.
+host_inc=(-Ipackages/cuda-backend/native/host -Ipackages/cuda-backend/native/common)
+host_base=(packages/cuda-backend/native/host/host_pool.cc packages/cuda-backend/native/host/isa.cc packages/cuda-backend/native/common/knobs.cc)
+
 if has hostmlp; then
   cuda=${CUDA_HOME:-/usr/local/cuda}
   t0=$(date +%s)
-  if g++ -O2 -std=c++17 -pthread -Ipackages/cuda-backend/native -I"$cuda/include" tools/gpu/host_mlp_bench.cc packages/cuda-backend/native/host_mlp.cc packages/cuda-backend/native/host_pool.cc \
+  if g++ -O2 -std=c++17 -pthread "${host_inc[@]}" -I"$cuda/include" tools/gpu/host_mlp_bench.cc packages/cuda-backend/native/host/host_mlp.cc "${host_base[@]}" \
       -o /tmp/host_mlp_bench -L"$cuda/lib64" -L"$cuda/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread >>"$log" 2>&1; then
     if /tmp/host_mlp_bench > "$OUT/hostmlp.json" 2>>"$log"; then say "hostmlp ok ($(( $(date +%s) - t0 )) s): $(wc -l < "$OUT/hostmlp.json") JSON lines"; else say "hostmlp FAILED"; tail -3 "$OUT/hostmlp.json"; status=1; fi
   else
@@ -116,8 +120,8 @@ fi
 
 if has hostattn; then
   t0=$(date +%s)
-  if g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Ipackages/cuda-backend/native tools/gpu/host_attention_bench.cc \
-      packages/cuda-backend/native/host_attention.cc packages/cuda-backend/native/host_pool.cc -o /tmp/host_attention_bench >>"$log" 2>&1 && /tmp/host_attention_bench > "$OUT/hostattn.json" 2>>"$log"; then
+  if g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA "${host_inc[@]}" tools/gpu/host_attention_bench.cc \
+      packages/cuda-backend/native/host/host_attention.cc "${host_base[@]}" -o /tmp/host_attention_bench >>"$log" 2>&1 && /tmp/host_attention_bench > "$OUT/hostattn.json" 2>>"$log"; then
     say "hostattn ok ($(( $(date +%s) - t0 )) s)"; cat "$OUT/hostattn.json" | tee -a "$log"
   else
     say "hostattn FAILED"; status=1
@@ -170,7 +174,6 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   # The limit of a tiered mix uses the DRAM read rate the hostattn phase measured (when it ran).
   if has longctx; then export NERVA_HOST_READ_GBPS=$(grep -o '"read_gbps":[0-9.]*' "$OUT/hostattn.json" 2>/dev/null | cut -d: -f2); for ctx in ${NERVA_LONGCTX_CONTEXT:-1024 4096}; do runjs "long-context $size $ctx" long_context.mjs "$dir" $ctx ${NERVA_LONGCTX_TOKENS:-32} ${NERVA_LONGCTX_RATIOS:-2,4}; done; fi
   has bench && runjs "bench $size" bench.mjs "$dir" 128 256
-  has bench && NERVA_CUDA_DECODER=persistent runjs "bench $size persistent" bench.mjs "$dir" 128 256
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
   if has offload; then
     # The baseline first (it frees the GPU when it exits), then NERVA on the same files, same budget.

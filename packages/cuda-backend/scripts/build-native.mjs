@@ -80,7 +80,7 @@ mkdirSync(path.join(pkgDir, 'build'), { recursive: true });
 run(nvcc, [
   '-c', 'native/kernels.cu', '-o', 'build/nerva_kernels.o',
   '-O3', '-std=c++17', '-Xcompiler', '-fPIC', '-lineinfo',
-  `-I${path.join(cudaHome, 'include')}`,
+  `-I${path.join(cudaHome, 'include')}`, '-Inative', '-Inative/common', '-Inative/host',
   ...gencodeFlags(archs),
 ]);
 run(process.execPath, [nodeGyp, 'build', ...nodedirArgs]);

@@ -1,7 +1,5 @@
 import {
   DTYPE_BYTES,
-  NUMERICS,
-  MATMUL_PRECISIONS,
   type MatmulPrecision,
   type Numerics,
   HotPathAllocationError,
@@ -26,7 +24,7 @@ import {
   type SyncKind,
   type Tier,
 } from '@nerva/core';
-import { OpEncoder, OP_CODES, type ResolvedBuffer } from './abi.js';
+import { OpEncoder, OP_CODES, type ResolvedBuffer } from './abi/index.js';
 import { type HostAttnNative, hostAttentionPlan } from './host-attention.js';
 import { type HostMlpNative, hostMlpKey } from './host-mlp.js';
 import { Arena } from './arena.js';
@@ -34,109 +32,11 @@ import {
   CudaArgumentError,
   CudaCaptureStateError,
   CudaDisposedError,
-  CudaUnavailableError,
   CudaUnsupportedTierError,
   fromNative,
 } from './errors.js';
-import { checkTuningEnv } from './tuning-env.js';
-import { loadAddon, type NativeAddon, type NativeContext, type NativeInfo } from './native.js';
-
-/** How matmuls with more than 8 rows run. */
-export type GemmPrecision = 'split-bf16' | 'bf16' | 'gemv';
-
-const GEMM_MODES: Record<GemmPrecision, number> = { 'split-bf16': 0, bf16: 1, gemv: 2 };
-
-/** The GEMM path of a matmul precision (see `MatmulPrecision` in @nerva/core). */
-export const GEMM_FOR_MATMUL_PRECISION: Readonly<Record<MatmulPrecision, GemmPrecision>> = Object.freeze({ exact: 'split-bf16', bf16: 'bf16' });
-
-export interface CudaBackendOptions {
-  /** CUDA device ordinal (default 0). */
-  device?: number;
-  /**
-   * Bytes of the device arena every 'vram' buffer is carved from, reserved at creation with one
-   * cudaMalloc. Default: 80 % of the device's memory less the workspaces.
-   */
-  deviceArenaBytes?: number;
-  /** Bytes of mapped pinned host memory for 'pinned' buffers (default 64 MiB). */
-  pinnedArenaBytes?: number;
-  /** Scratch for ops (split-KV partials, GEMM activation copies, sampler rows); default 256 MiB. */
-  workspaceBytes?: number;
-  /** cuBLAS workspace, set once so GEMMs never allocate (and can be captured); default 32 MiB. */
-  cublasWorkspaceBytes?: number;
-  /**
-   * Many-row matmuls (prefill). 'split-bf16' (default): activations split into two bf16 halves,
-   * two tensor-core GEMMs with fp32 accumulation, about 16 mantissa bits kept (f32-grade).
-   * 'bf16': activations rounded to bf16 once (what PyTorch bf16 does; declared relTol 1e-2).
-   * 'gemv': no cuBLAS, the GEMV kernel in chunks of 8 rows.
-   * Default from NERVA_MATMUL when set (matmul precision 'exact' -> 'split-bf16', 'bf16' -> 'bf16');
-   * the capabilities report it as `matmulPrecision`.
-   */
-  gemm?: GemmPrecision;
-  /**
-   * How op decoder_layers runs. 'layers' (default): per-layer kernels (5 per dense layer with
-   * headDim 128, where rope_append is folded into the attention; 6 otherwise). 'persistent' (experimental): the whole stack as one persistent kernel with
-   * grid barriers between phases, for at most 4 rows, bf16 weights and headDim 64 or 128; other
-   * shapes still run per layer. On the H100 it is slower than 'layers' so far (see
-   * docs/results). Default from NERVA_CUDA_DECODER when set.
-   */
-  decoder?: DecoderMode;
-  /**
-   * Activation rounding (default 'exact': float32 activations, f32-grade many-row GEMMs). 'bf16':
-   * every kernel rounds its activations where transformers' bf16 eager forward does (see
-   * `Numerics` in @nerva/core), attention runs as eager attention (scores and probabilities
-   * rounded), and op decoder_layers always runs per layer. Default from NERVA_NUMERICS when set.
-   */
-  numerics?: Numerics;
-  /**
-   * Batch-invariant decode (default false; NERVA_BATCH_INVARIANT=1 turns it on when the option is
-   * absent): each decode row's results are bit for bit what the row computes alone, for any number
-   * of rows in the call. Op fused_matmul and op decoder_layers (and op matmul up to 8 rows) run
-   * every row count on one GEMM whose kernel never depends on the rows: cuBLASLt with one
-   * algorithm pinned per weight shape (no split-K; chosen once by cuBLASLt's heuristic for
-   * NERVA_BI_LT_ROWS rows, default 128), never cuBLAS's per-call heuristic. Where libcublasLt does
-   * not load, or with NERVA_BI_GEMM=kernel, k_gemm_bi (a tensor-core kernel of ours, activations
-   * split into three bf16 terms; latency-bound past 64 rows) takes them; NERVA_BI_GEMM=0 selects
-   * the GEMV kernels (16 rows a launch), which other weights take anyway. Decode attention sizes
-   * its key splits as for one row (at least NERVA_BI_ATTN_CHUNK keys, default 256) and runs the
-   * GQA kernel, which reads each key once for the q heads sharing it, at every row count where the
-   * shapes allow (NERVA_BI_ATTN_GQA=0 or other shapes: the split-KV kernel), and the persistent
-   * decoder is off. Prefill matmuls (op matmul past 8 rows) keep their GEMMs: the engine runs a
-   * prompt chunk alone, as its request alone would.
-   * Reported as capabilities.batchInvariant.
-   */
-  batchInvariant?: boolean;
-  /** Path of nerva_cuda.node (default: NERVA_CUDA_ADDON, then the package's build/Release). */
-  addonPath?: string;
-}
-
-/**
- * CudaBackendOptions.batchInvariant: `requested` when given (a boolean), else the environment's
- * NERVA_BATCH_INVARIANT ('1' or 'true': on; '0', 'false' or empty: off), else false. Anything
- * else is a CudaArgumentError naming where it came from.
- */
-export function resolveBatchInvariant(requested?: unknown, env: Record<string, string | undefined> = process.env): boolean {
-  if (requested !== undefined) {
-    if (typeof requested !== 'boolean') throw new CudaArgumentError('batchInvariant', `must be a boolean, got ${JSON.stringify(requested)}`);
-    return requested;
-  }
-  const v = env.NERVA_BATCH_INVARIANT;
-  if (v === undefined || v === '' || v === '0' || v === 'false') return false;
-  if (v === '1' || v === 'true') return true;
-  throw new CudaArgumentError('NERVA_BATCH_INVARIANT', `must be 1, true, 0 or false, got ${JSON.stringify(v)}`);
-}
-
-/**
- * NERVA_CUDA_SYNC, read by the addon: how synchronize waits. 'spin' (cudaStreamSynchronize under
- * the default schedule), 'block' (a blocking-sync event: the thread sleeps), or 'auto' / unset
- * (block while the context has host compute modules, spin otherwise). Anything else is a
- * CudaArgumentError, checked before the addon loads.
- */
-export function checkSyncMode(env: Record<string, string | undefined> = process.env): 'spin' | 'block' | 'auto' {
-  const v = env.NERVA_CUDA_SYNC;
-  if (v === undefined || v === '' || v === 'auto') return 'auto';
-  if (v === 'spin' || v === 'block') return v;
-  throw new CudaArgumentError('NERVA_CUDA_SYNC', `must be spin, block or auto, got ${JSON.stringify(v)}`);
-}
+import { type NativeAddon, type NativeContext, type NativeInfo } from './native.js';
+import type { GemmPrecision } from './options.js';
 
 /**
  * The most keys a decode row may have for op decoder_layers to run its cluster attention
@@ -151,10 +51,6 @@ function decodeShortKeys(info: NativeInfo): number {
   return typeof v === 'number' && Number.isInteger(v) && v > 0 ? v : 0;
 }
 
-/** Kernels behind op decoder_layers (CudaBackendOptions.decoder). */
-export type DecoderMode = 'layers' | 'persistent';
-const DECODER_MODES: readonly DecoderMode[] = ['layers', 'persistent'];
-
 /** relTol the backend declares: fp32 accumulation everywhere, activations kept in f32. */
 export const CUDA_REL_TOL = 1e-4;
 /** relTol when many-row matmuls round activations to bf16 (gemm: 'bf16'). */
@@ -166,11 +62,6 @@ export const CUDA_REL_TOL_BF16_GEMM = 1e-2;
  */
 export const CUDA_REL_TOL_BF16_NUMERICS = 2e-2;
 
-const DEFAULTS = {
-  pinnedArenaBytes: 64 * 2 ** 20,
-  workspaceBytes: 256 * 2 ** 20,
-  cublasWorkspaceBytes: 32 * 2 ** 20,
-};
 
 /**
  * What src/nccl.ts needs of a backend, kept off the public class: the native context, the addon
@@ -765,70 +656,4 @@ export class CudaBackend implements DeviceBackend {
     this.buffers.clear();
     this.liveBytes = 0;
   }
-}
-
-/**
- * Creates a CUDA backend: loads the addon (lazily, here), checks for a device, reserves the
- * arenas. Throws CudaUnavailableError when the addon or a GPU is missing.
- */
-export function createCudaBackend(opts: CudaBackendOptions = {}): CudaBackend {
-  // Options first: a bad configuration is named even where no GPU is present.
-  const decoder = opts.decoder ?? ((process.env.NERVA_CUDA_DECODER || 'layers') as DecoderMode);
-  if (!DECODER_MODES.includes(decoder)) throw new CudaArgumentError('decoder', `unknown decoder mode ${String(decoder)} (expected ${DECODER_MODES.join(' or ')})`);
-  const numerics = opts.numerics ?? ((process.env.NERVA_NUMERICS || 'exact') as Numerics);
-  if (!NUMERICS.includes(numerics)) throw new CudaArgumentError('numerics', `unknown numerics ${String(numerics)} (expected ${NUMERICS.join(' or ')})`);
-  const batchInvariant = resolveBatchInvariant(opts.batchInvariant);
-  checkSyncMode();
-  checkTuningEnv();
-  let gemm = opts.gemm;
-  if (gemm === undefined) {
-    const env = process.env.NERVA_MATMUL || 'exact';
-    if (!MATMUL_PRECISIONS.includes(env as MatmulPrecision))
-      throw new CudaArgumentError('NERVA_MATMUL', `unknown matmul precision ${env} (expected ${MATMUL_PRECISIONS.join(' or ')})`);
-    gemm = GEMM_FOR_MATMUL_PRECISION[env as MatmulPrecision];
-  }
-  if (!Object.hasOwn(GEMM_MODES, gemm)) throw new CudaArgumentError('gemm', `unknown gemm precision ${String(gemm)} (expected ${Object.keys(GEMM_MODES).join(', ')})`);
-  let addon;
-  try {
-    addon = loadAddon(opts.addonPath);
-  } catch (e) {
-    throw new CudaUnavailableError((e as Error).message);
-  }
-  const p = addon.probe();
-  if (!p.ok) throw new CudaUnavailableError(p.error ?? 'no CUDA device');
-  const device = opts.device ?? 0;
-  if (!Number.isInteger(device) || device < 0 || device >= p.count) throw new CudaArgumentError('device', `device ${device} does not exist (${p.count} present)`);
-  const workspaceBytes = opts.workspaceBytes ?? DEFAULTS.workspaceBytes;
-  const cublasWorkspaceBytes = opts.cublasWorkspaceBytes ?? DEFAULTS.cublasWorkspaceBytes;
-  const pinnedArenaBytes = opts.pinnedArenaBytes ?? DEFAULTS.pinnedArenaBytes;
-  for (const [k, v] of Object.entries({ workspaceBytes, cublasWorkspaceBytes, pinnedArenaBytes })) {
-    if (!Number.isSafeInteger(v) || v < 0) throw new CudaArgumentError(k, `must be a non-negative integer, got ${v}`);
-  }
-  let deviceArenaBytes = opts.deviceArenaBytes;
-  if (deviceArenaBytes === undefined) {
-    // Size the default from the device itself: a throwaway probe context would cost a reservation,
-    // so ask for a small one first and read totalMemory from it.
-    const probeCtx = new addon.Context({ device, deviceArenaBytes: 0, pinnedArenaBytes: 0, workspaceBytes: 256, cublasWorkspaceBytes: 0, gemmMode: GEMM_MODES.gemv });
-    const total = probeCtx.info().totalMemory;
-    probeCtx.dispose();
-    deviceArenaBytes = Math.max(0, Math.floor((total * 0.8 - workspaceBytes - cublasWorkspaceBytes) / 2 ** 20) * 2 ** 20);
-  }
-  if (!Number.isSafeInteger(deviceArenaBytes) || deviceArenaBytes < 0) throw new CudaArgumentError('deviceArenaBytes', `must be a non-negative integer, got ${deviceArenaBytes}`);
-  let ctx: NativeContext;
-  try {
-    ctx = new addon.Context({
-      device,
-      deviceArenaBytes,
-      pinnedArenaBytes,
-      workspaceBytes,
-      cublasWorkspaceBytes,
-      gemmMode: GEMM_MODES[gemm],
-      persistentDecoder: decoder === 'persistent',
-      bf16Activations: numerics === 'bf16',
-      batchInvariant,
-    });
-  } catch (e) {
-    throw fromNative(e, 'createCudaBackend');
-  }
-  return new CudaBackend(ctx, p.count, gemm, { device, addon });
 }

@@ -1,19 +1,18 @@
 /**
  * Op attention on the CUDA backend when the KV cache lives in pinned host memory (tiered KV's
  * warm pages): compute near data. The host CPU computes the attention where the pages lie
- * (native/host_attention.cc, a thread pool with AVX2/AVX-512 inner loops), stream-ordered: q and
+ * (native/host/host_attention.cc, a thread pool with AVX2/AVX-512 inner loops), stream-ordered: q and
  * the int buffers go to host staging, the host computes, and out (and lse) come back, all
- * enqueued by the addon as one round trip that a captured graph replays: by default through a
- * host channel (native/host_channel.h: kernels write and poll words in mapped memory that a
- * spinning host thread serves, ~30 us a round trip), with NERVA_HOST_CHANNEL=0 through copies
- * around a cudaLaunchHostFunc (~100 us). Only q and the result cross PCIe, never the pages. The
+ * enqueued by the addon as one round trip that a captured graph replays, through a host channel
+ * (native/host/host_channel.h: kernels write and poll words in mapped memory that a spinning host
+ * thread serves, ~30 us a round trip). Only q and the result cross PCIe, never the pages. The
  * native argument block for each distinct set of buffers is made once and kept, so replays and
  * later passes allocate nothing.
  */
 import type { OpArgs } from '@nerva/core';
 import { CudaArgumentError } from './errors.js';
 
-/** The addon's host-attention entry points (native/host_attention.h, bound in addon.cc). */
+/** The addon's host-attention entry points (native/host/host_attention.h, bound in native/addon/host_compute.cc). */
 export interface HostAttnNative {
   hostAttnCreate(a: HostAttnCreateArgs): number;
   hostAttnEnqueue(id: number, stream: number): void;

@@ -1,6 +1,6 @@
 /**
  * Op mlp_slice on the CUDA backend: compute near data. The slice's weights live in pinned host
- * memory, so the host CPU computes it (native/host_mlp.cc, a thread pool with AVX2/AVX-512 bf16
+ * memory, so the host CPU computes it (native/host/host_mlp.cc, a thread pool with AVX2/AVX-512 bf16
  * kernels), stream-ordered: x is copied to host staging, a host function computes on the stream
  * (cudaLaunchHostFunc, so a captured graph replays it), and the result is copied back. The
  * native argument block for each distinct set of buffers is made once and kept, so replays and
@@ -9,7 +9,7 @@
 import type { OpArgs } from '@nerva/core';
 import { CudaArgumentError } from './errors.js';
 
-/** The addon's host-MLP entry points (native/host_mlp.h, bound in addon.cc). */
+/** The addon's host-MLP entry points (native/host/host_mlp.h, bound in native/addon/host_compute.cc). */
 export interface HostMlpNative {
   hostMlpCreate(a: { rows: number; hidden: number; inter: number; eps: number; x: number; normW: number; gateUp: number; down: number; y: number }): number;
   hostMlpEnqueue(id: number, stream: number): void;

@@ -3,21 +3,10 @@
  * CUDA kernels; it is loaded when a backend is created or probed, never on import, so this
  * package imports cleanly on machines without CUDA.
  */
-export {
-  CudaBackend,
-  createCudaBackend,
-  CUDA_REL_TOL,
-  CUDA_REL_TOL_BF16_GEMM,
-  CUDA_REL_TOL_BF16_NUMERICS,
-  GEMM_FOR_MATMUL_PRECISION,
-  resolveBatchInvariant,
-  checkSyncMode,
-  type CudaBackendOptions,
-  type GemmPrecision,
-  type DecoderMode,
-} from './backend.js';
+export { CudaBackend, CUDA_REL_TOL, CUDA_REL_TOL_BF16_GEMM, CUDA_REL_TOL_BF16_NUMERICS } from './backend.js';
+export { createCudaBackend } from './create.js';
+export { GEMM_FOR_MATMUL_PRECISION, resolveBatchInvariant, type CudaBackendOptions, type GemmPrecision } from './options.js';
 export { probeCuda, type CudaProbe } from './probe.js';
-export { checkTuningEnv, RETIRED_KNOBS, TUNING_KNOBS, type TuningKnob } from './tuning-env.js';
 export { Arena, ARENA_ALIGN } from './arena.js';
 export {
   CudaUnavailableError,
@@ -43,4 +32,4 @@ export {
   type NcclTransferOptions,
   type NcclDataTypeName,
 } from './nccl.js';
-export { addonCandidates, type NativeInfo, type NativeNcclCommInfo } from './native.js';
+export { addonCandidates, type NativeInfo, type NativeKnob, type NativeKnobProblem, type NativeNcclCommInfo } from './native.js';

@@ -2,7 +2,7 @@ import { createRequire } from 'node:module';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-/** Shape of the compiled addon (native/addon.cc). Addresses travel as JS numbers (< 2^53). */
+/** Shape of the compiled addon (native/addon/). Addresses travel as JS numbers (< 2^53). */
 export interface NativeContextOptions {
   device: number;
   deviceArenaBytes: number;
@@ -10,8 +10,6 @@ export interface NativeContextOptions {
   workspaceBytes: number;
   cublasWorkspaceBytes: number;
   gemmMode: number;
-  /** Op decoder_layers as one persistent kernel (CudaBackendOptions.decoder). */
-  persistentDecoder?: boolean;
   /** bf16 numerics (CudaBackendOptions.numerics): kernels round activations to bf16. */
   bf16Activations?: boolean;
   /** Batch-invariant decode (CudaBackendOptions.batchInvariant). */
@@ -31,8 +29,6 @@ export interface NativeInfo {
   runtimeVersion: number;
   driverVersion: number;
   gemm: string;
-  /** 'layers' or 'persistent': how op decoder_layers runs. */
-  decoder: string;
   /** 'exact' or 'bf16': activation rounding. */
   numerics: string;
   /** Batch-invariant decode; absent from addons built before it existed. */
@@ -70,7 +66,7 @@ export interface NativeCounters {
 }
 
 /**
- * A host MLP (native/host_mlp.cc): part of a streamed layer's MLP computed on the CPU, where its
+ * A host MLP (native/host/host_mlp.cc): part of a streamed layer's MLP computed on the CPU, where its
  * weights are. For r < rows: xn = RMSNorm(x[r]) * normW (eps), a = silu(gate . xn) * (up . xn)
  * over the `inter` channels given here, y[r] = down . a (written, not accumulated). Addresses as
  * JS numbers; the pinned arena's addresses (info().pinnedBase + offset) are translated to its host
@@ -202,9 +198,39 @@ export interface NativeProbe {
   error?: string;
 }
 
+/**
+ * One runtime setting of the native code (native/common/knobs.h): every NERVA_* name the addon
+ * reads is declared once there, with its default and what it accepts.
+ */
+export interface NativeKnob {
+  name: string;
+  kind: 'int' | 'oneOf' | 'path';
+  /** The default as text ('' for none). */
+  default: string;
+  /** Inclusive bounds of an 'int' knob. */
+  min?: number;
+  max?: number;
+  /** The accepted values of a 'oneOf' knob. */
+  values?: string[];
+  /** One line. */
+  doc: string;
+  /** The value the native code reads: the environment's when set and valid, else the default. */
+  value: string;
+}
+
+/** The first knob set to a value it does not accept; the message names the variable and the value. */
+export interface NativeKnobProblem {
+  name: string;
+  message: string;
+}
+
 export interface NativeAddon extends Partial<NativeNccl> {
   Context: new (opts: NativeContextOptions) => NativeContext;
   probe(): NativeProbe;
+  /** The knob table, in declaration order. */
+  knobs(): NativeKnob[];
+  /** Checks the environment against the knob table: null when every knob set is valid. */
+  validateKnobs(): NativeKnobProblem | null;
   abiVersion: number;
 }
 

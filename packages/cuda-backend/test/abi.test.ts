@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { OP_NAMES, type DeviceBuffer, type DType } from '@nerva/core';
-import { DTYPE_CODES, OpEncoder, OP_CODES, type ResolvedBuffer } from '../src/abi.js';
+import { DTYPE_CODES, OpEncoder, OP_CODES, type ResolvedBuffer } from '../src/abi/index.js';
 import { CudaArgumentError } from '../src/index.js';
 
 // The encoder is the host half of the native ABI: it runs without a GPU, so its packing and

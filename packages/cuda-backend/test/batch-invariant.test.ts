@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { checkSyncMode, createCudaBackend, CudaArgumentError, resolveBatchInvariant } from '../src/index.js';
+import { createCudaBackend, CudaArgumentError, resolveBatchInvariant } from '../src/index.js';
 
 // CudaBackendOptions.batchInvariant and NERVA_BATCH_INVARIANT: parsed and checked without a GPU.
 describe('batchInvariant option', () => {
@@ -33,29 +33,6 @@ describe('batchInvariant option', () => {
     } finally {
       if (saved === undefined) delete process.env.NERVA_BATCH_INVARIANT;
       else process.env.NERVA_BATCH_INVARIANT = saved;
-    }
-  });
-});
-
-// NERVA_CUDA_SYNC (how synchronize waits; read by the addon): checked without a GPU.
-describe('NERVA_CUDA_SYNC', () => {
-  it('accepts spin, block, auto and unset', () => {
-    expect(checkSyncMode({})).toBe('auto');
-    expect(checkSyncMode({ NERVA_CUDA_SYNC: '' })).toBe('auto');
-    expect(checkSyncMode({ NERVA_CUDA_SYNC: 'auto' })).toBe('auto');
-    expect(checkSyncMode({ NERVA_CUDA_SYNC: 'spin' })).toBe('spin');
-    expect(checkSyncMode({ NERVA_CUDA_SYNC: 'block' })).toBe('block');
-  });
-
-  it('rejects anything else, in createCudaBackend before the addon loads', () => {
-    expect(() => checkSyncMode({ NERVA_CUDA_SYNC: 'sleep' })).toThrow(/NERVA_CUDA_SYNC.*"sleep"/);
-    const saved = process.env.NERVA_CUDA_SYNC;
-    process.env.NERVA_CUDA_SYNC = 'Block';
-    try {
-      expect(() => createCudaBackend({ addonPath: '/nonexistent/nerva_cuda.node' })).toThrow(/NERVA_CUDA_SYNC.*"Block"/);
-    } finally {
-      if (saved === undefined) delete process.env.NERVA_CUDA_SYNC;
-      else process.env.NERVA_CUDA_SYNC = saved;
     }
   });
 });

@@ -20,7 +20,7 @@ class FakeContext {
     const base = {
       name: 'Fake GPU', totalMemory: 2 ** 34, smCount: 132, computeCapability: '9.0', deviceBase: 2 ** 32,
       deviceArenaBytes: 2 ** 20, pinnedBase: 2 ** 40, pinnedArenaBytes: 2 ** 16, workspaceBytes: 0, runtimeVersion: 13000,
-      driverVersion: 13000, gemm: 'gemv', decoder: 'layers', numerics: 'exact', cublas: '', cublasNote: '',
+      driverVersion: 13000, gemm: 'gemv', numerics: 'exact', cublas: '', cublasNote: '',
     };
     return 'decodeShortKeys' in reported ? { ...base, decodeShortKeys: reported.decodeShortKeys } : base;
   }
@@ -40,6 +40,8 @@ class FakeContext {
   abiVersion: ABI_VERSION,
   Context: FakeContext,
   probe: () => ({ ok: true, count: 1, name: 'Fake GPU', computeCapability: '9.0' }),
+  knobs: () => [],
+  validateKnobs: () => null,
 };
 const addonPath = path.join(tmp, 'fake-addon.cjs');
 writeFileSync(addonPath, 'module.exports = globalThis.__nervaShortKeysAddon;\n');

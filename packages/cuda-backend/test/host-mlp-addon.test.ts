@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NativeAddon, NativeContext } from '../src/native.js';
 import { addon as loadedAddon, failEachUnless, gpuUnavailableReason, skipGpuSuite } from './gpu-world.js';
 
-// The addon's host-MLP methods (native/addon.cc -> native/host_mlp.cc) on a real context: run now,
+// The addon's host-MLP methods (native/addon/host_compute.cc -> native/host/host_mlp.cc) on a real context: run now,
 // enqueued on a stream, and replayed from a captured graph, against a float64 reference; the
 // argument checks. Needs a GPU and an addon with hostMlpCreate: skipped elsewhere (CI), failed
 // in the GPU test phase (NERVA_GPU_TESTS=1, test/gpu-world.ts). The math itself is checked

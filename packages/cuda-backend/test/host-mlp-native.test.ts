@@ -1,9 +1,9 @@
 import { spawnSync } from 'node:child_process';
 import os from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildNative, hasGxx } from './native-build.js';
+import { buildNative, HOST_BASE, hasGxx } from './native-build.js';
 
-// The host MLP math (native/host_mlp.cc) without CUDA or the addon: test/native/host_mlp_test.cc
+// The host MLP math (native/host/host_mlp.cc) without CUDA or the addon: test/native/host_mlp_test.cc
 // is compiled here with g++ and checks every vector path this CPU has (scalar, AVX2, AVX-512)
 // against a float64 reference, with the error bound and its reason stated in that file. Skipped
 // where there is no g++.
@@ -50,12 +50,12 @@ function runProgram(exe: string, env: Record<string, string>): { cases: CaseLine
   };
 }
 
-describe.skipIf(!hasGxx)('host MLP math (native/host_mlp.cc, g++, no CUDA)', () => {
+describe.skipIf(!hasGxx)('host MLP math (native/host/host_mlp.cc, g++, no CUDA)', () => {
   let exe = '';
   let dispose = () => {};
 
   beforeAll(() => {
-    ({ exe, dispose } = buildNative('host_mlp_test', ['-pthread', '-DNERVA_HOST_MLP_NO_CUDA', '-Inative', 'test/native/host_mlp_test.cc', 'native/host_mlp.cc', 'native/host_pool.cc']));
+    ({ exe, dispose } = buildNative('host_mlp_test', ['-pthread', '-DNERVA_HOST_MLP_NO_CUDA', 'test/native/host_mlp_test.cc', 'native/host/host_mlp.cc', ...HOST_BASE]));
   }, 120_000);
   afterAll(() => dispose());
 

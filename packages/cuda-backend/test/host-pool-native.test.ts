@@ -1,8 +1,8 @@
 import { spawnSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildNative, hasGxx } from './native-build.js';
+import { buildNative, HOST_BASE, hasGxx } from './native-build.js';
 
-// The host pool (native/host_pool.cc) under stress, without CUDA: test/native/host_pool_test.cc
+// The host pool (native/host/host_pool.cc) under stress, without CUDA: test/native/host_pool_test.cc
 // runs many back-to-back two-phase calls on a pool larger than this machine's CPUs whose idle
 // workers sleep at once, so workers often wake after their call ended. Each call must run each
 // task exactly once, keep the phase barrier, and return only when every task is done. Skipped
@@ -19,11 +19,11 @@ interface Result {
   ok: boolean;
 }
 
-describe.skipIf(!hasGxx)('host pool (native/host_pool.cc, g++, no CUDA)', () => {
+describe.skipIf(!hasGxx)('host pool (native/host/host_pool.cc, g++, no CUDA)', () => {
   let exe = '';
   let dispose = () => {};
   beforeAll(() => {
-    ({ exe, dispose } = buildNative('host_pool_test', ['-pthread', '-Inative', 'test/native/host_pool_test.cc', 'native/host_pool.cc']));
+    ({ exe, dispose } = buildNative('host_pool_test', ['-pthread', 'test/native/host_pool_test.cc', ...HOST_BASE]));
   }, 120_000);
   afterAll(() => dispose());
 

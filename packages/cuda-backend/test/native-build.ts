@@ -11,6 +11,12 @@ export const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)),
 export const hasGxx = spawnSync('g++', ['--version'], { stdio: 'ignore' }).status === 0;
 
 /**
+ * g++ arguments every standalone build of the host modules needs: the include folders, the pool,
+ * the ISA layer and the knob table they read their settings from.
+ */
+export const HOST_BASE = ['-Inative/host', '-Inative/common', 'native/host/host_pool.cc', 'native/host/isa.cc', 'native/common/knobs.cc'];
+
+/**
  * Compiles a native test (`args`: g++ flags and sources, relative to the package) into a fresh
  * temporary folder; a failed build throws with g++'s stderr. dispose() removes the folder.
  */

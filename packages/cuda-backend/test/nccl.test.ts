@@ -66,7 +66,7 @@ class FakeContext {
     return {
       name: 'Fake GPU', totalMemory: 2 ** 34, smCount: 1, computeCapability: '9.0', deviceBase: DEVICE_BASE * (this.device + 1),
       deviceArenaBytes: 2 ** 20, pinnedBase: 2 ** 40, pinnedArenaBytes: 2 ** 16, workspaceBytes: 0, runtimeVersion: 13000,
-      driverVersion: 13000, gemm: 'gemv', decoder: 'layers', numerics: 'exact', cublas: '', cublasNote: '',
+      driverVersion: 13000, gemm: 'gemv', numerics: 'exact', cublas: '', cublasNote: '',
     };
   }
   pinnedArrayBuffer() {
@@ -99,6 +99,8 @@ const fakeAddon = {
   abiVersion: ABI_VERSION,
   Context: FakeContext,
   probe: () => ({ ok: true, count: 4, name: 'Fake GPU', computeCapability: '9.0' }),
+  knobs: () => [],
+  validateKnobs: () => null,
   ncclLoad: (dirs: string[]) => {
     calls.push(['load', dirs]);
     return fake.ncclFound

@@ -1,12 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import type { DeviceBuffer, DType, Tier } from '@nerva/core';
-import { OpEncoder, type ResolvedBuffer } from '../src/abi.js';
+import { OpEncoder, type ResolvedBuffer } from '../src/abi/index.js';
 import { hostAttentionPlan, type ResolvedAttnBuf } from '../src/host-attention.js';
 import { CudaArgumentError } from '../src/index.js';
 
 // Tiered KV on the CUDA backend, host half: the encoder packs the window and the partial
 // attention's lse for the kernels, attention_merge for its kernel, and a KV cache in pinned
-// memory is planned for the host path (native/host_attention.cc) with its staging checked.
+// memory is planned for the host path (native/host/host_attention.cc) with its staging checked.
 const resolved = new Map<number, ResolvedBuffer & { tier: Tier }>();
 function buf(dtype: DType, length: number, tier: Tier = 'vram'): DeviceBuffer {
   const id = resolved.size + 1;

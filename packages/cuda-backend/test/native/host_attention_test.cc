@@ -1,11 +1,11 @@
-// Standalone check of native/host_attention.cc (no CUDA) against a float64 reference: f32, bf16
+// Standalone check of native/host/host_attention.cc (no CUDA) against a float64 reference: f32, bf16
 // and f16 caches, GQA groups of 1, 4 and 12 (more than one pass of 8 heads), head dims 32, 80
 // and 128, windows, blocks missing from this cache (negative entries: partial attention with
 // lse), rows with no position left, pools of 1 and 4 threads (bitwise equal), out-of-range block
 // ids (NaN rows, counted), no allocation once reserved. Built and run by
 // test/host-attention-native.test.ts:
-//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Inative test/native/host_attention_test.cc native/host_attention.cc \
-//     native/host_pool.cc
+//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_ATTN_NO_CUDA -Inative/host -Inative/common test/native/host_attention_test.cc
+//     native/host/host_attention.cc native/host/host_pool.cc native/host/isa.cc native/common/knobs.cc
 // Prints one JSON line per case and a summary line; exits 1 when a case fails.
 //
 // Error bound. The kernel rounds each score s_p to f32 (a dot of hd terms: error <= hd u
@@ -29,30 +29,10 @@
 #include "host_attention.h"
 #include "host_pool.h"
 
-static std::atomic<bool> gArmed{false};
-static std::atomic<long> gAllocs{0};
-void* operator new(size_t n) {
-  if (gArmed.load(std::memory_order_relaxed)) gAllocs.fetch_add(1);
-  void* p = std::malloc(n ? n : 1);
-  if (!p) throw std::bad_alloc();
-  return p;
-}
-void* operator new[](size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
+#define NERVA_TEST_SEED 0x243f6a8885a308d3ull
+#include "test_util.h"
 
 namespace {
-
-uint64_t gSeed = 0x243f6a8885a308d3ull;
-double uniform(double lo, double hi) {  // splitmix64
-  uint64_t z = (gSeed += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return lo + (hi - lo) * ((double)(z >> 11) / 9007199254740992.0);
-}
 
 uint16_t toBf16(float f) {
   uint32_t u;

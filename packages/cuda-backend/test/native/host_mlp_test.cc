@@ -1,7 +1,7 @@
-// Standalone check of native/host_mlp.cc (no CUDA): every vector path this CPU supports against a
+// Standalone check of native/host/host_mlp.cc (no CUDA): every vector path this CPU supports against a
 // float64 reference, on odd sizes, rows 1/3/8/11, pools of 1 and 4 threads. Built and run by
 // test/host-mlp-native.test.ts:
-//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_MLP_NO_CUDA -Inative test/native/host_mlp_test.cc native/host_mlp.cc native/host_pool.cc
+//   g++ -O2 -std=c++17 -pthread -DNERVA_HOST_MLP_NO_CUDA -Inative/host -Inative/common test/native/host_mlp_test.cc native/host/host_mlp.cc native/host/host_pool.cc native/host/isa.cc native/common/knobs.cc
 // Prints one JSON line per case and a summary line; exits 1 when a case fails.
 //
 // Error bound. Per output h the f64 reference also computes
@@ -28,31 +28,10 @@
 
 #include "host_mlp.h"
 
-// Counts heap allocations while armed: nerva_host_mlp must not allocate once its scratch is reserved.
-static std::atomic<bool> gArmed{false};
-static std::atomic<long> gAllocs{0};
-void* operator new(size_t n) {
-  if (gArmed.load(std::memory_order_relaxed)) gAllocs.fetch_add(1);
-  void* p = std::malloc(n ? n : 1);
-  if (!p) throw std::bad_alloc();
-  return p;
-}
-void* operator new[](size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
+#define NERVA_TEST_SEED 0x9e3779b97f4a7c15ull
+#include "test_util.h"
 
 namespace {
-
-uint64_t gSeed = 0x9e3779b97f4a7c15ull;
-double uniform(double lo, double hi) {  // splitmix64
-  uint64_t z = (gSeed += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return lo + (hi - lo) * ((double)(z >> 11) / 9007199254740992.0);
-}
 
 uint16_t toBf16(float f) {  // round to nearest even
   uint32_t u;
@@ -189,9 +168,9 @@ void check(Problem& p, int isa, int threads, const char* tag) {
   std::printf(
       "{\"case\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"rows\":%d,\"hidden\":%d,\"inter\":%d,\"boundUsed\":%.3g,"
       "\"normRelErr\":%.3g,\"ok\":%s}\n",
-      tag, nerva_host_mlp_isa_name(isa), threads, p.rows, p.H, p.c, worst, maxRef > 0 ? maxErr / maxRef : 0.0,
+      tag, nerva_host_isa_name(isa), threads, p.rows, p.H, p.c, worst, maxRef > 0 ? maxErr / maxRef : 0.0,
       ok ? "true" : "false");
-  if (!ok) fail(std::string(tag) + " " + nerva_host_mlp_isa_name(isa) + " rows " + std::to_string(p.rows) + " H " +
+  if (!ok) fail(std::string(tag) + " " + nerva_host_isa_name(isa) + " rows " + std::to_string(p.rows) + " H " +
                 std::to_string(p.H) + " c " + std::to_string(p.c));
 }
 
@@ -202,7 +181,7 @@ int main() {
   const HostMlpStats initial = nerva_host_mlp_stats();
   std::vector<int> isas;
   for (int i = HOST_ISA_SCALAR; i <= HOST_ISA_AVX512; i++)
-    if (nerva_host_mlp_isa_supported(i)) isas.push_back(i);
+    if (nerva_host_isa_supported(i)) isas.push_back(i);
 
   // Odd sizes: H and c not multiples of 8/16/32 (vector tails, masked tails), sizes below one
   // vector, one exactly at a multiple, and c = 0.
@@ -226,7 +205,7 @@ int main() {
     nerva_host_mlp_configure(threads, 0);
     for (size_t ii = 0; ii < isas.size(); ii++) {
       const int isa = isas[ii];
-      if (nerva_host_mlp_set_isa(isa) != isa) fail(std::string("set_isa ") + nerva_host_mlp_isa_name(isa));
+      if (nerva_host_mlp_set_isa(isa) != isa) fail(std::string("set_isa ") + nerva_host_isa_name(isa));
       for (size_t pi = 0; pi < problems.size(); pi++) {
         Problem& p = problems[pi];
         check(p, isa, threads, "random");
@@ -273,10 +252,10 @@ int main() {
   if (nerva_host_mlp_validate(bad)) fail("c = 0 without weights rejected");
 
   std::printf("{\"summary\":true,\"cases\":%d,\"failures\":%d,\"isas\":[", gCases, gFailures);
-  for (size_t i = 0; i < isas.size(); i++) std::printf("%s\"%s\"", i ? "," : "", nerva_host_mlp_isa_name(isas[i]));
+  for (size_t i = 0; i < isas.size(); i++) std::printf("%s\"%s\"", i ? "," : "", nerva_host_isa_name(isas[i]));
   std::printf("],\"allocsDuringCalls\":%ld,\"repeatMismatches\":%d,\"threadMismatches\":%d,\"ns\":%llu,", allocs, mismatches, threadMismatches,
               (unsigned long long)(after.ns - before.ns));
   std::printf("\"initial\":{\"threads\":%d,\"isa\":\"%s\",\"pinned\":%s}}\n", initial.threads,
-              nerva_host_mlp_isa_name(initial.isa), initial.pinned ? "true" : "false");
+              nerva_host_isa_name(initial.isa), initial.pinned ? "true" : "false");
   return gFailures ? 1 : 0;
 }

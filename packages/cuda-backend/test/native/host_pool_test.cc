@@ -1,4 +1,4 @@
-// Stress test of the host pool (native/host_pool.cc): many back-to-back calls on an
+// Stress test of the host pool (native/host/host_pool.cc): many back-to-back calls on an
 // oversubscribed pool whose idle workers sleep at once (NERVA_HOST_SPIN_US=0), so workers often
 // wake after their call has ended. Every call must run each task of each phase exactly once, no
 // phase-1 task may start before every phase-0 task of its call is done, and a call must not

@@ -6,7 +6,8 @@
 //   a    = silu(g) * u                                          silu(v) = v / (1 + exp(-v))
 //   y[r] = down . a                                             y is written, not accumulated
 //
-// Plain C++17 (no CUDA in the math, no napi): compiled by g++ with host_pool.cc into the addon and
+// Plain C++17 (no CUDA in the math, no napi): compiled by g++ with host_pool.cc, isa.cc and
+// ../common/knobs.cc into the addon and
 // into the standalone test (test/native/host_mlp_test.cc) and benchmark (tools/gpu/host_mlp_bench.cc).
 // Define NERVA_HOST_MLP_NO_CUDA to build without the CUDA runtime (drops nerva_host_mlp_enqueue).
 //
@@ -14,13 +15,13 @@
 // is converted bf16 -> f32 once and multiplied against all rows, and each kernel pass takes up to
 // 4 weight rows at once so the activations (L2-resident) are loaded once per 4 weight rows. The
 // result is bitwise reproducible for a given ISA and thread count-independent (each output is
-// summed by one thread in a fixed order, whichever thread that is). Vector paths: AVX-512 (F, BW,
-// VL), AVX2 + FMA, and scalar, chosen at run time; the file itself builds with plain -O2 on any
-// x86-64 (function-level target attributes), and elsewhere only the scalar path exists.
+// summed by one thread in a fixed order, whichever thread that is). Vector paths: AVX-512, AVX2 +
+// FMA, and scalar, chosen at run time by the ISA layer (isa.h); elsewhere than x86 only the scalar
+// path exists.
 //
 // Threads: the process-wide host pool (host_pool.h), shared with host attention: NERVA_HOST_THREADS
 // threads (default: the CPUs of the process's affinity mask), the calling thread being one of
-// them; idle workers spin NERVA_HOST_SPIN_US microseconds (default 100), then sleep;
+// them; idle workers spin NERVA_HOST_SPIN_US microseconds (default 1000), then sleep;
 // NERVA_HOST_PIN=1 pins them. Work is split into chunks taken from an atomic counter (gate/up by
 // output channel, down by output row of H), so a descheduled thread delays only its current
 // chunk; the phases (RMSNorm, gate/up, down) are separated by the pool's barriers.
@@ -29,6 +30,8 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+
+#include "isa.h"
 
 // Optional per-args counters (nerva_host_mlp adds to them, plain stores: read them between calls).
 struct HostMlpCounters {
@@ -49,8 +52,6 @@ struct HostMlpArgs {
   HostMlpCounters* counters = nullptr;  // optional
 };
 
-enum HostMlpIsa { HOST_ISA_SCALAR = 0, HOST_ISA_AVX2 = 1, HOST_ISA_AVX512 = 2 };
-
 // Computes the MLP for a (on the calling thread plus the pool). Blocks until y is written.
 // Allocates nothing once nerva_host_mlp_reserve has covered the shape (it grows its scratch on
 // the first call of a larger shape otherwise). Arguments must pass nerva_host_mlp_validate.
@@ -68,12 +69,10 @@ struct HostMlpStats {
   uint64_t calls;
   uint64_t ns;
   int threads;  // the host pool's size, the calling thread included
-  int isa;      // HostMlpIsa in use
+  int isa;      // HostIsa in use (isa.h)
   bool pinned;  // the host pool's workers are pinned
 };
 HostMlpStats nerva_host_mlp_stats();
-const char* nerva_host_mlp_isa_name(int isa);  // "scalar", "avx2", "avx512"
-bool nerva_host_mlp_isa_supported(int isa);     // compiled in and supported by this CPU and OS
 // Selects the vector path (tests, benchmarks). Returns the isa now in use, or -1 (unchanged)
 // when it is not supported here.
 int nerva_host_mlp_set_isa(int isa);

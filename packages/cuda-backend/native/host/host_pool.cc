@@ -6,11 +6,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "host_util.h"
+#include "knobs.h"
 
 #ifdef __linux__
 #include <pthread.h>
@@ -22,10 +24,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 using nerva_host::cpuRelax;
-using nerva_host::envInt;
 
 int defaultThreads() {
-  int n = envInt("NERVA_HOST_THREADS", 0);
+  int n = (int)nerva::knobs::intValue("NERVA_HOST_THREADS");
   if (n > 0) return n > 256 ? 256 : n;
 #ifdef __linux__
   cpu_set_t set;  // the CPUs this process may run on (a container's cpuset), as Node's availableParallelism
@@ -43,10 +44,9 @@ int defaultThreads() {
   return n > 256 ? 256 : n;
 }
 
-bool defaultPin() { return envInt("NERVA_HOST_PIN", 0) == 1; }
+bool defaultPin() { return std::strcmp(nerva::knobs::textValue("NERVA_HOST_PIN"), "1") == 0; }
 
-// NERVA_HOST_ATTN_SPIN_US: deprecated alias (the host attention pool's setting before the merge).
-int64_t spinNs() { return (int64_t)envInt("NERVA_HOST_SPIN_US", envInt("NERVA_HOST_ATTN_SPIN_US", 1000)) * 1000; }
+int64_t spinNs() { return (int64_t)nerva::knobs::intValue("NERVA_HOST_SPIN_US") * 1000; }
 
 // A phase counter tagged with its call: epoch (24 bits) | tasks of the phase (20) | count (20).
 // A worker decides from the counter alone: one that wakes after its call has ended sees another

@@ -19,7 +19,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 using nerva_host::cpuRelax;
-using nerva_host::envInt;
+
+// How long the server spins after its last request before it sleeps, and how long a device wait
+// gives up after (its outputs then NaN): measured defaults, not settings.
+constexpr int64_t kServerSpinNs = 3000 * 1000;
+constexpr unsigned long long kWaitTimeoutMs = 30000;
 
 // The words the GPU and the host share, in mapped pinned memory, each on its own cache line.
 struct alignas(64) Words {
@@ -55,7 +59,7 @@ struct Server {
   std::atomic<int64_t> lastActivityNs{0};
   std::atomic<uint64_t> arms{0}, wakeups{0}, servedRetired{0}, timeoutsRetired{0};
   std::atomic<bool> sleeping{false};
-  int64_t spinNs = (int64_t)envInt("NERVA_HOST_CHANNEL_SPIN_US", 3000) * 1000;
+  int64_t spinNs = kServerSpinNs;
   std::thread thread;
 
   Server() { thread = std::thread([this] { loop(); }); thread.detach(); }
@@ -117,8 +121,6 @@ void CUDART_CB armFn(void*) { server().arm(); }
 
 }  // namespace
 
-bool nerva_host_channel_enabled() { return envInt("NERVA_HOST_CHANNEL", 1) != 0; }
-
 HostChannel* nerva_host_channel_create(void (*fn)(void*), void* arg, int* err) {
   *err = 0;
   auto* ch = new HostChannel();
@@ -141,7 +143,7 @@ HostChannel* nerva_host_channel_create(void (*fn)(void*), void* arg, int* err) {
     int dev = 0, khz = 0;
     cudaGetDevice(&dev);
     e = cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
-    ch->timeoutCycles = (unsigned long long)(khz > 0 ? khz : 2000000) * (unsigned long long)envInt("NERVA_HOST_CHANNEL_TIMEOUT_MS", 30000);
+    ch->timeoutCycles = (unsigned long long)(khz > 0 ? khz : 2000000) * kWaitTimeoutMs;
   }
   cudaThreadExchangeStreamCaptureMode(&mode);
   if (e != cudaSuccess) {

@@ -10,9 +10,9 @@
 #include <new>
 
 #include "host_pool.h"
+#include "isa.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#define NERVA_HOST_X86 1
+#if NERVA_HOST_X86
 #include <immintrin.h>
 #endif
 
@@ -23,13 +23,7 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-inline float bf16ToF32(uint16_t v) {
-  uint32_t u = (uint32_t)v << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+using nerva_host::bf16ToF32;
 
 // ---------------------------------------------------------------------------------------------
 // Dot kernels: out[n * R + r] = sum_k bf16(w[n][k]) * X[r * ldx + k] for n < N weight rows and
@@ -63,8 +57,6 @@ void dotScalar(const uint16_t* const* w, int K, const float* X, size_t ldx, floa
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-#define NERVA_AVX2 __attribute__((target("avx2,fma")))
-#define NERVA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 
 NERVA_AVX2 inline __m256 bf16x8(const uint16_t* p) {
   __m128i h = _mm_loadu_si128((const __m128i*)p);
@@ -195,43 +187,7 @@ const Kernels* kernelsFor(int isa) {
   return &kScalar;
 }
 
-bool cpuHas(int isa) {
-  if (isa == HOST_ISA_SCALAR) return true;
-#if NERVA_HOST_X86 && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  if (isa == HOST_ISA_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (isa == HOST_ISA_AVX512)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
-  return false;
-}
-
-int defaultIsa() {
-  int cap = HOST_ISA_AVX512;
-  if (const char* v = std::getenv("NERVA_HOST_ISA")) {
-    if (!std::strcmp(v, "scalar")) cap = HOST_ISA_SCALAR;
-    else if (!std::strcmp(v, "avx2")) cap = HOST_ISA_AVX2;
-  }
-  for (int i = cap; i > HOST_ISA_SCALAR; i--)
-    if (cpuHas(i)) return i;
-  return HOST_ISA_SCALAR;
-}
-
-// Grow-only 64-byte-aligned float scratch.
-struct Scratch {
-  float* p = nullptr;
-  size_t cap = 0;
-  void reserve(size_t n) {
-    if (n <= cap) return;
-    size_t bytes = ((n * sizeof(float)) + 63) & ~(size_t)63;
-    void* q = std::aligned_alloc(64, bytes);
-    if (!q) throw std::bad_alloc();
-    std::free(p);
-    p = (float*)q;
-    cap = bytes / sizeof(float);
-  }
-};
+using Scratch = nerva_host::Scratch<float>;
 
 inline size_t padded(int n) { return ((size_t)n + 15) & ~(size_t)15; }
 
@@ -252,10 +208,10 @@ struct Job {
 // threads are the shared host pool's (host_pool.h); its hold (HostPoolCall) also guards this.
 class Mlp {
  public:
-  Mlp() : isa_(defaultIsa()) {}
+  Mlp() : isa_(nerva_host_isa_best()) {}
 
   int setIsa(int isa) {
-    if (isa < HOST_ISA_SCALAR || isa > HOST_ISA_AVX512 || !cpuHas(isa)) return -1;
+    if (isa < HOST_ISA_SCALAR || isa > HOST_ISA_AVX512 || !nerva_host_isa_supported(isa)) return -1;
     HostPoolCall call;  // waits for a running call
     isa_ = isa;
     return isa;
@@ -440,12 +396,6 @@ void nerva_host_mlp(const HostMlpArgs& a) {
 void nerva_host_mlp_reserve(int rows, int hidden, int inter) { mlp().reserve(rows, hidden, inter); }
 
 HostMlpStats nerva_host_mlp_stats() { return mlp().stats(); }
-
-const char* nerva_host_mlp_isa_name(int isa) {
-  return isa == HOST_ISA_AVX512 ? "avx512" : isa == HOST_ISA_AVX2 ? "avx2" : "scalar";
-}
-
-bool nerva_host_mlp_isa_supported(int isa) { return cpuHas(isa); }
 
 int nerva_host_mlp_set_isa(int isa) { return mlp().setIsa(isa); }
 

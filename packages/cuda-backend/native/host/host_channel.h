@@ -15,9 +15,9 @@
 // The server sleeps when idle. What wakes it is stream-ordered too: each enqueue forks a host
 // function ("arm") onto a side stream and joins it after the wait kernel, so the arm runs while
 // the GPU reaches the stage kernel and is off the critical path. Once armed, the server spins
-// until it has seen nothing for NERVA_HOST_CHANNEL_SPIN_US (default 3000) microseconds.
+// until it has seen nothing for 3 ms.
 //
-// A wait that sees no response for NERVA_HOST_CHANNEL_TIMEOUT_MS (default 30000) gives up: its
+// A wait that sees no response for 30 s gives up: its
 // outputs are NaN (0x7fc00000 in every word) and the channel's timeout count rises, so a stuck
 // host shows as poisoned output and a counter, not a hung GPU.
 #pragma once
@@ -62,9 +62,6 @@ struct HostChannelStats {
   uint64_t wakeups = 0;  // times the server left its sleep
 };
 HostChannelStats nerva_host_channel_stats();
-
-// Whether host attention uses channels (NERVA_HOST_CHANNEL=0 selects the host-function path).
-bool nerva_host_channel_enabled();
 
 // Kernels (host_channel.cuh, compiled into the kernels unit). reqWord/respWord/timeouts: device
 // aliases of mapped host words; counter: device memory.

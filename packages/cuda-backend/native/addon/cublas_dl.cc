@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "knobs.h"
 #include "nerva.h"
 
 // The first of `names` that loads (13, 12, unversioned); nullptr with `why` filled otherwise.
@@ -91,11 +92,7 @@ struct LtState {
 // a large decode batch). A tuning knob: it changes the bits of batch-invariant matmuls (the same
 // for every row count of the process).
 int ltHintRows() {
-  static const int v = [] {
-    const char* e = getenv("NERVA_BI_LT_ROWS");
-    int r = e && *e ? atoi(e) : 128;
-    return r >= 1 ? r : 128;
-  }();
+  static const int v = (int)nerva::knobs::intValue("NERVA_BI_LT_ROWS");
   return v;
 }
 

@@ -7,6 +7,8 @@
 // the ncclResult_t and ncclGetErrorString's text (properties ncclError, call, status).
 #include "nccl_dl.h"
 
+#include "knobs.h"
+
 #include <dlfcn.h>
 #include <sys/stat.h>
 
@@ -228,8 +230,8 @@ Napi::Value Load(const Napi::CallbackInfo& info) {
   std::string error;
   if (!api.lib) {
     std::vector<std::string> cands;
-    const char* envPath = std::getenv("NERVA_NCCL_PATH");
-    if (envPath && *envPath) cands.push_back(IsDir(envPath) ? std::string(envPath) + "/" + kLibName : std::string(envPath));
+    const char* envPath = nerva::knobs::textValue("NERVA_NCCL_PATH");
+    if (*envPath) cands.push_back(IsDir(envPath) ? std::string(envPath) + "/" + kLibName : std::string(envPath));
     cands.push_back(kLibName);
     for (const auto& d : dirs)
       if (!d.empty()) cands.push_back(d + "/" + kLibName);

@@ -8,17 +8,15 @@
 // (q . k) * scale in float32, softmax by the online rule (running max, sum, rescaled accumulator,
 // float32), out = acc / sum, and lse = max + ln(sum) (-inf, out = 0, when no position remains).
 //
-// Plain C++17 (no CUDA in the math, no napi), built with host_pool.cc into the addon and into the
-// standalone test (test/native/host_attention_test.cc). Define NERVA_HOST_ATTN_NO_CUDA to build without the CUDA
+// Plain C++17 (no CUDA in the math, no napi), built with host_pool.cc, isa.cc and
+// ../common/knobs.cc into the addon and into the standalone test (test/native/host_attention_test.cc). Define NERVA_HOST_ATTN_NO_CUDA to build without the CUDA
 // runtime. Work: tasks of (row, split of the positions), each computing the partials of every
 // query head over every KV head so each key and value row is read once, then (after the pool's
 // barrier) a merge per (row, head), on the process-wide host pool shared with the host MLP
 // (host_pool.h: NERVA_HOST_THREADS threads, default the CPUs of the affinity mask; idle workers
-// spin NERVA_HOST_SPIN_US, default 100, then sleep; NERVA_HOST_ATTN_SPIN_US, this module's own
-// setting before the pools were merged, is a deprecated alias; calls are serialized with the host
-// MLP's). The inner loops (GCC vector extensions; plain loops elsewhere) are compiled for AVX-512,
-// AVX2+FMA and baseline x86-64 and picked at run time (NERVA_HOST_ISA=avx2|scalar caps the pick,
-// as for the host MLP); their exp is a polynomial within 1 ulp (weights below FLT_MIN are 0).
+// spin NERVA_HOST_SPIN_US, default 1000, then sleep; calls are serialized with the host MLP's).
+// The inner loops (GCC vector extensions) are compiled for AVX-512, AVX2+FMA and the baseline,
+// and the ISA layer (isa.h, capped by NERVA_HOST_ISA as for the host MLP) picks one; their exp is a polynomial within 1 ulp (weights below FLT_MIN are 0).
 // The result does not depend on the thread count (each partial is computed by one thread over a
 // fixed split, and the merge is in split order).
 #pragma once
@@ -81,10 +79,10 @@ struct HostChannel;
 // What the stream-ordered form copies around the host computation: q rows from the device
 // (qStride floats apart, heads at qOffset) into a.q, the int buffers into a.tables/rowSeq/
 // positions (host scratch the caller owns), and afterwards a.out (and a.lse) to outDst (lseDst).
-// With a channel (host_channel.h) the copies are kernels through mapped memory and need the
+// The copies are kernels of the host channel (host_channel.h) through mapped memory: they need the
 // device aliases of the host buffers (qDev: a.q; intsDev: a.tables, with rowSeq and positions
-// right after it as the caller lays them out; outHostDev, lseHostDev); without one they are
-// cudaMemcpyAsync around a cudaLaunchHostFunc.
+// right after it as the caller lays them out; outHostDev, lseHostDev) and the channel. A
+// cudaLaunchHostFunc round trip cost about 100 us against the channel's 30 and is gone.
 struct HostAttnStage {
   const float* qSrc = nullptr;
   int qStride = 0;
@@ -100,8 +98,8 @@ struct HostAttnStage {
   const float* lseHostDev = nullptr;
   HostChannel* channel = nullptr;
 };
-// Enqueues on s the whole round trip: inputs to the host, nerva_host_attention(*a), outputs back
-// (capturable into a graph). `a` and `st` must outlive every graph captured with them. Returns
+// Enqueues on s the whole round trip through st->channel: inputs to the host,
+// nerva_host_attention(*a), outputs back (capturable into a graph). `a` and `st` must outlive every graph captured with them. Returns
 // the first cudaError_t (0 = queued).
 int nerva_host_attention_enqueue(CUstream_st* s, const HostAttnArgs* a, const HostAttnStage* st);
 // The host function a channel for `a` calls (pass &args as its arg).

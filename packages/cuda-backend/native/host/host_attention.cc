@@ -10,6 +10,7 @@
 #include <new>
 
 #include "host_pool.h"
+#include "isa.h"
 
 #ifndef NERVA_HOST_ATTN_NO_CUDA
 #include <cuda_runtime.h>
@@ -20,33 +21,15 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using nerva_host::bf16ToF32;
+using nerva_host::hsum;
+using nerva_host::Scratch;
+using nerva_host::vload;
+using nerva_host::vmax;
+using nerva_host::vsplat;
+using nerva_host::vstore;
+using nerva_host::Vec;
 
-// Vectorized inner loops: one source (GCC vector extensions), compiled for AVX-512, AVX2 (+FMA)
-// and baseline x86-64 (picked at run time, see spanFn); elsewhere, plain code. The helpers are
-// forced inline so that each target's entry point gets its own copy of them.
-#if defined(__GNUC__) && !defined(__clang__)
-#define NERVA_OPT optimize("O3", "fp-contract=fast")
-#define NERVA_BASE __attribute__((NERVA_OPT))
-#else
-#define NERVA_BASE
-#endif
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(NERVA_HOST_ATTN_PLAIN)
-#define NERVA_X86_TARGETS 1
-#define NERVA_V4 __attribute__((target("arch=x86-64-v4"), NERVA_OPT))
-#define NERVA_V3 __attribute__((target("arch=x86-64-v3"), NERVA_OPT))
-#else
-#define NERVA_X86_TARGETS 0
-#endif
-#if defined(__GNUC__)
-#define NERVA_INLINE inline __attribute__((always_inline))
-#else
-#define NERVA_INLINE inline
-#endif
-#if defined(__GNUC__) && !defined(__clang__)
-#define NERVA_UNROLL _Pragma("GCC unroll 16")
-#else
-#define NERVA_UNROLL
-#endif
 
 constexpr int kMaxHd = 256;
 constexpr int kLanes = 16;   // the widest vector (floats): head rows and head counts are padded to a multiple
@@ -77,18 +60,11 @@ float halfToFloat(uint16_t h) {
   return f;
 }
 
-NERVA_INLINE float bf16ToFloat(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // Element i of a KV buffer as a float.
 template <int DT>
 NERVA_INLINE float kvAt(const void* base, size_t i) {
   if (DT == HOST_ATTN_F32) return ((const float*)base)[i];
-  if (DT == HOST_ATTN_BF16) return bf16ToFloat(((const uint16_t*)base)[i]);
+  if (DT == HOST_ATTN_BF16) return bf16ToF32(((const uint16_t*)base)[i]);
   return halfToFloat(((const uint16_t*)base)[i]);
 }
 
@@ -120,69 +96,6 @@ NERVA_INLINE float expNeg(float x) {
   return under ? 0.f : expPoly(r) * s;
 }
 
-// Vec<L>::F: L floats, the kernel's unit; L is each target's register width (16 for AVX-512, 8 for
-// AVX2, 4 for SSE2: wider vectors than the registers are lowered through the stack). With GCC and
-// Clang, vector types (I: L int32, H: L uint16); elsewhere (or with NERVA_HOST_ATTN_PLAIN, to test
-// that path) a plain array of 16 with loops.
-template <int L>
-struct Vec;
-#if defined(__GNUC__) && !defined(NERVA_HOST_ATTN_PLAIN)
-#if !defined(__clang__)
-// Returning 32- and 64-byte vectors "changes the ABI" below AVX: these functions are all inlined.
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-template <>
-struct Vec<16> {
-  typedef float F __attribute__((vector_size(64)));
-  typedef int32_t I __attribute__((vector_size(64)));
-  typedef uint16_t H __attribute__((vector_size(32)));
-};
-template <>
-struct Vec<8> {
-  typedef float F __attribute__((vector_size(32)));
-  typedef int32_t I __attribute__((vector_size(32)));
-  typedef uint16_t H __attribute__((vector_size(16)));
-};
-template <>
-struct Vec<4> {
-  typedef float F __attribute__((vector_size(16)));
-  typedef int32_t I __attribute__((vector_size(16)));
-  typedef uint16_t H __attribute__((vector_size(8)));
-};
-#define NERVA_F typename Vec<L>::F
-#define NERVA_I typename Vec<L>::I
-
-template <int L>
-NERVA_INLINE NERVA_F vload(const float* p) {
-  NERVA_F v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <int L>
-NERVA_INLINE void vstore(float* p, const NERVA_F& v) {
-  std::memcpy(p, &v, sizeof v);
-}
-template <int L>
-NERVA_INLINE NERVA_F vsplat(float s) {
-  return s - NERVA_F{};  // a broadcast (0 + s is not folded: -0)
-}
-template <int L>
-NERVA_INLINE NERVA_F vmax(const NERVA_F& a, const NERVA_F& b) {
-  const NERVA_I m = a > b;
-  return (NERVA_F)((m & (NERVA_I)a) | (~m & (NERVA_I)b));
-}
-// Halves until 4 lanes, then a fixed pair order: the same sum for the same input.
-template <int L>
-NERVA_INLINE float hsum(const NERVA_F& v) {
-  if constexpr (L == 4) {
-    return (v[0] + v[2]) + (v[1] + v[3]);
-  } else {
-    typename Vec<L / 2>::F a, b;
-    std::memcpy(&a, &v, sizeof a);
-    std::memcpy(&b, (const char*)&v + sizeof a, sizeof b);
-    return hsum<L / 2>(a + b);
-  }
-}
 // The sums of a, b, c and d into out[0..3]. With 16 lanes one transposing tree (13 shuffles and
 // adds for the four, not four horizontal sums of 8 each: they competed with the FMAs).
 template <int L>
@@ -263,87 +176,6 @@ NERVA_INLINE void loadKv2(const void* base, size_t i, NERVA_F& lo, NERVA_F& hi) 
     hi = loadKv<DT, L>(base, i + L);
   }
 }
-#else
-template <>
-struct Vec<16> {
-  struct F {
-    float v[16];
-  };
-};
-#define NERVA_F typename Vec<L>::F
-typedef Vec<16>::F VF16;
-inline VF16 operator+(VF16 a, const VF16& b) {
-  for (int t = 0; t < 16; t++) a.v[t] += b.v[t];
-  return a;
-}
-inline VF16 operator-(VF16 a, const VF16& b) {
-  for (int t = 0; t < 16; t++) a.v[t] -= b.v[t];
-  return a;
-}
-inline VF16 operator*(VF16 a, const VF16& b) {
-  for (int t = 0; t < 16; t++) a.v[t] *= b.v[t];
-  return a;
-}
-inline VF16 operator*(float s, VF16 a) {
-  for (int t = 0; t < 16; t++) a.v[t] *= s;
-  return a;
-}
-inline VF16& operator+=(VF16& a, const VF16& b) { return a = a + b; }
-template <int L>
-inline VF16 vload(const float* p) {
-  VF16 v;
-  std::memcpy(v.v, p, sizeof v.v);
-  return v;
-}
-template <int L>
-inline void vstore(float* p, const VF16& v) {
-  std::memcpy(p, v.v, sizeof v.v);
-}
-template <int L>
-inline VF16 vsplat(float s) {
-  VF16 v;
-  for (int t = 0; t < 16; t++) v.v[t] = s;
-  return v;
-}
-template <int L>
-inline VF16 vmax(VF16 a, const VF16& b) {
-  for (int t = 0; t < 16; t++) a.v[t] = a.v[t] > b.v[t] ? a.v[t] : b.v[t];
-  return a;
-}
-template <int L>
-inline float hsum(const VF16& v) {
-  float a[8], c[4];
-  for (int t = 0; t < 8; t++) a[t] = v.v[t] + v.v[t + 8];
-  for (int t = 0; t < 4; t++) c[t] = a[t] + a[t + 4];
-  return (c[0] + c[2]) + (c[1] + c[3]);
-}
-template <int L>
-inline void hsum4(const VF16& a, const VF16& b, const VF16& c, const VF16& d, float* out) {
-  out[0] = hsum<L>(a);
-  out[1] = hsum<L>(b);
-  out[2] = hsum<L>(c);
-  out[3] = hsum<L>(d);
-}
-template <int L>
-inline VF16 vexpNeg(VF16 x) {
-  for (int t = 0; t < 16; t++) x.v[t] = expNeg(x.v[t]);
-  return x;
-}
-template <int DT, int L>
-inline VF16 loadKv(const void* base, size_t i) {
-  VF16 v;
-  for (int t = 0; t < 16; t++) v.v[t] = kvAt<DT>(base, i + t);
-  return v;
-}
-template <int DT, int L>
-inline void loadKv2(const void* base, size_t i, VF16& lo, VF16& hi) {
-  const bool split = DT == HOST_ATTN_BF16;  // the vector path's order
-  for (int t = 0; t < 16; t++) {
-    lo.v[t] = kvAt<DT>(base, i + (split ? 2 * t : t));
-    hi.v[t] = kvAt<DT>(base, i + (split ? 2 * t + 1 : 16 + t));
-  }
-}
-#endif
 
 // The first n (< L) KV elements at i, the rest zero: the end of a head whose headDim is not a
 // multiple of L (reading on would pass the buffer's end).
@@ -368,7 +200,7 @@ NERVA_INLINE void scoreKeys(const void* k, const size_t* at, const float* q, int
     F ql[NJ], qh[NJ];
     NERVA_UNROLL for (int j = 0; j < NJ; j++) {
       F x0 = vload<L>(q + (size_t)j * hdp + i), x1 = vload<L>(q + (size_t)j * hdp + i + L);
-#if defined(__GNUC__) && !defined(NERVA_HOST_ATTN_PLAIN)
+#if defined(__GNUC__)
       // Kept in registers: GCC would fold them into each FMA again, one load per key.
       if constexpr (KX > 1) __asm__("" : "+v"(x0), "+v"(x1));
 #endif
@@ -661,11 +493,7 @@ NERVA_INLINE bool spanPartialsT(const HostAttnArgs& a, int r, int p0, int p1, fl
   return true;
 }
 
-#if defined(__GNUC__) && !defined(NERVA_HOST_ATTN_PLAIN)
-constexpr int kBaseLanes = 4;  // SSE2 (or another target's 16-byte vectors)
-#else
-constexpr int kBaseLanes = 16;  // the plain path's arrays
-#endif
+constexpr int kBaseLanes = 4;  // the baseline: 16-byte vectors (SSE2 on x86-64)
 typedef bool (*SpanFn)(const HostAttnArgs& a, int r, int p0, int p1, float* scratch, float* part, size_t partStride);
 NERVA_BASE bool spanBase(const HostAttnArgs& a, int r, int p0, int p1, float* scratch, float* part, size_t partStride) {
   return spanPartialsT<kBaseLanes, 1>(a, r, p0, p1, scratch, part, partStride);
@@ -679,23 +507,13 @@ NERVA_V4 bool spanV4(const HostAttnArgs& a, int r, int p0, int p1, float* scratc
 }
 #endif
 
-// The entry point for this CPU (every thread uses the same one, so results do not depend on the
-// thread count). NERVA_HOST_ISA=avx2, or scalar (the baseline x86-64 path), caps it as it does the
-// host MLP's.
+// The entry point of the ISA layer's path (isa.h; every thread uses the same one, so results do
+// not depend on the thread count).
 SpanFn pickSpanFn() {
 #if NERVA_X86_TARGETS
-  int cap = 2;
-  if (const char* v = std::getenv("NERVA_HOST_ISA")) {
-    if (!std::strcmp(v, "scalar")) cap = 0;
-    else if (!std::strcmp(v, "avx2")) cap = 1;
-  }
-  __builtin_cpu_init();
-  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
-                  __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt");
-  const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd");
-  if (v4 && cap >= 2) return spanV4;
-  if (v3 && cap >= 1) return spanV3;
+  const int isa = nerva_host_isa_best();
+  if (isa >= HOST_ISA_AVX512) return spanV4;
+  if (isa >= HOST_ISA_AVX2) return spanV3;
 #endif
   return spanBase;
 }
@@ -703,22 +521,6 @@ SpanFn spanFn() {
   static const SpanFn f = pickSpanFn();
   return f;
 }
-
-// Grow-only 64-byte-aligned scratch.
-template <class T>
-struct Scratch {
-  T* p = nullptr;
-  size_t cap = 0;
-  void reserve(size_t n) {
-    if (n <= cap) return;
-    size_t bytes = ((n * sizeof(T)) + 63) & ~(size_t)63;
-    void* q = std::aligned_alloc(64, bytes);
-    if (!q) throw std::bad_alloc();
-    std::free(p);
-    p = (T*)q;
-    cap = bytes / sizeof(T);
-  }
-};
 
 // The module's state: scratch and the current call's plan. The threads are the shared host
 // pool's (host_pool.h); its hold (HostPoolCall) also guards this.
@@ -902,8 +704,7 @@ void nerva_host_attention_configure(int threads) { nerva_host_pool_configure(thr
 int nerva_host_attention_threads() { return nerva_host_pool_threads(); }
 
 #ifndef NERVA_HOST_ATTN_NO_CUDA
-namespace {
-void CUDART_CB hostAttnHostFn(void* p) {
+void nerva_host_attention_channel_fn(void* p) {
   const HostAttnArgs& a = *static_cast<const HostAttnArgs*>(p);
   try {
     nerva_host_attention(a);
@@ -912,38 +713,21 @@ void CUDART_CB hostAttnHostFn(void* p) {
     for (size_t i = 0; i < (size_t)a.rows * a.numHeads * a.headDim; i++) a.out[i] = std::nanf("");
   }
 }
-}  // namespace
-
-void nerva_host_attention_channel_fn(void* p) { hostAttnHostFn(p); }
 
 int nerva_host_attention_enqueue(CUstream_st* s, const HostAttnArgs* a, const HostAttnStage* st) {
   if (!a || !st || nerva_host_attention_validate(*a) || !st->outDst || (a->lse && !st->lseDst)) return (int)cudaErrorInvalidValue;
   if (a->rows <= 0) return 0;
+  if (!st->channel || !st->qDev || !st->intsDev || !st->outHostDev || (a->lse && !st->lseHostDev)) return (int)cudaErrorInvalidValue;
   const size_t qw = (size_t)a->numHeads * a->headDim;
   const size_t nTables = (size_t)a->numSeqs * a->maxBlocksPerSeq;
-  if (st->channel) {
-    if (!st->qDev || !st->intsDev || !st->outHostDev || (a->lse && !st->lseHostDev)) return (int)cudaErrorInvalidValue;
-    HostChannelCopy in[4], out[2];
-    in[0] = {st->qDev, st->qSrc + st->qOffset, (uint32_t)qw, (uint32_t)a->rows, (uint32_t)qw, (uint32_t)st->qStride};
-    in[1] = {st->intsDev, st->tablesSrc, (uint32_t)nTables, 1, 0, 0};
-    in[2] = {st->intsDev + nTables, st->rowSeqSrc, (uint32_t)a->rows, 1, 0, 0};
-    in[3] = {st->intsDev + nTables + a->rows, st->positionsSrc, (uint32_t)a->rows, 1, 0, 0};
-    out[0] = {st->outDst, st->outHostDev, (uint32_t)(qw * a->rows), 1, 0, 0};
-    int nOut = 1;
-    if (a->lse) out[nOut++] = {st->lseDst, st->lseHostDev, (uint32_t)((size_t)a->rows * a->numHeads), 1, 0, 0};
-    return nerva_host_channel_enqueue(s, st->channel, in, 4, out, nOut);
-  }
-  cudaError_t e = cudaMemcpy2DAsync(const_cast<float*>(a->q), qw * sizeof(float), st->qSrc + st->qOffset, (size_t)st->qStride * sizeof(float),
-                                    qw * sizeof(float), (size_t)a->rows, cudaMemcpyDefault, s);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(const_cast<int*>(a->tables), st->tablesSrc, nTables * sizeof(int), cudaMemcpyDefault, s);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(const_cast<int*>(a->rowSeq), st->rowSeqSrc, (size_t)a->rows * sizeof(int), cudaMemcpyDefault, s);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(const_cast<int*>(a->positions), st->positionsSrc, (size_t)a->rows * sizeof(int), cudaMemcpyDefault, s);
-  if (e == cudaSuccess) e = cudaLaunchHostFunc(s, hostAttnHostFn, const_cast<HostAttnArgs*>(a));
-  if (e == cudaSuccess) e = cudaMemcpyAsync(st->outDst, a->out, qw * a->rows * sizeof(float), cudaMemcpyDefault, s);
-  if (e == cudaSuccess && a->lse)
-    e = cudaMemcpyAsync(st->lseDst, a->lse, (size_t)a->rows * a->numHeads * sizeof(float), cudaMemcpyDefault, s);
-  return (int)e;
+  HostChannelCopy in[4], out[2];
+  in[0] = {st->qDev, st->qSrc + st->qOffset, (uint32_t)qw, (uint32_t)a->rows, (uint32_t)qw, (uint32_t)st->qStride};
+  in[1] = {st->intsDev, st->tablesSrc, (uint32_t)nTables, 1, 0, 0};
+  in[2] = {st->intsDev + nTables, st->rowSeqSrc, (uint32_t)a->rows, 1, 0, 0};
+  in[3] = {st->intsDev + nTables + a->rows, st->positionsSrc, (uint32_t)a->rows, 1, 0, 0};
+  out[0] = {st->outDst, st->outHostDev, (uint32_t)(qw * a->rows), 1, 0, 0};
+  int nOut = 1;
+  if (a->lse) out[nOut++] = {st->lseDst, st->lseHostDev, (uint32_t)((size_t)a->rows * a->numHeads), 1, 0, 0};
+  return nerva_host_channel_enqueue(s, st->channel, in, 4, out, nOut);
 }
 #endif

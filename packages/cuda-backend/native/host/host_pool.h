@@ -21,9 +21,7 @@
 // NERVA_HOST_SPIN_US microseconds (default 1000: decode calls come about once per layer, every
 // 0.2-0.4 ms; with the three CPUs above left free this no longer starves the CUDA host-function
 // and Node threads, as it did with all but one CPU in the pool), then sleep on a condition
-// variable, so an idle pool costs nothing. NERVA_HOST_ATTN_SPIN_US, the host attention pool's own
-// setting before the pools were merged, is read as a deprecated alias when NERVA_HOST_SPIN_US is
-// not set.
+// variable, so an idle pool costs nothing. The three settings are knobs (../common/knobs.h).
 //
 // Calls are serialized: a HostPoolCall holds the pool from construction to destruction, so the
 // two modules' calls run one after another (they are queued on the CUDA host-function thread one
