@@ -109,14 +109,13 @@ class Context : public Napi::ObjectWrap<Context> {
     size_t wsBytes = (size_t)o.Get("workspaceBytes").As<Napi::Number>().DoubleValue();
     size_t cbWs = (size_t)o.Get("cublasWorkspaceBytes").As<Napi::Number>().DoubleValue();
     int gemmMode = o.Get("gemmMode").As<Napi::Number>().Int32Value();
-    ex_.persistentDecoder = o.Has("persistentDecoder") && o.Get("persistentDecoder").ToBoolean().Value();
     ex_.bf16act = o.Has("bf16Activations") && o.Get("bf16Activations").ToBoolean().Value();
     ex_.batchInv = o.Has("batchInvariant") && o.Get("batchInvariant").ToBoolean().Value();
 
     CU(cudaSetDevice(device_));
     CU(cudaGetDeviceProperties(&prop_, device_));
     // One reservation holds the arena, the op workspace and cuBLAS's workspace.
-    size_t total = devBytes_ + wsBytes + cbWs + (kCounterCount + kGridSyncCount) * sizeof(int);
+    size_t total = devBytes_ + wsBytes + cbWs + kCounterCount * sizeof(int);
     cudaError_t e = cudaMalloc((void**)&devBase_, total);
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -144,18 +143,14 @@ class Context : public Napi::ObjectWrap<Context> {
     ex_.l2Bytes = (size_t)prop_.l2CacheSize;
     ex_.counters = (int*)(devBase_ + devBytes_ + wsBytes + cbWs);
     ex_.counterCount = kCounterCount;
-    ex_.gridSync = (unsigned*)(ex_.counters + kCounterCount);
-    CU(cudaMemset(ex_.counters, 0, (kCounterCount + kGridSyncCount) * sizeof(int)));
+    CU(cudaMemset(ex_.counters, 0, kCounterCount * sizeof(int)));
     CU(cudaDeviceSynchronize());  // the streams are non-blocking: the zeroes land before any launch
     cudaStream_t s0;
     CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
     streams_.push_back(s0);
 
     // Programmatic dependent launch: Hopper and later, kernels built with their PDL waits,
-    // unless NERVA_PDL=0 (an escape hatch and the A/B switch for benchmarks).
-    const char* pdlEnv = std::getenv("NERVA_PDL");
-    bool pdlOff = pdlEnv && std::strcmp(pdlEnv, "0") == 0;
-    ex_.pdl = prop_.major >= 9 && !pdlOff && nerva_pdl_compiled();
+    ex_.pdl = prop_.major >= 9 && nerva_pdl_compiled();
 
     ex_.gemmMode = GEMM_GEMV;
     if (gemmMode != GEMM_GEMV) {
@@ -179,11 +174,9 @@ class Context : public Napi::ObjectWrap<Context> {
     } else {
       blasNote_ = "disabled by option";
     }
-    // Batch-invariant matmuls on cuBLASLt's pinned algorithms (see nerva_lt_gemm) unless
-    // NERVA_BI_GEMM picks a kernel of ours (kernel: k_gemm_bi; 0: the GEMV).
-    const char* biEnv = std::getenv("NERVA_BI_GEMM");
-    const bool biOurs = biEnv && (std::strcmp(biEnv, "0") == 0 || std::strcmp(biEnv, "kernel") == 0);
-    if (ex_.batchInv && ex_.cublas && !biOurs) {
+    // Batch-invariant matmuls on cuBLASLt's pinned algorithms (see nerva_lt_gemm); where it does
+    // not load, on k_gemm_bi.
+    if (ex_.batchInv && ex_.cublas) {
       char why[256] = {0};
       if (!nerva_lt_open(&ex_, why, sizeof why)) ltNote_ = why;
     }
@@ -313,7 +306,7 @@ class Context : public Napi::ObjectWrap<Context> {
     cudaDriverGetVersion(&drv);
     o.Set("runtimeVersion", rt);
     o.Set("driverVersion", drv);
-    o.Set("decoder", ex_.persistentDecoder ? "persistent" : "layers");
+    o.Set("decoder", "layers");
     o.Set("numerics", ex_.bf16act ? "bf16" : "exact");
     o.Set("batchInvariant", ex_.batchInv);
     o.Set("gemm", ex_.gemmMode == GEMM_SPLIT_BF16 ? "cublas-split-bf16" : ex_.gemmMode == GEMM_BF16 ? "cublas-bf16" : "gemv");
@@ -321,8 +314,7 @@ class Context : public Napi::ObjectWrap<Context> {
     o.Set("cublasNote", blasNote_);
     // The batch-invariant matmul: cuBLASLt with pinned algorithms, k_gemm_bi, or the GEMV.
     if (ex_.batchInv) {
-      const char* biEnv = std::getenv("NERVA_BI_GEMM");
-      o.Set("biGemm", ex_.lt ? "cublaslt-pinned" : biEnv && std::strcmp(biEnv, "0") == 0 ? "gemv" : "k_gemm_bi");
+      o.Set("biGemm", ex_.lt ? "cublaslt-pinned" : "k_gemm_bi");
       char pins[2048];
       nerva_lt_describe(&ex_, pins, sizeof pins);
       o.Set("biGemmPins", pins);
@@ -939,7 +931,6 @@ class Context : public Napi::ObjectWrap<Context> {
   static constexpr size_t kStageBytes = 4u << 20;     // the pinned staging ring
   static constexpr size_t kStageMaxWrite = 1u << 20;  // larger writes synchronize instead
   static constexpr size_t kCounterCount = 16384;      // attention combine counters (rows x heads)
-  static constexpr size_t kGridSyncCount = 4;         // the persistent decoder kernel's grid barrier
   size_t stageOff_ = 0, stageHead_ = 0;
   std::deque<Staged> staged_;
   std::vector<cudaEvent_t> stageEvents_;

@@ -87,17 +87,10 @@ struct LtState {
   std::map<std::pair<int, int>, LtPin> pins;
 };
 
-// The row count the heuristic chooses each shape's algorithm for: NERVA_BI_LT_ROWS (default 128,
-// a large decode batch). A tuning knob: it changes the bits of batch-invariant matmuls (the same
-// for every row count of the process).
-int ltHintRows() {
-  static const int v = [] {
-    const char* e = getenv("NERVA_BI_LT_ROWS");
-    int r = e && *e ? atoi(e) : 128;
-    return r >= 1 ? r : 128;
-  }();
-  return v;
-}
+// The row count the heuristic chooses each shape's algorithm for: a large decode batch. It fixes
+// the bits of batch-invariant matmuls (the same for every row count of the process).
+constexpr int LT_HINT_ROWS = 128;
+int ltHintRows() { return LT_HINT_ROWS; }
 
 template <typename F>
 bool sym(void* lib, const char* name, F* out) {

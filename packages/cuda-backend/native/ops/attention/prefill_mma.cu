@@ -1,5 +1,12 @@
-// Causal attention of prefill tiles on tensor cores (included by kernels.cu, inside its
-// anonymous namespace). FlashAttention-2's scheme: one block per (64 query rows of one sequence,
+#include "common/elem.cuh"
+#include "common/exec.cuh"
+#include "ops/attention/attn_common.cuh"
+#include "ops/ops.h"
+
+namespace nerva::ops {
+
+// Causal attention of prefill tiles on tensor cores, first form (k_attn_prefill): the tiles whose
+// q rows the later forms cannot read in pairs (an odd q stride or offset). FlashAttention-2's scheme: one block per (64 query rows of one sequence,
 // q head); four warps of 16 rows each hold their q fragments, the scores and the output in
 // registers; keys and values come from the paged f32 cache in tiles of 64, converted to bf16 in
 // shared memory; mma.sync m16n8k16 (bf16 in, fp32 accumulate); online softmax per row.
@@ -12,85 +19,6 @@
 //
 // A tile takes this path only when all its rows belong to one sequence (attnTileUniform); the
 // split-KV kernel skips exactly those rows and handles the rest (decode rows, sequence seams).
-
-constexpr int PF_ROWS = 64;  // query rows per block (4 warps x 16)
-constexpr int PF_KEYS = 64;  // keys per shared-memory tile
-
-// Whether every row of tile `tile` (rows [64 tile, min(rows, 64 tile + 64))) has one sequence.
-// Called by whole warps; every warp of a block gets the same answer.
-__device__ __forceinline__ bool attnTileUniform(const int* rowSeq, int rows, int tile) {
-  int lane = threadIdx.x & 31;
-  int r0 = tile * PF_ROWS;
-  int s0 = rowSeq[r0];
-  int ra = r0 + lane, rb = r0 + 32 + lane;
-  bool ok = (ra >= rows || rowSeq[ra] == s0) && (rb >= rows || rowSeq[rb] == s0);
-  return __all_sync(0xffffffffu, ok);
-}
-
-__device__ __forceinline__ uint32_t pfPack(float lo, float hi) {
-  return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
-}
-// hi and lo halves of the pair (a, b), packed as mma operands (a in the low 16 bits).
-__device__ __forceinline__ void pfSplit(float a, float b, uint32_t& hi, uint32_t& lo) {
-  uint16_t ha = f2bf(a), hb = f2bf(b);
-  hi = (uint32_t)ha | ((uint32_t)hb << 16);
-  lo = pfPack(a - bf2f(ha), b - bf2f(hb));
-}
-
-__device__ __forceinline__ void pfMma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-template <bool TRANS>
-__device__ __forceinline__ void pfLdsm4(uint32_t (&r)[4], const uint16_t* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  if (TRANS)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-#endif
-}
-
-// Whether the cache's keys and values need a lo half: f32 caches under SPLIT (a bf16 cache holds
-// bf16 values exactly, so its lo half is zero and those products are skipped).
-template <bool SPLIT, typename KT>
-__host__ __device__ constexpr bool pfKvLo() {
-  return SPLIT && sizeof(KT) == 4;
-}
-
-// Dynamic shared memory of k_attn_prefill: K and V tiles (hi, and lo for f32 caches with SPLIT),
-// rows padded by 8 elements so ldmatrix's eight row addresses fall in distinct banks.
-// bf16 caches: two stages, the next tile's cp.async copies in flight while this one is used; f32
-// caches: one (their rows are converted on the way in).
-template <int HD, bool SPLIT, typename KT>
-constexpr size_t attnPrefillSmem() {
-  return (size_t)(sizeof(KT) == 2 ? 4 : pfKvLo<SPLIT, KT>() ? 4 : 2) * PF_KEYS * (HD + 8) * sizeof(uint16_t);
-}
-
-__device__ __forceinline__ void pfCopy16(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  int n = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n) : "memory");
-#endif
-}
-__device__ __forceinline__ void pfCommit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pfWaitPrev() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 1;" ::: "memory");
-#endif
-}
 
 // KT: float (f32 cache) or uint16_t (bf16 cache).
 template <int HD, bool SPLIT, typename KT>
@@ -382,3 +310,38 @@ __global__ void __launch_bounds__(128) k_attn_prefill(const float* q, const KT* 
     if (rb < rows) lse[(size_t)rb * H + h] = sb > 0.f ? mb + logf(sb) : -INFINITY;
   }
 }
+
+template <int HD, bool SPLIT, typename KT>
+int attnPrefillRun(NervaExec* ex, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows, int H,
+                   int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse) {
+  constexpr size_t smem = attnPrefillSmem<HD, SPLIT, KT>();
+  // Above 48 KiB a block must opt in (per function, per device: set on every launch).
+  cudaError_t e = cudaFuncSetAttribute(k_attn_prefill<HD, SPLIT, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return check(ex, "k_attn_prefill (shared memory opt-in)", e);
+  dim3 grid((unsigned)((rows + PF_ROWS - 1) / PF_ROWS), (unsigned)H);
+  LAUNCH((k_attn_prefill<HD, SPLIT, KT>), grid, 128, smem, q, (const KT*)kc.p, (const KT*)vc.p, (const int*)bt.p,
+         (const int*)rowSeq.p, (const int*)pos.p, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse);
+  return NERVA_OK;
+}
+
+// Exact numerics split every operand in two bf16 halves; matmul precision 'bf16' rounds once.
+int attnPrefillMma(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out,
+                      int rows, int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window,
+                      float* lse) {
+  const bool split = ex->gemmMode != GEMM_BF16, f32 = kc.dt == NV_F32;
+#define PF_RUN(HD, SP, KT) \
+  return attnPrefillRun<HD, SP, KT>(ex, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse)
+#define PF_KT(HD, SP) \
+  if (f32) PF_RUN(HD, SP, float); \
+  else PF_RUN(HD, SP, uint16_t);
+#define PF_SP(HD) \
+  if (split) { PF_KT(HD, true) } \
+  else { PF_KT(HD, false) }
+  if (hd == 128) { PF_SP(128) }
+  PF_SP(64)
+#undef PF_SP
+#undef PF_KT
+#undef PF_RUN
+}
+
+}  // namespace nerva::ops
