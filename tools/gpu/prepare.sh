@@ -5,7 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .device/include/node-api-headers .device/include/node-addon-api
 [ -f .device/node.xz ] || cp ../shared/device/node-v20.20.2-linux-x64.xz .device/node.xz
-grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
 cp packages/cuda-backend/node_modules/node-api-headers/include/*.h .device/include/node-api-headers/
 cp packages/cuda-backend/node_modules/node-addon-api/*.h .device/include/node-addon-api/
 rm -rf .device/fixtures .device/configs && mkdir -p .device/fixtures
@@ -19,7 +18,7 @@ rm -rf .device/dist && cp -r tools/gpu/dist .device/dist
 if [ "${1:-}" = --addon ]; then
   rm -rf .device/addon
   NERVA_CUDA_ARCHITECTURES=${NERVA_CUDA_ARCHITECTURES:-90} bash tools/gpu/build-addon.sh .device/addon
-  rm -f .device/addon/*.o
-  cat packages/cuda-backend/native/* tools/gpu/build-addon.sh | sha256sum | cut -c1-16 > .device/addon/sources.sha
+  rm -rf .device/addon/*.o .device/addon/kernels .device/addon/kernels.a
+  find packages/cuda-backend/native -type f | LC_ALL=C sort | xargs cat tools/gpu/build-addon.sh | sha256sum | cut -c1-16 > .device/addon/sources.sha
 fi
 du -sh .device

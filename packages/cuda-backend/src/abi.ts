@@ -25,7 +25,7 @@ const ANY: readonly DType[] = ['f32', 'bf16', 'f16', 'i32'];
 
 /**
  * Packs an op's arguments into one Float64Array (the native ABI: every buffer as address and
- * dtype code, then the attributes, in the order native/kernels.cu decodes them). Validates what
+ * dtype code, then the attributes, in the order the launchers of native/ops decode them). Validates what
  * can be checked on the host: dtypes, element counts against buffer lengths, attribute ranges,
  * so a bad call is a typed error rather than an illegal memory access on the GPU.
  */

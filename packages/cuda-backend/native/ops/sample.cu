@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
     const int chunk = (((vocab + C - 1) / C) + 3) & ~3;
     const int begin = min(vocab, rank * chunk), end = min(vocab, begin + chunk);
     // The pairs travel by st.async into block 0, counted by its transaction barrier (as the
-    // cluster attention's partials, attn_decode_short.cuh): no cluster barrier, whose release
+    // cluster attention's partials, ops/attention/decode_short.cu): no cluster barrier, whose release
     // is a GPU-scope fence, and the other blocks exit once their pair is sent.
     __shared__ __align__(8) unsigned long long txBar;
     const unsigned bar = saShared(&txBar);
