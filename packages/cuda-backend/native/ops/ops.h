@@ -121,8 +121,6 @@ int attnShortTry(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
 // Prefill tiles on tensor cores (the rows of uniform 64-row tiles); the split-KV kernel skips them.
 int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows,
                      int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse, int oneSeq);
-int attnPrefillMma(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows,
-                   int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse);
 int attnPrefillGqa(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows,
                    int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse, int oneSeq);
 int attnSplitKv(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows, int H,

@@ -27,8 +27,11 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
   if (sa >= 0) return sa;
   // Tiles of 64 rows of one sequence (prefill chunks) run on tensor cores; the split-KV kernel
   // below skips their rows. It then needs no splits for long contexts: the rows left are few.
+  // The tile kernels read q in pairs of floats: even q strides and offsets (every q the engine
+  // lays out); others take the split-KV kernel for every row.
   int flashRows = 0;
-  if (!decodeOnly && !rope && rows >= PF_ROWS && (kc.dt == NV_F32 || kc.dt == NV_BF16) && (hd == 64 || hd == 128)) {
+  if (!decodeOnly && !rope && rows >= PF_ROWS && (kc.dt == NV_F32 || kc.dt == NV_BF16) && (hd == 64 || hd == 128) &&
+      qStride % 2 == 0 && qOff % 2 == 0) {
     int rc = attnPrefillTiles(ex, hd, qPtr, kc, vc, bt, rowSeq, pos, outPtr, rows, H, KVH, bs, mbps, qStride, qOff, scale,
                               window, lse, oneSeq);
     if (rc) return rc;

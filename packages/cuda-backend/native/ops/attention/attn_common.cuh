@@ -66,15 +66,6 @@ __host__ __device__ constexpr bool pfKvLo() {
   return SPLIT && sizeof(KT) == 4;
 }
 
-// Dynamic shared memory of k_attn_prefill: K and V tiles (hi, and lo for f32 caches with SPLIT),
-// rows padded by 8 elements so ldmatrix's eight row addresses fall in distinct banks.
-// bf16 caches: two stages, the next tile's cp.async copies in flight while this one is used; f32
-// caches: one (their rows are converted on the way in).
-template <int HD, bool SPLIT, typename KT>
-constexpr size_t attnPrefillSmem() {
-  return (size_t)(sizeof(KT) == 2 ? 4 : pfKvLo<SPLIT, KT>() ? 4 : 2) * PF_KEYS * (HD + 8) * sizeof(uint16_t);
-}
-
 __device__ __forceinline__ void pfCopy16(void* dst, const void* src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);

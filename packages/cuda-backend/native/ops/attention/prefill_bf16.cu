@@ -303,14 +303,11 @@ int attnPrefill3Run(NervaExec* ex, const float* q, const uint16_t* kc, const uin
 }
 
 // Prefill tiles of op attention, by case: the third form (above) for plain bf16 operands where
-// two q heads share a KV head, the second (k_attn_prefill2) otherwise, the first
-// (k_attn_prefill) where q cannot be read in pairs. Returns an error code, 0 when done.
+// two q heads share a KV head, the second (k_attn_prefill2) otherwise. Both read q in pairs of
+// floats: the caller passes even q strides and offsets only. Returns an error code, 0 when done.
 int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out,
                      int rows, int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window,
                      float* lse, int oneSeq) {
-  // The second and third forms read q in pairs of floats: even strides and offsets.
-  if (qStride % 2 != 0 || qOff % 2 != 0)
-    return attnPrefillMma(ex, hd, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse);
   const bool plain = ex->gemmMode == GEMM_BF16, twoHeads = (H / KVH) % 2 == 0;
   if (plain && twoHeads) {
     if (kc.dt == NV_BF16) {

@@ -1,17 +1,19 @@
-#include "common/elem.cuh"
-#include "common/exec.cuh"
-#include "ops/attention/attn_common.cuh"
-#include "ops/ops.h"
-
-namespace nerva::ops {
-
-// Causal attention of prefill tiles on tensor cores, second form (k_attn_prefill2; helpers
-// in attn_common.cuh: PF_ROWS, PF_KEYS, attnTileUniform, pfSplit, pfMma, pfLdsm4, pfCopy16,
+// Causal attention of prefill tiles on tensor cores (k_attn_prefill2), FlashAttention-2's scheme:
+// blocks of 64 query rows of one sequence (4 warps of 16 rows each hold their q fragments, the
+// scores and the output in registers), keys and values in tiles of 64 converted to bf16 in shared
+// memory, mma.sync m16n8k16 (bf16 in, fp32 accumulate), online softmax per row. Helpers in
+// attn_common.cuh (PF_ROWS, PF_KEYS, attnTileUniform, pfSplit, pfMma, pfLdsm4, pfCopy16,
 // pfCommit, pfWaitPrev, pfKvLo, pa2Pack).
 //
-// The same arithmetic as k_attn_prefill (FlashAttention-2's scheme, mma.sync m16n8k16 bf16 with
-// fp32 accumulation, online softmax; SPLIT: hi/lo bf16 halves of q, k, p, v and the products
-// hi*hi + hi*lo + lo*hi, f32-grade), organized for throughput:
+// SPLIT (exact numerics): q, k, p and v are each split into a bf16 high part and a bf16 low part
+// (x - hi), and every product keeps hi*hi + hi*lo + lo*hi. The dropped lo*lo term and the
+// rounding of lo are about 2^-16 of each product: f32-grade against the declared relTol 1e-4
+// (the same split the many-row GEMMs use). Without SPLIT (matmul precision 'bf16') the operands
+// are rounded to bf16 once, as PyTorch's bf16 sdpa does.
+//
+// A tile takes this path only when all its rows belong to one sequence (attnTileUniform); the
+// split-KV kernel skips exactly those rows and handles the rest (decode rows, sequence seams).
+// Organized for throughput:
 // - HPB q heads of one KV head per block (GQA): warps 4i..4i+3 take head HPB*blockIdx.y + i, 16
 //   rows each, and share every K/V tile the block loads (the L2 and shared-memory traffic of a
 //   tile is paid once for HPB heads);
@@ -23,8 +25,14 @@ namespace nerva::ops {
 //   and the window) skips the mask; a tile wholly outside a warp's rows skips the warp's math;
 // - f32 caches: the next tile's rows are copied raw with cp.async into a staging area while this
 //   tile is used, then converted to bf16 (and lo halves under SPLIT) once for the whole block;
-//   bf16 caches: two cp.async stages, as before.
+//   bf16 caches: two cp.async stages.
 // oneSeq (the caller says every row has one sequence): no uniformity test, every tile is taken.
+#include "common/elem.cuh"
+#include "common/exec.cuh"
+#include "ops/attention/attn_common.cuh"
+#include "ops/ops.h"
+
+namespace nerva::ops {
 
 // Dynamic shared memory: bf16 caches two stages of K and V tiles; f32 caches the converted K and
 // V tiles (and their lo halves under SPLIT) plus the f32 staging of the next tile.

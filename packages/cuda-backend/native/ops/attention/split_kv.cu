@@ -25,7 +25,7 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS) {
   // appends key and value to the cache. The angles' cos/sin only need the position, so they are
   // taken before the wait as well.
   if (!decodeOnly) PDL_ENTER();
-  // Rows of tiles that k_attn_prefill took (flashRows: the row count it saw; 0 when it did not run).
+  // Rows of tiles the prefill tile kernels took (flashRows: the row count they saw; 0: none ran).
   if (flashRows && attnTileUniform(rowSeq, flashRows, (rowBase + (int)blockIdx.z) / PF_ROWS)) return;
   __shared__ float shm[W], shl[W];
   __shared__ float sha[W][EPL * 32];
