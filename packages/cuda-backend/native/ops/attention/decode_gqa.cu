@@ -1,10 +1,3 @@
-#include "common/elem.cuh"
-#include "common/exec.cuh"
-#include "ops/attention/attn_common.cuh"
-#include "ops/ops.h"
-
-namespace nerva::ops {
-
 // Decode attention for batches of many rows (k_attn_decode_gqa). One block
 // per (split, KV head, row) serves the G q heads that share the KV head, so every key and value
 // row is read once for all of them (the split-KV kernel reads it once per q head). Tiles of 32
@@ -13,6 +6,12 @@ namespace nerva::ops {
 // online softmax (warp w owns heads w and w + 4), and each thread accumulates one output column
 // of every head. Partials go through attnArrive like the split-KV kernel's: the last live split
 // of a (row, head) merges them. headDim 128, exact numerics, f32 or bf16 caches, no window.
+#include "common/elem.cuh"
+#include "common/exec.cuh"
+#include "ops/attention/attn_common.cuh"
+#include "ops/ops.h"
+
+namespace nerva::ops {
 
 constexpr int DG_KEYS = 32;
 constexpr int DG_HD = 128;

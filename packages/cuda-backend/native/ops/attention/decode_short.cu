@@ -1,12 +1,3 @@
-#include <cooperative_groups.h>
-#include "common/elem.cuh"
-#include "common/exec.cuh"
-#include "common/cluster.cuh"
-#include "ops/attention/attn_common.cuh"
-#include "ops/ops.h"
-
-namespace nerva::ops {
-
 // Decode attention without a global merge (k_attn_decode_short).
 // One thread block cluster per (row, KV head): its C blocks share the keys 0..last evenly, each
 // serving the G q heads of the KV head. A block copies its keys and values into shared memory
@@ -19,6 +10,15 @@ namespace nerva::ops {
 // keys; should a row exceed the bound, the keys beyond the tile are taken in further passes
 // (loaded after the wait), slower but the same attention. headDim 128, exact numerics (f32
 // arithmetic), f32 or bf16 caches.
+#include <cooperative_groups.h>
+
+#include "common/elem.cuh"
+#include "common/exec.cuh"
+#include "common/cluster.cuh"
+#include "ops/attention/attn_common.cuh"
+#include "ops/ops.h"
+
+namespace nerva::ops {
 
 constexpr int SA_THREADS = 128;
 constexpr int SA_HD = 128;

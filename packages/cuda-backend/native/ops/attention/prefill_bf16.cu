@@ -1,3 +1,5 @@
+// Causal attention of prefill tiles, third form (k_attn_prefill3: plain bf16 operands, two q heads
+// a warp), the f32 cache gather it reads through, and the choice among the tile forms.
 #include "common/elem.cuh"
 #include "common/exec.cuh"
 #include "ops/attention/attn_common.cuh"
