@@ -1,7 +1,7 @@
 {
   "variables": {
     "cuda_home%": "/usr/local/cuda",
-    "kernels_obj%": "build/nerva_kernels.o"
+    "kernels_obj%": "build/nerva_kernels.a"
   },
   "targets": [
     {

@@ -23,8 +23,19 @@ echo "[build-addon] CUDA $cuda, archs $archs"
 # tool's carry beside Node and the bundles.
 lineinfo=()
 [ "${NERVA_LINEINFO:-0}" = 1 ] && lineinfo=(-lineinfo)
-nvcc -c $pkg/native/kernels.cu -o "$out/kernels.o" -O3 -std=c++17 -Xcompiler -fPIC "${lineinfo[@]}" -I"$cuda/include" -I$pkg/native -I$pkg/native/common -I$pkg/native/host "${gencode[@]}" ${NERVA_NVCC_FLAGS:-} &
-nvcc_pid=$!
+# The kernel translation units (native/common, native/ops/**), one nvcc each, all at once, then
+# one archive: the link takes from it what the addon's objects use.
+kdir="$out/kernels"
+mkdir -p "$kdir"
+kobjs=()
+kpids=()
+for src in $(cd $pkg/native && find common ops -name '*.cu' | sort); do
+  o="$kdir/$(echo "${src%.cu}" | tr / _).o"
+  nvcc -c "$pkg/native/$src" -o "$o" -O3 -std=c++17 -Xcompiler -fPIC "${lineinfo[@]}" -I$pkg/native -I$pkg/native/common -I$pkg/native/host \
+    -I"$cuda/include" "${gencode[@]}" ${NERVA_NVCC_FLAGS:-} &
+  kpids+=($!)
+  kobjs+=("$o")
+done
 flags=(-c -fPIC -O2 -std=c++17 -fexceptions -DNAPI_VERSION=8 -DNAPI_CPP_EXCEPTIONS -DBUILDING_NODE_EXTENSION
   -I"$inc/node-api-headers" -I"$inc/node-addon-api" -I"$cuda/include")
 # The addon's and the host modules' sources (binding.gyp's list).
@@ -43,7 +54,9 @@ if [ -f "$cuda/include/cublasLt.h" ]; then
 else
   echo "[build-addon] no cublasLt.h here: the cuBLASLt ABI check is skipped"
 fi
-wait $nvcc_pid
-g++ -shared -o "$out/nerva_cuda.node" "${objs[@]}" "$out/kernels.o" \
+for p in "${kpids[@]}"; do wait "$p"; done
+rm -f "$out/kernels.a"
+ar rcs "$out/kernels.a" "${kobjs[@]}"
+g++ -shared -o "$out/nerva_cuda.node" "${objs[@]}" "$out/kernels.a" \
   -L"$cuda/lib64" -L"$cuda/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread
 echo "[build-addon] $out/nerva_cuda.node"

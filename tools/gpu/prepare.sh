@@ -23,8 +23,7 @@ rm -rf .device/dist .device/dist.tar.xz && tar -C tools/gpu -cf - dist | xz -T0 
 if [ "${1:-}" = --addon ]; then
   rm -rf .device/addon
   NERVA_CUDA_ARCHITECTURES=${NERVA_CUDA_ARCHITECTURES:-90} bash tools/gpu/build-addon.sh .device/addon
-  rm -f .device/addon/*.o
-  # The same digest as run.sh's addon_sha: build-addon.sh, then every native source in path order.
-  find packages/cuda-backend/native -type f | sort | xargs cat tools/gpu/build-addon.sh | sha256sum | cut -c1-16 > .device/addon/sources.sha
+  rm -rf .device/addon/*.o .device/addon/kernels .device/addon/kernels.a
+  find packages/cuda-backend/native -type f | LC_ALL=C sort | xargs cat tools/gpu/build-addon.sh | sha256sum | cut -c1-16 > .device/addon/sources.sha
 fi
 du -sh .device

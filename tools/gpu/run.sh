@@ -49,8 +49,7 @@
 #   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..256 rows, every row bit for bit,
 #   on a batchInvariant backend (must hold) and on the default one (informational), once with the default kernels
 #   (cuBLASLt with pinned algorithms, GQA attention), the same under matmul precision bf16 (NERVA_MATMUL=bf16: one
-#   term), once with NERVA_BI_GEMM=kernel (k_gemm_bi), once with NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0 (the GEMV,
-#   split-KV attention) -> $OUT/batch_invariance-{lt-gqa,lt-gqa-bf16,bigemm-gqa,gemv}.json
+#   term) -> $OUT/batch_invariance-{lt-gqa,lt-gqa-bf16}.json
 #   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
 #   @nerva/cuda-backend, the GPU-only ones among them, under vitest from .device/vitest.tar.xz
 #   (tools/gpu/pack_vitest.mjs) with NERVA_GPU_TESTS=1 (a GPU-only file without the addon or a GPU
@@ -79,7 +78,7 @@ export OUT
 
 # The sources the addon is built from: a prebuilt .device/addon (tools/gpu/prepare.sh --addon, same
 # nvcc and archs as build-addon.sh) is used instead of building when it came from these sources.
-addon_sha() { find packages/cuda-backend/native -type f | sort | xargs cat tools/gpu/build-addon.sh | sha256sum | cut -c1-16; }
+addon_sha() { find packages/cuda-backend/native -type f | LC_ALL=C sort | xargs cat tools/gpu/build-addon.sh | sha256sum | cut -c1-16; }
 if has build && [ -f .device/addon/nerva_cuda.node ] && [ "$(cat .device/addon/sources.sha 2>/dev/null)" = "$(addon_sha)" ]; then
   mkdir -p /tmp/nerva-addon && cp .device/addon/nerva_cuda.node /tmp/nerva-addon/ && say "addon prebuilt here (sources $(addon_sha))"
 elif has build; then
@@ -140,14 +139,11 @@ if has vitest; then
   if $NODE .device/dist/vitest_report.mjs /tmp/vitest-raw.json "$OUT/vitest.json" 2>&1 | tee -a "$log"; then say "vitest ok ($(( $(date +%s) - t0 )) s)"; else say "vitest FAILED ($(( $(date +%s) - t0 )) s)"; status=1; fi
 fi
 has conformance && runjs conformance conformance.mjs
-# Four times: the default batch-invariant kernels (k_gemm_bi, GQA attention), then each opt-out
-# added in turn (split-KV attention, then the GEMV too), then matmul precision bf16 (k_gemm_bi's
-# one-term variant), so every kernel the switches select is checked.
+# Twice: the default batch-invariant kernels (cuBLASLt pinned, GQA attention), then matmul
+# precision bf16 (one term).
 if has invariance; then
   runjs invariance batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-lt-gqa.json"
   NERVA_MATMUL=bf16 runjs "invariance (NERVA_MATMUL=bf16)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-lt-gqa-bf16.json"
-  NERVA_BI_GEMM=kernel runjs "invariance (NERVA_BI_GEMM=kernel)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-bigemm-gqa.json"
-  NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0 runjs "invariance (NERVA_BI_GEMM=0 NERVA_BI_ATTN_GQA=0)" batch_invariance.mjs && cp "$OUT/batch_invariance.json" "$OUT/batch_invariance-gemv.json"
   rm -f "$OUT/batch_invariance.json"
 fi
 has checks && runjs checks checks.mjs

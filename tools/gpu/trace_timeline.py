@@ -116,8 +116,11 @@ def main():
     ap.add_argument('--tokens', type=int, default=4)
     ap.add_argument('--json')
     ap.add_argument('--detail', help='a kernel name: its blocks in the last step')
-    ap.add_argument('--src', nargs='*', default=['packages/cuda-backend/native/kernels.cu', 'packages/cuda-backend/native/attn_decode_short.cuh:300000',
-                                                 'packages/cuda-backend/native/attn_decode_gqa.cuh:200000'])
+    # Kernels are tagged by their line in their file (each op family is its own file, so two
+    # files' tags can meet: pass the files of the kernels being traced, the later winning).
+    ap.add_argument('--src', nargs='*', default=['packages/cuda-backend/native/ops/gemv.cu', 'packages/cuda-backend/native/ops/attention/split_kv.cu',
+                                                 'packages/cuda-backend/native/ops/attention/decode_short.cu:300000',
+                                                 'packages/cuda-backend/native/ops/attention/decode_gqa.cu:200000'])
     a = ap.parse_args()
     names = kernel_names(a.src)
     recs, counts, cap = load(a.file)

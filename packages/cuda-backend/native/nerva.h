@@ -1,4 +1,4 @@
-// Shared declarations between the Node-API glue (addon.cc, g++) and the kernels (kernels.cu, nvcc).
+// Shared declarations between the Node-API glue (addon.cc, g++) and the kernels (ops/*.cu, nvcc).
 // No cuBLAS header is included anywhere: cuBLAS is loaded with dlopen (cublas_dl.cc) so the addon
 // compiles on machines that have nvcc but no cuBLAS (CI, the dev box).
 #pragma once
@@ -93,7 +93,7 @@ struct NervaExec {
   void* cublas = nullptr;
   const CublasApi* api = nullptr;
   int gemmMode = GEMM_GEMV;
-  // Launch kernels with programmatic dependent launch (sm_90+, see pdlWait in kernels.cu).
+  // Launch kernels with programmatic dependent launch (sm_90+, see pdlWait in common/elem.cuh).
   bool pdl = false;
   // Kernels issued (eagerly or into a capture) since the last that wrote the step state read
   // early (ring_push's cursor; advance_positions' positions, also in op sample's tail): from 3
@@ -104,25 +104,20 @@ struct NervaExec {
   // by the last block of each head; every user leaves them zero again.
   int* counters = nullptr;
   size_t counterCount = 0;
-  // Zeroed words of the persistent decoder kernel's grid barrier (arrivals, exits); the kernel's
-  // last block leaves them zero again.
-  unsigned* gridSync = nullptr;
   // Largest dynamic shared memory a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin).
   int smemOptin = 48 * 1024;
   // L2 cache size (cudaDeviceProp::l2CacheSize).
   size_t l2Bytes = 0;
-  // Op decoder_layers as one persistent kernel where the shapes allow (else per layer).
-  bool persistentDecoder = false;
   // bf16 numerics: kernels round activations where transformers' bf16 eager forward does.
   bool bf16act = false;
   // Batch-invariant decode (CudaBackendOptions.batchInvariant): a decode row's results do not
   // depend on how many rows share the call. Op fused_matmul and op decoder_layers run every row
   // count on one GEMM (cuBLASLt with pinned algorithms where it loads, else k_gemm_bi; never
   // cuBLAS's heuristics); decode attention sizes its splits as for one row and takes one kernel
-  // at every row count (GQA; NERVA_BI_ATTN_GQA=0: split-KV), the persistent decoder is off.
+  // at every row count (GQA where the shapes allow, else split-KV).
   bool batchInv = false;
   // cuBLASLt with pinned algorithms (nerva_lt_open), batch-invariant contexts only: their
-  // matmuls then run on it at every row count (NERVA_BI_GEMM=kernel: k_gemm_bi; 0: the GEMV).
+  // matmuls then run on it at every row count (where it did not load: k_gemm_bi).
   void* lt = nullptr;
   // Error detail for a failure (which call, or why the arguments were rejected).
   char errCall[160] = {0};
@@ -137,12 +132,11 @@ struct NervaExec {
 int nerva_launch(NervaExec* ex, int op, const double* args, int nargs);
 
 // The most keys a decode row may have for op decoder_layers to run its cluster attention
-// (k_attn_decode_short, SA_MAX_KEYS) in this context; 0 where it never runs: bf16 numerics, the
-// persistent decoder, batch invariance, NERVA_ATTN_SHORT=0, or a device without thread block
-// clusters. (The layer's shape must fit it as well: headDim 128, one or two q heads a KV head.)
+// (k_attn_decode_short, SA_MAX_KEYS) in this context; 0 where it never runs: bf16 numerics,
+// batch invariance, or a device without thread block clusters. (The layer's shape must fit it as well: headDim 128, one or two q heads a KV head.)
 int nerva_decode_short_keys(const NervaExec* ex);
 
-// NERVA_TRACE builds: writes the device timeline rings to $NERVA_DEVICE_TRACE (else nothing).
+// NERVA_TRACE builds: writes the device timeline rings to NERVA_DEVICE_TRACE (else nothing).
 void nerva_trace_dump();
 
 // Whether the kernels of this build carry the PDL dependency waits (compiled for compute_90+)

@@ -1,10 +1,12 @@
 #!/usr/bin/env node
-// Builds the CUDA addon: nvcc compiles native/kernels.cu into build/nerva_kernels.o, node-gyp
-// compiles the Node-API glue and links it with the static CUDA runtime. cuBLAS is not linked
-// (it is loaded at run time), so this needs only nvcc and the Node headers.
+// Builds the CUDA addon: nvcc compiles each kernel translation unit (native/common/*.cu|.cc,
+// native/ops/**/*.cu) in parallel and archives them into build/nerva_kernels.a, node-gyp compiles
+// the Node-API glue and links it with that archive and the static CUDA runtime. cuBLAS is not
+// linked (it is loaded at run time), so this needs only nvcc and the Node headers.
 //   --if-available  exit 0 with a message when nvcc is missing (CI without CUDA)
-import { execFileSync, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, realpathSync } from 'node:fs';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, readdirSync, realpathSync, rmSync } from 'node:fs';
+import os from 'node:os';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -76,13 +78,56 @@ if (!process.env.npm_config_nodedir) {
 
 run(process.execPath, [nodeGyp, 'clean']);
 run(process.execPath, [nodeGyp, 'configure', ...nodedirArgs, '--', ...gypArgs]);
-mkdirSync(path.join(pkgDir, 'build'), { recursive: true });
-run(nvcc, [
-  '-c', 'native/kernels.cu', '-o', 'build/nerva_kernels.o',
-  '-O3', '-std=c++17', '-Xcompiler', '-fPIC', '-lineinfo',
-  `-I${path.join(cudaHome, 'include')}`, '-Inative', '-Inative/common', '-Inative/host',
-  ...gencodeFlags(archs),
-]);
+// The kernel translation units: every .cu under native/common and native/ops (the knob table, plain
+// C++, is one of the addon's sources in binding.gyp).
+function kernelSources() {
+  const out = [];
+  const walk = (rel) => {
+    for (const e of readdirSync(path.join(pkgDir, rel), { withFileTypes: true })) {
+      const p = path.join(rel, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.name.endsWith('.cu')) out.push(p);
+    }
+  };
+  walk(path.join('native', 'common'));
+  walk(path.join('native', 'ops'));
+  return out.sort();
+}
+
+// Runs `jobs` (argument lists for nvcc) at most `width` at a time; exits on the first failure.
+async function compileAll(jobs, width) {
+  let next = 0;
+  const worker = async () => {
+    while (next < jobs.length) {
+      const args = jobs[next++];
+      console.log(`[build-native] ${nvcc} ${args.join(' ')}`);
+      const code = await new Promise((resolve) => {
+        const p = spawn(nvcc, args, { stdio: 'inherit', cwd: pkgDir });
+        p.on('close', (c, sig) => resolve(c ?? sig));
+      });
+      if (code !== 0) {
+        console.error(`[build-native] failed: nvcc exited with ${code}`);
+        process.exit(typeof code === 'number' && code > 0 ? code : 1);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.max(1, width) }, worker));
+}
+
+const objDir = path.join(pkgDir, 'build', 'kernels');
+rmSync(objDir, { recursive: true, force: true });
+mkdirSync(objDir, { recursive: true });
+const common = ['-O3', '-std=c++17', '-Xcompiler', '-fPIC', '-lineinfo', '-Inative', '-Inative/common', '-Inative/host', `-I${path.join(cudaHome, 'include')}`];
+const objects = [];
+const jobs = kernelSources().map((src) => {
+  const obj = path.join('build', 'kernels', `${src.replace(/^native[\\/]/, '').replace(/[\\/]/g, '_').replace(/\.(cu|cc)$/, '')}.o`);
+  objects.push(obj);
+  return ['-c', src, '-o', obj, ...common, ...(src.endsWith('.cu') ? gencodeFlags(archs) : [])];
+});
+const width = Number(process.env.NERVA_BUILD_JOBS) || (os.availableParallelism?.() ?? os.cpus().length);
+await compileAll(jobs, width);
+rmSync(path.join(pkgDir, 'build', 'nerva_kernels.a'), { force: true });
+run('ar', ['rcs', 'build/nerva_kernels.a', ...objects]);
 run(process.execPath, [nodeGyp, 'build', ...nodedirArgs]);
 const out = path.join(pkgDir, 'build', 'Release', 'nerva_cuda.node');
 if (!existsSync(out)) {

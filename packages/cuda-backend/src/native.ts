@@ -42,7 +42,7 @@ export interface NativeInfo {
   pinnedPages?: string;
   /**
    * Whether kernels launch with programmatic dependent launch (sm_90+ device, kernels built
-   * for compute_90+, and NERVA_PDL is not "0"); absent from addons built before it existed.
+   * for compute_90+); absent from addons built before it existed.
    */
   pdl?: boolean;
   /**

@@ -46,11 +46,9 @@ export interface CudaBackendOptions {
    * of rows in the call. Op fused_matmul and op decoder_layers (and op matmul up to 8 rows) run
    * every row count on one GEMM whose kernel never depends on the rows: cuBLASLt with one
    * algorithm pinned per weight shape (no split-K; chosen once by cuBLASLt's heuristic for
-   * NERVA_BI_LT_ROWS rows, default 128), never cuBLAS's per-call heuristic. Where libcublasLt does
-   * not load, or with NERVA_BI_GEMM=kernel, k_gemm_bi (a tensor-core kernel of ours, activations
-   * split into three bf16 terms; latency-bound past 64 rows) takes them; NERVA_BI_GEMM=0 selects
-   * the GEMV kernels (16 rows a launch), which other weights take anyway. Decode attention sizes
-   * its key splits as for one row (at least NERVA_BI_ATTN_CHUNK keys, default 256) and runs the
+   * 128 rows), never cuBLAS's per-call heuristic. Where libcublasLt does not load, k_gemm_bi (a
+   * tensor-core kernel of ours, activations split into three bf16 terms; latency-bound past 64
+   * rows) takes them. Decode attention sizes its key splits as for one row (at least 256 keys) and runs the
    * GQA kernel, which reads each key once for the q heads sharing it, at every row count where the
    * shapes allow (other shapes: the split-KV kernel). Prefill matmuls (op matmul past 8 rows) keep their GEMMs: the engine runs a
    * prompt chunk alone, as its request alone would.

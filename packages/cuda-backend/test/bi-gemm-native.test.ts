@@ -2,7 +2,7 @@ import { spawnSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildNative, hasGxx } from './native-build.js';
 
-// k_gemm_bi (native/kernels.cu: batch-invariant decode's tensor-core matmul) emulated on the CPU
+// k_gemm_bi (native/ops/gemm_bi.cu: batch-invariant decode's tensor-core matmul) emulated on the CPU
 // by test/native/bi_gemm_test.cc: its fragment construction, three-term bf16 split (one term under
 // matmul precision bf16), step and term order and split-K reduction, with the mma's internal sum modelled (round to nearest, and toward
 // zero as tensor cores truncate). Accuracy against a double reference, the split's exactness, and

@@ -127,9 +127,8 @@ Context::Context(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Context>(inf
   CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
   streams_.push_back(s0);
 
-  // Programmatic dependent launch: Hopper and later, kernels built with their PDL waits,
-  // unless NERVA_PDL=0 (an escape hatch).
-  ex_.pdl = prop_.major >= 9 && std::strcmp(knobs::textValue("NERVA_PDL"), "0") != 0 && nerva_pdl_compiled();
+  // Programmatic dependent launch: Hopper and later, kernels built with their PDL waits.
+  ex_.pdl = prop_.major >= 9 && nerva_pdl_compiled();
 
   ex_.gemmMode = GEMM_GEMV;
   if (gemmMode != GEMM_GEMV) {
@@ -153,10 +152,9 @@ Context::Context(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Context>(inf
   } else {
     blasNote_ = "disabled by option";
   }
-  // Batch-invariant matmuls on cuBLASLt's pinned algorithms (see nerva_lt_gemm) unless
-  // NERVA_BI_GEMM picks a kernel of ours (kernel: k_gemm_bi; 0: the GEMV).
-  const bool biOurs = std::strcmp(knobs::textValue("NERVA_BI_GEMM"), "1") != 0;
-  if (ex_.batchInv && ex_.cublas && !biOurs) {
+  // Batch-invariant matmuls on cuBLASLt's pinned algorithms (see nerva_lt_gemm); where it does
+  // not load, on k_gemm_bi.
+  if (ex_.batchInv && ex_.cublas) {
     char why[256] = {0};
     if (!nerva_lt_open(&ex_, why, sizeof why)) ltNote_ = why;
   }
@@ -246,9 +244,9 @@ Napi::Value Context::Info(const Napi::CallbackInfo& info) {
   o.Set("gemm", ex_.gemmMode == GEMM_SPLIT_BF16 ? "cublas-split-bf16" : ex_.gemmMode == GEMM_BF16 ? "cublas-bf16" : "gemv");
   o.Set("cublas", api_.lib ? api_.libName : "");
   o.Set("cublasNote", blasNote_);
-  // The batch-invariant matmul: cuBLASLt with pinned algorithms, k_gemm_bi, or the GEMV.
+  // The batch-invariant matmul: cuBLASLt with pinned algorithms, else k_gemm_bi.
   if (ex_.batchInv) {
-    o.Set("biGemm", ex_.lt ? "cublaslt-pinned" : std::strcmp(knobs::textValue("NERVA_BI_GEMM"), "0") == 0 ? "gemv" : "k_gemm_bi");
+    o.Set("biGemm", ex_.lt ? "cublaslt-pinned" : "k_gemm_bi");
     char pins[2048];
     nerva_lt_describe(&ex_, pins, sizeof pins);
     o.Set("biGemmPins", pins);

@@ -88,13 +88,10 @@ struct LtState {
   std::map<std::pair<int, int>, LtPin> pins;
 };
 
-// The row count the heuristic chooses each shape's algorithm for: NERVA_BI_LT_ROWS (default 128,
-// a large decode batch). A tuning knob: it changes the bits of batch-invariant matmuls (the same
-// for every row count of the process).
-int ltHintRows() {
-  static const int v = (int)nerva::knobs::intValue("NERVA_BI_LT_ROWS");
-  return v;
-}
+// The row count the heuristic chooses each shape's algorithm for: a large decode batch. It fixes
+// the bits of batch-invariant matmuls (the same for every row count of the process).
+constexpr int LT_HINT_ROWS = 128;
+int ltHintRows() { return LT_HINT_ROWS; }
 
 template <typename F>
 bool sym(void* lib, const char* name, F* out) {

@@ -1,4 +1,4 @@
-// CPU emulation of k_gemm_bi (native/kernels.cu), the batch-invariant tensor-core matmul, without
+// CPU emulation of k_gemm_bi (native/ops/gemm_bi.cu), the batch-invariant tensor-core matmul, without
 // CUDA: the same per-lane fragment construction (16-byte weight loads of rows g and g + 8 at k
 // offsets 32 h + 8 q of a 64-k chunk, activation float4s of row g split into bf16 hi, mid, lo),
 // the mma.sync m16n8k16 operand layouts of the PTX ISA, the same step and term order, each

@@ -1,6 +1,6 @@
 // Kernels of the host channel (host_channel.h): the stage kernel (inputs to mapped host memory,
 // then the request number) and the wait kernel (spin on the response word, then the outputs to
-// the device). Included at the end of kernels.cu.
+// the device). Its own translation unit; host_channel.h is found through the include path.
 #include "host_channel.h"
 
 namespace hostchannel {
@@ -109,3 +109,4 @@ extern "C" int nerva_host_channel_launch_wait(CUstream_st* s, const HostChannelC
   hostchannel::k_wait<<<hostchannel::blocksFor(words, 16), 256, 0, (cudaStream_t)s>>>(cs, counter, respWord, timeouts, timeoutCycles);
   return (int)cudaGetLastError();
 }
+

@@ -1,4 +1,4 @@
-// Decode attention without a global merge (included by kernels.cu after k_attn_partial_rope).
+// Decode attention without a global merge (k_attn_decode_short).
 // One thread block cluster per (row, KV head): its C blocks share the keys 0..last evenly, each
 // serving the G q heads of the KV head. A block copies its keys and values into shared memory
 // with cp.async before its dependency wait (they were written by earlier steps), so they arrive
@@ -10,12 +10,18 @@
 // keys; should a row exceed the bound, the keys beyond the tile are taken in further passes
 // (loaded after the wait), slower but the same attention. headDim 128, exact numerics (f32
 // arithmetic), f32 or bf16 caches.
+#include <cooperative_groups.h>
 
-// (cooperative_groups.h: included at the top of kernels.cu, outside its namespace)
+#include "common/elem.cuh"
+#include "common/exec.cuh"
+#include "common/cluster.cuh"
+#include "ops/attention/attn_common.cuh"
+#include "ops/ops.h"
+
+namespace nerva::ops {
 
 constexpr int SA_THREADS = 128;
 constexpr int SA_HD = 128;
-constexpr int SA_MAX_G = 4;
 constexpr int SA_MAX_C = 16;  // cluster size (16: non-portable)
 constexpr int SA_MAX_KEYS = 1024;  // the most keys (maxKeys) the kernel is chosen for
 // At most 128 registers a thread (65536 / (4 * 128)): a block then fits beside two of qkv's lean
@@ -94,39 +100,6 @@ __device__ __forceinline__ void saCopy16(void* dst, const void* src, bool in) {
 }
 __device__ __forceinline__ void saCopyWait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// The cluster's partials travel by st.async into the merging block's shared memory, each store
-// counted by that block's transaction barrier (mbarrier complete_tx), instead of plain remote
-// stores and a cluster barrier: a cluster barrier's release is a GPU-scope fence (MEMBAR.ALL.GPU,
-// an L2 round trip) and waits for every block, where a block here needs only its own slices.
-// The barrier's initialization is published once, before the dependency wait, by a relaxed
-// cluster barrier (fence.mbarrier_init: no L2 round trip).
-__device__ __forceinline__ unsigned saShared(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ unsigned saMapa(unsigned addr, int rank) {
-  unsigned r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void saTxInit(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void saStAsync(unsigned remote, float v, unsigned remoteBar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote), "r"(__float_as_uint(v)),
-               "r"(remoteBar)
-               : "memory");
-}
-__device__ __forceinline__ void saTxWait(unsigned bar) {
-  unsigned done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(bar)
-        : "memory");
-  }
-}
-
 template <typename KT, int G>
 __global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short(const float* q, KT* kc, KT* vc, const int* bt,
                                                                  const int* rowSeq, const int* positions, float* out,
@@ -147,7 +120,7 @@ __global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short
   __shared__ __align__(16) float accW[NW][G][SA_HD];
   __shared__ double shcs[64][2];
 
-  NERVA_TRACE_KERNEL_AT(300000);  // trace_timeline.py: attn_decode_short.cuh:300000
+  NERVA_TRACE_KERNEL_AT(300000);  // trace_timeline.py: decode_short.cu:300000
   cg::cluster_group cl = cg::this_cluster();
   const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
   const int kvh = blockIdx.y, r = blockIdx.z;
@@ -202,7 +175,7 @@ __global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short
   const int newSlot = owner ? rf.slots[r] : -1;
   __syncthreads();
   pdlWait();
-  // (Letting o in only after the keys are folded, or at the exit, was slower: session 23.)
+  // (Letting o in only after the keys are folded, or at the exit, was slower.)
   pdlTrigger();
 
   // q heads (warps 0..G-1) and, in the block that holds key `last`, the new key and value.
@@ -483,50 +456,19 @@ __global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short
 #endif
 }
 
-// Blocks a cluster (a KV head) of k_attn_decode_short: NERVA_ATTN_SHORT (0: the kernel is not
-// used; 2, 4, 8 or 16), default 8. 8 measured fastest on the 0.6B at 128-384 keys (session 23:
-// 4 and 16 about 3.5 % slower).
-int attnShortSetting() {
-  static const int v = [] {
-    const char* e = getenv("NERVA_ATTN_SHORT");
-    const int c = e && *e ? atoi(e) : 8;
-    return c == 0 || c == 2 || c == 4 || c == 8 || c == 16 ? c : 8;
-  }();
-  return v;
-}
-
-// A launch of clusters of C blocks along x (with programmatic dependent launch where `pdl`);
-// also k_sample_cluster's.
-struct ClusterLaunch {
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[2];
-  ClusterLaunch(dim3 grid, unsigned threads, size_t smem, int C, cudaStream_t stream, bool pdl) {
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)C;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (pdl) {
-      attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[1].val.programmaticStreamSerializationAllowed = 1;
-      cfg.numAttrs = 2;
-    }
-  }
-  ClusterLaunch(const ClusterLaunch&) = delete;  // cfg.attrs points into it
-};
+// Blocks a cluster (a KV head) of k_attn_decode_short: 8 measured fastest on the 0.6B at 128-384
+// keys (4 and 16 about 3.5 % slower).
+constexpr int SA_CLUSTER = 8;
 
 template <typename KT, int G>
 cudaError_t attnShortLaunch(NervaExec* ex, int C, int cap, int rows, const float* q, KT* kc, KT* vc, const int* bt,
                             const int* rowSeq, const int* pos, float* out, int H, int KVH, int bs, int mbps, int qStride,
                             int qOff, float scale, const RopeFuse& rf) {
-  int markAt = 0;
-#ifdef NERVA_TRACE
-  if (const char* m = getenv("NERVA_SA_MARK")) markAt = atoi(m);  // where blocks mark the trace (1..6)
+  // Where blocks mark the trace (1..6; trace builds: -DNERVA_SA_MARK=N).
+#ifdef NERVA_SA_MARK
+  const int markAt = NERVA_SA_MARK;
+#else
+  const int markAt = 0;
 #endif
   auto fn = k_attn_decode_short<KT, G>;
   const size_t smem = saSmemBytes<KT>(cap);
@@ -560,4 +502,43 @@ bool attnShortFits(NervaExec* ex, int C) {
   }
   fits[C] = clusters > 0 ? 1 : 0;
   return fits[C] == 1;
+}
+
+// Decode rows with the fused rope whose keys the caller bounds (maxKeys, op decoder_layers):
+// k_attn_decode_short, a cluster a KV head holding every key in shared memory, no global merge
+// (0.6B at batch 1, f32 KV: 1.05x at 384 keys, 1.06-1.08x at 512-1024 against the split kernel;
+// the 8B's four q heads a KV head measured 0.99x, so it takes G <= 2 only; one row only, the case
+// measured).
+int attnShortTry(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
+                 int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly,
+                 const RopeFuse* rope, int maxKeys) {
+  const int saC = SA_CLUSTER;
+  if (!(rope && decodeOnly && !ex->batchInv && hd == 128 && maxKeys > 0 && maxKeys <= SA_MAX_KEYS && rows == 1 &&
+        (H / KVH == 1 || H / KVH == 2) && (kc.dt == NV_F32 || kc.dt == NV_BF16)))
+    return -1;
+  const bool fits = kc.dt == NV_F32 ? (H == KVH ? attnShortFits<float, 1>(ex, saC) : attnShortFits<float, 2>(ex, saC))
+                                    : (H == KVH ? attnShortFits<uint16_t, 1>(ex, saC) : attnShortFits<uint16_t, 2>(ex, saC));
+  if (!fits) return -1;
+  const int cap = ((maxKeys + saC - 1) / saC + 7) / 8 * 8;  // keys a block holds: its share, in whole warps' batches
+  const int *btp = (const int*)bt.p, *rsp = (const int*)rowSeq.p, *pp = (const int*)pos.p;
+  cudaError_t e;
+#define SA_L(KT, GG)                                                                                              \
+  attnShortLaunch<KT, GG>(ex, saC, cap, rows, qPtr, (KT*)kc.p, (KT*)vc.p, btp, rsp, pp, outPtr, H, KVH, bs, mbps, \
+                          qStride, qOff, scale, *rope)
+  if (kc.dt == NV_F32) e = H == KVH ? SA_L(float, 1) : SA_L(float, 2);
+  else e = H == KVH ? SA_L(uint16_t, 1) : SA_L(uint16_t, 2);
+#undef SA_L
+  return check(ex, "k_attn_decode_short", e);
+}
+
+}  // namespace nerva::ops
+
+int nerva_decode_short_keys(const NervaExec* ex) {
+  if (ex->bf16act || ex->batchInv) return 0;
+  int dev = 0, clusters = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return clusters ? nerva::ops::SA_MAX_KEYS : 0;
 }

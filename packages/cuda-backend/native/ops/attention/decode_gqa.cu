@@ -1,4 +1,4 @@
-// Decode attention for batches of many rows (included by kernels.cu after attnArrive). One block
+// Decode attention for batches of many rows (k_attn_decode_gqa). One block
 // per (split, KV head, row) serves the G q heads that share the KV head, so every key and value
 // row is read once for all of them (the split-KV kernel reads it once per q head). Tiles of 32
 // keys are copied from the paged cache with cp.async, 16 bytes a copy, into a double buffer while
@@ -6,6 +6,12 @@
 // online softmax (warp w owns heads w and w + 4), and each thread accumulates one output column
 // of every head. Partials go through attnArrive like the split-KV kernel's: the last live split
 // of a (row, head) merges them. headDim 128, exact numerics, f32 or bf16 caches, no window.
+#include "common/elem.cuh"
+#include "common/exec.cuh"
+#include "ops/attention/attn_common.cuh"
+#include "ops/ops.h"
+
+namespace nerva::ops {
 
 constexpr int DG_KEYS = 32;
 constexpr int DG_HD = 128;
@@ -39,7 +45,7 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const K
   __shared__ float mFin[G], lFin[G];
   __shared__ long long slot[2][DG_KEYS];
 
-  NERVA_TRACE_KERNEL_AT(200000);  // trace_timeline.py: attn_decode_gqa.cuh:200000
+  NERVA_TRACE_KERNEL_AT(200000);  // trace_timeline.py: decode_gqa.cu:200000
   PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
   const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -185,3 +191,118 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const K
   if (counters)
     for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, outHi, loOff);
 }
+
+// Decode batches of at least this many rows run k_attn_decode_gqa, which reads each key once for
+// the G q heads of its KV head (fewer rows: the split-KV kernel, which fills the GPU better).
+constexpr int GQA_MIN_ROWS = 16;
+
+// Batch-invariant decode runs k_attn_decode_gqa at every row count, 1 included, with its splits
+// sized as for one row (attnDecodeGqaRun): checked invariant at 2..64 rows on the H100, and
+// faster there than the split-KV kernel for many rows.
+bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, int kdt, int vdt) {
+  const int G = KVH > 0 && H % KVH == 0 ? H / KVH : 0;
+  const bool shapes = hd == DG_HD && !ex->bf16act && kdt == vdt && (kdt == NV_F32 || kdt == NV_BF16) &&
+                      (G == 1 || G == 2 || G == 4 || G == 8);
+  // Batch-invariant decode: one kernel for every row count, chosen from the shapes alone.
+  if (ex->batchInv) return shapes;
+  return rows >= GQA_MIN_ROWS && shapes;
+}
+
+// Many rows: every row's keys also go in splits of at most this many keys of the longest context,
+// else a wide batch of long contexts runs one block per row and head over all its keys. On the
+// H100 the 0.6B throughput workload went from 13136 to 13984 output tok/s with 512 (13733 with
+// 256).
+constexpr int GQA_MAX_KEYS = 512;
+
+// Fewest keys a split of batch-invariant GQA decode attention takes. It fixes the bits of
+// batch-invariant attention: larger chunks mean fewer partials to write and merge for a many-row
+// batch, less parallelism for one row. On the H100 256 against 64 took the 0.6B throughput
+// workload with --batch-invariant from 13176 to 14189 output tok/s.
+constexpr int BI_ATTN_CHUNK = 256;
+
+// Batch-invariant decode attention: rows a launch when S (a single row's splits) is fixed, so
+// that every chunk's partials fit the workspace and merge through the counters (attnArrive),
+// whatever the rows of the call: a row's merge path never depends on its neighbours.
+int invRowChunk(const NervaExec* ex, int rows, int H, long long S, size_t perSplit) {
+  size_t fit = ex->wsBytes / ((size_t)H * S * perSplit);
+  if (ex->counters && (size_t)H <= ex->counterCount) fit = std::min(fit, ex->counterCount / (size_t)H);
+  return (int)std::max<size_t>(1, std::min<size_t>((size_t)rows, fit));
+}
+
+template <typename KT, int G>
+int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos, int rows,
+                     int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, SplitHandoff* emit) {
+  const long long maxLen = (long long)mbps * bs;
+  const int minChunk = ex->batchInv ? BI_ATTN_CHUNK : 64;
+  // Splits: about three blocks per SM in all, each at least minChunk keys. Batch-invariant
+  // decode: as for one row whatever the rows (a row's key chunks and merge order fix its bits),
+  // the rows in chunks the workspace and the combine counters cover, so every chunk merges the
+  // same way (attnArrive) and S is never cut for the rows' sake.
+  const bool inv = ex->batchInv;
+  const long long sRows = inv ? 1 : rows;
+  long long S = std::max<long long>(1, ((long long)ex->smCount * 3 + sRows * KVH - 1) / (sRows * KVH));
+  // Many rows: at most GQA_MAX_KEYS keys a split.
+  if (!inv) S = std::max<long long>(S, (maxLen + GQA_MAX_KEYS - 1) / GQA_MAX_KEYS);
+  S = std::min<long long>(S, std::max<long long>(1, (maxLen + minChunk - 1) / minChunk));
+  const size_t perSplit = (size_t)(DG_HD + 2) * sizeof(float);
+  int rowChunk = rows;
+  if (inv) rowChunk = invRowChunk(ex, rows, H, S, perSplit);
+  while (rowChunk > 1 && (size_t)rowChunk * H * S * perSplit > ex->wsBytes) {
+    if (S > 1) S = std::max<long long>(1, S / 2);
+    else rowChunk = (rowChunk + 1) / 2;
+  }
+  if ((size_t)rowChunk * H * S * perSplit > ex->wsBytes) return bad(ex, "attention: workspace too small");
+  constexpr size_t smem = dgSmemBytes<KT>();
+  cudaError_t e = cudaFuncSetAttribute(k_attn_decode_gqa<KT, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return check(ex, "k_attn_decode_gqa (shared memory opt-in)", e);
+  float* part = (float*)ex->ws;
+  // The output's bf16 split for the o projection's GEMM (emit), at the workspace's end: only where
+  // the partials, as sized above, stay clear of it and every chunk merges through the counters.
+  uint16_t* outHi = nullptr;
+  size_t loOff = 0;
+  if (emit) *emit = SplitHandoff();
+  if (emit) {
+    const bool lo = ex->gemmMode == GEMM_SPLIT_BF16 && !ex->bf16act;
+    const size_t n = (size_t)rows * H * DG_HD, bytes = (lo ? 2 : 1) * n * sizeof(uint16_t);
+    const size_t at = bytes < ex->wsBytes ? (ex->wsBytes - bytes) & ~(size_t)255 : 0;
+    const bool counted = ex->counters && (size_t)rowChunk * H <= ex->counterCount;
+    if (counted && at > 0 && (size_t)rowChunk * H * S * perSplit <= at) {
+      outHi = (uint16_t*)(ex->ws + at);
+      loOff = lo ? n : 0;
+      *emit = SplitHandoff{outHi, rows, H * DG_HD, lo};
+    }
+  }
+  for (int r0 = 0; r0 < rows; r0 += rowChunk) {
+    const int nr = std::min(rowChunk, rows - r0);
+    int* cnt = ex->counters && (size_t)nr * H <= ex->counterCount ? ex->counters : nullptr;
+    LAUNCH((k_attn_decode_gqa<KT, G>), dim3((unsigned)S, (unsigned)KVH, (unsigned)nr), 128, smem, q, (const KT*)kc.p,
+           (const KT*)vc.p, (const int*)bt.p, (const int*)rowSeq.p, (const int*)pos.p, part, H, KVH, bs, mbps, qStride, qOff,
+           scale, (int)S, r0, out, cnt, minChunk, outHi, loOff);
+    if (!cnt) {
+      int rc = launchAttnCombine(ex, DG_HD, nr, part, out, H, DG_HD, (int)S, r0, nullptr, (const int*)rowSeq.p, 0);
+      if (rc) return rc;
+    }
+  }
+  return NERVA_OK;
+}
+
+int attnDecodeGqa(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
+                  int KVH, int bs, int mbps, int qStride, int qOff, float scale, SplitHandoff* emit) {
+#define DG_RUN(KT, G) \
+  return attnDecodeGqaRun<KT, G>(ex, q, kc, vc, out, bt, rowSeq, pos, rows, H, KVH, bs, mbps, qStride, qOff, scale, emit)
+#define DG_G(KT)              \
+  switch (H / KVH) {          \
+    case 1: DG_RUN(KT, 1);    \
+    case 2: DG_RUN(KT, 2);    \
+    case 4: DG_RUN(KT, 4);    \
+    default: DG_RUN(KT, 8);   \
+  }
+  if (kc.dt == NV_F32) {
+    DG_G(float)
+  }
+  DG_G(uint16_t)
+#undef DG_G
+#undef DG_RUN
+}
+
+}  // namespace nerva::ops

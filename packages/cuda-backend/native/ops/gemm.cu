@@ -1,0 +1,200 @@
+// Many-row matmuls on cuBLAS (and cuBLASLt pinned, batch-invariant): the operand split, the GEMM
+// and its epilogue.
+#include "common/elem.cuh"
+#include "common/exec.cuh"
+#include "ops/ops.h"
+
+namespace nerva::ops {
+
+constexpr int CUBLAS_OP_N = 0;
+constexpr int CUBLAS_OP_T = 1;
+constexpr int CUDA_R_32F_ = 0;
+constexpr int CUDA_R_16BF_ = 14;
+constexpr int CUBLAS_COMPUTE_32F_ = 68;
+constexpr int CUBLAS_GEMM_DEFAULT_ = -1;
+
+// GEMM epilogue: out += bias (when given), then R (bf16 numerics).
+__global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int outDim, int bfa) {
+  PDL_ENTER();
+  size_t n = (size_t)rows * outDim;
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
+    out[t] = bfr(bias ? out[t] + ldf(bias, bdt, t % outDim) : out[t], bfa);
+}
+
+// Epilogue of fused_matmul's many-row GEMM (gemmRowsBlas): t holds x.W^T as [rows, wOut] (and,
+// split, the lo half's product as rows more), wOut = outDim (2 outDim with glu: gate then up).
+// The same formulas as k_gemv_generic: y = R(g + bias); glu: R(R(silu(y)) * R(u)); accumulate.
+// nextHi (and nextLo): out's values also as their bf16 split (storeSplit), the next GEMM's operand.
+__global__ void k_gemm_epilogue(const float* t, int split, float* out, const void* bias, int bdt, int rows, int outDim,
+                                int glu, int accumulate, int bfa, uint16_t* nextHi, uint16_t* nextLo) {
+  NERVA_TRACE_KERNEL();
+  PDL_ENTER();
+  size_t n = (size_t)rows * outDim;
+  int wOut = glu ? 2 * outDim : outDim;
+  size_t loOff = (size_t)rows * wOut;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    size_t r = i / outDim, o = i % outDim;
+    const float* tr = t + r * wOut;
+    float g = tr[o] + (split ? tr[loOff + o] : 0.f);
+    float y = bfr(g + (bias ? ldf(bias, bdt, o) : 0.f), bfa);
+    if (glu) {
+      float u = tr[outDim + o] + (split ? tr[loOff + outDim + o] : 0.f);
+      y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
+    }
+    const float v = accumulate ? bfr(out[i] + y, bfa) : y;
+    out[i] = v;
+    if (nextHi) storeSplit(v, nextHi, nextLo, i);
+  }
+}
+
+// x = hi + lo with both halves bf16: the split lets a bf16 tensor-core GEMM keep ~16 bits of
+// every activation's mantissa.
+__global__ void k_split_bf16(const float* x, uint16_t* hi, uint16_t* lo, size_t n) {
+  NERVA_TRACE_KERNEL();
+  PDL_ENTER();
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
+    storeSplit(x[t], hi, lo, t);
+  }
+}
+
+
+int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias) {
+  const CublasApi* api = ex->api;
+  // Under bf16 numerics the activations are bf16 values already: the low half would be zero.
+  bool split = ex->gemmMode == GEMM_SPLIT_BF16 && !ex->bf16act;
+  size_t perRow = (size_t)inDim * 2 * (split ? 2 : 1);
+  size_t maxRows = ex->wsBytes / (perRow + 512);
+  if (maxRows < 1) return bad(ex, "matmul: workspace too small for one row (raise workspaceBytes)");
+  if (api->setStream(ex->cublas, ex->stream) != 0) {
+    snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
+    return NERVA_CUBLAS_FAILED;
+  }
+  float one = 1.f, zero = 0.f;
+  for (int r0 = 0; r0 < rows; r0 += (int)maxRows) {
+    int nr = (int)std::min<size_t>(maxRows, (size_t)(rows - r0));
+    size_t n = (size_t)nr * inDim;
+    uint16_t* hi = (uint16_t*)ex->ws;
+    uint16_t* lo = split ? (uint16_t*)(ex->ws + align256(n * 2)) : nullptr;
+    LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, x + (size_t)r0 * inDim, hi, lo, n);
+    float* o = out + (size_t)r0 * outDim;
+    // Row-major out[nr, outDim] = x[nr, K] . W[outDim, K]^T  <=>  column-major out^T = W^T(op T) . x^T
+    int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, outDim, nr, inDim, &one, w.p, CUDA_R_16BF_, inDim, hi,
+                         CUDA_R_16BF_, inDim, &zero, o, CUDA_R_32F_, outDim, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+    if (!ex->capturing) ex->launches++;
+    if (st == 0 && split) {
+      st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, outDim, nr, inDim, &one, w.p, CUDA_R_16BF_, inDim, lo,
+                       CUDA_R_16BF_, inDim, &one, o, CUDA_R_32F_, outDim, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+      if (!ex->capturing) ex->launches++;
+    }
+    if (st != 0) {
+      snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
+      return NERVA_CUBLAS_FAILED;
+    }
+    if (bias.p || ex->bf16act)
+      LAUNCH(k_bias_add, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, o, bias.p, bias.dt, nr, outDim, ex->bf16act ? 1 : 0);
+  }
+  return NERVA_OK;
+}
+
+// fused_matmul over many rows (batched decode): the norm (if any) into the workspace, the
+// activations split hi/lo (exact) or rounded (bf16), ONE GEMM over the stacked hi and lo rows (so
+// the weights are read once), then k_gemm_epilogue (lo + hi, bias, glu, accumulate). With one term
+// and nothing but an accumulate to apply, the GEMM writes (or adds into) out itself: the same
+// single f32 add. Rows go in chunks the workspace holds. The GEMM is cuBLAS's (its heuristic picks
+// the kernel per row count) or, in a batch-invariant context, cuBLASLt's with a pinned algorithm
+// (nerva_lt_gemm): every step here is then row-independent, so a row's bits are the same at any
+// row count (`pinned`: the caller found the shape pinned). Returns NERVA_BAD_ARGS, having enqueued
+// nothing, when one row does not fit.
+int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
+                 const Fuse& f, bool pinned) {
+  const CublasApi* api = ex->api;
+  const int bfa = ex->bf16act ? 1 : 0;
+  const bool split = ex->gemmMode == GEMM_SPLIT_BF16 && !ex->bf16act;
+  const int halves = split ? 2 : 1;
+  const int wOut = outDim * (f.glu ? 2 : 1);
+  const bool direct = !split && !f.glu && !bias.p && !bfa;
+  // Per row: the GEMM's out (unless direct) and the bf16 operand rows (normalized first with a norm).
+  const size_t perRow = (direct ? 0 : (size_t)halves * wOut * sizeof(float)) + (size_t)halves * inDim * sizeof(uint16_t);
+  const size_t slack = 3 * 256;  // alignment of the regions
+  if (ex->wsBytes < perRow + slack) return NERVA_BAD_ARGS;
+  const int chunk = (int)std::min<size_t>((size_t)rows, (ex->wsBytes - slack) / perRow);
+  // The hand-offs need every row in one chunk: the handed-off region then holds all of them.
+  const size_t tAll = direct ? 0 : align256((size_t)halves * rows * wOut * sizeof(float));
+  const size_t xAll = align256((size_t)halves * rows * inDim * sizeof(uint16_t));
+  const size_t nextAll = (size_t)halves * rows * outDim * sizeof(uint16_t);
+  const SplitHandoff* tk = f.take;
+  const bool take = tk && tk->hi && !f.nw.p && chunk == rows && tk->rows == rows && tk->dim == inDim && tk->lo == split &&
+                    ((const char*)tk->hi >= ex->ws + tAll || (const char*)tk->hi + xAll <= ex->ws);
+  const bool emit = f.emit && !direct && chunk == rows && tAll + xAll + nextAll <= ex->wsBytes;
+  if (f.emit) *f.emit = SplitHandoff();
+  if (!pinned && api->setStream(ex->cublas, ex->stream) != 0) {
+    snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
+    return NERVA_CUBLAS_FAILED;
+  }
+  for (int r0 = 0; r0 < rows; r0 += chunk) {
+    const int nr = std::min(chunk, rows - r0);
+    const size_t n = (size_t)nr * inDim;
+    const size_t tBytes = direct ? 0 : align256((size_t)halves * nr * wOut * sizeof(float));
+    char* ws = ex->ws;
+    const float* xin = x + (size_t)r0 * inDim;
+    float* o = out + (size_t)r0 * outDim;
+    float* t = direct ? o : (float*)ws;
+    uint16_t* xh = (uint16_t*)(ws + tBytes);
+    // lo rows right after the hi rows: the GEMM sees one [halves * nr, inDim] operand. With a norm,
+    // k_rmsnorm writes the split itself (the bits of k_rmsnorm then k_split_bf16, one launch fewer);
+    // a handed-off operand (the GEMM before split its output, which is our x) needs neither.
+    if (take) {
+      xh = const_cast<uint16_t*>(tk->hi);
+    } else if (f.nw.p) {
+      int rc = launchRmsnorm(ex, nr, 256, xin, f.nw.p, f.nw.dt, (float*)nullptr, (float*)nullptr, inDim, f.eps, xh,
+                             split ? xh + n : (uint16_t*)nullptr);
+      if (rc) return rc;
+    } else {
+      LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, xin, xh, split ? xh + n : (uint16_t*)nullptr, n);
+    }
+    const bool acc = direct && f.accumulate;
+    if (pinned) {
+      int rc = nerva_lt_gemm(ex, wOut, halves * nr, inDim, w.p, xh, t, acc);
+      if (rc) return rc;
+    } else {
+      float one = 1.f, zero = 0.f;
+      int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, wOut, halves * nr, inDim, &one, w.p, CUDA_R_16BF_, inDim, xh,
+                           CUDA_R_16BF_, inDim, acc ? &one : &zero, t, CUDA_R_32F_, wOut, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+      if (!ex->capturing) ex->launches++;
+      if (st != 0) {
+        snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
+        return NERVA_CUBLAS_FAILED;
+      }
+    }
+    uint16_t* nextHi = emit ? (uint16_t*)(ws + tAll + xAll) : nullptr;
+    if (!direct)
+      LAUNCH(k_gemm_epilogue, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, t, split ? 1 : 0, o, bias.p, bias.dt, nr,
+             outDim, f.glu ? 1 : 0, f.accumulate ? 1 : 0, bfa, nextHi, split && emit ? nextHi + (size_t)nr * outDim : nullptr);
+    if (emit) *f.emit = SplitHandoff{nextHi, rows, outDim, split};
+  }
+  return NERVA_OK;
+}
+
+// Op matmul with a bf16 x over more than 8 rows: the GEMM on x as it is (no rounding pass: its
+// values are bf16 already, so under 'split-bf16' the lo half would be zero), then op matmul's
+// epilogue (bias, bf16 numerics).
+int gemmCublasBf16x(NervaExec* ex, const uint16_t* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias) {
+  const CublasApi* api = ex->api;
+  if (api->setStream(ex->cublas, ex->stream) != 0) {
+    snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
+    return NERVA_CUBLAS_FAILED;
+  }
+  float one = 1.f, zero = 0.f;
+  int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, outDim, rows, inDim, &one, w.p, CUDA_R_16BF_, inDim, x, CUDA_R_16BF_,
+                       inDim, &zero, out, CUDA_R_32F_, outDim, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+  if (!ex->capturing) ex->launches++;
+  if (st != 0) {
+    snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
+    return NERVA_CUBLAS_FAILED;
+  }
+  if (bias.p || ex->bf16act)
+    LAUNCH(k_bias_add, gridFor((size_t)rows * outDim, 256, ex->smCount), 256, 0, out, bias.p, bias.dt, rows, outDim, ex->bf16act ? 1 : 0);
+  return NERVA_OK;
+}
+
+}  // namespace nerva::ops

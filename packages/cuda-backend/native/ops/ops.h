@@ -1,0 +1,147 @@
+// The op families' entry points and the host functions one family calls in another (each family
+// is its own translation unit: ops/*.cu, ops/attention/*.cu). Included by the .cu files only.
+#pragma once
+#include <stdint.h>
+
+#include "common/exec.cuh"
+#include "nerva.h"
+
+namespace nerva::ops {
+
+// ---------------------------------------------------------------- shared structs
+
+// Where a GEMM epilogue left the bf16 split (hi rows, then lo rows with `lo`) of its output.
+struct SplitHandoff {
+  const uint16_t* hi = nullptr;
+  int rows = 0, dim = 0;
+  bool lo = false;
+};
+
+// What fused_matmul adds to a matmul (all off for op matmul).
+struct Fuse {
+  Buf nw{nullptr, 0};
+  float eps = 0.f;
+  bool glu = false;
+  bool accumulate = false;
+  // accumulate's current values may be read before the dependency wait: the caller guarantees
+  // `out` was last written two or more kernels earlier in the stream (see k_gemv_bf16).
+  bool accPre = false;
+  // Trigger the next kernel at entry instead of after the wait, so it launches (and streams its
+  // weights) while this one still waits; with split blocks, also the leaner block shape (see
+  // ksLean). The next kernel must then read nothing before its own wait that relies on this
+  // kernel's predecessors being complete (no accPre right after).
+  bool early = false;
+  // Operand hand-off between two many-row GEMMs (gemmRowsBlas): `emit` asks this call's epilogue
+  // to also write the bf16 split of its output and says where (hi null: it did not); `take` gives
+  // this call its x already split there, so it launches no split of its own.
+  SplitHandoff* emit = nullptr;
+  const SplitHandoff* take = nullptr;
+  // embed (op decoder_layers' first qkv): x := table[ids] first, the rows gathered by the GEMV
+  // itself where it takes one row on k_gemv_bf16_lean (gemvLeanNormOneRow), else by k_embedding
+  // launched first. table: embTable (dtype embDt), x is written either way.
+  const void* embTable = nullptr;
+  int embDt = 0;
+  const int* embIds = nullptr;
+};
+
+// What attention takes over from rope_append when it is fused in (ROPE): q/k norms, the rotary
+// angles and the slots the new key and value are appended at.
+struct RopeFuse {
+  const float* invFreq = nullptr;
+  const void* qn = nullptr;
+  const void* kn = nullptr;
+  int ndt = 0;
+  const int* slots = nullptr;
+  float eps = 0.f;
+};
+
+// Warps a block of the one-row GEMV (KS warps an output when split, else 16 outputs a block):
+// the norm's block size, which fixes a normalized row's bits (k_rmsnorm_gemv takes the same).
+__host__ __device__ constexpr int gemvWarps(int ks) { return ks == 1 ? 16 : ks; }
+
+// An op's launcher: decodes its arguments (src/abi.ts) and enqueues its kernels.
+using OpLauncher = int (*)(NervaExec* ex, Args& A);
+
+// ---------------------------------------------------------------- elementwise.cu
+int opEmbedding(NervaExec* ex, Args& A);
+int opRmsnorm(NervaExec* ex, Args& A);
+int opRope(NervaExec* ex, Args& A);
+int opKvAppend(NervaExec* ex, Args& A);
+int opRopeAppend(NervaExec* ex, Args& A);
+int opSiluMul(NervaExec* ex, Args& A);
+int opAdd(NervaExec* ex, Args& A);
+int opGatherRows(NervaExec* ex, Args& A);
+// x := table[ids] (k_embedding), one block a row.
+int launchEmbedding(NervaExec* ex, const void* table, int tdt, const int* ids, float* out, int rows, int hidden);
+// k_rmsnorm over `rows` rows, `threads` a block: out (f32) and/or its bf16 split (hi, lo).
+int launchRmsnorm(NervaExec* ex, int rows, int threads, const float* x, const void* w, int wdt, float* out, float* residual,
+                  int dim, float eps, uint16_t* hi, uint16_t* lo);
+int ropeAppendRun(NervaExec* ex, float* qkv, Buf pos, Buf inv, Buf slots, Buf kc, Buf vc, Buf qn, Buf kn, int rows, int nq,
+                  int nkv, int hd, int rowStride, float eps);
+// The PTX version of this build's kernels for the current device (0 when unknown).
+int kernelsPtxVersion();
+
+// ---------------------------------------------------------------- matmul.cu (which family runs a matmul)
+int opMatmul(NervaExec* ex, Args& A);
+int opFusedMatmul(NervaExec* ex, Args& A);
+int matmulRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
+               const Fuse& f = Fuse());
+
+// ---------------------------------------------------------------- gemv.cu
+// Whether the GEMV runs this call as k_gemv_bf16_lean<1, 1, true, false, 1>: the one kernel that
+// gathers an embedded row itself.
+bool gemvLeanNormOneRow(NervaExec* ex, const float* x, Buf w, int rows, int inDim, int outDim, const Fuse& f);
+// The GEMV kernels for a call matmulRows gives them (gather: the lean kernel gathers f.embTable).
+int gemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f,
+            const Fuse& fIn, bool gather);
+// k_rmsnorm_gemv: rows normalized with the bits of the GEMV's staged norm (threads: its block).
+int launchRmsnormGemv(NervaExec* ex, int rows, int threads, const float* x, const void* nw, int nwbf, float* out, int inDim,
+                      float eps);
+
+// ---------------------------------------------------------------- gemm.cu, gemm_bi.cu
+int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);
+int gemmCublasBf16x(NervaExec* ex, const uint16_t* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);
+int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f,
+                 bool pinned);
+int gemmBiRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f);
+
+// ---------------------------------------------------------------- attention/
+int opAttention(NervaExec* ex, Args& A);
+int opAttentionMerge(NervaExec* ex, Args& A);
+// decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
+int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
+                 int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly = 0,
+                 const RopeFuse* rope = nullptr, int window = 0, float* lse = nullptr, int oneSeq = 0, int maxKeys = 0);
+int attnEager(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
+              int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int window);
+// k_attn_decode_short where it takes the call (returns -1 when it does not, else the status).
+int attnShortTry(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
+                 int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly,
+                 const RopeFuse* rope, int maxKeys);
+// Prefill tiles on tensor cores (the rows of uniform 64-row tiles); the split-KV kernel skips them.
+int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows,
+                     int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse, int oneSeq);
+int attnPrefillGqa(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows,
+                   int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse, int oneSeq);
+int attnSplitKv(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
+                int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly, const RopeFuse* rope,
+                int window, float* lse, int flashRows);
+bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, int kdt, int vdt);
+int attnDecodeGqa(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
+                  int KVH, int bs, int mbps, int qStride, int qOff, float scale, SplitHandoff* emit = nullptr);
+// k_attn_combine: the split partials of `rows` rows merged (when no counters did it).
+int launchAttnCombine(NervaExec* ex, int threads, int rows, const float* part, float* out, int H, int hd, int S, int rowBase,
+                      float* lse, const int* rowSeq, int flashRows);
+// Batch-invariant decode attention: rows a launch for S splits a row (see decode_gqa.cu).
+int invRowChunk(const NervaExec* ex, int rows, int H, long long S, size_t perSplit);
+
+// ---------------------------------------------------------------- moe.cu, sample.cu, decoder_layers.cu
+int opMoeRoute(NervaExec* ex, Args& A);
+int opMoeMlp(NervaExec* ex, Args& A);
+int opArgmax(NervaExec* ex, Args& A);
+int opSample(NervaExec* ex, Args& A);
+int opRingPush(NervaExec* ex, Args& A);
+int opAdvancePositions(NervaExec* ex, Args& A);
+int opDecoderLayers(NervaExec* ex, Args& A);
+
+}  // namespace nerva::ops

@@ -1,0 +1,637 @@
+// Sampling and the step tail: argmax, sample (block and cluster forms), ring_push,
+// advance_positions.
+#include <cooperative_groups.h>
+#include "common/elem.cuh"
+#include "common/exec.cuh"
+#include "common/cluster.cuh"
+#include "ops/ops.h"
+
+namespace nerva::ops {
+
+__global__ void k_argmax(const float* logits, int* out, int vocab) {
+  NERVA_TRACE_KERNEL();
+  PDL_ENTER();
+  __shared__ float shv[32];
+  __shared__ int shi[32];
+  int r = blockIdx.x;
+  int idx = blockArgmax(logits + (size_t)r * vocab, vocab, shv, shi);
+  if (threadIdx.x == 0) out[r] = idx;
+}
+
+// pre: the cursor is read before the dependency wait. Its only writers are earlier pushes and
+// the host (stream-ordered copies, which no kernel overlaps); the launch passes pre when three or
+// more kernels were issued since the last push, so that push has completed by the time this
+// kernel starts (the kernel before it triggers only after its own wait, and no two consecutive
+// kernels trigger at entry). Then the cursor's round trip over PCIe (pinned memory, ~1 us) runs
+// while the sampling still finishes, not after it.
+__global__ void k_ring_push(const int* src, int* ring, int* cursor, int rows, int capacity, int pre) {
+  NERVA_TRACE_KERNEL();
+  int cur = pre ? *(volatile int*)cursor : 0;
+  PDL_ENTER();
+  if (!pre) cur = *(volatile int*)cursor;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    int slot = (int)(((long long)cur + r) % capacity);
+    ((volatile int*)ring)[slot] = src[r];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();  // the tokens are visible to a host peek before the cursor moves
+    // (No fence after: nothing in this kernel depends on the cursor reaching the host; a later
+    // push reads it after its wait, and the host's reads after a stream or event sync see it.)
+    *(volatile int*)cursor = cur + rows;
+  }
+}
+
+__global__ void k_advance_positions(int* positions, int* slots, const int* bt, const int* rowSeq, int rows, int blockSize,
+                                    int mbps) {
+  NERVA_TRACE_KERNEL();
+  // Only the host (in stream order) and this kernel write what it reads (the step's other kernels
+  // only read positions and slots): the next slot is computed before the dependency wait and
+  // stored after it, when the step's attention has read the old ones. The next kernel is let in
+  // only at exit (no early trigger), so an advance right after this one reads the new positions.
+  int r = blockIdx.x * blockDim.x + threadIdx.x;
+  int p = 0, sl = 0;
+  if (r < rows) {
+    p = positions[r] + 1;
+    sl = bt[(size_t)rowSeq[r] * mbps + p / blockSize] * blockSize + p % blockSize;
+  }
+  pdlWait();
+  if (r >= rows) return;
+  positions[r] = p;
+  slots[r] = sl;
+}
+
+// ---------------------------------------------------------------- sampling
+
+__device__ __forceinline__ uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// uniformFromSeed of @nerva/core/sampling.ts, bit for bit.
+__device__ __forceinline__ double uniformFromSeed(uint32_t seed, uint32_t counter) {
+  uint32_t h = mix32(seed ^ mix32(counter + 0x9e3779b9u));
+  return (double)(h >> 8) / 16777216.0;
+}
+
+// The sampler's candidate order is (prob descending, index ascending). With prob >= 0 the
+// float64 bit pattern orders like the value, so the composite key (probBits, ~index) orders
+// candidates exactly; selections walk it one byte at a time (a radix select with masses).
+struct SelResult {
+  int index;           // the element found (-1: none)
+  int countBefore;     // candidates before it in the order
+  double massBefore;   // their probability mass
+  double p;            // its own probability
+};
+
+constexpr int SAMPLE_MAX_CLUSTER = 16;
+
+struct SampleShared {
+  int cnt[256];
+  double mass[256];
+  int any[256];
+  uint64_t hiMask, hiVal;
+  uint32_t loMask, loVal;
+  int countBefore;
+  double massBefore;
+  int done, found, chosenIdx;
+  double red[32];
+  int redi[32];
+  float redf[32];
+};
+
+// mode 0: the element at rank `rank`; mode 1: first element with massBefore + p >= thr;
+// mode 2: first element with massBefore + p > thr.
+__device__ SelResult selectKey(const double* prob, int vocab, int mode, int rank, double thr, SampleShared& S) {
+  if (threadIdx.x == 0) {
+    S.hiMask = 0;
+    S.hiVal = 0;
+    S.loMask = 0;
+    S.loVal = 0;
+    S.countBefore = 0;
+    S.massBefore = 0;
+    S.done = 0;
+    S.found = 1;
+    S.chosenIdx = -1;
+  }
+  __syncthreads();
+  for (int digit = 11; digit >= 0; digit--) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+      S.cnt[b] = 0;
+      S.mass[b] = 0;
+      S.any[b] = -1;
+    }
+    __syncthreads();
+    uint64_t hm = S.hiMask, hv = S.hiVal;
+    uint32_t lm = S.loMask, lv = S.loVal;
+    // Runs of equal buckets are accumulated in registers before one shared atomic: early digits
+    // (sign/exponent bytes) put nearly every candidate in the same bucket.
+    int runB = -1, runC = 0, runI = -1;
+    double runM = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      double p = prob[i];
+      uint64_t hi = (uint64_t)__double_as_longlong(p);
+      uint32_t lo = ~(uint32_t)i;
+      if ((hi & hm) != hv || (lo & lm) != lv) continue;
+      int b = digit >= 4 ? (int)((hi >> ((digit - 4) * 8)) & 0xff) : (int)((lo >> (digit * 8)) & 0xff);
+      if (b != runB) {
+        if (runB >= 0) {
+          atomicAdd(&S.cnt[runB], runC);
+          atomicAdd(&S.mass[runB], runM);
+          S.any[runB] = runI;
+        }
+        runB = b;
+        runC = 0;
+        runM = 0;
+      }
+      runC++;
+      runM += p;
+      runI = i;
+    }
+    if (runB >= 0) {
+      atomicAdd(&S.cnt[runB], runC);
+      atomicAdd(&S.mass[runB], runM);
+      S.any[runB] = runI;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int chosen = -1;
+      for (int b = 255; b >= 0; b--) {
+        if (S.cnt[b] == 0) continue;
+        bool hit = mode == 0   ? S.countBefore + S.cnt[b] > rank
+                   : mode == 1 ? S.massBefore + S.mass[b] >= thr
+                               : S.massBefore + S.mass[b] > thr;
+        if (hit) {
+          chosen = b;
+          break;
+        }
+        S.countBefore += S.cnt[b];
+        S.massBefore += S.mass[b];
+      }
+      if (chosen < 0) {
+        S.found = 0;
+        S.done = 1;
+      } else {
+        if (digit >= 4) {
+          int sh = (digit - 4) * 8;
+          S.hiMask |= (uint64_t)0xff << sh;
+          S.hiVal |= (uint64_t)chosen << sh;
+        } else {
+          int sh = digit * 8;
+          S.loMask |= 0xffu << sh;
+          S.loVal |= (uint32_t)chosen << sh;
+        }
+        if (S.cnt[chosen] == 1 || digit == 0) {
+          S.chosenIdx = S.any[chosen];
+          S.done = 1;
+        }
+      }
+    }
+    __syncthreads();
+    if (S.done) break;
+  }
+  SelResult res;
+  res.index = S.found ? S.chosenIdx : -1;
+  res.countBefore = S.countBefore;
+  res.massBefore = S.massBefore;
+  res.p = res.index >= 0 ? prob[res.index] : 0.0;
+  __syncthreads();
+  return res;
+}
+
+// A sampled row (temperature > 0) by one block: softmax in float64 into `prob`, then top-k,
+// top-p and min-p by radix selection, and the draw from the counter-based uniform.
+__device__ __forceinline__ int sampleRow(const float* L, double* prob, int vocab, float temp, float topK, float topP, float minP,
+                         uint32_t seed, uint32_t counter, SampleShared& S) {
+  double u = uniformFromSeed(seed, counter);
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, L[i]);
+  mx = blockMax(mx, S.redf);
+  double t = (double)temp, sum = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    double e = exp(((double)L[i] - (double)mx) / t);
+    prob[i] = e;
+    sum += e;
+  }
+  sum = blockSum(sum, S.red);
+  double pmax = 0, total = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    double p = prob[i] / sum;
+    prob[i] = p;
+    pmax = fmax(pmax, p);
+    total += p;
+  }
+  total = blockSum(total, S.red);
+  // block max of a double via the sum buffer
+  {
+    double v = pmax;
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) S.red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    pmax = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) pmax = fmax(pmax, S.red[w]);
+    __syncthreads();
+  }
+  long long n = vocab;
+  if (topK > 0.f && (double)topK < (double)n) n = (long long)ceil((double)topK);
+  if (topP < 1.f) {
+    SelResult sp = selectKey(prob, vocab, 1, 0, (double)topP, S);
+    long long k = sp.index >= 0 ? (long long)sp.countBefore + 1 : (long long)vocab;
+    if (k > n) k = n;
+    n = k < 1 ? 1 : k;
+  }
+  if (minP > 0.f) {
+    double floorP = (double)minP * pmax;
+    int c = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += prob[i] >= floorP ? 1 : 0;
+    c = blockSum(c, S.redi);
+    long long k = c < 1 ? 1 : c;
+    if (k < n) n = k;
+  }
+  SelResult lastKept = selectKey(prob, vocab, 0, (int)(n - 1), 0, S);
+  double kept = n == vocab ? total : lastKept.massBefore + lastKept.p;
+  SelResult pick = selectKey(prob, vocab, 2, 0, u * kept, S);
+  return (pick.index >= 0 && pick.countBefore < n) ? pick.index : lastKept.index;
+}
+
+// Greedy rows: the G blocks of the row each reduce one slice of the vocabulary to (max, index),
+// store it in the row's scratch and count in; the last to arrive merges the G pairs (lowest index
+// on ties, as blockArgmax) and re-arms the counter, so a large vocabulary is read by many SMs in
+// one kernel. Returns -2 in every block but the last, else the token.
+__device__ int greedyArrive(const float* L, int vocab, int G, double* prob, int* counter, SampleShared& S) {
+  __shared__ int lastFlag;
+  int chunk = (vocab + G - 1) / G, begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
+  float v;
+  int idx;
+  blockArgmaxRange(L, begin, end, S.redf, S.redi, v, idx);
+  float* pv = reinterpret_cast<float*>(prob);  // pairs (value, index) in the row's float64 slots
+  if (threadIdx.x == 0) {
+    pv[2 * blockIdx.x] = v;
+    reinterpret_cast<int*>(pv)[2 * blockIdx.x + 1] = idx;
+    __threadfence();  // the pair is visible before this block is counted
+    int old = atomicAdd(counter, 1);
+    lastFlag = old == G - 1;
+    if (lastFlag) *counter = 0;
+  }
+  __syncthreads();
+  if (!lastFlag) return -2;
+  __threadfence();
+  if (threadIdx.x < 32) {
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int j = threadIdx.x; j < G; j += 32)
+      argmaxMerge(bv, bi, __ldcg(pv + 2 * j), __ldcg(reinterpret_cast<const int*>(pv) + 2 * j + 1));
+    warpArgmax(bv, bi);
+    if (threadIdx.x == 0) S.redi[0] = bi;
+  }
+  __syncthreads();
+  int r = S.redi[0];
+  return r < 0 ? 0 : r;
+}
+
+// Grid (G, rows): one float64 scratch row per row. A greedy row (temperature <= 0) is split over
+// the G blocks (greedyArrive); a sampled row runs in its block 0 alone, the others exit.
+// `counters` (one per row, zero, left zero) may be null only when G == 1.
+__global__ void __launch_bounds__(1024) k_sample(const float* logits, const float* params, int* rng, int* out, int vocab,
+                                                 double* probScratch, size_t probStride, int rowBase, int* counters) {
+  NERVA_TRACE_KERNEL();
+  __shared__ SampleShared S;
+  int r = rowBase + blockIdx.y, G = gridDim.x;
+  const float* L = logits + (size_t)r * vocab;
+  double* prob = probScratch + (size_t)blockIdx.y * probStride;
+  // The parameters are read before the dependency wait (only the host writes them, in stream
+  // order). The seeds after it: the sample launch just before this one may still be moving the
+  // counter (back-to-back draws).
+  float temp = params[(size_t)r * 4], topK = params[(size_t)r * 4 + 1], topP = params[(size_t)r * 4 + 2],
+        minP = params[(size_t)r * 4 + 3];
+  PDL_ENTER();
+  uint32_t seed = (uint32_t)rng[(size_t)r * 2], counter = (uint32_t)rng[(size_t)r * 2 + 1];
+  int result;
+  if (!(temp > 0.f)) {
+    if (G == 1) {
+      result = blockArgmax(L, vocab, S.redf, S.redi);
+    } else {
+      result = greedyArrive(L, vocab, G, prob, counters + blockIdx.y, S);
+      if (result == -2) return;
+    }
+  } else {
+    if (blockIdx.x != 0) return;
+    result = sampleRow(L, prob, vocab, temp, topK, topP, minP, seed, counter, S);
+  }
+  if (threadIdx.x == 0) {
+    out[r] = result;
+    rng[(size_t)r * 2 + 1] = (int)(counter + 1u);
+  }
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (k_sample_cluster's alone, sm_90+)
+// blockArgmaxRange over float4s: L + begin 16-byte aligned, begin % 4 == 0. U float4s a thread in
+// flight at once (a cluster block's ~19 K logits in one round trip), taken in index order, so the
+// result is blockArgmaxRange's (strictly greater wins; lowest index among equal maxima).
+__device__ __forceinline__ void blockArgmaxRange4(const float* L, int begin, int end, float* shv, int* shi, float& outV, int& outI) {
+  constexpr int U = 8;
+  float bv = -INFINITY;
+  int bi = -1;
+  const int n4 = (end - begin + 3) >> 2;
+  const float4* L4 = reinterpret_cast<const float4*>(L + begin);
+  for (int j0 = threadIdx.x; j0 < n4; j0 += U * blockDim.x) {
+    float4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int j = j0 + u * blockDim.x;
+      v[u] = j < n4 ? L4[j] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int i = begin + 4 * (j0 + u * blockDim.x);
+      const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        if (i + c < end && e[c] > bv) {
+          bv = e[c];
+          bi = i + c;
+        }
+    }
+  }
+  blockArgmaxStage(bv, bi, shv, shi);
+  const int lane = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  // The block's warps merged by one warp (lane k holds warp k's pair), not a thread's loop.
+  float v = -INFINITY;
+  int idx = -1;
+  if (lane < nw) {
+    v = shv[lane];
+    idx = shi[lane];
+  }
+  warpArgmax(v, idx);
+  outV = v;
+  outI = idx;
+}
+#endif
+
+// A decode step's tail (op sample's push and advance) for a grid of one row, in block 0 after
+// the merge: ring[cursor % capacity] = the token, cursor + 1, then the row's next position and
+// KV slot. `pre`: the cursor and the row's position, block table entry and next slot are read
+// before the dependency wait (the caller saw three or more kernels since the last that wrote
+// them: see NervaExec::sinceRingPush), as k_ring_push and k_advance_positions do.
+struct SampleTail {
+  int* ring = nullptr;  // null: no push
+  int* cursor = nullptr;
+  int capacity = 1;
+  int* positions = nullptr;  // null: no advance
+  int* slots = nullptr;
+  const int* bt = nullptr;
+  const int* rowSeq = nullptr;
+  int blockSize = 1;
+  int mbps = 1;
+  int pre = 0;
+};
+
+struct SampleTailState {
+  int cur = 0, pos = 0, slot = 0;
+};
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // k_sample_cluster's only (clusters: sm_90)
+__device__ __forceinline__ void sampleTailRead(const SampleTail& T, SampleTailState& s) {
+  if (T.ring) s.cur = *(volatile int*)T.cursor;
+  if (T.positions) {
+    s.pos = T.positions[0] + 1;
+    s.slot = T.bt[(size_t)T.rowSeq[0] * T.mbps + s.pos / T.blockSize] * T.blockSize + s.pos % T.blockSize;
+  }
+}
+
+__device__ __forceinline__ void sampleTailWrite(const SampleTail& T, const SampleTailState& s, int token) {
+  if (T.ring) {
+    ((volatile int*)T.ring)[(int)((long long)s.cur % T.capacity)] = token;
+    __threadfence_system();  // the token is visible to a host peek before the cursor moves
+    *(volatile int*)T.cursor = s.cur + 1;
+  }
+  if (T.positions) {
+    T.positions[0] = s.pos;
+    T.slots[0] = s.slot;
+  }
+}
+#endif
+
+// k_sample with the G blocks of a row as one thread block cluster (grid (G, rows), cluster
+// (G, 1)): a greedy row's blocks push their (max, index) into block 0's shared memory (st.async,
+// counted by block 0's transaction barrier), instead of a fence, an atomic count and the last
+// block's reads back from L2 (the step's end is a chain of such round trips after the LM head).
+// A sampled row runs in block 0 alone, as in k_sample (the other blocks exit; no barrier on that
+// path). The caller checked: vocab % 4 == 0 and the logits 16-byte aligned.
+__global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, const float* params, int* rng, int* out,
+                                                         int vocab, double* probScratch, size_t probStride, int rowBase,
+                                                         SampleTail tail) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // clusters need sm_90: never launched there (sampleClusterSize)
+#else
+  namespace cg = cooperative_groups;
+  NERVA_TRACE_KERNEL();
+  __shared__ SampleShared S;
+  __shared__ float pairV[SAMPLE_MAX_CLUSTER];
+  __shared__ int pairI[SAMPLE_MAX_CLUSTER];
+  cg::cluster_group cl = cg::this_cluster();
+  const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+  const int r = rowBase + blockIdx.y;
+  const float* L = logits + (size_t)r * vocab;
+  double* prob = probScratch + (size_t)blockIdx.y * probStride;
+  const float temp = params[(size_t)r * 4], topK = params[(size_t)r * 4 + 1], topP = params[(size_t)r * 4 + 2],
+              minP = params[(size_t)r * 4 + 3];
+  SampleTailState ts;
+  if (tail.pre && rank == 0 && threadIdx.x == 0) sampleTailRead(tail, ts);
+  PDL_ENTER();
+  if (!tail.pre && rank == 0 && threadIdx.x == 0) sampleTailRead(tail, ts);
+  const uint32_t seed = (uint32_t)rng[(size_t)r * 2], counter = (uint32_t)rng[(size_t)r * 2 + 1];
+  int result;
+  if (!(temp > 0.f)) {
+    const int chunk = (((vocab + C - 1) / C) + 3) & ~3;
+    const int begin = min(vocab, rank * chunk), end = min(vocab, begin + chunk);
+    // The pairs travel by st.async into block 0, counted by its transaction barrier (as the
+    // cluster attention's partials, ops/attention/decode_short.cu): no cluster barrier, whose release
+    // is a GPU-scope fence, and the other blocks exit once their pair is sent.
+    __shared__ __align__(8) unsigned long long txBar;
+    const unsigned bar = saShared(&txBar);
+    if (rank == 0 && threadIdx.x == 0) saTxInit(bar, (unsigned)(C * 2 * sizeof(float)));
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    float v;
+    int idx;
+    blockArgmaxRange4(L, begin, end, S.redf, S.redi, v, idx);
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // block 0's barrier is initialized
+    if (threadIdx.x == 0) {
+      const unsigned rb = saMapa(bar, 0);
+      saStAsync(saMapa(saShared(&pairV[rank]), 0), v, rb);
+      saStAsync(saMapa(saShared(&pairI[rank]), 0), __int_as_float(idx), rb);
+    }
+    if (rank != 0 || threadIdx.x >= 32) return;
+    saTxWait(bar);
+    float bv = -INFINITY;
+    int bi = -1;
+    if ((int)threadIdx.x < C) {
+      bv = pairV[threadIdx.x];
+      bi = pairI[threadIdx.x];
+    }
+    warpArgmax(bv, bi);
+    result = bi < 0 ? 0 : bi;
+  } else {
+    if (rank != 0) return;
+    result = sampleRow(L, prob, vocab, temp, topK, topP, minP, seed, counter, S);
+  }
+  if (threadIdx.x == 0) {
+    out[r] = result;
+    rng[(size_t)r * 2 + 1] = (int)(counter + 1u);
+    sampleTailWrite(tail, ts, result);
+  }
+#endif
+}
+
+// Blocks a cluster of k_sample_cluster (4 and 16 measured no faster than 8).
+constexpr int SAMPLE_CLUSTER = 8;
+
+// SAMPLE_CLUSTER, or 0 where clusters of that size cannot run (before sm_90): k_sample's blocks
+// with a last-arriving merge then. Asked once per process.
+int sampleClusterSize() {
+  static int v = -1;
+  if (v >= 0) return v;
+  int c = SAMPLE_CLUSTER;
+  {
+    ClusterLaunch L(dim3((unsigned)c, 1, 1), 1024, 0, c, nullptr, false);
+    int clusters = 0;
+    if ((c > 8 && cudaFuncSetAttribute(k_sample_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
+        cudaOccupancyMaxActiveClusters(&clusters, k_sample_cluster, &L.cfg) != cudaSuccess) {
+      cudaGetLastError();
+      clusters = 0;
+    }
+    if (clusters <= 0) c = 0;
+  }
+  v = c;
+  return v;
+}
+
+int launchRingPush(NervaExec* ex, const int* src, int* ring, int* cursor, int rows, int cap) {
+  const int pre = ex->sinceRingPush >= 3 ? 1 : 0;
+  LAUNCH(k_ring_push, 1, std::min(1024, ((rows + 31) / 32) * 32), 0, src, ring, cursor, rows, cap, pre);
+  ex->sinceRingPush = 0;
+  return NERVA_OK;
+}
+
+int launchAdvance(NervaExec* ex, int* pos, int* slots, const int* bt, const int* rowSeq, int rows, int bs, int mbps) {
+  LAUNCH(k_advance_positions, (rows + 127) / 128, 128, 0, pos, slots, bt, rowSeq, rows, bs, mbps);
+  ex->sinceRingPush = 0;
+  return NERVA_OK;
+}
+
+// Op sample, then (where given) its push (op ring_push of out) and advance (op
+// advance_positions): in k_sample_cluster's block 0 for one greedy-or-sampled row on the cluster
+// path (a decode step's tail in one kernel), else as those ops' kernels after it.
+int opSample(NervaExec* ex, Args& A) {
+  Buf logits = buf(A), params = buf(A), rng = buf(A), out = buf(A);
+  int rows = A.num(), vocab = A.num();
+  const int hasPush = A.num();
+  Buf ring{}, cursor{};
+  int cap = 1;
+  if (hasPush) {
+    ring = buf(A);
+    cursor = buf(A);
+    cap = A.num();
+  }
+  const int hasAdvance = A.num();
+  Buf pos{}, slots{}, bt{}, rowSeq{};
+  int bs = 1, mbps = 1;
+  if (hasAdvance) {
+    pos = buf(A);
+    slots = buf(A);
+    bt = buf(A);
+    rowSeq = buf(A);
+    bs = A.num();
+    mbps = A.num();
+  }
+  if (!A.ok) return bad(ex, "sample: argument count");
+  if (hasPush && cap <= 0) return bad(ex, "sample: push capacity must be positive");
+  if (hasAdvance && (bs <= 0 || mbps <= 0)) return bad(ex, "sample: advance blockSize and maxBlocksPerSeq must be positive");
+  if (rows <= 0) return NERVA_OK;
+  size_t perRow = align256((size_t)vocab * sizeof(double));
+  int rowChunk = (int)std::min<size_t>((size_t)rows, ex->wsBytes / perRow);
+  if (rowChunk < 1) return bad(ex, "sample: workspace too small for one row of float64 probabilities");
+  rowChunk = std::min(rowChunk, 65535);
+  // Greedy rows split the vocabulary over G blocks of ~4096 logits (4 per thread) when the
+  // re-armed counters cover the rows; a single block over 151,936 logits was a serial tail.
+  int G = std::min(128, std::max(1, (vocab + 4095) / 4096));
+  // Greedy rows as one cluster a row where clusters run (sampleClusterSize).
+  const int C = vocab % 4 == 0 && ((uintptr_t)logits.p & 15) == 0 ? sampleClusterSize() : 0;
+  // One row on the cluster path: the tail runs in the sampling kernel.
+  const bool fold = C > 0 && rows == 1 && (hasPush || hasAdvance);
+  SampleTail tail;
+  if (fold) {
+    if (hasPush) {
+      tail.ring = (int*)ring.p;
+      tail.cursor = (int*)cursor.p;
+      tail.capacity = cap;
+    }
+    if (hasAdvance) {
+      tail.positions = (int*)pos.p;
+      tail.slots = (int*)slots.p;
+      tail.bt = (const int*)bt.p;
+      tail.rowSeq = (const int*)rowSeq.p;
+      tail.blockSize = bs;
+      tail.mbps = mbps;
+    }
+    tail.pre = ex->sinceRingPush >= 3 ? 1 : 0;
+  }
+  for (int r0 = 0; r0 < rows; r0 += rowChunk) {
+    int nr = std::min(rowChunk, rows - r0);
+    if (C > 0) {
+      ClusterLaunch L(dim3((unsigned)C, (unsigned)nr, 1), 1024, 0, C, ex->stream, ex->pdl);
+      cudaError_t e = cudaLaunchKernelEx(&L.cfg, k_sample_cluster, (const float*)logits.p, (const float*)params.p, (int*)rng.p,
+                                         (int*)out.p, vocab, (double*)ex->ws, perRow / sizeof(double), r0, tail);
+      int rc = check(ex, "k_sample_cluster", e);
+      if (rc) return rc;
+      if (ex->sinceRingPush < (1u << 20)) ex->sinceRingPush++;
+      continue;
+    }
+    int g = ex->counters && (size_t)nr <= ex->counterCount ? G : 1;
+    LAUNCH(k_sample, dim3(g, nr), 1024, 0, (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p,
+           vocab, (double*)ex->ws, perRow / sizeof(double), r0, g > 1 ? ex->counters : (int*)nullptr);
+  }
+  if (fold) {
+    ex->sinceRingPush = 0;
+    return NERVA_OK;
+  }
+  if (hasPush) {
+    int rc = launchRingPush(ex, (const int*)out.p, (int*)ring.p, (int*)cursor.p, rows, cap);
+    if (rc) return rc;
+  }
+  if (hasAdvance) return launchAdvance(ex, (int*)pos.p, (int*)slots.p, (const int*)bt.p, (const int*)rowSeq.p, rows, bs, mbps);
+  return NERVA_OK;
+}
+
+int opArgmax(NervaExec* ex, Args& A) {
+  Buf logits = buf(A), out = buf(A);
+  int rows = A.num(), vocab = A.num();
+  if (!A.ok) return bad(ex, "argmax: argument count");
+  if (rows <= 0) return NERVA_OK;
+  LAUNCH(k_argmax, rows, 1024, 0, (const float*)logits.p, (int*)out.p, vocab);
+  return NERVA_OK;
+}
+
+int opRingPush(NervaExec* ex, Args& A) {
+  Buf src = buf(A), ring = buf(A), cursor = buf(A);
+  int rows = A.num(), cap = A.num();
+  if (!A.ok) return bad(ex, "ring_push: argument count");
+  if (cap <= 0) return bad(ex, "ring_push: capacity must be positive");
+  if (rows <= 0) return NERVA_OK;
+  return launchRingPush(ex, (const int*)src.p, (int*)ring.p, (int*)cursor.p, rows, cap);
+}
+
+int opAdvancePositions(NervaExec* ex, Args& A) {
+  Buf pos = buf(A), slots = buf(A), bt = buf(A), rowSeq = buf(A);
+  int rows = A.num(), bs = A.num(), mbps = A.num();
+  if (!A.ok) return bad(ex, "advance_positions: argument count");
+  if (rows <= 0) return NERVA_OK;
+  return launchAdvance(ex, (int*)pos.p, (int*)slots.p, (const int*)bt.p, (const int*)rowSeq.p, rows, bs, mbps);
+}
+
+}  // namespace nerva::ops
