@@ -1,5 +1,8 @@
 export * from './backend-select.js';
 export * from './engine.js';
+export { NervaModel, type GenerationDefaults } from './model.js';
+export { ModelContext } from './context.js';
+export { PROFILES_KEPT, type PassProfile } from './profiling.js';
 export * from './host-sampler.js';
 export * from './model-runner.js';
 export * from './model-weights.js';

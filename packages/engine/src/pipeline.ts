@@ -336,7 +336,6 @@ export class StagePipeline implements PassRunner {
   private readonly gathered: DeviceBuffer | undefined;
   private readonly owned: { backend: DeviceBackend; buf: DeviceBuffer }[] = [];
   private readonly distinct: DeviceBackend[];
-  private readonly release: () => void;
   /** The split of the pass last written by writeMeta. */
   private split: MicroBatch[] = [];
   private readonly rowSeqScratch: Int32Array;
@@ -348,7 +347,6 @@ export class StagePipeline implements PassRunner {
     this.shared = prepared.shared;
     this.microBatches = prepared.microBatches;
     this.capturable = this.shared && this.microBatches === 1;
-    this.release = () => prepared.dispose();
     this.distinct = [...new Set(this.stages.map((s) => s.backend))];
     this.rowSeqScratch = new Int32Array(limits.maxRows);
     const S = this.stages.length;
@@ -641,11 +639,10 @@ export class StagePipeline implements PassRunner {
     for (const r of this.runners) r.dispose();
   }
 
-  /** Free the runners, links and buffers, then what prepareStages made (other backends' weights, NCCL, backends). */
+  /** Free the runners, links and buffers (what prepareStages made, the model frees). */
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
     this.disposeParts();
-    this.release();
   }
 }
