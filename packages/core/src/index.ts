@@ -9,4 +9,3 @@ export * from './backend.js';
 export * from './sampling.js';
 export * from './ledger.js';
 export * from './conformance.js';
-export * from './stages.js';

@@ -14,7 +14,7 @@ import { runnerShape } from './memory-plan.js';
 import type { GenerationDefaults, NervaModel } from './model.js';
 import { ModelRunner } from './model-runner.js';
 import { type KvCacheDtype, kvDtypeOf } from './model-weights.js';
-import { type PassRunner, type PipelineDescription, StagePipeline } from './pipeline.js';
+import { type PassRunner, type PipelineDescription, StagePipeline } from './stages/pipeline.js';
 import { type PassProfile, StepProfiles } from './profiling.js';
 import type { MeasuredRates } from './rates.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';

@@ -2,7 +2,7 @@ import type { DeviceBackend, GraphHandle } from '@nerva/core';
 import type { WeightPager } from '@nerva/memos';
 import type { SchedulerOutput } from './scheduler.js';
 import type { ModelRunner } from './model-runner.js';
-import type { PassRunner } from './pipeline.js';
+import type { PassRunner } from './stages/pipeline.js';
 import type { KvCacheManager } from '@nerva/kv';
 
 /** Batch-size buckets decode graphs are captured for: a step of n rows replays the first bucket >= n. */

@@ -293,7 +293,7 @@ export * from './runner-base.js';
 
   /**
    * Every decoder layer as one op (a decode step): the arithmetic of forwardFusedLayers, which
-   * a backend may run as a single persistent kernel. The residual stream stays in act.residual;
+   * a backend may run fused across layers. The residual stream stays in act.residual;
    * act.qkv, act.attn and act.mlpAct are its scratch.
    */
   private forwardStack(rows: number, embed?: { table: DeviceBuffer; ids: DeviceBuffer }): void {

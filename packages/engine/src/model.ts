@@ -6,7 +6,7 @@ import { selectBackend } from './backend-select.js';
 import { checkEngineOptions, type ContextOptions, type ModelOptions } from './engine-options.js';
 import { kvCacheBytesAfterUpload, kvCacheBytesFor, pinnedBytesFor, runnerShape } from './memory-plan.js';
 import { freeWeights, type ModelWeights, uploadWeights } from './model-weights.js';
-import { pipelineRequest, type PreparedStages, prepareStages } from './pipeline.js';
+import { pipelineRequest, type PreparedStages, prepareStages } from './stages/pipeline.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
 import type { SamplingParams } from './sampling-params.js';
 import { checkpointImportanceKey, placeWeights } from './weight-residency.js';

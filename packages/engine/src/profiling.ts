@@ -1,4 +1,4 @@
-import type { PassRunner } from './pipeline.js';
+import type { PassRunner } from './stages/pipeline.js';
 
 /** Profiled steps Engine.takeProfiles keeps between calls (the latest). */
 export const PROFILES_KEPT = 1024;

@@ -1,7 +1,7 @@
 import type { DeviceBackend, EventHandle } from '@nerva/core';
 import type { KvCacheManager } from '@nerva/kv';
 import { DecodeGraphs } from './decode-graphs.js';
-import type { PassRunner } from './pipeline.js';
+import type { PassRunner } from './stages/pipeline.js';
 import type { Request } from './request.js';
 import type { SchedulerOutput } from './scheduler.js';
 import type { StepBuffers } from './step-batch.js';
