@@ -1,6 +1,7 @@
 import { CpuBackend } from '@nerva/cpu-backend';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Engine, ModelContext, NervaModel, type RequestOutcome } from '../src/index.js';
+import { sharedModel } from '../examples/shared-model.js';
 import { DEFAULT_MODEL } from './fixtures.js';
 
 const PROMPTS = ['ROMEO:', 'First Citizen:\nBefore we proceed', 'KING HENRY'];
@@ -64,5 +65,20 @@ describe('one model, two contexts (CPU)', () => {
     expect(() => b.submit('ROMEO:', { maxTokens: 1 })).toThrow(/disposed/);
     expect(backend.stats().liveBytes).toBe(empty.liveBytes);
     expect(() => model.createContext()).toThrow(/disposed/);
+  });
+});
+
+describe('examples/shared-model.ts', () => {
+  it('runs: each context gives the greedy text a lone engine gives', async () => {
+    const got = await sharedModel(DEFAULT_MODEL);
+    const engine = await Engine.create({ model: DEFAULT_MODEL, backend: 'auto' });
+    try {
+      const greedy = { maxTokens: 16, temperature: 0 };
+      expect(got.chat).toBe((await engine.submit('ROMEO:', greedy).done).text);
+      expect(got.batch[1]).toBe((await engine.submit('KING HENRY:', greedy).done).text);
+      expect(got.batch).toHaveLength(3);
+    } finally {
+      engine.dispose();
+    }
   });
 });
