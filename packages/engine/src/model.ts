@@ -171,7 +171,8 @@ export class NervaModel {
         const caps = be.capabilities;
         if (caps.computeTier !== 'vram' || !caps.ops.includes('mlp_slice') || caps.numerics === 'bf16' || caps.weightDtype !== 'bf16') return 0;
         // The host kernels read bf16 weights: an f32 checkpoint (kept f32, exact) streams whole.
-        if (loaded.checkpoint.info('model.layers.0.mlp.gate_proj.weight').dtype !== 'BF16') return 0;
+        const mlp0 = loaded.weights.layers[0].mlp;
+        if (mlp0.kind !== 'dense' || mlp0.gate.dtype !== 'BF16') return 0;
         const rates = measureRates(be, sp.hiddenSize, true);
         measuredRates = rates;
         const c = hostChannels(rates, attnBytes, mlpBytes, I);
