@@ -22,7 +22,7 @@ import { type RequestLimits, validateForkCount, validateRequest } from './reques
 import { RunAhead } from './run-ahead.js';
 import { isDeviceSamplable } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
-import { createStepBuffers, padBucket, type StepBuffers, writeStepMeta } from './step-batch.js';
+import { createStepBuffers, padBucket, stageBatch, type StepBuffers, writeStepMeta } from './step-batch.js';
 import { pagerDelta, SharedBlockReads, statsDelta } from './step-stats.js';
 import { acceptToken, type Live, outcomeOf } from './token-policy.js';
 import { TokenStream } from './token-stream.js';
@@ -449,15 +449,11 @@ export class ModelContext {
     let replayed = false;
     const st = this.stage;
     const mb = this.runner.limits.maxBlocksPerSeq;
-    const sampling: Request[] = [];
-    let rows = 0;
-    let promptTokens = 0;
     const kt = this.kvTiers;
     const bs = this.kv.blockSize;
     // Blocks two or more of this step's sequences read (forks, prefix hits): marked per step.
     const shared = this.blockReads;
     shared.begin();
-    let forks = false;
     if (kt) {
       // Page moves first (demotions, cold pages up to warm): the step reads the tables after them.
       const epoch = kt.tiers.epoch;
@@ -471,56 +467,7 @@ export class ModelContext {
     // Warm slots [0, linkPages) are the device's (staged over the link), those above the host's;
     // the step copies the leading slots up to the highest one its tables read.
     const linkPages = this.runner.limits.linkPages ?? 0;
-    let linkUsed = 0;
-    plan.scheduled.forEach(({ req, numTokens }, k) => {
-      const start = req.numComputedTokens;
-      if (req.times.firstScheduled === undefined) req.times.firstScheduled = t0;
-      const table = this.kv.blockTable(req.id);
-      for (let p = start; p < start + numTokens; p++) {
-        st.ids[rows] = req.allIds[p];
-        st.pos[rows] = p;
-        st.seq[rows] = k;
-        st.slots[rows] = kt ? kt.tiers.hotSlot(table[Math.floor(p / bs)]) * bs + (p % bs) : this.kv.slotFor(req.id, p);
-        rows++;
-        if (p < req.promptIds.length) promptTokens++;
-      }
-      st.tables.fill(0, k * mb, (k + 1) * mb);
-      if (kt) {
-        // Views of one table: the hot slot of each block for the device, the warm slot for the
-        // host, and with a link share the staging index (the same warm slot) of the pages in the
-        // device's slots. A page shared by several sequences is staged once.
-        const wt = st.warmTables!;
-        const lt = st.linkTables;
-        wt.fill(-1, k * mb, (k + 1) * mb);
-        lt?.fill(-1, k * mb, (k + 1) * mb);
-        for (let b = 0; b < table.length; b++) {
-          st.tables[k * mb + b] = kt.tiers.hotSlot(table[b]);
-          const w = kt.tiers.warmSlot(table[b]);
-          if (w >= 0 && lt && w < linkPages) {
-            lt[k * mb + b] = w;
-            if (w >= linkUsed) linkUsed = w + 1;
-          } else wt[k * mb + b] = w;
-        }
-      } else for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
-      shared.add(table);
-      if (start + numTokens === req.numTokens) {
-        // A prompt request with forks: its last row is sampled once per fork, each with its own seed.
-        const samplers = req.forkChildren ?? [req];
-        if (req.forkChildren) forks = true;
-        for (const r of samplers) {
-          const i = sampling.length;
-          st.logitRows[i] = rows - 1;
-          const p = r.params;
-          st.params[i * 4] = p.temperature;
-          st.params[i * 4 + 1] = p.topK;
-          st.params[i * 4 + 2] = p.topP;
-          st.params[i * 4 + 3] = p.minP;
-          st.rng[i * 2] = p.seed;
-          st.rng[i * 2 + 1] = r.sampleCounter;
-          sampling.push(r);
-        }
-      }
-    });
+    const { rows, promptTokens, sampling, forks, linkUsed } = stageBatch(st, plan.scheduled, this.kv, kt?.tiers, mb, linkPages, shared, t0);
     const span = stageSpan(linkUsed, linkPages);
     if (linkPages > 0) (this.runner as ModelRunner).linkSpan = span;
     if (kt && span > 0) kt.noteStaged(span);

@@ -1,9 +1,9 @@
 import type { PassRunner } from './stages/pipeline.js';
 
-/** Profiled steps Engine.takeProfiles keeps between calls (the latest). */
+/** Profiled steps ModelContext.takeProfiles keeps between calls (the latest). */
 export const PROFILES_KEPT = 1024;
 
-/** Device time of one profiled step by op (Engine.setProfiling, Engine.takeProfiles). */
+/** Device time of one profiled step by op (ModelContext.setProfiling, takeProfiles). */
 export interface PassProfile {
   /** Token rows of the step. */
   rows: number;

@@ -84,7 +84,7 @@ export class RunAhead {
   /**
    * Wait for the steps enqueued ahead and drop them: their tokens are skipped in the ring, and
    * the step state they advanced on the device (ids, positions, slots, RNG counters) is rewritten
-   * by the next replay (graphKey reset). Their KV writes are at positions no accepted token has
+   * by the next replay (graphs.stateKey reset). Their KV writes are at positions no accepted token has
    * (rewritten by the step that computes them) or in blocks of finished requests.
    */
   retire(): void {

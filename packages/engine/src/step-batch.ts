@@ -1,5 +1,10 @@
 import type { DeviceBackend } from '@nerva/core';
+import type { KvCacheManager } from '@nerva/kv';
+import type { TieredKv } from './kv-tiering.js';
 import type { ModelRunner } from './model-runner.js';
+import type { Request } from './request.js';
+import type { SchedulerOutput } from './scheduler.js';
+import type { SharedBlockReads } from './step-stats.js';
 
 /** The host side of one step's metadata: what writeStepMeta copies to the runner's buffers. */
 export interface StepBuffers {
@@ -68,4 +73,78 @@ export function padBucket(st: StepBuffers, nSeq: number, bucket: number, mb: num
     st.rng[r * 2 + 1] = 0;
   }
   for (let r = 0; r < bucket; r++) st.logitRows[r] = r;
+}
+
+/** What stageBatch wrote: rows, prompt tokens among them, the requests sampled (logit row i: sampling[i]), whether a prompt with forks finished, and the warm slots the link stages ([0, linkUsed)). */
+export interface StagedBatch {
+  rows: number;
+  promptTokens: number;
+  sampling: Request[];
+  forks: boolean;
+  linkUsed: number;
+}
+
+/**
+ * Stage a scheduled batch into the step buffers: each row's token, position, sequence and KV
+ * slot, each sequence's block table (under tiered KV, its views per tier: hot slots for the
+ * device, warm slots for the host, staging indexes for the link's warm slots [0, linkPages)),
+ * and a logit row with sampling parameters for each request whose last row is in the step.
+ */
+export function stageBatch(st: StepBuffers, scheduled: SchedulerOutput['scheduled'], kv: KvCacheManager, tiers: TieredKv['tiers'] | undefined, mb: number, linkPages: number, shared: SharedBlockReads, t0: number): StagedBatch {
+  const bs = kv.blockSize;
+  const sampling: Request[] = [];
+  let rows = 0;
+  let promptTokens = 0;
+  let forks = false;
+  let linkUsed = 0;
+  scheduled.forEach(({ req, numTokens }, k) => {
+    const start = req.numComputedTokens;
+    if (req.times.firstScheduled === undefined) req.times.firstScheduled = t0;
+    const table = kv.blockTable(req.id);
+    for (let p = start; p < start + numTokens; p++) {
+      st.ids[rows] = req.allIds[p];
+      st.pos[rows] = p;
+      st.seq[rows] = k;
+      st.slots[rows] = tiers ? tiers.hotSlot(table[Math.floor(p / bs)]) * bs + (p % bs) : kv.slotFor(req.id, p);
+      rows++;
+      if (p < req.promptIds.length) promptTokens++;
+    }
+    st.tables.fill(0, k * mb, (k + 1) * mb);
+    if (tiers) {
+      // Views of one table: the hot slot of each block for the device, the warm slot for the
+      // host, and with a link share the staging index (the same warm slot) of the pages in the
+      // device's slots. A page shared by several sequences is staged once.
+      const wt = st.warmTables!;
+      const lt = st.linkTables;
+      wt.fill(-1, k * mb, (k + 1) * mb);
+      lt?.fill(-1, k * mb, (k + 1) * mb);
+      for (let b = 0; b < table.length; b++) {
+        st.tables[k * mb + b] = tiers.hotSlot(table[b]);
+        const w = tiers.warmSlot(table[b]);
+        if (w >= 0 && lt && w < linkPages) {
+          lt[k * mb + b] = w;
+          if (w >= linkUsed) linkUsed = w + 1;
+        } else wt[k * mb + b] = w;
+      }
+    } else for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
+    shared.add(table);
+    if (start + numTokens === req.numTokens) {
+      // A prompt request with forks: its last row is sampled once per fork, each with its own seed.
+      const samplers = req.forkChildren ?? [req];
+      if (req.forkChildren) forks = true;
+      for (const r of samplers) {
+        const i = sampling.length;
+        st.logitRows[i] = rows - 1;
+        const p = r.params;
+        st.params[i * 4] = p.temperature;
+        st.params[i * 4 + 1] = p.topK;
+        st.params[i * 4 + 2] = p.topP;
+        st.params[i * 4 + 3] = p.minP;
+        st.rng[i * 2] = p.seed;
+        st.rng[i * 2 + 1] = r.sampleCounter;
+        sampling.push(r);
+      }
+    }
+  });
+  return { rows, promptTokens, sampling, forks, linkUsed };
 }
