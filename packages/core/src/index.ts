@@ -8,4 +8,3 @@ export * from './ops.js';
 export * from './backend.js';
 export * from './sampling.js';
 export * from './ledger.js';
-export * from './stages.js';

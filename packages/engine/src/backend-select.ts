@@ -1,5 +1,6 @@
 import type { DeviceBackend, MatmulPrecision, Numerics } from '@nerva/core';
 import { MATMUL_PRECISIONS, NervaError } from '@nerva/core';
+import { backendFactory, type CreatedBackend, registeredBackends } from './backend-registry.js';
 
 export type BackendChoice = 'cpu' | 'cuda' | 'auto';
 
@@ -62,46 +63,40 @@ export function resolveMatmulPrecision(requested?: MatmulPrecision, env: Record<
 }
 
 /**
- * Pick a backend. 'cuda' fails with one clear message when the addon or a GPU is missing;
- * 'auto' tries CUDA and falls back to the CPU reference, saying so. The CUDA package is imported
- * lazily so a machine without it never loads native code.
+ * Create a backend of a registered kind (undefined: none registered), or say why it is
+ * unavailable: its probe, or a failed creation (except for a reference backend, whose errors are
+ * the caller's).
+ */
+async function createKind(name: string, opts: BackendOptions): Promise<CreatedBackend | { reason: string } | undefined> {
+  const factory = backendFactory(name);
+  if (!factory) return undefined;
+  if (factory.reference) return factory.create(opts);
+  try {
+    const probe = await factory.probe();
+    if (!probe.available) return { reason: probe.reason ?? 'not available' };
+    return await factory.create(opts);
+  } catch (e) {
+    return { reason: (e as Error).message };
+  }
+}
+
+/**
+ * Pick a backend from the registry (`registerBackend`; the engine's entry registers 'cuda' and
+ * 'cpu'). A named kind fails with one clear message when it is unavailable; 'auto' tries the
+ * registered kinds from the highest priority down and takes the first available, saying which
+ * it fell back from (so 'auto' tries CUDA, then falls back to the CPU reference).
  */
 export async function selectBackend(choice: BackendChoice, opts: BackendOptions = {}): Promise<SelectedBackend> {
-  const matmulPrecision = resolveMatmulPrecision(opts.matmulPrecision);
+  resolveMatmulPrecision(opts.matmulPrecision);
   if (opts.batchInvariant !== undefined && typeof opts.batchInvariant !== 'boolean') throw new RangeError(`batchInvariant must be a boolean, got ${JSON.stringify(opts.batchInvariant)}`);
-  const cpuOpts = {
-    numerics: opts.numerics,
-    matmulPrecision,
-    ...(opts.deviceBudgetBytes !== undefined ? { memoryBytes: opts.deviceBudgetBytes } : {}),
-    ...(opts.hostBudgetBytes !== undefined ? { hostMemoryBytes: opts.hostBudgetBytes } : {}),
-  };
-  if (choice === 'cpu') {
-    const { CpuBackend } = await import('@nerva/cpu-backend');
-    return { backend: new CpuBackend(cpuOpts), notes: [] };
+  const kinds = choice === 'auto' ? registeredBackends().map((b) => b.name) : [choice];
+  const passed: { name: string; reason: string }[] = [];
+  for (const name of kinds) {
+    const made = await createKind(name, opts);
+    if (!made) throw new BackendUnavailableError(`no backend '${name}' is registered (registered: ${registeredBackends().map((b) => b.name).join(', ') || 'none'})`);
+    if ('backend' in made) return { ...made, notes: passed.map((p) => `backend fallback: ${p.name} -> ${name} (${p.reason})`) };
+    if (choice !== 'auto') throw new BackendUnavailableError(`${name.toUpperCase()} backend unavailable: ${made.reason}`);
+    passed.push({ name, reason: made.reason });
   }
-  let reason: string;
-  try {
-    const cuda = await import('@nerva/cuda-backend');
-    const probe = cuda.probeCuda();
-    if (probe.available) {
-      const { deviceBudgetBytes, hostBudgetBytes: _host, matmulPrecision: _mp, batchInvariant, ...rest } = opts;
-      const cudaOpts = { ...rest, gemm: cuda.GEMM_FOR_MATMUL_PRECISION[matmulPrecision], ...(batchInvariant !== undefined ? { batchInvariant } : {}) };
-      if (deviceBudgetBytes !== undefined) {
-        // The budget covers the workspaces too: the arena gets what they leave.
-        const workspaceBytes = 256 * 2 ** 20;
-        const cublasWorkspaceBytes = 32 * 2 ** 20;
-        // A budget below the workspaces leaves an empty arena: the residency planner then names the
-        // smallest budget that works (workspaces included), rather than failing here.
-        const arena = Math.max(0, Math.floor((deviceBudgetBytes - workspaceBytes - cublasWorkspaceBytes) / 2 ** 20) * 2 ** 20);
-        return { backend: cuda.createCudaBackend({ ...cudaOpts, deviceArenaBytes: arena, workspaceBytes, cublasWorkspaceBytes }), notes: [], reservedBytes: workspaceBytes + cublasWorkspaceBytes };
-      }
-      return { backend: cuda.createCudaBackend(cudaOpts), notes: [] };
-    }
-    reason = probe.reason ?? 'CUDA is not available';
-  } catch (e) {
-    reason = (e as Error).message;
-  }
-  if (choice === 'cuda') throw new BackendUnavailableError(`CUDA backend unavailable: ${reason}`);
-  const { CpuBackend } = await import('@nerva/cpu-backend');
-  return { backend: new CpuBackend(cpuOpts), notes: [`backend fallback: cuda -> cpu (${reason})`] };
+  throw new BackendUnavailableError(`no registered backend is available (${passed.map((p) => `${p.name}: ${p.reason}`).join('; ') || 'none registered'})`);
 }

@@ -1,8 +1,8 @@
 import type { DeviceBackend, DeviceBuffer, DType, HostArray, Tier } from '@nerva/core';
 import { DTYPE_BYTES } from '@nerva/core';
 import type { PagedTensor, PlanBlock, WeightPager } from '@nerva/memos';
-import type { Checkpoint, ModelSpec } from '@nerva/models';
-import { isMoeLayer, ropeInvFreq } from '@nerva/models';
+import type { CanonicalWeights, Checkpoint, LayerSlots, ModelSpec, WeightSlot } from '@nerva/models';
+import { canonicalWeightNames, ropeInvFreq } from '@nerva/models';
 
 export interface LayerWeights {
   attnNorm: DeviceBuffer;
@@ -85,30 +85,29 @@ export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: Chec
   const dt = storageDtypes(backend, ckpt);
   const normDt: DType = backend.capabilities.numerics === 'bf16' ? 'bf16' : 'f32';
   const out: TensorDesc[][] = [];
-  for (let i = 0; i < spec.numLayers; i++) {
-    const p = `model.layers.${i}.`;
+  for (const L of weightSlots(spec).layers) {
     const qkvOut = (nq + 2 * nkv) * hd;
     const t: TensorDesc[] = [
       { name: 'attnNorm', dtype: normDt, length: H },
-      { name: 'qkv', dtype: dt(`${p}self_attn.q_proj.weight`), length: qkvOut * H },
-      { name: 'o', dtype: dt(`${p}self_attn.o_proj.weight`), length: H * nq * hd },
+      { name: 'qkv', dtype: dt(L.q), length: qkvOut * H },
+      { name: 'o', dtype: dt(L.o), length: H * nq * hd },
       { name: 'mlpNorm', dtype: normDt, length: H },
     ];
     if (spec.attentionBias) t.push({ name: 'qkvBias', dtype: 'f32', length: qkvOut });
     if (spec.oProjBias) t.push({ name: 'oBias', dtype: 'f32', length: H });
     if (spec.qkNorm) t.push({ name: 'qNorm', dtype: normDt, length: hd }, { name: 'kNorm', dtype: normDt, length: hd });
-    if (spec.moe && isMoeLayer(spec, i)) {
-      const E = spec.moe.numExperts;
-      const I = spec.moe.moeIntermediateSize;
+    if (L.mlp.kind === 'moe') {
+      const E = spec.moe!.numExperts;
+      const I = spec.moe!.moeIntermediateSize;
       t.push(
         { name: 'router', dtype: 'f32', length: E * H },
-        { name: 'expertsGateUp', dtype: dt(`${p}mlp.experts.0.gate_proj.weight`), length: E * 2 * I * H },
-        { name: 'expertsDown', dtype: dt(`${p}mlp.experts.0.down_proj.weight`), length: E * H * I },
+        { name: 'expertsGateUp', dtype: dt(L.mlp.experts[0].gate), length: E * 2 * I * H },
+        { name: 'expertsDown', dtype: dt(L.mlp.experts[0].down), length: E * H * I },
       );
     } else {
       // A split layer's slot holds the channels the host does not compute.
       const I = spec.intermediateSize - hostInter;
-      t.push({ name: 'gateUp', dtype: dt(`${p}mlp.gate_proj.weight`), length: 2 * I * H }, { name: 'down', dtype: dt(`${p}mlp.down_proj.weight`), length: H * I });
+      t.push({ name: 'gateUp', dtype: dt(L.mlp.gate), length: 2 * I * H }, { name: 'down', dtype: dt(L.mlp.down), length: H * I });
     }
     out.push(t);
   }
@@ -138,13 +137,14 @@ export function weightBlocks(
   const common = [...count.entries()].sort((a, b) => b[1] - a[1])[0]?.[0];
   const dt = storageDtypes(backend, ckpt);
   const H = spec.hiddenSize;
-  const embedBytes = spec.vocabSize * H * DTYPE_BYTES[dt('model.embed_tokens.weight')];
+  const slots = weightSlots(spec);
+  const embedBytes = spec.vocabSize * H * DTYPE_BYTES[dt(slots.embed)];
   const blocks: PlanBlock[] = [
     // Tied embeddings are also lm_head, which reads every row each pass.
     { id: 'embed', bytes: embedBytes, ...(spec.tieWordEmbeddings ? {} : { access: 'gather' as const }) },
     { id: 'final_norm', bytes: H * 4 },
   ];
-  if (!spec.tieWordEmbeddings) blocks.push({ id: 'lm_head', bytes: spec.vocabSize * H * DTYPE_BYTES[dt('lm_head.weight')] });
+  if (!spec.tieWordEmbeddings) blocks.push({ id: 'lm_head', bytes: spec.vocabSize * H * DTYPE_BYTES[dt(slots.lmHead)] });
   layouts.forEach((l, i) =>
     blocks.push({
       id: layerBlockId(i),
@@ -157,14 +157,25 @@ export function weightBlocks(
   return { blocks, layout: at >= 0 ? streamedLayouts[at] : [] };
 }
 
-function storageDtypes(backend: DeviceBackend, ckpt: Checkpoint): (name: string) => DType {
+/**
+ * The model's weight slots (names and shapes, by `@nerva/models`' canonical naming), made once
+ * per spec: the engine reads every tensor through them rather than spelling checkpoint names.
+ */
+export function weightSlots(spec: ModelSpec): CanonicalWeights {
+  let s = slotCache.get(spec);
+  if (!s) slotCache.set(spec, (s = canonicalWeightNames(spec)));
+  return s;
+}
+const slotCache = new WeakMap<ModelSpec, CanonicalWeights>();
+
+function storageDtypes(backend: DeviceBackend, ckpt: Checkpoint): (slot: WeightSlot) => DType {
   const wd = backend.capabilities.weightDtype;
   // Exact by default: a weight is never stored narrower than its checkpoint (an f32 checkpoint
   // stays f32 on a bf16-preferring backend); it is only narrowed when the backend cannot hold it.
   const fromCkpt: Record<string, DType> = { F32: 'f32', F16: 'f16', BF16: 'bf16' };
   const supported = backend.capabilities.dtypes;
-  return (name: string): DType => {
-    const d = fromCkpt[ckpt.info(name).dtype];
+  return (slot: WeightSlot): DType => {
+    const d = fromCkpt[ckpt.info(slot.name).dtype];
     if (wd === 'f32' || !d) return wd;
     // bf16 numerics reproduces transformers' bf16 run, which casts every weight to bf16 (nearest even).
     if (backend.capabilities.numerics === 'bf16') return 'bf16';
@@ -229,7 +240,8 @@ export async function uploadWeights(
   /** A destination: a buffer of the backend, or a tensor of a streamed block (stored through the pager). */
   type Dst = DeviceBuffer | { block: string; tensor: string; dtype: DType };
   /** A tensor's data as the destination dtype takes it (raw 16-bit bits when they match). */
-  const read = async (dtype: DType, name: string): Promise<HostArray> => {
+  const read = async (dtype: DType, slot: WeightSlot): Promise<HostArray> => {
+    const name = slot.name;
     const info = ckpt.info(name);
     if ((dtype === 'bf16' && info.dtype === 'BF16') || (dtype === 'f16' && info.dtype === 'F16')) {
       // Same dtype on both sides: hand the raw bits over, no float32 detour.
@@ -242,17 +254,17 @@ export async function uploadWeights(
     if ('block' in dst) pager!.store(dst.block, dst.tensor, data, offset);
     else backend.write(dst, data, offset);
   };
-  const progress = (name: string): void => {
-    done += ckpt.info(name).byteLength;
-    onProgress?.({ done, total, tensor: name });
+  const progress = (slot: WeightSlot): void => {
+    done += ckpt.info(slot.name).byteLength;
+    onProgress?.({ done, total, tensor: slot.name });
   };
-  const put = async (dst: Dst, name: string, offset = 0): Promise<void> => {
-    store(dst, await read(dst.dtype, name), offset);
-    progress(name);
+  const put = async (dst: Dst, slot: WeightSlot, offset = 0): Promise<void> => {
+    store(dst, await read(dst.dtype, slot), offset);
+    progress(slot);
   };
   /** Rows [from, to) of a [rows, rowLen] tensor, stored at an element offset. */
-  const putRows = async (dst: Dst, name: string, from: number, to: number, rowLen: number, offset: number): Promise<void> => {
-    store(dst, (await read(dst.dtype, name)).subarray(from * rowLen, to * rowLen), offset);
+  const putRows = async (dst: Dst, slot: WeightSlot, from: number, to: number, rowLen: number, offset: number): Promise<void> => {
+    store(dst, (await read(dst.dtype, slot)).subarray(from * rowLen, to * rowLen), offset);
   };
   /** Columns [from, to) of a [rows, cols] tensor, as a [rows, to - from] matrix. */
   const columns = (data: HostArray, rows: number, cols: number, from: number, to: number): HostArray => {
@@ -261,14 +273,15 @@ export async function uploadWeights(
     for (let r = 0; r < rows; r++) outArr.set(data.subarray(r * cols + from, r * cols + to), r * w);
     return outArr;
   };
-  const tensor = async (name: string, length: number, dtype: DType = dtypeOf(name), tier?: Tier): Promise<DeviceBuffer> => {
-    const b = alloc(length, name, dtype, tier);
-    await put(b, name);
+  const tensor = async (slot: WeightSlot, length: number, dtype: DType = dtypeOf(slot), tier?: Tier): Promise<DeviceBuffer> => {
+    const b = alloc(length, slot.name, dtype, tier);
+    await put(b, slot);
     return b;
   };
   // Norm weights stay f32: they are tiny and read once per row (bf16 under bf16 numerics, as
   // transformers casts them).
-  const norm = (name: string, length: number) => tensor(name, length, backend.capabilities.numerics === 'bf16' ? 'bf16' : 'f32');
+  const norm = (slot: WeightSlot, length: number) => tensor(slot, length, backend.capabilities.numerics === 'bf16' ? 'bf16' : 'f32');
+  const slots = weightSlots(spec);
 
   try {
     // Paged weights: an untied embedding table is read in place from host memory (a few rows a pass).
@@ -276,10 +289,10 @@ export async function uploadWeights(
     // A tied LM head is the embedding table: a last stage of its own needs the table too.
     const embed =
       wantEmbed || (wantHead && spec.tieWordEmbeddings)
-        ? await tensor('model.embed_tokens.weight', spec.vocabSize * H, dtypeOf('model.embed_tokens.weight'), mapped ? pager!.hostTier : undefined)
+        ? await tensor(slots.embed, spec.vocabSize * H, dtypeOf(slots.embed), mapped ? pager!.hostTier : undefined)
         : undefined;
-    const lmHead = !wantHead ? undefined : spec.tieWordEmbeddings ? embed : await tensor('lm_head.weight', spec.vocabSize * H);
-    const finalNorm = wantHead ? await norm('model.norm.weight', H) : undefined;
+    const lmHead = !wantHead ? undefined : spec.tieWordEmbeddings ? embed : await tensor(slots.lmHead, spec.vocabSize * H);
+    const finalNorm = wantHead ? await norm(slots.finalNorm, H) : undefined;
     const invFreq = alloc(hd / 2, 'rope.inv_freq', 'f32');
     backend.write(invFreq, Float32Array.from(ropeInvFreq(spec)));
 
@@ -293,10 +306,11 @@ export async function uploadWeights(
         layers.push(undefined);
         continue;
       }
-      const p = `model.layers.${i}.`;
+      const L: LayerSlots<WeightSlot> = slots.layers[i];
+      const p = `layers.${i}.`;
       const id = layerBlockId(i);
       const streamed = pager?.isStreamed(id) ?? false;
-      const dense = !(spec.moe && isMoeLayer(spec, i));
+      const dense = L.mlp.kind === 'dense';
       // Compute near data: a streamed dense layer's first split.inter MLP channels stay in host memory.
       const c = streamed && dense && split ? split.inter : 0;
       // Every tensor of the layer: a hot buffer, or a place in the streamed block's master copy.
@@ -307,37 +321,37 @@ export async function uploadWeights(
           streamedBytes += t.length * DTYPE_BYTES[t.dtype];
         } else dst[t.name] = alloc(t.length, `${p}${t.name}`, t.dtype);
       }
-      await put(dst.attnNorm, `${p}input_layernorm.weight`);
-      await put(dst.qkv, `${p}self_attn.q_proj.weight`, 0);
-      await put(dst.qkv, `${p}self_attn.k_proj.weight`, nq * hd * H);
-      await put(dst.qkv, `${p}self_attn.v_proj.weight`, (nq + nkv) * hd * H);
-      await put(dst.o, `${p}self_attn.o_proj.weight`);
-      await put(dst.mlpNorm, `${p}post_attention_layernorm.weight`);
-      if (spec.attentionBias) {
-        await put(dst.qkvBias, `${p}self_attn.q_proj.bias`, 0);
-        await put(dst.qkvBias, `${p}self_attn.k_proj.bias`, nq * hd);
-        await put(dst.qkvBias, `${p}self_attn.v_proj.bias`, (nq + nkv) * hd);
+      await put(dst.attnNorm, L.inputNorm);
+      await put(dst.qkv, L.q, 0);
+      await put(dst.qkv, L.k, nq * hd * H);
+      await put(dst.qkv, L.v, (nq + nkv) * hd * H);
+      await put(dst.o, L.o);
+      await put(dst.mlpNorm, L.postAttentionNorm);
+      if (L.qBias && L.kBias && L.vBias) {
+        await put(dst.qkvBias, L.qBias, 0);
+        await put(dst.qkvBias, L.kBias, nq * hd);
+        await put(dst.qkvBias, L.vBias, (nq + nkv) * hd);
       }
-      if (spec.oProjBias) await put(dst.oBias, `${p}self_attn.o_proj.bias`);
-      if (spec.qkNorm) {
-        await put(dst.qNorm, `${p}self_attn.q_norm.weight`);
-        await put(dst.kNorm, `${p}self_attn.k_norm.weight`);
+      if (L.oBias) await put(dst.oBias, L.oBias);
+      if (L.qNorm && L.kNorm) {
+        await put(dst.qNorm, L.qNorm);
+        await put(dst.kNorm, L.kNorm);
       }
-      if (spec.moe && isMoeLayer(spec, i)) {
-        const E = spec.moe.numExperts;
-        const I = spec.moe.moeIntermediateSize;
-        await put(dst.router, `${p}mlp.gate.weight`);
-        for (let e = 0; e < E; e++) {
-          await put(dst.expertsGateUp, `${p}mlp.experts.${e}.gate_proj.weight`, e * 2 * I * H);
-          await put(dst.expertsGateUp, `${p}mlp.experts.${e}.up_proj.weight`, e * 2 * I * H + I * H);
-          await put(dst.expertsDown, `${p}mlp.experts.${e}.down_proj.weight`, e * H * I);
+      if (L.mlp.kind === 'moe') {
+        const I = spec.moe!.moeIntermediateSize;
+        await put(dst.router, L.mlp.router);
+        for (const [e, x] of L.mlp.experts.entries()) {
+          await put(dst.expertsGateUp, x.gate, e * 2 * I * H);
+          await put(dst.expertsGateUp, x.up, e * 2 * I * H + I * H);
+          await put(dst.expertsDown, x.down, e * H * I);
         }
       } else if (c === 0) {
         const I = spec.intermediateSize;
-        await put(dst.gateUp, `${p}mlp.gate_proj.weight`, 0);
-        await put(dst.gateUp, `${p}mlp.up_proj.weight`, I * H);
-        await put(dst.down, `${p}mlp.down_proj.weight`);
+        await put(dst.gateUp, L.mlp.gate, 0);
+        await put(dst.gateUp, L.mlp.up, I * H);
+        await put(dst.down, L.mlp.down);
       } else {
+        const mlp = L.mlp;
         // Split: channels [c, I) go to the streamed block, [0, c) to host-tier buffers.
         const I = spec.intermediateSize;
         const g = (dst.gateUp as { dtype: DType }).dtype;
@@ -345,17 +359,17 @@ export async function uploadWeights(
         const hostDown = alloc(H * c, `${p}mlp.host.down`, (dst.down as { dtype: DType }).dtype, split!.tier);
         const hostNorm = alloc(H, `${p}mlp.host.norm`, (dst.mlpNorm as { dtype: DType }).dtype, split!.tier);
         hostPartBytes += hostGU.byteLength + hostDown.byteLength + hostNorm.byteLength;
-        await put(hostNorm, `${p}post_attention_layernorm.weight`);
-        await putRows(dst.gateUp, `${p}mlp.gate_proj.weight`, c, I, H, 0);
-        await putRows(hostGU, `${p}mlp.gate_proj.weight`, 0, c, H, 0);
-        progress(`${p}mlp.gate_proj.weight`);
-        await putRows(dst.gateUp, `${p}mlp.up_proj.weight`, c, I, H, (I - c) * H);
-        await putRows(hostGU, `${p}mlp.up_proj.weight`, 0, c, H, c * H);
-        progress(`${p}mlp.up_proj.weight`);
-        const down = await read(hostDown.dtype, `${p}mlp.down_proj.weight`);
+        await put(hostNorm, L.postAttentionNorm);
+        await putRows(dst.gateUp, mlp.gate, c, I, H, 0);
+        await putRows(hostGU, mlp.gate, 0, c, H, 0);
+        progress(mlp.gate);
+        await putRows(dst.gateUp, mlp.up, c, I, H, (I - c) * H);
+        await putRows(hostGU, mlp.up, 0, c, H, c * H);
+        progress(mlp.up);
+        const down = await read(hostDown.dtype, mlp.down);
         store(dst.down, columns(down, H, I, c, I), 0);
         store(hostDown, columns(down, H, I, 0, c), 0);
-        progress(`${p}mlp.down_proj.weight`);
+        progress(mlp.down);
         hostParts[i] = { normWeight: hostNorm, gateUp: hostGU, down: hostDown, inter: c };
       }
       layers.push(streamed ? undefined : (dst as unknown as LayerWeights));

@@ -8,7 +8,7 @@
  *
  * Only data lives here: the engine takes no dependency on a CLI library.
  */
-import type { EngineOptions } from './engine.js';
+import type { EngineOptions } from './engine-options.js';
 
 /**
  * How an option's value is written and checked.

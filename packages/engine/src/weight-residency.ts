@@ -2,7 +2,7 @@ import type { DeviceBackend, Tier } from '@nerva/core';
 import { DTYPE_BYTES } from '@nerva/core';
 import { fmt, importanceKey, type MemoryReport, checkOffloadDir, planResidency, type ResidencyPlan, type TierUsage, WeightPager, WorkingSetTooLargeError } from '@nerva/memos';
 import type { Checkpoint, ModelSpec } from '@nerva/models';
-import { type HostSplit, type KvCacheDtype, kvDtypeOf, type ModelWeights, weightBlocks } from './model-weights.js';
+import { type HostSplit, type KvCacheDtype, kvDtypeOf, type ModelWeights, weightBlocks, weightSlots } from './model-weights.js';
 
 /** What the memory OS was asked for (EngineOptions' residency fields). */
 export interface ResidencyOptions {
@@ -145,7 +145,8 @@ export function placeWeights(
 export async function checkpointImportanceKey(spec: ModelSpec, ckpt: Checkpoint): Promise<string> {
   const names = ckpt.names();
   const samples: Uint8Array[] = [];
-  for (const n of ['model.norm.weight', 'model.layers.0.input_layernorm.weight']) if (ckpt.has(n)) samples.push(await ckpt.readRaw(n));
+  const slots = weightSlots(spec);
+  for (const n of [slots.finalNorm.name, slots.layers[0].inputNorm.name]) if (ckpt.has(n)) samples.push(await ckpt.readRaw(n));
   return importanceKey({ config: spec, tensors: names.map((n) => ({ name: n, dtype: ckpt.info(n).dtype, shape: ckpt.info(n).shape })), samples });
 }
 

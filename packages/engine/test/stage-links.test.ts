@@ -1,8 +1,8 @@
 import { createCpuBackend } from '@nerva/cpu-backend';
-import type { DeviceBackend, DeviceBuffer, StageLink, StreamHandle } from '@nerva/core';
+import type { DeviceBackend, DeviceBuffer, StreamHandle } from '@nerva/core';
 import { HotPathAllocationError } from '@nerva/core';
 import { describe, expect, it } from 'vitest';
-import { HostStageLink, makeStageLink, NcclStageLink, type NcclPointToPoint, SameBackendStageLink, StageLinkUsageError } from '../src/index.js';
+import { HostStageLink, makeStageLink, NcclStageLink, type NcclPointToPoint, SameBackendStageLink, type StageLink, StageLinkUsageError } from '../src/index.js';
 
 const shape = { fromStage: 0, toStage: 1, rowWidth: 2, maxRows: 3, dtype: 'f32' as const };
 

@@ -87,10 +87,3 @@ export class HotPathRegistrationError extends HotPathAllocationError {
     super(`registration cache: ${what}`);
   }
 }
-
-/** A stage link was used out of order (recv before send, two sends without a recv) or with a wrong buffer. */
-export class StageLinkError extends TransportError {
-  constructor(message: string) {
-    super('STAGE_LINK', message);
-  }
-}

@@ -1,7 +1,7 @@
 /**
  * @nerva/transport: fabric discovery from Linux sysfs, classification into the fabric kinds of
  * `@nerva/core`, transfer path planning with explicit fallbacks, the registration cache, and
- * pipeline-stage planning.
+ * the order of devices along a pipeline.
  */
 export * from './errors.js';
 export * from './sysfs.js';
@@ -10,5 +10,5 @@ export * from './topology.js';
 export * from './classify.js';
 export * from './paths.js';
 export * from './registration.js';
-export * from './stage-link.js';
+export * from './pipeline-order.js';
 export * from './report.js';

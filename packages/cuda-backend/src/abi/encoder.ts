@@ -17,7 +17,7 @@ export interface ResolvedBuffer {
 export type Resolve = (b: DeviceBuffer, what: string) => ResolvedBuffer;
 
 export const FLOAT: readonly DType[] = ['f32'];
-/** Activations capabilities.bf16Activations lets be bf16 (rmsnorm and silu_mul outs, matmul x). */
+/** Activations capabilities.activationDtypes (bf16) lets be bf16 (rmsnorm and silu_mul outs, matmul x). */
 export const FLOAT_OR_BF16: readonly DType[] = ['f32', 'bf16'];
 export const INT: readonly DType[] = ['i32'];
 export const WEIGHT: readonly DType[] = ['f32', 'bf16', 'f16'];

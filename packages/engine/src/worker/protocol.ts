@@ -1,11 +1,9 @@
-import type { RequestLimits } from '../request-validation.js';
-import type { BackendCapabilities } from '@nerva/core';
-import type { LedgerSummary } from '@nerva/core';
+import type { BackendCapabilities, LedgerSummary } from '@nerva/core';
 import type { KvCacheStats } from '@nerva/kv';
 import type { MemoryReport } from '@nerva/memos';
-import type { EngineOptions, GenerateOptions, RequestOutcome, StepSignals } from '../engine.js';
+import type { ModelContext } from '../context.js';
+import type { EngineOptions, GenerateOptions, RequestHandle, RequestOutcome, StepSignals } from '../engine-options.js';
 import type { TokenEvent } from '../request.js';
-import type { SamplingParams } from '../sampling-params.js';
 
 /**
  * Messages between {@link WorkerEngine} (main thread) and the worker that owns the Engine.
@@ -25,27 +23,46 @@ export type WorkerEngineOptions = Omit<EngineOptions, 'backend' | 'onProgress'> 
 /** Submit options that cross the boundary: the AbortSignal stays on the main thread. */
 export type WorkerGenerateOptions = Omit<GenerateOptions, 'signal' | 'returnPromptLogits'>;
 
-/** What the worker reports once the model is loaded. */
-export interface WorkerEngineInfo {
-  modelDir: string;
+/**
+ * Engine facts a worker reports once loaded, each read by name from the engine: a
+ * {@link WorkerEngine} offers every one as a getter of the same name and type.
+ */
+export const ENGINE_FACTS = ['modelDir', 'maxModelLen', 'numBlocks', 'kvCacheBytes', 'kvDtype', 'weightBytes', 'eosTokenIds', 'generationDefaults', 'limits'] as const;
+export type EngineFact = (typeof ENGINE_FACTS)[number];
+
+/** A value as structured clone delivers it: read-only arrays arrive as arrays. */
+type Cloned<T> = T extends readonly (infer U)[] ? U[] : T;
+
+/** The engine facts, typed from the engine's own members. */
+export type EngineFacts = { -readonly [K in EngineFact]: Cloned<ModelContext[K]> };
+
+/** What the worker reports once the model is loaded: the engine facts, and the backend's. */
+export interface WorkerEngineInfo extends EngineFacts {
   backendName: string;
   deviceKind: string;
   /** What the backend declares (device count, peer access, tiers): the server's fabric probe reads it. */
   capabilities: BackendCapabilities;
   notes: string[];
   vocabSize: number;
-  maxModelLen: number;
-  numBlocks: number;
   blockSize: number;
-  kvCacheBytes: number;
-  /** Engine.kvDtype. */
-  kvDtype: 'f32' | 'bf16';
-  weightBytes: number;
-  eosTokenIds: number[];
-  generationDefaults: Pick<SamplingParams, 'temperature' | 'topK' | 'topP' | 'minP' | 'repetitionPenalty'>;
   hasTokenizer: boolean;
-  /** What the engine validates requests against (Engine.limits: tiered KV's warm pages, sliding windows). */
-  limits: RequestLimits;
+}
+
+/** The info a loaded engine reports (run in the worker). */
+export function engineInfo(engine: ModelContext): WorkerEngineInfo {
+  const facts = Object.fromEntries(ENGINE_FACTS.map((k) => [k, engine[k]])) as EngineFacts;
+  return {
+    ...facts,
+    eosTokenIds: [...engine.eosTokenIds],
+    generationDefaults: { ...engine.generationDefaults },
+    backendName: engine.backend.name,
+    deviceKind: engine.backend.capabilities.deviceKind,
+    capabilities: engine.backend.capabilities,
+    notes: [...engine.notes],
+    vocabSize: engine.spec.vocabSize,
+    blockSize: engine.kv.blockSize,
+    hasTokenizer: engine.tokenizer !== undefined,
+  };
 }
 
 /** The last known scheduler state, sent with every step and every finish. */
@@ -70,6 +87,67 @@ export interface WorkerEngineStats extends WorkerLoad {
   memory: MemoryReport;
 }
 
+/**
+ * Questions a {@link WorkerEngine} asks the engine between steps, answered in the worker by
+ * these functions of the engine (and its last load): `WorkerEngine.query(name)` resolves with
+ * the answer's type.
+ */
+export const ENGINE_QUERIES = {
+  /** Engine and KV statistics, with the memory OS report. */
+  stats: (engine: ModelContext, load: WorkerLoad): WorkerEngineStats => ({
+    ...load,
+    kv: engine.kv.stats(),
+    numBlocks: engine.numBlocks,
+    blockSize: engine.kv.blockSize,
+    kvCacheBytes: engine.kvCacheBytes,
+    weightBytes: engine.weightBytes,
+    deviceKind: engine.backend.capabilities.deviceKind,
+    memory: engine.memoryReport(),
+  }),
+  /** The KV cache's invariant check (throws listing every violation). */
+  checkInvariants: (engine: ModelContext): true => {
+    engine.kv.checkInvariants();
+    return true;
+  },
+} satisfies Record<string, (engine: ModelContext, load: WorkerLoad) => unknown>;
+export type WorkerQuery = keyof typeof ENGINE_QUERIES;
+export type WorkerQueryResult<K extends WorkerQuery> = ReturnType<(typeof ENGINE_QUERIES)[K]>;
+
+/** Engine methods a {@link WorkerEngine} offers, with the engine's signatures carried across the thread boundary (see WorkerSurface). */
+export const PROXIED_METHODS = ['submit', 'submitFork', 'encode', 'onStep', 'onFinish'] as const;
+
+/** A request running in the worker: the engine's handle, with the outcome as it crosses the boundary. */
+export interface WorkerRequestHandle extends Omit<RequestHandle, 'done'> {
+  /** Resolves with the outcome (finishReason 'abort' after an abort); rejects if the worker failed the request. */
+  readonly done: Promise<WorkerOutcome>;
+}
+
+/** Submit options: those of the engine, with the AbortSignal observed on the calling thread. */
+export type WorkerSubmitOptions = WorkerGenerateOptions & { signal?: AbortSignal };
+
+/** An engine type as a worker proxy has it: handles, outcomes and options in their cross-thread forms; functions mapped through. */
+type Across<T> = T extends RequestHandle
+  ? WorkerRequestHandle
+  : T extends readonly RequestHandle[]
+    ? WorkerRequestHandle[]
+    : T extends RequestOutcome
+      ? WorkerOutcome
+      : [T] extends [GenerateOptions | undefined]
+        ? [GenerateOptions] extends [T]
+          ? WorkerSubmitOptions
+          : T
+        : T extends (...args: infer A) => infer R
+          ? (...args: { [I in keyof A]: Across<A[I]> }) => Across<R>
+          : T;
+
+/**
+ * The surface a worker proxy derives from the engine's: each of PROXIED_METHODS with the
+ * engine's signature (types mapped by Across), each of ENGINE_FACTS as a read-only property, and
+ * the scheduler's load. `WorkerEngine implements` it, so a change to the engine's signatures
+ * shows up as a type error in the proxy.
+ */
+export type WorkerSurface = { [K in (typeof PROXIED_METHODS)[number]]: Across<ModelContext[K]> } & Readonly<EngineFacts> & Pick<ModelContext, 'numRunning' | 'numWaiting'>;
+
 /** An error as plain data; rebuilt on the other side with the same class name, code and param. */
 export interface WireError {
   name: string;
@@ -83,7 +161,7 @@ export type ToWorker =
   /** Engine.submitFork: fork i answers under rids[i]. */
   | { type: 'submitFork'; rids: number[]; promptIds: number[]; opts: WorkerGenerateOptions }
   | { type: 'abort'; rid: number }
-  | { type: 'query'; qid: number; what: 'stats' | 'checkInvariants' }
+  | { type: 'query'; qid: number; what: WorkerQuery }
   | { type: 'dispose' };
 
 export type FromWorker =

@@ -4,40 +4,34 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { NervaTokenizer } from '@nerva/models';
-import { EngineError, type StepSignals } from '../engine.js';
+import { EngineError, type StepSignals } from '../engine-options.js';
 import type { TokenEvent } from '../request.js';
 import { validateForkCount, validateRequest } from '../request-validation.js';
 import { InvalidParamsError } from '../sampling-params.js';
 import { TokenStream } from '../token-stream.js';
-import type {
-  FromWorker,
-  ToWorker,
-  WireError,
-  WorkerEngineInfo,
-  WorkerEngineOptions,
-  WorkerEngineStats,
-  WorkerGenerateOptions,
-  WorkerLoad,
-  WorkerOutcome,
+import {
+  ENGINE_FACTS,
+  type EngineFacts,
+  type FromWorker,
+  type ToWorker,
+  type WireError,
+  type WorkerEngineInfo,
+  type WorkerEngineOptions,
+  type WorkerEngineStats,
+  type WorkerGenerateOptions,
+  type WorkerLoad,
+  type WorkerOutcome,
+  type WorkerQuery,
+  type WorkerQueryResult,
+  type WorkerRequestHandle,
+  type WorkerSubmitOptions,
+  type WorkerSurface,
 } from './protocol.js';
 
 /** Options of {@link WorkerEngine.create}: engine options plus what only the main thread uses. */
 export interface WorkerEngineCreateOptions extends WorkerEngineOptions {
   /** Chat template source that replaces the model's own (or gives one to a model without). */
   chatTemplate?: string;
-}
-
-/** Submit options: those of the engine, with the AbortSignal observed on the calling thread. */
-export type WorkerSubmitOptions = WorkerGenerateOptions & { signal?: AbortSignal };
-
-/** A request running in the worker: same shape as the engine's handle, outcome with a ledger summary. */
-export interface WorkerRequestHandle {
-  readonly id: number;
-  readonly events: AsyncIterable<TokenEvent>;
-  /** Resolves with the outcome (finishReason 'abort' after an abort); rejects if the worker failed the request. */
-  readonly done: Promise<WorkerOutcome>;
-  /** Cancel; the worker frees the request's KV blocks before its next scheduler step. */
-  abort(): void;
 }
 
 interface Pending {
@@ -68,13 +62,20 @@ function workerEntryUrl(): URL {
   throw new EngineError('NO_WORKER_ENTRY', `worker entry not found at ${fileURLToPath(url)}; build @nerva/engine first`);
 }
 
+/** The engine facts as getters reading a worker proxy's `info` (one per ENGINE_FACTS entry, typed from the engine's). */
+abstract class EngineFactsView {
+  abstract readonly info: WorkerEngineInfo;
+}
+for (const k of ENGINE_FACTS) Object.defineProperty(EngineFactsView.prototype, k, { get(this: EngineFactsView) { return this.info[k]; }, configurable: true });
+const FactsView = EngineFactsView as abstract new () => EngineFactsView & Readonly<EngineFacts>;
+
 /**
  * An {@link Engine} that runs in a `worker_threads` Worker. A CPU forward pass is synchronous
  * JavaScript; running it here keeps the caller's event loop (an HTTP server) responsive. Requests
  * are validated on the calling thread, so bad parameters still throw {@link InvalidParamsError}
  * synchronously; tokenization runs on the calling thread with the model's own tokenizer.
  */
-export class WorkerEngine {
+export class WorkerEngine extends FactsView implements WorkerSurface {
   /** Facts about the loaded model and cache. */
   readonly info: WorkerEngineInfo;
   /** The model's tokenizer, loaded on this thread (undefined when the folder has none). */
@@ -92,6 +93,7 @@ export class WorkerEngine {
   private onDisposed: (() => void) | undefined;
 
   private constructor(worker: Worker, info: WorkerEngineInfo, tokenizer: NervaTokenizer | undefined) {
+    super();
     this.worker = worker;
     this.info = info;
     this.tokenizer = tokenizer;
@@ -138,20 +140,6 @@ export class WorkerEngine {
       throw e;
     }
     return new WorkerEngine(worker, info, tokenizer);
-  }
-
-  /** Sampling defaults from generation_config.json. */
-  get generationDefaults(): WorkerEngineInfo['generationDefaults'] {
-    return this.info.generationDefaults;
-  }
-
-  get maxModelLen(): number {
-    return this.info.maxModelLen;
-  }
-
-  /** The worker engine's KV cache element type. */
-  get kvDtype(): 'f32' | 'bf16' {
-    return this.info.kvDtype;
   }
 
   /** Requests running at the last report from the worker. */
@@ -258,7 +246,7 @@ export class WorkerEngine {
 
   /** Engine and KV statistics, read in the worker between steps. */
   stats(): Promise<WorkerEngineStats> {
-    return this.query('stats') as Promise<WorkerEngineStats>;
+    return this.query('stats');
   }
 
   /** Run the KV cache's invariant check in the worker; rejects listing every violation. */
@@ -286,11 +274,12 @@ export class WorkerEngine {
     validateRequest(this.info.limits, ids, o);
   }
 
-  private query(what: 'stats' | 'checkInvariants'): Promise<unknown> {
+  /** Ask the engine one of ENGINE_QUERIES between its steps. */
+  query<K extends WorkerQuery>(what: K): Promise<WorkerQueryResult<K>> {
     if (this.dead) return Promise.reject(this.dead);
     const qid = this.nextQid++;
     return new Promise((resolve, reject) => {
-      this.queries.set(qid, { resolve, reject });
+      this.queries.set(qid, { resolve: resolve as (v: unknown) => void, reject });
       this.post({ type: 'query', qid, what });
     });
   }

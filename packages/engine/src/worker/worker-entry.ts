@@ -5,8 +5,9 @@
  * event loop after each step), so an abort frees its KV blocks within one step.
  */
 import { parentPort, workerData } from 'node:worker_threads';
+import '../default-backends.js';
 import { Engine, type RequestHandle } from '../engine.js';
-import { type FromWorker, type ToWorker, toWire, type WorkerEngineOptions, type WorkerEngineStats, type WorkerLoad } from './protocol.js';
+import { ENGINE_QUERIES, engineInfo, type FromWorker, type ToWorker, toWire, type WorkerEngineOptions, type WorkerLoad } from './protocol.js';
 
 const port = parentPort;
 if (!port) throw new Error('worker-entry must run inside a worker thread');
@@ -72,22 +73,7 @@ port.on('message', (m: ToWorker) => {
       return;
     case 'query':
       try {
-        if (m.what === 'checkInvariants') {
-          engine.kv.checkInvariants();
-          post({ type: 'reply', qid: m.qid, value: true });
-        } else {
-          const value: WorkerEngineStats = {
-            ...load(),
-            kv: engine.kv.stats(),
-            numBlocks: engine.numBlocks,
-            blockSize: engine.kv.blockSize,
-            kvCacheBytes: engine.kvCacheBytes,
-            weightBytes: engine.weightBytes,
-            deviceKind: engine.backend.capabilities.deviceKind,
-            memory: engine.memoryReport(),
-          };
-          post({ type: 'reply', qid: m.qid, value });
-        }
+        post({ type: 'reply', qid: m.qid, value: ENGINE_QUERIES[m.what](engine, load()) });
       } catch (e) {
         post({ type: 'reply', qid: m.qid, error: toWire(e) });
       }
@@ -100,24 +86,4 @@ port.on('message', (m: ToWorker) => {
   }
 });
 
-post({
-  type: 'ready',
-  info: {
-    modelDir: engine.modelDir,
-    backendName: engine.backend.name,
-    deviceKind: engine.backend.capabilities.deviceKind,
-    capabilities: engine.backend.capabilities,
-    notes: [...engine.notes],
-    vocabSize: engine.spec.vocabSize,
-    maxModelLen: engine.maxModelLen,
-    numBlocks: engine.numBlocks,
-    blockSize: engine.kv.blockSize,
-    kvCacheBytes: engine.kvCacheBytes,
-    kvDtype: engine.kvDtype,
-    weightBytes: engine.weightBytes,
-    eosTokenIds: [...engine.eosTokenIds],
-    generationDefaults: { ...engine.generationDefaults },
-    hasTokenizer: engine.tokenizer !== undefined,
-    limits: engine.limits,
-  },
-});
+post({ type: 'ready', info: engineInfo(engine) });

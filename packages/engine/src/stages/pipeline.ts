@@ -17,13 +17,15 @@
  * so on separate GPUs they overlap). The last stage gathers every group's final hidden rows and
  * runs the final norm, LM head and sampling once over the whole batch, as one stage would.
  */
-import type { BackendStats, DeviceBackend, DeviceBuffer, StageLink, StagePlan } from '@nerva/core';
-import { emptySyncCounts, NervaError, planStages, SYNC_KINDS, DTYPE_BYTES } from '@nerva/core';
+import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
+import { emptySyncCounts, NervaError, SYNC_KINDS, DTYPE_BYTES } from '@nerva/core';
 import type { Checkpoint, ModelSpec } from '@nerva/models';
-import { type BackendOptions, selectBackend } from './backend-select.js';
-import { ModelRunner, PROFILE_BUCKETS, type ProfileBucket, type RunnerLimits, type RunnerMeta } from './model-runner.js';
-import { freeWeights, layerLayouts, type ModelWeights, type UploadProgress, uploadWeights } from './model-weights.js';
-import { makeStageLink, type NcclPointToPoint } from './stage-links.js';
+import { backendFactory, type StageCommunicator } from '../backend-registry.js';
+import { type BackendOptions, selectBackend } from '../backend-select.js';
+import { ModelRunner, PROFILE_BUCKETS, type ProfileBucket, type RunnerLimits, type RunnerMeta } from '../model-runner.js';
+import { freeWeights, layerLayouts, type ModelWeights, type UploadProgress, uploadWeights } from '../model-weights.js';
+import { makeStageLink, type NcclPointToPoint } from './links.js';
+import { planStages, type StageLink, type StagePlan } from './plan.js';
 
 /** A pipeline option is malformed, or asks for what this machine cannot give. */
 export class PipelineConfigError extends NervaError {
@@ -171,7 +173,7 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
   const owned: DeviceBackend[] = [];
   const backends: DeviceBackend[] = [];
   const made: { backend: DeviceBackend; weights: ModelWeights }[] = [];
-  let nccl: { destroy(): void } | undefined;
+  let nccl: StageCommunicator | undefined;
   /** The engine frees stage 0's weights once it has them; until then (a failure here) they are ours. */
   let primaryWeights: ModelWeights | undefined;
   let disposed = false;
@@ -214,11 +216,12 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
     }
     if (!shared && kind !== 'cpu') {
       // Separate GPUs: one NCCL communicator over them, rank i on distinct[i].
-      const cuda = await import('@nerva/cuda-backend');
+      const communicator = backendFactory(kind)?.communicator;
       try {
-        const comm = cuda.NcclCommunicator.initAll(distinct as InstanceType<typeof cuda.CudaBackend>[]);
+        if (!communicator) throw new Error(`the ${kind} backend registers no stage communicator`);
+        const comm = await communicator(distinct);
         nccl = comm;
-        notes.push(`pipeline links: NCCL ${comm.library.version ?? ''} (${comm.library.path ?? 'libnccl'})`.trim());
+        notes.push(`pipeline links: ${comm.description}`);
       } catch (e) {
         throw new PipelineConfigError(`pipeline stages on GPUs ${[...byDevice.keys()].join(', ')} need NCCL: ${(e as Error).message}`, { cause: e });
       }
@@ -249,7 +252,7 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
       `pipeline: ${n} stages (${plan.stages.map((r, s) => `${r.layers === 1 ? `layer ${r.firstLayer}` : `layers ${r.firstLayer}-${r.endLayer - 1}`} on ${where(s)}`).join('; ')}), ${microBatches} micro-batch${microBatches === 1 ? '' : 'es'} per pass`,
     );
     if (!shared || microBatches > 1) notes.push('pipeline stages on separate backends or micro-batched: decode steps run without graph capture');
-    return { plan, stages, shared, microBatches, kvBytes, weightBytes, ...(nccl ? { nccl: nccl as unknown as NcclPointToPoint } : {}), notes, dispose };
+    return { plan, stages, shared, microBatches, kvBytes, weightBytes, ...(nccl ? { nccl } : {}), notes, dispose };
   } catch (e) {
     dispose();
     if (primaryWeights) freeWeights(primary, primaryWeights);
@@ -336,7 +339,6 @@ export class StagePipeline implements PassRunner {
   private readonly gathered: DeviceBuffer | undefined;
   private readonly owned: { backend: DeviceBackend; buf: DeviceBuffer }[] = [];
   private readonly distinct: DeviceBackend[];
-  private readonly release: () => void;
   /** The split of the pass last written by writeMeta. */
   private split: MicroBatch[] = [];
   private readonly rowSeqScratch: Int32Array;
@@ -348,7 +350,6 @@ export class StagePipeline implements PassRunner {
     this.shared = prepared.shared;
     this.microBatches = prepared.microBatches;
     this.capturable = this.shared && this.microBatches === 1;
-    this.release = () => prepared.dispose();
     this.distinct = [...new Set(this.stages.map((s) => s.backend))];
     this.rowSeqScratch = new Int32Array(limits.maxRows);
     const S = this.stages.length;
@@ -641,11 +642,10 @@ export class StagePipeline implements PassRunner {
     for (const r of this.runners) r.dispose();
   }
 
-  /** Free the runners, links and buffers, then what prepareStages made (other backends' weights, NCCL, backends). */
+  /** Free the runners, links and buffers (what prepareStages made, the model frees). */
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
     this.disposeParts();
-    this.release();
   }
 }

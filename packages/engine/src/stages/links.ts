@@ -13,8 +13,9 @@
  *
  * Every link allocates what it needs when it is made, so a handoff never allocates.
  */
-import type { DeviceBackend, DeviceBuffer, DType, EventHandle, StageLink, StageLinkKind, StreamHandle } from '@nerva/core';
+import type { DeviceBackend, DeviceBuffer, DType, EventHandle, StreamHandle } from '@nerva/core';
 import { DTYPE_BYTES, NervaError } from '@nerva/core';
+import type { StageLink, StageLinkKind } from './plan.js';
 
 /** A stage link was used out of order (recv before send, two sends without a recv) or with a wrong buffer. */
 export class StageLinkUsageError extends NervaError {

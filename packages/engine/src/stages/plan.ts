@@ -1,12 +1,11 @@
 /**
- * Pipeline stages, the part every layer shares: `StageLink`, the interface a stage pipeline
- * passes rows (hidden states, sampled tokens, logits) through from one stage to another, and
- * `planStages`, the split of a model's decoder layers into contiguous per-stage ranges. The
- * engine implements links over backends; `@nerva/transport` re-exports these with its own planning.
+ * Pipeline stages: `StageLink`, the interface a stage pipeline passes rows (hidden states,
+ * sampled tokens, logits) through from one stage to another (links.ts implements it over
+ * backends), and `planStages`, the split of a model's decoder layers into contiguous per-stage
+ * ranges (pipeline.ts runs them).
  */
-import type { DeviceBuffer, StreamHandle } from './backend.js';
-import type { DType } from './dtype.js';
-import { NervaError } from './errors.js';
+import type { DeviceBuffer, DType, StreamHandle } from '@nerva/core';
+import { NervaError } from '@nerva/core';
 
 /** How a link moves rows: within one process's host memory, by a device-to-device copy, or through NCCL. */
 export type StageLinkKind = 'in-process' | 'device-copy' | 'nccl';

@@ -1,0 +1,706 @@
+import type { DeviceBackend, MatmulPrecision, TokenLedgerRecord } from '@nerva/core';
+import { LedgerAggregator } from '@nerva/core';
+import { KvCacheManager } from '@nerva/kv';
+import type { ImportanceCache, MemoryReport, WeightPager } from '@nerva/memos';
+import { calibrateImportance } from './calibration.js';
+import type { ModelSpec, NervaTokenizer } from '@nerva/models';
+import { createDetokenizer, kvReadWindow } from '@nerva/models';
+import { BUCKETS, DecodeGraphs } from './decode-graphs.js';
+import { type EngineOptions, EngineError, type GenerateOptions, type RequestHandle, type RequestOutcome, type StepSignals } from './engine-options.js';
+import { detachFork, forkOut, forkRequests } from './forks.js';
+import { HostSampler, type SampledToken } from './host-sampler.js';
+import { planKvTiers, stageSpan, TieredKv } from './kv-tiering.js';
+import { runnerShape } from './memory-plan.js';
+import type { GenerationDefaults, NervaModel } from './model.js';
+import { ModelRunner } from './model-runner.js';
+import { type KvCacheDtype, kvDtypeOf } from './model-weights.js';
+import { type PassRunner, type PipelineDescription, StagePipeline } from './stages/pipeline.js';
+import { type PassProfile, StepProfiles } from './profiling.js';
+import type { MeasuredRates } from './rates.js';
+import { type FinishReason, Request, type TokenEvent } from './request.js';
+import { type RequestLimits, validateForkCount, validateRequest } from './request-validation.js';
+import { RunAhead } from './run-ahead.js';
+import { isDeviceSamplable } from './sampling-params.js';
+import { Scheduler } from './scheduler.js';
+import { createStepBuffers, padBucket, stageBatch, type StepBuffers, writeStepMeta } from './step-batch.js';
+import { pagerDelta, SharedBlockReads, statsDelta } from './step-stats.js';
+import { acceptToken, type Live, outcomeOf } from './token-policy.js';
+import { TokenStream } from './token-stream.js';
+import { memoryReport } from './weight-residency.js';
+
+/**
+ * One context on a {@link NervaModel}: a paged KV cache, a continuous-batching scheduler, the
+ * step loop and its decode graphs, over the model's weights (which other contexts may share).
+ * `submit`/`submitFork`/`generate` queue requests (sequences); any number run concurrently and
+ * are batched together, with results identical to running alone (same seed). Contexts on one
+ * model step independently: each its own requests, KV pages and ledgers.
+ *
+ * @example
+ * ```ts
+ * const model = await NervaModel.load({ model: dir, backend: 'cpu' });
+ * const ctx = model.createContext({ maxNumSeqs: 8 });
+ * const out = await ctx.submit('ROMEO:', { maxTokens: 16, temperature: 0 }).done;
+ * ctx.dispose();
+ * ```
+ */
+export class ModelContext {
+  /** The model whose weights this context runs. */
+  readonly model: NervaModel;
+  readonly spec: ModelSpec;
+  readonly tokenizer: NervaTokenizer | undefined;
+  readonly backend: DeviceBackend;
+  /** The model's load notes, then this context's (KV layout, tiers, windows); every request's ledger starts with them. */
+  readonly notes: string[];
+  /**
+   * The rates compute near data was planned from (measured at start-up, host-to-device copies and
+   * the host MLP together), when the model measured them: paged weights with hostCompute 'auto'.
+   */
+  readonly measuredRates?: MeasuredRates;
+  readonly modelDir: string;
+  readonly maxModelLen: number;
+  /** The KV cache's element type (EngineOptions.kvCacheDtype resolved against the backend). */
+  readonly kvDtype: KvCacheDtype;
+  /** Many-row matmul precision the backend runs (EngineOptions.matmulPrecision; capabilities.matmulPrecision). */
+  readonly matmulPrecision: MatmulPrecision;
+  readonly eosTokenIds: readonly number[];
+  readonly kv: KvCacheManager;
+  readonly weightBytes: number;
+  /** Sampling defaults from the model's generation_config.json (used by front ends when a request leaves them out). */
+  readonly generationDefaults: GenerationDefaults;
+  /** @internal The pass runner: one ModelRunner, or the stage pipeline. */
+  protected readonly runner: PassRunner;
+  /** The stages, when the model runs as a pipeline (pipelineParallel > 1); `runner` is then this. */
+  private readonly pipeline: StagePipeline | undefined;
+  private readonly pager: WeightPager | undefined;
+  private readonly scheduler: Scheduler;
+  /** Tiered KV (kvVramBudget): the page policy and its moves; undefined when all KV is hot. */
+  private readonly kvTiers: TieredKv | undefined;
+  /** Every layer slides and pages behind this window are freed (0: none are). */
+  private readonly kvWindow: number;
+  private readonly sampler: HostSampler;
+  private readonly live = new Map<number, Live>();
+  private readonly graphs: DecodeGraphs;
+  private readonly useGraphs: boolean;
+  private readonly profiles: StepProfiles;
+  private readonly stepListeners = new Set<(s: StepSignals) => void>();
+  private readonly finishListeners = new Set<(o: RequestOutcome) => void>();
+  private nextId = 1;
+  private readonly blockReads: SharedBlockReads;
+  private looping = false;
+  private disposed = false;
+  private ringRead = 0;
+  private totalPreemptions = 0;
+  private readonly stage: StepBuffers;
+  private readonly ahead: RunAhead;
+  /** Whether decode steps are enqueued ahead of the host (EngineOptions.runAhead, resolved). */
+  readonly runAhead: boolean;
+  /** EngineOptions.runAheadSteps and runAheadMs, resolved. */
+  readonly runAheadSteps: number;
+  readonly runAheadMs: number;
+
+  /**
+   * A context on `model` (also `model.createContext(o)`). Options left out take their defaults
+   * (not the model's load options: createContext merges those in).
+   */
+  constructor(model: NervaModel, o: Partial<EngineOptions> = {}) {
+    this.model = model;
+    const shape = runnerShape(model.backend, model.spec, o);
+    const kvBytes = model.attach(this, shape, o);
+    try {
+      this.measuredRates = model.measuredRates;
+      this.modelDir = model.modelDir;
+      this.spec = model.spec;
+      this.tokenizer = model.tokenizer;
+      this.backend = model.backend;
+      this.notes = [...model.notes];
+      this.matmulPrecision = this.backend.capabilities.matmulPrecision ?? 'exact';
+      if (this.matmulPrecision === 'bf16') {
+        const attn = this.backend.capabilities.deviceKind === 'cuda' ? '; prefill attention runs plain bf16 tensor-core products' : '';
+        this.notes.push(`matmul precision bf16: matmuls over more than 8 rows round their activations to bf16 once (fp32 accumulation)${attn}`);
+      }
+      this.weightBytes = model.weightBytes;
+      this.eosTokenIds = model.eosTokenIds;
+      this.generationDefaults = model.generationDefaults;
+      const s = model.spec;
+      const blockSize = o.blockSize ?? 16;
+      this.maxModelLen = Math.min(s.maxPositionEmbeddings, o.maxModelLen ?? 4096);
+      this.kvDtype = kvDtypeOf(this.backend, o.kvCacheDtype);
+      const { maxRows, maxNumSeqs, kvBytesPerToken } = shape;
+      if (o.kvVramBudget !== undefined && !this.backend.capabilities.ops.includes('attention_merge')) {
+        throw new RangeError(`tiered KV (kvVramBudget) needs op attention_merge, which backend ${this.backend.name} does not have yet`);
+      }
+      // With KV in VRAM the device reads the warm pages itself over the link by default (as many as
+      // a staging of a quarter of the hot budget holds): staged by the copy engine, it overlaps the
+      // step and does not depend on the host's DRAM rate or cores (measured on an H100, 8B at 4096
+      // tokens with KV 4x the hot budget: 0.81-0.85 of all-hot at share 1, 0.42 at 0). Where the
+      // compute tier is host memory there is no link: the host attends.
+      const tierPlan =
+        o.kvVramBudget !== undefined
+          ? planKvTiers(o, kvBytesPerToken * blockSize, this.backend.capabilities.computeTier === 'vram' ? { numLayers: s.numLayers } : undefined)
+          : undefined;
+      const numBlocks = tierPlan?.hotSlots ?? Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
+      const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
+      const limits = {
+        maxRows,
+        maxSeqs: maxNumSeqs,
+        blockSize,
+        numBlocks,
+        maxBlocksPerSeq,
+        ringCapacity: Math.max(4096, 4 * maxNumSeqs),
+        ...(tierPlan ? { warmBlocks: Math.max(1, tierPlan.warmSlots) } : {}),
+        // The link share: that share of the warm pool (its leading slots) is staged into VRAM, per
+        // layer (two layers' worth in VRAM).
+        ...(tierPlan && tierPlan.linkPages > 0 ? { linkPages: tierPlan.linkPages, linkOnly: tierPlan.linkPages >= Math.max(1, tierPlan.warmSlots) } : {}),
+        kvDtype: this.kvDtype,
+      };
+      const { weights, stages } = model.internals;
+      this.pipeline = stages ? new StagePipeline(s, limits, stages) : undefined;
+      this.runner = this.pipeline ?? new ModelRunner(this.backend, s, weights, limits);
+      // With tiers, the manager's pages are every tier's slots; KvTiers maps each to its tier.
+      const pages = tierPlan ? tierPlan.hotSlots + tierPlan.warmSlots + tierPlan.coldSlots : numBlocks;
+      this.kv = new KvCacheManager({ numBlocks: pages, blockSize, enablePrefixCaching: o.enablePrefixCaching ?? true, maxBlocksPerSeq });
+      try {
+        this.kvTiers = tierPlan ? new TieredKv(this.kv.pool, tierPlan, this.backend, o.kvOffloadDir) : undefined;
+      } catch (e) {
+        this.runner.dispose();
+        throw e;
+      }
+      const tiers = this.kvTiers?.tiers;
+      // Every layer slides: pages behind the widest window are never read again (with a
+      // full-attention layer anywhere, every page stays readable and nothing is freed early).
+      this.kvWindow = (o.kvFreeOutsideWindow ?? true) ? kvReadWindow(s) : 0;
+      if (this.kvWindow > 0) this.notes.push(`sliding window of ${this.kvWindow} tokens in every layer: KV pages behind it go back to the pool`);
+      this.scheduler = new Scheduler(
+        {
+          maxNumBatchedTokens: maxRows,
+          maxNumSeqs,
+          // A prefill chunk writes its pages hot: at most what the hot pool has beside the window.
+          ...(tiers ? { longPrefillTokenThreshold: (tiers.hotSlots - 1 - 2) * blockSize, kvFits: (held: number, written: number) => tiers.fits(held, written) } : {}),
+          ...(this.kvWindow > 0 ? { kvReadWindow: this.kvWindow } : {}),
+          // A batch-invariant backend: steps of decode rows only, or one prompt chunk alone.
+          ...(this.backend.capabilities.batchInvariant === true ? { batchInvariant: true } : {}),
+        },
+        this.kv,
+      );
+      if (tierPlan) {
+        this.notes.push(
+          `tiered KV: ${tierPlan.hotSlots - 1} hot pages, ${tierPlan.warmSlots} warm (pinned host), ${tierPlan.coldSlots} cold (disk) of ${blockSize} tokens; attention over warm pages runs on the host and is merged exactly` +
+            (tierPlan.linkShare > 0 ? ` (the device reads ${+tierPlan.linkShare.toFixed(3)} of the warm pool itself over the link)` : ''),
+        );
+      }
+      this.sampler = new HostSampler(s.vocabSize);
+      const profile = o.profile ?? false;
+      this.pager = weights.pager;
+      // Disk-tier reads are host work a replayed graph would skip: such a plan runs eagerly.
+      this.useGraphs = (o.useGraphs ?? true) && this.backend.capabilities.graphCapture && !profile && (this.pager?.capturable ?? true) && (this.pipeline?.capturable ?? true);
+      if (this.pager && !this.pager.capturable) this.notes.push('paged weights with a disk tier: decode steps run without graph capture');
+      if (this.pager) for (const n of this.pager.plan.notes) this.notes.push(n);
+      this.profiles = new StepProfiles(this.runner, profile);
+      this.stage = createStepBuffers(maxRows, maxNumSeqs, maxBlocksPerSeq, this.kvTiers !== undefined, (limits.linkPages ?? 0) > 0);
+      this.blockReads = new SharedBlockReads(pages);
+      this.graphs = new DecodeGraphs(this.backend, this.runner, this.pager);
+      this.runAhead = this.useGraphs && this.backend.synchronizeEvent !== undefined && (o.runAhead ?? this.backend.capabilities.computeTier === 'vram');
+      this.runAheadSteps = o.runAheadSteps ?? 4;
+      this.runAheadMs = o.runAheadMs ?? 8;
+      // Steps are enqueued ahead only where the next step's pages and weights need no host work between them.
+      const ahead = this.runAhead && !this.kvTiers && !this.pager && !this.pipeline;
+      const host = { kv: this.kv, maxModelLen: this.maxModelLen, stage: this.stage, waiting: () => this.scheduler.waiting.length, skipRing: (n: number) => this.skipRing(n) };
+      this.ahead = new RunAhead(this.backend, this.runner, this.graphs, host, ahead, this.runAheadSteps, this.runAheadMs);
+    } catch (e) {
+      model.detach(this);
+      throw e;
+    }
+  }
+
+  /** What requests are validated against (also shipped to worker proxies). */
+  get limits(): RequestLimits {
+    return {
+      vocabSize: this.spec.vocabSize,
+      maxModelLen: this.maxModelLen,
+      // Tiered KV: a sequence's pages may be hot or warm (the null page aside).
+      numBlocks: this.kvTiers ? this.kvTiers.plan.hotSlots + this.kvTiers.plan.warmSlots : this.runner.limits.numBlocks,
+      blockSize: this.kv.blockSize,
+      hasTokenizer: this.tokenizer !== undefined,
+      // Freeing behind the window: a sequence holds at most the pages of its window and one chunk.
+      ...(this.kvWindow > 0 ? { maxHeldBlocks: Math.ceil((this.kvWindow - 1 + this.runner.limits.maxRows) / this.kv.blockSize) + 1 } : {}),
+      maxForks: this.runner.limits.maxSeqs,
+    };
+  }
+
+  /** Tokens one scheduler step computes at most (maxNumBatchedTokens, or the default it took). */
+  get maxNumBatchedTokens(): number {
+    return this.runner.limits.maxRows;
+  }
+
+  get numBlocks(): number {
+    return this.runner.limits.numBlocks;
+  }
+
+  get kvCacheBytes(): number {
+    return this.runner.kvBytes;
+  }
+
+  /**
+   * Measure the per-layer importance profile on one short calibration prompt (how much each
+   * layer changes the residual stream) and save it; the next start's plan keeps the most
+   * important layers hot. The reads it makes synchronize: it runs once, before any request.
+   */
+  protected async calibrate(cache: ImportanceCache, key: string): Promise<void> {
+    // Paged weights run on one stage (a pipeline rejects a VRAM budget), so this is a ModelRunner.
+    if (!(this.runner instanceof ModelRunner)) return;
+    const note = await calibrateImportance(this.runner, this.backend, this.spec, Math.min(32, this.maxModelLen - 1), cache, key, (ids) => this.submit(ids, { temperature: 0, maxTokens: 1, ignoreEos: true }).done);
+    this.notes.push(note);
+  }
+
+  /** Where every weight block lives, what moved and what it cost (the memory OS report). */
+  memoryReport(): MemoryReport {
+    const { weights, budgets } = this.model.internals;
+    const r = memoryReport(this.backend, weights, this.runner.kvBytes, budgets, { computeBytes: this.runner.hostComputeBytes, readBytes: this.runner.hostReadBytes });
+    if (this.kvTiers) {
+      // Tiered KV runs on one ModelRunner (no stage pipeline): its backend measured the host partials.
+      const hostAttn = this.backend.stats().hostComputeMsByOp?.attention;
+      r.kv = this.kvTiers.report(this.runner as ModelRunner, this.totalPreemptions, this.kv.blockSize, hostAttn);
+    }
+    return r;
+  }
+
+  encode(text: string): number[] {
+    if (!this.tokenizer) throw new EngineError('NO_TOKENIZER', `model ${this.modelDir} has no tokenizer.json; pass token ids`);
+    return this.tokenizer.encode(text);
+  }
+
+  onStep(fn: (s: StepSignals) => void): () => void {
+    this.stepListeners.add(fn);
+    return () => this.stepListeners.delete(fn);
+  }
+
+  onFinish(fn: (o: RequestOutcome) => void): () => void {
+    this.finishListeners.add(fn);
+    return () => this.finishListeners.delete(fn);
+  }
+
+  get numRunning(): number {
+    return this.scheduler.running.length;
+  }
+
+  get numWaiting(): number {
+    return this.scheduler.waiting.length;
+  }
+
+  /** Queue a request. Invalid parameters throw InvalidParamsError before anything changes. */
+  submit(prompt: string | readonly number[], o: GenerateOptions = {}): RequestHandle {
+    if (this.disposed) throw new EngineError('DISPOSED', 'engine is disposed');
+    const ids = typeof prompt === 'string' ? this.encode(prompt) : [...prompt];
+    const params = validateRequest(this.limits, ids, o);
+    const priority = o.priority ?? 0;
+    if (o.signal?.aborted) throw o.signal.reason ?? new EngineError('ABORTED', 'aborted');
+
+    const req = new Request(this.nextId++, ids, params, priority, o.cacheSalt, performance.now());
+    const handle = this.track(req, o);
+    this.scheduler.add(req);
+    this.kick();
+    return handle;
+  }
+
+  /**
+   * Shared-prefix forks: `n` sequences continuing one prompt, one handle each (fork i is handle i).
+   * The prompt is prefilled once; its last position is sampled once per fork, then the forks share
+   * the prompt's full KV blocks by reference count (the partial last block is copied for each fork)
+   * and decode together in the same batched steps. Fork i samples with seed `o.seed + i` (or a
+   * random base + i), so it produces the tokens a separate `submit(prompt, { ...o, seed: o.seed + i })`
+   * would. Aborting a fork (its handle, or its events' iterator) leaves the others running; `o.signal`
+   * aborts them all. The blocks return to the pool when the last fork holding them ends.
+   *
+   * `n` must be an integer in [1, `limits.maxForks`] (the forks run in one batch of at most
+   * `maxNumSeqs` sequences, whose seats the prompt takes at admission), and `forceTokens` only goes
+   * with n = 1; n = 1 is `submit`. Invalid input throws InvalidParamsError (param `n` or the
+   * field) before anything changes. A fork that cannot get a block for its copy when the prompt
+   * finishes is recomputed like a preempted request (from the prefix cache when enabled); under
+   * tiered KV the forks share the full blocks and recompute the partial one instead of copying it.
+   *
+   * @example
+   * ```ts
+   * const forks = engine.submitFork('ROMEO:', 4, { maxTokens: 32, temperature: 0.8, seed: 7 });
+   * const outs = await Promise.all(forks.map((h) => h.done));
+   * // outs[i].tokenIds equal (await engine.submit('ROMEO:', { maxTokens: 32, temperature: 0.8, seed: 7 + i }).done).tokenIds
+   * ```
+   */
+  submitFork(prompt: string | readonly number[], n: number, o: GenerateOptions = {}): RequestHandle[] {
+    if (this.disposed) throw new EngineError('DISPOSED', 'engine is disposed');
+    const ids = typeof prompt === 'string' ? this.encode(prompt) : [...prompt];
+    const params = validateRequest(this.limits, ids, o);
+    validateForkCount(this.limits, n, o);
+    if (n === 1) return [this.submit(ids, o)];
+    const priority = o.priority ?? 0;
+    if (o.signal?.aborted) throw o.signal.reason ?? new EngineError('ABORTED', 'aborted');
+
+    const now = performance.now();
+    // The prompt's request: prefilled once, never sampled itself; the forks replace it.
+    const { parent, children } = forkRequests(() => this.nextId++, ids, params, n, priority, o.cacheSalt, now);
+    const handles = children.map((c) => this.track(c, o));
+    this.scheduler.add(parent);
+    this.kick();
+    return handles;
+  }
+
+  /** The live state, stream and handle of a request about to be queued. */
+  private track(req: Request, o: GenerateOptions): RequestHandle {
+    const stream = new TokenStream<TokenEvent>();
+    let resolve!: (x: RequestOutcome) => void;
+    const done = new Promise<RequestOutcome>((r) => (resolve = r));
+    const ledger = new LedgerAggregator();
+    for (const n of this.notes) ledger.note(n);
+    const live: Live = { req, stream, resolve, text: '', emitted: 0, ledger, wantPromptLogits: Boolean(o.returnPromptLogits) };
+    if (o.returnStepLogits) live.stepLogits = [];
+    if (o.forceTokens) live.forced = [...o.forceTokens];
+    if (this.tokenizer) live.detok = createDetokenizer(this.tokenizer);
+    this.live.set(req.id, live);
+    if (o.signal) {
+      const onAbort = () => this.abort(req.id);
+      o.signal.addEventListener('abort', onAbort, { once: true });
+      live.cleanup = () => o.signal!.removeEventListener('abort', onAbort);
+    }
+    stream.onReturn = () => this.abort(req.id);
+    return { id: req.id, events: stream, done, abort: () => this.abort(req.id) };
+  }
+
+  /** Stream the tokens of one request. Aborting through `signal` ends the iteration with the signal's reason. */
+  async *generate(prompt: string | readonly number[], o: GenerateOptions = {}): AsyncGenerator<TokenEvent, RequestOutcome> {
+    const h = this.submit(prompt, o);
+    try {
+      for await (const ev of h.events) yield ev;
+    } finally {
+      h.abort();
+    }
+    const outcome = await h.done;
+    if (outcome.finishReason === 'abort' && o.signal?.aborted) throw o.signal.reason;
+    return outcome;
+  }
+
+  /** Cancel a request: its KV blocks are freed at once. No-op when it already finished. */
+  abort(id: number): void {
+    const l = this.live.get(id);
+    if (!l || l.req.finished) return;
+    this.scheduler.remove(l.req);
+    detachFork(l.req, this.scheduler, this.graphs);
+    if (this.graphs.stateKey !== undefined) this.graphs.stateKey = undefined;
+    this.finish(l, 'abort', 'FINISHED_ABORTED');
+  }
+
+  private kick(): void {
+    if (this.looping || this.disposed) return;
+    this.looping = true;
+    setImmediate(() => this.loop());
+  }
+
+  private loop(): void {
+    if (this.disposed) return;
+    try {
+      if (this.scheduler.hasWork) this.step();
+    } catch (e) {
+      this.failAll(e as Error);
+    }
+    if (this.scheduler.hasWork && !this.disposed) setImmediate(() => this.loop());
+    else {
+      this.looping = false;
+      // Idle with a step enqueued ahead (its requests finished): wait for it and drop it now.
+      try {
+        this.ahead.retire();
+      } catch (e) {
+        this.failAll(e as Error);
+      }
+    }
+  }
+
+  private failAll(err: Error): void {
+    try {
+      this.ahead.retire();
+    } catch {
+      // the device failed: the step ahead is gone with it
+    }
+    for (const l of [...this.live.values()]) {
+      this.scheduler.remove(l.req);
+      detachFork(l.req, this.scheduler, this.graphs);
+      l.req.status = 'FINISHED_ABORTED';
+      l.req.finishReason = 'abort';
+      this.live.delete(l.req.id);
+      l.cleanup?.();
+      l.stream.end(err);
+      l.resolve(outcomeOf(l));
+    }
+    this.graphs.stateKey = undefined;
+  }
+
+  /** One scheduler step: plan, one forward pass, sampling, and the policies of the host. */
+  step(): void {
+    const t0 = performance.now();
+    // With steps enqueued ahead, a waiting request is admitted once they are done (they are the
+    // running rows' next tokens: adopted, not dropped; none is enqueued while it waits).
+    const plan = this.scheduler.schedule(this.ahead.queue.length === 0);
+    this.totalPreemptions += plan.preempted.length;
+    // Freed pages change staged block tables (their entries become the null page).
+    if (plan.preempted.length || plan.freedBlocks) this.graphs.stateKey = undefined;
+    if (plan.scheduled.length === 0) {
+      this.ahead.retire();
+      return;
+    }
+    const before = this.pipeline?.stats() ?? this.backend.stats();
+    const pagerBefore = this.pager?.stats();
+    let replayed = false;
+    const st = this.stage;
+    const mb = this.runner.limits.maxBlocksPerSeq;
+    const kt = this.kvTiers;
+    const bs = this.kv.blockSize;
+    // Blocks two or more of this step's sequences read (forks, prefix hits): marked per step.
+    const shared = this.blockReads;
+    shared.begin();
+    if (kt) {
+      // Page moves first (demotions, cold pages up to warm): the step reads the tables after them.
+      const epoch = kt.tiers.epoch;
+      if (plan.preempted.length) kt.swappedOut += plan.preempted.length;
+      kt.prepare(
+        plan.scheduled.map(({ req }) => ({ pages: this.kv.blockTable(req.id), firstWritten: Math.floor(req.numComputedTokens / bs), firstFresh: Math.ceil(req.numComputedTokens / bs) })),
+        this.runner as ModelRunner,
+      );
+      if (kt.tiers.epoch !== epoch) this.graphs.stateKey = undefined;
+    }
+    // Warm slots [0, linkPages) are the device's (staged over the link), those above the host's;
+    // the step copies the leading slots up to the highest one its tables read.
+    const linkPages = this.runner.limits.linkPages ?? 0;
+    const { rows, promptTokens, sampling, forks, linkUsed } = stageBatch(st, plan.scheduled, this.kv, kt?.tiers, mb, linkPages, shared, t0);
+    const span = stageSpan(linkUsed, linkPages);
+    if (linkPages > 0) (this.runner as ModelRunner).linkSpan = span;
+    if (kt && span > 0) kt.noteStaged(span);
+    const nSeq = plan.scheduled.length;
+    const nl = sampling.length;
+    const decodeOnly = nl === nSeq && rows === nSeq && !forks;
+    const deviceSample = nl > 0 && sampling.every((r) => isDeviceSamplable(r.params) && !this.needsLogits(r));
+    const V = this.spec.vocabSize;
+    const be = this.backend;
+    const m = this.runner.meta;
+    let tokens: number[] = [];
+    const host: Map<Request, ReturnType<HostSampler['sample']>> = new Map();
+    let sampleMs = 0;
+
+    const tiered = kt?.tiered ?? false;
+    const graphPath = this.useGraphs && !this.profiles.on && decodeOnly && deviceSample && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
+    const bucket = graphPath ? (BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq) : 0;
+    const key = graphPath ? DecodeGraphs.passKey(this.kv, bucket, tiered, plan.scheduled) : '';
+    // The step enqueued ahead is this one when the pass is the same and nothing reset the
+    // device's step state since; otherwise the steps enqueued are dropped before anything is written.
+    const ra = this.ahead;
+    const head = ra.queue[0];
+    const adopt = head !== undefined && graphPath && head.key === key && this.graphs.stateKey === key;
+    if (adopt) ra.adopt(head);
+    else ra.begin();
+    if (graphPath) {
+      if (!adopt && key !== this.graphs.stateKey) {
+        padBucket(st, nSeq, bucket, mb);
+        this.writeMeta(bucket, bucket, true);
+      }
+      // A replay whose last step is `last` steps after this one: the short-keys graph where every
+      // row's keys stay within the backend's bound through that step.
+      const shortKeys = this.backend.capabilities.shortContextKeys ?? 0;
+      const short = (last: number) =>
+        shortKeys > 0 && bucket === 1 && !this.pipeline && !tiered && plan.scheduled.every(({ req }) => req.numComputedTokens + last + 1 <= shortKeys);
+      if (!adopt) {
+        this.graphs.replay(bucket, 1, tiered, span, short(0));
+        be.record(ra.endEv);
+      }
+      this.graphs.stateKey = key;
+      ra.enqueue(plan.scheduled, bucket, short);
+      if (ra.queue.length > 0) be.synchronizeEvent!(ra.endEv, 'policy');
+      else be.synchronize('policy');
+      tokens = this.readRing(bucket).slice(0, nSeq);
+      replayed = true;
+    } else {
+      this.graphs.stateKey = undefined;
+      this.writeMeta(rows, nl, deviceSample);
+      // A prompt's last row sampled once per fork: logit rows repeat (see ModelRunner.repeatedLogitRows).
+      const runners = forks ? (this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) : [];
+      for (const r of runners) r.repeatedLogitRows = true;
+      // A pass of one sequence (a prompt chunk): op attention may skip what sequence seams need.
+      const single = !this.pipeline && plan.scheduled.length === 1 ? (this.runner as ModelRunner) : undefined;
+      if (single) single.oneSequence = true;
+      try {
+        if (tiered) (this.runner as ModelRunner).forward(rows, nl, undefined, undefined, true);
+        else this.runner.forward(rows, nl);
+      } finally {
+        for (const r of runners) r.repeatedLogitRows = false;
+        if (single) single.oneSequence = false;
+      }
+      if (deviceSample) {
+        this.runner.sampleOnDevice(nl, m.sampled);
+        be.record(ra.endEv);
+        be.synchronize('policy');
+        tokens = this.readRing(nl);
+      } else if (nl > 0) {
+        this.pipeline?.logitsHome(nl);
+        be.record(ra.endEv);
+        const logits = be.read(this.runner.logits, 0, nl * V) as Float32Array;
+        const ts = performance.now();
+        sampling.forEach((req, i) => {
+          const banned = req.outputIds.length < req.params.minTokens ? [...(req.params.ignoreEos ? [] : this.eosTokenIds), ...req.params.stopTokenIds] : [];
+          const l = this.live.get(req.id)!;
+          const s = this.sampler.sample(logits, i * V, req.params, req.sampleCounter, { all: req.seenAll, output: req.seenOutput }, banned);
+          if (l.forced) s.token = l.forced[req.outputIds.length];
+          host.set(req, s);
+          tokens.push(s.token);
+          if (l.wantPromptLogits && req.outputIds.length === 0) l.promptLogits = logits.slice(i * V, (i + 1) * V);
+          l.stepLogits?.push(logits.slice(i * V, (i + 1) * V));
+        });
+        sampleMs = performance.now() - ts;
+      } else {
+        be.record(ra.endEv);
+        be.synchronize('hard');
+      }
+    }
+    const deviceMs = be.elapsedMs(ra.startEv, ra.endEv) / ra.stepShare;
+    if (replayed) ra.lastDecodeMs = deviceMs;
+    const buckets = this.profiles.record(rows, deviceMs);
+    const after = this.pipeline?.stats() ?? be.stats();
+    for (const { req, numTokens } of plan.scheduled) req.numComputedTokens += numTokens;
+    // Prompts with forks that finished: the forks take over (before their first tokens are accepted).
+    if (forks) for (const { req } of plan.scheduled) if (req.forkChildren && req.numComputedTokens === req.numTokens) this.forkOut(req);
+    const now = performance.now();
+    const share = nl > 0 ? 1 / nl : 0;
+    const delta = statsDelta(before, after, share);
+    const paging = pagerBefore ? pagerDelta(pagerBefore, this.pager!.stats(), share) : undefined;
+    // A replayed graph's copies are not seen by the backend's counters; the pager accounts for them.
+    if (paging && replayed) delta.h2dBytes += paging.h2dBytes;
+    sampling.forEach((req, i) => {
+      const l = this.live.get(req.id)!;
+      const s = host.get(req);
+      const prev = req.times.lastToken ?? req.times.arrival;
+      const record: TokenLedgerRecord = {
+        seq: req.id,
+        step: req.outputIds.length,
+        tokenId: tokens[i],
+        phase: req.outputIds.length === 0 ? 'prefill' : 'decode',
+        wallMs: now - prev,
+        sampleMs: sampleMs * share,
+        deviceActiveMs: deviceMs * share,
+        ...delta,
+        ...(paging ? { prefetchedBlocks: paging.loads, evictedBlocks: paging.loads, diskReadBytes: paging.diskReadBytes } : {}),
+      };
+      if (buckets) record.buckets = Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, v * share]));
+      this.accept(l, tokens[i], record, s);
+    });
+    const ks = this.kv.stats();
+    const sig: StepSignals = {
+      time: now,
+      running: this.scheduler.running.length,
+      waiting: this.scheduler.waiting.length,
+      kvUsage: this.kv.usage,
+      prefixQueries: ks.prefixQueries,
+      prefixHits: ks.prefixHits,
+      preemptions: this.totalPreemptions,
+      scheduledTokens: rows,
+      promptTokens,
+      generationTokens: nl,
+      stepMs: now - t0,
+      sharedBlocks: shared.blocks,
+      sharedBlockReads: shared.reads,
+      droppedSteps: ra.dropped,
+    };
+    for (const f of this.stepListeners) f(sig);
+  }
+
+  /** Requests whose logits the host must see (so their sampling runs on the host). */
+  private needsLogits(r: Request): boolean {
+    const l = this.live.get(r.id);
+    return !!l && (l.forced !== undefined || l.stepLogits !== undefined || (l.wantPromptLogits && r.outputIds.length === 0));
+  }
+
+  private writeMeta(rows: number, nl: number, withSampling: boolean): void {
+    if (this.pipeline) return this.pipeline.writeMeta(this.stage, rows, nl, withSampling);
+    writeStepMeta(this.backend, this.runner as ModelRunner, this.stage, rows, nl, withSampling);
+  }
+
+  /** Tokens of steps dropped unread (run-ahead): skipped in the ring. */
+  private skipRing(n: number): void {
+    this.ringRead = (this.ringRead + n) % this.runner.limits.ringCapacity;
+  }
+
+  private readRing(n: number): number[] {
+    const cap = this.runner.limits.ringCapacity;
+    const out: number[] = [];
+    const start = this.ringRead % cap;
+    const first = Math.min(n, cap - start);
+    for (const v of this.backend.peek(this.runner.meta.ring, start, first)) out.push(v);
+    if (first < n) for (const v of this.backend.peek(this.runner.meta.ring, 0, n - first)) out.push(v);
+    this.ringRead = (this.ringRead + n) % cap;
+    return out;
+  }
+
+  /** Host policies on a sampled token (token-policy.ts); a request they finish leaves the scheduler. */
+  private accept(l: Live, token: number, record: TokenLedgerRecord, s?: SampledToken): void {
+    const finish = acceptToken(l, token, record, s, this);
+    if (finish) {
+      this.scheduler.remove(l.req);
+      this.finish(l, finish, finish === 'length' ? 'FINISHED_LENGTH_CAPPED' : 'FINISHED_STOPPED');
+    }
+  }
+
+  /** A prompt with forks finished its prefill: the forks take over its KV and its seat. */
+  private forkOut(parent: Request): void {
+    const runners = this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner];
+    forkOut(parent, { kv: this.kv, tiered: this.kvTiers !== undefined, scheduler: this.scheduler, graphs: this.graphs, runners });
+  }
+
+  private finish(l: Live, reason: FinishReason, status: Request['status']): void {
+    l.req.status = status;
+    l.req.finishReason = reason;
+    l.req.times.finished = performance.now();
+    this.live.delete(l.req.id);
+    l.cleanup?.();
+    l.stream.end();
+    const o = outcomeOf(l);
+    l.resolve(o);
+    for (const f of this.finishListeners) f(o);
+  }
+
+  /** The pipeline's stages, links and micro-batches; undefined when the model runs as one stage. */
+  pipelineDescription(): PipelineDescription | undefined {
+    return this.pipeline?.describe();
+  }
+
+  /**
+   * Bracket every op of the following steps with device events (as the `profile` option does
+   * from the start), or stop. A profiled step runs eagerly, op by op: no decode graph is captured
+   * or replayed, and the decoder stack runs as per-layer ops.
+   */
+  setProfiling(on: boolean): void {
+    this.profiles.set(on);
+  }
+
+  /** The op-level device times of each step run while profiling since the last call (the latest PROFILES_KEPT), oldest first. */
+  takeProfiles(): PassProfile[] {
+    return this.profiles.take();
+  }
+
+  /** Nodes of each captured decode graph, by batch-size bucket ("t<bucket>:<staging span>" for tiered passes; "1s": one-row steps within capabilities.shortContextKeys). */
+  graphNodes(): Record<string, number> {
+    return this.graphs.nodes();
+  }
+
+  /** Drain: resolves when no request is waiting or running. */
+  async idle(): Promise<void> {
+    while (this.scheduler.hasWork) await new Promise((r) => setTimeout(r, 5));
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.failAll(new EngineError('DISPOSED', 'engine disposed'));
+    this.disposed = true;
+    this.graphs.dispose();
+    this.kvTiers?.dispose();
+    this.ahead.dispose();
+    this.runner.dispose();
+    this.model.detach(this);
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}

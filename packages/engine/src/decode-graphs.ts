@@ -1,0 +1,99 @@
+import type { DeviceBackend, GraphHandle } from '@nerva/core';
+import type { WeightPager } from '@nerva/memos';
+import type { SchedulerOutput } from './scheduler.js';
+import type { ModelRunner } from './model-runner.js';
+import type { PassRunner } from './stages/pipeline.js';
+import type { KvCacheManager } from '@nerva/kv';
+
+/** Batch-size buckets decode graphs are captured for: a step of n rows replays the first bucket >= n. */
+export const BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
+
+/**
+ * A context's captured decode graphs (a decode step: forward, sampling, advance) and which pass
+ * the device's step state was last written for.
+ */
+export class DecodeGraphs {
+  /** Captured decode graphs by bucket, tiered or not, and (tiered) the staging span they copy. */
+  private readonly graphs = new Map<string, GraphHandle>();
+  /** Host-slice weight bytes one replay of each captured bucket computes. */
+  private readonly replayHostBytes = new Map<string, number>();
+  /**
+   * The pass (passKey) whose step state (ids, positions, slots, tables) the device holds, so a
+   * replay of the same pass writes nothing; undefined after anything changed it.
+   */
+  stateKey: string | undefined;
+
+  constructor(
+    private readonly backend: DeviceBackend,
+    private readonly runner: PassRunner,
+    private readonly pager: WeightPager | undefined,
+  ) {}
+
+  /** The identity of a graph pass: its bucket, whether tiered, and each row's request and table length. */
+  static passKey(kv: KvCacheManager, bucket: number, tiered: boolean, scheduled: SchedulerOutput['scheduled']): string {
+    return `${bucket}|${tiered}|` + scheduled.map(({ req }) => `${req.id}:${kv.blockTable(req.id).length}`).join(',');
+  }
+
+
+  /**
+   * Replay the decode graph of `steps` steps of this bucket (captured on first use: forward,
+   * sampling, advance, `steps` times). Passes with host partials (some page warm) and without
+   * are different graphs; tiered graphs also differ by the staging span their copies were
+   * captured with. One-row steps whose row stays within the backend's shortContextKeys (`short`)
+   * replay a graph of their own ("s" suffix), captured with that bound as op decoder_layers'
+   * maxKeys. Several steps: "x<steps>" suffix.
+   */
+  replay(bucket: number, steps: number, tiered: boolean, span: number, short: boolean): void {
+    const be = this.backend;
+    const gk = (tiered ? `t${bucket}:${span}` : `${bucket}`) + (short ? 's' : '') + (steps > 1 ? `x${steps}` : '');
+    let g = this.graphs.get(gk);
+    if (!g) {
+      be.beginCapture();
+      this.pager?.beginCapture();
+      const hostBefore = this.runner.hostComputeBytes;
+      if (short) (this.runner as ModelRunner).decodeKeyBound = be.capabilities.shortContextKeys ?? 0;
+      try {
+        for (let j = 0; j < steps; j++) {
+          if (tiered) (this.runner as ModelRunner).forward(bucket, bucket, undefined, undefined, true);
+          else this.runner.forward(bucket, bucket);
+          this.runner.sampleStep(bucket, this.runner.meta.ids);
+        }
+      } catch (err) {
+        // End the failed capture, so the stream is usable (and disposable) again; its error stands.
+        try {
+          be.destroyGraph(be.endCapture());
+        } catch {
+          // an invalidated capture ends with an error of its own
+        }
+        throw err;
+      } finally {
+        if (short) (this.runner as ModelRunner).decodeKeyBound = 0;
+        this.pager?.endCapture();
+        // Captured, not run: counted on each replay instead.
+        this.replayHostBytes.set(gk, this.runner.hostComputeBytes - hostBefore);
+        this.runner.hostComputeBytes = hostBefore;
+      }
+      g = be.endCapture();
+      this.graphs.set(gk, g);
+    }
+    be.setHotPath(true);
+    try {
+      be.replay(g);
+      this.pager?.replayed();
+      this.runner.hostComputeBytes += this.replayHostBytes.get(gk) ?? 0;
+      if (tiered) (this.runner as ModelRunner).tieredPasses++;
+    } finally {
+      be.setHotPath(false);
+    }
+  }
+
+  /** Nodes of each captured decode graph, by key. */
+  nodes(): Record<string, number> {
+    return Object.fromEntries([...this.graphs].map(([b, g]) => [b, g.nodes]));
+  }
+
+  dispose(): void {
+    for (const g of this.graphs.values()) this.backend.destroyGraph(g);
+    this.graphs.clear();
+  }
+}

@@ -1,0 +1,216 @@
+import type { DeviceBackend, EventHandle } from '@nerva/core';
+import type { KvCacheManager } from '@nerva/kv';
+import { DecodeGraphs } from './decode-graphs.js';
+import type { PassRunner } from './stages/pipeline.js';
+import type { Request } from './request.js';
+import type { SchedulerOutput } from './scheduler.js';
+import type { StepBuffers } from './step-batch.js';
+
+/** A decode step enqueued ahead: the pass it is (its schedule's key) and the events that time it. */
+export interface AheadStep {
+  key: string;
+  bucket: number;
+  start: EventHandle;
+  end: EventHandle;
+  /** Steps of its replay (they share start and end). */
+  share: number;
+}
+
+/** What run-ahead reads of its context. */
+export interface RunAheadHost {
+  readonly kv: KvCacheManager;
+  readonly maxModelLen: number;
+  readonly stage: StepBuffers;
+  /** Requests waiting for admission (none is enqueued ahead while one waits). */
+  waiting(): number;
+  /** Skip tokens of dropped steps in the token ring. */
+  skipRing(n: number): void;
+}
+
+/**
+ * Run-ahead (EngineOptions.runAhead): decode steps enqueued before the host has seen the tokens
+ * of the step before, so the device never idles while the host accepts tokens and schedules.
+ * Owns the step's timing events: the current step is timed between `startEv` and `endEv`, over
+ * `stepShare` steps (a step adopted from a replay of several takes that replay's events).
+ */
+export class RunAhead {
+  startEv: EventHandle;
+  endEv: EventHandle;
+  stepShare = 1;
+  /** Every event made, each once (the fields above and `queue` alias them). */
+  private readonly events: EventHandle[];
+  /** Device time of the last decode step taken from the graph path (ms; 0 before the first). */
+  lastDecodeMs = 0;
+  /**
+   * Decode steps enqueued ahead, oldest first. A replay of k steps gives k entries sharing its
+   * events: its start is the end event of whatever was enqueued before it (no event of its own
+   * between two replays), its end is recorded after it.
+   */
+  queue: AheadStep[] = [];
+  /** StepSignals.droppedSteps. */
+  dropped = 0;
+
+  constructor(
+    private readonly backend: DeviceBackend,
+    private readonly runner: PassRunner,
+    private readonly graphs: DecodeGraphs,
+    private readonly host: RunAheadHost,
+    /** Whether steps are enqueued ahead at all (EngineOptions.runAhead, resolved against the backend and the context). */
+    readonly enabled: boolean,
+    /** EngineOptions.runAheadSteps and runAheadMs, resolved. */
+    readonly steps: number,
+    readonly ms: number,
+  ) {
+    this.events = [0, 1].map(() => backend.createEvent());
+    [this.startEv, this.endEv] = this.events;
+  }
+
+  /** The next step is the head of the queue (same pass, state untouched): it takes that step's events. */
+  adopt(head: AheadStep): void {
+    this.queue.shift();
+    this.startEv = head.start;
+    this.endEv = head.end;
+    this.stepShare = head.share;
+  }
+
+  /** A step enqueued now, with nothing in flight: any two events, the start recorded. */
+  begin(): void {
+    this.retire();
+    [this.startEv, this.endEv] = this.events;
+    this.stepShare = 1;
+    this.backend.record(this.startEv);
+  }
+
+  /**
+   * Wait for the steps enqueued ahead and drop them: their tokens are skipped in the ring, and
+   * the step state they advanced on the device (ids, positions, slots, RNG counters) is rewritten
+   * by the next replay (graphs.stateKey reset). Their KV writes are at positions no accepted token has
+   * (rewritten by the step that computes them) or in blocks of finished requests.
+   */
+  retire(): void {
+    const q = this.queue;
+    if (q.length === 0) return;
+    this.queue = [];
+    this.graphs.stateKey = undefined;
+    this.dropped += q.length;
+    this.backend.synchronizeEvent!(q[q.length - 1].end, 'policy');
+    let rows = 0;
+    for (const a of q) rows += a.bucket;
+    this.host.skipRing(rows);
+  }
+
+  /**
+   * Steps the next replay enqueued ahead may run: runAheadSteps where 2k - 1 steps of the last
+   * step's device time fit runAheadMs, else 1. Two sizes only, so a run captures its graphs
+   * early (a first capture mid-run holds the device for milliseconds) and a step time near the
+   * bound does not capture a graph for every k it crosses.
+   */
+  private aheadSteps(): number {
+    const k = this.steps;
+    const fits = this.lastDecodeMs > 0 ? (2 * k - 1) * this.lastDecodeMs <= this.ms : this.ms === Infinity;
+    return fits ? k : 1;
+  }
+
+  /**
+   * Whether steps d+1..d+s after the current one (d already enqueued) may be enqueued now for
+   * these rows: each row's first of them computes a position in a block it holds (the advance of
+   * the step before it, already enqueued, found its slot in the table), none runs past its last
+   * token, the model's length or its block table, and the ring holds every step in flight.
+   */
+  private fits(scheduled: SchedulerOutput['scheduled'], bucket: number, d: number, s: number): boolean {
+    if ((1 + d + s) * bucket > this.runner.limits.ringCapacity) return false;
+    const bs = this.host.kv.blockSize;
+    const mb = this.runner.limits.maxBlocksPerSeq;
+    for (const { req } of scheduled) {
+      const c = req.numComputedTokens;
+      if (Math.floor((c + d + 1) / bs) >= this.host.kv.blockTable(req.id).length) return false;
+      if (req.outputIds.length + d + s >= req.params.maxTokens || req.numTokens + d + s >= this.host.maxModelLen) return false;
+      if (Math.floor((c + d + s) / bs) >= mb) return false;
+    }
+    return true;
+  }
+
+  /**
+   * Reserve each row's blocks through position `last(req)` (KvCacheManager.reserveBlocks; the
+   * scheduler's allocation for those positions takes them) and write their device table entries,
+   * in stream order before the replay whose advances read them. False where the pool is short
+   * for some row (what the others reserved stays theirs, entries written).
+   */
+  private reserveThrough(scheduled: SchedulerOutput['scheduled'], last: (req: Request) => number | undefined): boolean {
+    const mb = this.runner.limits.maxBlocksPerSeq;
+    const st = this.host.stage;
+    let ok = true;
+    for (let k = 0; k < scheduled.length; k++) {
+      const req = scheduled[k].req;
+      const p = last(req);
+      if (p === undefined) continue;
+      const had = this.host.kv.blockTable(req.id).length;
+      if (Math.floor(p / this.host.kv.blockSize) < had) continue;
+      if (this.host.kv.reserveBlocks(req.id, p + 1) === null) {
+        ok = false;
+        continue;
+      }
+      const table = this.host.kv.blockTable(req.id);
+      for (let b = had; b < table.length; b++) st.tables[k * mb + b] = table[b];
+      this.backend.write(this.runner.meta.blockTables, st.tables.subarray(k * mb + had, k * mb + table.length), k * mb + had);
+    }
+    return ok;
+  }
+
+  /**
+   * Enqueue decode steps after this decode-only graph step while the same rows will be
+   * scheduled (nothing waiting, no row reaching its last token), up to aheadSteps() - 1 beyond
+   * the one replay that keeps the device busy while the host takes the current one's tokens: a
+   * replay of k = aheadSteps() steps where they fit, else of one. The device reads their ids,
+   * positions and slots from what the step before leaves (the host writes nothing for them but
+   * table entries of blocks reserved for them, a replay early). A row whose position after the
+   * replay starts a new block gets it now when the pool has it, so crossing into a block does not
+   * stop the replay after from running ahead.
+   */
+  enqueue(scheduled: SchedulerOutput['scheduled'], bucket: number, short: (last: number) => boolean): void {
+    if (!this.enabled || this.host.waiting() > 0) return;
+    const K = this.aheadSteps();
+    while (this.queue.length < K) {
+      const d = this.queue.length;
+      let s = K > 1 && this.fits(scheduled, bucket, d, K) ? K : 1;
+      if (s > 1 && !this.reserveThrough(scheduled, (req) => req.numComputedTokens + d + s)) s = 1;
+      if (s === 1 && !this.fits(scheduled, bucket, d, 1)) return;
+      const after = d + s + 1;
+      this.reserveThrough(scheduled, (req) =>
+        req.outputIds.length + after < req.params.maxTokens && req.numTokens + after < this.host.maxModelLen && Math.floor((req.numComputedTokens + after) / this.host.kv.blockSize) < this.runner.limits.maxBlocksPerSeq
+          ? req.numComputedTokens + after
+          : undefined,
+      );
+      // Every step in flight is the same pass: the next schedules count the blocks reserved now.
+      const key = DecodeGraphs.passKey(this.host.kv, bucket, false, scheduled);
+      for (const a of this.queue) a.key = key;
+      // Nothing runs between the step before and this replay in the stream, so the replay starts
+      // at that step's end event instead of an event of its own: a timed event record holds the
+      // GPU about 1.5 us between two graph replays (an untimed one costs nothing; measured with
+      // tools/gpu/graphgap.cu).
+      const start = d > 0 ? this.queue[d - 1].end : this.endEv;
+      const end = this.freeEvent();
+      this.graphs.replay(bucket, s, false, 0, short(d + s));
+      this.backend.record(end);
+      for (let j = 0; j < s; j++) this.queue.push({ key, bucket, start, end, share: s });
+      this.graphs.stateKey = key;
+    }
+  }
+
+  /** An event no step in flight uses (the current one's, those enqueued ahead). */
+  private freeEvent(): EventHandle {
+    // (A scan, not a Set: this runs once a replay enqueued, and the queue holds at most 2k - 1 steps.)
+    const used = (x: EventHandle) => x === this.startEv || x === this.endEv || this.queue.some((a) => a.start === x || a.end === x);
+    let e = this.events.find((x) => !used(x));
+    if (e === undefined) {
+      e = this.backend.createEvent();
+      this.events.push(e);
+    }
+    return e;
+  }
+
+
+  dispose(): void {
+    for (const e of this.events) this.backend.destroyEvent(e);
+  }
+}
