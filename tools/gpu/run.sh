@@ -79,8 +79,9 @@ export OUT
 # The sources the addon is built from: a prebuilt .device/addon (tools/gpu/prepare.sh --addon, same
 # nvcc and archs as build-addon.sh) is used instead of building when it came from these sources.
 addon_sha() { find packages/cuda-backend/native -type f | LC_ALL=C sort | xargs cat tools/gpu/build-addon.sh | sha256sum | cut -c1-16; }
-if has build && [ -f .device/addon/nerva_cuda.node ] && [ "$(cat .device/addon/sources.sha 2>/dev/null)" = "$(addon_sha)" ]; then
-  mkdir -p /tmp/nerva-addon && cp .device/addon/nerva_cuda.node /tmp/nerva-addon/ && say "addon prebuilt here (sources $(addon_sha))"
+# The prebuilt addon travels xz-compressed (11 MiB as built, ~1.5 MiB packed: carry's 64 MiB).
+if has build && [ -f .device/addon/nerva_cuda.node.xz ] && [ "$(cat .device/addon/sources.sha 2>/dev/null)" = "$(addon_sha)" ]; then
+  mkdir -p /tmp/nerva-addon && xz -dc .device/addon/nerva_cuda.node.xz > /tmp/nerva-addon/nerva_cuda.node && say "addon prebuilt here (sources $(addon_sha))"
 elif has build; then
   t0=$(date +%s)
   if bash tools/gpu/build-addon.sh /tmp/nerva-addon >>"$log" 2>&1; then say "addon built in $(( $(date +%s) - t0 )) s"; else say "addon build FAILED"; tail -30 "$log"; exit 1; fi
