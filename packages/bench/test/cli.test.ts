@@ -142,9 +142,8 @@ describe('nerva-bench', () => {
     const acc = join(dir, 'accelerate.json');
     writeFileSync(acc, JSON.stringify({ tok_s: 0.5, budget_bytes: 2 ** 30, model, prompt_ids: prompt, token_ids: [-1] }) + '\n');
     // A budget above the weights: resident, nothing crosses a link.
-    const { stdout } = await run(process.execPath, [CLI, 'offload', '--backend', 'cpu', '--vram-budget', '1GiB', '--prompt-len', '8', '--new-tokens', '4'], {
+    const { stdout } = await run(process.execPath, [CLI, 'offload', '--backend', 'cpu', '--vram-budget', '1GiB', '--prompt-len', '8', '--new-tokens', '4', '--accelerate-json', acc], {
       cwd: root,
-      env: { ...process.env, NERVA_ACCELERATE_JSON: acc },
     });
     const j = JSON.parse(stdout.trim());
     expect(j.mode).toBe('resident');
