@@ -328,6 +328,8 @@ export class Engine {
   /** Every layer slides and pages behind this window are freed (0: none are). */
   private readonly kvWindow: number;
   private readonly sampler: HostSampler;
+  /** Ids sampled are below this: the tokenizer's id space within the checkpoint's vocab. */
+  private readonly sampleLimit: number;
   private readonly live = new Map<number, Live>();
   /** Captured decode graphs by bucket, tiered or not, and (tiered) the staging span they copy. */
   private readonly graphs = new Map<string, GraphHandle>();
@@ -460,6 +462,10 @@ export class Engine {
     };
     this.pipeline = init.stages ? new StagePipeline(s, limits, init.stages) : undefined;
     this.runner = this.pipeline ?? new ModelRunner(this.backend, s, this.weights, limits);
+    // A checkpoint may have more embedding rows than its tokenizer has ids (Qwen pads to a
+    // multiple of 128): ids past the tokenizer's are never sampled, on the device or the host.
+    this.sampleLimit = Math.min(s.vocabSize, init.tokenizer?.vocabSize ?? s.vocabSize);
+    for (const r of this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) r.sampleLimit = this.sampleLimit;
     // With tiers, the manager's pages are every tier's slots; KvTiers maps each to its tier.
     const pages = tierPlan ? tierPlan.hotSlots + tierPlan.warmSlots + tierPlan.coldSlots : numBlocks;
     this.kv = new KvCacheManager({ numBlocks: pages, blockSize, enablePrefixCaching: o.enablePrefixCaching ?? true, maxBlocksPerSeq });
@@ -492,7 +498,7 @@ export class Engine {
           (tierPlan.linkShare > 0 ? ` (the device reads ${+tierPlan.linkShare.toFixed(3)} of the warm pool itself over the link)` : ''),
       );
     }
-    this.sampler = new HostSampler(s.vocabSize);
+    this.sampler = new HostSampler(s.vocabSize, this.sampleLimit);
     this.profile = o.profile ?? false;
     this.pager = init.weights.pager;
     // Disk-tier reads are host work a replayed graph would skip: such a plan runs eagerly.
@@ -1150,6 +1156,20 @@ export class Engine {
     }
   }
 
+  /** End one request with `err` (its KV blocks freed); the others run on. */
+  private failOne(l: Live, err: Error): void {
+    if (!this.live.has(l.req.id)) return;
+    this.scheduler.remove(l.req);
+    this.detachFork(l.req);
+    this.graphKey = undefined;
+    l.req.status = 'FINISHED_ABORTED';
+    l.req.finishReason = 'abort';
+    this.live.delete(l.req.id);
+    l.cleanup?.();
+    l.stream.end(err);
+    l.resolve(this.outcome(l));
+  }
+
   private failAll(err: Error): void {
     try {
       this.retireAhead();
@@ -1416,7 +1436,12 @@ export class Engine {
         ...(paging ? { prefetchedBlocks: paging.loads, evictedBlocks: paging.loads, diskReadBytes: paging.diskReadBytes } : {}),
       };
       if (buckets) record.buckets = Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, v * share]));
-      this.accept(l, tokens[i], record, s);
+      // A failure in one request's host policies (detokenizing, stop strings) ends that request only.
+      try {
+        this.accept(l, tokens[i], record, s);
+      } catch (e) {
+        this.failOne(l, e as Error);
+      }
     });
     const ks = this.kv.stats();
     const sig: StepSignals = {

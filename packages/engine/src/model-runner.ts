@@ -121,6 +121,8 @@ export class ModelRunner {
    * the engine before forward; a captured graph keeps the value it was captured with).
    */
   linkSpan = 0;
+  /** Ids sampled on the device are below this (the tokenizer's id space; default the vocab). */
+  sampleLimit = Number.POSITIVE_INFINITY;
   /**
    * Op decoder_layers' maxKeys: an upper bound on every decode row's keys while a pass (or a graph
    * captured with it) runs, 0 when none is known. Set by the engine around a decode capture.
@@ -955,7 +957,8 @@ export class ModelRunner {
 
   private sampleArgs(rows: number, out: DeviceBuffer) {
     const m = this.meta;
-    return { logits: this.logits, params: m.sampleParams, rng: m.rng, out, rows, vocab: this.spec.vocabSize };
+    const limit = this.sampleLimit < this.spec.vocabSize ? { limit: this.sampleLimit } : {};
+    return { logits: this.logits, params: m.sampleParams, rng: m.rng, out, rows, vocab: this.spec.vocabSize, ...limit };
   }
 
   private advanceArgs() {

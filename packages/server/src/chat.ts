@@ -2,6 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import { choiceOptions, type ChoiceJob, toApiError } from './generation.js';
 import { badRequest } from './errors.js';
 import { parseChatRequest } from './openai-schema.js';
+import { admitEarly, checkBudget, messageChars } from './request-budget.js';
 import { respond } from './respond.js';
 import type { ServerState } from './state.js';
 
@@ -11,6 +12,9 @@ export function registerChat(app: FastifyInstance, state: ServerState): void {
     const req = parseChatRequest(request.body);
     state.checkModel(req.model);
     const { engine } = state.ready();
+    // Budgets and admission before the template renders and the tokenizer runs (the costly part).
+    checkBudget(state, req.n, req.sampling, messageChars(req.messages) + (req.tools ? JSON.stringify(req.tools).length : 0));
+    const ticket = admitEarly(state, req.n);
     let promptIds: number[];
     try {
       const tok = engine.tokenizer;
@@ -23,12 +27,13 @@ export function registerChat(app: FastifyInstance, state: ServerState): void {
       });
       promptIds = tok.encode(text, { addSpecialTokens: false });
     } catch (e) {
+      ticket.release();
       throw toApiError(e);
     }
     const jobs: ChoiceJob[] = [];
     for (let i = 0; i < req.n; i++) {
       jobs.push({ index: i, promptIndex: 0, promptIds, opts: choiceOptions(engine, req.sampling, i, { on: req.logprobs, top: req.topLogprobs }) });
     }
-    await respond(state, reply, jobs, { kind: 'chat', logprobs: req.logprobs, topLogprobs: req.topLogprobs }, req);
+    await respond(state, reply, jobs, { kind: 'chat', logprobs: req.logprobs, topLogprobs: req.topLogprobs }, req, ticket);
   });
 }

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import { choiceOptions, type ChoiceJob, toApiError } from './generation.js';
 import { parseCompletionRequest } from './openai-schema.js';
+import { admitEarly, checkBudget } from './request-budget.js';
 import { respond } from './respond.js';
 import type { ServerState } from './state.js';
 
@@ -10,12 +11,17 @@ export function registerCompletions(app: FastifyInstance, state: ServerState): v
     const req = parseCompletionRequest(request.body);
     state.checkModel(req.model);
     const { engine } = state.ready();
+    // Budgets and admission before the tokenizer runs (the costly part).
+    const sequences = req.prompts.length * req.n;
+    checkBudget(state, sequences, req.sampling, req.prompts.reduce((n, p) => n + (typeof p === 'string' ? p.length : 0), 0));
+    const ticket = admitEarly(state, sequences);
     const jobs: ChoiceJob[] = [];
     req.prompts.forEach((p, pi) => {
       let ids: number[];
       try {
         ids = typeof p === 'string' ? engine.encode(p) : p;
       } catch (e) {
+        ticket.release();
         throw toApiError(e);
       }
       // Choice index = prompt index * n + sample, as vLLM numbers batched prompts.
@@ -28,6 +34,6 @@ export function registerCompletions(app: FastifyInstance, state: ServerState): v
         });
       }
     });
-    await respond(state, reply, jobs, { kind: 'completion', logprobs: req.logprobs }, req);
+    await respond(state, reply, jobs, { kind: 'completion', logprobs: req.logprobs }, req, ticket);
   });
 }

@@ -3,9 +3,12 @@ import { dirname, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { ConfigError } from './errors.js';
 import { parseSize } from './size.js';
+// --- security options (declared in security-options.ts) ---
+import { SECURITY_KEYS, type SecurityOptions } from './security-options.js';
+// --- end security options ---
 
 /** Everything `nerva serve` can be told, from a TOML file, flags, or code. */
-export interface ServerConfig {
+export interface ServerConfig extends SecurityOptions {
   /** Model folder; the embedded default model when absent. */
   model?: string;
   /** Name clients use in `model`; default: the folder's name. */
@@ -92,7 +95,7 @@ export const DEFAULT_CONFIG: ServerConfig = {
   drainTimeoutS: 30,
 };
 
-type Kind = 'string' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics' | 'precision' | 'kvdtype' | 'size' | 'fraction';
+type Kind = 'string' | 'strings' | 'int' | 'posint' | 'bool' | 'backend' | 'numerics' | 'precision' | 'kvdtype' | 'size' | 'fraction';
 
 /** The accepted keys: TOML spelling → field and type. Anything else is an error naming the key. */
 const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boolean }> = {
@@ -125,6 +128,9 @@ const KEYS: Record<string, { field: keyof ServerConfig; kind: Kind; path?: boole
   kv_warm_link_share: { field: 'kvWarmLinkShare', kind: 'fraction' },
   pipeline_parallel: { field: 'pipelineParallel', kind: 'posint' },
   allow_single_device_stages: { field: 'allowSingleDeviceStages', kind: 'bool' },
+  // --- security options ---
+  ...SECURITY_KEYS,
+  // --- end security options ---
 };
 
 const BY_FIELD = new Map(Object.entries(KEYS).map(([k, v]) => [v.field as string, k]));
@@ -141,6 +147,9 @@ function check(key: string, kind: Kind, v: unknown, where: string): unknown {
   switch (kind) {
     case 'string':
       if (typeof v !== 'string' || v.length === 0) fail('a non-empty string');
+      return v;
+    case 'strings':
+      if (!Array.isArray(v) || v.length === 0 || v.some((x) => typeof x !== 'string' || x.length === 0)) fail('a list of non-empty strings');
       return v;
     case 'bool':
       if (typeof v !== 'boolean') fail('true or false');

@@ -1,7 +1,8 @@
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
-import { WorkerEngine } from '@nerva/engine';
+import { WorkerEngine, type WorkerEngineCreateOptions } from '@nerva/engine';
+import { readOptionalModelText } from '@nerva/models';
 import type { SysfsReader } from '@nerva/transport';
 import type { FastifyInstance } from 'fastify';
 import { Admission } from './admission.js';
@@ -10,7 +11,9 @@ import { checkKvTiers, type ServerConfig } from './config.js';
 import { defaultModelDir } from './default-model.js';
 import { ConfigError } from './errors.js';
 import { discoverFabricTopology, reportedCapabilities } from './fabric-topology.js';
+import { EngineRestarts } from './engine-restarts.js';
 import { ServerMetrics } from './metrics.js';
+import { API_KEY_ENV, isLoopback } from './security-options.js';
 import { ServerState } from './state.js';
 
 /**
@@ -38,7 +41,7 @@ export interface RunningServer {
 async function hasChatTemplate(dir: string): Promise<boolean> {
   if (existsSync(join(dir, 'chat_template.jinja'))) return true;
   try {
-    const cfg = JSON.parse(await readFile(join(dir, 'tokenizer_config.json'), 'utf8')) as { chat_template?: unknown };
+    const cfg = JSON.parse((await readOptionalModelText(dir, 'tokenizer_config.json')) ?? '{}') as { chat_template?: unknown };
     return cfg.chat_template !== undefined && cfg.chat_template !== null;
   } catch {
     return false;
@@ -52,7 +55,13 @@ async function hasChatTemplate(dir: string): Promise<boolean> {
  */
 export async function startServer(
   config: ServerConfig,
-  o: { log?: (line: string) => void; logger?: boolean; sysfs?: SysfsReader } = {},
+  o: {
+    log?: (line: string) => void;
+    logger?: boolean;
+    sysfs?: SysfsReader;
+    /** The engine died and could not be restarted (`nerva serve` exits non-zero); default: stay up, /health 503. */
+    onFatal?: (e: Error) => void;
+  } = {},
 ): Promise<RunningServer> {
   const log = o.log ?? (() => {});
   const modelDir = resolve(config.model ?? defaultModelDir());
@@ -78,31 +87,43 @@ export async function startServer(
   const port = (app.server.address() as { port: number }).port;
   const url = address.startsWith('http') ? `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}` : address;
 
+  if (!isLoopback(config.host) && state.apiKey === undefined) {
+    log(`nerva: warning: listening on ${config.host} without an API key: anyone who can reach this address can use the model (set --api-key or ${API_KEY_ENV})`);
+  }
+
+  const engineOptions: WorkerEngineCreateOptions = {
+    model: modelDir,
+    backend: config.backend,
+    numerics: config.numerics,
+    matmulPrecision: config.matmulPrecision,
+    ...(config.batchInvariant !== undefined ? { batchInvariant: config.batchInvariant } : {}),
+    maxNumSeqs: config.maxNumSeqs,
+    maxNumBatchedTokens: config.maxNumBatchedTokens,
+    kvCacheBytes: config.kvCacheBytes,
+    kvCacheDtype: config.kvCacheDtype,
+    maxModelLen: config.maxModelLen,
+    enablePrefixCaching: config.enablePrefixCaching,
+    vramBudget: config.vramBudget,
+    hostBudget: config.hostBudget,
+    offloadDir: config.offloadDir,
+    kvVramBudget: config.kvVramBudget,
+    kvHostBudget: config.kvHostBudget,
+    kvOffloadDir: config.kvOffloadDir,
+    kvWarmLinkShare: config.kvWarmLinkShare,
+    pipelineParallel: config.pipelineParallel,
+    allowSingleDeviceStages: config.allowSingleDeviceStages,
+    chatTemplate,
+    watchdogMs: state.security.engineWatchdogS * 1000,
+  };
+  const restarts = new EngineRestarts(state, engineOptions, { log, onFatal: o.onFatal, attach: (e) => {
+      metrics.detach();
+      metrics.attach(e);
+    },
+  });
+
   const ready = (async () => {
     try {
-      const engine = await WorkerEngine.create({
-        model: modelDir,
-        backend: config.backend,
-        numerics: config.numerics,
-        matmulPrecision: config.matmulPrecision,
-        ...(config.batchInvariant !== undefined ? { batchInvariant: config.batchInvariant } : {}),
-        maxNumSeqs: config.maxNumSeqs,
-        maxNumBatchedTokens: config.maxNumBatchedTokens,
-        kvCacheBytes: config.kvCacheBytes,
-        kvCacheDtype: config.kvCacheDtype,
-        maxModelLen: config.maxModelLen,
-        enablePrefixCaching: config.enablePrefixCaching,
-        vramBudget: config.vramBudget,
-        hostBudget: config.hostBudget,
-        offloadDir: config.offloadDir,
-        kvVramBudget: config.kvVramBudget,
-        kvHostBudget: config.kvHostBudget,
-        kvOffloadDir: config.kvOffloadDir,
-        kvWarmLinkShare: config.kvWarmLinkShare,
-        pipelineParallel: config.pipelineParallel,
-        allowSingleDeviceStages: config.allowSingleDeviceStages,
-        chatTemplate,
-      });
+      const engine = await WorkerEngine.create(engineOptions);
       if (state.draining) {
         await engine.dispose();
         return;
@@ -115,6 +136,7 @@ export async function startServer(
       state.admission = new Admission(running, config.maxQueue);
       metrics.attach(engine);
       state.engine = engine;
+      restarts.watch(engine);
       for (const n of [...engine.info.notes, ...state.notes]) log(`nerva: ${n}`);
     } catch (e) {
       state.loadError = e as Error;
@@ -127,6 +149,7 @@ export async function startServer(
   const shutdown = () => {
     closing ??= (async () => {
       state.draining = true;
+      restarts.stop();
       state.admission?.startDraining();
       const closed = app.close();
       const admission = state.admission;

@@ -84,7 +84,9 @@ export type ToWorker =
   | { type: 'submitFork'; rids: number[]; promptIds: number[]; opts: WorkerGenerateOptions }
   | { type: 'abort'; rid: number }
   | { type: 'query'; qid: number; what: 'stats' | 'checkInvariants' }
-  | { type: 'dispose' };
+  | { type: 'dispose' }
+  /** Tests of the watchdog: make the worker hang (a busy loop) or exit. */
+  | { type: 'fault'; what: 'hang' | 'exit' };
 
 export type FromWorker =
   | { type: 'ready'; info: WorkerEngineInfo }

@@ -1,9 +1,8 @@
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { NervaTokenizer } from '@nerva/models';
+import { NervaTokenizer, readTokenizerJson } from '@nerva/models';
 import { EngineError, type StepSignals } from '../engine.js';
 import type { TokenEvent } from '../request.js';
 import { validateForkCount, validateRequest } from '../request-validation.js';
@@ -25,6 +24,12 @@ import type {
 export interface WorkerEngineCreateOptions extends WorkerEngineOptions {
   /** Chat template source that replaces the model's own (or gives one to a model without). */
   chatTemplate?: string;
+  /**
+   * Milliseconds the worker may stay silent (no step, event or reply) while it has work before it
+   * counts as hung: every request and query then fails with a WORKER_HUNG {@link EngineError} and
+   * the worker is terminated. 0 or absent: no watchdog.
+   */
+  watchdogMs?: number;
 }
 
 /** Submit options: those of the engine, with the AbortSignal observed on the calling thread. */
@@ -90,19 +95,55 @@ export class WorkerEngine {
   private dead: Error | undefined;
   private disposing: Promise<void> | undefined;
   private onDisposed: (() => void) | undefined;
+  private readonly failureListeners = new Set<(e: Error) => void>();
+  private watchdog: NodeJS.Timeout | undefined;
+  private lastHeard = performance.now();
 
-  private constructor(worker: Worker, info: WorkerEngineInfo, tokenizer: NervaTokenizer | undefined) {
+  private constructor(worker: Worker, info: WorkerEngineInfo, tokenizer: NervaTokenizer | undefined, watchdogMs: number) {
     this.worker = worker;
     this.info = info;
     this.tokenizer = tokenizer;
     worker.on('message', (m: FromWorker) => this.onMessage(m));
-    worker.on('error', (e) => this.fail(e));
+    worker.on('error', (e) => this.fail(new EngineError('WORKER_ERROR', `engine worker failed: ${e.message}`)));
     worker.on('exit', (code) => this.fail(new EngineError('WORKER_EXIT', `engine worker exited with code ${code}`)));
+    if (watchdogMs > 0) {
+      this.watchdog = setInterval(() => this.checkAlive(watchdogMs), Math.max(10, Math.min(1000, watchdogMs / 4)));
+      this.watchdog.unref();
+    }
+  }
+
+  /** Whether the worker is gone (crashed, hung and terminated, or disposed). */
+  get isDead(): boolean {
+    return this.dead !== undefined;
+  }
+
+  /** Called once when the worker dies (crash, exit or hang; not on dispose) with the error requests got. */
+  onFailure(fn: (e: Error) => void): () => void {
+    this.failureListeners.add(fn);
+    return () => this.failureListeners.delete(fn);
+  }
+
+  /** Tests of the watchdog and of crash handling: make the worker hang in a step, or exit. */
+  injectFault(what: 'hang' | 'exit'): void {
+    this.post({ type: 'fault', what });
+  }
+
+  /** The watchdog: work outstanding and nothing heard from the worker for `ms` → hung. */
+  private checkAlive(ms: number): void {
+    if (this.dead || this.disposing) return;
+    const now = performance.now();
+    if (this.pending.size === 0 && this.queries.size === 0) {
+      this.lastHeard = now;
+      return;
+    }
+    if (now - this.lastHeard <= ms) return;
+    this.fail(new EngineError('WORKER_HUNG', `engine worker made no progress for ${(ms / 1000).toFixed(1)} s`));
+    void this.worker.terminate();
   }
 
   /** Start a worker, load the model there and the tokenizer here. Rejects with the worker's load error. */
   static async create(o: WorkerEngineCreateOptions): Promise<WorkerEngine> {
-    const { chatTemplate, ...engineOpts } = o;
+    const { chatTemplate, watchdogMs, ...engineOpts } = o;
     const tokenizerPromise = loadTokenizer(o.model, chatTemplate);
     const worker = new Worker(workerEntryUrl(), { workerData: engineOpts });
     let info: WorkerEngineInfo;
@@ -137,7 +178,7 @@ export class WorkerEngine {
       await worker.terminate();
       throw e;
     }
-    return new WorkerEngine(worker, info, tokenizer);
+    return new WorkerEngine(worker, info, tokenizer, watchdogMs ?? 0);
   }
 
   /** Sampling defaults from generation_config.json. */
@@ -242,6 +283,7 @@ export class WorkerEngine {
     // A caller that only reads events must not see an unhandled rejection.
     done.catch(() => {});
     const p: Pending = { stream, resolve, reject, aborted: false };
+    if (this.pending.size === 0 && this.queries.size === 0) this.lastHeard = performance.now();
     this.pending.set(rid, p);
     const abort = () => {
       if (p.aborted || !this.pending.has(rid)) return;
@@ -289,6 +331,7 @@ export class WorkerEngine {
   private query(what: 'stats' | 'checkInvariants'): Promise<unknown> {
     if (this.dead) return Promise.reject(this.dead);
     const qid = this.nextQid++;
+    if (this.pending.size === 0 && this.queries.size === 0) this.lastHeard = performance.now();
     return new Promise((resolve, reject) => {
       this.queries.set(qid, { resolve, reject });
       this.post({ type: 'query', qid, what });
@@ -300,6 +343,7 @@ export class WorkerEngine {
   }
 
   private onMessage(m: FromWorker): void {
+    this.lastHeard = performance.now();
     switch (m.type) {
       case 'event':
         this.pending.get(m.rid)?.stream.push(m.event);
@@ -350,6 +394,7 @@ export class WorkerEngine {
   private fail(err: Error): void {
     if (this.dead) return;
     this.dead = err;
+    clearInterval(this.watchdog);
     for (const [rid, p] of this.pending) {
       this.pending.delete(rid);
       p.cleanup?.();
@@ -361,6 +406,7 @@ export class WorkerEngine {
       q.reject(err);
     }
     this.onDisposed?.();
+    if (!this.disposing) for (const f of this.failureListeners) f(err);
   }
 }
 
@@ -368,9 +414,9 @@ export class WorkerEngine {
 async function loadTokenizer(dir: string, chatTemplate: string | undefined): Promise<NervaTokenizer | undefined> {
   if (!existsSync(join(dir, 'tokenizer.json'))) return undefined;
   if (chatTemplate === undefined) return NervaTokenizer.fromDir(dir);
-  const tok = JSON.parse(await readFile(join(dir, 'tokenizer.json'), 'utf8')) as unknown;
-  const cfgPath = join(dir, 'tokenizer_config.json');
-  const cfg = existsSync(cfgPath) ? (JSON.parse(await readFile(cfgPath, 'utf8')) as unknown) : {};
+  // Confined to the model folder and size-capped, as NervaTokenizer.fromDir reads them.
+  const tok = await readTokenizerJson(dir, 'tokenizer.json', true);
+  const cfg = (await readTokenizerJson(dir, 'tokenizer_config.json', false)) ?? {};
   return new NervaTokenizer(tok, cfg, chatTemplate, join(dir, 'tokenizer.json'));
 }
 

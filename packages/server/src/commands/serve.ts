@@ -2,6 +2,7 @@ import type { Command } from 'commander';
 import { Option } from 'commander';
 import { checkFlags, loadConfigFile, mergeConfig, type ServerConfig } from '../config.js';
 import { parseFractionArg, parseIntArg, parseSizeArg } from '../cli-util.js';
+import { API_KEY_ENV } from '../security-options.js';
 import { startServer } from '../server.js';
 
 interface ServeFlags {
@@ -34,6 +35,13 @@ interface ServeFlags {
   kvWarmLinkShare?: number;
   pipelineParallel?: number;
   allowSingleDeviceStages?: boolean;
+  // --- security options ---
+  allowedHosts?: string[];
+  maxConnections?: number;
+  allowClientPriority?: boolean;
+  engineWatchdog?: number;
+  accessLog?: boolean;
+  // --- end security options ---
 }
 
 export function registerServe(program: Command): void {
@@ -44,7 +52,7 @@ export function registerServe(program: Command): void {
     .option('--config <file>', 'TOML config file (flags override it)')
     .option('--host <host>', 'address to listen on (default 127.0.0.1)')
     .option('--port <n>', 'port (default 8000; 0 = any free port)', parseIntArg('--port'))
-    .option('--api-key <key>', 'require Authorization: Bearer <key> on /v1/*')
+    .option('--api-key <key>', `require Authorization: Bearer <key> on every route but /health (default: $${API_KEY_ENV})`)
     .addOption(new Option('--backend <name>', 'compute backend (default auto)').choices(['cpu', 'cuda', 'auto']))
     .addOption(new Option('--numerics <mode>', "activation rounding: exact (default) or bf16 (transformers' bf16 rounding points)").choices(['exact', 'bf16']))
     .addOption(new Option('--matmul-precision <p>', 'matmuls over more than 8 rows (prefill): exact (default, f32-grade) or bf16 (activations rounded to bf16 once; faster). Default from NERVA_MATMUL').choices(['exact', 'bf16']))
@@ -69,6 +77,13 @@ export function registerServe(program: Command): void {
     .option('--kv-warm-link-share <x>', 'tiered KV: share (0..1) of the warm KV pages the GPU attends over itself, streamed through VRAM over PCIe a layer ahead, while the host CPU attends over the rest (default on a GPU: what a staging of a quarter of --kv-vram-budget holds, up to 1; 0 on the CPU backend)', parseFractionArg('--kv-warm-link-share'))
     .option('--pipeline-parallel <n>', 'pipeline stages: the layers split into N contiguous ranges (N > 1 needs N GPUs on CUDA; any N on the CPU backend)', parseIntArg('--pipeline-parallel', { positive: true }))
     .option('--allow-single-device-stages', 'place every pipeline stage on one GPU (tests the pipeline on a one-GPU machine)')
+    // --- security options ---
+    .option('--allowed-hosts <hosts>', 'Host header values accepted besides loopback and the bound address (comma-separated; * = any)', (v: string) => v.split(',').map((h) => h.trim()).filter(Boolean))
+    .option('--max-connections <n>', 'open connections at most (default 512)', parseIntArg('--max-connections', { positive: true }))
+    .option('--allow-client-priority', "honour the request field 'priority' (default: a non-zero priority is a 400)")
+    .option('--engine-watchdog <s>', 'seconds the engine may make no progress with work outstanding before it is restarted (default 120)', parseIntArg('--engine-watchdog', { positive: true }))
+    .option('--no-access-log', 'no structured access log (JSON lines on stdout)')
+    // --- end security options ---
     .action(async (f: ServeFlags) => {
       const flags: Partial<ServerConfig> = checkFlags({
         model: f.model,
@@ -100,11 +115,22 @@ export function registerServe(program: Command): void {
         kvWarmLinkShare: f.kvWarmLinkShare,
         pipelineParallel: f.pipelineParallel,
         allowSingleDeviceStages: f.allowSingleDeviceStages,
+        // --- security options ---
+        allowedHosts: f.allowedHosts,
+        maxConnections: f.maxConnections,
+        allowClientPriority: f.allowClientPriority,
+        engineWatchdogS: f.engineWatchdog,
+        // --- end security options ---
       });
       const file = f.config ? await loadConfigFile(f.config) : {};
       const config = mergeConfig(file, flags);
       const log = (line: string) => process.stderr.write(line + '\n');
-      const server = await startServer(config, { log });
+      const server = await startServer(config, {
+        log,
+        logger: f.accessLog !== false,
+        // The engine died and would not come back: exit non-zero for the supervisor to restart us.
+        onFatal: () => process.exit(1),
+      });
       log(`nerva: serving ${server.state.modelName} at ${server.url}/v1 (loading the model; GET ${server.url}/health answers 200 when ready)`);
       server.ready.then(
         () => log(`nerva: ready at ${server.url}/v1`),
