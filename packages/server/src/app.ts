@@ -73,6 +73,8 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
     // Node's requestTimeout: the whole request (headers and body) must arrive within it.
     requestTimeout: sec.bodyTimeoutS * 1000,
     return503OnClosing: true,
+    // Errors Fastify raises before routing (a malformed URL, a bad header) leave in OpenAI's shape too.
+    frameworkErrors: (err, _req, reply) => void sendError(reply, classify(err)),
     // Slow senders (slowloris) are cut at the header and request timeouts; Node checks them on
     // this interval (its default, 30 s, would let a timeout overrun by that much).
     http: { headersTimeout: Math.min(sec.headersTimeoutS, sec.bodyTimeoutS) * 1000, connectionsCheckingInterval: 1000 },
