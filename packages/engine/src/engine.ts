@@ -1299,7 +1299,11 @@ export class Engine {
     const nSeq = plan.scheduled.length;
     const nl = sampling.length;
     const decodeOnly = nl === nSeq && rows === nSeq && !forks;
-    const deviceSample = nl > 0 && sampling.every((r) => isDeviceSamplable(r.params) && !this.needsLogits(r));
+    // Rows that need the host sampler (penalties, logprobs, min_tokens, logits kept): only they
+    // are read and sampled on the host; the device samples the rest (a mixed step).
+    const hostRows = nl > 0 ? sampling.flatMap((r, i) => (isDeviceSamplable(r.params) && !this.needsLogits(r) ? [] : [i])) : [];
+    const deviceSample = nl > 0 && hostRows.length === 0;
+    const mixed = hostRows.length > 0 && hostRows.length < nl;
     const V = this.spec.vocabSize;
     const be = this.backend;
     const m = this.runner.meta;
@@ -1362,7 +1366,7 @@ export class Engine {
       replayed = true;
     } else {
       this.graphKey = undefined;
-      this.writeMeta(rows, nl, deviceSample);
+      this.writeMeta(rows, nl, deviceSample || mixed);
       // A prompt's last row sampled once per fork: logit rows repeat (see ModelRunner.repeatedLogitRows).
       const runners = forks ? (this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) : [];
       for (const r of runners) r.repeatedLogitRows = true;
@@ -1376,26 +1380,35 @@ export class Engine {
         for (const r of runners) r.repeatedLogitRows = false;
         if (single) single.oneSequence = false;
       }
-      if (deviceSample) {
+      // One row on the host: the sampler with penalties and logprobs, forced tokens, logits kept.
+      const hostSample = (req: Request, logits: Float32Array, offset: number): number => {
+        const banned = req.outputIds.length < req.params.minTokens ? [...(req.params.ignoreEos ? [] : this.eosTokenIds), ...req.params.stopTokenIds] : [];
+        const l = this.live.get(req.id)!;
+        const s = this.sampler.sample(logits, offset, req.params, req.sampleCounter, { all: req.seenAll, output: req.seenOutput }, banned);
+        if (l.forced) s.token = l.forced[req.outputIds.length];
+        host.set(req, s);
+        if (l.wantPromptLogits && req.outputIds.length === 0) l.promptLogits = logits.slice(offset, offset + V);
+        l.stepLogits?.push(logits.slice(offset, offset + V));
+        return s.token;
+      };
+      if (deviceSample || mixed) {
         this.runner.sampleOnDevice(nl, m.sampled);
+        if (mixed) this.pipeline?.logitsHome(nl);
         be.record(this.endEv);
         be.synchronize('policy');
         tokens = this.readRing(nl);
+        if (mixed) {
+          // The device sampled every row (the same rule); the host rows' tokens are replaced.
+          const ts = performance.now();
+          for (const i of hostRows) tokens[i] = hostSample(sampling[i], be.read(this.runner.logits, i * V, V) as Float32Array, 0);
+          sampleMs = performance.now() - ts;
+        }
       } else if (nl > 0) {
         this.pipeline?.logitsHome(nl);
         be.record(this.endEv);
         const logits = be.read(this.runner.logits, 0, nl * V) as Float32Array;
         const ts = performance.now();
-        sampling.forEach((req, i) => {
-          const banned = req.outputIds.length < req.params.minTokens ? [...(req.params.ignoreEos ? [] : this.eosTokenIds), ...req.params.stopTokenIds] : [];
-          const l = this.live.get(req.id)!;
-          const s = this.sampler.sample(logits, i * V, req.params, req.sampleCounter, { all: req.seenAll, output: req.seenOutput }, banned);
-          if (l.forced) s.token = l.forced[req.outputIds.length];
-          host.set(req, s);
-          tokens.push(s.token);
-          if (l.wantPromptLogits && req.outputIds.length === 0) l.promptLogits = logits.slice(i * V, (i + 1) * V);
-          l.stepLogits?.push(logits.slice(i * V, (i + 1) * V));
-        });
+        sampling.forEach((req, i) => tokens.push(hostSample(req, logits, i * V)));
         sampleMs = performance.now() - ts;
       } else {
         be.record(this.endEv);
