@@ -3,6 +3,7 @@ import { choiceOptions, type ChoiceJob, toApiError } from './generation.js';
 import { badRequest } from './errors.js';
 import { parseChatRequest } from './openai-schema.js';
 import { admitEarly, checkBudget, messageChars } from './request-budget.js';
+import { OFF_THREAD_CHARS, offThread } from './tokenize-pool.js';
 import { respond } from './respond.js';
 import type { ServerState } from './state.js';
 
@@ -13,19 +14,17 @@ export function registerChat(app: FastifyInstance, state: ServerState): void {
     state.checkModel(req.model);
     const { engine } = state.ready();
     // Budgets and admission before the template renders and the tokenizer runs (the costly part).
-    checkBudget(state, req.n, req.sampling, messageChars(req.messages) + (req.tools ? JSON.stringify(req.tools).length : 0));
+    const chars = messageChars(req.messages) + (req.tools ? JSON.stringify(req.tools).length : 0);
+    checkBudget(state, req.n, req.sampling, chars);
     const ticket = admitEarly(state, req.n);
     let promptIds: number[];
     try {
       const tok = engine.tokenizer;
       if (!tok) throw badRequest(`model ${state.modelDir} has no tokenizer; use /v1/completions with token ids`, 'messages', 'no_tokenizer');
-      const text = tok.applyChatTemplate(req.messages, {
-        addGenerationPrompt: req.addGenerationPrompt,
-        enableThinking: req.enableThinking,
-        tools: req.tools,
-        extra: req.templateExtra,
-      });
-      promptIds = tok.encode(text, { addSpecialTokens: false });
+      const opts = { addGenerationPrompt: req.addGenerationPrompt, enableThinking: req.enableThinking, tools: req.tools, extra: req.templateExtra };
+      // A large chat renders and tokenizes in the tokenizer worker; a small one here (no round trip).
+      const off = chars >= OFF_THREAD_CHARS ? await offThread(state.offThread?.run({ kind: 'chat', messages: req.messages, opts })) : undefined;
+      promptIds = off ?? tok.encode(tok.applyChatTemplate(req.messages, opts), { addSpecialTokens: false });
     } catch (e) {
       ticket.release();
       throw toApiError(e);

@@ -15,6 +15,7 @@ import { EngineRestarts } from './engine-restarts.js';
 import { ServerMetrics } from './metrics.js';
 import { API_KEY_ENV, isLoopback } from './security-options.js';
 import { ServerState } from './state.js';
+import { OffThreadTokenizer } from './tokenize-pool.js';
 
 /**
  * The template used when a model ships none (base models): role-labelled turns, as a plain
@@ -82,6 +83,7 @@ export async function startServer(
     chatTemplate = FALLBACK_CHAT_TEMPLATE;
     state.notes.push(`model ${modelName} has no chat template; /v1/chat/completions uses the plain "ROLE:" transcript template (set chat_template to replace it)`);
   }
+  if (existsSync(join(modelDir, 'tokenizer.json'))) state.offThread = new OffThreadTokenizer({ dir: modelDir, chatTemplate });
   const app = buildApp(state, { logger: o.logger });
   const address = await app.listen({ host: config.host, port: config.port });
   const port = (app.server.address() as { port: number }).port;
@@ -172,6 +174,7 @@ export async function startServer(
         clearInterval(sweep);
       }
       metrics.detach();
+      await state.offThread?.close();
       await state.engine?.dispose();
     })();
     return closing;

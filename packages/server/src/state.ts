@@ -4,6 +4,7 @@ import type { ServerConfig } from './config.js';
 import { ApiError } from './errors.js';
 import type { FabricTopologyJson } from './fabric-topology.js';
 import type { ServerMetrics } from './metrics.js';
+import type { OffThreadTokenizer } from './tokenize-pool.js';
 import { apiKeyFrom, type ResolvedSecurity, resolveSecurity } from './security-options.js';
 
 /** What the routes share: the configuration and, once loaded, the engine. */
@@ -15,6 +16,8 @@ export class ServerState {
   draining = false;
   /** Set while the engine is gone (its worker crashed or hung) and not yet restarted. */
   engineDown: Error | undefined;
+  /** Renders and tokenizes large prompts off the event loop (set once the server starts). */
+  offThread: OffThreadTokenizer | undefined;
   /** The security options with their defaults. */
   readonly security: ResolvedSecurity;
   /** The API key in force: the configured one, else $NERVA_API_KEY. */

@@ -1,6 +1,6 @@
 import { request as httpRequest, type ServerResponse } from 'node:http';
 import { connect } from 'node:net';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import type { RunningServer } from '../src/server.js';
 import { SseWriter } from '../src/sse.js';
 import { MODEL, startTestServer, waitAllFree } from './helpers.js';
@@ -148,6 +148,25 @@ describe('request budgets, checked before any work', () => {
     const r = await post({ prompt: 'a'.repeat(256 * 1024 + 1) });
     expect(r.status).toBe(400);
     expect(JSON.parse(r.body).error.code).toBe('prompt_too_long');
+  });
+
+  it('a large prompt is tokenized off the event loop (the same ids)', async () => {
+    const tok = open.state.engine!.tokenizer!;
+    const prompt = 'the king and the queen spoke. '.repeat(6000);
+    const spy = vi.spyOn(tok, 'encode');
+    let r: Raw;
+    try {
+      r = await post({ prompt });
+      expect(spy).not.toHaveBeenCalled();
+    } finally {
+      spy.mockRestore();
+    }
+    // Too long for the model: the error names the token count the worker found.
+    expect(r.status).toBe(400);
+    expect(JSON.parse(r.body).error.message).toContain(`${tok.encode(prompt).length} tokens`);
+    const chat = await raw(open.url, 'POST', '/v1/chat/completions', JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: prompt }], max_tokens: 1 }));
+    expect(chat.status).toBe(400);
+    expect(JSON.parse(chat.body).error.message).toMatch(/\d+ tokens/);
   });
 
   it('client priority needs the operator to enable it', async () => {
