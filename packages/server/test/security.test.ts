@@ -1,7 +1,8 @@
 import { request as httpRequest, type ServerResponse } from 'node:http';
 import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import type { RunningServer } from '../src/server.js';
+import { DEFAULT_CONFIG } from '../src/config.js';
+import { type RunningServer, startServer } from '../src/server.js';
 import { SseWriter } from '../src/sse.js';
 import { MODEL, startTestServer, waitAllFree } from './helpers.js';
 
@@ -100,6 +101,25 @@ describe('API key: decided on the matched route, deny by default', () => {
     expect(JSON.parse(h.body)).toEqual({ status: 'ok' });
     const m = await raw(keyed.url, 'GET', '/metrics', undefined, { authorization: `Bearer ${KEY}` });
     expect(m.status).toBe(200);
+  });
+});
+
+describe('the key from the environment, and a warning without one beyond loopback', () => {
+  it('NERVA_API_KEY sets the key; listening on 0.0.0.0 without a key logs a warning', async () => {
+    const lines: string[] = [];
+    process.env.NERVA_API_KEY = 'sk-from-env';
+    let s: RunningServer | undefined;
+    try {
+      s = await startServer({ ...DEFAULT_CONFIG, port: 0, backend: 'cpu' }, { log: (l) => lines.push(l) });
+      expect(s.state.apiKey).toBe('sk-from-env');
+      expect(lines.join('\n')).not.toContain('without an API key');
+    } finally {
+      delete process.env.NERVA_API_KEY;
+      await s?.shutdown();
+    }
+    const wide = await startServer({ ...DEFAULT_CONFIG, host: '0.0.0.0', port: 0, backend: 'cpu' }, { log: (l) => lines.push(l) });
+    await wide.shutdown();
+    expect(lines.join('\n')).toMatch(/warning: listening on 0\.0\.0\.0 without an API key/);
   });
 });
 
