@@ -10,7 +10,7 @@ mkdir -p "$out"
 pkg=packages/cuda-backend
 cuda=${CUDA_HOME:-/usr/local/cuda}
 inc=.device/include
-archs=${NERVA_CUDA_ARCHITECTURES:-${CUDAARCHS:-${NERVA_CUDA_ARCH:-${CUDA_ARCH:-}}}}
+archs=${NERVA_CUDA_ARCHITECTURES:-${CUDAARCHS:-${CUDA_ARCH:-}}}
 if [ -z "$archs" ]; then
   archs=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.' || true)
 fi

@@ -16,7 +16,7 @@ mkdir -p "$OUT/x"
 NODE=/tmp/node
 [ -x $NODE ] || { xz -dc .device/node.xz > $NODE && chmod +x $NODE; }
 xz -dc .device/before/nerva_cuda.node.xz > /tmp/before.node || { echo "no .device/before/nerva_cuda.node.xz"; exit 1; }
-cp .device/addon/nerva_cuda.node /tmp/after.node || { echo "no .device/addon/nerva_cuda.node (prepare.sh --addon)"; exit 1; }
+xz -dc .device/addon/nerva_cuda.node.xz > /tmp/after.node || { echo "no .device/addon/nerva_cuda.node.xz (prepare.sh --addon)"; exit 1; }
 mkdir -p /tmp/nerva-addon && cp /tmp/after.node /tmp/nerva-addon/nerva_cuda.node
 OUT="$OUT/x" bash tools/gpu/run.sh synth > "$OUT/x/synth.log" 2>&1
 

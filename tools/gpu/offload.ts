@@ -26,6 +26,7 @@ const r = await offloadProbe({
   offloadDir: process.env.NERVA_OFFLOAD_DIR,
   // NERVA_HOST_COMPUTE: auto (default), off, or a forced fraction of MLP channels on the host.
   hostCompute: hostCompute(process.env.NERVA_HOST_COMPUTE),
+  accelerateJson: process.env.NERVA_ACCELERATE_JSON,
 });
 const line = JSON.stringify(r);
 console.log(line);

@@ -79,8 +79,9 @@ export OUT
 # The sources the addon is built from: a prebuilt .device/addon (tools/gpu/prepare.sh --addon, same
 # nvcc and archs as build-addon.sh) is used instead of building when it came from these sources.
 addon_sha() { find packages/cuda-backend/native -type f | LC_ALL=C sort | xargs cat tools/gpu/build-addon.sh | sha256sum | cut -c1-16; }
-if has build && [ -f .device/addon/nerva_cuda.node ] && [ "$(cat .device/addon/sources.sha 2>/dev/null)" = "$(addon_sha)" ]; then
-  mkdir -p /tmp/nerva-addon && cp .device/addon/nerva_cuda.node /tmp/nerva-addon/ && say "addon prebuilt here (sources $(addon_sha))"
+# The prebuilt addon travels xz-compressed (11 MiB as built, ~1.5 MiB packed: carry's 64 MiB).
+if has build && [ -f .device/addon/nerva_cuda.node.xz ] && [ "$(cat .device/addon/sources.sha 2>/dev/null)" = "$(addon_sha)" ]; then
+  mkdir -p /tmp/nerva-addon && xz -dc .device/addon/nerva_cuda.node.xz > /tmp/nerva-addon/nerva_cuda.node && say "addon prebuilt here (sources $(addon_sha))"
 elif has build; then
   t0=$(date +%s)
   if bash tools/gpu/build-addon.sh /tmp/nerva-addon >>"$log" 2>&1; then say "addon built in $(( $(date +%s) - t0 )) s"; else say "addon build FAILED"; tail -30 "$log"; exit 1; fi
@@ -154,6 +155,7 @@ has paged && runjs paged parity.mjs paged $(ls -d .device/fixtures/models/*/) mo
 has pipeline && runjs pipeline pipeline.mjs single $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3 && cp "$OUT/pipeline.json" "$OUT/pipeline-fixtures.json"
 has pipeline2 && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs pipeline2 pipeline.mjs multi $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3 && cp "$OUT/pipeline-multi.json" "$OUT/pipeline-multi-fixtures.json"
 has tiered && runjs tiered parity.mjs tiered $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3 && cp "$OUT/tiered.json" "$OUT/tiered-fixtures.json"
+has contexts && runjs contexts contexts.mjs models/tiny-shakespeare-qwen3 $(ls -d .device/fixtures/models/*/ | head -2)
 has cli && { for m in .device/fixtures/models/*/; do $NODE .device/dist/cli.mjs run --model "$m" --backend cuda --prompt-ids 1,2,3 --max-tokens 8 --temperature 0 --json 2>&1 | tail -1; done > "$OUT/cli-runs.jsonl"; say "cli runs: $(grep -c '"backend":"cuda"' "$OUT/cli-runs.jsonl") cuda json lines"; }
 for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   dir=/tmp/synth/$size

@@ -216,10 +216,12 @@ const print = (o: unknown): void => {
   cmd
     .option('--prompt-len <n>', 'prompt tokens', int('--prompt-len'), 16)
     .option('--new-tokens <n>', 'generated tokens', int('--new-tokens'), 32)
+    .option('--accelerate-json <file>', 'a JSON line of tools/gpu/accelerate_offload.py on the same checkpoint and budget: adds speedup_vs_accelerate')
     .action(async (f) => {
       const e = engine(f);
       print(
         await offloadProbe({
+          accelerateJson: f.accelerateJson,
           hostCompute: e.hostCompute,
           model: e.model ?? defaultModelDir(),
           backend: e.backend,

@@ -5,7 +5,7 @@
 export const DEFAULT_ARCHS = ['80', '86', '89', '90'];
 
 const LIST_VARS = ['NERVA_CUDA_ARCHITECTURES', 'CUDAARCHS', 'CMAKE_CUDA_ARCHITECTURES'];
-const ONE_VARS = ['NERVA_CUDA_ARCH', 'CUDA_ARCH'];
+const ONE_VARS = ['CUDA_ARCH'];
 
 /** Normalizes one entry: "90", "sm_90", "9.0", "90a", "compute_90", "90-real" -> "90" / "90a". */
 export function normalizeArch(raw) {

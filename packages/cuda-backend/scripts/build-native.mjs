@@ -124,7 +124,7 @@ const jobs = kernelSources().map((src) => {
   objects.push(obj);
   return ['-c', src, '-o', obj, ...common, ...(src.endsWith('.cu') ? gencodeFlags(archs) : [])];
 });
-const width = Number(process.env.NERVA_BUILD_JOBS) || (os.availableParallelism?.() ?? os.cpus().length);
+const width = os.availableParallelism?.() ?? os.cpus().length;
 await compileAll(jobs, width);
 rmSync(path.join(pkgDir, 'build', 'nerva_kernels.a'), { force: true });
 run('ar', ['rcs', 'build/nerva_kernels.a', ...objects]);

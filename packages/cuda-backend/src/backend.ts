@@ -42,7 +42,7 @@ import type { GemmPrecision } from './options.js';
  * The most keys a decode row may have for op decoder_layers to run its cluster attention
  * (k_attn_decode_short: a KV head's keys in the shared memory of 8 blocks, no global merge), as
  * the addon reports it (its SA_MAX_KEYS where the kernel can run in this context: thread block
- * clusters, exact numerics, per-layer kernels, no batch invariance, NERVA_ATTN_SHORT not 0). The
+ * clusters, exact numerics, per-layer kernels, no batch invariance). The
  * kernel then takes one-row decode steps whose maxKeys is at most this, for layers of headDim 128
  * and at most two q heads a KV head. An addon that does not report it: 0.
  */

@@ -9,7 +9,7 @@ describe('CUDA architecture selection', () => {
   });
 
   it('then the single-arch variables', () => {
-    expect(selectArchitectures({ NERVA_CUDA_ARCH: 'sm_89', CUDA_ARCH: '80' }, '9.0')).toEqual({ archs: ['89'], source: 'NERVA_CUDA_ARCH' });
+    expect(selectArchitectures({ CUDA_ARCH: 'sm_89' }, '9.0')).toEqual({ archs: ['89'], source: 'CUDA_ARCH' });
     expect(selectArchitectures({ CUDA_ARCH: '8.6' }, '9.0')).toEqual({ archs: ['86'], source: 'CUDA_ARCH' });
   });
 

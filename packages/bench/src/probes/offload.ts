@@ -15,7 +15,7 @@ export interface OffloadProbeOptions extends Pick<EngineOptions, 'hostBudget' | 
   newTokens: number;
   /** KV cache bytes (default {@link offloadKvCacheBytes}: one sequence of the probe's length). */
   kvCacheBytes?: number;
-  /** A JSON line written by tools/gpu/accelerate_offload.py (default: env NERVA_ACCELERATE_JSON). */
+  /** A JSON line written by tools/gpu/accelerate_offload.py . */
   accelerateJson?: string;
 }
 
@@ -46,7 +46,7 @@ interface AccelerateLine {
 
 function readAccelerate(path: string, notes: string[]): AccelerateLine | undefined {
   if (!existsSync(path)) {
-    notes.push(`NERVA_ACCELERATE_JSON=${path} does not exist; no accelerate comparison`);
+    notes.push(`accelerate baseline ${path} does not exist; no accelerate comparison`);
     return undefined;
   }
   const lines = readFileSync(path, 'utf8').split('\n').filter((l) => l.trim().length > 0);
@@ -175,7 +175,7 @@ export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<strin
       syncs_per_token: s.syncs_per_decode_token,
       token_ids: out.tokenIds,
     };
-    const accPath = o.accelerateJson ?? process.env.NERVA_ACCELERATE_JSON;
+    const accPath = o.accelerateJson;
     if (accPath) {
       const acc = readAccelerate(accPath, notes);
       if (acc) {

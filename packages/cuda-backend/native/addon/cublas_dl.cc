@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "knobs.h"
 #include "nerva.h"
 
 // The first of `names` that loads (13, 12, unversioned); nullptr with `why` filled otherwise.

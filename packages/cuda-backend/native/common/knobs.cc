@@ -1,9 +1,7 @@
-// The knob table (knobs.h): every environment name the native code reads, declared once. The
-// only getenv of the native code is here.
-#include "common/knobs.h"
+// The knob table (knobs.h): every environment name the native code reads, declared once.
+#include "knobs.h"
 
 #include <cerrno>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,58 +9,66 @@
 namespace nerva::knobs {
 namespace {
 
-constexpr Knob kTable[] = {
+constexpr long kIntMax = 2147483647;
+
+// Keep a knob only where a user or operator would set it; a default here is the behaviour with
+// the variable unset.
+const Knob kTable[] = {
     {"NERVA_CUDA_SYNC", Kind::OneOf, "auto", 0, 0, "spin,block,auto",
-     "how a host thread waits for the GPU: spin, block (a blocking-sync event), auto (block once host compute modules run)"},
+     "how synchronize waits: spin, block (a blocking-sync event: the thread sleeps), or auto (block while the context has host compute modules)"},
     {"NERVA_PINNED_HUGEPAGES", Kind::OneOf, "1", 0, 0, "0,1",
-     "pinned host arenas on 2 MiB pages where the kernel allows (0: cudaHostAlloc)"},
-    {"NERVA_NCCL_PATH", Kind::Path, "", 0, 0, "", "the libnccl to load for multi-GPU runs (default: the system's)"},
-    {"NERVA_HOST_THREADS", Kind::Int, "0", 0, INT_MAX, "",
-     "host compute threads (0: the CPUs this process may use; at most 256)"},
-    {"NERVA_HOST_PIN", Kind::OneOf, "0", 0, 0, "0,1", "pin host compute threads to CPUs"},
-    {"NERVA_HOST_SPIN_US", Kind::Int, "1000", 0, INT_MAX, "", "microseconds a host compute worker spins before it sleeps"},
-    {"NERVA_HOST_ISA", Kind::OneOf, "", 0, 0, "scalar,avx2,avx512",
-     "most capable vector path of the host compute modules (default: the best the CPU has)"},
-    {"NERVA_DEVICE_TRACE", Kind::Path, "", 0, 0, "",
-     "file the device timeline is written to (builds with -DNERVA_TRACE only)"},
+     "pinned arenas on anonymous memory advised for 2 MiB pages, then registered (0: cudaHostAlloc)"},
+    {"NERVA_NCCL_PATH", Kind::Path, "", 0, 0, 0,
+     "libnccl.so.2, or the directory holding it, tried before the loader's search path"},
+    {"NERVA_HOST_THREADS", Kind::Int, "0", 0, kIntMax, 0,
+     "host compute threads (0: three less than the CPUs this process may use, at least 1; at most 256)"},
+    {"NERVA_HOST_PIN", Kind::OneOf, "0", 0, 0, "0,1", "pin host compute worker threads to CPUs"},
+    {"NERVA_HOST_SPIN_US", Kind::Int, "1000", 0, kIntMax, 0, "microseconds an idle host compute worker spins before it sleeps"},
+    {"NERVA_HOST_ISA", Kind::OneOf, "avx512", 0, 0, "scalar,avx2,avx512",
+     "most capable vector path of the host compute modules (the CPU's best up to this)"},
+    {"NERVA_DEVICE_TRACE", Kind::Path, "", 0, 0, 0,
+     "file the device timeline is written to when the backend is disposed (builds with -DNERVA_TRACE only)"},
 };
 constexpr std::size_t kCount = sizeof kTable / sizeof kTable[0];
 
-// Whether `v` is one of the comma-separated `values`.
-bool oneOf(const char* values, const char* v) {
-  const std::size_t n = std::strlen(v);
-  for (const char* p = values; *p;) {
-    const char* e = std::strchr(p, ',');
-    const std::size_t len = e ? (std::size_t)(e - p) : std::strlen(p);
-    if (len == n && std::strncmp(p, v, n) == 0) return true;
-    if (!e) break;
-    p = e + 1;
-  }
-  return false;
-}
-
-// Whether `v` is a whole number within the knob's bounds (into *out).
-bool parseInt(const Knob& k, const char* v, long* out) {
-  char* end = nullptr;
-  errno = 0;
-  const long n = std::strtol(v, &end, 10);
-  if (end == v || *end != 0 || errno == ERANGE || n < k.min || n > k.max) return false;
-  *out = n;
-  return true;
-}
-
-// The environment's value when set and non-empty, else nullptr.
+// The environment's value of k when set and non-empty, else nullptr.
 const char* envOf(const Knob& k) {
   const char* v = std::getenv(k.name);
   return v && *v ? v : nullptr;
 }
 
+// Whether `v` is one of the comma-separated `values`.
+bool oneOf(const char* values, const char* v) {
+  const std::size_t n = std::strlen(v);
+  for (const char* p = values; p && *p;) {
+    const char* end = std::strchr(p, ',');
+    const std::size_t len = end ? (std::size_t)(end - p) : std::strlen(p);
+    if (len == n && std::strncmp(p, v, n) == 0) return true;
+    p = end ? end + 1 : nullptr;
+  }
+  return false;
+}
+
+// A whole decimal number in [min, max] (digits only: no sign, blanks or fraction).
+bool parseInt(const Knob& k, const char* v, long* out) {
+  for (const char* p = v; *p; p++)
+    if (*p < '0' || *p > '9') return false;
+  errno = 0;
+  const long n = std::strtol(v, nullptr, 10);
+  if (errno == ERANGE || n < k.min || n > k.max) return false;
+  *out = n;
+  return true;
+}
+
 bool valid(const Knob& k, const char* v) {
   long n;
   switch (k.kind) {
-    case Kind::Int: return parseInt(k, v, &n);
-    case Kind::OneOf: return oneOf(k.values, v);
-    case Kind::Path: return true;
+    case Kind::Int:
+      return parseInt(k, v, &n);
+    case Kind::OneOf:
+      return oneOf(k.values, v);
+    case Kind::Path:
+      return true;
   }
   return false;
 }
@@ -75,20 +81,9 @@ const Knob* table(std::size_t* count) {
 }
 
 const Knob* find(const char* name) {
-  if (!name) return nullptr;
   for (const Knob& k : kTable)
     if (std::strcmp(k.name, name) == 0) return &k;
   return nullptr;
-}
-
-long intValue(const char* name) {
-  const Knob* k = find(name);
-  if (!k) return 0;
-  long n = 0;
-  const char* v = envOf(*k);
-  if (k->kind == Kind::Int && v && parseInt(*k, v, &n)) return n;
-  if (k->kind == Kind::OneOf && v && oneOf(k->values, v)) return std::strtol(v, nullptr, 10);
-  return std::strtol(k->dflt, nullptr, 10);
 }
 
 const char* textValue(const char* name) {
@@ -98,15 +93,26 @@ const char* textValue(const char* name) {
   return v && valid(*k, v) ? v : k->dflt;
 }
 
+long intValue(const char* name) {
+  const Knob* k = find(name);
+  if (!k) return 0;
+  const char* v = textValue(name);
+  if (k->kind == Kind::Int) {
+    long n = 0;
+    return parseInt(*k, v, &n) ? n : std::strtol(k->dflt, nullptr, 10);
+  }
+  return std::strtol(v, nullptr, 10);  // a OneOf of numbers ("0,1")
+}
+
 bool validate(char* why, std::size_t whyLen) {
   for (const Knob& k : kTable) {
     const char* v = envOf(k);
     if (!v || valid(k, v)) continue;
     if (why && whyLen) {
       if (k.kind == Kind::Int)
-        std::snprintf(why, whyLen, "%s=%s: expected a whole number in %ld..%ld (%s)", k.name, v, k.min, k.max, k.doc);
+        std::snprintf(why, whyLen, "%s: must be an integer in [%ld, %ld] or unset, got \"%s\" (%s)", k.name, k.min, k.max, v, k.doc);
       else
-        std::snprintf(why, whyLen, "%s=%s: expected one of %s (%s)", k.name, v, k.values, k.doc);
+        std::snprintf(why, whyLen, "%s: must be one of %s or unset, got \"%s\" (%s)", k.name, k.values, v, k.doc);
     }
     return false;
   }

@@ -77,7 +77,5 @@ int opFusedMatmul(NervaExec* ex, Args& A) {
   return matmulRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias, f);
 }
 
-// Split-KV sizing (A/B measurements on the GPU machine): NERVA_ATTN_WAVES (default 1) waves of
-// the split kernel's resident blocks the splits aim to fill, NERVA_ATTN_MIN_CHUNK (default 32)
 
 }  // namespace nerva::ops

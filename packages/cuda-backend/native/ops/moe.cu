@@ -135,9 +135,6 @@ int opMoeMlp(NervaExec* ex, Args& A) {
   return NERVA_OK;
 }
 
-// Blocks a cluster of k_sample_cluster: NERVA_SAMPLE_CLUSTER (0: k_sample's blocks with a last-
-// arriving merge; 4, 8 or 16), default 8; 0 where clusters of that size cannot run (before sm_90).
-
 int opMoeRoute(NervaExec* ex, Args& A) {
   Buf logits = buf(A), ids = buf(A), tw = buf(A);
   int rows = A.num(), E = A.num(), K = A.num(), norm = A.num();
