@@ -343,6 +343,11 @@ export interface OpCatalogue {
     rows: number;
     vocab: number;
     /**
+     * Sample only ids below `limit` (default `vocab`; `vocab` stays the row stride): a checkpoint
+     * whose embedding rows outnumber its tokenizer's ids never yields an id without a token.
+     */
+    limit?: number;
+    /**
      * Then push `out` into the token ring (op ring_push with src = out over these rows). Only
      * where capabilities.opFields lists it (sample: ['push', 'advance']).
      */

@@ -71,21 +71,47 @@ export function sampleRow(
     sum += e;
   }
   for (let i = 0; i < vocab; i++) prob[i] /= sum;
-  // Candidate count: cut with a partial selection before sorting when topK bounds it.
+  // Candidates by p descending, ties by lower index: a total order, so the first m of a partial
+  // selection sorted are exactly the first m of a full sort. Every cut below reads a prefix, so
+  // with a cut only the prefix it needs is sorted (topK: k candidates; topP / minP: a prefix
+  // that grows until the cut falls inside it); without any cut the whole row is.
+  const cmp = (a: number, b: number) => prob[b] - prob[a] || a - b;
+  const cut = p.topK > 0 || p.topP < 1 || p.minP > 0;
+  let m = p.topK > 0 ? Math.min(p.topK, vocab) : cut ? Math.min(vocab, FIRST_PREFIX) : vocab;
+  const sortPrefix = (len: number) => {
+    for (let i = 0; i < vocab; i++) idx[i] = i;
+    if (len < vocab) selectTop(idx, vocab, len, cmp);
+    idx.subarray(0, len).sort(cmp);
+  };
+  sortPrefix(m);
   let n = vocab;
-  for (let i = 0; i < vocab; i++) idx[i] = i;
-  const sub = idx.subarray(0, n);
-  sub.sort((a, b) => prob[b] - prob[a] || a - b);
   if (p.topK > 0 && p.topK < n) n = p.topK;
   if (p.topP < 1) {
-    let c = 0;
-    let k = 0;
-    while (k < n) {
-      c += prob[idx[k]];
-      k++;
-      if (c >= p.topP) break;
+    for (;;) {
+      let c = 0;
+      let k = 0;
+      const lim = Math.min(n, m);
+      while (k < lim) {
+        c += prob[idx[k]];
+        k++;
+        if (c >= p.topP) break;
+      }
+      // The mass was not reached inside the sorted prefix: sort a longer one and walk again.
+      if (c < p.topP && k === m && m < n) {
+        m = Math.min(vocab, m * 8);
+        sortPrefix(m);
+        continue;
+      }
+      n = Math.max(1, k);
+      break;
     }
-    n = Math.max(1, k);
+  }
+  if (n > m) {
+    // minP alone: its cut must fall inside the sorted prefix, else sort the whole row.
+    if (p.minP > 0 && prob[idx[m - 1]] >= p.minP * prob[idx[0]]) {
+      m = vocab;
+      sortPrefix(m);
+    }
   }
   if (p.minP > 0) {
     const floor = p.minP * prob[idx[0]];
@@ -93,6 +119,8 @@ export function sampleRow(
     while (k < n && prob[idx[k]] >= floor) k++;
     n = k;
   }
+  // Every cut fell inside the sorted prefix (or the whole row is sorted).
+  n = Math.min(n, m);
   let kept = 0;
   for (let k = 0; k < n; k++) kept += prob[idx[k]];
   const target = u * kept;
@@ -102,4 +130,44 @@ export function sampleRow(
     if (c > target) return idx[k];
   }
   return idx[n - 1];
+}
+
+/** Sorted prefix tried first when a topP or minP cut bounds the candidates (grown 8x as needed). */
+const FIRST_PREFIX = 1024;
+
+/**
+ * Partial selection (quickselect): reorder idx[0, len) so that its first `k` entries are the k
+ * smallest under `cmp` (in any order). `cmp` must be a total order (no two entries equal).
+ */
+function selectTop(idx: Int32Array, len: number, k: number, cmp: (a: number, b: number) => number): void {
+  let lo = 0;
+  let hi = len - 1;
+  while (lo < hi) {
+    // Median of three as the pivot keeps sorted and reversed rows linear.
+    const mid = (lo + hi) >>> 1;
+    if (cmp(idx[mid], idx[lo]) < 0) swap(idx, mid, lo);
+    if (cmp(idx[hi], idx[lo]) < 0) swap(idx, hi, lo);
+    if (cmp(idx[hi], idx[mid]) < 0) swap(idx, hi, mid);
+    const pivot = idx[mid];
+    let i = lo;
+    let j = hi;
+    while (i <= j) {
+      while (cmp(idx[i], pivot) < 0) i++;
+      while (cmp(idx[j], pivot) > 0) j--;
+      if (i <= j) {
+        swap(idx, i, j);
+        i++;
+        j--;
+      }
+    }
+    if (k - 1 <= j) hi = j;
+    else if (k - 1 >= i) lo = i;
+    else return;
+  }
+}
+
+function swap(a: Int32Array, i: number, j: number): void {
+  const t = a[i];
+  a[i] = a[j];
+  a[j] = t;
 }

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { argmaxRow, bf16ToF32, decodeHalf, encodeHalf, f16ToF32, f32ToBf16, f32ToF16, mix32, sampleRow, uniformFromSeed } from '../src/index.js';
+import { argmaxRow, bf16ToF32, decodeHalf, encodeHalf, f16ToF32, f32ToBf16, f32ToF16, mix32, sampleRow, type SampleParams, uniformFromSeed } from '../src/index.js';
 
 describe('sampling rule', () => {
   it('uniformFromSeed is deterministic, in [0,1) and roughly uniform', () => {
@@ -59,5 +59,66 @@ describe('half-precision conversions', () => {
     const src = Float32Array.from([0, 1.5, -3.25, 1024]);
     expect([...decodeHalf('bf16', encodeHalf('bf16', src))]).toEqual([...src]);
     expect([...decodeHalf('f16', encodeHalf('f16', src))]).toEqual([...src]);
+  });
+});
+
+/** The rule as written before partial selection: a full sort of the row, then the cuts. */
+function sampleRowFullSort(logits: Float32Array, vocab: number, p: SampleParams, u: number): number {
+  if (!(p.temperature > 0)) return argmaxRow(logits, 0, vocab);
+  let max = -Infinity;
+  for (let i = 0; i < vocab; i++) max = Math.max(max, logits[i]);
+  const prob = new Float64Array(vocab);
+  let sum = 0;
+  for (let i = 0; i < vocab; i++) sum += prob[i] = Math.exp((logits[i] - max) / p.temperature);
+  for (let i = 0; i < vocab; i++) prob[i] /= sum;
+  const idx = Int32Array.from({ length: vocab }, (_, i) => i).sort((a, b) => prob[b] - prob[a] || a - b);
+  let n = vocab;
+  if (p.topK > 0 && p.topK < n) n = p.topK;
+  if (p.topP < 1) {
+    let c = 0;
+    let k = 0;
+    while (k < n) {
+      c += prob[idx[k]];
+      k++;
+      if (c >= p.topP) break;
+    }
+    n = Math.max(1, k);
+  }
+  if (p.minP > 0) {
+    const floor = p.minP * prob[idx[0]];
+    let k = 1;
+    while (k < n && prob[idx[k]] >= floor) k++;
+    n = k;
+  }
+  let kept = 0;
+  for (let k = 0; k < n; k++) kept += prob[idx[k]];
+  let c = 0;
+  for (let k = 0; k < n; k++) {
+    c += prob[idx[k]];
+    if (c > u * kept) return idx[k];
+  }
+  return idx[n - 1];
+}
+
+describe('sampleRow with partial selection', () => {
+  it('gives the full sort\'s token for every cut, on rows with ties, flat and peaked rows', () => {
+    let seed = 7;
+    const rnd = () => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32);
+    for (let t = 0; t < 400; t++) {
+      const vocab = [5, 100, 3000, 20000][t % 4];
+      const kind = t % 5;
+      const logits = Float32Array.from({ length: vocab }, (_, i) =>
+        kind === 0 ? 0 : kind === 1 ? Math.round(rnd() * 4) : kind === 2 ? -i * 0.001 : kind === 3 ? rnd() * 30 : rnd() * 3,
+      );
+      const p: SampleParams = {
+        temperature: [0.3, 1, 2.5, 100][t % 4],
+        topK: [0, 1, 7, 50, 5000, vocab + 3][Math.floor(rnd() * 6)],
+        topP: [1, 0.999, 0.9, 0.5, 0.01][Math.floor(rnd() * 5)],
+        minP: [0, 0, 0.05, 0.5, 1e-9][Math.floor(rnd() * 5)],
+      };
+      for (const u of [0, rnd(), 0.999999]) {
+        expect(sampleRow(logits, 0, vocab, p, u), JSON.stringify({ t, vocab, kind, p, u })).toBe(sampleRowFullSort(logits, vocab, p, u));
+      }
+    }
   });
 });

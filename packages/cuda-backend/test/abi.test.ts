@@ -131,14 +131,19 @@ describe('OpEncoder', () => {
     const logits = buf('f32', rows * vocab), params = buf('f32', rows * 4), rng = buf('i32', rows * 2), out = buf('i32', rows);
     const base = { logits, params, rng, out, rows, vocab };
     enc.encode('sample', base);
-    expect(enc.n).toBe(4 * 2 + 2 + 2);
-    expect(Array.from(enc.args.subarray(8, enc.n))).toEqual([rows, vocab, 0, 0]);
+    expect(enc.n).toBe(4 * 2 + 3 + 2);
+    // rows, vocab (the row stride), limit (ids sampled are below it; default vocab), no push, no advance.
+    expect(Array.from(enc.args.subarray(8, enc.n))).toEqual([rows, vocab, vocab, 0, 0]);
+    enc.encode('sample', { ...base, limit: 7 });
+    expect(Array.from(enc.args.subarray(8, enc.n))).toEqual([rows, vocab, 7, 0, 0]);
+    expect(() => enc.encode('sample', { ...base, limit: 11 })).toThrow(/limit must be at most vocab \(10\), got 11/);
+    expect(() => enc.encode('sample', { ...base, limit: 0 })).toThrow(/limit must be an integer >= 1/);
     const ring = buf('i32', 8), cursor = buf('i32', 1);
     const positions = buf('i32', rows), slots = buf('i32', rows), blockTables = buf('i32', 3 * 4), rowSeq = buf('i32', rows);
     const advance = { positions, slots, blockTables, rowSeq, blockSize: 16, maxBlocksPerSeq: 4 };
     enc.encode('sample', { ...base, push: { ring, cursor, capacity: 8 }, advance });
     const A = (b: DeviceBuffer) => resolved.get(b.id)!.addr;
-    expect(Array.from(enc.args.subarray(10, enc.n))).toEqual([1, A(ring), 3, A(cursor), 3, 8, 1, A(positions), 3, A(slots), 3, A(blockTables), 3, A(rowSeq), 3, 16, 4]);
+    expect(Array.from(enc.args.subarray(11, enc.n))).toEqual([1, A(ring), 3, A(cursor), 3, 8, 1, A(positions), 3, A(slots), 3, A(blockTables), 3, A(rowSeq), 3, 16, 4]);
     expect(() => enc.encode('sample', { ...base, push: { ring, cursor, capacity: 1 } })).toThrow(/2 rows exceed the ring capacity 1/);
     expect(() => enc.encode('sample', { ...base, push: { ring: buf('i32', 4), cursor, capacity: 8 } })).toThrow(/push\.ring needs 8 elements, has 4/);
     expect(() => enc.encode('sample', { ...base, advance: { ...advance, slots: buf('f32', rows) } })).toThrow(/advance\.slots must be i32/);

@@ -156,6 +156,10 @@ export class ModelContext {
       const { weights, stages } = model.internals;
       this.pipeline = stages ? new StagePipeline(s, limits, stages) : undefined;
       this.runner = this.pipeline ?? new ModelRunner(this.backend, s, weights, limits);
+      // A checkpoint may have more embedding rows than its tokenizer has ids (Qwen pads to a
+      // multiple of 128): ids past the tokenizer's are never sampled, on the device or the host.
+      const sampleLimit = Math.min(s.vocabSize, this.tokenizer?.vocabSize ?? s.vocabSize);
+      for (const r of this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) r.sampleLimit = sampleLimit;
       // With tiers, the manager's pages are every tier's slots; KvTiers maps each to its tier.
       const pages = tierPlan ? tierPlan.hotSlots + tierPlan.warmSlots + tierPlan.coldSlots : numBlocks;
       this.kv = new KvCacheManager({ numBlocks: pages, blockSize, enablePrefixCaching: o.enablePrefixCaching ?? true, maxBlocksPerSeq });
@@ -188,7 +192,7 @@ export class ModelContext {
             (tierPlan.linkShare > 0 ? ` (the device reads ${+tierPlan.linkShare.toFixed(3)} of the warm pool itself over the link)` : ''),
         );
       }
-      this.sampler = new HostSampler(s.vocabSize);
+      this.sampler = new HostSampler(s.vocabSize, sampleLimit);
       const profile = o.profile ?? false;
       this.pager = weights.pager;
       // Disk-tier reads are host work a replayed graph would skip: such a plan runs eagerly.
@@ -412,22 +416,32 @@ export class ModelContext {
     }
   }
 
+  /** End one request with `err` (its KV blocks freed); the others run on. */
+  private failOne(l: Live, err: Error): void {
+    if (!this.live.has(l.req.id)) return;
+    this.abortLive(l, err);
+    this.graphs.stateKey = undefined;
+  }
+
+  /** Take a live request out of the scheduler and end its stream with `err`. */
+  private abortLive(l: Live, err: Error): void {
+    this.scheduler.remove(l.req);
+    detachFork(l.req, this.scheduler, this.graphs);
+    l.req.status = 'FINISHED_ABORTED';
+    l.req.finishReason = 'abort';
+    this.live.delete(l.req.id);
+    l.cleanup?.();
+    l.stream.end(err);
+    l.resolve(outcomeOf(l));
+  }
+
   private failAll(err: Error): void {
     try {
       this.ahead.retire();
     } catch {
       // the device failed: the step ahead is gone with it
     }
-    for (const l of [...this.live.values()]) {
-      this.scheduler.remove(l.req);
-      detachFork(l.req, this.scheduler, this.graphs);
-      l.req.status = 'FINISHED_ABORTED';
-      l.req.finishReason = 'abort';
-      this.live.delete(l.req.id);
-      l.cleanup?.();
-      l.stream.end(err);
-      l.resolve(outcomeOf(l));
-    }
+    for (const l of [...this.live.values()]) this.abortLive(l, err);
     this.graphs.stateKey = undefined;
   }
 
@@ -474,7 +488,11 @@ export class ModelContext {
     const nSeq = plan.scheduled.length;
     const nl = sampling.length;
     const decodeOnly = nl === nSeq && rows === nSeq && !forks;
-    const deviceSample = nl > 0 && sampling.every((r) => isDeviceSamplable(r.params) && !this.needsLogits(r));
+    // Rows that need the host sampler (penalties, logprobs, min_tokens, logits kept): only they
+    // are read and sampled on the host; the device samples the rest (a mixed step).
+    const hostRows = nl > 0 ? sampling.flatMap((r, i) => (isDeviceSamplable(r.params) && !this.needsLogits(r) ? [] : [i])) : [];
+    const deviceSample = nl > 0 && hostRows.length === 0;
+    const mixed = hostRows.length > 0 && hostRows.length < nl;
     const V = this.spec.vocabSize;
     const be = this.backend;
     const m = this.runner.meta;
@@ -515,7 +533,7 @@ export class ModelContext {
       replayed = true;
     } else {
       this.graphs.stateKey = undefined;
-      this.writeMeta(rows, nl, deviceSample);
+      this.writeMeta(rows, nl, deviceSample || mixed);
       // A prompt's last row sampled once per fork: logit rows repeat (see ModelRunner.repeatedLogitRows).
       const runners = forks ? (this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) : [];
       for (const r of runners) r.repeatedLogitRows = true;
@@ -529,26 +547,35 @@ export class ModelContext {
         for (const r of runners) r.repeatedLogitRows = false;
         if (single) single.oneSequence = false;
       }
-      if (deviceSample) {
+      // One row on the host: the sampler with penalties and logprobs, forced tokens, logits kept.
+      const hostSample = (req: Request, logits: Float32Array, offset: number): number => {
+        const banned = req.outputIds.length < req.params.minTokens ? [...(req.params.ignoreEos ? [] : this.eosTokenIds), ...req.params.stopTokenIds] : [];
+        const l = this.live.get(req.id)!;
+        const s = this.sampler.sample(logits, offset, req.params, req.sampleCounter, { all: req.seenAll, output: req.seenOutput }, banned);
+        if (l.forced) s.token = l.forced[req.outputIds.length];
+        host.set(req, s);
+        if (l.wantPromptLogits && req.outputIds.length === 0) l.promptLogits = logits.slice(offset, offset + V);
+        l.stepLogits?.push(logits.slice(offset, offset + V));
+        return s.token;
+      };
+      if (deviceSample || mixed) {
         this.runner.sampleOnDevice(nl, m.sampled);
+        if (mixed) this.pipeline?.logitsHome(nl);
         be.record(ra.endEv);
         be.synchronize('policy');
         tokens = this.readRing(nl);
+        if (mixed) {
+          // The device sampled every row (the same rule); the host rows' tokens are replaced.
+          const ts = performance.now();
+          for (const i of hostRows) tokens[i] = hostSample(sampling[i], be.read(this.runner.logits, i * V, V) as Float32Array, 0);
+          sampleMs = performance.now() - ts;
+        }
       } else if (nl > 0) {
         this.pipeline?.logitsHome(nl);
         be.record(ra.endEv);
         const logits = be.read(this.runner.logits, 0, nl * V) as Float32Array;
         const ts = performance.now();
-        sampling.forEach((req, i) => {
-          const banned = req.outputIds.length < req.params.minTokens ? [...(req.params.ignoreEos ? [] : this.eosTokenIds), ...req.params.stopTokenIds] : [];
-          const l = this.live.get(req.id)!;
-          const s = this.sampler.sample(logits, i * V, req.params, req.sampleCounter, { all: req.seenAll, output: req.seenOutput }, banned);
-          if (l.forced) s.token = l.forced[req.outputIds.length];
-          host.set(req, s);
-          tokens.push(s.token);
-          if (l.wantPromptLogits && req.outputIds.length === 0) l.promptLogits = logits.slice(i * V, (i + 1) * V);
-          l.stepLogits?.push(logits.slice(i * V, (i + 1) * V));
-        });
+        sampling.forEach((req, i) => tokens.push(hostSample(req, logits, i * V)));
         sampleMs = performance.now() - ts;
       } else {
         be.record(ra.endEv);
@@ -584,7 +611,12 @@ export class ModelContext {
         ...(paging ? { prefetchedBlocks: paging.loads, evictedBlocks: paging.loads, diskReadBytes: paging.diskReadBytes } : {}),
       };
       if (buckets) record.buckets = Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, v * share]));
-      this.accept(l, tokens[i], record, s);
+      // A failure in one request's host policies (detokenizing, stop strings) ends that request only.
+      try {
+        this.accept(l, tokens[i], record, s);
+      } catch (e) {
+        this.failOne(l, e as Error);
+      }
     });
     const ks = this.kv.stats();
     const sig: StepSignals = {

@@ -20,9 +20,16 @@ export class HostSampler {
   private readonly row: Float32Array;
   private readonly scratch: { idx: Int32Array; prob: Float64Array };
 
-  constructor(readonly vocab: number) {
-    this.row = new Float32Array(vocab);
-    this.scratch = { idx: new Int32Array(vocab), prob: new Float64Array(vocab) };
+  /**
+   * @param vocab the logit row's length (its stride)
+   * @param limit ids sampled and reported are below it (the tokenizer's id space; default vocab)
+   */
+  constructor(
+    readonly vocab: number,
+    readonly limit: number = vocab,
+  ) {
+    this.row = new Float32Array(limit);
+    this.scratch = { idx: new Int32Array(limit), prob: new Float64Array(limit) };
   }
 
   /**
@@ -39,27 +46,27 @@ export class HostSampler {
     banned: readonly number[] = [],
   ): SampledToken {
     const row = this.row;
-    row.set(logits.subarray(offset, offset + this.vocab));
+    row.set(logits.subarray(offset, offset + this.limit));
     if (p.repetitionPenalty !== 1) {
-      for (const t of seen.all.keys()) row[t] = row[t] > 0 ? row[t] / p.repetitionPenalty : row[t] * p.repetitionPenalty;
+      for (const t of seen.all.keys()) if (t < this.limit) row[t] = row[t] > 0 ? row[t] / p.repetitionPenalty : row[t] * p.repetitionPenalty;
     }
     if (p.presencePenalty !== 0 || p.frequencyPenalty !== 0) {
-      for (const [t, c] of seen.output) row[t] -= p.presencePenalty + p.frequencyPenalty * c;
+      for (const [t, c] of seen.output) if (t < this.limit) row[t] -= p.presencePenalty + p.frequencyPenalty * c;
     }
-    for (const t of banned) row[t] = -Infinity;
+    for (const t of banned) if (t < this.limit) row[t] = -Infinity;
     const u = uniformFromSeed(p.seed, counter);
-    const token = sampleRow(row, 0, this.vocab, p, u, this.scratch);
+    const token = sampleRow(row, 0, this.limit, p, u, this.scratch);
     if (!p.logprobs) return { token };
     // Logprobs of the processed distribution before temperature (what OpenAI reports).
     let max = -Infinity;
-    for (let i = 0; i < this.vocab; i++) if (row[i] > max) max = row[i];
+    for (let i = 0; i < this.limit; i++) if (row[i] > max) max = row[i];
     let sum = 0;
-    for (let i = 0; i < this.vocab; i++) sum += Math.exp(row[i] - max);
+    for (let i = 0; i < this.limit; i++) sum += Math.exp(row[i] - max);
     const lse = max + Math.log(sum);
     const out: SampledToken = { token, logprob: row[token] - lse };
     if (p.topLogprobs > 0) {
       const top: TokenLogprob[] = [];
-      for (let i = 0; i < this.vocab; i++) {
+      for (let i = 0; i < this.limit; i++) {
         const lp = row[i] - lse;
         if (top.length < p.topLogprobs || lp > top[top.length - 1].logprob) {
           top.push({ token: i, logprob: lp });

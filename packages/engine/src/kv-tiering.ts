@@ -1,8 +1,9 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { randomBytes } from 'node:crypto';
 import type { DeviceBackend } from '@nerva/core';
 import { type BlockPool, KvTiers, type KvPageMove, type KvStepNeed } from '@nerva/kv';
-import { checkOffloadDir, type KvMemoryReport, type PathTraffic } from '@nerva/memos';
+import { checkOffloadDir, type KvMemoryReport, type PathTraffic, unlinkOpen } from '@nerva/memos';
 import type { ModelRunner } from './model-runner.js';
 
 /** Options of tiered KV (EngineOptions' kv* fields). */
@@ -143,15 +144,18 @@ export class TieredKv {
   ) {
     this.tiers = new KvTiers(pool, { hotSlots: plan.hotSlots, warmSlots: plan.warmSlots, coldSlots: plan.coldSlots, sinkBlocks: KV_SINK_BLOCKS, windowBlocks: KV_WINDOW_BLOCKS });
     if (offloadDir !== undefined && plan.coldSlots > 0) {
-      this.coldFile = path.join(offloadDir, `nerva-kv-${process.pid}-${Date.now().toString(36)}.bin`);
+      // A new name created exclusively and private, unlinked once open: no symlink is followed, no
+      // other user reads the pages, and nothing stays on disk after a crash.
+      this.coldFile = path.join(offloadDir, `nerva-kv-${process.pid}-${randomBytes(6).toString('hex')}.bin`);
       const need = plan.coldSlots * this.coldPageBytes;
       const free = freeBytes(offloadDir);
       if (free !== undefined && free < need) throw new KvBudgetError(`kvOffloadDir ${offloadDir} has ${free} bytes free; the cold KV tier needs ${need}`);
       try {
-        this.coldFd = fs.openSync(this.coldFile, 'w+');
+        this.coldFd = fs.openSync(this.coldFile, 'wx+', 0o600);
       } catch (e) {
         throw new KvBudgetError(`kvOffloadDir ${offloadDir}: cannot create ${this.coldFile} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
       }
+      unlinkOpen(this.coldFile);
     }
   }
 

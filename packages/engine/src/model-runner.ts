@@ -47,6 +47,8 @@ export * from './runner-base.js';
    * means one row per sequence, so the pass keeps the per-layer ops.
    */
   repeatedLogitRows = false;
+  /** Ids sampled on the device are below this (the tokenizer's id space; default the vocab). */
+  sampleLimit = Number.POSITIVE_INFINITY;
 
   forward(rows: number, nLogits: number, stream?: StreamHandle, head = this.last, tiered = false): void {
     this.stream = stream;
@@ -398,7 +400,8 @@ export * from './runner-base.js';
 
   private sampleArgs(rows: number, out: DeviceBuffer) {
     const m = this.meta;
-    return { logits: this.logits, params: m.sampleParams, rng: m.rng, out, rows, vocab: this.spec.vocabSize };
+    const limit = this.sampleLimit < this.spec.vocabSize ? { limit: this.sampleLimit } : {};
+    return { logits: this.logits, params: m.sampleParams, rng: m.rng, out, rows, vocab: this.spec.vocabSize, ...limit };
   }
 
   private advanceArgs() {

@@ -21,8 +21,9 @@ import type { EngineOptions } from './engine-options.js';
  * - 'fraction': a number from 0 to 1.
  * - 'choice': one of {@link OptionSpec.choices}.
  * - 'split': 'auto', 'off' or a fraction strictly between 0 and 1.
+ * - 'strings': a list of non-empty strings (comma-separated on the command line; an array in TOML).
  */
-export type OptionKind = 'string' | 'path' | 'bool' | 'int' | 'posint' | 'port' | 'size' | 'fraction' | 'choice' | 'split';
+export type OptionKind = 'string' | 'path' | 'bool' | 'int' | 'posint' | 'port' | 'size' | 'fraction' | 'choice' | 'split' | 'strings';
 
 /** One user-settable option. `N` is the field it sets (of EngineOptions, or of a server's config). */
 export interface OptionSpec<N extends string = string> {

@@ -53,7 +53,11 @@ export class DiskSpill {
     this.bytes = off;
   }
 
-  /** Check the directory and the free space, then create the (empty) spill file. */
+  /**
+   * Check the directory and the free space, then create the (empty) spill file: a new name,
+   * created exclusively (no symlink followed) and private (0600), and unlinked at once where the
+   * system allows it, so that no weights stay on disk after a crash.
+   */
   static open(dir: string, layout: ReadonlyMap<string, readonly SpillTensor[]>): DiskSpill {
     checkOffloadDir(dir);
     let need = 0;
@@ -68,6 +72,7 @@ export class DiskSpill {
     } catch (e) {
       throw new OffloadDirError(dir, `cannot create a spill file (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`, { cause: e });
     }
+    unlinkOpen(file);
     return new DiskSpill(file, fd, layout);
   }
 
@@ -127,5 +132,18 @@ export class DiskSpill {
       this.fd = undefined;
       fs.rmSync(this.file, { force: true });
     }
+  }
+}
+
+/**
+ * Remove the name of a file this process holds open: the data stays reachable through the fd
+ * until it closes, and nothing is left behind however the process ends. Where an open file
+ * cannot be unlinked (Windows) the name stays until dispose removes it.
+ */
+export function unlinkOpen(file: string): void {
+  try {
+    fs.unlinkSync(file);
+  } catch {
+    // removed on dispose instead
   }
 }

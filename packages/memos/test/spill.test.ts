@@ -1,9 +1,12 @@
-import { chmodSync, chownSync, existsSync, mkdirSync, readdirSync, statfsSync, statSync, truncateSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, existsSync, fstatSync, mkdirSync, readdirSync, readFileSync, statfsSync, symlinkSync, ftruncateSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { f32ToBf16, f32ToF16 } from '@nerva/core';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DiskSpill, OffloadDirError, type SpillTensor } from '../src/index.js';
 import { distUrl, NOBODY, runAsNobody, tempDir } from './helpers.js';
+
+/** The spill's open file (its name is unlinked once open). */
+const fdOf = (s: DiskSpill): number => (s as unknown as { fd: number }).fd;
 
 const cleanups: (() => void)[] = [];
 afterEach(() => {
@@ -107,21 +110,36 @@ describe('DiskSpill.open: the offload dir', () => {
     expect(readdirSync(d)).toEqual([]);
   });
 
-  it('creates one private spill file of its own, and removes it on dispose', () => {
+  it('creates one private spill file of its own, exclusively, and unlinks it once open (nothing stays after a crash)', () => {
     const d = dir();
     const s = open(d);
     expect(s.bytes).toBe(BYTES);
-    expect(readdirSync(d)).toHaveLength(1);
-    expect(s.file).toBe(join(d, readdirSync(d)[0]));
-    expect(readdirSync(d)[0]).toMatch(new RegExp(`^nerva-spill-${process.pid}-[0-9a-f]{8}\\.bin$`));
-    expect(statSync(s.file).mode & 0o777).toBe(0o600);
+    expect(s.file.startsWith(join(d, `nerva-spill-${process.pid}-`))).toBe(true);
+    expect(s.file).toMatch(new RegExp(`nerva-spill-${process.pid}-[0-9a-f]{8}\\.bin$`));
+    // Unlinked at once: the directory is empty while the spill is in use.
+    expect(readdirSync(d)).toEqual([]);
+    expect(fstatSync(fdOf(s)).mode & 0o777).toBe(0o600);
     // Two spills in one dir never share a file.
     const other = open(d);
     expect(other.file).not.toBe(s.file);
     s.dispose();
     expect(existsSync(s.file)).toBe(false);
-    expect(readdirSync(d)).toEqual([other.file.slice(d.length + 1)]);
+    other.dispose();
+    expect(readdirSync(d)).toEqual([]);
     s.dispose();
+  });
+
+  it('never follows a symlink planted at its file name (created exclusively)', () => {
+    const d = dir();
+    const target = join(d, 'victim');
+    writeFileSync(target, 'keep');
+    // Every name a spill could take cannot be planted; a planted one makes the open fail, never write through.
+    const planted = join(d, `nerva-spill-${process.pid}-00000000.bin`);
+    symlinkSync(target, planted);
+    const s = open(d);
+    expect(s.file).not.toBe(planted);
+    s.dispose();
+    expect(readFileSync(target, 'utf8')).toBe('keep');
   });
 
   it('takes an empty layout', () => {
@@ -176,7 +194,7 @@ describe('DiskSpill: round trips', () => {
       expect(Array.from(new Uint16Array(read(s, id, 'g', 8).buffer))).toEqual(Array.from({ length: 4 }, (_, i) => base + 50 + i));
       expect(Array.from(new Int32Array(read(s, id, 'i', 12).buffer))).toEqual(Array.from({ length: 3 }, (_, i) => -(base + i) - 1));
     }
-    expect(statSync(s.file).size).toBe(BYTES);
+    expect(fstatSync(fdOf(s)).size).toBe(BYTES);
     // Reads are counted: bytes and time.
     expect(s.readBytes).toBe(2 * (40 + 12 + 8 + 12));
     expect(s.readMs).toBeGreaterThanOrEqual(0);
@@ -210,8 +228,8 @@ describe('DiskSpill: a damaged file', () => {
     const d = dir();
     const s = open(d);
     for (const id of ['a', 'b']) for (const t of TENSORS) s.write(id, t.name, t.dtype === 'f32' ? new Float32Array(t.length) : t.dtype === 'i32' ? new Int32Array(t.length) : new Uint16Array(t.length));
-    expect(statSync(s.file).size).toBe(BYTES);
-    truncateSync(s.file, BYTES - 20);
+    expect(fstatSync(fdOf(s)).size).toBe(BYTES);
+    ftruncateSync(fdOf(s), BYTES - 20);
     // The first block is intact; the last tensors of the second are cut.
     expect(read(s, 'a', 'w', 40)).toHaveLength(40);
     const err = offloadError(() => read(s, 'b', 'i', 12));

@@ -1,6 +1,7 @@
-import { readFile, stat } from 'node:fs/promises';
+import { stat } from 'node:fs/promises';
 import { basename, dirname, isAbsolute, join, normalize, sep } from 'node:path';
 import { CheckpointError } from './errors.js';
+import { confinedPath, confinementRoot, readModelText } from './model-file.js';
 import { SafetensorsFile, type TensorInfo } from './safetensors.js';
 
 /** File names of the Hugging Face layout. */
@@ -43,7 +44,7 @@ export class Checkpoint {
     // Same precedence as transformers: a single model.safetensors wins over an index.
     const single = join(dir, SINGLE_FILE);
     if (await isFile(single)) {
-      const f = await SafetensorsFile.open(single);
+      const f = await SafetensorsFile.open(await confinedPath(dir, SINGLE_FILE));
       return new Checkpoint(dir, [f], new Map(f.names().map((n) => [n, f])));
     }
     const indexPath = join(dir, SHARD_INDEX);
@@ -53,8 +54,9 @@ export class Checkpoint {
 
   private static async openSharded(dir: string, indexPath: string): Promise<Checkpoint> {
     let index: unknown;
+    const text = await readModelText(dir, basename(indexPath));
     try {
-      index = JSON.parse(await readFile(indexPath, 'utf8'));
+      index = JSON.parse(text);
     } catch (e) {
       throw new CheckpointError('BAD_INDEX', indexPath, `not valid JSON: ${(e as Error).message}`, undefined, { cause: e });
     }
@@ -79,7 +81,9 @@ export class Checkpoint {
     }
     const opened = new Map<string, SafetensorsFile>();
     try {
-      for (const shard of shardNames) opened.set(shard, await SafetensorsFile.open(join(dir, shard)));
+      // Each shard resolved with realpath and kept inside the folder (a symlinked shard may not point elsewhere).
+      const root = await confinementRoot(dir);
+      for (const shard of shardNames) opened.set(shard, await SafetensorsFile.open(await confinedPath(dir, shard, root)));
       const map = new Map<string, SafetensorsFile>();
       for (const [tensor, shard] of Object.entries(weightMap as Record<string, string>)) {
         const f = opened.get(shard)!;

@@ -1,6 +1,6 @@
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ConfigError } from './errors.js';
+import { ModelFileError, readModelText } from './model-file.js';
 
 /** Architectures NERVA runs (HF `model_type`). */
 export type ModelArch = 'llama' | 'qwen2' | 'qwen3' | 'qwen3_moe';
@@ -231,8 +231,9 @@ export async function loadModelConfig(dir: string): Promise<ModelSpec> {
   const path = join(dir, 'config.json');
   let text: string;
   try {
-    text = await readFile(path, 'utf8');
+    text = await readModelText(dir, 'config.json');
   } catch (e) {
+    if (e instanceof ModelFileError && e.code !== 'NOT_FOUND' && e.code !== 'IO') throw e;
     throw new ConfigError('NOT_FOUND', path, `cannot read model config: ${(e as Error).message}`);
   }
   let json: unknown;
@@ -243,6 +244,26 @@ export async function loadModelConfig(dir: string): Promise<ModelSpec> {
   }
   return parseModelConfig(json, path);
 }
+
+/**
+ * Sanity bounds on a config's dimensions, far above any released model (Qwen3's vocab is
+ * 151,936, Llama 4's context 10M): a hostile config.json cannot make the engine size buffers,
+ * or loops, from absurd numbers.
+ */
+const DIMENSION_BOUNDS: Record<string, number> = {
+  vocab_size: 1 << 24,
+  hidden_size: 1 << 17,
+  intermediate_size: 1 << 20,
+  moe_intermediate_size: 1 << 20,
+  num_attention_heads: 1024,
+  num_key_value_heads: 1024,
+  head_dim: 4096,
+  num_hidden_layers: 1024,
+  num_experts: 1 << 14,
+  num_experts_per_tok: 1024,
+  decoder_sparse_step: 1024,
+  max_position_embeddings: 1 << 25,
+};
 
 const LAYER_TYPES = ['full_attention', 'sliding_attention'] as const;
 
@@ -395,6 +416,10 @@ class FieldReader {
     const v = this.get(key, fallback);
     if (typeof v !== 'number' || !Number.isSafeInteger(v) || v <= 0) {
       throw new ConfigError('INVALID_FIELD', this.source, `"${key}" must be a positive integer, got ${JSON.stringify(v)}`, key);
+    }
+    const bound = DIMENSION_BOUNDS[key];
+    if (bound !== undefined && v > bound) {
+      throw new ConfigError('INVALID_FIELD', this.source, `"${key}" = ${v} is beyond any real model (at most ${bound}); refusing to size buffers from it`, key);
     }
     return v;
   }

@@ -33,7 +33,7 @@ const REPLACEMENT = '\uFFFD';
  */
 export function createDetokenizer(tokenizer: NervaTokenizer, opts: DetokenizerOptions = {}): Detokenizer {
   const decodeOpts = { skipSpecialTokens: opts.skipSpecialTokens ?? false };
-  const ids: number[] = opts.promptIds ? opts.promptIds.slice(-CONTEXT_TOKENS) : [];
+  const ids: number[] = opts.promptIds ? opts.promptIds.filter((id) => tokenizer.hasId(id)).slice(-CONTEXT_TOKENS) : [];
   let prefixOffset = 0;
   let readOffset = ids.length;
   let text = '';
@@ -46,6 +46,8 @@ export function createDetokenizer(tokenizer: NervaTokenizer, opts: DetokenizerOp
 
   return {
     push(id: number): string {
+      // An id without a token (a padded checkpoint's extra rows) has no text; it must not end the stream.
+      if (!tokenizer.hasId(id)) return '';
       ids.push(id);
       const prefix = tokenizer.decode(ids.slice(prefixOffset, readOffset), decodeOpts);
       const full = tokenizer.decode(ids.slice(prefixOffset), decodeOpts);

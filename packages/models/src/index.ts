@@ -14,3 +14,4 @@ export * from './detokenizer.js';
 export * from './synth.js';
 export * from './resolve.js';
 export * from './model-dir.js';
+export * from './model-file.js';

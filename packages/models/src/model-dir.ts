@@ -1,8 +1,9 @@
-import { readFile, stat } from 'node:fs/promises';
+import { stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Checkpoint } from './checkpoint.js';
 import { loadModelConfig, type ModelSpec } from './config.js';
 import { ConfigError } from './errors.js';
+import { readOptionalModelText } from './model-file.js';
 import { NervaTokenizer } from './tokenizer.js';
 import { resolveWeights, type ResolvedWeights } from './weights.js';
 
@@ -34,7 +35,7 @@ export interface LoadModelOptions {
  */
 export async function loadModelDir(dir: string, opts: LoadModelOptions = {}): Promise<LoadedModel> {
   const spec = await loadModelConfig(dir);
-  const generationConfig = await readOptionalJson(join(dir, 'generation_config.json'));
+  const generationConfig = await readOptionalJson(dir, 'generation_config.json');
   const tokenizer =
     opts.tokenizer !== false && (await exists(join(dir, 'tokenizer.json'))) ? await NervaTokenizer.fromDir(dir) : undefined;
   const checkpoint = await Checkpoint.open(dir);
@@ -64,13 +65,10 @@ async function exists(p: string): Promise<boolean> {
   }
 }
 
-async function readOptionalJson(path: string): Promise<Record<string, unknown> | undefined> {
-  let text: string;
-  try {
-    text = await readFile(path, 'utf8');
-  } catch {
-    return undefined;
-  }
+async function readOptionalJson(dir: string, name: string): Promise<Record<string, unknown> | undefined> {
+  const path = join(dir, name);
+  const text = await readOptionalModelText(dir, name);
+  if (text === undefined) return undefined;
   let json: unknown;
   try {
     json = JSON.parse(text);

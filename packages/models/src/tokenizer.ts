@@ -1,8 +1,8 @@
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { TokenizerError } from './errors.js';
+import { ModelFileError, readModelText, readOptionalModelText } from './model-file.js';
 
 /** One chat message as chat templates expect it (extra fields such as `tool_calls` pass through). */
 export interface ChatMessage {
@@ -100,14 +100,10 @@ export class NervaTokenizer {
    */
   static async fromDir(dir: string): Promise<NervaTokenizer> {
     const tokPath = join(dir, 'tokenizer.json');
-    const tokJson = await readJson(tokPath, true);
-    const cfg = (await readJson(join(dir, 'tokenizer_config.json'), false)) ?? {};
-    let tpl: string | undefined;
-    try {
-      tpl = await readFile(join(dir, 'chat_template.jinja'), 'utf8');
-    } catch {
-      tpl = undefined;
-    }
+    const tokJson = await readTokenizerJson(dir, 'tokenizer.json', true);
+    const cfg = (await readTokenizerJson(dir, 'tokenizer_config.json', false)) ?? {};
+    // Confined to the folder: a template symlinked elsewhere is refused, not read and echoed back.
+    const tpl = await readOptionalModelText(dir, 'chat_template.jinja');
     return new NervaTokenizer(tokJson, cfg, tpl, tokPath);
   }
 
@@ -170,8 +166,13 @@ export class NervaTokenizer {
     return this.encode(this.applyChatTemplate(messages, opts), { addSpecialTokens: false });
   }
 
+  /** True when `id` names a token (ids in a padded embedding beyond the tokenizer's do not). */
+  hasId(id: number): boolean {
+    return Number.isInteger(id) && id >= 0 && id < this.vocabSize && this.tok.id_to_token(id) !== undefined;
+  }
+
   private checkId(id: number): void {
-    if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize || this.tok.id_to_token(id) === undefined) {
+    if (!this.hasId(id)) {
       throw new TokenizerError('INVALID_ID', `token id ${id} is not in the vocabulary (size ${this.vocabSize})`);
     }
   }
@@ -191,12 +192,18 @@ function pickTemplate(t: TokenizerConfig['chat_template']): string | undefined {
   return undefined;
 }
 
-async function readJson(path: string, required: boolean): Promise<unknown> {
+/**
+ * `tokenizer.json` or `tokenizer_config.json` of model folder `dir`, parsed: confined to the
+ * folder and size-capped (see model-file.ts).
+ */
+export async function readTokenizerJson(dir: string, name: string, required: boolean): Promise<unknown> {
+  const path = join(dir, name);
   let text: string;
   try {
-    text = await readFile(path, 'utf8');
+    text = await readModelText(dir, name);
   } catch (e) {
-    if (!required && (e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    if (!required && e instanceof ModelFileError && e.code === 'NOT_FOUND') return undefined;
+    if (e instanceof ModelFileError && e.code !== 'NOT_FOUND') throw e;
     throw new TokenizerError('NOT_FOUND', `${path}: cannot read: ${(e as Error).message}`, { cause: e });
   }
   try {

@@ -1,11 +1,12 @@
 import { timingSafeEqual } from 'node:crypto';
-import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type FastifyServerOptions } from 'fastify';
 import { registerChat } from './chat.js';
 import { registerCompletions } from './completions.js';
 import { ApiError, badRequest } from './errors.js';
 import { unknownFabricTopology } from './fabric-topology.js';
 import { toApiError } from './generation.js';
 import { memoryReportJson, tiersJson } from './memory-report.js';
+import { hostOf } from './security-options.js';
 import type { ServerState } from './state.js';
 
 const utf8 = new TextDecoder('utf-8', { fatal: true });
@@ -28,9 +29,29 @@ function classify(err: unknown): ApiError {
   return new ApiError(500, 'server_error', 'internal server error', null, 'internal_error');
 }
 
+/** A stats query the engine has not answered by then gets 503 (a hung engine never answers). */
+const STATS_TIMEOUT_MS = 5000;
+
+function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`no answer within ${ms / 1000} s`)), ms);
+  });
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
+/** Routes served without the API key (method and route pattern). */
+const OPEN_ROUTES = new Set(['GET /health', 'HEAD /health']);
+
+/** Pino through Fastify: one line per request and per response; headers that carry secrets are redacted if ever logged. */
+function accessLogger(): FastifyServerOptions['logger'] {
+  return { level: 'info', redact: ['req.headers.authorization', 'req.headers.cookie'] };
+}
+
 function bearerMatches(header: string | undefined, key: string): boolean {
-  if (!header?.startsWith('Bearer ')) return false;
-  const a = Buffer.from(header.slice(7).trim());
+  const m = header === undefined ? null : /^bearer\s+(.*)$/i.exec(header);
+  if (!m) return false;
+  const a = Buffer.from(m[1].trim());
   const b = Buffer.from(key);
   return a.length === b.length && timingSafeEqual(a, b);
 }
@@ -41,11 +62,29 @@ function bearerMatches(header: string | undefined, key: string): boolean {
  * configured size limit; every error leaves in OpenAI's shape.
  */
 export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): FastifyInstance {
-  const app = Fastify({ logger: opts.logger ?? false, bodyLimit: state.config.bodyLimitBytes, forceCloseConnections: 'idle' });
+  const sec = state.security;
+  const app = Fastify({
+    // Pino's access lines (method, url, status, time; never bodies, so never prompts or keys).
+    logger: opts.logger ? accessLogger() : false,
+    bodyLimit: state.config.bodyLimitBytes,
+    forceCloseConnections: 'idle',
+    connectionTimeout: 0,
+    keepAliveTimeout: sec.keepAliveTimeoutS * 1000,
+    // Node's requestTimeout: the whole request (headers and body) must arrive within it.
+    requestTimeout: sec.bodyTimeoutS * 1000,
+    return503OnClosing: true,
+    // Errors Fastify raises before routing (a malformed URL, a bad header) leave in OpenAI's shape too.
+    frameworkErrors: (err, _req, reply) => void sendError(reply, classify(err)),
+    // Slow senders (slowloris) are cut at the header and request timeouts; Node checks them on
+    // this interval (its default, 30 s, would let a timeout overrun by that much).
+    http: { headersTimeout: Math.min(sec.headersTimeoutS, sec.bodyTimeoutS) * 1000, connectionsCheckingInterval: 1000 },
+  });
+  app.server.maxConnections = sec.maxConnections;
 
-  // Any content type is read as JSON (curl -d sends form encoding by default); invalid UTF-8 is a 400, not U+FFFD.
+  // Only application/json bodies: a form or text/plain post (what a web page can send without a
+  // CORS preflight) gets 415. Invalid UTF-8 is a 400, not U+FFFD.
   app.removeAllContentTypeParsers();
-  app.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body: Buffer, done) => {
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body: Buffer, done) => {
     let text: string;
     try {
       text = utf8.decode(body);
@@ -64,25 +103,40 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
     }
   });
 
-  app.setErrorHandler((err, _req, reply) => {
+  app.setErrorHandler((err, req, reply) => {
     const e = classify(err);
-    if (e.status >= 500) app.log.error(err);
+    if (e.status >= 500 && e.status !== 503) req.log.error({ err }, 'request failed');
     return sendError(reply, e);
   });
   app.setNotFoundHandler((req, reply) => sendError(reply, new ApiError(404, 'not_found_error', `no route for ${req.method} ${req.url}`, null, 'not_found')));
 
   app.addHook('onRequest', async (req: FastifyRequest) => {
-    const key = state.config.apiKey;
-    if (key === undefined || !req.url.startsWith('/v1')) return;
+    // Origin-form targets only: an absolute-form target ("POST http://h/v1/...") names its own
+    // authority, which the Host check below would not see.
+    if (!req.raw.url?.startsWith('/')) throw badRequest('the request target must be a path (origin form)', null, 'invalid_target');
+    if (sec.allowedHosts) {
+      const host = hostOf(req.headers.host);
+      if (host === undefined || !sec.allowedHosts.has(host)) {
+        throw new ApiError(403, 'invalid_request_error', `the Host header ${JSON.stringify(req.headers.host ?? '')} is not allowed (see allowed_hosts)`, null, 'host_not_allowed');
+      }
+    }
+    // Decided on the route the router matched (decoded, normalized), never on the raw target;
+    // everything but the open routes needs the key, unknown paths included.
+    const key = state.apiKey;
+    if (key === undefined || OPEN_ROUTES.has(`${req.method} ${req.routeOptions.url ?? ''}`)) return;
     if (!bearerMatches(req.headers.authorization, key)) {
       throw new ApiError(401, 'authentication_error', 'missing or invalid API key (send Authorization: Bearer <key>)', null, 'invalid_api_key');
     }
   });
 
-  app.get('/health', async (_req, reply) => {
-    if (state.draining) return reply.code(503).send({ status: 'draining' });
-    if (state.loadError) return reply.code(503).send({ status: 'failed', error: state.loadError.message });
-    if (!state.engine) return reply.code(503).send({ status: 'loading' });
+  app.get('/health', async (req, reply) => {
+    // Without the key, /health says only whether the server can serve; the reason needs the key.
+    const details = state.apiKey === undefined || bearerMatches(req.headers.authorization, state.apiKey);
+    const down = (status: string, error?: string) => reply.code(503).send({ status, ...(details && error !== undefined ? { error } : {}) });
+    if (state.draining) return down('draining');
+    if (state.loadError) return down('failed', state.loadError.message);
+    if (state.engineDown) return down('unavailable', state.engineDown.message);
+    if (!state.engine) return down('loading');
     return { status: 'ok' };
   });
 
@@ -92,7 +146,7 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
       state.metrics.setLoad(e.numRunning, e.numWaiting, e.kvUsage);
       // The memory OS series (tiers, weight traffic, KV pages by tier): the engine's report now.
       // An engine that cannot answer leaves them as last scraped; the rest is still served.
-      const mem = await e.stats().then(
+      const mem = await withTimeout(e.stats(), STATS_TIMEOUT_MS).then(
         (s) => s.memory,
         () => undefined,
       );
@@ -119,12 +173,14 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
 
   app.get('/v1/memory', async (req) => {
     const { engine, admission } = state.ready();
-    const s = await engine.stats();
+    const s = await withTimeout(engine.stats(), STATS_TIMEOUT_MS).catch((e: Error) => {
+      throw new ApiError(503, 'service_unavailable', `the engine did not answer: ${e.message}`, null, 'engine_unavailable');
+    });
     const q = req.query as Record<string, string | undefined>;
     let invariants: string | undefined;
     if (q.check === '1' || q.check === 'true') {
       try {
-        await engine.checkInvariants();
+        await withTimeout(engine.checkInvariants(), STATS_TIMEOUT_MS);
         invariants = 'ok';
       } catch (e) {
         invariants = (e as Error).message;

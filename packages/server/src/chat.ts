@@ -2,6 +2,8 @@ import type { FastifyInstance } from 'fastify';
 import { choiceOptions, type ChoiceJob, toApiError } from './generation.js';
 import { badRequest } from './errors.js';
 import { parseChatRequest } from './openai-schema.js';
+import { admitEarly, checkBudget, messageChars } from './request-budget.js';
+import { OFF_THREAD_CHARS, offThread } from './tokenize-pool.js';
 import { respond } from './respond.js';
 import type { ServerState } from './state.js';
 
@@ -11,24 +13,26 @@ export function registerChat(app: FastifyInstance, state: ServerState): void {
     const req = parseChatRequest(request.body);
     state.checkModel(req.model);
     const { engine } = state.ready();
+    // Budgets and admission before the template renders and the tokenizer runs (the costly part).
+    const chars = messageChars(req.messages) + (req.tools ? JSON.stringify(req.tools).length : 0);
+    checkBudget(state, req.n, req.sampling, chars);
+    const ticket = admitEarly(state, req.n);
     let promptIds: number[];
     try {
       const tok = engine.tokenizer;
       if (!tok) throw badRequest(`model ${state.modelDir} has no tokenizer; use /v1/completions with token ids`, 'messages', 'no_tokenizer');
-      const text = tok.applyChatTemplate(req.messages, {
-        addGenerationPrompt: req.addGenerationPrompt,
-        enableThinking: req.enableThinking,
-        tools: req.tools,
-        extra: req.templateExtra,
-      });
-      promptIds = tok.encode(text, { addSpecialTokens: false });
+      const opts = { addGenerationPrompt: req.addGenerationPrompt, enableThinking: req.enableThinking, tools: req.tools, extra: req.templateExtra };
+      // A large chat renders and tokenizes in the tokenizer worker; a small one here (no round trip).
+      const off = chars >= OFF_THREAD_CHARS ? await offThread(state.offThread?.run({ kind: 'chat', messages: req.messages, opts })) : undefined;
+      promptIds = off ?? tok.encode(tok.applyChatTemplate(req.messages, opts), { addSpecialTokens: false });
     } catch (e) {
+      ticket.release();
       throw toApiError(e);
     }
     const jobs: ChoiceJob[] = [];
     for (let i = 0; i < req.n; i++) {
       jobs.push({ index: i, promptIndex: 0, promptIds, opts: choiceOptions(engine, req.sampling, i, { on: req.logprobs, top: req.topLogprobs }) });
     }
-    await respond(state, reply, jobs, { kind: 'chat', logprobs: req.logprobs, topLogprobs: req.topLogprobs }, req);
+    await respond(state, reply, jobs, { kind: 'chat', logprobs: req.logprobs, topLogprobs: req.topLogprobs }, req, ticket);
   });
 }

@@ -1,6 +1,8 @@
 import type { FastifyInstance } from 'fastify';
 import { choiceOptions, type ChoiceJob, toApiError } from './generation.js';
 import { parseCompletionRequest } from './openai-schema.js';
+import { admitEarly, checkBudget } from './request-budget.js';
+import { OFF_THREAD_CHARS, offThread } from './tokenize-pool.js';
 import { respond } from './respond.js';
 import type { ServerState } from './state.js';
 
@@ -10,12 +12,20 @@ export function registerCompletions(app: FastifyInstance, state: ServerState): v
     const req = parseCompletionRequest(request.body);
     state.checkModel(req.model);
     const { engine } = state.ready();
+    // Budgets and admission before the tokenizer runs (the costly part).
+    const sequences = req.prompts.length * req.n;
+    checkBudget(state, sequences, req.sampling, req.prompts.reduce((n, p) => n + (typeof p === 'string' ? p.length : 0), 0));
+    const ticket = admitEarly(state, sequences);
     const jobs: ChoiceJob[] = [];
-    req.prompts.forEach((p, pi) => {
+    for (let pi = 0; pi < req.prompts.length; pi++) {
+      const p = req.prompts[pi];
       let ids: number[];
       try {
-        ids = typeof p === 'string' ? engine.encode(p) : p;
+        // A large text prompt is tokenized in the tokenizer worker; a small one here (no round trip).
+        const off = typeof p === 'string' && p.length >= OFF_THREAD_CHARS && engine.tokenizer ? await offThread(state.offThread?.run({ kind: 'text', text: p })) : undefined;
+        ids = off ?? (typeof p === 'string' ? engine.encode(p) : p);
       } catch (e) {
+        ticket.release();
         throw toApiError(e);
       }
       // Choice index = prompt index * n + sample, as vLLM numbers batched prompts.
@@ -27,7 +37,7 @@ export function registerCompletions(app: FastifyInstance, state: ServerState): v
           opts: choiceOptions(engine, req.sampling, i, { on: req.logprobs !== undefined, top: req.logprobs ?? 0 }),
         });
       }
-    });
-    await respond(state, reply, jobs, { kind: 'completion', logprobs: req.logprobs }, req);
+    }
+    await respond(state, reply, jobs, { kind: 'completion', logprobs: req.logprobs }, req, ticket);
   });
 }

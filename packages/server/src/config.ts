@@ -4,16 +4,23 @@ import { parse as parseToml } from 'smol-toml';
 import { ENGINE_OPTIONS, engineOption, flagName, type OptionSpec } from '@nerva/engine';
 import { ConfigError } from './errors.js';
 import { checkOptionValue } from './options.js';
+import type { SecurityOptions } from './security-options.js';
+
+/** The environment variable the API key is read from when none is configured. */
+export const API_KEY_ENV = 'NERVA_API_KEY';
 
 /** Everything `nerva serve` can be told, from a TOML file, flags, or code. */
-export interface ServerConfig {
+export interface ServerConfig extends SecurityOptions {
   /** Model folder; the embedded default model when absent. */
   model?: string;
   /** Name clients use in `model`; default: the folder's name. */
   servedModelName?: string;
   host: string;
   port: number;
-  /** When set, /v1/* requires `Authorization: Bearer <apiKey>`. */
+  /**
+   * When set (here or in $NERVA_API_KEY), every route but /health requires
+   * `Authorization: Bearer <apiKey>`.
+   */
   apiKey?: string;
   backend: 'cpu' | 'cuda' | 'auto';
   /** Activation rounding: 'exact' (default) or 'bf16' (transformers' bf16 rounding points). */
@@ -80,6 +87,8 @@ export interface ServerConfig {
   pipelineParallel?: number;
   /** Put every pipeline stage on one GPU (a test of the pipeline on a one-GPU machine). */
   allowSingleDeviceStages?: boolean;
+  /** Structured access log, JSON lines on stdout (`nerva serve`: default true). */
+  accessLog?: boolean;
 }
 
 /** The options of the server itself (not the engine's), declared as the engine's are. */
@@ -87,12 +96,35 @@ export const SERVER_OPTIONS = [
   { name: 'servedModelName', flag: '--served-model-name <name>', toml: 'served_model_name', kind: 'string', help: 'model name clients use (default: the folder name)' },
   { name: 'host', flag: '--host <host>', toml: 'host', kind: 'string', default: '127.0.0.1', help: 'address to listen on' },
   { name: 'port', flag: '--port <n>', toml: 'port', kind: 'port', default: 8000, help: 'port (0 = any free port)' },
-  { name: 'apiKey', flag: '--api-key <key>', toml: 'api_key', kind: 'string', help: 'require Authorization: Bearer <key> on /v1/*' },
+  { name: 'apiKey', flag: '--api-key <key>', toml: 'api_key', kind: 'string', help: `require Authorization: Bearer <key> on every route but /health (default: $${API_KEY_ENV})` },
   { name: 'maxQueue', flag: '--max-queue <n>', toml: 'max_queue', kind: 'int', default: 256, help: 'sequences that may wait beyond max-num-seqs before 429' },
   { name: 'requestTimeoutS', flag: '--request-timeout <s>', toml: 'request_timeout_s', kind: 'posint', default: 600, help: 'seconds before an unfinished request is aborted' },
   { name: 'bodyLimitBytes', flag: '--body-limit <bytes>', toml: 'body_limit_bytes', kind: 'posint', default: 1024 * 1024, help: 'largest request body in bytes' },
   { name: 'chatTemplate', flag: '--chat-template <file>', toml: 'chat_template', kind: 'path', help: "Jinja chat template replacing the model's" },
   { name: 'drainTimeoutS', toml: 'drain_timeout_s', kind: 'int', default: 30, help: 'seconds in-flight requests get to finish on shutdown' },
+  { name: 'accessLog', flag: '--no-access-log', toml: 'access_log', kind: 'bool', default: true, help: 'no structured access log (JSON lines on stdout)' },
+  // Security and robustness (SecurityOptions; resolveSecurity fills in these defaults).
+  { name: 'allowedHosts', flag: '--allowed-hosts <hosts>', toml: 'allowed_hosts', kind: 'strings', help: 'Host header values accepted besides loopback and the bound address (comma-separated; * = any)' },
+  { name: 'maxConnections', flag: '--max-connections <n>', toml: 'max_connections', kind: 'posint', default: 512, help: 'open connections at most' },
+  { name: 'headersTimeoutS', toml: 'headers_timeout_s', kind: 'posint', default: 30, help: "seconds to receive a request's headers" },
+  { name: 'bodyTimeoutS', toml: 'body_timeout_s', kind: 'posint', default: 60, help: 'seconds to receive a whole request' },
+  { name: 'keepAliveTimeoutS', toml: 'keep_alive_timeout_s', kind: 'posint', default: 5, help: 'seconds an idle keep-alive connection stays open' },
+  { name: 'maxSequencesPerRequest', toml: 'max_sequences_per_request', kind: 'posint', help: 'sequences (n x prompts) one request may hold (default: a quarter of the admission capacity)' },
+  { name: 'maxRequestTokens', toml: 'max_request_tokens', kind: 'posint', default: 1 << 20, help: 'tokens one request may ask for (sequences x max_tokens)' },
+  { name: 'maxPromptChars', toml: 'max_prompt_chars', kind: 'posint', default: 256 * 1024, help: 'characters of prompt text before tokenizing' },
+  { name: 'maxStopStrings', toml: 'max_stop_strings', kind: 'int', default: 16, help: 'stop strings one request may give' },
+  { name: 'maxStopLength', toml: 'max_stop_length', kind: 'posint', default: 256, help: 'characters of one stop string' },
+  { name: 'maxStopTokenIds', toml: 'max_stop_token_ids', kind: 'int', default: 256, help: 'stop token ids one request may give' },
+  { name: 'allowClientPriority', flag: '--allow-client-priority', toml: 'allow_client_priority', kind: 'bool', default: false, help: "honour the request field 'priority' (else a non-zero priority is a 400)" },
+  { name: 'sseBufferBytes', toml: 'sse_buffer_bytes', kind: 'size', default: 8 << 20, help: 'bytes of SSE output buffered for a client that does not read' },
+  {
+    name: 'engineWatchdogS',
+    flag: '--engine-watchdog <s>',
+    toml: 'engine_watchdog_s',
+    kind: 'posint',
+    default: 120,
+    help: 'seconds the engine may make no progress with work outstanding before it is restarted',
+  },
 ] as const satisfies readonly OptionSpec<keyof ServerConfig>[];
 
 /**

@@ -6,6 +6,9 @@ import { ApiError, badRequest } from './errors.js';
 import type { SamplingFields } from './openai-schema.js';
 import type { ServerState } from './state.js';
 
+/** Engine error codes that mean the engine itself is gone (not this request's fault): 503. */
+const ENGINE_GONE = new Set(['WORKER_EXIT', 'WORKER_HUNG', 'WORKER_ERROR', 'DISPOSED']);
+
 /** One sequence to generate: choice `index` of the response. */
 export interface ChoiceJob {
   index: number;
@@ -96,11 +99,20 @@ export class Generation {
     reply.raw.on('close', this.onClose);
   }
 
-  /** Admit and submit `jobs`; throws the ApiError (400/429/503) to answer with. */
-  static start(state: ServerState, reply: FastifyReply, jobs: ChoiceJob[]): Generation {
-    const { engine, admission } = state.ready();
-    const ticket = admission.admit(jobs.length);
-    return new Generation(reply, jobs, ticket, engine, state.config.requestTimeoutS * 1000);
+  /**
+   * Admit (unless `admitted`, a ticket taken before the request's expensive work) and submit
+   * `jobs`; throws the ApiError (400/429/503) to answer with.
+   */
+  static start(state: ServerState, reply: FastifyReply, jobs: ChoiceJob[], admitted?: Ticket): Generation {
+    let ticket = admitted;
+    try {
+      const { engine, admission } = state.ready();
+      ticket ??= admission.admit(jobs.length);
+      return new Generation(reply, jobs, ticket, engine, state.config.requestTimeoutS * 1000);
+    } catch (e) {
+      if (admitted) admitted.release();
+      throw e;
+    }
   }
 
   /** Abort every sequence still running, recording why. */
@@ -143,6 +155,10 @@ export class Generation {
   failure(): ApiError | undefined {
     if (this.end === 'timeout') {
       return new ApiError(408, 'timeout_error', `the request did not finish within the server's request timeout`, null, 'request_timeout');
+    }
+    const code = (this.error as { code?: unknown } | undefined)?.code;
+    if (this.end === 'failed' && typeof code === 'string' && ENGINE_GONE.has(code)) {
+      return new ApiError(503, 'service_unavailable', `the engine failed: ${this.error!.message}; retry shortly`, null, 'engine_unavailable', { 'retry-after': '5' });
     }
     if (this.end === 'failed') return new ApiError(500, 'server_error', `generation failed: ${this.error?.message ?? 'unknown error'}`, null, 'engine_error');
     return undefined;

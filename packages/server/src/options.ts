@@ -65,6 +65,8 @@ function argParser(spec: OptionSpec): ((v: string) => unknown) | undefined {
       return parseFractionArg(flag);
     case 'split':
       return splitArg(flag);
+    case 'strings':
+      return (v: string): string[] => v.split(',').map((x) => x.trim()).filter(Boolean);
     default:
       return undefined;
   }
@@ -129,6 +131,9 @@ export function checkOptionValue(spec: OptionSpec, key: string, v: unknown, wher
     case 'string':
     case 'path':
       if (typeof v !== 'string' || v.length === 0) fail('a non-empty string');
+      return v;
+    case 'strings':
+      if (!Array.isArray(v) || v.length === 0 || v.some((x) => typeof x !== 'string' || x.length === 0)) fail('a list of non-empty strings');
       return v;
     case 'bool':
       if (typeof v !== 'boolean') fail('true or false');

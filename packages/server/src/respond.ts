@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { TokenEvent, WorkerOutcome } from '@nerva/engine';
 import type { FastifyReply } from 'fastify';
+import type { Ticket } from './admission.js';
 import { type ChoiceJob, Generation } from './generation.js';
 import { chatLogprob, type ChatLogprob, CompletionLogprobs, TokenTexts } from './logprobs.js';
 import type { NervaExtras } from './openai-schema.js';
@@ -33,8 +34,8 @@ interface ChoiceAcc {
  * then [DONE]). Throws ApiError before anything is sent (400/429/503); after the stream started,
  * failures become an error event.
  */
-export async function respond(state: ServerState, reply: FastifyReply, jobs: ChoiceJob[], k: ResponseKind, o: RespondOptions): Promise<void> {
-  const gen = Generation.start(state, reply, jobs);
+export async function respond(state: ServerState, reply: FastifyReply, jobs: ChoiceJob[], k: ResponseKind, o: RespondOptions, ticket?: Ticket): Promise<void> {
+  const gen = Generation.start(state, reply, jobs, ticket);
   const texts = new TokenTexts(state.engine?.tokenizer);
   const metrics = state.metrics;
   const chat = k.kind === 'chat';
@@ -90,7 +91,7 @@ export async function respond(state: ServerState, reply: FastifyReply, jobs: Cho
   }
 
   reply.hijack();
-  const sse = new SseWriter(reply.raw);
+  const sse = new SseWriter(reply.raw, state.security.sseBufferBytes);
   sse.start();
   const usageNull = o.includeUsage ? { usage: null } : {};
   const chunk = (choice: Record<string, unknown>) => sse.send({ ...base, choices: [choice], ...usageNull });

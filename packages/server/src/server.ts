@@ -1,17 +1,21 @@
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
-import { WorkerEngine } from '@nerva/engine';
+import { WorkerEngine, type WorkerEngineCreateOptions } from '@nerva/engine';
+import { readOptionalModelText } from '@nerva/models';
 import type { SysfsReader } from '@nerva/transport';
 import type { FastifyInstance } from 'fastify';
 import { Admission } from './admission.js';
 import { buildApp } from './app.js';
-import { checkKvTiers, type ServerConfig } from './config.js';
+import { API_KEY_ENV, checkKvTiers, type ServerConfig } from './config.js';
 import { defaultModelDir } from './default-model.js';
 import { ConfigError } from './errors.js';
 import { discoverFabricTopology, reportedCapabilities } from './fabric-topology.js';
+import { EngineRestarts } from './engine-restarts.js';
 import { ServerMetrics } from './metrics.js';
+import { isLoopback } from './security-options.js';
 import { ServerState } from './state.js';
+import { OffThreadTokenizer } from './tokenize-pool.js';
 
 /**
  * The template used when a model ships none (base models): role-labelled turns, as a plain
@@ -38,7 +42,7 @@ export interface RunningServer {
 async function hasChatTemplate(dir: string): Promise<boolean> {
   if (existsSync(join(dir, 'chat_template.jinja'))) return true;
   try {
-    const cfg = JSON.parse(await readFile(join(dir, 'tokenizer_config.json'), 'utf8')) as { chat_template?: unknown };
+    const cfg = JSON.parse((await readOptionalModelText(dir, 'tokenizer_config.json')) ?? '{}') as { chat_template?: unknown };
     return cfg.chat_template !== undefined && cfg.chat_template !== null;
   } catch {
     return false;
@@ -52,7 +56,13 @@ async function hasChatTemplate(dir: string): Promise<boolean> {
  */
 export async function startServer(
   config: ServerConfig,
-  o: { log?: (line: string) => void; logger?: boolean; sysfs?: SysfsReader } = {},
+  o: {
+    log?: (line: string) => void;
+    logger?: boolean;
+    sysfs?: SysfsReader;
+    /** The engine died and could not be restarted (`nerva serve` exits non-zero); default: stay up, /health 503. */
+    onFatal?: (e: Error) => void;
+  } = {},
 ): Promise<RunningServer> {
   const log = o.log ?? (() => {});
   const modelDir = resolve(config.model ?? defaultModelDir());
@@ -73,36 +83,49 @@ export async function startServer(
     chatTemplate = FALLBACK_CHAT_TEMPLATE;
     state.notes.push(`model ${modelName} has no chat template; /v1/chat/completions uses the plain "ROLE:" transcript template (set chat_template to replace it)`);
   }
+  if (existsSync(join(modelDir, 'tokenizer.json'))) state.offThread = new OffThreadTokenizer({ dir: modelDir, chatTemplate });
   const app = buildApp(state, { logger: o.logger });
   const address = await app.listen({ host: config.host, port: config.port });
   const port = (app.server.address() as { port: number }).port;
   const url = address.startsWith('http') ? `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}` : address;
 
+  if (!isLoopback(config.host) && state.apiKey === undefined) {
+    log(`nerva: warning: listening on ${config.host} without an API key: anyone who can reach this address can use the model (set --api-key or ${API_KEY_ENV})`);
+  }
+
+  const engineOptions: WorkerEngineCreateOptions = {
+    model: modelDir,
+    backend: config.backend,
+    numerics: config.numerics,
+    matmulPrecision: config.matmulPrecision,
+    ...(config.batchInvariant !== undefined ? { batchInvariant: config.batchInvariant } : {}),
+    maxNumSeqs: config.maxNumSeqs,
+    maxNumBatchedTokens: config.maxNumBatchedTokens,
+    kvCacheBytes: config.kvCacheBytes,
+    kvCacheDtype: config.kvCacheDtype,
+    maxModelLen: config.maxModelLen,
+    enablePrefixCaching: config.enablePrefixCaching,
+    vramBudget: config.vramBudget,
+    hostBudget: config.hostBudget,
+    offloadDir: config.offloadDir,
+    kvVramBudget: config.kvVramBudget,
+    kvHostBudget: config.kvHostBudget,
+    kvOffloadDir: config.kvOffloadDir,
+    kvWarmLinkShare: config.kvWarmLinkShare,
+    pipelineParallel: config.pipelineParallel,
+    allowSingleDeviceStages: config.allowSingleDeviceStages,
+    chatTemplate,
+    watchdogMs: state.security.engineWatchdogS * 1000,
+  };
+  const restarts = new EngineRestarts(state, engineOptions, { log, onFatal: o.onFatal, attach: (e) => {
+      metrics.detach();
+      metrics.attach(e);
+    },
+  });
+
   const ready = (async () => {
     try {
-      const engine = await WorkerEngine.create({
-        model: modelDir,
-        backend: config.backend,
-        numerics: config.numerics,
-        matmulPrecision: config.matmulPrecision,
-        ...(config.batchInvariant !== undefined ? { batchInvariant: config.batchInvariant } : {}),
-        maxNumSeqs: config.maxNumSeqs,
-        maxNumBatchedTokens: config.maxNumBatchedTokens,
-        kvCacheBytes: config.kvCacheBytes,
-        kvCacheDtype: config.kvCacheDtype,
-        maxModelLen: config.maxModelLen,
-        enablePrefixCaching: config.enablePrefixCaching,
-        vramBudget: config.vramBudget,
-        hostBudget: config.hostBudget,
-        offloadDir: config.offloadDir,
-        kvVramBudget: config.kvVramBudget,
-        kvHostBudget: config.kvHostBudget,
-        kvOffloadDir: config.kvOffloadDir,
-        kvWarmLinkShare: config.kvWarmLinkShare,
-        pipelineParallel: config.pipelineParallel,
-        allowSingleDeviceStages: config.allowSingleDeviceStages,
-        chatTemplate,
-      });
+      const engine = await WorkerEngine.create(engineOptions);
       if (state.draining) {
         await engine.dispose();
         return;
@@ -115,6 +138,7 @@ export async function startServer(
       state.admission = new Admission(running, config.maxQueue);
       metrics.attach(engine);
       state.engine = engine;
+      restarts.watch(engine);
       for (const n of [...engine.info.notes, ...state.notes]) log(`nerva: ${n}`);
     } catch (e) {
       state.loadError = e as Error;
@@ -127,6 +151,7 @@ export async function startServer(
   const shutdown = () => {
     closing ??= (async () => {
       state.draining = true;
+      restarts.stop();
       state.admission?.startDraining();
       const closed = app.close();
       const admission = state.admission;
@@ -149,6 +174,7 @@ export async function startServer(
         clearInterval(sweep);
       }
       metrics.detach();
+      await state.offThread?.close();
       await state.engine?.dispose();
     })();
     return closing;

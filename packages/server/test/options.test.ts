@@ -17,6 +17,7 @@ const MALFORMED: Record<OptionKind, [unknown, RegExp]> = {
   fraction: [1.5, /must be a number from 0 to 1, got 1.5/],
   choice: ['fp8', /must be "[a-z0-9]+"(, "[a-z0-9]+")* or "[a-z0-9]+", got "fp8"/],
   split: [1, /must be "auto", "off" or a fraction in \(0, 1\), got 1/],
+  strings: [['a', ''], /must be a list of non-empty strings, got \["a",""\]/],
 };
 
 describe('the options schema', () => {
@@ -101,5 +102,27 @@ describe('flags derived from the schema', () => {
     expect(() => parse(['--vram-budget', 'lots'], false)).toThrow('--vram-budget must be a size such as 4GiB');
     expect(() => parse(['--kv-warm-link-share', '2'], false)).toThrow('--kv-warm-link-share must be a number from 0 to 1');
     expect(() => parse(['--backend', 'tpu'], false)).toThrow(/Allowed choices are cpu, cuda, auto/);
+  });
+});
+
+describe('the security flags of nerva serve', () => {
+  const names = ['allowedHosts', 'maxConnections', 'allowClientPriority', 'engineWatchdogS', 'accessLog'];
+  const specs = SERVER_OPTIONS.filter((s) => names.includes(s.name));
+
+  it('are declared in the schema and read back into config fields', () => {
+    expect(specs.map((s) => s.name).sort()).toEqual([...names].sort());
+    const flags = deriveFlags(specs);
+    const cmd = addFlags(new Command().exitOverride().configureOutput({ writeErr: () => {} }), flags);
+    cmd.parse(['--allowed-hosts', 'a.example, b.example', '--max-connections', '8', '--allow-client-priority', '--engine-watchdog', '5', '--no-access-log'], { from: 'user' });
+    expect(flags.read(cmd.opts())).toEqual({ allowedHosts: ['a.example', 'b.example'], maxConnections: 8, allowClientPriority: true, engineWatchdogS: 5, accessLog: false });
+  });
+
+  it('take the same values from a config file', () => {
+    expect(parseConfigTable({ allowed_hosts: ['x'], engine_watchdog_s: 3, sse_buffer_bytes: '1MiB', access_log: false }, 'nerva.toml')).toEqual({
+      allowedHosts: ['x'],
+      engineWatchdogS: 3,
+      sseBufferBytes: 1 << 20,
+      accessLog: false,
+    });
   });
 });

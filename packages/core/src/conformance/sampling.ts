@@ -48,13 +48,26 @@ interface SampleTail {
   blockSize: number;
 }
 
-function sampleCase(name: string, vocab: number, params: number[][], draws: number, scale: number, tail?: SampleTail): CaseDef {
+/**
+ * `limit` (op sample's limit: only ids below it are candidates, the rows stay `vocab` apart): the
+ * padded tail [limit, vocab) of every row then holds the row's largest logits, so a backend that
+ * reads past the limit picks a tail id (as a checkpoint padded past its tokenizer would).
+ */
+function sampleCase(name: string, vocab: number, params: number[][], draws: number, scale: number, tail?: SampleTail, limit?: number): CaseDef {
   return {
     name,
     ...(tail !== undefined ? { fields: ['push', 'advance'] } : {}),
     build: (rng) => {
       const rows = params.length;
       const logits = rng.normals(rows * vocab, scale);
+      const ids = limit ?? vocab;
+      if (limit !== undefined) {
+        for (let r = 0; r < rows; r++) {
+          let m = -Infinity;
+          for (let i = 0; i < limit; i++) m = Math.max(m, logits[r * vocab + i]);
+          for (let i = limit; i < vocab; i++) logits[r * vocab + i] = m + scale * (1 + rng.next());
+        }
+      }
       const state = new Int32Array(rows * 2);
       for (let r = 0; r < rows; r++) {
         state[2 * r] = (rng.int(0, 0x7fffffff) * (rng.next() < 0.5 ? -1 : 1)) | 0;
@@ -64,7 +77,7 @@ function sampleCase(name: string, vocab: number, params: number[][], draws: numb
       const excuseFor =
         (draw: number): Excuse =>
         (r, got, ref, relTol, absTol) => {
-          if (got < 0 || got >= vocab) return false;
+          if (got < 0 || got >= ids) return false;
           const u = uniformFromSeed(state[2 * r], (state[2 * r + 1] + draw) | 0);
           const d = Math.max(16 * relTol, absTol);
           const base: SampleParams = { temperature: p32[4 * r], topK: p32[4 * r + 1], topP: p32[4 * r + 2], minP: p32[4 * r + 3] };
@@ -76,7 +89,7 @@ function sampleCase(name: string, vocab: number, params: number[][], draws: numb
             [{ ...base, minP: base.minP * (1 + d) }, u],
             [{ ...base, minP: base.minP * (1 - d) }, u],
           ];
-          return ref !== got && tries.some(([sp, uu]) => sampleRow(logits, r * vocab, vocab, sp, uu) === got);
+          return ref !== got && tries.some(([sp, uu]) => sampleRow(logits, r * vocab, ids, sp, uu) === got);
         };
       const buffers: Record<string, BufDef> = { logits: f32(logits), params: f32(p32), rng: i32(state) };
       const steps: Step[] = [];
@@ -101,7 +114,7 @@ function sampleCase(name: string, vocab: number, params: number[][], draws: numb
           : {};
       for (let d = 0; d < draws; d++) {
         buffers[`out${d}`] = i32(new Int32Array(rows).fill(-5));
-        steps.push(step('sample', (b) => ({ logits: b.logits, params: b.params, rng: b.rng, out: b[`out${d}`], rows, vocab, ...tailArgs(b) })));
+        steps.push(step('sample', (b) => ({ logits: b.logits, params: b.params, rng: b.rng, out: b[`out${d}`], rows, vocab, ...(limit !== undefined ? { limit } : {}), ...tailArgs(b) })));
         outputs.push(intOut(`out${d}`, excuseFor(d)));
       }
       outputs.push(intOut('rng'));
@@ -213,6 +226,34 @@ export const samplingCases: Pick<CaseTable, 'argmax' | 'sample' | 'ring_push' | 
       2,
       { capacity: 8, cursor: 6, blockSize: 8 },
     ),
+    sampleCase(
+      '4 rows (greedy, sampled, top-k/top-p, min-p) x 2 draws, vocab 151936, limit 151669, the padded tail largest',
+      151936,
+      [
+        [0, 0, 1, 0],
+        [1, 0, 1, 0],
+        [0.8, 40, 0.9, 0],
+        [1.2, 0, 1, 0.1],
+      ],
+      2,
+      3,
+      undefined,
+      151669,
+    ),
+    sampleCase(
+      '3 rows (greedy, sampled x2) x 3 draws, vocab 260, limit 257, the padded tail largest',
+      260,
+      [
+        [0, 0, 1, 0],
+        [0.7, 0, 1, 0],
+        [1, 20, 0.95, 0.02],
+      ],
+      3,
+      2,
+      undefined,
+      257,
+    ),
+    sampleCase('1 greedy row x 3 draws, vocab 151936, limit 151669, blockSize 16', 151936, [[0, 0, 1, 0]], 3, 3, { capacity: 4, cursor: 2, blockSize: 16 }, 151669),
   ],
   ring_push: [ringPushCase('capacity 8, wraps', 8, 6, [4, 3]), ringPushCase('capacity 5, full pushes', 5, 1000003, [5, 2, 5])],
   advance_positions: [advanceCase('4 sequences, block boundaries, 3 steps', 4, [4, 1, 7, 12], 3), advanceCase('1 sequence, blockSize 16', 16, [31], 2)],

@@ -41,6 +41,8 @@ function tailArg<T>(ctx: OpContext, name: string, v: T): T {
 function sampleRows(ctx: OpContext, a: OpArgs<'sample'>): void {
   const rows = ctx.count('rows', a.rows);
   const vocab = ctx.count('vocab', a.vocab, 1);
+  const limit = a.limit === undefined ? vocab : ctx.count('limit', a.limit, 1);
+  if (limit > vocab) ctx.fail('limit', `must be at most vocab (${vocab}), got ${limit}`);
   const logits = ctx.floats('logits', a.logits, rows * vocab);
   const p = ctx.floats('params', a.params, rows * 4);
   const rng = ctx.ints('rng', a.rng, rows * 2);
@@ -59,7 +61,7 @@ function sampleRows(ctx: OpContext, a: OpArgs<'sample'>): void {
     params.minP = p[r * 4 + 3];
     const counter = rng[r * 2 + 1];
     const u = uniformFromSeed(rng[r * 2], counter);
-    out[r] = sampleRow(logits, r * vocab, vocab, params, u, scratch);
+    out[r] = sampleRow(logits, r * vocab, limit, params, u, scratch);
     rng[r * 2 + 1] = (counter + 1) | 0;
   }
 }

@@ -296,9 +296,12 @@ __device__ int greedyArrive(const float* L, int vocab, int G, double* prob, int*
 
 // Grid (G, rows): one float64 scratch row per row. A greedy row (temperature <= 0) is split over
 // the G blocks (greedyArrive); a sampled row runs in its block 0 alone, the others exit.
-// `counters` (one per row, zero, left zero) may be null only when G == 1.
+// `counters` (one per row, zero, left zero) may be null only when G == 1. Rows are `vocab` apart;
+// only ids below `limit` (<= vocab) are candidates: a checkpoint's embedding rows past its
+// tokenizer's ids are never sampled, whatever their logits.
 __global__ void __launch_bounds__(1024) k_sample(const float* logits, const float* params, int* rng, int* out, int vocab,
-                                                 double* probScratch, size_t probStride, int rowBase, int* counters) {
+                                                 int limit, double* probScratch, size_t probStride, int rowBase,
+                                                 int* counters) {
   NERVA_TRACE_KERNEL();
   __shared__ SampleShared S;
   int r = rowBase + blockIdx.y, G = gridDim.x;
@@ -314,14 +317,14 @@ __global__ void __launch_bounds__(1024) k_sample(const float* logits, const floa
   int result;
   if (!(temp > 0.f)) {
     if (G == 1) {
-      result = blockArgmax(L, vocab, S.redf, S.redi);
+      result = blockArgmax(L, limit, S.redf, S.redi);
     } else {
-      result = greedyArrive(L, vocab, G, prob, counters + blockIdx.y, S);
+      result = greedyArrive(L, limit, G, prob, counters + blockIdx.y, S);
       if (result == -2) return;
     }
   } else {
     if (blockIdx.x != 0) return;
-    result = sampleRow(L, prob, vocab, temp, topK, topP, minP, seed, counter, S);
+    result = sampleRow(L, prob, limit, temp, topK, topP, minP, seed, counter, S);
   }
   if (threadIdx.x == 0) {
     out[r] = result;
@@ -422,10 +425,12 @@ __device__ __forceinline__ void sampleTailWrite(const SampleTail& T, const Sampl
 // counted by block 0's transaction barrier), instead of a fence, an atomic count and the last
 // block's reads back from L2 (the step's end is a chain of such round trips after the LM head).
 // A sampled row runs in block 0 alone, as in k_sample (the other blocks exit; no barrier on that
-// path). The caller checked: vocab % 4 == 0 and the logits 16-byte aligned.
+// path). The caller checked: vocab % 4 == 0 and the logits 16-byte aligned (each block's slice
+// starts on a float4; one past `limit` reads at most 3 logits short of the next multiple of 4,
+// within the row). Only ids below `limit` are candidates, as in k_sample.
 __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, const float* params, int* rng, int* out,
-                                                         int vocab, double* probScratch, size_t probStride, int rowBase,
-                                                         SampleTail tail) {
+                                                         int vocab, int limit, double* probScratch, size_t probStride,
+                                                         int rowBase, SampleTail tail) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // clusters need sm_90: never launched there (sampleClusterSize)
 #else
@@ -448,8 +453,8 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
   const uint32_t seed = (uint32_t)rng[(size_t)r * 2], counter = (uint32_t)rng[(size_t)r * 2 + 1];
   int result;
   if (!(temp > 0.f)) {
-    const int chunk = (((vocab + C - 1) / C) + 3) & ~3;
-    const int begin = min(vocab, rank * chunk), end = min(vocab, begin + chunk);
+    const int chunk = (((limit + C - 1) / C) + 3) & ~3;
+    const int begin = min(limit, rank * chunk), end = min(limit, begin + chunk);
     // The pairs travel by st.async into block 0, counted by its transaction barrier (as the
     // cluster attention's partials, ops/attention/decode_short.cu): no cluster barrier, whose release
     // is a GPU-scope fence, and the other blocks exit once their pair is sent.
@@ -478,7 +483,7 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
     result = bi < 0 ? 0 : bi;
   } else {
     if (rank != 0) return;
-    result = sampleRow(L, prob, vocab, temp, topK, topP, minP, seed, counter, S);
+    result = sampleRow(L, prob, limit, temp, topK, topP, minP, seed, counter, S);
   }
   if (threadIdx.x == 0) {
     out[r] = result;
@@ -529,7 +534,7 @@ int launchAdvance(NervaExec* ex, int* pos, int* slots, const int* bt, const int*
 // path (a decode step's tail in one kernel), else as those ops' kernels after it.
 int opSample(NervaExec* ex, Args& A) {
   Buf logits = buf(A), params = buf(A), rng = buf(A), out = buf(A);
-  int rows = A.num(), vocab = A.num();
+  int rows = A.num(), vocab = A.num(), limit = A.num();
   const int hasPush = A.num();
   Buf ring{}, cursor{};
   int cap = 1;
@@ -550,6 +555,7 @@ int opSample(NervaExec* ex, Args& A) {
     mbps = A.num();
   }
   if (!A.ok) return bad(ex, "sample: argument count");
+  if (limit < 1 || limit > vocab) return bad(ex, "sample: limit must be in [1, vocab]");
   if (hasPush && cap <= 0) return bad(ex, "sample: push capacity must be positive");
   if (hasAdvance && (bs <= 0 || mbps <= 0)) return bad(ex, "sample: advance blockSize and maxBlocksPerSeq must be positive");
   if (rows <= 0) return NERVA_OK;
@@ -559,7 +565,7 @@ int opSample(NervaExec* ex, Args& A) {
   rowChunk = std::min(rowChunk, 65535);
   // Greedy rows split the vocabulary over G blocks of ~4096 logits (4 per thread) when the
   // re-armed counters cover the rows; a single block over 151,936 logits was a serial tail.
-  int G = std::min(128, std::max(1, (vocab + 4095) / 4096));
+  int G = std::min(128, std::max(1, (limit + 4095) / 4096));
   // Greedy rows as one cluster a row where clusters run (sampleClusterSize).
   const int C = vocab % 4 == 0 && ((uintptr_t)logits.p & 15) == 0 ? sampleClusterSize() : 0;
   // One row on the cluster path: the tail runs in the sampling kernel.
@@ -586,7 +592,7 @@ int opSample(NervaExec* ex, Args& A) {
     if (C > 0) {
       ClusterLaunch L(dim3((unsigned)C, (unsigned)nr, 1), 1024, 0, C, ex->stream, ex->pdl);
       cudaError_t e = cudaLaunchKernelEx(&L.cfg, k_sample_cluster, (const float*)logits.p, (const float*)params.p, (int*)rng.p,
-                                         (int*)out.p, vocab, (double*)ex->ws, perRow / sizeof(double), r0, tail);
+                                         (int*)out.p, vocab, limit, (double*)ex->ws, perRow / sizeof(double), r0, tail);
       int rc = check(ex, "k_sample_cluster", e);
       if (rc) return rc;
       if (ex->sinceRingPush < (1u << 20)) ex->sinceRingPush++;
@@ -594,7 +600,7 @@ int opSample(NervaExec* ex, Args& A) {
     }
     int g = ex->counters && (size_t)nr <= ex->counterCount ? G : 1;
     LAUNCH(k_sample, dim3(g, nr), 1024, 0, (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p,
-           vocab, (double*)ex->ws, perRow / sizeof(double), r0, g > 1 ? ex->counters : (int*)nullptr);
+           vocab, limit, (double*)ex->ws, perRow / sizeof(double), r0, g > 1 ? ex->counters : (int*)nullptr);
   }
   if (fold) {
     ex->sinceRingPush = 0;

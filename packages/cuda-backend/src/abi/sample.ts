@@ -11,12 +11,15 @@ export const SAMPLE_ENCODERS: OpEncoders<'argmax' | 'sample' | 'ring_push' | 'ad
   },
   sample(e, x, c, B) {
     const rows = c('rows'), vocab = c('vocab', 1);
+    // Ids sampled are below limit (default vocab); vocab stays the row stride.
+    const limit = x.limit === undefined ? vocab : e.count('limit', x.limit as number, 1);
+    if (limit > vocab) e.fail(`limit must be at most vocab (${vocab}), got ${limit}`);
     e.reserve(32);
     e.buf('logits', B('logits'), rows * vocab, FLOAT);
     e.buf('params', B('params'), rows * 4, FLOAT);
     e.buf('rng', B('rng'), rows * 2, INT);
     e.buf('out', B('out'), rows, INT);
-    e.num(rows); e.num(vocab);
+    e.num(rows); e.num(vocab); e.num(limit);
     // push, then advance: a flag each, then their buffers and numbers (as ops ring_push and
     // advance_positions take them; src and rows are the sampling's).
     const push = x.push as OpArgs<'sample'>['push'];

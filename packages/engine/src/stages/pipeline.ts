@@ -570,7 +570,7 @@ export class StagePipeline implements PassRunner {
     const lm = this.slots[S - 1][0];
     const fm = this.meta;
     const into = this.tokenLink ? lm.sampled : out;
-    lastBe.run('sample', { logits: last.logits, params: lm.sampleParams, rng: lm.rng, out: into, rows: nLogits, vocab: last.spec.vocabSize });
+    lastBe.run('sample', { logits: last.logits, params: lm.sampleParams, rng: lm.rng, out: into, rows: nLogits, vocab: last.spec.vocabSize, ...(last.sampleLimit < last.spec.vocabSize ? { limit: last.sampleLimit } : {}) });
     if (this.tokenLink) {
       this.tokenLink.send(lm.sampled, nLogits);
       this.tokenLink.recv(out, nLogits);

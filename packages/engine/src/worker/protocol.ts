@@ -148,6 +148,23 @@ type Across<T> = T extends RequestHandle
  */
 export type WorkerSurface = { [K in (typeof PROXIED_METHODS)[number]]: Across<ModelContext[K]> } & Readonly<EngineFacts> & Pick<ModelContext, 'numRunning' | 'numWaiting'>;
 
+/** A fault a test injects into the worker: a step that never returns, or the thread exiting. */
+export type WorkerFault = 'hang' | 'exit';
+
+/**
+ * What a worker proxy adds to the engine's surface: the worker's own life. A watchdog fails every
+ * request and query with an EngineError (WORKER_HUNG) when the worker stays silent with work
+ * outstanding; a crash or exit fails them with WORKER_ERROR or WORKER_EXIT.
+ */
+export interface WorkerHealth {
+  /** Whether the worker is gone (crashed, hung and terminated, or disposed). */
+  readonly isDead: boolean;
+  /** Called once when the worker dies (crash, exit or hang; not on dispose) with the error requests got; returns the unsubscribe. */
+  onFailure(fn: (e: Error) => void): () => void;
+  /** Tests of the watchdog and of crash handling: make the worker hang in a step, or exit. */
+  injectFault(what: WorkerFault): void;
+}
+
 /** An error as plain data; rebuilt on the other side with the same class name, code and param. */
 export interface WireError {
   name: string;
@@ -162,7 +179,9 @@ export type ToWorker =
   | { type: 'submitFork'; rids: number[]; promptIds: number[]; opts: WorkerGenerateOptions }
   | { type: 'abort'; rid: number }
   | { type: 'query'; qid: number; what: WorkerQuery }
-  | { type: 'dispose' };
+  | { type: 'dispose' }
+  /** Tests of the watchdog: make the worker hang (a busy loop) or exit. */
+  | { type: 'fault'; what: WorkerFault };
 
 export type FromWorker =
   | { type: 'ready'; info: WorkerEngineInfo }

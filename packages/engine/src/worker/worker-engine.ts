@@ -1,9 +1,8 @@
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { NervaTokenizer } from '@nerva/models';
+import { NervaTokenizer, readTokenizerJson } from '@nerva/models';
 import { EngineError, type StepSignals } from '../engine-options.js';
 import type { TokenEvent } from '../request.js';
 import { validateForkCount, validateRequest } from '../request-validation.js';
@@ -26,12 +25,20 @@ import {
   type WorkerRequestHandle,
   type WorkerSubmitOptions,
   type WorkerSurface,
+  type WorkerFault,
+  type WorkerHealth,
 } from './protocol.js';
 
 /** Options of {@link WorkerEngine.create}: engine options plus what only the main thread uses. */
 export interface WorkerEngineCreateOptions extends WorkerEngineOptions {
   /** Chat template source that replaces the model's own (or gives one to a model without). */
   chatTemplate?: string;
+  /**
+   * Milliseconds the worker may stay silent (no step, event or reply) while it has work before it
+   * counts as hung: every request and query then fails with a WORKER_HUNG {@link EngineError} and
+   * the worker is terminated. 0 or absent: no watchdog.
+   */
+  watchdogMs?: number;
 }
 
 interface Pending {
@@ -75,7 +82,7 @@ const FactsView = EngineFactsView as abstract new () => EngineFactsView & Readon
  * are validated on the calling thread, so bad parameters still throw {@link InvalidParamsError}
  * synchronously; tokenization runs on the calling thread with the model's own tokenizer.
  */
-export class WorkerEngine extends FactsView implements WorkerSurface {
+export class WorkerEngine extends FactsView implements WorkerSurface, WorkerHealth {
   /** Facts about the loaded model and cache. */
   readonly info: WorkerEngineInfo;
   /** The model's tokenizer, loaded on this thread (undefined when the folder has none). */
@@ -91,20 +98,53 @@ export class WorkerEngine extends FactsView implements WorkerSurface {
   private dead: Error | undefined;
   private disposing: Promise<void> | undefined;
   private onDisposed: (() => void) | undefined;
+  private readonly failureListeners = new Set<(e: Error) => void>();
+  private watchdog: NodeJS.Timeout | undefined;
+  private lastHeard = performance.now();
 
-  private constructor(worker: Worker, info: WorkerEngineInfo, tokenizer: NervaTokenizer | undefined) {
+  private constructor(worker: Worker, info: WorkerEngineInfo, tokenizer: NervaTokenizer | undefined, watchdogMs: number) {
     super();
     this.worker = worker;
     this.info = info;
     this.tokenizer = tokenizer;
     worker.on('message', (m: FromWorker) => this.onMessage(m));
-    worker.on('error', (e) => this.fail(e));
+    worker.on('error', (e) => this.fail(new EngineError('WORKER_ERROR', `engine worker failed: ${e.message}`)));
     worker.on('exit', (code) => this.fail(new EngineError('WORKER_EXIT', `engine worker exited with code ${code}`)));
+    if (watchdogMs > 0) {
+      this.watchdog = setInterval(() => this.checkAlive(watchdogMs), Math.max(10, Math.min(1000, watchdogMs / 4)));
+      this.watchdog.unref();
+    }
+  }
+
+  get isDead(): boolean {
+    return this.dead !== undefined;
+  }
+
+  onFailure(fn: (e: Error) => void): () => void {
+    this.failureListeners.add(fn);
+    return () => this.failureListeners.delete(fn);
+  }
+
+  injectFault(what: WorkerFault): void {
+    this.post({ type: 'fault', what });
+  }
+
+  /** The watchdog: work outstanding and nothing heard from the worker for `ms` → hung. */
+  private checkAlive(ms: number): void {
+    if (this.dead || this.disposing) return;
+    const now = performance.now();
+    if (this.pending.size === 0 && this.queries.size === 0) {
+      this.lastHeard = now;
+      return;
+    }
+    if (now - this.lastHeard <= ms) return;
+    this.fail(new EngineError('WORKER_HUNG', `engine worker made no progress for ${(ms / 1000).toFixed(1)} s`));
+    void this.worker.terminate();
   }
 
   /** Start a worker, load the model there and the tokenizer here. Rejects with the worker's load error. */
   static async create(o: WorkerEngineCreateOptions): Promise<WorkerEngine> {
-    const { chatTemplate, ...engineOpts } = o;
+    const { chatTemplate, watchdogMs, ...engineOpts } = o;
     const tokenizerPromise = loadTokenizer(o.model, chatTemplate);
     const worker = new Worker(workerEntryUrl(), { workerData: engineOpts });
     let info: WorkerEngineInfo;
@@ -139,7 +179,7 @@ export class WorkerEngine extends FactsView implements WorkerSurface {
       await worker.terminate();
       throw e;
     }
-    return new WorkerEngine(worker, info, tokenizer);
+    return new WorkerEngine(worker, info, tokenizer, watchdogMs ?? 0);
   }
 
   /** Requests running at the last report from the worker. */
@@ -230,6 +270,7 @@ export class WorkerEngine extends FactsView implements WorkerSurface {
     // A caller that only reads events must not see an unhandled rejection.
     done.catch(() => {});
     const p: Pending = { stream, resolve, reject, aborted: false };
+    if (this.pending.size === 0 && this.queries.size === 0) this.lastHeard = performance.now();
     this.pending.set(rid, p);
     const abort = () => {
       if (p.aborted || !this.pending.has(rid)) return;
@@ -278,6 +319,7 @@ export class WorkerEngine extends FactsView implements WorkerSurface {
   query<K extends WorkerQuery>(what: K): Promise<WorkerQueryResult<K>> {
     if (this.dead) return Promise.reject(this.dead);
     const qid = this.nextQid++;
+    if (this.pending.size === 0 && this.queries.size === 0) this.lastHeard = performance.now();
     return new Promise((resolve, reject) => {
       this.queries.set(qid, { resolve: resolve as (v: unknown) => void, reject });
       this.post({ type: 'query', qid, what });
@@ -289,6 +331,7 @@ export class WorkerEngine extends FactsView implements WorkerSurface {
   }
 
   private onMessage(m: FromWorker): void {
+    this.lastHeard = performance.now();
     switch (m.type) {
       case 'event':
         this.pending.get(m.rid)?.stream.push(m.event);
@@ -339,6 +382,7 @@ export class WorkerEngine extends FactsView implements WorkerSurface {
   private fail(err: Error): void {
     if (this.dead) return;
     this.dead = err;
+    clearInterval(this.watchdog);
     for (const [rid, p] of this.pending) {
       this.pending.delete(rid);
       p.cleanup?.();
@@ -350,6 +394,7 @@ export class WorkerEngine extends FactsView implements WorkerSurface {
       q.reject(err);
     }
     this.onDisposed?.();
+    if (!this.disposing) for (const f of this.failureListeners) f(err);
   }
 }
 
@@ -357,9 +402,9 @@ export class WorkerEngine extends FactsView implements WorkerSurface {
 async function loadTokenizer(dir: string, chatTemplate: string | undefined): Promise<NervaTokenizer | undefined> {
   if (!existsSync(join(dir, 'tokenizer.json'))) return undefined;
   if (chatTemplate === undefined) return NervaTokenizer.fromDir(dir);
-  const tok = JSON.parse(await readFile(join(dir, 'tokenizer.json'), 'utf8')) as unknown;
-  const cfgPath = join(dir, 'tokenizer_config.json');
-  const cfg = existsSync(cfgPath) ? (JSON.parse(await readFile(cfgPath, 'utf8')) as unknown) : {};
+  // Confined to the model folder and size-capped, as NervaTokenizer.fromDir reads them.
+  const tok = await readTokenizerJson(dir, 'tokenizer.json', true);
+  const cfg = (await readTokenizerJson(dir, 'tokenizer_config.json', false)) ?? {};
   return new NervaTokenizer(tok, cfg, chatTemplate, join(dir, 'tokenizer.json'));
 }
 

@@ -78,6 +78,10 @@ port.on('message', (m: ToWorker) => {
         post({ type: 'reply', qid: m.qid, error: toWire(e) });
       }
       return;
+    case 'fault':
+      if (m.what === 'exit') process.exit(3);
+      // A step that never returns: only terminate() ends it.
+      for (;;);
     case 'dispose':
       engine.dispose();
       post({ type: 'disposed' });

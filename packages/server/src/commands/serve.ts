@@ -16,7 +16,12 @@ export function registerServe(program: Command): void {
     const file = f.config ? await loadConfigFile(f.config) : {};
     const config = mergeConfig(file, flags);
     const log = (line: string) => process.stderr.write(line + '\n');
-    const server = await startServer(config, { log });
+    const server = await startServer(config, {
+      log,
+      logger: config.accessLog !== false,
+      // The engine died and would not come back: exit non-zero for the supervisor to restart us.
+      onFatal: () => process.exit(1),
+    });
     log(`nerva: serving ${server.state.modelName} at ${server.url}/v1 (loading the model; GET ${server.url}/health answers 200 when ready)`);
     server.ready.then(
       () => log(`nerva: ready at ${server.url}/v1`),

@@ -1,0 +1,125 @@
+import { hostname, networkInterfaces } from 'node:os';
+import { API_KEY_ENV, SERVER_OPTIONS } from './config.js';
+
+/**
+ * The server's security and robustness options: who may call it, how many connections and how
+ * long they may take, and how much one request may ask for. Every field has a default a public
+ * server can run with (declared with the other server options in config.ts SERVER_OPTIONS);
+ * `resolveSecurity` fills them in.
+ */
+export interface SecurityOptions {
+  /**
+   * Hosts the `Host` header may name (without port). Absent: the loopback names, the bound address
+   * and, when bound to a wildcard address, this machine's addresses and host name. `['*']` accepts
+   * any Host (behind a reverse proxy that checks it). Guards against DNS rebinding.
+   */
+  allowedHosts?: string[];
+  /** Open connections at most; further ones are closed at once (default 512). */
+  maxConnections?: number;
+  /** Seconds to receive a request's headers (default 30). */
+  headersTimeoutS?: number;
+  /** Seconds to receive a whole request, body included (default 60). */
+  bodyTimeoutS?: number;
+  /** Seconds an idle keep-alive connection stays open (default 5). */
+  keepAliveTimeoutS?: number;
+  /** Sequences (n × prompts) one request may hold (default: a quarter of the admission capacity). */
+  maxSequencesPerRequest?: number;
+  /** Tokens one request may ask for: sequences × max_tokens, max_model_len when absent (default 1,048,576). */
+  maxRequestTokens?: number;
+  /** Characters of prompt text (all messages, or all prompts) before tokenizing (default 262,144). */
+  maxPromptChars?: number;
+  /** Stop strings one request may give (default 16), each of at most `maxStopLength` characters (default 256). */
+  maxStopStrings?: number;
+  maxStopLength?: number;
+  /** Stop token ids one request may give (default 256). */
+  maxStopTokenIds?: number;
+  /** Honour the request field `priority` (default false: a non-zero priority is a 400). */
+  allowClientPriority?: boolean;
+  /** Bytes of SSE output buffered for a client that does not read; past it the stream is closed (default 8 MiB). */
+  sseBufferBytes?: number;
+  /**
+   * Seconds an engine step, a stats query or a request's first event may take before the engine
+   * counts as hung (default 120): in-flight requests fail with 503, /health answers 503 and the
+   * engine is restarted.
+   */
+  engineWatchdogS?: number;
+}
+
+export type ResolvedSecurity = Required<Omit<SecurityOptions, 'allowedHosts' | 'maxSequencesPerRequest'>> & {
+  /** undefined: any host. */
+  allowedHosts: ReadonlySet<string> | undefined;
+  maxSequencesPerRequest: number | undefined;
+};
+
+/** The security fields' defaults, from their option specs (config.ts SERVER_OPTIONS). */
+function securityDefaults(): Record<string, unknown> {
+  const fields: readonly string[] = SECURITY_FIELDS;
+  return Object.fromEntries(SERVER_OPTIONS.filter((o) => fields.includes(o.name) && 'default' in o).map((o) => [o.name, (o as { default: unknown }).default]));
+}
+
+/** The fields of {@link SecurityOptions}, each declared as an option in SERVER_OPTIONS. */
+const SECURITY_FIELDS = [
+  'allowedHosts',
+  'maxConnections',
+  'headersTimeoutS',
+  'bodyTimeoutS',
+  'keepAliveTimeoutS',
+  'maxSequencesPerRequest',
+  'maxRequestTokens',
+  'maxPromptChars',
+  'maxStopStrings',
+  'maxStopLength',
+  'maxStopTokenIds',
+  'allowClientPriority',
+  'sseBufferBytes',
+  'engineWatchdogS',
+] as const satisfies readonly (keyof SecurityOptions)[];
+
+const WILDCARDS = new Set(['0.0.0.0', '::', '']);
+const LOOPBACK = ['localhost', '127.0.0.1', '::1'];
+
+/** True when `host` (a listen address) accepts connections only from this machine. */
+export function isLoopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^127\./.test(host);
+}
+
+/** A Host header's host part, lowercased, without port or IPv6 brackets; undefined when malformed. */
+export function hostOf(header: string | undefined): string | undefined {
+  if (header === undefined) return undefined;
+  const h = header.trim().toLowerCase();
+  if (h.startsWith('[')) {
+    const end = h.indexOf(']');
+    return end > 0 ? h.slice(1, end) : undefined;
+  }
+  const colon = h.indexOf(':');
+  return colon < 0 ? h : h.slice(0, colon);
+}
+
+/** The default Host allowlist for a server bound to `listenHost`. */
+export function defaultAllowedHosts(listenHost: string): Set<string> {
+  const out = new Set(LOOPBACK);
+  if (!WILDCARDS.has(listenHost)) out.add(listenHost.toLowerCase());
+  else {
+    out.add(hostname().toLowerCase());
+    for (const list of Object.values(networkInterfaces())) for (const a of list ?? []) out.add(a.address.toLowerCase());
+  }
+  return out;
+}
+
+/** Fill in defaults; the API key falls back to $NERVA_API_KEY. */
+export function resolveSecurity(o: SecurityOptions, listenHost: string): ResolvedSecurity {
+  const allowed = o.allowedHosts;
+  return {
+    ...securityDefaults(),
+    ...Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)),
+    allowedHosts: allowed?.includes('*') ? undefined : new Set([...(allowed ?? []).map((h) => h.toLowerCase()), ...defaultAllowedHosts(listenHost)]),
+    maxSequencesPerRequest: o.maxSequencesPerRequest,
+  } as ResolvedSecurity;
+}
+
+/** The configured key, else the environment's (an empty variable counts as unset). */
+export function apiKeyFrom(configured: string | undefined, env: NodeJS.ProcessEnv = process.env): string | undefined {
+  if (configured !== undefined) return configured;
+  const v = env[API_KEY_ENV];
+  return v !== undefined && v.length > 0 ? v : undefined;
+}
