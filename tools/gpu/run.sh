@@ -50,6 +50,8 @@
 #   on a batchInvariant backend (must hold) and on the default one (informational), once with the default kernels
 #   (cuBLASLt with pinned algorithms, GQA attention), the same under matmul precision bf16 (NERVA_MATMUL=bf16: one
 #   term) -> $OUT/batch_invariance-{lt-gqa,lt-gqa-bf16}.json
+#   contexts (not in the default list): one model and two contexts on the GPU (tools/gpu/contexts.ts): weights
+#   allocated once, each context's tokens equal a lone engine's -> $OUT/contexts.json
 #   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
 #   @nerva/cuda-backend, the GPU-only ones among them, under vitest from .device/vitest.tar.xz
 #   (tools/gpu/pack_vitest.mjs) with NERVA_GPU_TESTS=1 (a GPU-only file without the addon or a GPU
