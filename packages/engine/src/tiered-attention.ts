@@ -33,14 +33,22 @@ export abstract class AttentionRunner extends RunnerBase {
    */
   protected attend(l: number, rows: number): void {
     if (this.tiered) return this.attendTiered(l, rows);
-    const s = this.spec;
-    const m = this.meta;
     this.op('attention', 'attention', {
-      q: this.act.qkv,
+      ...this.queryArgs(l, rows),
       kCache: this.kCache[l],
       vCache: this.vCache[l],
       out: this.act.attn,
-      blockTables: m.blockTables,
+      blockTables: this.meta.blockTables,
+      ...(this.oneSequence ? { oneSequence: true } : {}),
+    });
+  }
+
+  /** Op attention's arguments that say which queries attend where: the same for every partial. */
+  protected queryArgs(l: number, rows: number) {
+    const s = this.spec;
+    const m = this.meta;
+    return {
+      q: this.act.qkv,
       rowSeq: m.rowSeq,
       positions: m.positions,
       rows,
@@ -52,9 +60,9 @@ export abstract class AttentionRunner extends RunnerBase {
       qRowStride: this.qkvOut,
       qOffset: 0,
       scale: 1 / Math.sqrt(s.headDim),
+      // A sliding layer masks to its window (every partial does: positions outside it are in none).
       ...this.windowArg(l),
-      ...(this.oneSequence ? { oneSequence: true } : {}),
-    });
+    };
   }
 
   /** `window` for op attention on a sliding layer; nothing on a full-attention one. */
@@ -68,22 +76,7 @@ export abstract class AttentionRunner extends RunnerBase {
     const m = this.meta;
     const a = this.act;
     const be = this.backend;
-    const common = {
-      q: a.qkv,
-      rowSeq: m.rowSeq,
-      positions: m.positions,
-      rows,
-      numHeads: s.numHeads,
-      numKvHeads: s.numKvHeads,
-      headDim: s.headDim,
-      blockSize: this.limits.blockSize,
-      maxBlocksPerSeq: this.limits.maxBlocksPerSeq,
-      qRowStride: this.qkvOut,
-      qOffset: 0,
-      scale: 1 / Math.sqrt(s.headDim),
-      // Both partials mask to the window; positions outside it are in neither.
-      ...this.windowArg(l),
-    };
+    const common = this.queryArgs(l, rows);
     const hostPartial = !this.limits.linkOnly;
     const main = this.stream;
     if (hostPartial) {
