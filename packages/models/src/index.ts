@@ -15,5 +15,3 @@ export * from './synth.js';
 export * from './resolve.js';
 export * from './model-dir.js';
 export * from './model-file.js';
-export * from './gguf/ggml-types.js';
-export * from './gguf/quants/index.js';

@@ -3,11 +3,26 @@
  * quantization with llama.cpp's reference rounding (the types `nerva convert` writes). Both work
  * on the raw block bytes a GGUF file stores, which is also the layout the backends consume.
  */
-import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from '@nerva/core';
-import { ggmlByteLength, type GgmlTypeName } from '../ggml-types.js';
+import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from '../dtype.js';
+import { isQuantDType, type DType, type QuantDType } from '../dtype.js';
+import { ggmlByteLength, type GgmlTypeName } from './ggml-types.js';
+
+/** The ggml type a quantized buffer dtype holds. */
+export function ggmlTypeOf(d: QuantDType): GgmlTypeName {
+  return d.toUpperCase() as GgmlTypeName;
+}
+
+/** The buffer dtype of a ggml type: f32/f16/bf16, or the quantized dtype; undefined for others (e.g. Q8_K). */
+export function dtypeOfGgml(t: GgmlTypeName): DType | undefined {
+  if (t === 'F32') return 'f32';
+  if (t === 'F16') return 'f16';
+  if (t === 'BF16') return 'bf16';
+  const q = t.toLowerCase();
+  return isQuantDType(q) ? q : undefined;
+}
 
 /** Decode `elements` values of `type` from `src` (whole blocks) into f32. */
-export function dequantize(type: GgmlTypeName, src: Uint8Array, elements: number, dst = new Float32Array(elements)): Float32Array {
+export function dequantize(type: GgmlTypeName, src: Uint8Array, elements: number, dst: Float32Array<ArrayBufferLike> = new Float32Array(elements)): Float32Array<ArrayBufferLike> {
   const bytes = ggmlByteLength(type, elements);
   if (src.byteLength < bytes) throw new RangeError(`${type}: ${elements} elements need ${bytes} bytes, got ${src.byteLength}`);
   const view = new DataView(src.buffer, src.byteOffset, bytes);
