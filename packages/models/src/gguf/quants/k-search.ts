@@ -32,12 +32,16 @@ export function makeQkx2Quants(
   nstep: number,
   useMad: boolean,
 ): number {
+  const xs = xsub;
+  const xm = xshift;
   let min = x[xo];
   let max = x[xo];
   let sumW = weights[0];
   let sumX = fr(sumW * x[xo]);
+  xs[0] = x[xo];
   for (let i = 1; i < n; i++) {
     const v = x[xo + i];
+    xs[i] = v;
     if (v < min) min = v;
     if (v > max) max = v;
     const w = weights[i];
@@ -54,8 +58,10 @@ export function makeQkx2Quants(
   let scale = fr(1 / iscale);
   let bestError = 0;
   for (let i = 0; i < n; i++) {
-    const v = x[xo + i];
-    const l = Math.max(0, Math.min(nmax, nearestInt(fr(iscale * fr(v - min)))));
+    const v = xs[i];
+    xm[i] = v - min; // the Float32Array store rounds, as C's float subtraction does
+    let l = nearestInt(fr(iscale * xm[i]));
+    l = l < 0 ? 0 : l > nmax ? nmax : l;
     L[lo + i] = l;
     let diff = fr(fr(fr(scale * l) + min) - v);
     diff = useMad ? Math.abs(diff) : fr(diff * diff);
@@ -68,17 +74,29 @@ export function makeQkx2Quants(
   for (let is = 0; is <= nstep; is++) {
     // `min` moves when a candidate wins, and later candidates are spread over the new range.
     iscale = fr(fr(fr(rmin + fr(rdelta * is)) + nmax) / fr(max - min));
+    let same = true;
+    for (let i = 0; i < n; i++) {
+      // nearest_int inlined: in range the mantissa trick is exact integer rounding (half to even).
+      const t = fr(fr(iscale * xm[i]) + 12582912);
+      let l = t >= 8388608 && t < 16777216 ? (t - 12582912) | 0 : nearestInt(fr(iscale * xm[i]));
+      l = l < 0 ? 0 : l > nmax ? nmax : l;
+      if (Laux[i] !== l) {
+        Laux[i] = l;
+        same = false;
+      }
+    }
+    // The same levels as the previous candidate give the same fit and error, which cannot beat
+    // the best (it either is the best or lost to it), so the sums are skipped: same bytes, faster.
+    if (same && is > 0) continue;
     let sumL = 0;
     let sumL2 = 0;
     let sumXL = 0;
     for (let i = 0; i < n; i++) {
-      const v = x[xo + i];
-      const l = Math.max(0, Math.min(nmax, nearestInt(fr(iscale * fr(v - min)))));
-      Laux[i] = l;
+      const l = Laux[i];
       const wl = fr(weights[i] * l);
       sumL = fr(sumL + wl);
       sumL2 = fr(sumL2 + fr(wl * l));
-      sumXL = fr(sumXL + fr(wl * v));
+      sumXL = fr(sumXL + fr(wl * xs[i]));
     }
     const D = fr(fr(sumW * sumL2) - fr(sumL * sumL));
     if (D > 0) {
@@ -88,9 +106,12 @@ export function makeQkx2Quants(
         thisMin = 0;
         thisScale = fr(sumXL / sumL2);
       }
+      // The error only grows term by term (weights and squared or absolute differences are >= 0,
+      // and rounding is monotone), so a candidate stops once it has reached the best error: it
+      // cannot win, exactly as when ggml sums every term.
       let curError = 0;
-      for (let i = 0; i < n; i++) {
-        let diff = fr(fr(fr(thisScale * Laux[i]) + thisMin) - x[xo + i]);
+      for (let i = 0; i < n && curError < bestError; i++) {
+        let diff = fr(fr(fr(thisScale * Laux[i]) + thisMin) - xs[i]);
         diff = useMad ? Math.abs(diff) : fr(diff * diff);
         curError = fr(curError + fr(weights[i] * diff));
       }
@@ -98,13 +119,20 @@ export function makeQkx2Quants(
         for (let i = 0; i < n; i++) L[lo + i] = Laux[i];
         bestError = curError;
         scale = thisScale;
-        min = thisMin;
+        if (thisMin !== min) {
+          min = thisMin;
+          for (let i = 0; i < n; i++) xm[i] = xs[i] - min;
+        }
       }
     }
   }
   qkx2.min = -min;
   return scale;
 }
+
+/** One group's values and those values less the current min (f32, as ggml holds them). */
+const xsub = new Float32Array(32);
+const xshift = new Float32Array(32);
 
 /**
  * Symmetric search with x² weights (make_qx_quants, rmse_type 1, no importance weights): levels

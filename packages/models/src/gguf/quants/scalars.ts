@@ -46,7 +46,7 @@ const i32 = new Int32Array(f32.buffer);
  */
 export function nearestInt(v: number): number {
   const t = fr(v + 12582912);
-  if (t >= 8388608 && t < 16777216) return t - 12582912;
+  if (t >= 8388608 && t < 16777216) return (t - 12582912) | 0;
   f32[0] = t;
   return (i32[0] & 0x7fffff) - 0x400000;
 }
