@@ -383,6 +383,14 @@ describe('quantize: exact cases', () => {
     expect(Array.from(dequantize(type, quantize(type, x), x.length))).toEqual(Array.from(x));
   });
 
+  it("Q8_0: halves round away from zero (C's roundf), d = 1 from absmax 127", () => {
+    const x = new Float32Array(32);
+    x.set([127, -2.5, 2.5, -0.5, 0.5, -1.5, 1.5, -126.5]);
+    const q = quantize('Q8_0', x);
+    expect([q[0], q[1]]).toEqual([0x00, 0x3c]); // f16 1.0
+    expect(Array.from(new Int8Array(q.buffer, 2, 8))).toEqual([127, -3, 3, -1, 1, -2, 2, -127]);
+  });
+
   it.each(QUANT_TYPES_WRITABLE)('%s: all-zero (and negative-zero) blocks decode to zeros, no NaN from 0/0', (type) => {
     const n = 2 * GGML_TYPES[type].blockSize * (GGML_TYPES[type].blockSize === 1 ? 256 : 1);
     for (const z of [0, -0]) {
