@@ -293,8 +293,8 @@ describe('quantize: error bounds', () => {
     Q6_K: { group: 16, levels: Array.from({ length: 64 }, (_, i) => i - 32) },
   };
   function groupGrid(type: (typeof KQUANTS)[number], q: Uint8Array, e: number): { step: number; offset: number } {
-    // Two decoded probes of the same group give its step and offset without reading the scales:
-    // re-encode is not needed, decode a copy whose quants are forced to two known levels.
+    // The group's step and offset come from decoding two copies of its block whose quants are
+    // forced to the lowest and the highest level, so the scales are never read here.
     const { typeSize } = GGML_TYPES[type];
     const block = q.slice(Math.floor(e / 256) * typeSize, Math.floor(e / 256) * typeSize + typeSize);
     const probe = (lvl: 'lo' | 'hi') => {
