@@ -9,6 +9,13 @@ import { fr, nearestInt } from './scalars.js';
 /** ggml's GROUP_MAX_EPS: a group whose largest magnitude is below this counts as all zero. */
 export const GROUP_MAX_EPS = fr(1e-15);
 
+// Scratch for one group at a time (the codecs are synchronous, so module-level buffers are safe):
+// a group's values and those values less the current min (f32, as ggml holds them), and the
+// unbiased levels of the Q3_K search.
+const xsub = new Float32Array(32);
+const xshift = new Float32Array(32);
+const q3Levels = new Int32Array(16);
+
 /** Out-parameter of `makeQkx2Quants`: the (positive) offset that is subtracted back on decode. */
 export const qkx2 = { min: 0 };
 
@@ -130,10 +137,6 @@ export function makeQkx2Quants(
   return scale;
 }
 
-/** One group's values and those values less the current min (f32, as ggml holds them). */
-const xsub = new Float32Array(32);
-const xshift = new Float32Array(32);
-
 /**
  * Symmetric search with x² weights (make_qx_quants, rmse_type 1, no importance weights): levels
  * -nmax..nmax-1 stored biased by nmax into L[lo..lo+n); returns the signed scale.
@@ -188,9 +191,6 @@ export function makeQxQuants(n: number, nmax: number, x: Float32Array, xo: numbe
   }
   return scale;
 }
-
-/** Unbiased levels of the Q3_K search (one 16-element group at a time). */
-const q3Levels = new Int32Array(16);
 
 /**
  * Q3_K's symmetric search (make_q3_quants with rmse): starts from nmax/|max| and then moves single
