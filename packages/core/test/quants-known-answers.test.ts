@@ -7,8 +7,8 @@
  */
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import { GGML_TYPES } from '../src/gguf/ggml-types.js';
-import { dequantize, quantize } from '../src/gguf/quants/index.js';
+import { GGML_TYPES } from '../src/quant/ggml-types.js';
+import { dequantize, quantize } from '../src/quant/index.js';
 
 type BlockType = 'Q4_0' | 'Q4_1' | 'Q5_0' | 'Q5_1' | 'Q8_0' | 'Q2_K' | 'Q3_K' | 'Q4_K' | 'Q5_K' | 'Q6_K';
 

@@ -4,10 +4,10 @@
  * every expected value is exact), quantization error bounds, exact round trips, zero blocks, bad
  * lengths and determinism. Bytes and values against llama.cpp itself: quants-known-answers.test.ts.
  */
-import { f16ToF32, f32ToF16 } from '@nerva/core';
+import { f16ToF32, f32ToF16 } from '../src/dtype.js';
 import { describe, expect, it } from 'vitest';
-import { GGML_TYPES, type GgmlTypeName } from '../src/gguf/ggml-types.js';
-import { dequantize, quantize, QUANT_TYPES_READABLE, QUANT_TYPES_WRITABLE } from '../src/gguf/quants/index.js';
+import { GGML_TYPES, type GgmlTypeName } from '../src/quant/ggml-types.js';
+import { dequantize, quantize, QUANT_TYPES_READABLE, QUANT_TYPES_WRITABLE } from '../src/quant/index.js';
 
 const LEGACY = ['Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q8_0'] as const;
 const KQUANTS = ['Q2_K', 'Q3_K', 'Q4_K', 'Q5_K', 'Q6_K'] as const;
