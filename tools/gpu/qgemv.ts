@@ -12,7 +12,8 @@ import { createCudaBackend } from '@nerva/cuda-backend';
 const out = process.env.OUT ?? '.';
 const be = createCudaBackend({ deviceArenaBytes: 24 * 2 ** 30 });
 const copyGBs = measureCopyBandwidth(be, 1024 * 2 ** 20, 20) / 1e9;
-const types: QuantDType[] = ['q4_k', 'q6_k', 'q8_0', 'q4_0'];
+const types = (process.argv[2] ?? 'q4_k,q6_k,q8_0,q4_0').split(',') as QuantDType[];
+const rowCounts = (process.argv[3] ?? '1,4').split(',').map(Number);
 const H = 4096, I = 14336, V = 151936;
 const shapes = [
   { name: 'qkv', inDim: H, outDim: 6144, norm: true, glu: false },
@@ -25,7 +26,7 @@ const rng = new ConformanceRng(7);
 const f32 = (n: number): DeviceBuffer => be.alloc({ dtype: 'f32', length: n, usage: 'activations' });
 for (const q of types) {
   for (const s of shapes) {
-    for (const rows of [1, 4]) {
+    for (const rows of rowCounts) {
       const n = (s.glu ? 2 : 1) * s.outDim * s.inDim;
       const w = be.alloc({ dtype: q, length: n, usage: 'weights' });
       // Written a slab at a time: one host copy of a 0.6 G-element matrix would not fit a string of blocks.

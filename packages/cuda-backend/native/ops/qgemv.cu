@@ -9,9 +9,6 @@
 
 namespace nerva::ops {
 
-// Weight rows a warp streams against its activations (GLU: two gate and two up rows).
-constexpr int QG_ROWS = 4;
-
 // 2^23 + byte: a byte turned into a float by placing it in the mantissa (one PRMT, no I2F,
 // whose rate is an eighth of the FMA's); subtracting 2^23 + offset gives the signed value exactly.
 __device__ __forceinline__ float magic(uint32_t v, int k) {
@@ -37,56 +34,86 @@ __device__ __forceinline__ void ldx(const float* x, float* v, int n) {  // n flo
   }
 }
 
-// One type's tile: the elements a lane takes at a time, its activations held in registers
-// (load) and their dot product with one weight row's tile (dot).
+// One type's tile: the elements a lane takes at a time. fetch() loads one weight row's tile (it
+// reads weights only, so a kernel issues it before its dependency wait: the weights stream while
+// the previous kernel finishes); load() holds the tile's activations in registers; dot() is the
+// fetched weights' dot product with them.
 template <int DT>
 struct QTile;
 
 template <>
 struct QTile<NV_Q8_0> {  // a tile is a block: f16 d, 32 int8
   static constexpr int ELEMS = 32, BYTES = 34;
+  struct Raw {
+    uint32_t q[8];
+    uint16_t d;
+  };
   float x[32];
+  __device__ static void fetch(Raw& r, const uint8_t* row, int t) {
+    const uint16_t* b = (const uint16_t*)(row + (size_t)t * BYTES);
+    r.d = b[0];
+#pragma unroll
+    for (int w = 0; w < 8; w++) r.q[w] = (uint32_t)b[1 + 2 * w] | ((uint32_t)b[2 + 2 * w] << 16);
+  }
   __device__ void load(const float* xr, int t) { ldx(xr + t * 32, x, 32); }
-  __device__ float dot(const uint8_t* row, int t) const {
-    const uint8_t* b = row + (size_t)t * BYTES;
+  __device__ float dot(const Raw& r) const {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; w++) {
-      const uint32_t v = ld32u2(b + 2 + 4 * w) ^ 0x80808080u;  // q + 128 a byte
+      const uint32_t v = r.q[w] ^ 0x80808080u;  // q + 128 a byte
 #pragma unroll
       for (int k = 0; k < 4; k++) s = fmaf(x[4 * w + k], magic(v, k) - 8388736.f, s);
     }
-    return h2f(b) * s;
+    return __half2float(__ushort_as_half(r.d)) * s;
   }
 };
 
 template <>
 struct QTile<NV_Q4_0> {  // a block: f16 d, 16 bytes (element j: low nibble of byte j, j + 16: high)
   static constexpr int ELEMS = 32, BYTES = 18;
+  struct Raw {
+    uint32_t q[4];
+    uint16_t d;
+  };
   float x[32];
+  __device__ static void fetch(Raw& r, const uint8_t* row, int t) {
+    const uint16_t* b = (const uint16_t*)(row + (size_t)t * BYTES);
+    r.d = b[0];
+#pragma unroll
+    for (int w = 0; w < 4; w++) r.q[w] = (uint32_t)b[1 + 2 * w] | ((uint32_t)b[2 + 2 * w] << 16);
+  }
   __device__ void load(const float* xr, int t) { ldx(xr + t * 32, x, 32); }
-  __device__ float dot(const uint8_t* row, int t) const {
-    const uint8_t* b = row + (size_t)t * BYTES;
+  __device__ float dot(const Raw& r) const {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < 4; w++) {
-      const uint32_t v = ld32u2(b + 2 + 4 * w);
-      const uint32_t lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+      const uint32_t lo = r.q[w] & 0x0F0F0F0Fu, hi = (r.q[w] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
       for (int k = 0; k < 4; k++) {
         s = fmaf(x[4 * w + k], magic(lo, k) - 8388616.f, s);
         s = fmaf(x[16 + 4 * w + k], magic(hi, k) - 8388616.f, s);
       }
     }
-    return h2f(b) * s;
+    return __half2float(__ushort_as_half(r.d)) * s;
   }
 };
 
 template <>
 struct QTile<NV_Q4_K> {  // a tile is 64 elements: 32 bytes of one block's qs (sub-blocks 2g, 2g + 1)
   static constexpr int ELEMS = 64, BYTES = 144;
+  struct Raw {
+    uint4 head, q0, q1;  // d, dmin, 12 scale bytes; the 32 qs bytes
+    int g;
+  };
   float x[64];
   float sx[2];  // the sums of the two sub-blocks' activations
+  __device__ static void fetch(Raw& r, const uint8_t* row, int t) {
+    const uint8_t* b = row + (size_t)(t >> 2) * BYTES;
+    r.g = t & 3;
+    r.head = *reinterpret_cast<const uint4*>(b);
+    r.q0 = *reinterpret_cast<const uint4*>(b + 16 + 32 * r.g);
+    r.q1 = *reinterpret_cast<const uint4*>(b + 32 + 32 * r.g);
+  }
   __device__ void load(const float* xr, int t) {
     ldx(xr + t * 64, x, 64);
     sx[0] = sx[1] = 0.f;
@@ -96,12 +123,8 @@ struct QTile<NV_Q4_K> {  // a tile is 64 elements: 32 bytes of one block's qs (s
       sx[1] += x[32 + i];
     }
   }
-  __device__ float dot(const uint8_t* row, int t) const {
-    const uint8_t* b = row + (size_t)(t >> 2) * BYTES;
-    const int g = t & 3;
-    const uint4 q0 = *reinterpret_cast<const uint4*>(b + 16 + 32 * g);
-    const uint4 q1 = *reinterpret_cast<const uint4*>(b + 32 + 32 * g);
-    const uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+  __device__ float dot(const Raw& r) const {
+    const uint32_t q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
     float f0 = 0.f, f1 = 0.f;  // sum(x * (1 + n / 16)) of the low and the high nibbles
 #pragma unroll
     for (int w = 0; w < 8; w++) {
@@ -112,10 +135,23 @@ struct QTile<NV_Q4_K> {  // a tile is 64 elements: 32 bytes of one block's qs (s
         f1 = fmaf(x[32 + 4 * w + k], nib16(hi, k), f1);
       }
     }
+    // The scale bytes from registers (taking the address of r.head would put it on the stack).
+    const uint32_t sw[3] = {r.head.y, r.head.z, r.head.w};
+    auto byte = [&](int k) { return (int)((sw[k >> 2] >> (8 * (k & 3))) & 0xFF); };
+    auto scaleMin = [&](int j, int& sc, int& m) {
+      if (j < 4) {
+        sc = byte(j) & 63;
+        m = byte(j + 4) & 63;
+      } else {
+        sc = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4);
+        m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+      }
+    };
     int sc0, m0, sc1, m1;
-    q4kScaleMin(b + 4, 2 * g, sc0, m0);
-    q4kScaleMin(b + 4, 2 * g + 1, sc1, m1);
-    const float d = h2f(b), dmin = h2f(b + 2);
+    scaleMin(2 * r.g, sc0, m0);
+    scaleMin(2 * r.g + 1, sc1, m1);
+    const float d = __half2float(__ushort_as_half((uint16_t)(r.head.x & 0xFFFF)));
+    const float dmin = __half2float(__ushort_as_half((uint16_t)(r.head.x >> 16)));
     // y = d*sc*n - dmin*m a weight; sum(x * n) = 16 * (f - sum(x)).
     return __fmul_rn(d, (float)sc0) * (16.f * (f0 - sx[0])) - __fmul_rn(dmin, (float)m0) * sx[0] +
            __fmul_rn(d, (float)sc1) * (16.f * (f1 - sx[1])) - __fmul_rn(dmin, (float)m1) * sx[1];
@@ -125,24 +161,39 @@ struct QTile<NV_Q4_K> {  // a tile is 64 elements: 32 bytes of one block's qs (s
 template <>
 struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half's four quadrants
   static constexpr int ELEMS = 32, BYTES = 210;
+  struct Raw {
+    uint32_t la[2], lb[2], h[2];
+    int8_t sc[4];
+    uint16_t d;
+  };
   float x[32];  // quadrant qd's 8 activations at x[8 * qd]
+  __device__ static void fetch(Raw& r, const uint8_t* row, int t) {
+    const uint8_t* b = row + (size_t)(t >> 3) * BYTES;
+    const int n = (t >> 2) & 1, l0 = (t & 3) * 8;
+    const uint8_t* ql = b + 64 * n + l0;
+    const uint8_t* qh = b + 128 + 32 * n + l0;
+#pragma unroll
+    for (int w = 0; w < 2; w++) {
+      r.la[w] = ld32u2(ql + 4 * w);
+      r.lb[w] = ld32u2(ql + 32 + 4 * w);
+      r.h[w] = ld32u2(qh + 4 * w);
+    }
+    const int8_t* sc = (const int8_t*)(b + 192 + 8 * n + l0 / 16);
+#pragma unroll
+    for (int qd = 0; qd < 4; qd++) r.sc[qd] = sc[2 * qd];
+    r.d = *(const uint16_t*)(b + 208);
+  }
   __device__ void load(const float* xr, int t) {
     const int n = (t >> 2) & 1, l0 = (t & 3) * 8;
     const float* base = xr + (size_t)(t >> 3) * 256 + 128 * n + l0;
 #pragma unroll
     for (int qd = 0; qd < 4; qd++) ldx(base + 32 * qd, x + 8 * qd, 8);
   }
-  __device__ float dot(const uint8_t* row, int t) const {
-    const uint8_t* b = row + (size_t)(t >> 3) * BYTES;
-    const int n = (t >> 2) & 1, l0 = (t & 3) * 8;
-    const uint8_t* ql = b + 64 * n + l0;
-    const uint8_t* qh = b + 128 + 32 * n + l0;
-    const int8_t* sc = (const int8_t*)(b + 192 + 8 * n + l0 / 16);
-    const float d = h2f(b + 208);
+  __device__ float dot(const Raw& r) const {
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int w = 0; w < 2; w++) {
-      const uint32_t la = ld32u2(ql + 4 * w), lb = ld32u2(ql + 32 + 4 * w), h = ld32u2(qh + 4 * w);
+      const uint32_t la = r.la[w], lb = r.lb[w], h = r.h[w];
       const uint32_t v[4] = {(la & 0x0F0F0F0Fu) | ((h << 4) & 0x30303030u), (lb & 0x0F0F0F0Fu) | ((h << 2) & 0x30303030u),
                              ((la >> 4) & 0x0F0F0F0Fu) | (h & 0x30303030u),
                              ((lb >> 4) & 0x0F0F0F0Fu) | ((h >> 2) & 0x30303030u)};
@@ -151,72 +202,100 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
 #pragma unroll
         for (int k = 0; k < 4; k++) s[qd] = fmaf(x[8 * qd + 4 * w + k], magic(v[qd], k) - 8388640.f, s[qd]);
     }
-    float r = 0.f;
+    const float d = __half2float(__ushort_as_half(r.d));
+    float y = 0.f;
 #pragma unroll
-    for (int qd = 0; qd < 4; qd++) r += __fmul_rn(d, (float)sc[2 * qd]) * s[qd];
-    return r;
+    for (int qd = 0; qd < 4; qd++) y += __fmul_rn(d, (float)r.sc[qd]) * s[qd];
+    return y;
   }
 };
 
-// One block: KS warps over the tiles of one activation row, QG_ROWS weight rows: outputs
-// [o0, o0 + QG_ROWS) (GLU: gate rows o0, o0 + 1 and their up rows outDim + o0, + 1). Epilogue as
-// k_gemv_generic's: bias, GLU, accumulate, bf16 numerics' rounding.
+// One block: KS warps, a lane one tile of the activation row (its activations stay in registers
+// for the block's whole run), over `per` consecutive outputs [o0, o0 + per): the weights of the
+// next outputs are fetched while the current ones are reduced (the first before the dependency
+// wait), so each warp keeps its loads in flight. Per output, the warps' sums meet in shared
+// memory; the epilogue (k_gemv_generic's: bias, GLU, accumulate, bf16 numerics' rounding) runs
+// once all outputs are summed. GLU: an output reads its gate row o and its up row outDim + o.
 template <int DT, int KS, bool GLU>
 __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out,
-                                                     int rows, int inDim, int outDim, const void* bias, int bdt, int acc,
-                                                     int bfa) {
+                                                     int rows, int inDim, int outDim, int per, const void* bias, int bdt,
+                                                     int acc, int bfa) {
   NERVA_TRACE_KERNEL();
-  PDL_ENTER();
   using T = QTile<DT>;
-  constexpr int OUTS = GLU ? QG_ROWS / 2 : QG_ROWS;
+  constexpr int P = GLU ? 1 : 2;  // outputs an iteration
+  constexpr int NW = 2;           // weight rows an iteration
+  extern __shared__ float part[];  // [KS][per * (GLU ? 2 : 1)]
   const int r = blockIdx.x % rows;
-  const int o0 = (blockIdx.x / rows) * OUTS;
+  const int o0 = (blockIdx.x / rows) * per;
+  const int n = min(per, outDim - o0);
   const size_t rowBytes = (size_t)(inDim / (DT == NV_Q4_K || DT == NV_Q6_K ? 256 : 32)) * T::BYTES;
-  const uint8_t* wr[QG_ROWS];
+  const int t = threadIdx.x;
+  const bool mine = t < inDim / T::ELEMS;
+  // Weight row k of iteration i (a row past the block's outputs reads its first one, never used).
+  auto rowOf = [&](int i, int k) -> const uint8_t* {
+    const int o = GLU ? o0 + i : o0 + i + k;
+    const int oo = (GLU ? i : i + k) < n ? o : o0;
+    return w + (size_t)(GLU && k == 1 ? outDim + oo : oo) * rowBytes;
+  };
+  // Two register buffers, used in turn (named, not indexed: an indexed pair would live on the stack).
+  typename T::Raw ra[NW], rb[NW];
+  if (mine)
 #pragma unroll
-  for (int j = 0; j < QG_ROWS; j++) {
-    int o = GLU ? (j < OUTS ? o0 + j : outDim + o0 + j - OUTS) : o0 + j;
-    const bool valid = (GLU ? o0 + (j % OUTS) : o) < outDim;
-    wr[j] = valid ? w + (size_t)o * rowBytes : nullptr;
-  }
-  const float* xr = x + (size_t)r * inDim;
-  const int tiles = inDim / T::ELEMS;
-  float a[QG_ROWS] = {};
+    for (int k = 0; k < NW; k++) T::fetch(ra[k], rowOf(0, k), t);
+  pdlWait();
+  pdlTrigger();
   T tile;
-  for (int t = threadIdx.x; t < tiles; t += 32 * KS) {
-    tile.load(xr, t);
-#pragma unroll
-    for (int j = 0; j < QG_ROWS; j++)
-      if (wr[j]) a[j] += tile.dot(wr[j], t);
-  }
-  __shared__ float part[KS][QG_ROWS];
+  if (mine) tile.load(x + (size_t)r * inDim, t);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int stride = per * (GLU ? 2 : 1);
+  // Iteration i: its rows are in `use`; the next iteration's go into `next` first.
+  auto step = [&](typename T::Raw(&use)[NW], typename T::Raw(&next)[NW], int i) {
+    if (mine && i + P < n)
 #pragma unroll
-  for (int j = 0; j < QG_ROWS; j++) {
-    a[j] = warpSum(a[j]);
-    if (lane == 0) part[warp][j] = a[j];
+      for (int k = 0; k < NW; k++) T::fetch(next[k], rowOf(i + P, k), t);
+    float v[NW];
+#pragma unroll
+    for (int k = 0; k < NW; k++) v[k] = warpSum(mine ? tile.dot(use[k]) : 0.f);
+    if (lane == 0) {
+      if (GLU) {
+        part[warp * stride + 2 * i] = v[0];
+        part[warp * stride + 2 * i + 1] = v[1];
+      } else {
+        part[warp * stride + i] = v[0];
+        if (i + 1 < n) part[warp * stride + i + 1] = v[1];
+      }
+    }
+  };
+  for (int i = 0; i < n; i += 2 * P) {
+    step(ra, rb, i);
+    if (i + P < n) step(rb, ra, i + P);
   }
   __syncthreads();
-  if (threadIdx.x >= OUTS) return;
-  const int j = threadIdx.x, o = o0 + j;
-  if (o >= outDim) return;
-  float g = 0.f, u = 0.f;
-  for (int k = 0; k < KS; k++) {
-    g += part[k][j];
-    if (GLU) u += part[k][OUTS + j];
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const int o = o0 + j;
+    float g = 0.f, u = 0.f;
+    for (int k = 0; k < KS; k++) {
+      g += part[k * stride + (GLU ? 2 * j : j)];
+      if (GLU) u += part[k * stride + 2 * j + 1];
+    }
+    float y = bfr(g + (bias ? ldf(bias, bdt, o) : 0.f), bfa);
+    if (GLU) y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
+    float* dst = out + (size_t)r * outDim + o;
+    *dst = acc ? bfr(*dst + y, bfa) : y;
   }
-  float y = bfr(g + (bias ? ldf(bias, bdt, o) : 0.f), bfa);
-  if (GLU) y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
-  float* dst = out + (size_t)r * outDim + o;
-  *dst = acc ? bfr(*dst + y, bfa) : y;
 }
 
 template <int DT, bool GLU>
 int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim,
                 Buf bias, int acc) {
-  constexpr int OUTS = GLU ? QG_ROWS / 2 : QG_ROWS;
   const int bfa = ex->bf16act ? 1 : 0;
-  const size_t chunks = (size_t)(outDim + OUTS - 1) / OUTS;
+  // Outputs a block: enough blocks for ~16 warps an SM, each block at least 4 and at most 64
+  // outputs (its activations are loaded once for all of them).
+  const long long warpsWanted = (long long)ex->smCount * 16;
+  int per = (int)std::min<long long>(64, std::max<long long>(4, (long long)outDim * ks * rows / warpsWanted));
+  per = (per + 1) & ~1;
+  const size_t chunks = (size_t)(outDim + per - 1) / per;
+  const size_t smem = (size_t)ks * per * (GLU ? 2 : 1) * sizeof(float);
   // Row-major in the grid (row fastest): the blocks of one weight chunk run together and the
   // chunk is read once from memory for all rows.
   for (int r0 = 0; r0 < rows;) {
@@ -225,8 +304,9 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * outDim;
 #define QL(KS_)                                                                                                            \
-  LAUNCH((k_qgemv<DT, KS_, GLU>), grid, 32 * KS_, 0, xr, w, orow, nr, inDim, outDim, bias.p, bias.dt, acc, bfa)
-    if (ks >= 8) QL(8);
+  LAUNCH((k_qgemv<DT, KS_, GLU>), grid, 32 * KS_, smem, xr, w, orow, nr, inDim, outDim, per, bias.p, bias.dt, acc, bfa)
+    if (ks >= 16) QL(16);
+    else if (ks >= 8) QL(8);
     else if (ks >= 4) QL(4);
     else if (ks >= 2) QL(2);
     else QL(1);
@@ -250,8 +330,11 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     if (rc) return rc;
     xr = (const float*)ex->ws;
   }
+  // Warps enough for a lane a tile: a lane holds one tile's activations.
   const int tiles = inDim / (w.dt == NV_Q4_K ? 64 : 32);
-  const int ks = std::max(1, std::min(8, tiles / 32));
+  if (tiles > 16 * 32) return bad(ex, "matmul: a quantized weight's rows may hold at most 512 tiles (inDim 16384, Q4_K 32768)");
+  int ks = 1;
+  while (ks * 32 < tiles) ks *= 2;
   const uint8_t* wp = (const uint8_t*)w.p;
   const int acc = f.accumulate ? 1 : 0;
 #define QD(DT_) \
