@@ -19,6 +19,7 @@ import { isGgufPath } from './gguf-model.js';
 import { ggufLocationOf, permuteRopeRows, ropePermutedHeads } from './gguf-names.js';
 import { ggufModelMetadata, ROPE_FREQS_TENSOR } from './gguf-spec.js';
 import { ggufTokenizerMetadata } from './gguf-tokenizer.js';
+import { ggufValue } from './gguf-value.js';
 import { GGUF_CONVERT_FILE_TYPES, GGUF_CONVERT_TYPES, planGgufTypes, type GgufConvertType } from './gguf-type-plan.js';
 import { writeGguf, type GgufWriteTensor } from './gguf-writer.js';
 import { quantize } from './quants/index.js';
@@ -98,7 +99,12 @@ export async function convertToGguf(opts: ConvertToGgufOptions): Promise<Convert
     const model = ggufModelMetadata(spec, { name: opts.name ?? basename(source), fileType, ...(loaded.generationConfig && { generationConfig: loaded.generationConfig }) }, out);
     const tokenizerJson = await readTokenizerJson(source, 'tokenizer.json', false);
     const metadata = [...model.metadata];
-    if (tokenizerJson !== undefined) {
+    if (tokenizerJson === undefined) {
+      // No vocabulary: llama.cpp's "none" tokenizer (token ids in, token ids out), with the config's ids.
+      metadata.push(['tokenizer.ggml.model', ggufValue.str('none')]);
+      if (spec.bosTokenId !== undefined) metadata.push(['tokenizer.ggml.bos_token_id', ggufValue.u32(spec.bosTokenId)]);
+      if (spec.eosTokenIds.length > 0) metadata.push(['tokenizer.ggml.eos_token_id', ggufValue.u32(spec.eosTokenIds[0])]);
+    } else {
       const tokenizerConfig = (await readTokenizerJson(source, 'tokenizer_config.json', false)) ?? {};
       const chatTemplate = (await readOptionalModelText(source, 'chat_template.jinja')) ?? configTemplate(tokenizerConfig);
       metadata.push(

@@ -9,6 +9,12 @@ import { GgufError } from './gguf-error.js';
 import { MetaReader } from './gguf-meta.js';
 import { ggufValue, type GgufMetadata, type GgufValue } from './gguf-value.js';
 
+/**
+ * Whether decoding cleans spaces before punctuation (HF `clean_up_tokenization_spaces`). llama.cpp
+ * has no key for it (it decides by pre-tokenizer family); the HF setting is kept under this key.
+ */
+export const NERVA_CLEAN_SPACES_KEY = 'nerva.tokenizer.clean_up_tokenization_spaces';
+
 /** llama.cpp's token types (`llama_token_type`). */
 export const GGUF_TOKEN_TYPES = { NORMAL: 1, UNKNOWN: 2, CONTROL: 3, USER_DEFINED: 4, UNUSED: 5, BYTE: 6 } as const;
 
@@ -36,6 +42,8 @@ interface Family {
   preTokenizer: unknown;
   decoder: unknown;
   ignoreMerges: boolean;
+  /** llama.cpp's `clean_spaces` for the family. */
+  cleanSpaces: boolean;
 }
 
 function family(pre: GgufPreTokenizer): Family {
@@ -43,13 +51,14 @@ function family(pre: GgufPreTokenizer): Family {
   const split = (regex: string) => ({ type: 'Split', pattern: { Regex: regex }, behavior: 'Isolated', invert: false });
   switch (pre) {
     case 'gpt-2':
-      return { normalizer: null, preTokenizer: byteLevel(true, true), decoder: byteLevel(true, true), ignoreMerges: false };
+      return { normalizer: null, preTokenizer: byteLevel(true, true), decoder: byteLevel(true, true), ignoreMerges: false, cleanSpaces: true };
     case 'qwen2':
       return {
         normalizer: { type: 'NFC' },
         preTokenizer: { type: 'Sequence', pretokenizers: [split(QWEN2_REGEX), byteLevel(false, false)] },
         decoder: byteLevel(false, false),
         ignoreMerges: false,
+        cleanSpaces: false,
       };
     case 'llama-bpe':
       return {
@@ -57,6 +66,7 @@ function family(pre: GgufPreTokenizer): Family {
         preTokenizer: { type: 'Sequence', pretokenizers: [split(LLAMA3_REGEX), byteLevel(false, true)] },
         decoder: byteLevel(true, true),
         ignoreMerges: true,
+        cleanSpaces: true,
       };
   }
 }
@@ -167,6 +177,7 @@ export function ggufTokenizerParts(metadata: GgufMetadata, path: string): GgufTo
     unk_token: unk?.content ?? null,
     add_bos_token: addBos,
     add_eos_token: addEos,
+    clean_up_tokenization_spaces: m.bool(NERVA_CLEAN_SPACES_KEY) ?? fam.cleanSpaces,
   };
   if (chatTemplate !== undefined) tokenizerConfig.chat_template = chatTemplate;
   return chatTemplate !== undefined ? { tokenizerJson, tokenizerConfig, chatTemplate, pre } : { tokenizerJson, tokenizerConfig, pre };
@@ -352,5 +363,7 @@ export function ggufTokenizerMetadata(src: HfTokenizerSource, path = '<gguf>'): 
   // Always explicit: llama.cpp's default differs by family (llama-bpe adds BOS unless told not to).
   md.push(['tokenizer.ggml.add_bos_token', v.bool(specials.first !== undefined)], ['tokenizer.ggml.add_eos_token', v.bool(specials.last !== undefined)]);
   if (src.chatTemplate !== undefined) md.push(['tokenizer.chat_template', v.str(src.chatTemplate)]);
+  // HF's default when the config does not say (and the tokenizer library's).
+  md.push([NERVA_CLEAN_SPACES_KEY, v.bool(cfg.clean_up_tokenization_spaces !== false)]);
   return md;
 }
