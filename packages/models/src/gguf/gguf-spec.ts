@@ -166,6 +166,17 @@ function torchDtypeOf(m: MetaReader): string {
 }
 
 function ropeScalingOf(m: MetaReader, a: string, headDim: number, ropeFreqs: Float32Array | undefined): RopeScaling {
+  const type = m.str(`${a}.rope.scaling.type`) ?? (m.has(`${a}.rope.scale_linear`) ? 'linear' : 'none');
+  if (type !== 'none' && type !== 'linear') {
+    throw new GgufError('UNSUPPORTED_MODEL', m.path, `rope scaling "${type}" is not supported (supported: none, linear, and llama3 through rope_freqs)`, { key: `${a}.rope.scaling.type` });
+  }
+  if (type === 'linear') {
+    if (m.has(NERVA_KEYS.llama3Factor) || ropeFreqs) {
+      throw new GgufError('BAD_METADATA', m.path, 'linear scaling and Llama 3 frequency factors both given', { key: `${a}.rope.scaling.type` });
+    }
+    const key = m.has(`${a}.rope.scaling.factor`) ? `${a}.rope.scaling.factor` : `${a}.rope.scale_linear`;
+    return { type: 'linear', factor: m.posFloat(key) };
+  }
   if (m.has(NERVA_KEYS.llama3Factor)) {
     const s: RopeScaling = {
       type: 'llama3',
@@ -176,14 +187,6 @@ function ropeScalingOf(m: MetaReader, a: string, headDim: number, ropeFreqs: Flo
     };
     if (s.highFreqFactor <= s.lowFreqFactor) throw new GgufError('BAD_METADATA', m.path, 'must exceed the low-frequency factor', { key: NERVA_KEYS.llama3HighFreqFactor });
     return s;
-  }
-  const type = m.str(`${a}.rope.scaling.type`) ?? (m.has(`${a}.rope.scale_linear`) ? 'linear' : 'none');
-  if (type === 'linear') {
-    const key = m.has(`${a}.rope.scaling.factor`) ? `${a}.rope.scaling.factor` : `${a}.rope.scale_linear`;
-    return { type: 'linear', factor: m.posFloat(key) };
-  }
-  if (type !== 'none') {
-    throw new GgufError('UNSUPPORTED_MODEL', m.path, `rope scaling "${type}" is not supported (supported: none, linear, and llama3 through rope_freqs)`, { key: `${a}.rope.scaling.type` });
   }
   if (ropeFreqs) {
     const theta = m.posFloat(`${a}.rope.freq_base`, 10000);
