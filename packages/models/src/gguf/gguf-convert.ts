@@ -12,7 +12,8 @@ import { loadModelDir } from '../model-dir.js';
 import { readOptionalModelText } from '../model-file.js';
 import { isWeightDType, rawToF32 } from '../safetensors.js';
 import { readTokenizerJson } from '../tokenizer.js';
-import { listWeightSlots } from '../weights.js';
+import { canonicalWeightNames, listWeightSlots } from '../weights.js';
+import type { ModelSpec } from '../config.js';
 import { GGML_TYPES, type GgmlTypeName } from './ggml-types.js';
 import { GgufError } from './gguf-error.js';
 import { isGgufPath } from './gguf-model.js';
@@ -53,14 +54,6 @@ export interface ConvertToGgufResult {
   readonly tensors: readonly ConvertedTensor[];
   /** False when the folder has no tokenizer.json (the file then carries no vocabulary). */
   readonly tokenizer: boolean;
-}
-
-/** A tensor to write: GGUF name, ggml dims and the HF tensors it is made of (one per expert when stacked). */
-interface Planned {
-  readonly name: string;
-  readonly dims: number[];
-  readonly sources: string[];
-  readonly heads: number;
 }
 
 /** Source rows converted per band: bounded memory whatever the tensor's size. */
@@ -122,7 +115,7 @@ export async function convertToGguf(opts: ConvertToGgufOptions): Promise<Convert
       );
     }
 
-    const planned = planTensors(loaded);
+    const planned = ggufTensorLayout(spec);
     const shapes = [...planned.map((p) => ({ name: p.name, dims: p.dims })), ...(model.ropeFreqs ? [{ name: ROPE_FREQS_TENSOR, dims: [model.ropeFreqs.length] }] : [])];
     const types = planGgufTypes(shapes, spec, opts.type);
     for (const q of new Set(types.values())) {
@@ -174,22 +167,37 @@ function configTemplate(cfg: unknown): string | undefined {
   return undefined;
 }
 
-/** The GGUF tensors of a loaded model, in load order, experts grouped into stacked tensors. */
-function planTensors(loaded: Awaited<ReturnType<typeof loadModelDir>>): Planned[] {
-  const { spec, weights } = loaded;
-  const out: Planned[] = [];
-  const stacked = new Map<string, Planned>();
-  for (const slot of listWeightSlots(weights)) {
+/** One tensor of a model's GGUF layout. */
+export interface GgufTensorPlan {
+  /** GGUF name. */
+  readonly name: string;
+  /** ggml dims. */
+  readonly dims: readonly number[];
+  /** The HF tensors it is made of: one, or one per expert (in order) for a stacked expert tensor. */
+  readonly sources: readonly string[];
+  /** Rotary heads whose q/k rows llama.cpp's converter reorders (0: none). */
+  readonly ropeHeads: number;
+}
+
+/**
+ * The GGUF tensors of `spec` in llama.cpp's layout, in load order (embedding, layers, final norm,
+ * output; `rope_freqs` is not included), routed experts grouped into one stacked tensor per
+ * projection. Throws UNSUPPORTED_MODEL for a tensor llama.cpp has no name for.
+ */
+export function ggufTensorLayout(spec: ModelSpec): GgufTensorPlan[] {
+  const out: { name: string; dims: number[]; sources: string[]; ropeHeads: number }[] = [];
+  const stacked = new Map<string, (typeof out)[number]>();
+  for (const slot of listWeightSlots(canonicalWeightNames(spec))) {
     const loc = ggufLocationOf(slot.name);
-    if (!loc) throw new GgufError('UNSUPPORTED_MODEL', loaded.dir, `tensor "${slot.name}" has no llama.cpp name`);
+    if (!loc) throw new GgufError('UNSUPPORTED_MODEL', '<gguf>', `tensor "${slot.name}" has no llama.cpp name`);
     const dims = [...slot.shape].reverse();
     if (loc.expert === undefined) {
-      out.push({ name: loc.name, dims, sources: [slot.name], heads: ropePermutedHeads(spec.arch, loc.name, spec.numHeads, spec.numKvHeads) });
+      out.push({ name: loc.name, dims, sources: [slot.name], ropeHeads: ropePermutedHeads(spec.arch, loc.name, spec.numHeads, spec.numKvHeads) });
       continue;
     }
     let p = stacked.get(loc.name);
     if (!p) {
-      p = { name: loc.name, dims: [...dims, spec.moe!.numExperts], sources: [], heads: 0 };
+      p = { name: loc.name, dims: [...dims, spec.moe!.numExperts], sources: [], ropeHeads: 0 };
       stacked.set(loc.name, p);
       out.push(p);
     }
@@ -199,7 +207,7 @@ function planTensors(loaded: Awaited<ReturnType<typeof loadModelDir>>): Planned[
 }
 
 /** The bytes of planned tensor `p` as `type`, read and converted one band of source rows at a time. */
-async function* bands(ckpt: Checkpoint, p: Planned, type: GgmlTypeName, handle: (file: string) => Promise<FileHandle>): AsyncGenerator<Uint8Array> {
+async function* bands(ckpt: Checkpoint, p: GgufTensorPlan, type: GgmlTypeName, handle: (file: string) => Promise<FileHandle>): AsyncGenerator<Uint8Array> {
   for (const src of p.sources) {
     const info = ckpt.info(src);
     if (!isWeightDType(info.dtype)) throw new GgufError('UNSUPPORTED_TYPE', info.file, `dtype ${info.dtype} is not F32, F16 or BF16`, { tensor: src });
@@ -207,7 +215,7 @@ async function* bands(ckpt: Checkpoint, p: Planned, type: GgmlTypeName, handle: 
     const rowBytes = info.byteLength / rows;
     const rowElems = info.shape.length > 1 ? info.shape[1] : 1;
     // A band holds whole rotary heads when q/k rows are reordered (the reordering stays within a head).
-    const unit = p.heads > 0 ? rows / p.heads : 1;
+    const unit = p.ropeHeads > 0 ? rows / p.ropeHeads : 1;
     const perBand = Math.max(unit, Math.floor(BAND_BYTES / (rowElems * 4) / unit) * unit);
     const fh = await handle(info.file);
     for (let r = 0; r < rows; r += perBand) {
@@ -219,7 +227,7 @@ async function* bands(ckpt: Checkpoint, p: Planned, type: GgmlTypeName, handle: 
         if (bytesRead === 0) throw new GgufError('IO', info.file, `unexpected end of file reading rows ${r}..${r + n}`, { tensor: src });
         done += bytesRead;
       }
-      if (p.heads > 0) raw = permuteRopeRows(raw, n, n / unit, true);
+      if (p.ropeHeads > 0) raw = permuteRopeRows(raw, n, n / unit, true);
       yield info.dtype === type ? raw : quantize(type, rawToF32(info.dtype, raw));
     }
   }

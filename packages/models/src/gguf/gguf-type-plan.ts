@@ -6,7 +6,7 @@
  * `use_more_bits` picks, 8-expert models' attn_v / attn_k at Q8_0 and attn_output at Q5_K, and the
  * fallbacks for rows that are not a whole number of blocks.
  */
-import type { ModelArch, ModelSpec } from '../config.js';
+import type { ModelSpec } from '../config.js';
 import { GGML_TYPES, GGUF_FILE_TYPES, type GgmlTypeName } from './ggml-types.js';
 
 /** The file types `nerva convert` writes. */
@@ -67,7 +67,7 @@ function layerOf(name: string): number {
 
 /** llama.cpp sizes 80-layer Llama-2/3 and Qwen2 models as "70B" and gives their attn_v a bit more. */
 function is70B(m: TypePlanModel): boolean {
-  return m.numLayers === 80 && ((m.arch === 'llama' && m.numHeads !== m.numKvHeads) || m.arch === ('qwen2' as ModelArch));
+  return m.numLayers === 80 && ((m.arch === 'llama' && m.numHeads !== m.numKvHeads) || m.arch === 'qwen2');
 }
 
 const DEFAULT_TYPE: Readonly<Record<'Q4_0' | 'Q4_K' | 'Q6_K' | 'Q4_K_M', GgmlTypeName>> = { Q4_0: 'Q4_0', Q4_K: 'Q4_K', Q6_K: 'Q6_K', Q4_K_M: 'Q4_K' };
