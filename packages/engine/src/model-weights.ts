@@ -1,7 +1,7 @@
 import type { DeviceBackend, DeviceBuffer, DType, HostArray, Tier } from '@nerva/core';
 import { DTYPE_BYTES } from '@nerva/core';
 import type { PagedTensor, PlanBlock, WeightPager } from '@nerva/memos';
-import type { CanonicalWeights, Checkpoint, LayerSlots, ModelSpec, WeightSlot } from '@nerva/models';
+import type { CanonicalWeights, LayerSlots, ModelSpec, WeightSlot, WeightStore } from '@nerva/models';
 import { canonicalWeightNames, ropeInvFreq } from '@nerva/models';
 
 export interface LayerWeights {
@@ -77,7 +77,7 @@ interface TensorDesc extends PagedTensor {
  * The storage dtype of every weight (the rules uploadWeights applies), without reading any data:
  * what the residency planner needs to size blocks.
  */
-export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: Checkpoint, hostInter = 0): TensorDesc[][] {
+export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: WeightStore, hostInter = 0): TensorDesc[][] {
   const H = spec.hiddenSize;
   const hd = spec.headDim;
   const nq = spec.numHeads;
@@ -125,7 +125,7 @@ const layoutKey = (t: readonly PagedTensor[]): string => t.map((x) => `${x.name}
 export function weightBlocks(
   backend: DeviceBackend,
   spec: ModelSpec,
-  ckpt: Checkpoint,
+  ckpt: WeightStore,
   importance?: readonly number[],
   hostInter = 0,
 ): { blocks: PlanBlock[]; layout: PagedTensor[] } {
@@ -168,7 +168,7 @@ export function weightSlots(spec: ModelSpec): CanonicalWeights {
 }
 const slotCache = new WeakMap<ModelSpec, CanonicalWeights>();
 
-function storageDtypes(backend: DeviceBackend, ckpt: Checkpoint): (slot: WeightSlot) => DType {
+function storageDtypes(backend: DeviceBackend, ckpt: WeightStore): (slot: WeightSlot) => DType {
   const wd = backend.capabilities.weightDtype;
   // Exact by default: a weight is never stored narrower than its checkpoint (an f32 checkpoint
   // stays f32 on a bf16-preferring backend); it is only narrowed when the backend cannot hold it.
@@ -208,7 +208,7 @@ export interface UploadProgress {
 export async function uploadWeights(
   backend: DeviceBackend,
   spec: ModelSpec,
-  ckpt: Checkpoint,
+  ckpt: WeightStore,
   onProgress?: (p: UploadProgress) => void,
   pager?: WeightPager,
   part?: UploadPart,
