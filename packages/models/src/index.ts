@@ -30,3 +30,4 @@ export * from './gguf/gguf-checkpoint.js';
 export * from './gguf/gguf-model.js';
 export * from './gguf/gguf-type-plan.js';
 export * from './gguf/gguf-convert.js';
+export * from './model-tokenizer.js';
