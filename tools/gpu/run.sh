@@ -50,6 +50,8 @@
 #   on a batchInvariant backend (must hold) and on the default one (informational), once with the default kernels
 #   (cuBLASLt with pinned algorithms, GQA attention), the same under matmul precision bf16 (NERVA_MATMUL=bf16: one
 #   term) -> $OUT/batch_invariance-{lt-gqa,lt-gqa-bf16}.json
+#   qgemv (not in the default list): the quantized GEMV (Q4_K, Q6_K, Q8_0, Q4_0) on the Qwen3-8B decode projections at 1
+#   and 4 rows, weight GB/s over the copy bandwidth measured in the same process (tools/gpu/qgemv.ts) -> $OUT/qgemv.jsonl
 #   contexts (not in the default list): one model and two contexts on the GPU (tools/gpu/contexts.ts): weights
 #   allocated once, each context's tokens equal a lone engine's -> $OUT/contexts.json
 #   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
@@ -157,6 +159,7 @@ has paged && runjs paged parity.mjs paged $(ls -d .device/fixtures/models/*/) mo
 has pipeline && runjs pipeline pipeline.mjs single $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3 && cp "$OUT/pipeline.json" "$OUT/pipeline-fixtures.json"
 has pipeline2 && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs pipeline2 pipeline.mjs multi $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3 && cp "$OUT/pipeline-multi.json" "$OUT/pipeline-multi-fixtures.json"
 has tiered && runjs tiered parity.mjs tiered $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3 && cp "$OUT/tiered.json" "$OUT/tiered-fixtures.json"
+has qgemv && runjs qgemv qgemv.mjs
 has contexts && runjs contexts contexts.mjs models/tiny-shakespeare-qwen3 $(ls -d .device/fixtures/models/*/ | head -2)
 has cli && { for m in .device/fixtures/models/*/; do $NODE .device/dist/cli.mjs run --model "$m" --backend cuda --prompt-ids 1,2,3 --max-tokens 8 --temperature 0 --json 2>&1 | tail -1; done > "$OUT/cli-runs.jsonl"; say "cli runs: $(grep -c '"backend":"cuda"' "$OUT/cli-runs.jsonl") cuda json lines"; }
 for size in ${NERVA_SIZES:-qwen3-0.6b}; do

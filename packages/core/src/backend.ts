@@ -3,7 +3,7 @@
  * passes the conformance suite (`runConformance`). No base class: capabilities are data,
  * checked when a backend is selected.
  */
-import type { DType } from './dtype.js';
+import type { DType, QuantDType } from './dtype.js';
 import type { FabricKind } from './fabric.js';
 import type { OpArgs, OpName } from './ops.js';
 import type { SyncCounts, SyncKind } from './sync.js';
@@ -172,7 +172,7 @@ export interface BackendStats {
   hostComputeMsByOp?: Partial<Record<OpName, number>>;
 }
 
-export type HostArray = Float32Array | Int32Array | Uint16Array;
+export type HostArray = Float32Array | Int32Array | Uint16Array | Uint8Array;
 
 export interface DeviceBackend {
   readonly name: string;
@@ -182,7 +182,9 @@ export interface DeviceBackend {
   free(buf: DeviceBuffer): void;
   /**
    * Host -> buffer. f32 buffers take Float32Array, i32 buffers Int32Array; bf16/f16 buffers take
-   * raw Uint16Array bits or Float32Array (rounded to nearest even). Offsets are in elements.
+   * raw Uint16Array bits or Float32Array (rounded to nearest even); quantized buffers
+   * ({@link QuantDType}) take their raw ggml blocks as Uint8Array, offset and length whole blocks.
+   * Offsets are in elements.
    */
   write(buf: DeviceBuffer, src: HostArray, offset?: number): void;
   /** Buffer -> host, as float32 (bf16/f16/f32 buffers) or int32 (i32 buffers). A hard sync. */

@@ -1,7 +1,41 @@
-/** Element types a buffer may hold. bf16/f16 are stored as raw 16-bit patterns. */
-export type DType = 'f32' | 'bf16' | 'f16' | 'i32';
+/**
+ * ggml's block-quantized weight types. A buffer of one holds the raw GGUF blocks of a row-major
+ * matrix, each row a whole number of blocks; its length counts elements, not blocks.
+ */
+export type QuantDType = 'q8_0' | 'q4_0' | 'q4_1' | 'q5_0' | 'q5_1' | 'q4_k' | 'q5_k' | 'q6_k';
 
-export const DTYPE_BYTES: Readonly<Record<DType, number>> = { f32: 4, bf16: 2, f16: 2, i32: 4 };
+/** Element types a buffer may hold. bf16/f16 are stored as raw 16-bit patterns. */
+export type DType = 'f32' | 'bf16' | 'f16' | 'i32' | QuantDType;
+
+/** The ggml block of each quantized dtype: elements a block and bytes a block. */
+export const QUANT_BLOCKS: Readonly<Record<QuantDType, { readonly elements: number; readonly bytes: number }>> = {
+  q8_0: { elements: 32, bytes: 34 },
+  q4_0: { elements: 32, bytes: 18 },
+  q4_1: { elements: 32, bytes: 20 },
+  q5_0: { elements: 32, bytes: 22 },
+  q5_1: { elements: 32, bytes: 24 },
+  q4_k: { elements: 256, bytes: 144 },
+  q5_k: { elements: 256, bytes: 176 },
+  q6_k: { elements: 256, bytes: 210 },
+};
+
+export const QUANT_DTYPES = Object.keys(QUANT_BLOCKS) as readonly QuantDType[];
+
+export function isQuantDType(d: unknown): d is QuantDType {
+  return typeof d === 'string' && Object.hasOwn(QUANT_BLOCKS, d);
+}
+
+/**
+ * Bytes an element of each dtype. Quantized dtypes have fractional sizes (a block's bytes over
+ * its elements, exact binary fractions), so `length * DTYPE_BYTES[d]` is exact for whole blocks.
+ */
+export const DTYPE_BYTES: Readonly<Record<DType, number>> = {
+  f32: 4,
+  bf16: 2,
+  f16: 2,
+  i32: 4,
+  ...(Object.fromEntries(QUANT_DTYPES.map((d) => [d, QUANT_BLOCKS[d].bytes / QUANT_BLOCKS[d].elements])) as Record<QuantDType, number>),
+};
 
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);

@@ -8,3 +8,5 @@ export * from './ops.js';
 export * from './backend.js';
 export * from './sampling.js';
 export * from './ledger.js';
+export * from './quant/index.js';
+export * from './quant/ggml-types.js';

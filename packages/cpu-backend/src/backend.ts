@@ -8,6 +8,11 @@ import os from 'node:os';
 import {
   BackendError,
   DTYPE_BYTES,
+  QUANT_BLOCKS,
+  QUANT_DTYPES,
+  dequantize,
+  ggmlTypeOf,
+  isQuantDType,
   OP_NAMES,
   SYNC_KINDS,
   UnsupportedOpError,
@@ -146,7 +151,7 @@ export class CpuBackend implements DeviceBackend {
       deviceCount: 1,
       memory: Object.freeze({ dram: memory, pinned: hostMemory }),
       computeTier: 'dram' as Tier,
-      dtypes: Object.freeze(['f32', 'bf16', 'f16', 'i32'] as const),
+      dtypes: Object.freeze(['f32', 'bf16', 'f16', 'i32', ...QUANT_DTYPES] as const),
       weightDtype: 'f32',
       precision: Object.freeze(
         numerics === 'bf16'
@@ -187,8 +192,22 @@ export class CpuBackend implements DeviceBackend {
     this.noCapture('write');
     const rec = this.buffers.resolve(buf, 'write');
     const what = `write to buffer #${buf.id}`;
-    checkRange(what, buf.length, offset, src?.length);
     const dt = buf.dtype;
+    if (isQuantDType(dt)) {
+      // Held decoded, like the half types: ops read f32, so a quantized matmul is bit for bit the
+      // f32 matmul over the dequantized weights (the reference the quantized backends are held to).
+      if (!(src instanceof Uint8Array)) throw new BufferDTypeError(what, `a ${dt} buffer takes its raw blocks as a Uint8Array, got ${typeName(src)}`);
+      const { elements, bytes } = QUANT_BLOCKS[dt];
+      if (offset % elements !== 0 || src.length % bytes !== 0) {
+        throw new BufferDTypeError(what, `${dt} writes whole blocks (${bytes} bytes, ${elements} elements); got ${src.length} bytes at element ${offset}`);
+      }
+      const n = (src.length / bytes) * elements;
+      checkRange(what, buf.length, offset, n);
+      dequantize(ggmlTypeOf(dt), src, n, (rec.data as Float32Array).subarray(offset, offset + n));
+      this.h2dBytes += src.length;
+      return;
+    }
+    checkRange(what, buf.length, offset, src?.length);
     if (dt === 'f32' || dt === 'i32') {
       const want = dt === 'f32' ? Float32Array : Int32Array;
       if (!(src instanceof want)) throw new BufferDTypeError(what, `a ${dt} buffer takes a ${want.name}, got ${typeName(src)}`);

@@ -7,7 +7,18 @@
 #include <stdint.h>
 
 // Element type codes; must match DTYPE_CODES in src/abi.ts.
-enum NervaDType { NV_F32 = 0, NV_BF16 = 1, NV_F16 = 2, NV_I32 = 3 };
+enum NervaDType { NV_F32 = 0, NV_BF16 = 1, NV_F16 = 2, NV_I32 = 3, NV_Q8_0 = 4, NV_Q4_0 = 5, NV_Q4_K = 6, NV_Q6_K = 7 };
+
+// ggml block-quantized weights (raw GGUF blocks, each row a whole number of blocks).
+inline bool nvIsQuant(int dt) { return dt >= NV_Q8_0 && dt <= NV_Q6_K; }
+// Elements and bytes of one block of a quantized dtype.
+inline int nvQuantBlockElems(int dt) { return dt == NV_Q4_K || dt == NV_Q6_K ? 256 : 32; }
+inline int nvQuantBlockBytes(int dt) { return dt == NV_Q8_0 ? 34 : dt == NV_Q4_0 ? 18 : dt == NV_Q4_K ? 144 : 210; }
+// Bytes of n elements of any dtype (n a whole number of blocks for quantized ones).
+inline size_t nvBytes(int dt, size_t n) {
+  if (nvIsQuant(dt)) return n / nvQuantBlockElems(dt) * nvQuantBlockBytes(dt);
+  return n * (dt == NV_BF16 || dt == NV_F16 ? 2 : 4);
+}
 
 // Op codes; must match OP_CODES in src/abi.ts (same order as OP_NAMES in @nerva/core).
 enum NervaOp {

@@ -1,4 +1,8 @@
 import {
+  QUANT_BLOCKS,
+  dequantize,
+  ggmlTypeOf,
+  isQuantDType,
   DTYPE_BYTES,
   type MatmulPrecision,
   type Numerics,
@@ -25,6 +29,7 @@ import {
   type Tier,
 } from '@nerva/core';
 import { OpEncoder, OP_CODES, type ResolvedBuffer } from './abi/index.js';
+import { QUANT_WEIGHT } from './abi/encoder.js';
 import { type HostAttnNative, hostAttentionPlan } from './host-attention.js';
 import { type HostMlpNative, hostMlpKey } from './host-mlp.js';
 import { Arena } from './arena.js';
@@ -193,7 +198,7 @@ export class CudaBackend implements DeviceBackend {
       deviceCount,
       memory: { vram: this.native.deviceArenaBytes, pinned: this.native.pinnedArenaBytes },
       computeTier: 'vram' as Tier,
-      dtypes: Object.freeze(['f32', 'bf16', 'f16', 'i32'] as DType[]),
+      dtypes: Object.freeze(['f32', 'bf16', 'f16', 'i32', ...QUANT_WEIGHT] as DType[]),
       weightDtype: 'bf16' as DType,
       precision: Object.freeze(precision),
       numerics,
@@ -275,9 +280,14 @@ export class CudaBackend implements DeviceBackend {
     this.live();
     this.noCapture('write');
     const e = this.entry(buf, 'write');
-    this.range(e, 'write', offset, src.length);
+    const quant = isQuantDType(e.dtype) ? QUANT_BLOCKS[e.dtype] : undefined;
+    if (quant && (!(src instanceof Uint8Array) || src.length % quant.bytes !== 0 || offset % quant.elements !== 0)) {
+      throw new CudaArgumentError('write', `a ${e.dtype} buffer takes whole blocks of raw bytes (${quant.bytes} bytes, ${quant.elements} elements) as a Uint8Array at a block offset`);
+    }
+    this.range(e, 'write', offset, quant ? (src.length / quant.bytes) * quant.elements : src.length);
     let data: ArrayBufferView;
-    if (e.dtype === 'f32' && src instanceof Float32Array) data = src;
+    if (quant) data = src;
+    else if (e.dtype === 'f32' && src instanceof Float32Array) data = src;
     else if (e.dtype === 'i32' && src instanceof Int32Array) data = src;
     else if ((e.dtype === 'bf16' || e.dtype === 'f16') && src instanceof Uint16Array) data = src;
     else if ((e.dtype === 'bf16' || e.dtype === 'f16') && src instanceof Float32Array) data = encodeHalf(e.dtype, src);
@@ -318,6 +328,7 @@ export class CudaBackend implements DeviceBackend {
   private decode(dtype: DType, ab: ArrayBuffer, byteOffset: number, n: number): Float32Array | Int32Array {
     if (dtype === 'f32') return new Float32Array(ab, byteOffset, n);
     if (dtype === 'i32') return new Int32Array(ab, byteOffset, n);
+    if (isQuantDType(dtype)) return dequantize(ggmlTypeOf(dtype), new Uint8Array(ab, byteOffset), n) as Float32Array;
     return decodeHalf(dtype, new Uint16Array(ab, byteOffset, n));
   }
 

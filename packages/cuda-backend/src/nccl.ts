@@ -19,7 +19,7 @@ import { loadAddon, type NativeAddon, type NativeNccl, type NativeNcclCommInfo }
 export type NcclDataTypeName = 'int8' | 'uint8' | 'int32' | 'uint32' | 'int64' | 'uint64' | 'float16' | 'float32' | 'float64' | 'bfloat16';
 
 /** The NCCL element type a buffer of each dtype travels as. */
-export const NCCL_DTYPE_OF: Readonly<Record<DType, NcclDataTypeName>> = Object.freeze({
+export const NCCL_DTYPE_OF: Readonly<Partial<Record<DType, NcclDataTypeName>>> = Object.freeze({
   f32: 'float32',
   bf16: 'bfloat16',
   f16: 'float16',
@@ -373,7 +373,9 @@ export class NcclCommunicator {
     const length = opts.length ?? buf.length - offset;
     const { addr, dtype } = l.be.vramRange(buf, offset, length, what);
     const stream = l.be.streamId(opts.stream);
-    const code = this.nccl.ncclDataTypes[NCCL_DTYPE_OF[dtype]];
+    const nccl = NCCL_DTYPE_OF[dtype];
+    if (!nccl) throw new CudaArgumentError(what, `a ${dtype} buffer does not travel over NCCL (activations and KV only)`);
+    const code = this.nccl.ncclDataTypes[nccl];
     try {
       if (send) l.be.ctx.ncclSend!(l.comm, addr, length, code, peer, stream);
       else l.be.ctx.ncclRecv!(l.comm, addr, length, code, peer, stream);

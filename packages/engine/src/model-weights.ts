@@ -1,5 +1,5 @@
 import type { DeviceBackend, DeviceBuffer, DType, HostArray, Tier } from '@nerva/core';
-import { DTYPE_BYTES } from '@nerva/core';
+import { DTYPE_BYTES, dtypeOfGgml, isQuantDType, type GgmlTypeName, type QuantDType } from '@nerva/core';
 import type { PagedTensor, PlanBlock, WeightPager } from '@nerva/memos';
 import type { CanonicalWeights, LayerSlots, ModelSpec, WeightSlot, WeightStore } from '@nerva/models';
 import { canonicalWeightNames, ropeInvFreq } from '@nerva/models';
@@ -89,8 +89,8 @@ export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: Weig
     const qkvOut = (nq + 2 * nkv) * hd;
     const t: TensorDesc[] = [
       { name: 'attnNorm', dtype: normDt, length: H },
-      { name: 'qkv', dtype: dt(L.q), length: qkvOut * H },
-      { name: 'o', dtype: dt(L.o), length: H * nq * hd },
+      { name: 'qkv', dtype: dt(L.q, [L.k, L.v]), length: qkvOut * H },
+      { name: 'o', dtype: dt(L.o, []), length: H * nq * hd },
       { name: 'mlpNorm', dtype: normDt, length: H },
     ];
     if (spec.attentionBias) t.push({ name: 'qkvBias', dtype: 'f32', length: qkvOut });
@@ -101,13 +101,15 @@ export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: Weig
       const I = spec.moe!.moeIntermediateSize;
       t.push(
         { name: 'router', dtype: 'f32', length: E * H },
-        { name: 'expertsGateUp', dtype: dt(L.mlp.experts[0].gate), length: E * 2 * I * H },
-        { name: 'expertsDown', dtype: dt(L.mlp.experts[0].down), length: E * H * I },
+        { name: 'expertsGateUp', dtype: dt(L.mlp.experts[0].gate, null), length: E * 2 * I * H },
+        { name: 'expertsDown', dtype: dt(L.mlp.experts[0].down, null), length: E * H * I },
       );
     } else {
       // A split layer's slot holds the channels the host does not compute.
       const I = spec.intermediateSize - hostInter;
-      t.push({ name: 'gateUp', dtype: dt(L.mlp.gate), length: 2 * I * H }, { name: 'down', dtype: dt(L.mlp.down), length: H * I });
+      // A split layer's host part is float (the host kernels read bf16), so its device part is too.
+      const q = hostInter > 0 ? null : [];
+      t.push({ name: 'gateUp', dtype: dt(L.mlp.gate, q && [L.mlp.up]), length: 2 * I * H }, { name: 'down', dtype: dt(L.mlp.down, q), length: H * I });
     }
     out.push(t);
   }
@@ -138,13 +140,13 @@ export function weightBlocks(
   const dt = storageDtypes(backend, ckpt);
   const H = spec.hiddenSize;
   const slots = weightSlots(spec);
-  const embedBytes = spec.vocabSize * H * DTYPE_BYTES[dt(slots.embed)];
+  const embedBytes = spec.vocabSize * H * DTYPE_BYTES[dt(slots.embed, [])];
   const blocks: PlanBlock[] = [
     // Tied embeddings are also lm_head, which reads every row each pass.
     { id: 'embed', bytes: embedBytes, ...(spec.tieWordEmbeddings ? {} : { access: 'gather' as const }) },
     { id: 'final_norm', bytes: H * 4 },
   ];
-  if (!spec.tieWordEmbeddings) blocks.push({ id: 'lm_head', bytes: spec.vocabSize * H * DTYPE_BYTES[dt(slots.lmHead)] });
+  if (!spec.tieWordEmbeddings) blocks.push({ id: 'lm_head', bytes: spec.vocabSize * H * DTYPE_BYTES[dt(slots.lmHead, [])] });
   layouts.forEach((l, i) =>
     blocks.push({
       id: layerBlockId(i),
@@ -168,19 +170,52 @@ export function weightSlots(spec: ModelSpec): CanonicalWeights {
 }
 const slotCache = new WeakMap<ModelSpec, CanonicalWeights>();
 
-function storageDtypes(backend: DeviceBackend, ckpt: WeightStore): (slot: WeightSlot) => DType {
+/**
+ * The storage dtype of each weight: `dt(slot)` for a tensor on its own; `dt(slot, fused)` for a
+ * matrix the engine may keep quantized, stored in one buffer with the `fused` slots (q with k and
+ * v, gate with up); `fused` null for a matrix that must stay float (routed experts, the split
+ * layers' MLPs, whose kernels read float weights).
+ */
+function storageDtypes(backend: DeviceBackend, ckpt: WeightStore): (slot: WeightSlot, fused?: readonly WeightSlot[] | null) => DType {
   const wd = backend.capabilities.weightDtype;
   // Exact by default: a weight is never stored narrower than its checkpoint (an f32 checkpoint
   // stays f32 on a bf16-preferring backend); it is only narrowed when the backend cannot hold it.
   const fromCkpt: Record<string, DType> = { F32: 'f32', F16: 'f16', BF16: 'bf16' };
   const supported = backend.capabilities.dtypes;
-  return (slot: WeightSlot): DType => {
+  const float = (slot: WeightSlot): DType => {
     const d = fromCkpt[ckpt.info(slot.name).dtype];
     if (wd === 'f32' || !d) return wd;
     // bf16 numerics reproduces transformers' bf16 run, which casts every weight to bf16 (nearest even).
     if (backend.capabilities.numerics === 'bf16') return 'bf16';
     return supported.includes(d) ? d : wd;
   };
+  return (slot: WeightSlot, fused?: readonly WeightSlot[] | null): DType => {
+    // A quantized matrix stays in its blocks where the backend reads them and every tensor sharing
+    // its buffer has the same type; otherwise it is stored as its dequantized float32 values
+    // (exact; a mixed group such as a Q4_K q beside a Q6_K v cannot share one block format).
+    const q = quantDtypeOf(ckpt, slot.name);
+    if (q && fused !== undefined && fused !== null && supported.includes(q) && fused.every((f) => quantDtypeOf(ckpt, f.name) === q)) return q;
+    return q ? (supported.includes('f32') ? 'f32' : wd) : float(slot);
+  };
+}
+
+/** A tensor a GGUF file holds in ggml blocks: what the checkpoint says beyond its float view. */
+interface QuantizedTensorInfo {
+  readonly ggmlType?: GgmlTypeName;
+}
+
+/** The raw ggml blocks of a quantized tensor. */
+function readBlocks(ckpt: WeightStore, name: string): Promise<Uint8Array> {
+  const r = (ckpt as { readBlocks?: (name: string) => Promise<Uint8Array> }).readBlocks;
+  if (!r) throw new TypeError(`tensor ${name} is quantized but its checkpoint cannot read blocks`);
+  return r.call(ckpt, name);
+}
+
+/** The quantized dtype a checkpoint tensor is stored in (a GGUF block type), else undefined. */
+export function quantDtypeOf(ckpt: WeightStore, name: string): QuantDType | undefined {
+  const t = (ckpt.info(name) as QuantizedTensorInfo).ggmlType;
+  const d = t === undefined ? undefined : dtypeOfGgml(t);
+  return d !== undefined && isQuantDType(d) ? d : undefined;
 }
 
 /**
@@ -242,6 +277,7 @@ export async function uploadWeights(
   /** A tensor's data as the destination dtype takes it (raw 16-bit bits when they match). */
   const read = async (dtype: DType, slot: WeightSlot): Promise<HostArray> => {
     const name = slot.name;
+    if (isQuantDType(dtype)) return readBlocks(ckpt, name);
     const info = ckpt.info(name);
     if ((dtype === 'bf16' && info.dtype === 'BF16') || (dtype === 'f16' && info.dtype === 'F16')) {
       // Same dtype on both sides: hand the raw bits over, no float32 detour.
@@ -289,9 +325,9 @@ export async function uploadWeights(
     // A tied LM head is the embedding table: a last stage of its own needs the table too.
     const embed =
       wantEmbed || (wantHead && spec.tieWordEmbeddings)
-        ? await tensor(slots.embed, spec.vocabSize * H, dtypeOf(slots.embed), mapped ? pager!.hostTier : undefined)
+        ? await tensor(slots.embed, spec.vocabSize * H, dtypeOf(slots.embed, []), mapped ? pager!.hostTier : undefined)
         : undefined;
-    const lmHead = !wantHead ? undefined : spec.tieWordEmbeddings ? embed : await tensor(slots.lmHead, spec.vocabSize * H);
+    const lmHead = !wantHead ? undefined : spec.tieWordEmbeddings ? embed : await tensor(slots.lmHead, spec.vocabSize * H, dtypeOf(slots.lmHead, []));
     const finalNorm = wantHead ? await norm(slots.finalNorm, H) : undefined;
     const invFreq = alloc(hd / 2, 'rope.inv_freq', 'f32');
     backend.write(invFreq, Float32Array.from(ropeInvFreq(spec)));

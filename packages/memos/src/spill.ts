@@ -1,7 +1,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { type DType, DTYPE_BYTES, f32ToBf16, f32ToF16, type HostArray } from '@nerva/core';
+import { type DType, DTYPE_BYTES, f32ToBf16, f32ToF16, isQuantDType, type HostArray } from '@nerva/core';
 import { fmt, OffloadDirError } from './errors.js';
 
 export interface SpillTensor {
@@ -85,10 +85,16 @@ export class DiskSpill {
   /** Store host data (backend.write's conventions: raw 16-bit bits or float32) at an element offset. */
   write(id: string, name: string, src: HostArray, elementOffset = 0): void {
     const { offset, tensor } = this.where(id, name);
-    if (elementOffset < 0 || elementOffset + src.length > tensor.length) throw new RangeError(`spill: ${id}/${name} range [${elementOffset}, ${elementOffset + src.length}) outside ${tensor.length}`);
     const eb = DTYPE_BYTES[tensor.dtype];
+    // A quantized tensor takes its raw blocks (bytes), so its element count is bytes / eb.
+    const quant = isQuantDType(tensor.dtype);
+    const count = quant ? src.byteLength / eb : src.length;
+    if (elementOffset < 0 || elementOffset + count > tensor.length) throw new RangeError(`spill: ${id}/${name} range [${elementOffset}, ${elementOffset + count}) outside ${tensor.length}`);
     let bytes: Uint8Array;
-    if ((tensor.dtype === 'bf16' || tensor.dtype === 'f16') && src instanceof Float32Array) {
+    if (quant) {
+      if (!(src instanceof Uint8Array) || !Number.isInteger(count)) throw new TypeError(`spill: a ${tensor.dtype} tensor takes whole blocks as a Uint8Array`);
+      bytes = src;
+    } else if ((tensor.dtype === 'bf16' || tensor.dtype === 'f16') && src instanceof Float32Array) {
       const conv = tensor.dtype === 'bf16' ? f32ToBf16 : f32ToF16;
       const u = new Uint16Array(src.length);
       for (let i = 0; i < src.length; i++) u[i] = conv(src[i]);

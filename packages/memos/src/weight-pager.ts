@@ -1,5 +1,5 @@
 import type { DeviceBackend, DeviceBuffer, EventHandle, HostArray, StreamHandle, Tier } from '@nerva/core';
-import { DTYPE_BYTES } from '@nerva/core';
+import { DTYPE_BYTES, isQuantDType } from '@nerva/core';
 import { PagerStateError } from './errors.js';
 import type { ResidencyPlan } from './planner.js';
 import { DiskSpill, type SpillTensor } from './spill.js';
@@ -270,7 +270,7 @@ export class WeightPager {
       for (const t of this.layout) {
         this.spill!.readInto(id, t.name, buf);
         const n = t.length;
-        const view = DTYPE_BYTES[t.dtype] === 2 ? new Uint16Array(buf.buffer, 0, n) : t.dtype === 'i32' ? new Int32Array(buf.buffer, 0, n) : new Float32Array(buf.buffer, 0, n);
+        const view = isQuantDType(t.dtype) ? new Uint8Array(buf.buffer, 0, n * DTYPE_BYTES[t.dtype]) : DTYPE_BYTES[t.dtype] === 2 ? new Uint16Array(buf.buffer, 0, n) : t.dtype === 'i32' ? new Int32Array(buf.buffer, 0, n) : new Float32Array(buf.buffer, 0, n);
         this.backend.write(bounce[t.name], view);
       }
       src = bounce;

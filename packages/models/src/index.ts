@@ -15,8 +15,6 @@ export * from './synth.js';
 export * from './resolve.js';
 export * from './model-dir.js';
 export * from './model-file.js';
-export * from './gguf/ggml-types.js';
-export * from './gguf/quants/index.js';
 export * from './weight-store.js';
 export * from './gguf/gguf-error.js';
 export * from './gguf/gguf-value.js';

@@ -2,9 +2,9 @@ import { readdirSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { dequantize, quantize, type GgmlTypeName } from '@nerva/core';
 import {
   convertToGguf,
-  dequantize,
   GgufCheckpoint,
   GgufFile,
   ggufTokenizer,
@@ -12,9 +12,7 @@ import {
   ggufTokenizerParts,
   loadModelDir,
   NervaTokenizer,
-  quantize,
   readTokenizerJson,
-  type GgmlTypeName,
   type GgufValue,
 } from '../src/index.js';
 import { FIXTURES, MODELS, QWEN3_TOKENIZER, tempDir } from './helpers.js';

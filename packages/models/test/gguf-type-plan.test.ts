@@ -1,7 +1,8 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { ggufTensorLayout, parseModelConfig, planGgufTypes, useMoreBits, type GgmlTypeName, type GgufConvertType, type ModelSpec } from '../src/index.js';
+import type { GgmlTypeName } from '@nerva/core';
+import { ggufTensorLayout, parseModelConfig, planGgufTypes, useMoreBits, type GgufConvertType, type ModelSpec } from '../src/index.js';
 import { CONFIGS, MODELS } from './helpers.js';
 
 const spec = (path: string): ModelSpec => parseModelConfig(JSON.parse(readFileSync(path, 'utf8')), path);

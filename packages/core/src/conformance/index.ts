@@ -9,5 +9,5 @@
  * `stats().liveBuffers` must be back where it was afterwards on both backends.
  */
 export { conformanceCases, runConformance } from './runner.js';
-export { ConformanceRng, roundToBf16 } from './kit.js';
+export { ConformanceRng, randomBlocks, roundToBf16 } from './kit.js';
 export type { ConformanceCase, ConformanceCaseResult, ConformanceOptions, ConformanceReport } from './kit.js';

@@ -4,7 +4,8 @@
  */
 import type { Tier } from '../tiers.js';
 import type { DeviceBackend, DeviceBuffer, Numerics, OpFieldSupport } from '../backend.js';
-import { f32ToBf16, type DType } from '../dtype.js';
+import { f32ToBf16, f32ToF16, QUANT_BLOCKS, type DType, type QuantDType } from '../dtype.js';
+import { dequantize, ggmlTypeOf } from '../quant/index.js';
 import type { OpArgs, OpName } from '../ops.js';
 import { mix32 } from '../sampling.js';
 
@@ -41,6 +42,11 @@ export interface ConformanceOptions {
    * run only where it has 'bf16'.
    */
   activationDtypes?: readonly DType[];
+  /**
+   * The buffer dtypes both backends take (capabilities.dtypes; runConformance sets it): the cases
+   * over quantized weights run only for the block types both list.
+   */
+  dtypes?: readonly DType[];
   /**
    * The optional op fields both backends take (capabilities.opFields; runConformance sets it):
    * a case that uses one runs only where its op lists it.
@@ -134,8 +140,11 @@ export type HostData = Float32Array | Int32Array;
  * supports it, as f32 otherwise, so both backends see identical values.
  */
 export interface BufDef {
-  dtype: 'f32' | 'i32' | 'bf16';
+  dtype: 'f32' | 'i32' | 'bf16' | QuantDType;
+  /** The values (for a quantized dtype: its elements dequantized, for the length). */
   data: HostData;
+  /** A quantized dtype's raw blocks, written as they are. */
+  blocks?: Uint8Array;
   /** Where to allocate it (default: the backend's compute tier). */
   tier?: Tier;
 }
@@ -179,6 +188,8 @@ export interface CaseDef {
   exactOnly?: boolean;
   /** Needs this activation dtype in capabilities.activationDtypes of both backends (bf16 outs or matmul inputs). */
   activationDtype?: DType;
+  /** Needs this buffer dtype in capabilities.dtypes of both backends (quantized weights). */
+  dtype?: DType;
   /** The optional fields of its op the case uses (capabilities.opFields of both backends must list them). */
   fields?: readonly string[];
   build(rng: ConformanceRng): CaseSpec;
@@ -187,6 +198,36 @@ export interface CaseDef {
 export const f32 = (data: Float32Array): BufDef => ({ dtype: 'f32', data });
 export const i32 = (data: ArrayLike<number>): BufDef => ({ dtype: 'i32', data: Int32Array.from(data) });
 export const bf16 = (data: Float32Array): BufDef => ({ dtype: 'bf16', data: roundToBf16(data) });
+/**
+ * Random blocks of a quantized dtype for `elements` values of scale about `scale`: random quant
+ * bytes, scale fields set to finite f16 values of the right size (a random f16 could be NaN).
+ */
+export function randomBlocks(rng: ConformanceRng, dtype: QuantDType, elements: number, scale: number): Uint8Array {
+  const { elements: be, bytes } = QUANT_BLOCKS[dtype];
+  const out = new Uint8Array((elements / be) * bytes);
+  for (let i = 0; i < out.length; i++) out[i] = rng.int(0, 256);
+  const half = (at: number, v: number) => {
+    const h = f32ToF16(v * (0.5 + rng.next()));
+    out[at] = h & 0xff;
+    out[at + 1] = h >>> 8;
+  };
+  for (let b = 0; b < out.length; b += bytes) {
+    if (dtype === 'q8_0') half(b, scale / 64);
+    else if (dtype === 'q4_0') half(b, scale / 4);
+    else if (dtype === 'q4_k') {
+      half(b, scale / 470);
+      half(b + 2, scale / 63);
+    } else if (dtype === 'q6_k') half(b + 208, scale / 4096);
+    else throw new RangeError(`randomBlocks: ${dtype} is not generated`);
+  }
+  return out;
+}
+
+/** A quantized buffer from its raw blocks (the CPU reference holds their dequantized values). */
+export const quantBuf = (dtype: QuantDType, blocks: Uint8Array): BufDef => {
+  const n = (blocks.length / QUANT_BLOCKS[dtype].bytes) * QUANT_BLOCKS[dtype].elements;
+  return { dtype, data: dequantize(ggmlTypeOf(dtype), blocks, n) as Float32Array, blocks };
+};
 export const floatOut = (name: string): OutputDef => ({ name, kind: 'float' });
 export const bf16Out = (name: string): OutputDef => ({ name, kind: 'float', bf16: true });
 /** One bf16 unit in the last place at the magnitude of x (2^(exponent - 7)). */

@@ -1,5 +1,6 @@
 /** Conformance cases, matmul family: matmul, fused_matmul, mlp_slice and the MoE router and expert MLP. */
-import { ConformanceRng, step, f32, i32, bf16, floatOut, intOut, type BufDef, type Excuse, type CaseDef, type CaseTable } from './kit.js';
+import type { QuantDType } from '../dtype.js';
+import { ConformanceRng, step, f32, i32, bf16, floatOut, intOut, quantBuf, randomBlocks, type BufDef, type Excuse, type CaseDef, type CaseTable } from './kit.js';
 
 interface MatmulShape {
   rows: number;
@@ -7,7 +8,7 @@ interface MatmulShape {
   outDim: number;
   bias?: boolean;
   weightOffset?: number;
-  weight?: 'f32' | 'bf16';
+  weight?: 'f32' | 'bf16' | QuantDType;
   /** A bf16 x (capabilities.activationDtypes; more than 8 rows). */
   x?: 'bf16';
 }
@@ -17,13 +18,14 @@ function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
     name,
     large,
     activationDtype: s.x === 'bf16' ? 'bf16' : undefined,
+    dtype: quantWeight(s.weight),
     build: (rng) => {
       const off = s.weightOffset ?? 0;
-      // Values around the used window are garbage a backend must not read.
-      const w = rng.normals(off + s.outDim * s.inDim + 17, 1 / Math.sqrt(s.inDim));
+      // Values around the used window are garbage a backend must not read (a quantized weight:
+      // whole rows of blocks around it).
       const buffers: Record<string, BufDef> = {
         x: s.x === 'bf16' ? bf16(rng.normals(s.rows * s.inDim)) : f32(rng.normals(s.rows * s.inDim)),
-        weight: s.weight === 'bf16' ? bf16(w) : f32(w),
+        weight: weightBuf(rng, s.weight, off + s.outDim * s.inDim + (quantWeight(s.weight) ? s.inDim : 17), s.inDim),
         out: f32(rng.normals(s.rows * s.outDim + 5)),
       };
       if (s.bias) buffers.bias = f32(rng.normals(s.outDim));
@@ -55,21 +57,31 @@ interface FusedMatmulShape {
   glu?: boolean;
   accumulate?: boolean;
   bias?: boolean;
-  weight?: 'f32' | 'bf16';
+  weight?: 'f32' | 'bf16' | QuantDType;
   eps?: number;
+}
+
+const quantWeight = (w: MatmulShape['weight']): QuantDType | undefined => (w === undefined || w === 'f32' || w === 'bf16' ? undefined : w);
+
+/** A weight of `n` values, rows of `inDim`, scaled as a layer's weights are (1/sqrt(inDim)). */
+function weightBuf(rng: ConformanceRng, dtype: MatmulShape['weight'], n: number, inDim: number): BufDef {
+  const q = quantWeight(dtype);
+  if (q) return quantBuf(q, randomBlocks(rng, q, n, 1 / Math.sqrt(inDim)));
+  const w = rng.normals(n, 1 / Math.sqrt(inDim));
+  return dtype === 'bf16' ? bf16(w) : f32(w);
 }
 
 function fusedMatmulCase(name: string, s: FusedMatmulShape, large = false): CaseDef {
   return {
     name,
     large,
+    dtype: quantWeight(s.weight),
     build: (rng) => {
       const wRows = s.glu ? 2 * s.outDim : s.outDim;
-      const w = rng.normals(wRows * s.inDim, 1 / Math.sqrt(s.inDim));
       const buffers: Record<string, BufDef> = {
         // A norm input far from unit scale, so a backend that skips the normalization is caught.
         x: f32(rng.normals(s.rows * s.inDim, s.norm ? 7 : 1.5)),
-        weight: s.weight === 'bf16' ? bf16(w) : f32(w),
+        weight: weightBuf(rng, s.weight, wRows * s.inDim, s.inDim),
         out: f32(rng.normals(s.rows * s.outDim + 3, 2)),
       };
       if (s.bias) buffers.bias = f32(rng.normals(s.outDim));
@@ -228,6 +240,14 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
     matmulCase('17 rows 512 -> 1536, bias', { rows: 17, inDim: 512, outDim: 1536, bias: true }, true),
     // A bf16 x (capabilities.activationDtypes): the prefill projections' inputs.
     matmulCase('12 rows 64 -> 40, bf16 x, bf16 weights, bias', { rows: 12, inDim: 64, outDim: 40, weight: 'bf16', bias: true, x: 'bf16' }),
+    // ggml block-quantized weights (GGUF): each backend reads the blocks; the reference holds the
+    // dequantized values, so only float32 summation order may differ.
+    ...(['q8_0', 'q4_0', 'q4_k', 'q6_k'] as const).flatMap((q) => [
+      matmulCase(`1 row 512 -> 40, ${q}`, { rows: 1, inDim: 512, outDim: 40, weight: q }),
+      matmulCase(`5 rows 256 -> 33, ${q}, bias`, { rows: 5, inDim: 256, outDim: 33, weight: q, bias: true }),
+      matmulCase(`12 rows 768 -> 20, ${q}, weightOffset`, { rows: 12, inDim: 768, outDim: 20, weight: q, weightOffset: 768 * 3 }),
+      matmulCase(`1 row 4096 -> 1024, ${q}`, { rows: 1, inDim: 4096, outDim: 1024, weight: q }, true),
+    ]),
     matmulCase('70 rows 1024 -> 768, bf16 x, bf16 weights, weightOffset', { rows: 70, inDim: 1024, outDim: 768, weight: 'bf16', weightOffset: 1024 * 5, x: 'bf16' }, true),
   ],
   fused_matmul: [
@@ -247,6 +267,13 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
     fusedMatmulCase('40 rows 1024 -> 3072, bf16, rmsnorm, glu', { rows: 40, inDim: 1024, outDim: 3072, norm: true, glu: true, weight: 'bf16' }, true),
     fusedMatmulCase('33 rows 3072 -> 1024, bf16, accumulate', { rows: 33, inDim: 3072, outDim: 1024, accumulate: true, weight: 'bf16' }, true),
     fusedMatmulCase('17 rows 256 -> 96, bf16, rmsnorm, bias', { rows: 17, inDim: 256, outDim: 96, norm: true, bias: true, weight: 'bf16' }, true),
+    ...(['q8_0', 'q4_0', 'q4_k', 'q6_k'] as const).flatMap((q) => [
+      fusedMatmulCase(`1 row 256 -> 64, ${q}, rmsnorm input`, { rows: 1, inDim: 256, outDim: 64, norm: true, weight: q }),
+      fusedMatmulCase(`3 rows 512 -> 30, ${q}, rmsnorm, glu`, { rows: 3, inDim: 512, outDim: 30, norm: true, glu: true, weight: q }),
+      fusedMatmulCase(`2 rows 768 -> 24, ${q}, accumulate`, { rows: 2, inDim: 768, outDim: 24, accumulate: true, weight: q }),
+      fusedMatmulCase(`1 row 1024 -> 3072, ${q}, rmsnorm, glu`, { rows: 1, inDim: 1024, outDim: 3072, norm: true, glu: true, weight: q }, true),
+      fusedMatmulCase(`20 rows 3072 -> 1024, ${q}, accumulate`, { rows: 20, inDim: 3072, outDim: 1024, accumulate: true, weight: q }, true),
+    ]),
   ],
   mlp_slice: [
     mlpSliceCase('1 row, hidden 64, 24 channels, bf16', 1, 64, 24, 'bf16'),

@@ -44,7 +44,7 @@ function execute(be: DeviceBackend, spec: CaseSpec): Execution {
     for (const [name, def] of Object.entries(spec.buffers)) {
       const dtype = def.dtype === 'bf16' && !halfOk ? 'f32' : def.dtype;
       bufs[name] = be.alloc({ dtype, length: def.data.length, label: `conformance.${name}`, ...(def.tier ? { tier: def.tier } : {}) });
-      be.write(bufs[name], dtype === 'bf16' ? bf16Bits(def.data as Float32Array) : def.data);
+      be.write(bufs[name], def.blocks ?? (dtype === 'bf16' ? bf16Bits(def.data as Float32Array) : def.data));
     }
     for (const s of spec.steps) s.run(be, bufs);
     const outputs: Record<string, HostData> = {};
@@ -167,6 +167,7 @@ export function conformanceCases(opts: ConformanceOptions = {}): ConformanceCase
       if (def.large && opts.sizes !== 'large') continue;
       if (def.exactOnly && opts.numerics === 'bf16') continue;
       if (def.activationDtype && !opts.activationDtypes?.includes(def.activationDtype)) continue;
+      if (def.dtype && !opts.dtypes?.includes(def.dtype)) continue;
       if (def.fields && !def.fields.every((f) => (opts.opFields?.[op] as readonly string[] | undefined)?.includes(f))) continue;
       out.push(makeCase(op, def, seed, absTol));
     }
@@ -189,7 +190,8 @@ export async function runConformance(backend: DeviceBackend, reference: DeviceBa
   const opFields = Object.fromEntries(
     OP_NAMES.map((op) => [op, ((backend.capabilities.opFields?.[op] ?? []) as readonly string[]).filter((f) => (reference.capabilities.opFields?.[op] as readonly string[] | undefined)?.includes(f))]),
   ) as OpFieldSupport;
-  for (const c of conformanceCases({ ...opts, numerics: bn, activationDtypes, opFields })) {
+  const dtypes = backend.capabilities.dtypes.filter((d) => reference.capabilities.dtypes.includes(d));
+  for (const c of conformanceCases({ ...opts, numerics: bn, activationDtypes, opFields, dtypes })) {
     let r: ConformanceCaseResult;
     try {
       r = c.run(backend, reference);

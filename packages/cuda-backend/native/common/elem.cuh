@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "nerva.h"
+#include "common/quant.cuh"
 #include "common/trace.cuh"
 
 namespace nerva {
@@ -32,7 +33,8 @@ __device__ __forceinline__ float ldf(const void* p, int dt, size_t i) {
     case NV_F32: return ((const float*)p)[i];
     case NV_BF16: return bf2f(((const uint16_t*)p)[i]);
     case NV_F16: return __half2float(((const __half*)p)[i]);
-    default: return (float)((const int*)p)[i];
+    case NV_I32: return (float)((const int*)p)[i];
+    default: return qElem(p, dt, i);
   }
 }
 

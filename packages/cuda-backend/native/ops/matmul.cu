@@ -26,6 +26,7 @@ int matmulRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
     }
     f.embTable = nullptr;
   }
+  if (nvIsQuant(w.dt)) return qgemvRun(ex, x, w, out, rows, inDim, outDim, bias, f);
   bool pinned = false;
   if (ex->batchInv && ex->lt && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
     const int pin = nerva_lt_pinned(ex, outDim * (f.glu ? 2 : 1), inDim);
@@ -50,8 +51,8 @@ int opMatmul(NervaExec* ex, Args& A) {
   int rows = A.num(), inDim = A.num(), outDim = A.num();
   double wOff = A.next();
   if (!A.ok) return bad(ex, "matmul: argument count");
-  int wb = w.dt == NV_F32 ? 4 : 2;
-  w.p = (char*)w.p + (size_t)wOff * wb;
+  if (nvIsQuant(w.dt) && (size_t)wOff % nvQuantBlockElems(w.dt) != 0) return bad(ex, "matmul: weightOffset must be whole blocks");
+  w.p = (char*)w.p + nvBytes(w.dt, (size_t)wOff);
   if (rows <= 0 || outDim <= 0) return NERVA_OK;
   bool useBlas = rows > 8 && ex->gemmMode != GEMM_GEMV && ex->cublas && w.dt == NV_BF16;
   if (x.dt == NV_BF16) {

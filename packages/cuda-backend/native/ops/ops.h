@@ -98,6 +98,10 @@ int gemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDi
 int launchRmsnormGemv(NervaExec* ex, int rows, int threads, const float* x, const void* nw, int nwbf, float* out, int inDim,
                       float eps);
 
+// ---------------------------------------------------------------- qgemv.cu
+// A matmul over a ggml block-quantized weight (nvIsQuant(w.dt)), any row count.
+int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f);
+
 // ---------------------------------------------------------------- gemm.cu, gemm_bi.cu
 int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);
 int gemmCublasBf16x(NervaExec* ex, const uint16_t* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);

@@ -1,10 +1,10 @@
 // Element-wise and row ops: embedding, norms, RoPE and the KV append, SwiGLU, residual adds, row gathers.
-import { FLOAT_OR_BF16, FLOAT, INT, WEIGHT, ANY, type OpEncoders } from './encoder.js';
+import { FLOAT_OR_BF16, FLOAT, INT, WEIGHT, MATRIX, ANY, type OpEncoders } from './encoder.js';
 
 export const ELEMENTWISE_ENCODERS: OpEncoders<'embedding' | 'rmsnorm' | 'rope' | 'kv_append' | 'rope_append' | 'silu_mul' | 'add' | 'gather_rows'> = {
   embedding(e, x, c, B) {
     const rows = c('rows'), hidden = c('hidden', 1);
-    e.buf('table', B('table'), hidden, WEIGHT);
+    e.buf('table', B('table'), hidden, MATRIX);
     e.buf('ids', B('ids'), rows, INT);
     e.buf('out', B('out'), rows * hidden, FLOAT);
     e.num(rows); e.num(hidden);

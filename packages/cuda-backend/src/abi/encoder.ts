@@ -2,7 +2,10 @@ import { OP_NAMES, type DType, type DeviceBuffer, type OpName } from '@nerva/cor
 import { CudaArgumentError } from '../errors.js';
 
 /** Element type codes of the native ABI (nerva.h's NervaDType). */
-export const DTYPE_CODES: Readonly<Record<DType, number>> = { f32: 0, bf16: 1, f16: 2, i32: 3 };
+export const DTYPE_CODES: Readonly<Partial<Record<DType, number>>> = { f32: 0, bf16: 1, f16: 2, i32: 3, q8_0: 4, q4_0: 5, q4_k: 6, q6_k: 7 };
+
+/** The ggml block-quantized dtypes the kernels read (matmul weights and embedding tables). */
+export const QUANT_WEIGHT: readonly DType[] = ['q8_0', 'q4_0', 'q4_k', 'q6_k'];
 
 /** Op codes of the native ABI (nerva.h's NervaOp): the position in OP_NAMES. */
 export const OP_CODES: Readonly<Record<OpName, number>> = Object.fromEntries(OP_NAMES.map((n, i) => [n, i])) as Record<OpName, number>;
@@ -21,6 +24,8 @@ export const FLOAT: readonly DType[] = ['f32'];
 export const FLOAT_OR_BF16: readonly DType[] = ['f32', 'bf16'];
 export const INT: readonly DType[] = ['i32'];
 export const WEIGHT: readonly DType[] = ['f32', 'bf16', 'f16'];
+/** A matrix a matmul streams or an embedding table: any weight dtype, quantized ones included. */
+export const MATRIX: readonly DType[] = [...WEIGHT, ...QUANT_WEIGHT];
 export const ANY: readonly DType[] = ['f32', 'bf16', 'f16', 'i32'];
 
 /**
@@ -50,7 +55,7 @@ export class ArgWriter {
     if (!dtypes.includes(r.dtype)) this.fail(`${name} must be ${dtypes.join(' or ')}, got ${r.dtype}`);
     if (need > r.length) this.fail(`${name} needs ${need} elements, has ${r.length}`);
     this.args[this.n++] = r.addr;
-    this.args[this.n++] = DTYPE_CODES[r.dtype];
+    this.args[this.n++] = DTYPE_CODES[r.dtype]!;
   }
 
   optBuf(name: string, b: DeviceBuffer | undefined, need: number, dtypes: readonly DType[]): void {

@@ -1,6 +1,6 @@
 // The decode ops on the GEMV kernels: fused projections and the whole layer stack (op decoder_layers).
 import { type OpArgs } from '@nerva/core';
-import { FLOAT, INT, WEIGHT, type OpEncoders } from './encoder.js';
+import { FLOAT, INT, WEIGHT, MATRIX, type OpEncoders } from './encoder.js';
 
 export const GEMV_ENCODERS: OpEncoders<'fused_matmul' | 'decoder_layers'> = {
   fused_matmul(e, x, c, B) {
@@ -10,7 +10,7 @@ export const GEMV_ENCODERS: OpEncoders<'fused_matmul' | 'decoder_layers'> = {
     if (!(eps >= 0)) e.fail(`eps must be >= 0, got ${eps}`);
     if (glu && B('bias')) e.fail('bias is not allowed with glu');
     e.buf('x', B('x'), rows * inDim, FLOAT);
-    e.buf('weight', B('weight'), (glu ? 2 : 1) * outDim * inDim, WEIGHT);
+    e.buf('weight', B('weight'), (glu ? 2 : 1) * outDim * inDim, MATRIX);
     e.buf('out', B('out'), rows * outDim, FLOAT);
     e.optBuf('bias', B('bias'), outDim, WEIGHT);
     e.optBuf('normWeight', B('normWeight'), inDim, WEIGHT);
@@ -44,15 +44,15 @@ export const GEMV_ENCODERS: OpEncoders<'fused_matmul' | 'decoder_layers'> = {
     layers.forEach((l, i) => {
       const L = (name: string) => `layers[${i}].${name}`;
       e.buf(L('attnNorm'), l.attnNorm, hidden, WEIGHT);
-      e.buf(L('qkv'), l.qkv, qkvOut * hidden, WEIGHT);
+      e.buf(L('qkv'), l.qkv, qkvOut * hidden, MATRIX);
       e.optBuf(L('qkvBias'), l.qkvBias, qkvOut, WEIGHT);
       e.optBuf(L('qNorm'), l.qNorm, hd, WEIGHT);
       e.optBuf(L('kNorm'), l.kNorm, hd, WEIGHT);
-      e.buf(L('o'), l.o, hidden * qw, WEIGHT);
+      e.buf(L('o'), l.o, hidden * qw, MATRIX);
       e.optBuf(L('oBias'), l.oBias, hidden, WEIGHT);
       e.buf(L('mlpNorm'), l.mlpNorm, hidden, WEIGHT);
-      e.buf(L('gateUp'), l.gateUp, 2 * inter * hidden, WEIGHT);
-      e.buf(L('down'), l.down, hidden * inter, WEIGHT);
+      e.buf(L('gateUp'), l.gateUp, 2 * inter * hidden, MATRIX);
+      e.buf(L('down'), l.down, hidden * inter, MATRIX);
       e.buf(L('kCache'), l.kCache, nkv * hd, WEIGHT);
       e.buf(L('vCache'), l.vCache, nkv * hd, WEIGHT);
     });
@@ -63,7 +63,7 @@ export const GEMV_ENCODERS: OpEncoders<'fused_matmul' | 'decoder_layers'> = {
     } else {
       if (embed === null || typeof embed !== 'object') e.fail('embed must be { table, ids }');
       e.num(1);
-      e.buf('embed.table', embed.table, hidden, WEIGHT);
+      e.buf('embed.table', embed.table, hidden, MATRIX);
       e.buf('embed.ids', embed.ids, rows, INT);
     }
   },

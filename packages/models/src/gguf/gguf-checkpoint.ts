@@ -1,14 +1,13 @@
+import { dequantize, GGML_TYPES, type GgmlTypeName } from '@nerva/core';
 import { rawToF32, type WeightDType } from '../safetensors.js';
 import type { CheckpointTensorInfo } from '../checkpoint.js';
 import type { ModelSpec } from '../config.js';
 import type { WeightStore } from '../weight-store.js';
-import { GGML_TYPES, type GgmlTypeName } from './ggml-types.js';
 import { GgufError } from './gguf-error.js';
 import { GgufFile } from './gguf-file.js';
 import type { GgufTensorInfo } from './gguf-header.js';
 import { hfNamesOf, permuteRopeRows, ropePermutedHeads } from './gguf-names.js';
 import { ggufModelSpec, ROPE_FREQS_TENSOR } from './gguf-spec.js';
-import { dequantize } from './quants/index.js';
 
 /** A tensor as a {@link GgufCheckpoint} serves it, with where its stored form lives. */
 export interface GgufCheckpointTensorInfo extends CheckpointTensorInfo {

@@ -14,7 +14,7 @@ import { isWeightDType, rawToF32 } from '../safetensors.js';
 import { readTokenizerJson } from '../tokenizer.js';
 import { canonicalWeightNames, listWeightSlots } from '../weights.js';
 import type { ModelSpec } from '../config.js';
-import { GGML_TYPES, type GgmlTypeName } from './ggml-types.js';
+import { GGML_TYPES, quantize, type GgmlTypeName } from '@nerva/core';
 import { GgufError } from './gguf-error.js';
 import { isGgufPath } from './gguf-model.js';
 import { ggufLocationOf, permuteRopeRows, ropePermutedHeads } from './gguf-names.js';
@@ -23,7 +23,6 @@ import { ggufTokenizerMetadata } from './gguf-tokenizer.js';
 import { ggufValue } from './gguf-value.js';
 import { GGUF_CONVERT_FILE_TYPES, GGUF_CONVERT_TYPES, planGgufTypes, type GgufConvertType } from './gguf-type-plan.js';
 import { writeGguf, type GgufWriteTensor } from './gguf-writer.js';
-import { quantize } from './quants/index.js';
 
 export interface ConvertToGgufOptions {
   /** A Hugging Face model folder (config.json + safetensors [+ tokenizer.json]). */

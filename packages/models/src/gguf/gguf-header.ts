@@ -3,7 +3,7 @@
  * every count, length and offset bounded before anything is allocated from it: a hostile file
  * gets a {@link GgufError} naming what is wrong, never a crash or an allocation sized by the file.
  */
-import { GGML_TYPES, ggmlTypeName, type GgmlTypeName } from './ggml-types.js';
+import { GGML_TYPES, ggmlTypeName, type GgmlTypeName } from '@nerva/core';
 import { GgufError } from './gguf-error.js';
 import {
   GGUF_SCALAR_BYTES,

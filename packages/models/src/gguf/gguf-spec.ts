@@ -7,7 +7,7 @@
  * file) are read from llama.cpp's keys alone.
  */
 import type { ModelArch, ModelSpec, MoeSpec, RopeScaling } from '../config.js';
-import { GGUF_FILE_TYPES } from './ggml-types.js';
+import { GGUF_FILE_TYPES } from '@nerva/core';
 import { GgufError } from './gguf-error.js';
 import type { GgufTensorInfo } from './gguf-header.js';
 import { MetaReader } from './gguf-meta.js';

@@ -7,7 +7,7 @@
  * fallbacks for rows that are not a whole number of blocks.
  */
 import type { ModelSpec } from '../config.js';
-import { GGML_TYPES, GGUF_FILE_TYPES, type GgmlTypeName } from './ggml-types.js';
+import { GGML_TYPES, GGUF_FILE_TYPES, type GgmlTypeName } from '@nerva/core';
 
 /** The file types `nerva convert` writes. */
 export const GGUF_CONVERT_TYPES = ['F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_K', 'Q6_K', 'Q4_K_M'] as const;

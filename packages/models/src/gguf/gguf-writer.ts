@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { open as openFile, rename, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { GGML_TYPES, type GgmlTypeName } from './ggml-types.js';
+import { GGML_TYPES, type GgmlTypeName } from '@nerva/core';
 import { GgufError } from './gguf-error.js';
 import { GGUF_DEFAULT_ALIGNMENT, GGUF_LIMITS, GGUF_MAGIC } from './gguf-header.js';
 import { GGUF_SCALAR_BYTES, GGUF_VALUE_TYPES, type GgufScalar, type GgufScalarType, type GgufValue } from './gguf-value.js';
