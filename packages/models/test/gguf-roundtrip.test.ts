@@ -74,6 +74,45 @@ describe.each(FIXTURE_MODELS)('safetensors → GGUF → load: %s', (name) => {
   });
 });
 
+const QUANT_TYPES = ['Q8_0', 'Q4_0', 'Q4_K', 'Q6_K', 'Q4_K_M'] as const;
+/** The trained model is the largest fixture: two types keep the run short; the random ones take all. */
+const quantCases = FIXTURE_MODELS.flatMap((name) => (name === 'tiny-shakespeare-qwen3' ? (['Q8_0', 'Q4_K_M'] as const) : QUANT_TYPES).map((t) => [name, t] as const));
+
+describe('safetensors → quantized GGUF → load', () => {
+  it.each(quantCases)('%s at %s: same spec; each tensor in its planned type, its blocks the reference quantization, served dequantized', async (name, type) => {
+    const src = join(MODELS, name);
+    const out = join(await tempDir(), `${name}-${type}.gguf`);
+    const res = await convertToGguf({ source: src, out, type });
+    const planned = new Map(res.tensors.map((t) => [t.name, t.type]));
+    const hf = await loadModelDir(src);
+    const gg = await loadModelDir(out);
+    try {
+      expect(gg.spec).toEqual(hf.spec);
+      const ck = gg.checkpoint as GgufCheckpoint;
+      let quantized = 0;
+      for (const n of hf.checkpoint.names()) {
+        const b = ck.info(n);
+        expect(b.ggmlType, n).toBe(planned.get(b.ggufName));
+        const want = await hf.checkpoint.readF32(n);
+        const blocks = quantize(b.ggmlType, want);
+        expect(firstDiff(await ck.readBlocks(n), blocks), n).toBe(-1);
+        expect(firstDiff(await ck.readF32(n), dequantize(b.ggmlType, blocks, want.length)), n).toBe(-1);
+        if (!['F32', 'F16', 'BF16'].includes(b.ggmlType)) {
+          quantized++;
+          expect(b.dtype).toBe('F32');
+          expect(b.byteLength).toBe(want.length * 4);
+          expect(b.rawByteLength).toBe(blocks.byteLength);
+          expect(firstDiff(await ck.readRaw(n), await ck.readF32(n))).toBe(-1);
+        }
+      }
+      expect(quantized).toBeGreaterThan(0);
+    } finally {
+      await hf.checkpoint.close();
+      await gg.checkpoint.close();
+    }
+  });
+});
+
 describe('GGUF layout as llama.cpp writes it', () => {
   it('llama: q/k rows are reordered per head as the converter permutes them, and undone on read', async () => {
     const src = join(MODELS, 'tiny-random-llama');
