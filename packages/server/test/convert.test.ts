@@ -44,6 +44,9 @@ describe('nerva convert', () => {
     expect(b.token_ids).toEqual(a.token_ids);
     expect(b.text).toBe(a.text);
     expect(b.model).toBe(gguf);
+    const ta = lastJson((await nerva(['tokenize', '--model', SHAKESPEARE, '--text', 'To be, or not to be'])).stdout);
+    const tb = lastJson((await nerva(['tokenize', '--model', gguf, '--text', 'To be, or not to be'])).stdout);
+    expect(tb).toEqual(ta);
   });
 
   it('clear errors: missing folder, unknown type, existing output, unwritable output; nothing half-written', async () => {
