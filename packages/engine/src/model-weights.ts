@@ -1,7 +1,7 @@
 import type { DeviceBackend, DeviceBuffer, DType, HostArray, Tier } from '@nerva/core';
 import { DTYPE_BYTES, dtypeOfGgml, isQuantDType, type GgmlTypeName, type QuantDType } from '@nerva/core';
 import type { PagedTensor, PlanBlock, WeightPager } from '@nerva/memos';
-import type { CanonicalWeights, Checkpoint, LayerSlots, ModelSpec, WeightSlot } from '@nerva/models';
+import type { CanonicalWeights, LayerSlots, ModelSpec, WeightSlot, WeightStore } from '@nerva/models';
 import { canonicalWeightNames, ropeInvFreq } from '@nerva/models';
 
 export interface LayerWeights {
@@ -77,7 +77,7 @@ interface TensorDesc extends PagedTensor {
  * The storage dtype of every weight (the rules uploadWeights applies), without reading any data:
  * what the residency planner needs to size blocks.
  */
-export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: Checkpoint, hostInter = 0): TensorDesc[][] {
+export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: WeightStore, hostInter = 0): TensorDesc[][] {
   const H = spec.hiddenSize;
   const hd = spec.headDim;
   const nq = spec.numHeads;
@@ -127,7 +127,7 @@ const layoutKey = (t: readonly PagedTensor[]): string => t.map((x) => `${x.name}
 export function weightBlocks(
   backend: DeviceBackend,
   spec: ModelSpec,
-  ckpt: Checkpoint,
+  ckpt: WeightStore,
   importance?: readonly number[],
   hostInter = 0,
 ): { blocks: PlanBlock[]; layout: PagedTensor[] } {
@@ -176,7 +176,7 @@ const slotCache = new WeakMap<ModelSpec, CanonicalWeights>();
  * v, gate with up); `fused` null for a matrix that must stay float (routed experts, the split
  * layers' MLPs, whose kernels read float weights).
  */
-function storageDtypes(backend: DeviceBackend, ckpt: Checkpoint): (slot: WeightSlot, fused?: readonly WeightSlot[] | null) => DType {
+function storageDtypes(backend: DeviceBackend, ckpt: WeightStore): (slot: WeightSlot, fused?: readonly WeightSlot[] | null) => DType {
   const wd = backend.capabilities.weightDtype;
   // Exact by default: a weight is never stored narrower than its checkpoint (an f32 checkpoint
   // stays f32 on a bf16-preferring backend); it is only narrowed when the backend cannot hold it.
@@ -205,14 +205,14 @@ interface QuantizedTensorInfo {
 }
 
 /** The raw ggml blocks of a quantized tensor. */
-function readBlocks(ckpt: Checkpoint, name: string): Promise<Uint8Array> {
+function readBlocks(ckpt: WeightStore, name: string): Promise<Uint8Array> {
   const r = (ckpt as { readBlocks?: (name: string) => Promise<Uint8Array> }).readBlocks;
   if (!r) throw new TypeError(`tensor ${name} is quantized but its checkpoint cannot read blocks`);
   return r.call(ckpt, name);
 }
 
 /** The quantized dtype a checkpoint tensor is stored in (a GGUF block type), else undefined. */
-export function quantDtypeOf(ckpt: Checkpoint, name: string): QuantDType | undefined {
+export function quantDtypeOf(ckpt: WeightStore, name: string): QuantDType | undefined {
   const t = (ckpt.info(name) as QuantizedTensorInfo).ggmlType;
   const d = t === undefined ? undefined : dtypeOfGgml(t);
   return d !== undefined && isQuantDType(d) ? d : undefined;
@@ -243,7 +243,7 @@ export interface UploadProgress {
 export async function uploadWeights(
   backend: DeviceBackend,
   spec: ModelSpec,
-  ckpt: Checkpoint,
+  ckpt: WeightStore,
   onProgress?: (p: UploadProgress) => void,
   pager?: WeightPager,
   part?: UploadPart,

@@ -53,7 +53,7 @@ export type EngineOptionSpec = OptionSpec<keyof EngineOptions & string>;
 
 /** Every engine option with a flag or a config key, in the order `--help` lists them. */
 export const ENGINE_OPTIONS = [
-  { name: 'model', flag: '--model <dir>', toml: 'model', kind: 'path', help: 'model folder (config.json + safetensors + tokenizer.json)' },
+  { name: 'model', flag: '--model <dir>', toml: 'model', kind: 'path', help: 'model folder (config.json + safetensors + tokenizer.json), or a .gguf file' },
   { name: 'backend', flag: '--backend <name>', toml: 'backend', kind: 'choice', choices: ['cpu', 'cuda', 'auto'], default: 'auto', help: 'compute backend' },
   {
     name: 'numerics',

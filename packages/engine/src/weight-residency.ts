@@ -1,7 +1,7 @@
 import type { DeviceBackend, Tier } from '@nerva/core';
 import { DTYPE_BYTES } from '@nerva/core';
 import { fmt, importanceKey, type MemoryReport, checkOffloadDir, planResidency, type ResidencyPlan, type TierUsage, WeightPager, WorkingSetTooLargeError } from '@nerva/memos';
-import type { Checkpoint, ModelSpec } from '@nerva/models';
+import type { ModelSpec, WeightStore } from '@nerva/models';
 import { type HostSplit, type KvCacheDtype, kvDtypeOf, type ModelWeights, weightBlocks, weightSlots } from './model-weights.js';
 
 /** What the memory OS was asked for (EngineOptions' residency fields). */
@@ -46,7 +46,7 @@ export function validateResidency(o: ResidencyOptions): void {
 export function placeWeights(
   backend: DeviceBackend,
   spec: ModelSpec,
-  ckpt: Checkpoint,
+  ckpt: WeightStore,
   kvDefault: number,
   shape: RunnerShape,
   o: ResidencyOptions,
@@ -142,7 +142,7 @@ export function placeWeights(
 }
 
 /** The importance-profile key of a loaded checkpoint: its spec, tensor table and norm weights' bytes. */
-export async function checkpointImportanceKey(spec: ModelSpec, ckpt: Checkpoint): Promise<string> {
+export async function checkpointImportanceKey(spec: ModelSpec, ckpt: WeightStore): Promise<string> {
   const names = ckpt.names();
   const samples: Uint8Array[] = [];
   const slots = weightSlots(spec);

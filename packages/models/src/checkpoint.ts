@@ -3,6 +3,7 @@ import { basename, dirname, isAbsolute, join, normalize, sep } from 'node:path';
 import { CheckpointError } from './errors.js';
 import { confinedPath, confinementRoot, readModelText } from './model-file.js';
 import { SafetensorsFile, type TensorInfo } from './safetensors.js';
+import type { WeightStore } from './weight-store.js';
 
 /** File names of the Hugging Face layout. */
 export const SINGLE_FILE = 'model.safetensors';
@@ -18,7 +19,7 @@ export interface CheckpointTensorInfo extends TensorInfo {
  * A model's weights: one `model.safetensors`, or shards listed by `model.safetensors.index.json`.
  * Every shard is opened and validated up front, so a checkpoint that opens is complete.
  */
-export class Checkpoint {
+export class Checkpoint implements WeightStore {
   private constructor(
     /** Directory the checkpoint was opened from. */
     readonly dir: string,
@@ -97,6 +98,11 @@ export class Checkpoint {
       await Promise.all([...opened.values()].map((f) => f.close().catch(() => undefined)));
       throw e;
     }
+  }
+
+  /** The shard index, the single file, or the folder: what errors name. */
+  get source(): string {
+    return this.indexPath ?? this.files[0]?.path ?? this.dir;
   }
 
   /** Every tensor name in the checkpoint. */

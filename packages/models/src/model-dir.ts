@@ -1,18 +1,21 @@
 import { stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Checkpoint } from './checkpoint.js';
+import { isGgufPath, loadGgufModel } from './gguf/gguf-model.js';
 import { loadModelConfig, type ModelSpec } from './config.js';
 import { ConfigError } from './errors.js';
 import { readOptionalModelText } from './model-file.js';
 import { NervaTokenizer } from './tokenizer.js';
+import type { WeightStore } from './weight-store.js';
 import { resolveWeights, type ResolvedWeights } from './weights.js';
 
-/** Everything the engine needs from a model directory. */
+/** Everything the engine needs from a model directory (or a GGUF model file). */
 export interface LoadedModel {
+  /** The model folder, or the `.gguf` file. */
   dir: string;
   spec: ModelSpec;
-  /** Open checkpoint; the caller owns it and must `close()` it. */
-  checkpoint: Checkpoint;
+  /** Open weights (a safetensors checkpoint or a GGUF file); the caller owns them and must `close()` them. */
+  checkpoint: WeightStore;
   /** Every tensor the spec needs, located and shape-checked. */
   weights: ResolvedWeights;
   /** Present when the directory has a `tokenizer.json`. */
@@ -31,9 +34,11 @@ export interface LoadModelOptions {
 /**
  * Load a model directory: `config.json` → {@link ModelSpec}, the checkpoint (validated and its
  * tensors resolved against the spec), the tokenizer and `generation_config.json` when present.
- * Reads headers only; no tensor data is read.
+ * A path ending in `.gguf` is loaded as a GGUF file instead, everything from its metadata (see
+ * {@link loadGgufModel}). Reads headers only; no tensor data is read.
  */
 export async function loadModelDir(dir: string, opts: LoadModelOptions = {}): Promise<LoadedModel> {
+  if (isGgufPath(dir)) return loadGgufModel(dir, opts);
   const spec = await loadModelConfig(dir);
   const generationConfig = await readOptionalJson(dir, 'generation_config.json');
   const tokenizer =

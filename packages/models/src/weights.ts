@@ -1,7 +1,7 @@
-import type { Checkpoint } from './checkpoint.js';
 import { isMoeLayer, type ModelSpec } from './config.js';
 import { CheckpointError } from './errors.js';
 import { isWeightDType, type WeightDType } from './safetensors.js';
+import type { WeightStore } from './weight-store.js';
 
 /**
  * One expected tensor: `slot` is NERVA's canonical id (stable across architectures, used as a
@@ -158,9 +158,9 @@ export function listWeightSlots<S extends WeightSlot>(weights: ModelSlots<S>): S
  * {@link CheckpointError} MISSING_TENSOR, SHAPE_MISMATCH or UNSUPPORTED_DTYPE naming the tensor
  * and file. Tensors the spec does not use are ignored (as HF does for e.g. `rotary_emb.inv_freq`).
  */
-export function resolveWeights(spec: ModelSpec, checkpoint: Checkpoint): ResolvedWeights {
+export function resolveWeights(spec: ModelSpec, checkpoint: WeightStore): ResolvedWeights {
   const canon = canonicalWeightNames(spec);
-  const where = checkpoint.indexPath ?? checkpoint.files[0]?.path ?? checkpoint.dir;
+  const where = checkpoint.source;
   const resolve = (s: WeightSlot): ResolvedWeight => {
     if (!checkpoint.has(s.name)) throw new CheckpointError('MISSING_TENSOR', where, `required by ${spec.arch} (slot ${s.slot}) but absent`, s.name);
     const info = checkpoint.info(s.name);

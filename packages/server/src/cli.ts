@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import { NervaError } from '@nerva/core';
 import { Command, CommanderError } from 'commander';
+import { registerConvert } from './commands/convert.js';
 import { registerRun } from './commands/run.js';
 import { registerServe } from './commands/serve.js';
 import { registerSynth } from './commands/synth.js';
@@ -11,6 +12,7 @@ program.name('nerva').description('NERVA: an inference operating system for LLMs
 registerRun(program);
 registerTokenize(program);
 registerSynth(program);
+registerConvert(program);
 registerServe(program);
 
 try {

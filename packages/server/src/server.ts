@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import { WorkerEngine, type WorkerEngineCreateOptions } from '@nerva/engine';
-import { readOptionalModelText } from '@nerva/models';
+import { isGgufPath, modelTokenizerFacts } from '@nerva/models';
 import type { SysfsReader } from '@nerva/transport';
 import type { FastifyInstance } from 'fastify';
 import { Admission } from './admission.js';
@@ -39,16 +39,6 @@ export interface RunningServer {
   shutdown(): Promise<void>;
 }
 
-async function hasChatTemplate(dir: string): Promise<boolean> {
-  if (existsSync(join(dir, 'chat_template.jinja'))) return true;
-  try {
-    const cfg = JSON.parse((await readOptionalModelText(dir, 'tokenizer_config.json')) ?? '{}') as { chat_template?: unknown };
-    return cfg.chat_template !== undefined && cfg.chat_template !== null;
-  } catch {
-    return false;
-  }
-}
-
 /**
  * Listen first, then load the model in a worker: /health answers 503 until the engine is ready,
  * so orchestrators can probe while weights load. Once the engine is up, the fabric topology is
@@ -66,9 +56,12 @@ export async function startServer(
 ): Promise<RunningServer> {
   const log = o.log ?? (() => {});
   const modelDir = resolve(config.model ?? defaultModelDir());
-  if (!existsSync(join(modelDir, 'config.json'))) throw new ConfigError('model', `model folder ${modelDir} has no config.json`);
+  // A model folder, or a GGUF file carrying everything in its metadata.
+  if (isGgufPath(modelDir)) {
+    if (!existsSync(modelDir)) throw new ConfigError('model', `model file ${modelDir} does not exist`);
+  } else if (!existsSync(join(modelDir, 'config.json'))) throw new ConfigError('model', `model folder ${modelDir} has no config.json`);
   checkKvTiers(config);
-  const modelName = config.servedModelName ?? basename(modelDir);
+  const modelName = config.servedModelName ?? basename(modelDir).replace(/\.gguf$/i, '');
   let chatTemplate: string | undefined;
   if (config.chatTemplate !== undefined) {
     try {
@@ -79,11 +72,12 @@ export async function startServer(
   }
   const metrics = new ServerMetrics(modelName);
   const state = new ServerState(config, modelName, modelDir, metrics);
-  if (chatTemplate === undefined && existsSync(join(modelDir, 'tokenizer.json')) && !(await hasChatTemplate(modelDir))) {
+  const facts = await modelTokenizerFacts(modelDir);
+  if (chatTemplate === undefined && facts.hasTokenizer && !facts.hasChatTemplate) {
     chatTemplate = FALLBACK_CHAT_TEMPLATE;
     state.notes.push(`model ${modelName} has no chat template; /v1/chat/completions uses the plain "ROLE:" transcript template (set chat_template to replace it)`);
   }
-  if (existsSync(join(modelDir, 'tokenizer.json'))) state.offThread = new OffThreadTokenizer({ dir: modelDir, chatTemplate });
+  if (facts.hasTokenizer) state.offThread = new OffThreadTokenizer({ dir: modelDir, chatTemplate });
   const app = buildApp(state, { logger: o.logger });
   const address = await app.listen({ host: config.host, port: config.port });
   const port = (app.server.address() as { port: number }).port;

@@ -3,19 +3,18 @@
  * loaded once, rendering and encoding large prompts so the HTTP event loop never waits on them.
  * Bundled as its own file (`dist/tokenize-worker.js`).
  */
-import { join } from 'node:path';
 import { parentPort, workerData } from 'node:worker_threads';
-import { NervaTokenizer, readTokenizerJson } from '@nerva/models';
+import { loadModelTokenizer } from '@nerva/models';
 import type { TokenizeReply, TokenizeRequest, TokenizeWorkerData } from './tokenize-pool.js';
 
 const port = parentPort;
 if (!port) throw new Error('tokenize-worker must run inside a worker thread');
 const { dir, chatTemplate } = workerData as TokenizeWorkerData;
-// The same tokenizer the engine's main thread loads (WorkerEngine), template override included.
-const tok =
-  chatTemplate === undefined
-    ? await NervaTokenizer.fromDir(dir)
-    : new NervaTokenizer(await readTokenizerJson(dir, 'tokenizer.json', true), (await readTokenizerJson(dir, 'tokenizer_config.json', false)) ?? {}, chatTemplate, join(dir, 'tokenizer.json'));
+// The same tokenizer the engine's main thread loads (WorkerEngine), template override included;
+// `dir` is a model folder or a .gguf file.
+const loaded = await loadModelTokenizer(dir, chatTemplate);
+if (!loaded) throw new Error(`model ${dir} has no tokenizer`);
+const tok = loaded;
 
 port.on('message', (m: TokenizeRequest) => {
   let reply: TokenizeReply;

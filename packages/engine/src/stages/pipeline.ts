@@ -19,7 +19,7 @@
  */
 import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
 import { emptySyncCounts, NervaError, SYNC_KINDS, DTYPE_BYTES } from '@nerva/core';
-import type { Checkpoint, ModelSpec } from '@nerva/models';
+import type { ModelSpec, WeightStore } from '@nerva/models';
 import { backendFactory, type StageCommunicator } from '../backend-registry.js';
 import { type BackendOptions, selectBackend } from '../backend-select.js';
 import { ModelRunner, PROFILE_BUCKETS, type ProfileBucket, type RunnerLimits, type RunnerMeta } from '../model-runner.js';
@@ -113,7 +113,7 @@ export interface PrepareStagesArgs {
   /** The engine's backend: stage 0 runs on it. */
   primary: DeviceBackend;
   spec: ModelSpec;
-  ckpt: Checkpoint;
+  ckpt: WeightStore;
   /** Options for backends made for other stages (numerics, arena size). */
   backendOptions: BackendOptions;
   /** KV bytes the options fixed (kvCacheBytes, the CPU default); else sized from what each backend has free. */
@@ -125,7 +125,7 @@ export interface PrepareStagesArgs {
 }
 
 /** A decoder layer's weight bytes; the LM head counts toward the last layer (its stage runs it every pass). */
-function layerWeights(backend: DeviceBackend, spec: ModelSpec, ckpt: Checkpoint): number[] {
+function layerWeights(backend: DeviceBackend, spec: ModelSpec, ckpt: WeightStore): number[] {
   const bytes = layerLayouts(backend, spec, ckpt).map((t) => t.reduce((s, x) => s + x.length * DTYPE_BYTES[x.dtype], 0));
   const dt = backend.capabilities.weightDtype;
   bytes[bytes.length - 1] += spec.vocabSize * spec.hiddenSize * DTYPE_BYTES[dt];

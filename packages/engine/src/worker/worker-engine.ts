@@ -1,8 +1,7 @@
 import { existsSync } from 'node:fs';
-import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { NervaTokenizer, readTokenizerJson } from '@nerva/models';
+import { loadModelTokenizer, type NervaTokenizer } from '@nerva/models';
 import { EngineError, type StepSignals } from '../engine-options.js';
 import type { TokenEvent } from '../request.js';
 import { validateForkCount, validateRequest } from '../request-validation.js';
@@ -398,14 +397,9 @@ export class WorkerEngine extends FactsView implements WorkerSurface, WorkerHeal
   }
 }
 
-/** Load the tokenizer of `dir` on this thread; `chatTemplate` overrides the model's template. */
-async function loadTokenizer(dir: string, chatTemplate: string | undefined): Promise<NervaTokenizer | undefined> {
-  if (!existsSync(join(dir, 'tokenizer.json'))) return undefined;
-  if (chatTemplate === undefined) return NervaTokenizer.fromDir(dir);
-  // Confined to the model folder and size-capped, as NervaTokenizer.fromDir reads them.
-  const tok = await readTokenizerJson(dir, 'tokenizer.json', true);
-  const cfg = (await readTokenizerJson(dir, 'tokenizer_config.json', false)) ?? {};
-  return new NervaTokenizer(tok, cfg, chatTemplate, join(dir, 'tokenizer.json'));
+/** Load the tokenizer of `dir` (a model folder or .gguf file) on this thread; `chatTemplate` overrides the model's template. */
+function loadTokenizer(dir: string, chatTemplate: string | undefined): Promise<NervaTokenizer | undefined> {
+  return loadModelTokenizer(dir, chatTemplate);
 }
 
 /** Structured clone keeps `undefined` fields; dropping them keeps messages small and defaults intact. */

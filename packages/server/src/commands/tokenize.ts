@@ -1,5 +1,5 @@
 import { readFile } from 'node:fs/promises';
-import { NervaTokenizer } from '@nerva/models';
+import { isGgufPath, loadModelTokenizer, NervaTokenizer } from '@nerva/models';
 import type { Command } from 'commander';
 import { defaultModelDir } from '../default-model.js';
 
@@ -7,14 +7,16 @@ export function registerTokenize(program: Command): void {
   program
     .command('tokenize')
     .description("encode text, or render an OpenAI-style messages array with the model's chat template and encode it")
-    .option('--model <dir>', 'model folder with tokenizer.json (default: the embedded model)')
+    .option('--model <dir>', 'model folder with tokenizer.json, or a .gguf file (default: the embedded model)')
     .option('--text <text>', 'text to encode (no special tokens added)')
     .option('--chat <file>', 'JSON file holding an array of {role, content} messages')
     .option('--no-thinking', 'pass enable_thinking=false to the chat template')
     .option('--json', 'print {"ids": [...], "rendered": "..."} (the default output)')
     .action(async (f: { model?: string; text?: string; chat?: string; thinking: boolean }) => {
       if ((f.text === undefined) === (f.chat === undefined)) throw new Error('give exactly one of --text or --chat');
-      const tok = await NervaTokenizer.fromDir(f.model ?? defaultModelDir());
+      const model = f.model ?? defaultModelDir();
+      const tok = isGgufPath(model) ? await loadModelTokenizer(model) : await NervaTokenizer.fromDir(model);
+      if (!tok) throw new Error(`${model} has no tokenizer (tokenizer.ggml.model is absent or "none")`);
       let rendered: string;
       if (f.chat !== undefined) {
         let messages: unknown;

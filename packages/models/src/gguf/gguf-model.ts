@@ -1,0 +1,66 @@
+import { stat } from 'node:fs/promises';
+import type { LoadedModel, LoadModelOptions } from '../model-dir.js';
+import { NervaTokenizer } from '../tokenizer.js';
+import { resolveWeights, type ResolvedWeights } from '../weights.js';
+import { GgufCheckpoint } from './gguf-checkpoint.js';
+import { GgufError } from './gguf-error.js';
+import type { GgufMetadata } from './gguf-value.js';
+import { ggufGenerationConfig } from './gguf-spec.js';
+import { ggufTokenizerParts } from './gguf-tokenizer.js';
+
+/** True when `path` names a GGUF model file (by its `.gguf` extension) rather than a model folder. */
+export function isGgufPath(path: string): boolean {
+  return path.toLowerCase().endsWith('.gguf');
+}
+
+/**
+ * The tokenizer a GGUF file's metadata describes (chat template included), or undefined when it
+ * has none. Throws {@link GgufError} UNSUPPORTED_TOKENIZER / BAD_METADATA, or a
+ * `TokenizerError` when the vocabulary does not build.
+ */
+export function ggufTokenizer(metadata: GgufMetadata, path: string): NervaTokenizer | undefined {
+  const parts = ggufTokenizerParts(metadata, path);
+  if (!parts) return undefined;
+  return new NervaTokenizer(parts.tokenizerJson, parts.tokenizerConfig, parts.chatTemplate, path);
+}
+
+/**
+ * Load a `.gguf` model file: spec, tokenizer, chat template, generation defaults and stop ids all
+ * from its metadata, weights through a {@link GgufCheckpoint}. Reads the header only (and the tiny
+ * `rope_freqs` tensor when present).
+ */
+export async function loadGgufModel(path: string, opts: LoadModelOptions = {}): Promise<LoadedModel> {
+  try {
+    if (!(await stat(path)).isFile()) throw new GgufError('IO', path, 'not a regular file');
+  } catch (e) {
+    if (e instanceof GgufError) throw e;
+    throw new GgufError('NOT_FOUND', path, `cannot read: ${(e as Error).message}`, {}, { cause: e });
+  }
+  const checkpoint = await GgufCheckpoint.open(path);
+  try {
+    const { spec } = checkpoint;
+    const metadata = checkpoint.file.metadata;
+    const tokenizer = opts.tokenizer !== false ? ggufTokenizer(metadata, path) : undefined;
+    const generationConfig = ggufGenerationConfig(metadata, path);
+    const weights: ResolvedWeights = resolveWeights(spec, checkpoint);
+    const stop = new Set<number>(spec.eosTokenIds);
+    const genEos = generationConfig?.eos_token_id;
+    for (const id of Array.isArray(genEos) ? genEos : [genEos]) if (Number.isInteger(id)) stop.add(id as number);
+    // llama.cpp's end-of-turn ids stop generation too.
+    for (const key of ['tokenizer.ggml.eos_token_id', 'tokenizer.ggml.eot_token_id', 'tokenizer.ggml.eom_token_id']) {
+      const v = metadata.get(key);
+      if (v && v.type !== 'ARRAY' && v.type !== 'STRING' && v.type !== 'BOOL') {
+        const id = Number(v.value);
+        if (Number.isSafeInteger(id) && id >= 0 && id < spec.vocabSize) stop.add(id);
+      }
+    }
+    for (const id of tokenizer?.eosTokenIds ?? []) stop.add(id);
+    const out: LoadedModel = { dir: path, spec, checkpoint, weights, stopTokenIds: [...stop] };
+    if (tokenizer) out.tokenizer = tokenizer;
+    if (generationConfig) out.generationConfig = generationConfig;
+    return out;
+  } catch (e) {
+    await checkpoint.close().catch(() => undefined);
+    throw e;
+  }
+}

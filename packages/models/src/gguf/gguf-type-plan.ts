@@ -1,0 +1,129 @@
+/**
+ * Which ggml type each tensor gets when converting to a GGUF file type, by llama.cpp's rules:
+ * its HF converter's (norms, 1-D tensors, biases and the MoE router stay F32) and, for the
+ * k-quant and Q4_0 mixes, its quantizer's (`llama_tensor_get_type`): the output matrix (and a tied
+ * embedding) at Q6_K, Q4_K_M's extra bits on attn_v and ffn_down in the layers its
+ * `use_more_bits` picks, 8-expert models' attn_v / attn_k at Q8_0 and attn_output at Q5_K, and the
+ * fallbacks for rows that are not a whole number of blocks.
+ */
+import type { ModelSpec } from '../config.js';
+import { GGML_TYPES, GGUF_FILE_TYPES, type GgmlTypeName } from '@nerva/core';
+
+/** The file types `nerva convert` writes. */
+export const GGUF_CONVERT_TYPES = ['F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_K', 'Q6_K', 'Q4_K_M'] as const;
+export type GgufConvertType = (typeof GGUF_CONVERT_TYPES)[number];
+
+/**
+ * `general.file_type` of each. `Q4_K` is every quantizable tensor at Q4_K with no mix (what
+ * llama.cpp's `--pure` Q4_K_S writes, and numbers as Q4_K_S).
+ */
+export const GGUF_CONVERT_FILE_TYPES: Readonly<Record<GgufConvertType, number>> = {
+  F32: GGUF_FILE_TYPES.ALL_F32,
+  F16: GGUF_FILE_TYPES.MOSTLY_F16,
+  BF16: GGUF_FILE_TYPES.MOSTLY_BF16,
+  Q8_0: GGUF_FILE_TYPES.MOSTLY_Q8_0,
+  Q4_0: GGUF_FILE_TYPES.MOSTLY_Q4_0,
+  Q4_K: GGUF_FILE_TYPES.MOSTLY_Q4_K_S,
+  Q6_K: GGUF_FILE_TYPES.MOSTLY_Q6_K,
+  Q4_K_M: GGUF_FILE_TYPES.MOSTLY_Q4_K_M,
+};
+
+/** A tensor to type: its GGUF name and ggml dims. */
+export interface TypedTensorShape {
+  readonly name: string;
+  readonly dims: readonly number[];
+}
+
+/** The model facts the rules read. */
+export type TypePlanModel = Pick<ModelSpec, 'arch' | 'numLayers' | 'numHeads' | 'numKvHeads'> & { readonly moe?: { readonly numExperts: number } };
+
+/** Tensors llama.cpp's HF converter always writes as F32. */
+function keptF32(t: TypedTensorShape): boolean {
+  return t.dims.length <= 1 || t.name.endsWith('_norm.weight') || t.name.includes('ffn_gate_inp.weight') || !t.name.endsWith('.weight');
+}
+
+/** llama.cpp's `use_more_bits`: the first and last eighth of the layers and every third between. */
+export function useMoreBits(layer: number, layers: number): boolean {
+  const e = Math.floor(layers / 8);
+  return layer < e || layer >= Math.floor((7 * layers) / 8) || (layer - e) % 3 === 2;
+}
+
+type Category = 'output' | 'token_embd' | 'attn_v' | 'attn_k' | 'attn_output' | 'ffn_down' | 'other';
+
+function category(name: string): Category {
+  if (name === 'output.weight') return 'output';
+  if (name === 'token_embd.weight') return 'token_embd';
+  if (name.includes('attn_v.weight')) return 'attn_v';
+  if (name.includes('attn_k.weight')) return 'attn_k';
+  if (name.includes('attn_output.weight')) return 'attn_output';
+  if (name.includes('ffn_down')) return 'ffn_down';
+  return 'other';
+}
+
+function layerOf(name: string): number {
+  const m = /^blk\.(\d+)\./.exec(name);
+  return m ? Number(m[1]) : -1;
+}
+
+/** llama.cpp sizes 80-layer Llama-2/3 and Qwen2 models as "70B" and gives their attn_v a bit more. */
+function is70B(m: TypePlanModel): boolean {
+  return m.numLayers === 80 && ((m.arch === 'llama' && m.numHeads !== m.numKvHeads) || m.arch === 'qwen2');
+}
+
+const DEFAULT_TYPE: Readonly<Record<'Q4_0' | 'Q4_K' | 'Q6_K' | 'Q4_K_M', GgmlTypeName>> = { Q4_0: 'Q4_0', Q4_K: 'Q4_K', Q6_K: 'Q6_K', Q4_K_M: 'Q4_K' };
+
+/**
+ * The type of every tensor of `tensors` (all the tensors of the file: a missing `output.weight`
+ * means a tied embedding) when converting to `type`. Rows that are not a whole number of blocks
+ * fall back as llama.cpp's quantizer does (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, and F16 when
+ * even that does not divide them); where llama.cpp has no fallback (Q4_0, Q8_0) its HF converter's
+ * applies: F16.
+ */
+export function planGgufTypes(tensors: readonly TypedTensorShape[], model: TypePlanModel, type: GgufConvertType): Map<string, GgmlTypeName> {
+  const tied = !tensors.some((t) => t.name === 'output.weight');
+  const nExpert = model.moe?.numExperts ?? 0;
+  const out = new Map<string, GgmlTypeName>();
+  for (const t of tensors) {
+    if (keptF32(t)) {
+      out.set(t.name, 'F32');
+      continue;
+    }
+    if (type === 'F32' || type === 'F16' || type === 'BF16') {
+      out.set(t.name, type);
+      continue;
+    }
+    if (type === 'Q8_0') {
+      out.set(t.name, fallback('Q8_0', t.dims[0]));
+      continue;
+    }
+    let q: GgmlTypeName = DEFAULT_TYPE[type];
+    if (type !== 'Q4_K') {
+      const cat = category(t.name);
+      const layer = layerOf(t.name);
+      if (cat === 'output' || (tied && cat === 'token_embd')) {
+        if (t.dims[0] % GGML_TYPES[q].blockSize !== 0) q = 'Q8_0';
+        else q = 'Q6_K';
+      } else if (cat === 'attn_v') {
+        if (type === 'Q4_K_M' && useMoreBits(layer, model.numLayers)) q = 'Q6_K';
+        if (is70B(model) && q === 'Q4_K') q = 'Q5_K';
+        if (nExpert === 8) q = 'Q8_0';
+      } else if (cat === 'attn_k') {
+        if (nExpert === 8) q = 'Q8_0';
+      } else if (cat === 'ffn_down') {
+        if (type === 'Q4_K_M' && useMoreBits(layer, model.numLayers)) q = 'Q6_K';
+      } else if (cat === 'attn_output') {
+        if (nExpert === 8 && type === 'Q4_K_M') q = 'Q5_K';
+      }
+    }
+    out.set(t.name, fallback(q, t.dims[0]));
+  }
+  return out;
+}
+
+const FALLBACK: Partial<Record<GgmlTypeName, GgmlTypeName>> = { Q2_K: 'Q4_0', Q3_K: 'Q4_0', Q4_K: 'Q5_0', Q5_K: 'Q5_1', Q6_K: 'Q8_0' };
+
+function fallback(q: GgmlTypeName, rowLength: number): GgmlTypeName {
+  if (rowLength % GGML_TYPES[q].blockSize === 0) return q;
+  const next = FALLBACK[q] ?? 'F16';
+  return rowLength % GGML_TYPES[next].blockSize === 0 ? next : 'F16';
+}
