@@ -12,6 +12,7 @@ export class GrammarState {
   lastMs = 0;
   private readonly matcher: XgMatcher;
   private done = false;
+  private carryMs = 0;
 
   /**
    * @param compiled a grammar compiled by `rt` for a vocabulary of `vocabSize` ids
@@ -35,7 +36,8 @@ export class GrammarState {
       }
     });
     this.fill();
-    this.lastMs = performance.now() - t0;
+    // Starting the matcher (and the first mask) is the first token's grammar time.
+    this.carryMs = performance.now() - t0;
   }
 
   /** True once a stop token was accepted: the output is complete. */
@@ -59,7 +61,8 @@ export class GrammarState {
     if (!ok) return false;
     this.done = this.rt.call('reading the grammar state', () => this.matcher.IsTerminated());
     if (!this.done) this.fill();
-    this.lastMs = performance.now() - t0;
+    this.lastMs = performance.now() - t0 + this.carryMs;
+    this.carryMs = 0;
     return true;
   }
 

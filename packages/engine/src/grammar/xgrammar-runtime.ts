@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
+import * as nodeModule from 'node:module';
 import { createRequire } from 'node:module';
 import { dirname } from 'node:path';
-import { compileFunction, constants as vmConstants } from 'node:vm';
 import { NervaError } from '@nerva/core';
 
 /**
@@ -11,7 +11,7 @@ import { NervaError } from '@nerva/core';
  * Why instances, and why loaded this way:
  * - The package ships a UMD bundle under `"type": "module"`, which Node's ESM loader cannot
  *   evaluate (it reads `require` and `__filename`), so its source is evaluated here as the
- *   CommonJS body it is, once per instance (~30 ms).
+ *   CommonJS body it is (a Function body), once per instance (~30 ms).
  * - XGrammar reports a bad grammar by aborting the WebAssembly instance (`[FATAL] ...` on its
  *   console, then `RuntimeError: Aborted()`); calls after an abort corrupt its memory (measured:
  *   a few hundred aborts end in out-of-bounds accesses). So an instance that aborted is dead: the
@@ -99,6 +99,7 @@ export class XGrammarRuntime {
 export const XGRAMMAR_VERSION = '0.1.27';
 
 const EXPORT_ANCHOR = 'exports.CompiledGrammar = CompiledGrammar;';
+const IMPORT_ANCHOR = "await import('module')";
 
 let source: { code: string; path: string } | undefined;
 
@@ -112,7 +113,10 @@ function librarySource(): { code: string; path: string } {
   }
   const code = readFileSync(path, 'utf8');
   if (!code.includes(EXPORT_ANCHOR)) throw new GrammarEngineError('XGRAMMAR_UNSUPPORTED', `@mlc-ai/web-xgrammar at ${path}: not the bundle layout of ${XGRAMMAR_VERSION}`);
-  source = { code: code.replace(EXPORT_ANCHOR, `exports.__binding = () => binding; ${EXPORT_ANCHOR}`), path };
+  if (!code.includes(IMPORT_ANCHOR)) throw new GrammarEngineError('XGRAMMAR_UNSUPPORTED', `@mlc-ai/web-xgrammar at ${path}: not the bundle layout of ${XGRAMMAR_VERSION}`);
+  // The bundle's Node branch imports 'module' dynamically; evaluated as a Function body it takes
+  // it as a parameter instead (a dynamic import there depends on the host's loader hooks).
+  source = { code: code.replace(EXPORT_ANCHOR, `exports.__binding = () => binding; ${EXPORT_ANCHOR}`).replace(IMPORT_ANCHOR, '__nodeModule'), path };
   return source;
 }
 
@@ -123,13 +127,9 @@ function evaluateLibrary(lines: string[]): XGrammarLib {
     if (lines.length < 64) lines.push(a.map(String).join(' '));
   };
   const quiet = { log: push, error: push, warn: push, info: push, debug: push };
-  const fn = compileFunction(code, ['exports', 'module', 'require', '__filename', '__dirname', 'console'], {
-    filename: path,
-    // The bundle's Node branch imports 'module' dynamically.
-    importModuleDynamically: vmConstants.USE_MAIN_CONTEXT_DEFAULT_LOADER,
-  });
+  const fn = new Function('exports', 'module', 'require', '__filename', '__dirname', 'console', '__nodeModule', code) as (...a: unknown[]) => void;
   const mod = { exports: {} as XGrammarLib };
-  fn(mod.exports, mod, createRequire(path), path, dirname(path), quiet);
+  fn(mod.exports, mod, createRequire(path), path, dirname(path), quiet, nodeModule);
   return mod.exports;
 }
 
