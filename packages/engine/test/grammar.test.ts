@@ -157,6 +157,8 @@ describe('grammar kinds and bad grammars', () => {
     const st = { type: 'tags_with_separator', tags: [tag], separator: '\n', at_least_one: true, stop_after_first: false };
     expect(await accepts({ type: 'structural_tag', format: st }, '<call>{"x": 1}</call>\n<call>{"x": 22}</call>')).toBe(true);
     expect(await accepts({ type: 'structural_tag', format: st }, '')).toBe(false);
+    // JSON inside tags is compact too: no free whitespace a model could pad with.
+    expect(await accepts({ type: 'structural_tag', format: st }, '<call>{ "x" : 1}</call>')).toBe(false);
   });
 
   it('a bad grammar is an InvalidParamsError with XGrammar message; dozens of them leave the engine working', async () => {

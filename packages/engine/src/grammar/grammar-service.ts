@@ -43,9 +43,27 @@ function compileWith(c: Compiling, g: GrammarSpec): XgHandle {
         }
       }
       case 'structural_tag':
-        return h.CompileStructuralTag(JSON.stringify({ type: 'structural_tag', format: withJsonSafeFormats(g.format) }));
+        return h.CompileStructuralTag(JSON.stringify({ type: 'structural_tag', format: compactJsonFormats(c, withJsonSafeFormats(g.format)) }));
     }
   });
+}
+
+/**
+ * A structural tag's format whose JSON Schema elements are spelled as EBNF without free whitespace
+ * (a structural tag's own json_schema element allows any whitespace between tokens, which a model
+ * could emit forever instead of closing the JSON): the same compact JSON as a json_schema grammar.
+ */
+function compactJsonFormats(c: Compiling, format: unknown): unknown {
+  if (Array.isArray(format)) return format.map((f) => compactJsonFormats(c, f));
+  if (format === null || typeof format !== 'object') return format;
+  const f = format as Record<string, unknown>;
+  if (f.type === 'json_schema' && 'json_schema' in f) {
+    const b = c.rt.binding;
+    return { type: 'grammar', grammar: b._JSONSchemaToEBNF(JSON.stringify(f.json_schema), false, undefined, undefined, true, undefined, b.JSONFormat.kJSON) };
+  }
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(f)) out[k] = compactJsonFormats(c, v);
+  return out;
 }
 
 /**

@@ -179,6 +179,8 @@ export interface XgMatcher extends XgHandle {
 export interface XGrammarBinding {
   GrammarMatcher: new (compiled: XgHandle, stopTokens: unknown, terminateWithoutStop: boolean, maxRollback: number) => XgMatcher;
   Grammar: { FromEBNF(ebnf: string, root: string): XgHandle };
+  _JSONSchemaToEBNF(schema: string, anyWhitespace: boolean, indent: number | undefined, separators: unknown, strict: boolean, maxWhitespace: number | undefined, format: unknown): string;
+  JSONFormat: { kJSON: unknown };
   vecIntFromJSArray(a: number[]): XgHandle;
   vecIntToView(v: XgVector): Int32Array;
 }
