@@ -1,4 +1,4 @@
-import { sampleRow, uniformFromSeed } from '@nerva/core';
+import { sampleRow, sampleRowMasked, uniformFromSeed } from '@nerva/core';
 import type { ResolvedSamplingParams } from './sampling-params.js';
 
 export interface TokenLogprob {
@@ -19,7 +19,7 @@ export interface SampledToken {
  */
 export class HostSampler {
   private readonly row: Float32Array;
-  private readonly scratch: { idx: Int32Array; prob: Float64Array };
+  private readonly scratch: { idx: Int32Array; prob: Float64Array; vals: Float32Array; ids: Int32Array };
 
   /**
    * @param vocab the logit row's length (its stride)
@@ -30,7 +30,7 @@ export class HostSampler {
     readonly limit: number = vocab,
   ) {
     this.row = new Float32Array(limit);
-    this.scratch = { idx: new Int32Array(limit), prob: new Float64Array(limit) };
+    this.scratch = { idx: new Int32Array(limit), prob: new Float64Array(limit), vals: new Float32Array(limit), ids: new Int32Array(limit) };
   }
 
   /**
@@ -62,7 +62,9 @@ export class HostSampler {
     for (const t of banned) if (t < this.limit) row[t] = -Infinity;
     if (mask) for (let t = 0; t < this.limit; t++) if (!((mask[t >>> 5] >>> (t & 31)) & 1)) row[t] = -Infinity;
     const u = uniformFromSeed(p.seed, counter);
-    const token = forced ?? sampleRow(row, 0, this.limit, p, u, this.scratch);
+    // A masked row samples over its allowed ids alone (core's sampleRowMasked, as op sample does);
+    // bans and biases above already sit in `row`.
+    const token = forced ?? (mask ? sampleRowMasked(row, 0, this.limit, mask, 0, p, u, this.scratch) : sampleRow(row, 0, this.limit, p, u, this.scratch));
     if (!p.logprobs) return { token };
     // Logprobs of the processed distribution before temperature (what OpenAI reports).
     let max = -Infinity;

@@ -159,6 +159,7 @@ describe('grammar kinds and bad grammars', () => {
     expect(await accepts({ type: 'structural_tag', format: st }, '')).toBe(false);
     // JSON inside tags is compact too: no free whitespace a model could pad with.
     expect(await accepts({ type: 'structural_tag', format: st }, '<call>{ "x" : 1}</call>')).toBe(false);
+    expect(await accepts({ type: 'structural_tag', format: st }, '<call>{"x":1}</call>')).toBe(false);
   });
 
   it('a bad grammar is an InvalidParamsError with XGrammar message; dozens of them leave the engine working', async () => {

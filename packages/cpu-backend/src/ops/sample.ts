@@ -1,12 +1,12 @@
-import { sampleRow, uniformFromSeed, type OpArgs, type SampleParams } from '@nerva/core';
+import { sampleRow, sampleRowMasked, uniformFromSeed, type OpArgs, type SampleParams } from '@nerva/core';
 import type { OpContext } from '../op-context.js';
 import { advanceStep } from './advance-positions.js';
 import { ringPush } from './ring-push.js';
 
 /** Reused across calls: the decode path builds no objects per token. */
 const params: SampleParams = { temperature: 0, topK: 0, topP: 1, minP: 0 };
-/** A masked row's logits with the disallowed ids at -Infinity (grown to the largest limit seen). */
-let maskedRow = new Float32Array(0);
+/** A masked row's scratch: the sampler's, plus its allowed logits and their ids (grown to the largest limit seen). */
+const masked = { idx: new Int32Array(0), prob: new Float64Array(0), vals: new Float32Array(0), ids: new Int32Array(0) };
 
 /**
  * Exactly core's sampleRow with u = uniformFromSeed(seed, counter); the counter then advances by
@@ -57,6 +57,8 @@ function sampleRows(ctx: OpContext, a: OpArgs<'sample'>): void {
     if (Number.isNaN(p[r * 4]) || Number.isNaN(p[r * 4 + 2]) || Number.isNaN(p[r * 4 + 3])) ctx.fail('params', `row ${r}: NaN parameter`);
   }
   const scratch = ctx.scratch.sampler(vocab);
+  masked.idx = scratch.idx;
+  masked.prob = scratch.prob;
   for (let r = 0; r < rows; r++) {
     params.temperature = p[r * 4];
     params.topK = p[r * 4 + 1];
@@ -65,15 +67,9 @@ function sampleRows(ctx: OpContext, a: OpArgs<'sample'>): void {
     const counter = rng[r * 2 + 1];
     const u = uniformFromSeed(rng[r * 2], counter);
     const m = mask ? mask.index[r] : -1;
-    if (m >= 0) {
-      // The allowed ids keep their logits, the others are -Infinity: sampleRow over the allowed ids alone.
-      const row = maskedRow;
-      const bits = mask!.bits;
-      const base = m * mask!.words;
-      const off = r * vocab;
-      for (let t = 0; t < limit; t++) row[t] = (bits[base + (t >>> 5)] >>> (t & 31)) & 1 ? logits[off + t] : -Infinity;
-      out[r] = sampleRow(row, 0, limit, params, u, scratch);
-    } else out[r] = sampleRow(logits, r * vocab, limit, params, u, scratch);
+    // A masked row: the rule over its allowed ids alone (maskArgs checked it allows one).
+    if (m >= 0) out[r] = sampleRowMasked(logits, r * vocab, limit, mask!.bits, m * mask!.words, params, u, masked);
+    else out[r] = sampleRow(logits, r * vocab, limit, params, u, scratch);
     rng[r * 2 + 1] = (counter + 1) | 0;
   }
 }
@@ -100,6 +96,9 @@ function maskArgs(ctx: OpContext, m: NonNullable<OpArgs<'sample'>['mask']>, rows
     }
     if (!any) ctx.fail('mask', `row ${r}: its mask allows no id below ${limit}`);
   }
-  if (maskedRow.length < limit) maskedRow = new Float32Array(limit);
+  if (masked.vals.length < limit) {
+    masked.vals = new Float32Array(limit);
+    masked.ids = new Int32Array(limit);
+  }
   return { bits, index, words };
 }

@@ -20,6 +20,9 @@ async function compilingOver(tokens: string[], type: string, prependSpace: boole
   return { rt, info, compiler, vocabSize: tokens.length };
 }
 
+/** JSON's separators in every grammar: Python's json.dumps defaults, `{"a": 1, "b": [2, 3]}`. */
+const SEPARATORS = { first: ', ', second: ': ' };
+
 /** Compile `g` with `c` (XGrammar's entry point for each kind of grammar). */
 function compileWith(c: Compiling, g: GrammarSpec): XgHandle {
   const h = c.compiler.handle;
@@ -27,9 +30,9 @@ function compileWith(c: Compiling, g: GrammarSpec): XgHandle {
     switch (g.type) {
       case 'json_schema':
         // No free whitespace, Python's separators: `{"a": 1, "b": [2, 3]}`.
-        return h.CompileJSONSchema(JSON.stringify(withJsonSafeStrings(JSON.parse(g.schema as string))), false, undefined, undefined, g.strict ?? true, undefined);
+        return h.CompileJSONSchema(JSON.stringify(withJsonSafeStrings(JSON.parse(g.schema as string))), false, undefined, SEPARATORS, g.strict ?? true, undefined);
       case 'json_object':
-        return h.CompileJSONSchema('{"type": "object"}', false, undefined, undefined, false, undefined);
+        return h.CompileJSONSchema('{"type": "object"}', false, undefined, SEPARATORS, false, undefined);
       case 'regex':
         return h.CompileStructuralTag(JSON.stringify({ type: 'structural_tag', format: { type: 'regex', pattern: g.pattern } }));
       case 'choice':
@@ -59,7 +62,7 @@ function compactJsonFormats(c: Compiling, format: unknown): unknown {
   const f = format as Record<string, unknown>;
   if (f.type === 'json_schema' && 'json_schema' in f) {
     const b = c.rt.binding;
-    return { type: 'grammar', grammar: b._JSONSchemaToEBNF(JSON.stringify(f.json_schema), false, undefined, undefined, true, undefined, b.JSONFormat.kJSON) };
+    return { type: 'grammar', grammar: b._JSONSchemaToEBNF(JSON.stringify(f.json_schema), false, undefined, SEPARATORS, true, undefined, b.JSONFormat.kJSON) };
   }
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(f)) out[k] = compactJsonFormats(c, v);

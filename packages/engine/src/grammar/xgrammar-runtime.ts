@@ -179,7 +179,7 @@ export interface XgMatcher extends XgHandle {
 export interface XGrammarBinding {
   GrammarMatcher: new (compiled: XgHandle, stopTokens: unknown, terminateWithoutStop: boolean, maxRollback: number) => XgMatcher;
   Grammar: { FromEBNF(ebnf: string, root: string): XgHandle };
-  _JSONSchemaToEBNF(schema: string, anyWhitespace: boolean, indent: number | undefined, separators: unknown, strict: boolean, maxWhitespace: number | undefined, format: unknown): string;
+  _JSONSchemaToEBNF(schema: string, anyWhitespace: boolean, indent: number | undefined, separators: { first: string; second: string } | undefined, strict: boolean, maxWhitespace: number | undefined, format: unknown): string;
   JSONFormat: { kJSON: unknown };
   vecIntFromJSArray(a: number[]): XgHandle;
   vecIntToView(v: XgVector): Int32Array;
