@@ -2,6 +2,7 @@ import { join } from 'node:path';
 import { NervaTokenizer } from '@nerva/models';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { checkGrammar, encodeVocab, GrammarService, type GrammarSpec, type GrammarState } from '../src/grammar/index.js';
+import { alignedRanges } from '../src/grammar/schema-rewrites.js';
 import { InvalidParamsError } from '../src/sampling-params.js';
 import { DEFAULT_MODEL, FIXTURES } from './fixtures.js';
 
@@ -160,6 +161,29 @@ describe('grammar kinds and bad grammars', () => {
     // JSON inside tags is compact too: no free whitespace a model could pad with.
     expect(await accepts({ type: 'structural_tag', format: st }, '<call>{ "x" : 1}</call>')).toBe(false);
     expect(await accepts({ type: 'structural_tag', format: st }, '<call>{"x":1}</call>')).toBe(false);
+  });
+
+  it('integer bounds are exact (XGrammar 0.1.27 alone gets [1500, 1700], [0, 130] and [1500, 1699] wrong; the schema is rewritten)', async () => {
+    expect(alignedRanges(1500, 1700)).toEqual([
+      [1500, 1599],
+      [1600, 1699],
+      [1700, 1700],
+    ]);
+    // Few pieces for a wide range: at most 9 a digit and sign.
+    expect(alignedRanges(-999_999, 999_999).length).toBeLessThanOrEqual(2 * 9 * 6 + 1);
+    for (const [lo, hi] of [
+      [1500, 1700],
+      [1500, 1699],
+      [0, 130],
+      [-37, 124],
+      [7, 7],
+    ]) {
+      const g: GrammarSpec = { type: 'json_schema', schema: JSON.stringify({ type: 'integer', minimum: lo, maximum: hi }) };
+      for (let v = lo - 40; v <= hi + 40; v++) expect(await accepts(g, String(v)), `${v} in [${lo}, ${hi}]`).toBe(v >= lo && v <= hi);
+    }
+    // Strings: a tab is no character of a JSON string (written raw), bounded or not.
+    expect(await accepts({ type: 'json_schema', schema: '{"type": "string", "maxLength": 4}' }, '"a\tb"')).toBe(false);
+    expect(await accepts({ type: 'json_schema', schema: '{"type": "string", "maxLength": 4}' }, '"ab c"')).toBe(true);
   });
 
   it('a bad grammar is an InvalidParamsError with XGrammar message; dozens of them leave the engine working', async () => {

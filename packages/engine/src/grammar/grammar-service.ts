@@ -1,7 +1,8 @@
 import type { NervaTokenizer } from '@nerva/models';
 import { InvalidParamsError } from '../sampling-params.js';
 import { GrammarState } from './grammar-state.js';
-import { grammarKey, type GrammarSpec, withJsonSafeFormats, withJsonSafeStrings } from './spec.js';
+import { formatForXGrammar, schemaForXGrammar } from './schema-rewrites.js';
+import { grammarKey, type GrammarSpec } from './spec.js';
 import { byteLevelChars, encodeVocab } from './vocab.js';
 import { GrammarEngineError, XGrammarRuntime, type XgCompiler, type XgHandle, type XgTokenizerInfo } from './xgrammar-runtime.js';
 
@@ -30,7 +31,7 @@ function compileWith(c: Compiling, g: GrammarSpec): XgHandle {
     switch (g.type) {
       case 'json_schema':
         // No free whitespace, Python's separators: `{"a": 1, "b": [2, 3]}`.
-        return h.CompileJSONSchema(JSON.stringify(withJsonSafeStrings(JSON.parse(g.schema as string))), false, undefined, SEPARATORS, g.strict ?? true, undefined);
+        return h.CompileJSONSchema(JSON.stringify(schemaForXGrammar(JSON.parse(g.schema as string))), false, undefined, SEPARATORS, g.strict ?? true, undefined);
       case 'json_object':
         return h.CompileJSONSchema('{"type": "object"}', false, undefined, SEPARATORS, false, undefined);
       case 'regex':
@@ -46,7 +47,7 @@ function compileWith(c: Compiling, g: GrammarSpec): XgHandle {
         }
       }
       case 'structural_tag':
-        return h.CompileStructuralTag(JSON.stringify({ type: 'structural_tag', format: compactJsonFormats(c, withJsonSafeFormats(g.format)) }));
+        return h.CompileStructuralTag(JSON.stringify({ type: 'structural_tag', format: compactJsonFormats(c, formatForXGrammar(g.format)) }));
     }
   });
 }

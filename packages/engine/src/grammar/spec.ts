@@ -111,37 +111,3 @@ export function grammarKey(g: GrammarSpec): string {
   return JSON.stringify(g);
 }
 
-/** Keys whose values are data, not subschemas: left as they are. */
-const DATA_KEYS = new Set(['enum', 'const', 'default', 'examples']);
-
-/**
- * `schema` with every length-bounded string (minLength/maxLength without a pattern or format)
- * spelled as a pattern of characters JSON allows unescaped in a string. XGrammar 0.1.27 turns such
- * a string into `[^"\\\r\n]{m,n}`, which lets a tab or another control character through raw,
- * and JSON forbids those in strings; its pattern route excludes them. A copy; `schema` is kept.
- */
-export function withJsonSafeStrings(schema: unknown): unknown {
-  if (Array.isArray(schema)) return schema.map(withJsonSafeStrings);
-  if (schema === null || typeof schema !== 'object') return schema;
-  const s = schema as Record<string, unknown>;
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(s)) out[k] = DATA_KEYS.has(k) ? v : withJsonSafeStrings(v);
-  const bounded = (s.minLength !== undefined || s.maxLength !== undefined) && s.pattern === undefined && s.format === undefined;
-  if (s.type === 'string' && bounded) {
-    const lo = Number.isInteger(s.minLength) ? (s.minLength as number) : 0;
-    const hi = Number.isInteger(s.maxLength) ? String(s.maxLength) : '';
-    out.pattern = `^[^"\\\\\\x00-\\x1f]{${lo},${hi}}$`;
-    delete out.minLength;
-    delete out.maxLength;
-  }
-  return out;
-}
-
-/** A structural tag's format with the JSON Schemas inside it made JSON-safe (withJsonSafeStrings). */
-export function withJsonSafeFormats(format: unknown): unknown {
-  if (Array.isArray(format)) return format.map(withJsonSafeFormats);
-  if (format === null || typeof format !== 'object') return format;
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(format as Record<string, unknown>)) out[k] = k === 'json_schema' ? withJsonSafeStrings(v) : withJsonSafeFormats(v);
-  return out;
-}
