@@ -92,7 +92,8 @@ export function readGrammar(body: Body): RequestGrammar | undefined {
     if (v === undefined || v === null) continue;
     if (field === 'response_format') {
       const g = responseFormat(v);
-      if (g) found.push({ spec: g, field });
+      // A schema that does not compile is the schema's fault.
+      if (g) found.push({ spec: g, field: g.type === 'json_schema' ? 'response_format.json_schema.schema' : field });
     } else if (field === 'structured_outputs') {
       if (!isObject(v)) throw badRequest(`'structured_outputs' must be an object`, field);
       const keys = Object.keys(v).filter((k) => v[k] !== undefined && v[k] !== null);

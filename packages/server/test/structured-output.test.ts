@@ -7,7 +7,7 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { RunningServer } from '../src/server.js';
 import { FIXTURES } from './cli-helpers.js';
-import { MODEL, startTestServer } from './helpers.js';
+import { startTestServer } from './helpers.js';
 
 // Structured output and tool calls with the official OpenAI client against a live `nerva serve`
 // (CPU), on the embedded model and on a fixture model: tiny-random-qwen3's shape with Qwen3's
