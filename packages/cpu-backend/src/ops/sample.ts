@@ -6,7 +6,7 @@ import { ringPush } from './ring-push.js';
 /** Reused across calls: the decode path builds no objects per token. */
 const params: SampleParams = { temperature: 0, topK: 0, topP: 1, minP: 0 };
 /** A masked row's scratch: the sampler's, plus its allowed logits and their ids (grown to the largest limit seen). */
-const masked = { idx: new Int32Array(0), prob: new Float64Array(0), vals: new Float32Array(0), ids: new Int32Array(0) };
+const masked: { idx: Int32Array; prob: Float64Array; vals: Float32Array; ids: Int32Array } = { idx: new Int32Array(0), prob: new Float64Array(0), vals: new Float32Array(0), ids: new Int32Array(0) };
 
 /**
  * Exactly core's sampleRow with u = uniformFromSeed(seed, counter); the counter then advances by
