@@ -13,6 +13,11 @@ export interface TokenLedgerRecord {
   wallMs: number;
   /** Part of wallMs spent choosing the token. */
   sampleMs: number;
+  /**
+   * Constrained decoding: host time advancing this request's grammar over the token and
+   * computing the token mask of its next step (part of wallMs). Absent for free requests.
+   */
+  grammarMs?: number;
   deviceActiveMs?: number;
   /** Host CPU time computing near host-tier data for this token (its share of the step's): host MLP slices, host attention over warm KV pages. */
   cpuActiveMs?: number;
@@ -49,6 +54,8 @@ export interface LedgerSummary {
   ms_per_token_p50: number;
   ms_per_token_p99: number;
   sample_ms_total: number;
+  /** Host time in the grammar of a constrained request (grammarMs), when it had one. */
+  grammar_ms_total?: number;
   device_active_ms_total?: number;
   /** Host compute near data (cpuActiveMs), where the backend measures it. */
   cpu_active_ms_total?: number;
@@ -106,6 +113,7 @@ export class LedgerAggregator {
     let device = 0;
     let hasDevice = false;
     let cpu: number | undefined;
+    let grammar: number | undefined;
     let prefetched: number | undefined;
     let diskRead: number | undefined;
     const notes = [...this.extraNotes];
@@ -128,6 +136,7 @@ export class LedgerAggregator {
         device += r.deviceActiveMs;
       }
       if (r.cpuActiveMs !== undefined) cpu = (cpu ?? 0) + r.cpuActiveMs;
+      if (r.grammarMs !== undefined) grammar = (grammar ?? 0) + r.grammarMs;
       for (const k of SYNC_KINDS) syncs[k] += r.syncs[k];
       if (r.prefetchedBlocks !== undefined) prefetched = (prefetched ?? 0) + r.prefetchedBlocks;
       if (r.diskReadBytes !== undefined) diskRead = (diskRead ?? 0) + r.diskReadBytes;
@@ -164,6 +173,7 @@ export class LedgerAggregator {
     };
     if (hasDevice) s.device_active_ms_total = round(device);
     if (cpu !== undefined) s.cpu_active_ms_total = round(cpu);
+    if (grammar !== undefined) s.grammar_ms_total = round(grammar);
     if (prefetched !== undefined) s.prefetched_blocks = round(prefetched);
     if (diskRead !== undefined) s.disk_read_bytes = Math.round(diskRead);
     if (Object.keys(buckets).length) s.buckets_ms = Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, round(v)]));

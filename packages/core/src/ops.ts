@@ -348,6 +348,15 @@ export interface OpCatalogue {
      */
     limit?: number;
     /**
+     * Token masks (constrained decoding): row r with `index[r] >= 0` may sample id t only where
+     * bit (t & 31) of `bits[index[r] * words + (t >> 5)]` is set; the other ids count as logit
+     * -infinity (the masked rule is sampleRow over the allowed ids alone). `index[r] < 0`: the row is
+     * unmasked. bits: i32[masks * words], index: i32[rows], words >= ceil(limit / 32). A masked
+     * row that allows no id below `limit` is an error. The logits are not modified. Only where
+     * capabilities.opFields lists it (sample: ['mask']).
+     */
+    mask?: { bits: Buf; index: Buf; words: number };
+    /**
      * Then push `out` into the token ring (op ring_push with src = out over these rows). Only
      * where capabilities.opFields lists it (sample: ['push', 'advance']).
      */

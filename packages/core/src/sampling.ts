@@ -132,6 +132,40 @@ export function sampleRow(
   return idx[n - 1];
 }
 
+/**
+ * sampleRow over the ids a token mask allows (constrained decoding): bit (t & 31) of
+ * `bits[base + (t >> 5)]` set where id t < vocab is allowed. The rule of sampleRow applied to the
+ * allowed ids alone, in id order (what sampleRow gives when every other logit is -Infinity, ties
+ * and cuts included), so its fallback candidate is an allowed id too. `vals`/`ids` (length >=
+ * vocab) hold the allowed ids' logits and ids; -1 when the mask allows no id.
+ */
+export function sampleRowMasked(
+  logits: ArrayLike<number>,
+  offset: number,
+  vocab: number,
+  bits: ArrayLike<number>,
+  base: number,
+  p: SampleParams,
+  u: number,
+  scratch: { idx: Int32Array; prob: Float64Array; vals: Float32Array; ids: Int32Array },
+): number {
+  let n = 0;
+  const { vals, ids } = scratch;
+  for (let w = 0, words = Math.ceil(vocab / 32); w < words; w++) {
+    let word = bits[base + w] | 0;
+    while (word !== 0) {
+      const b = 31 - Math.clz32(word & -word);
+      word &= word - 1;
+      const t = w * 32 + b;
+      if (t >= vocab) break;
+      vals[n] = logits[offset + t];
+      ids[n++] = t;
+    }
+  }
+  if (n === 0) return -1;
+  return ids[sampleRow(vals, 0, n, p, u, scratch)];
+}
+
 /** Sorted prefix tried first when a topP or minP cut bounds the candidates (grown 8x as needed). */
 const FIRST_PREFIX = 1024;
 

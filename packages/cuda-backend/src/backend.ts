@@ -209,7 +209,7 @@ export class CudaBackend implements DeviceBackend {
       batchInvariant: this.native.batchInvariant === true,
       shortContextKeys: decodeShortKeys(this.native),
       // An addon that reads op decoder_layers' embed and op sample's push and advance says so (an older one would not).
-      opFields: { ...(this.native.decoderLayersEmbed === true ? { decoder_layers: ['embed'] as const } : {}), ...(this.native.sampleStepTail === true ? { sample: ['push', 'advance'] as const } : {}) },
+      opFields: { ...(this.native.decoderLayersEmbed === true ? { decoder_layers: ['embed'] as const } : {}), ...sampleFields(this.native) },
       graphCapture: true,
       peerAccess: false,
       collectives: false,
@@ -377,6 +377,10 @@ export class CudaBackend implements DeviceBackend {
     if (op === 'attention' && (args as OpArgs<'attention'>).kCache?.tier === 'pinned' && (args as OpArgs<'attention'>).qHost !== undefined) {
       this.hostAttention(args as OpArgs<'attention'>, stream);
       return;
+    }
+    // An addon that does not apply op sample's mask must not sample a masked row as if it were free.
+    if (op === 'sample' && (args as OpArgs<'sample'>).mask !== undefined && this.native.sampleMask !== true) {
+      throw new CudaArgumentError('op sample', 'mask needs an addon that applies it (sampleMask); this build does not: sample masked rows on the host');
     }
     const enc = this.encoder;
     enc.encode(op, args);
@@ -667,4 +671,12 @@ export class CudaBackend implements DeviceBackend {
     this.buffers.clear();
     this.liveBytes = 0;
   }
+}
+
+/** Op sample's optional fields the addon reads: push and advance (sampleStepTail), mask (sampleMask). */
+function sampleFields(n: NativeInfo): { sample?: readonly ('push' | 'advance' | 'mask')[] } {
+  const f: ('push' | 'advance' | 'mask')[] = [];
+  if (n.sampleStepTail === true) f.push('push', 'advance');
+  if (n.sampleMask === true) f.push('mask');
+  return f.length > 0 ? { sample: f } : {};
 }

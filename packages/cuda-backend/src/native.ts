@@ -55,6 +55,8 @@ export interface NativeInfo {
   decoderLayersEmbed?: boolean;
   /** Op sample reads its push and advance arguments (flags after vocab). */
   sampleStepTail?: boolean;
+  /** Op sample reads and applies its mask argument (a flag after advance's; ops.ts' sample.mask). */
+  sampleMask?: boolean;
 }
 
 export interface NativeCounters {

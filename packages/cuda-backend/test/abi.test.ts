@@ -126,16 +126,16 @@ describe('OpEncoder', () => {
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table, ids: buf('f32', 1) } })).toThrow(/embed\.ids/);
   });
 
-  it('packs sample: the sampling, then a push flag (ring, cursor, capacity) and an advance flag (positions, slots, tables, rowSeq, sizes)', () => {
+  it('packs sample: the sampling, then a push flag (ring, cursor, capacity), an advance flag (positions, slots, tables, rowSeq, sizes) and a mask flag (bits, index, words)', () => {
     const rows = 2, vocab = 10;
     const logits = buf('f32', rows * vocab), params = buf('f32', rows * 4), rng = buf('i32', rows * 2), out = buf('i32', rows);
     const base = { logits, params, rng, out, rows, vocab };
     enc.encode('sample', base);
-    expect(enc.n).toBe(4 * 2 + 3 + 2);
-    // rows, vocab (the row stride), limit (ids sampled are below it; default vocab), no push, no advance.
-    expect(Array.from(enc.args.subarray(8, enc.n))).toEqual([rows, vocab, vocab, 0, 0]);
+    expect(enc.n).toBe(4 * 2 + 3 + 3);
+    // rows, vocab (the row stride), limit (ids sampled are below it; default vocab), no push, no advance, no mask.
+    expect(Array.from(enc.args.subarray(8, enc.n))).toEqual([rows, vocab, vocab, 0, 0, 0]);
     enc.encode('sample', { ...base, limit: 7 });
-    expect(Array.from(enc.args.subarray(8, enc.n))).toEqual([rows, vocab, 7, 0, 0]);
+    expect(Array.from(enc.args.subarray(8, enc.n))).toEqual([rows, vocab, 7, 0, 0, 0]);
     expect(() => enc.encode('sample', { ...base, limit: 11 })).toThrow(/limit must be at most vocab \(10\), got 11/);
     expect(() => enc.encode('sample', { ...base, limit: 0 })).toThrow(/limit must be an integer >= 1/);
     const ring = buf('i32', 8), cursor = buf('i32', 1);
@@ -143,7 +143,15 @@ describe('OpEncoder', () => {
     const advance = { positions, slots, blockTables, rowSeq, blockSize: 16, maxBlocksPerSeq: 4 };
     enc.encode('sample', { ...base, push: { ring, cursor, capacity: 8 }, advance });
     const A = (b: DeviceBuffer) => resolved.get(b.id)!.addr;
-    expect(Array.from(enc.args.subarray(11, enc.n))).toEqual([1, A(ring), 3, A(cursor), 3, 8, 1, A(positions), 3, A(slots), 3, A(blockTables), 3, A(rowSeq), 3, 16, 4]);
+    expect(Array.from(enc.args.subarray(11, enc.n))).toEqual([1, A(ring), 3, A(cursor), 3, 8, 1, A(positions), 3, A(slots), 3, A(blockTables), 3, A(rowSeq), 3, 16, 4, 0]);
+    // Token masks (constrained decoding) after advance: flag, bits, index, words (ceil(limit / 32) at least).
+    const bits = buf('i32', 2), index = buf('i32', rows);
+    enc.encode('sample', { ...base, mask: { bits, index, words: 1 } });
+    expect(Array.from(enc.args.subarray(11, enc.n))).toEqual([0, 0, 1, A(bits), 3, A(index), 3, 1]);
+    const wide = { ...base, logits: buf('f32', rows * 40), vocab: 40 };
+    expect(() => enc.encode('sample', { ...wide, mask: { bits, index, words: 1 } })).toThrow(/mask\.words must cover the 40 sampled ids \(at least 2\), got 1/);
+    expect(() => enc.encode('sample', { ...base, mask: { bits: buf('f32', 2), index, words: 1 } })).toThrow(/mask\.bits must be i32/);
+    expect(() => enc.encode('sample', { ...base, mask: { bits, index: buf('i32', 1), words: 1 } })).toThrow(/mask\.index needs 2 elements/);
     expect(() => enc.encode('sample', { ...base, push: { ring, cursor, capacity: 1 } })).toThrow(/2 rows exceed the ring capacity 1/);
     expect(() => enc.encode('sample', { ...base, push: { ring: buf('i32', 4), cursor, capacity: 8 } })).toThrow(/push\.ring needs 8 elements, has 4/);
     expect(() => enc.encode('sample', { ...base, advance: { ...advance, slots: buf('f32', rows) } })).toThrow(/advance\.slots must be i32/);

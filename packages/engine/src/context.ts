@@ -1,5 +1,5 @@
 import type { DeviceBackend, MatmulPrecision, TokenLedgerRecord } from '@nerva/core';
-import { LedgerAggregator } from '@nerva/core';
+import { LedgerAggregator, takesOpField } from '@nerva/core';
 import { KvCacheManager } from '@nerva/kv';
 import type { ImportanceCache, MemoryReport, WeightPager } from '@nerva/memos';
 import { calibrateImportance } from './calibration.js';
@@ -8,6 +8,9 @@ import { createDetokenizer, kvReadWindow } from '@nerva/models';
 import { BUCKETS, DecodeGraphs } from './decode-graphs.js';
 import { type EngineOptions, EngineError, type GenerateOptions, type RequestHandle, type RequestOutcome, type StepSignals } from './engine-options.js';
 import { detachFork, forkOut, forkRequests } from './forks.js';
+import { ConstrainedDecoding } from './grammar/constrained.js';
+import type { GrammarState } from './grammar/grammar-state.js';
+import { grammarOf, type GrammarSpec } from './grammar/spec.js';
 import { HostSampler, type SampledToken } from './host-sampler.js';
 import { planKvTiers, stageSpan, TieredKv } from './kv-tiering.js';
 import { runnerShape } from './memory-plan.js';
@@ -24,7 +27,7 @@ import { isDeviceSamplable } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { createStepBuffers, padBucket, stageBatch, type StepBuffers, writeStepMeta } from './step-batch.js';
 import { pagerDelta, SharedBlockReads, statsDelta } from './step-stats.js';
-import { acceptToken, type Live, outcomeOf } from './token-policy.js';
+import { acceptToken, advanceGrammar, type Live, outcomeOf } from './token-policy.js';
 import { TokenStream } from './token-stream.js';
 import { memoryReport } from './weight-residency.js';
 
@@ -78,6 +81,8 @@ export class ModelContext {
   /** Every layer slides and pages behind this window are freed (0: none are). */
   private readonly kvWindow: number;
   private readonly sampler: HostSampler;
+  /** Grammar requests' compilation, masks and mask buffers (constrained decoding). */
+  private readonly constrained: ConstrainedDecoding;
   private readonly live = new Map<number, Live>();
   private readonly graphs: DecodeGraphs;
   private readonly useGraphs: boolean;
@@ -193,6 +198,9 @@ export class ModelContext {
         );
       }
       this.sampler = new HostSampler(s.vocabSize, sampleLimit);
+      // Masks on the device where op sample takes them and one runner samples (a pipeline's last
+      // stage samples with meta of its own: grammar rows are sampled on the host there).
+      this.constrained = new ConstrainedDecoding(this.backend, this.tokenizer, s.vocabSize, this.eosTokenIds, maxNumSeqs, !this.pipeline && takesOpField(this.backend.capabilities, 'sample', 'mask'));
       const profile = o.profile ?? false;
       this.pager = weights.pager;
       // Disk-tier reads are host work a replayed graph would skip: such a plan runs eagerly.
@@ -299,10 +307,14 @@ export class ModelContext {
     const priority = o.priority ?? 0;
     if (o.signal?.aborted) throw o.signal.reason ?? new EngineError('ABORTED', 'aborted');
 
+    const grammar = grammarOf(o);
     const req = new Request(this.nextId++, ids, params, priority, o.cacheSalt, performance.now());
     const handle = this.track(req, o);
-    this.scheduler.add(req);
-    this.kick();
+    if (grammar) this.startConstrained(req, [req], grammar);
+    else {
+      this.scheduler.add(req);
+      this.kick();
+    }
     return handle;
   }
 
@@ -342,9 +354,32 @@ export class ModelContext {
     // The prompt's request: prefilled once, never sampled itself; the forks replace it.
     const { parent, children } = forkRequests(() => this.nextId++, ids, params, n, priority, o.cacheSalt, now);
     const handles = children.map((c) => this.track(c, o));
-    this.scheduler.add(parent);
-    this.kick();
+    const grammar = grammarOf(o);
+    if (grammar) this.startConstrained(parent, children, grammar);
+    else {
+      this.scheduler.add(parent);
+      this.kick();
+    }
     return handles;
+  }
+
+  /**
+   * A grammar request is queued once its grammar is compiled and its first mask computed (the
+   * first grammar of a context also builds the grammar engine's vocabulary). `queued` is the
+   * request the scheduler takes (a fork's prompt request), `sampled` those with a matcher each.
+   * A bad grammar ends them with InvalidParamsError.
+   */
+  private startConstrained(queued: Request, sampled: Request[], grammar: GrammarSpec): void {
+    const lives = sampled.map((r) => this.live.get(r.id)!);
+    this.constrained.startLives(grammar, lives, this.eosTokenIds, {
+      isLive: (l) => !this.disposed && this.live.get(l.req.id) === l,
+      queue: () => {
+        if (queued.status !== 'WAITING') return;
+        this.scheduler.add(queued);
+        this.kick();
+      },
+      fail: (l, e) => this.failOne(l, e),
+    });
   }
 
   /** The live state, stream and handle of a request about to be queued. */
@@ -431,6 +466,7 @@ export class ModelContext {
     l.req.finishReason = 'abort';
     this.live.delete(l.req.id);
     l.cleanup?.();
+    l.grammar?.dispose();
     l.stream.end(err);
     l.resolve(outcomeOf(l));
   }
@@ -488,9 +524,14 @@ export class ModelContext {
     const nSeq = plan.scheduled.length;
     const nl = sampling.length;
     const decodeOnly = nl === nSeq && rows === nSeq && !forks;
-    // Rows that need the host sampler (penalties, logprobs, min_tokens, logits kept): only they
-    // are read and sampled on the host; the device samples the rest (a mixed step).
-    const hostRows = nl > 0 ? sampling.flatMap((r, i) => (isDeviceSamplable(r.params) && !this.needsLogits(r) ? [] : [i])) : [];
+    // Grammar rows (constrained decoding): each with its mask for this token.
+    const grammars: (GrammarState | undefined)[] = sampling.map((r) => this.live.get(r.id)?.grammar);
+    const anyGrammar = grammars.some((g) => g !== undefined);
+    // Rows that need the host sampler (penalties, logprobs, min_tokens, logit bias, logits kept,
+    // a grammar where the device takes no mask): only they are read and sampled on the host; the
+    // device samples the rest (a mixed step).
+    const hostRows =
+      nl > 0 ? sampling.flatMap((r, i) => (isDeviceSamplable(r.params) && !this.needsLogits(r) && (grammars[i] === undefined || this.constrained.onDevice) ? [] : [i])) : [];
     const deviceSample = nl > 0 && hostRows.length === 0;
     const mixed = hostRows.length > 0 && hostRows.length < nl;
     const V = this.spec.vocabSize;
@@ -501,7 +542,8 @@ export class ModelContext {
     let sampleMs = 0;
 
     const tiered = kt?.tiered ?? false;
-    const graphPath = this.useGraphs && !this.profiles.on && decodeOnly && deviceSample && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
+    // A grammar row's next mask depends on this step's token: no captured step, nothing run ahead.
+    const graphPath = this.useGraphs && !this.profiles.on && decodeOnly && deviceSample && !anyGrammar && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
     const bucket = graphPath ? (BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq) : 0;
     const key = graphPath ? DecodeGraphs.passKey(this.kv, bucket, tiered, plan.scheduled) : '';
     // The step enqueued ahead is this one when the pass is the same and nothing reset the
@@ -551,15 +593,22 @@ export class ModelContext {
       const hostSample = (req: Request, logits: Float32Array, offset: number): number => {
         const banned = req.outputIds.length < req.params.minTokens ? [...(req.params.ignoreEos ? [] : this.eosTokenIds), ...req.params.stopTokenIds] : [];
         const l = this.live.get(req.id)!;
-        const s = this.sampler.sample(logits, offset, req.params, req.sampleCounter, { all: req.seenAll, output: req.seenOutput }, banned);
-        if (l.forced) s.token = l.forced[req.outputIds.length];
+        const forced = l.forced?.[req.outputIds.length];
+        const s = this.sampler.sample(logits, offset, req.params, req.sampleCounter, { all: req.seenAll, output: req.seenOutput }, banned, l.grammar?.mask, forced);
         host.set(req, s);
         if (l.wantPromptLogits && req.outputIds.length === 0) l.promptLogits = logits.slice(offset, offset + V);
         l.stepLogits?.push(logits.slice(offset, offset + V));
         return s.token;
       };
       if (deviceSample || mixed) {
-        this.runner.sampleOnDevice(nl, m.sampled);
+        // Grammar rows sampled here take their masks (the host rows' are applied on the host).
+        const masks = anyGrammar ? this.constrained.stageDeviceMasks(grammars.map((g, i) => (hostRows.includes(i) ? undefined : g))) : undefined;
+        if (masks) (this.runner as ModelRunner).sampleMask = masks;
+        try {
+          this.runner.sampleOnDevice(nl, m.sampled);
+        } finally {
+          if (masks) (this.runner as ModelRunner).sampleMask = undefined;
+        }
         if (mixed) this.pipeline?.logitsHome(nl);
         be.record(ra.endEv);
         be.synchronize('policy');
@@ -598,6 +647,9 @@ export class ModelContext {
     sampling.forEach((req, i) => {
       const l = this.live.get(req.id)!;
       const s = host.get(req);
+      // The grammar takes the token and computes the next step's mask now, a step ahead.
+      const refused = advanceGrammar(l, tokens[i]);
+      if (refused) return this.failOne(l, refused);
       const prev = req.times.lastToken ?? req.times.arrival;
       const record: TokenLedgerRecord = {
         seq: req.id,
@@ -606,6 +658,7 @@ export class ModelContext {
         phase: req.outputIds.length === 0 ? 'prefill' : 'decode',
         wallMs: now - prev,
         sampleMs: sampleMs * share,
+        ...(l.grammar ? { grammarMs: l.grammar.lastMs } : {}),
         deviceActiveMs: deviceMs * share,
         ...delta,
         ...(paging ? { prefetchedBlocks: paging.loads, evictedBlocks: paging.loads, diskReadBytes: paging.diskReadBytes } : {}),
@@ -686,6 +739,7 @@ export class ModelContext {
     l.req.times.finished = performance.now();
     this.live.delete(l.req.id);
     l.cleanup?.();
+    l.grammar?.dispose();
     l.stream.end();
     const o = outcomeOf(l);
     l.resolve(o);
@@ -726,6 +780,7 @@ export class ModelContext {
     this.failAll(new EngineError('DISPOSED', 'engine disposed'));
     this.disposed = true;
     this.graphs.dispose();
+    this.constrained.dispose();
     this.kvTiers?.dispose();
     this.ahead.dispose();
     this.runner.dispose();

@@ -4,6 +4,7 @@ import type { BackendChoice } from './backend-select.js';
 import { KV_CACHE_DTYPES, type KvCacheDtype, type UploadProgress } from './model-weights.js';
 import { validateKvTiers } from './kv-tiering.js';
 import type { FinishReason, Request, TokenEvent } from './request.js';
+import type { GrammarOptions } from './grammar/spec.js';
 import type { SamplingParams } from './sampling-params.js';
 import { validateResidency } from './weight-residency.js';
 
@@ -166,7 +167,12 @@ export interface EngineOptions {
   kvFreeOutsideWindow?: boolean;
 }
 
-export interface GenerateOptions extends SamplingParams {
+/**
+ * Options of one request: sampling and stopping (SamplingParams), constrained decoding
+ * (`grammar`, `jsonSchema`: the output matches the grammar, and a request that stops, stops where
+ * the grammar accepts; one that reaches maxTokens first ends with finishReason 'length'), and the rest.
+ */
+export interface GenerateOptions extends SamplingParams, GrammarOptions {
   /** Lower values run first (vLLM's convention). */
   priority?: number;
   signal?: AbortSignal;

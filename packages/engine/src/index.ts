@@ -20,3 +20,4 @@ export * from './stages/index.js';
 export { KvBudgetError } from './kv-tiering.js';
 export type { MeasuredRates } from './rates.js';
 export * from './options-schema.js';
+export { checkGrammar, grammarOf, normalizeGrammar, GrammarEngineError, GRAMMAR_LIMITS, XGRAMMAR_VERSION, type GrammarOptions, type GrammarSpec } from './grammar/index.js';

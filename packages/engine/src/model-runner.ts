@@ -49,6 +49,8 @@ export * from './runner-base.js';
   repeatedLogitRows = false;
   /** Ids sampled on the device are below this (the tokenizer's id space; default the vocab). */
   sampleLimit = Number.POSITIVE_INFINITY;
+  /** Token masks of the next device sampling (op sample's mask: constrained decoding); set per step by the context. */
+  sampleMask: { bits: DeviceBuffer; index: DeviceBuffer; words: number } | undefined = undefined;
 
   forward(rows: number, nLogits: number, stream?: StreamHandle, head = this.last, tiered = false): void {
     this.stream = stream;
@@ -401,7 +403,8 @@ export * from './runner-base.js';
   private sampleArgs(rows: number, out: DeviceBuffer) {
     const m = this.meta;
     const limit = this.sampleLimit < this.spec.vocabSize ? { limit: this.sampleLimit } : {};
-    return { logits: this.logits, params: m.sampleParams, rng: m.rng, out, rows, vocab: this.spec.vocabSize, ...limit };
+    const mask = this.sampleMask ? { mask: this.sampleMask } : {};
+    return { logits: this.logits, params: m.sampleParams, rng: m.rng, out, rows, vocab: this.spec.vocabSize, ...limit, ...mask };
   }
 
   private advanceArgs() {

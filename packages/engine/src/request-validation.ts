@@ -1,3 +1,4 @@
+import { grammarOf, type GrammarOptions, type GrammarSpec } from './grammar/spec.js';
 import { InvalidParamsError, resolveSamplingParams, type ResolvedSamplingParams, type SamplingParams } from './sampling-params.js';
 
 /** What a request is checked against: facts of the loaded model and its KV cache. */
@@ -16,7 +17,7 @@ export interface RequestLimits {
   maxForks?: number;
 }
 
-export interface RequestCheckOptions extends SamplingParams {
+export interface RequestCheckOptions extends SamplingParams, GrammarOptions {
   priority?: number;
   forceTokens?: readonly number[];
 }
@@ -45,7 +46,24 @@ export function validateRequest(limits: RequestLimits, ids: readonly number[], o
       if (!Number.isInteger(t) || t < 0 || t >= vocabSize) throw new InvalidParamsError('force_tokens', `token id ${t} outside [0, ${vocabSize})`);
     }
   }
+  validateGrammarRequest(limits, o, params);
   return params;
+}
+
+/**
+ * The grammar a request constrains its output with (checked for shape, and against what it
+ * cannot be combined with); undefined when it has none. Throws InvalidParamsError.
+ */
+export function validateGrammarRequest(limits: RequestLimits, o: RequestCheckOptions, params: ResolvedSamplingParams): GrammarSpec | undefined {
+  const g = grammarOf(o);
+  if (g === undefined) return undefined;
+  if (!limits.hasTokenizer) throw new InvalidParamsError('grammar', 'constrained decoding needs the model\'s tokenizer (tokenizer.json)');
+  // A stop string could end the output where the grammar does not accept it; stop token ids end it
+  // only where the grammar accepts (they become the grammar's stop tokens).
+  if (params.stop.length > 0) throw new InvalidParamsError('stop', 'stop strings cannot be combined with a grammar (the output would end where the grammar does not accept it); use stop token ids');
+  // Before min_tokens, EOS is banned, which a grammar that is complete may leave nothing else to take.
+  if (params.minTokens > 0) throw new InvalidParamsError('min_tokens', 'cannot be combined with a grammar');
+  return g;
 }
 
 /**

@@ -24,9 +24,19 @@ export interface SamplingParams {
   logprobs?: boolean;
   topLogprobs?: number;
   includeStopStrInOutput?: boolean;
+  /**
+   * Added to the logits of these token ids before sampling (OpenAI's `logit_bias`: values in
+   * [-100, 100]; -100 in practice bans a token, 100 forces it). Keys are token ids (numbers, or
+   * their decimal strings as JSON has them).
+   */
+  logitBias?: Record<number | string, number>;
 }
 
-export type ResolvedSamplingParams = Required<Omit<SamplingParams, 'seed'>> & { seed: number };
+export type ResolvedSamplingParams = Required<Omit<SamplingParams, 'seed' | 'logitBias'>> & {
+  seed: number;
+  /** logitBias as [token id, bias] pairs (empty: none). */
+  logitBias: readonly (readonly [number, number])[];
+};
 
 export class InvalidParamsError extends NervaError {
   constructor(
@@ -78,10 +88,26 @@ export function resolveSamplingParams(p: SamplingParams, limits: { maxTokens: nu
     logprobs: Boolean(p.logprobs ?? false),
     topLogprobs: int(p.topLogprobs, 'top_logprobs', 0, 0, 20),
     includeStopStrInOutput: Boolean(p.includeStopStrInOutput ?? false),
+    logitBias: resolveLogitBias(p.logitBias, limits.vocabSize),
   };
 }
 
-/** Parameters the device sampler implements as is (no penalties, no logprobs, no min_tokens). */
+/** logit_bias as pairs: keys token ids below vocabSize, values finite in [-100, 100]. */
+function resolveLogitBias(b: SamplingParams['logitBias'], vocabSize: number): [number, number][] {
+  if (b === undefined || b === null) return [];
+  if (typeof b !== 'object' || Array.isArray(b)) throw new InvalidParamsError('logit_bias', 'must be an object mapping token ids to biases');
+  const out: [number, number][] = [];
+  for (const [k, v] of Object.entries(b)) {
+    const id = /^(0|[1-9][0-9]*)$/.test(k) ? Number(k) : NaN;
+    if (!Number.isSafeInteger(id) || id >= vocabSize) throw new InvalidParamsError('logit_bias', `key ${JSON.stringify(k)} is not a token id in [0, ${vocabSize})`);
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < -100 || v > 100) throw new InvalidParamsError('logit_bias', `bias of token ${k} must be a number in [-100, 100], got ${String(v)}`);
+    out.push([id, v]);
+  }
+  if (out.length > 1024) throw new InvalidParamsError('logit_bias', `at most 1024 tokens, got ${out.length}`);
+  return out;
+}
+
+/** Parameters the device sampler implements as is (no penalties, no logprobs, no min_tokens, no logit bias). */
 export function isDeviceSamplable(p: ResolvedSamplingParams): boolean {
-  return p.repetitionPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0 && !p.logprobs && p.minTokens === 0;
+  return p.repetitionPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0 && !p.logprobs && p.minTokens === 0 && p.logitBias.length === 0;
 }

@@ -1,6 +1,7 @@
-import type { LedgerAggregator, TokenLedgerRecord } from '@nerva/core';
+import { type LedgerAggregator, NervaError, type TokenLedgerRecord } from '@nerva/core';
 import type { createDetokenizer } from '@nerva/models';
 import type { RequestOutcome } from './engine-options.js';
+import type { GrammarState } from './grammar/grammar-state.js';
 import type { SampledToken } from './host-sampler.js';
 import type { FinishReason, Request, TokenEvent } from './request.js';
 import type { TokenStream } from './token-stream.js';
@@ -19,10 +20,12 @@ export interface Live {
   promptLogits?: Float32Array;
   stepLogits?: Float32Array[];
   forced?: readonly number[];
+  /** Constrained decoding: the request's place in its grammar and its next token mask. */
+  grammar?: GrammarState;
 }
 
 /**
- * Host policies on a sampled token: EOS, stop ids, stop strings, max tokens. Appends the token,
+ * Host policies on a sampled token: EOS, stop ids, a complete grammar, stop strings, max tokens. Appends the token,
  * streams its event and returns why the request finishes, if it does (the caller ends it).
  */
 export function acceptToken(l: Live, token: number, record: TokenLedgerRecord, s: SampledToken | undefined, limits: { eosTokenIds: readonly number[]; maxModelLen: number }): FinishReason | undefined {
@@ -35,9 +38,11 @@ export function acceptToken(l: Live, token: number, record: TokenLedgerRecord, s
   l.ledger.add(record);
   const isEos = !p.ignoreEos && limits.eosTokenIds.includes(token);
   const isStopId = p.stopTokenIds.includes(token);
+  // A grammar that accepted its stop token is complete: the request ends there (even with ignoreEos).
+  const grammarDone = l.grammar?.terminated === true;
   let finish: FinishReason | undefined;
   let stopReason: string | number | undefined;
-  if (req.outputIds.length >= p.minTokens && (isEos || isStopId)) {
+  if (req.outputIds.length >= p.minTokens && (isEos || isStopId || grammarDone)) {
     finish = 'stop';
     stopReason = isStopId ? token : undefined;
   }
@@ -86,6 +91,21 @@ export function acceptToken(l: Live, token: number, record: TokenLedgerRecord, s
   l.stream.push(ev);
   if (finish) req.stopReason = stopReason;
   return finish;
+}
+
+/**
+ * Constrained decoding: the request's grammar takes its sampled token and computes the mask of its
+ * next token (a step ahead of the sampling that reads it). The error that ends the request when the
+ * grammar refuses the token (a forced token it does not allow) or its engine failed; undefined otherwise.
+ */
+export function advanceGrammar(l: Live, token: number): Error | undefined {
+  if (!l.grammar) return undefined;
+  try {
+    if (l.grammar.advance(token)) return undefined;
+  } catch (e) {
+    return e as Error;
+  }
+  return new NervaError('GRAMMAR_REJECTED', `request ${l.req.id}: token ${token} is not allowed by its grammar`);
 }
 
 /** What a request's `done` resolves with. */

@@ -160,6 +160,8 @@ export class Generation {
     if (this.end === 'failed' && typeof code === 'string' && ENGINE_GONE.has(code)) {
       return new ApiError(503, 'service_unavailable', `the engine failed: ${this.error!.message}; retry shortly`, null, 'engine_unavailable', { 'retry-after': '5' });
     }
+    // A request the engine refused after it was queued (a grammar that does not compile there).
+    if (this.end === 'failed' && this.error instanceof InvalidParamsError) return badRequest(this.error.message, this.error.param);
     if (this.end === 'failed') return new ApiError(500, 'server_error', `generation failed: ${this.error?.message ?? 'unknown error'}`, null, 'engine_error');
     return undefined;
   }

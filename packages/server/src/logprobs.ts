@@ -46,8 +46,9 @@ export function chatLogprob(t: TokenTexts, ev: TokenEvent, top: number): ChatLog
 /** Completions' legacy logprobs object, built token by token. */
 export class CompletionLogprobs {
   readonly tokens: string[] = [];
-  readonly token_logprobs: number[] = [];
-  readonly top_logprobs: Record<string, number>[] = [];
+  /** null for an echoed prompt's first token (nothing precedes it). */
+  readonly token_logprobs: (number | null)[] = [];
+  readonly top_logprobs: (Record<string, number> | null)[] = [];
   readonly text_offset: number[] = [];
   private offset: number;
 
@@ -70,6 +71,22 @@ export class CompletionLogprobs {
     this.top_logprobs.push(d);
     this.text_offset.push(this.offset);
     this.offset += s.length;
+  }
+
+  /**
+   * An echoed prompt (completions' `echo` with logprobs): its first token without a logprob, as
+   * OpenAI reports it, then each later token scored given the tokens before it (`scored[i]` is
+   * token i + 1's event: the token forced, its logprob and the alternatives).
+   */
+  addPrompt(ids: readonly number[], scored: readonly TokenEvent[]): void {
+    if (ids.length === 0) return;
+    const s = this.t.text(ids[0]);
+    this.tokens.push(s);
+    this.token_logprobs.push(null);
+    this.top_logprobs.push(null);
+    this.text_offset.push(this.offset);
+    this.offset += s.length;
+    for (const ev of scored) this.add(ev);
   }
 
   toJSON(): Record<string, unknown> {

@@ -1,12 +1,31 @@
 import type { WorkerGenerateOptions } from '@nerva/engine';
 import type { ChatMessage } from '@nerva/models';
 import { badRequest } from './errors.js';
+import { GRAMMAR_FIELDS, readGrammar, type RequestGrammar } from './structured-output.js';
+import { checkToolMessages, readTools, type ToolRequest } from './tool-calls.js';
 
 /**
  * Validation of OpenAI request bodies. Types are checked here (a wrong type is a 400 naming the
  * field); value ranges are checked by the engine, whose errors name the field the same way.
- * Unknown fields are ignored, as OpenAI-compatible servers do.
+ * No field is ignored: one this server does not take (an OpenAI or vLLM field it lacks, or an
+ * unknown one) is a 400 `unsupported_parameter` naming it, as OpenAI answers an unknown argument.
  */
+
+/** Fields both endpoints take. `user` (an end-user id for abuse monitoring) changes no output. */
+const COMMON_FIELDS = [
+  'model', 'stream', 'stream_options', 'n', 'max_tokens', 'temperature', 'top_p', 'top_k', 'min_p', 'repetition_penalty', 'presence_penalty',
+  'frequency_penalty', 'seed', 'min_tokens', 'stop', 'stop_token_ids', 'ignore_eos', 'include_stop_str_in_output', 'priority', 'cache_salt',
+  'logit_bias', 'logprobs', 'nerva', 'return_token_ids', 'user', ...GRAMMAR_FIELDS,
+];
+const CHAT_FIELDS = new Set([...COMMON_FIELDS, 'messages', 'max_completion_tokens', 'top_logprobs', 'chat_template_kwargs', 'add_generation_prompt', 'tools', 'tool_choice', 'parallel_tool_calls']);
+const COMPLETION_FIELDS = new Set([...COMMON_FIELDS, 'prompt', 'echo', 'best_of', 'suffix']);
+
+/** A 400 naming the first field of `body` not in `known`. */
+function refuseUnknown(body: Record<string, unknown>, known: ReadonlySet<string>): void {
+  for (const k of Object.keys(body)) {
+    if (!known.has(k)) throw badRequest(`'${k}' is not supported by this server`, k, 'unsupported_parameter');
+  }
+}
 
 /** Sampling and stopping options common to both endpoints, in the engine's spelling. */
 export type SamplingFields = Omit<WorkerGenerateOptions, 'logprobs' | 'topLogprobs'>;
@@ -26,6 +45,8 @@ interface CommonRequest {
   n: number;
   sampling: SamplingFields;
   extras: NervaExtras;
+  /** The output constraint (response_format, guided_*, structured_outputs), when one was given. */
+  grammar?: RequestGrammar;
 }
 
 export interface ChatRequest extends CommonRequest {
@@ -36,7 +57,8 @@ export interface ChatRequest extends CommonRequest {
   addGenerationPrompt: boolean;
   enableThinking?: boolean;
   templateExtra: Record<string, unknown>;
-  tools?: unknown[];
+  /** tools, tool_choice and parallel_tool_calls, when tools were given. */
+  tools?: ToolRequest;
 }
 
 export interface CompletionRequest extends CommonRequest {
@@ -44,6 +66,8 @@ export interface CompletionRequest extends CommonRequest {
   prompts: (string | number[])[];
   /** Completions' `logprobs`: alternatives per token (0 = the sampled token's only). */
   logprobs?: number;
+  /** Return the prompt before the completion (with logprobs: the prompt tokens' logprobs too). */
+  echo: boolean;
 }
 
 const MAX_N = 128;
@@ -58,7 +82,7 @@ function typeName(v: unknown): string {
 
 /** Typed field reads with a 400 naming the field on a wrong type; null counts as absent. */
 class Fields {
-  constructor(private readonly body: Body) {}
+  constructor(readonly body: Body) {}
 
   has(k: string): boolean {
     return this.body[k] !== undefined && this.body[k] !== null;
@@ -141,11 +165,14 @@ function readCommon(f: Fields, maxTokensKeys: string[]): CommonRequest {
   }
   const cacheSalt = f.str('cache_salt');
   if (cacheSalt !== undefined && cacheSalt.length === 0) throw badRequest(`'cache_salt' must not be empty`, 'cache_salt');
-  for (const k of ['logit_bias', 'suffix', 'response_format', 'guided_json', 'guided_regex', 'guided_choice', 'guided_grammar']) {
-    const v = f.raw(k);
-    const trivial = v === undefined || (k === 'logit_bias' && typeof v === 'object' && Object.keys(v as object).length === 0) || (k === 'response_format' && (v as Body)?.type === 'text');
-    if (!trivial) throw badRequest(`'${k}' is not supported by this server`, k, 'unsupported_parameter');
+  const logitBias = f.obj('logit_bias');
+  if (logitBias) {
+    for (const [k, v] of Object.entries(logitBias)) {
+      if (!/^(0|[1-9][0-9]*)$/.test(k)) throw badRequest(`'logit_bias' keys must be token ids, got ${JSON.stringify(k)}`, 'logit_bias');
+      if (typeof v !== 'number' || !Number.isFinite(v)) throw badRequest(`'logit_bias' values must be numbers in [-100, 100], got ${typeName(v)} for token ${k}`, 'logit_bias');
+    }
   }
+  const grammar = readGrammar(f.body);
   const sampling: SamplingFields = {
     temperature: f.num('temperature'),
     topP: f.num('top_p'),
@@ -163,6 +190,8 @@ function readCommon(f: Fields, maxTokensKeys: string[]): CommonRequest {
     includeStopStrInOutput: f.bool('include_stop_str_in_output'),
     priority: f.int('priority'),
     cacheSalt,
+    ...(logitBias && Object.keys(logitBias).length > 0 ? { logitBias: logitBias as Record<string, number> } : {}),
+    ...(grammar ? { grammar: grammar.spec } : {}),
   };
   const nerva = f.obj('nerva');
   const nf = nerva ? new Fields(nerva) : undefined;
@@ -170,7 +199,7 @@ function readCommon(f: Fields, maxTokensKeys: string[]): CommonRequest {
     returnTokenIds: (f.bool('return_token_ids') ?? false) || (nf?.bool('token_ids') ?? false),
     ledger: nf?.bool('ledger') ?? false,
   };
-  return { model, stream, includeUsage, n, sampling, extras };
+  return { model, stream, includeUsage, n, sampling, extras, ...(grammar ? { grammar } : {}) };
 }
 
 function readMessages(f: Fields): ChatMessage[] {
@@ -207,7 +236,9 @@ function readMessages(f: Fields): ChatMessage[] {
 /** Validate a POST /v1/chat/completions body. */
 export function parseChatRequest(raw: unknown): ChatRequest {
   const f = new Fields(asBody(raw));
+  refuseUnknown(f.body, CHAT_FIELDS);
   const messages = readMessages(f);
+  checkToolMessages(messages as unknown as Body[]);
   const common = readCommon(f, ['max_tokens', 'max_completion_tokens']);
   const logprobs = f.bool('logprobs') ?? false;
   const topLogprobs = f.int('top_logprobs') ?? 0;
@@ -217,8 +248,10 @@ export function parseChatRequest(raw: unknown): ChatRequest {
   const kwf = new Fields(kw);
   const enableThinking = kwf.bool('enable_thinking');
   const { enable_thinking: _et, ...templateExtra } = kw;
-  const tools = f.raw('tools');
-  if (tools !== undefined && !Array.isArray(tools)) throw badRequest(`'tools' must be an array`, 'tools');
+  const tools = readTools(f.body);
+  if (tools && tools.choice.kind !== 'none' && tools.choice.kind !== 'auto' && common.grammar) {
+    throw badRequest(`'tool_choice' ${tools.choice.kind === 'required' ? 'required' : 'naming a function'} cannot be combined with '${common.grammar.field}'`, 'tool_choice');
+  }
   const out: ChatRequest = {
     ...common,
     messages,
@@ -228,13 +261,14 @@ export function parseChatRequest(raw: unknown): ChatRequest {
     templateExtra,
   };
   if (enableThinking !== undefined) out.enableThinking = enableThinking;
-  if (tools !== undefined) out.tools = tools as unknown[];
+  if (tools !== undefined) out.tools = tools;
   return out;
 }
 
 /** Validate a POST /v1/completions body. */
 export function parseCompletionRequest(raw: unknown): CompletionRequest {
   const f = new Fields(asBody(raw));
+  refuseUnknown(f.body, COMPLETION_FIELDS);
   const p = f.raw('prompt');
   let prompts: (string | number[])[];
   const isIds = (x: unknown): x is number[] => Array.isArray(x) && x.length > 0 && x.every((t) => typeof t === 'number' && Number.isInteger(t));
@@ -244,13 +278,16 @@ export function parseCompletionRequest(raw: unknown): CompletionRequest {
   else if (Array.isArray(p) && p.length > 0 && p.every((x) => typeof x === 'string' || isIds(x))) prompts = p as (string | number[])[];
   else throw badRequest(`'prompt' must be a string, an array of token ids, or an array of those`, 'prompt');
   if (prompts.some((x) => x.length === 0)) throw badRequest(`'prompt' must not be empty`, 'prompt');
-  if (f.bool('echo')) throw badRequest(`'echo' is not supported by this server`, 'echo', 'unsupported_parameter');
+  const echo = f.bool('echo') ?? false;
+  const suffix = f.str('suffix');
+  if (suffix !== undefined && suffix.length > 0) throw badRequest(`'suffix' (insertion) is not supported by this server`, 'suffix', 'unsupported_parameter');
   const bestOf = f.int('best_of');
   const common = readCommon(f, ['max_tokens']);
+  // vLLM's V1 engine takes best_of only as n (it returns every sample); so does this server.
   if (bestOf !== undefined && bestOf !== common.n) throw badRequest(`'best_of' other than 'n' is not supported`, 'best_of', 'unsupported_parameter');
   const logprobs = f.int('logprobs');
   if (logprobs !== undefined && (logprobs < 0 || logprobs > 20)) throw badRequest(`'logprobs' must be in [0, 20], got ${logprobs}`, 'logprobs');
-  const out: CompletionRequest = { ...common, prompts };
+  const out: CompletionRequest = { ...common, prompts, echo };
   if (logprobs !== undefined) out.logprobs = logprobs;
   return out;
 }

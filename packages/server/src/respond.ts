@@ -7,12 +7,22 @@ import { chatLogprob, type ChatLogprob, CompletionLogprobs, TokenTexts } from '.
 import type { NervaExtras } from './openai-schema.js';
 import { SseWriter } from './sse.js';
 import type { ServerState } from './state.js';
+import { parseToolCalls, ToolCallStream, type ToolCall, type ToolFormat } from './tool-calls.js';
 import { usageOf } from './usage.js';
 
 /** Which OpenAI endpoint is answering, and its logprobs request. */
 export type ResponseKind =
-  | { kind: 'chat'; logprobs: boolean; topLogprobs: number }
-  | { kind: 'completion'; logprobs: number | undefined };
+  /** `tools`: the output is parsed for tool calls in this format (tools given, tool_choice not none). */
+  | { kind: 'chat'; logprobs: boolean; topLogprobs: number; tools?: ToolFormat }
+  /** `echo`: each choice's prompt text (by prompt index) and, with logprobs, its tokens' logprobs, before the completion. */
+  | { kind: 'completion'; logprobs: number | undefined; echo?: EchoedPrompt[] };
+
+/** A completions prompt returned with `echo`. */
+export interface EchoedPrompt {
+  text: string;
+  /** Its tokens (the first has no logprob) and the logprobs of the rest, when logprobs were asked for. */
+  tokens?: { ids: number[]; scored: TokenEvent[] };
+}
 
 export interface RespondOptions {
   stream: boolean;
@@ -26,6 +36,18 @@ interface ChoiceAcc {
   chatLogprobs: ChatLogprob[];
   completionLogprobs?: CompletionLogprobs;
   sentLogprobs: number;
+  /** Tool calls parsed from a streamed output. */
+  toolStream?: ToolCallStream;
+}
+
+/** finish_reason: `tool_calls` when the output that stopped made calls. */
+function finishOf(reason: string, calls: readonly ToolCall[]): string {
+  return calls.length > 0 && reason === 'stop' ? 'tool_calls' : reason;
+}
+
+/** Stream deltas of tool calls, numbered from `first` within the choice. */
+function callDeltas(calls: readonly ToolCall[], first: number): Record<string, unknown>[] {
+  return calls.map((c, i) => ({ index: first + i, id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments } }));
 }
 
 /**
@@ -43,9 +65,15 @@ export async function respond(state: ServerState, reply: FastifyReply, jobs: Cho
   const created = Math.floor(Date.now() / 1000);
   const base = { id, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model: state.modelName };
   const wantLogprobs = chat ? k.logprobs : k.logprobs !== undefined;
-  const accs: ChoiceAcc[] = jobs.map(() => {
+  const echo = k.kind === 'completion' ? k.echo : undefined;
+  const accs: ChoiceAcc[] = jobs.map((job) => {
     const a: ChoiceAcc = { text: '', chatLogprobs: [], sentLogprobs: 0 };
-    if (!chat && k.logprobs !== undefined) a.completionLogprobs = new CompletionLogprobs(texts, k.logprobs);
+    if (!chat && k.logprobs !== undefined) {
+      a.completionLogprobs = new CompletionLogprobs(texts, k.logprobs);
+      const e = echo?.[job.promptIndex];
+      if (e?.tokens) a.completionLogprobs.addPrompt(e.tokens.ids, e.tokens.scored);
+    }
+    if (k.kind === 'chat' && k.tools && o.stream) a.toolStream = new ToolCallStream(k.tools);
     return a;
   });
   const accOf = new Map(jobs.map((j, i) => [j, accs[i]]));
@@ -73,14 +101,17 @@ export async function respond(state: ServerState, reply: FastifyReply, jobs: Cho
       const out = outcomes[i]!;
       const a = accs[i];
       const c: Record<string, unknown> = { index: job.index };
+      let finish: string = out.finishReason;
       if (chat) {
-        c.message = { role: 'assistant', content: a.text };
+        const parsed = k.tools ? parseToolCalls(a.text, k.tools) : { content: a.text, calls: [] };
+        c.message = { role: 'assistant', content: parsed.content, ...(parsed.calls.length > 0 ? { tool_calls: parsed.calls } : {}) };
         c.logprobs = wantLogprobs ? { content: a.chatLogprobs } : null;
+        finish = finishOf(finish, parsed.calls);
       } else {
-        c.text = a.text;
+        c.text = (echo?.[job.promptIndex]?.text ?? '') + a.text;
         c.logprobs = a.completionLogprobs ? a.completionLogprobs.toJSON() : null;
       }
-      c.finish_reason = out.finishReason;
+      c.finish_reason = finish;
       c.stop_reason = out.stopReason ?? null;
       addExtras(c, out, o.extras);
       return c;
@@ -96,6 +127,15 @@ export async function respond(state: ServerState, reply: FastifyReply, jobs: Cho
   const usageNull = o.includeUsage ? { usage: null } : {};
   const chunk = (choice: Record<string, unknown>) => sse.send({ ...base, choices: [choice], ...usageNull });
   if (chat) for (const j of jobs) chunk({ index: j.index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null });
+  // Echo: each choice starts with its prompt (and the prompt's logprobs).
+  if (echo) {
+    jobs.forEach((j, i) => {
+      const a = accs[i];
+      const lp = a.completionLogprobs ? a.completionLogprobs.slice(0) : null;
+      a.sentLogprobs = a.completionLogprobs?.tokens.length ?? 0;
+      chunk({ index: j.index, text: echo[j.promptIndex].text, logprobs: lp, finish_reason: null });
+    });
+  }
 
   const outcomes = await gen.run((job, ev) => {
     const a = collect(job, ev);
@@ -103,7 +143,13 @@ export async function respond(state: ServerState, reply: FastifyReply, jobs: Cho
     if (ev.text.length === 0 && !wantLogprobs && !o.extras.returnTokenIds) return;
     const c: Record<string, unknown> = { index: job.index };
     if (chat) {
-      c.delta = { content: ev.text };
+      if (a.toolStream) {
+        // Content that may open a tool call is held back; a call goes out whole once closed.
+        const d = a.toolStream.push(ev.text);
+        const before = a.toolStream.calls.length - d.calls.length;
+        c.delta = { ...(d.content.length > 0 ? { content: d.content } : {}), ...(d.calls.length > 0 ? { tool_calls: callDeltas(d.calls, before) } : {}) };
+        if (d.content.length === 0 && d.calls.length === 0 && !wantLogprobs && !o.extras.returnTokenIds) return;
+      } else c.delta = { content: ev.text };
       c.logprobs = wantLogprobs ? { content: a.chatLogprobs.slice(a.sentLogprobs) } : null;
       a.sentLogprobs = a.chatLogprobs.length;
     } else {
@@ -124,11 +170,18 @@ export async function respond(state: ServerState, reply: FastifyReply, jobs: Cho
   }
   jobs.forEach((job, i) => {
     const out = outcomes[i]!;
+    const a = accs[i];
     const c: Record<string, unknown> = { index: job.index };
     if (chat) c.delta = {};
     else c.text = '';
+    if (a.toolStream) {
+      // Whatever was held back, as content or calls, in the closing chunk.
+      const before = a.toolStream.calls.length;
+      const d = a.toolStream.finish();
+      c.delta = { ...(d.content.length > 0 ? { content: d.content } : {}), ...(d.calls.length > 0 ? { tool_calls: callDeltas(d.calls, before) } : {}) };
+    }
     c.logprobs = null;
-    c.finish_reason = out.finishReason;
+    c.finish_reason = a.toolStream ? finishOf(out.finishReason, a.toolStream.calls) : out.finishReason;
     c.stop_reason = out.stopReason ?? null;
     if (o.extras.ledger) c.nerva_ledger = out.ledger;
     chunk(c);

@@ -53,10 +53,17 @@ interface SampleTail {
  * padded tail [limit, vocab) of every row then holds the row's largest logits, so a backend that
  * reads past the limit picks a tail id (as a checkpoint padded past its tokenizer would).
  */
-function sampleCase(name: string, vocab: number, params: number[][], draws: number, scale: number, tail?: SampleTail, limit?: number): CaseDef {
+/**
+ * `masked` (op sample's mask, constrained decoding): every row but the last is masked, each with a
+ * mask of its own that allows about a third of the ids and never the row's largest logits (a
+ * backend that ignores the mask picks them); the last row is unmasked (index -1). The reference
+ * is the rule over the allowed ids alone (the others at -Infinity).
+ */
+function sampleCase(name: string, vocab: number, params: number[][], draws: number, scale: number, tail?: SampleTail, limit?: number, masked = false): CaseDef {
+  const fields = [...(tail !== undefined ? ['push', 'advance'] : []), ...(masked ? ['mask'] : [])];
   return {
     name,
-    ...(tail !== undefined ? { fields: ['push', 'advance'] } : {}),
+    ...(fields.length > 0 ? { fields } : {}),
     build: (rng) => {
       const rows = params.length;
       const logits = rng.normals(rows * vocab, scale);
@@ -66,6 +73,28 @@ function sampleCase(name: string, vocab: number, params: number[][], draws: numb
           let m = -Infinity;
           for (let i = 0; i < limit; i++) m = Math.max(m, logits[r * vocab + i]);
           for (let i = limit; i < vocab; i++) logits[r * vocab + i] = m + scale * (1 + rng.next());
+        }
+      }
+      const words = Math.ceil(vocab / 32);
+      const maskBits = new Int32Array(Math.max(1, rows - 1) * words);
+      const maskIndex = new Int32Array(rows).fill(-1);
+      // The rule's view of the rows: the masked rows' disallowed ids at -Infinity.
+      const ruleLogits = Float32Array.from(logits);
+      if (masked) {
+        for (let r = 0; r < rows - 1; r++) {
+          // Rows take their masks in reverse order, so a backend reading mask r for row r fails.
+          const k = rows - 2 - r;
+          maskIndex[r] = k;
+          let top = 0;
+          for (let i = 1; i < ids; i++) if (logits[r * vocab + i] > logits[r * vocab + top]) top = i;
+          for (let i = 0; i < ids; i++) {
+            if (i !== top && rng.next() < 1 / 3) maskBits[k * words + (i >>> 5)] |= 1 << (i & 31);
+          }
+          // At least one allowed id, the row's smallest.
+          let low = 0;
+          for (let i = 1; i < ids; i++) if (logits[r * vocab + i] < logits[r * vocab + low]) low = i;
+          maskBits[k * words + (low >>> 5)] |= 1 << (low & 31);
+          for (let i = 0; i < vocab; i++) if (!((maskBits[k * words + (i >>> 5)] >>> (i & 31)) & 1)) ruleLogits[r * vocab + i] = -Infinity;
         }
       }
       const state = new Int32Array(rows * 2);
@@ -89,9 +118,14 @@ function sampleCase(name: string, vocab: number, params: number[][], draws: numb
             [{ ...base, minP: base.minP * (1 + d) }, u],
             [{ ...base, minP: base.minP * (1 - d) }, u],
           ];
-          return ref !== got && tries.some(([sp, uu]) => sampleRow(logits, r * vocab, ids, sp, uu) === got);
+          return ref !== got && ruleLogits[r * vocab + got] !== -Infinity && tries.some(([sp, uu]) => sampleRow(ruleLogits, r * vocab, ids, sp, uu) === got);
         };
       const buffers: Record<string, BufDef> = { logits: f32(logits), params: f32(p32), rng: i32(state) };
+      if (masked) {
+        buffers.maskBits = i32(maskBits);
+        buffers.maskIndex = i32(maskIndex);
+      }
+      const maskArg = (b: Record<string, DeviceBuffer>) => (masked ? { mask: { bits: b.maskBits, index: b.maskIndex, words } } : {});
       const steps: Step[] = [];
       const outputs: OutputDef[] = [];
       // The tail's state: a ring partly filled, each row at a position of its own whose next
@@ -114,7 +148,7 @@ function sampleCase(name: string, vocab: number, params: number[][], draws: numb
           : {};
       for (let d = 0; d < draws; d++) {
         buffers[`out${d}`] = i32(new Int32Array(rows).fill(-5));
-        steps.push(step('sample', (b) => ({ logits: b.logits, params: b.params, rng: b.rng, out: b[`out${d}`], rows, vocab, ...(limit !== undefined ? { limit } : {}), ...tailArgs(b) })));
+        steps.push(step('sample', (b) => ({ logits: b.logits, params: b.params, rng: b.rng, out: b[`out${d}`], rows, vocab, ...(limit !== undefined ? { limit } : {}), ...tailArgs(b), ...maskArg(b) })));
         outputs.push(intOut(`out${d}`, excuseFor(d)));
       }
       outputs.push(intOut('rng'));
@@ -254,6 +288,36 @@ export const samplingCases: Pick<CaseTable, 'argmax' | 'sample' | 'ring_push' | 
       257,
     ),
     sampleCase('1 greedy row x 3 draws, vocab 151936, limit 151669, blockSize 16', 151936, [[0, 0, 1, 0]], 3, 3, { capacity: 4, cursor: 2, blockSize: 16 }, 151669),
+    // Token masks (capabilities.opFields sample: mask): rows masked in reverse order, the last row free.
+    sampleCase(
+      'masked: 4 rows (greedy, sampled, top-k/top-p, free) x 2 draws, vocab 151936, limit 151669',
+      151936,
+      [
+        [0, 0, 1, 0],
+        [1, 0, 1, 0],
+        [0.8, 40, 0.9, 0.01],
+        [0.7, 0, 1, 0],
+      ],
+      2,
+      3,
+      undefined,
+      151669,
+      true,
+    ),
+    sampleCase(
+      'masked: 3 rows (greedy, min-p, free greedy) x 3 draws, vocab 257',
+      257,
+      [
+        [0, 0, 1, 0],
+        [1.1, 0, 1, 0.05],
+        [0, 0, 1, 0],
+      ],
+      3,
+      2,
+      undefined,
+      undefined,
+      true,
+    ),
   ],
   ring_push: [ringPushCase('capacity 8, wraps', 8, 6, [4, 3]), ringPushCase('capacity 5, full pushes', 5, 1000003, [5, 2, 5])],
   advance_positions: [advanceCase('4 sequences, block boundaries, 3 steps', 4, [4, 1, 7, 12], 3), advanceCase('1 sequence, blockSize 16', 16, [31], 2)],

@@ -14,7 +14,7 @@ export const SAMPLE_ENCODERS: OpEncoders<'argmax' | 'sample' | 'ring_push' | 'ad
     // Ids sampled are below limit (default vocab); vocab stays the row stride.
     const limit = x.limit === undefined ? vocab : e.count('limit', x.limit as number, 1);
     if (limit > vocab) e.fail(`limit must be at most vocab (${vocab}), got ${limit}`);
-    e.reserve(32);
+    e.reserve(40);
     e.buf('logits', B('logits'), rows * vocab, FLOAT);
     e.buf('params', B('params'), rows * 4, FLOAT);
     e.buf('rng', B('rng'), rows * 2, INT);
@@ -44,6 +44,21 @@ export const SAMPLE_ENCODERS: OpEncoders<'argmax' | 'sample' | 'ring_push' | 'ad
       e.buf('advance.blockTables', adv.blockTables, mbps, INT);
       e.buf('advance.rowSeq', adv.rowSeq, rows, INT);
       e.num(bs); e.num(mbps);
+    }
+    // mask (constrained decoding), after advance: a flag, then bits, index and words. The addon
+    // reads it where it says sampleMask; an older one stops after advance and never sees it (the
+    // backend refuses a mask there, so no row is ever sampled unmasked by mistake).
+    const mask = x.mask as OpArgs<'sample'>['mask'];
+    if (mask === undefined) e.num(0);
+    else {
+      if (mask === null || typeof mask !== 'object') e.fail('mask must be { bits, index, words }');
+      const words = e.count('mask.words', mask.words, 1);
+      if (words * 32 < limit) e.fail(`mask.words must cover the ${limit} sampled ids (at least ${Math.ceil(limit / 32)}), got ${words}`);
+      e.num(1);
+      // bits: one mask per masked row at most (index values are the device's to read).
+      e.buf('mask.bits', mask.bits, words, INT);
+      e.buf('mask.index', mask.index, rows, INT);
+      e.num(words);
     }
   },
   ring_push(e, x, c, B) {

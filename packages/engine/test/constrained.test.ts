@@ -1,0 +1,115 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Engine, HostSampler, InvalidParamsError, type RequestOutcome } from '../src/index.js';
+import { DEFAULT_MODEL } from './fixtures.js';
+
+// Constrained decoding as a token policy of the engine, on the CPU backend (op sample applies the
+// masks there): outputs match their grammars, grammar rows batch with free rows without changing
+// the free rows' tokens, and the host path (a grammar row that needs the host sampler) samples the
+// same tokens as the device path.
+
+const SCHEMA = {
+  type: 'object',
+  properties: {
+    who: { type: 'string', maxLength: 8 },
+    age: { type: 'integer', minimum: 0, maximum: 120 },
+    mood: { enum: ['glad', 'sad', 'mad'] },
+  },
+  required: ['who', 'age', 'mood'],
+  additionalProperties: false,
+};
+
+describe('constrained decoding (CPU)', () => {
+  let engine: Engine;
+  beforeAll(async () => {
+    engine = await Engine.create({ model: DEFAULT_MODEL, backend: 'cpu', maxNumSeqs: 8 });
+  });
+  afterAll(() => engine?.dispose());
+
+  const schemaRequest = (seed: number, extra: object = {}) => engine.submit('ROMEO:', { temperature: 0.9, seed, maxTokens: 48, jsonSchema: SCHEMA, ...extra }).done;
+  const free = (prompt: string, seed: number) => engine.submit(prompt, { temperature: 1, seed, maxTokens: 12, ignoreEos: true }).done;
+
+  it('JSON Schema requests stop where the grammar accepts, their text parses and validates; grammar time is in the ledger', async () => {
+    for (const seed of [1, 2, 3]) {
+      const o = await schemaRequest(seed);
+      expect(o.finishReason, o.text).toBe('stop');
+      const v = JSON.parse(o.text) as Record<string, unknown>;
+      expect(Object.keys(v)).toEqual(['who', 'age', 'mood']);
+      expect([...(v.who as string)].length).toBeLessThanOrEqual(8);
+      expect(Number.isInteger(v.age) && (v.age as number) >= 0 && (v.age as number) <= 120).toBe(true);
+      expect(['glad', 'sad', 'mad']).toContain(v.mood);
+      const s = o.ledger.summary();
+      expect(s.grammar_ms_total).toBeGreaterThan(0);
+      expect(o.ledger.all().every((r) => r.grammarMs !== undefined && r.grammarMs >= 0)).toBe(true);
+    }
+  });
+
+  it('EBNF, regex and choice; a request cut by maxTokens ends with length', async () => {
+    const ebnf = await engine.submit('ROMEO:', { temperature: 1, seed: 5, maxTokens: 32, grammar: 'root ::= ("yea" | "nay") (", " ("yea" | "nay")){0,2} "."' }).done;
+    expect(ebnf.finishReason).toBe('stop');
+    expect(ebnf.text).toMatch(/^(yea|nay)(, (yea|nay)){0,2}\.$/);
+    const rx = await engine.submit('ROMEO:', { temperature: 1, seed: 6, maxTokens: 32, grammar: { type: 'regex', pattern: '[A-Z][a-z]{2,6} [0-9]{2}' } }).done;
+    expect(rx.finishReason).toBe('stop');
+    expect(rx.text).toMatch(/^[A-Z][a-z]{2,6} [0-9]{2}$/);
+    const choice = await engine.submit('ROMEO:', { temperature: 1, seed: 7, maxTokens: 32, grammar: { type: 'choice', choices: ['Montague', 'Capulet'] } }).done;
+    expect(['Montague', 'Capulet']).toContain(choice.text);
+    const cut = await engine.submit('ROMEO:', { temperature: 1, seed: 8, maxTokens: 3, grammar: { type: 'regex', pattern: '[a-z ]{40}' } }).done;
+    expect(cut.finishReason).toBe('length');
+    expect(cut.tokenIds).toHaveLength(3);
+    expect(cut.text).toMatch(/^[a-z ]*$/);
+  });
+
+  it('grammar requests batched with free ones leave the free ones their tokens alone; each grammar request its own', async () => {
+    const prompts = ['KING HENRY', 'O, what a', 'JULIET:\nAy me'];
+    const aloneFree: RequestOutcome[] = [];
+    for (let i = 0; i < prompts.length; i++) aloneFree.push(await free(prompts[i], 70 + i));
+    const aloneGrammar = [await schemaRequest(11), await schemaRequest(12)];
+    const together = await Promise.all([schemaRequest(11), ...prompts.map((p, i) => free(p, 70 + i)), schemaRequest(12)]);
+    expect(together[0].tokenIds).toEqual(aloneGrammar[0].tokenIds);
+    expect(together[4].tokenIds).toEqual(aloneGrammar[1].tokenIds);
+    for (let i = 0; i < prompts.length; i++) expect(together[i + 1].tokenIds, prompts[i]).toEqual(aloneFree[i].tokenIds);
+  });
+
+  it('a grammar row sampled on the host (it asks for logprobs) takes the tokens the device samples for it', async () => {
+    let hostRows = 0;
+    const sample = HostSampler.prototype.sample;
+    HostSampler.prototype.sample = function (this: HostSampler, ...a: Parameters<HostSampler['sample']>) {
+      hostRows++;
+      return sample.apply(this, a);
+    };
+    let device: RequestOutcome;
+    try {
+      device = await schemaRequest(21);
+      expect(hostRows).toBe(0);
+    } finally {
+      HostSampler.prototype.sample = sample;
+    }
+    const host = await schemaRequest(21, { logprobs: true, topLogprobs: 3 });
+    expect(host.tokenIds).toEqual(device.tokenIds);
+    expect(host.text).toBe(device.text);
+  });
+
+  it('logit bias: a bias of 100 forces a token, -100 bans the greedy one', async () => {
+    const base = await engine.submit('ROMEO:', { temperature: 0, maxTokens: 4, ignoreEos: true }).done;
+    const banned = await engine.submit('ROMEO:', { temperature: 0, maxTokens: 4, ignoreEos: true, logitBias: { [base.tokenIds[0]]: -100 } }).done;
+    expect(banned.tokenIds[0]).not.toBe(base.tokenIds[0]);
+    const forced = await engine.submit('ROMEO:', { temperature: 0.7, seed: 3, maxTokens: 4, ignoreEos: true, logitBias: { '42': 100 } }).done;
+    expect(forced.tokenIds).toEqual([42, 42, 42, 42]);
+  });
+
+  it('bad grammars and combinations are InvalidParamsError naming the field; the engine runs on', async () => {
+    const h = engine.submit('ROMEO:', { grammar: 'root ::= undefined_rule' });
+    const events = (async () => {
+      for await (const _ of h.events);
+    })();
+    await expect(events).rejects.toThrow(/Rule "undefined_rule" is not defined/);
+    expect((await h.done).finishReason).toBe('abort');
+    expect(() => engine.submit('ROMEO:', { grammar: { type: 'nope' } as never })).toThrow(InvalidParamsError);
+    expect(() => engine.submit('ROMEO:', { grammar: 'root ::= "a"', jsonSchema: {} })).toThrow(/either grammar or jsonSchema/);
+    expect(() => engine.submit('ROMEO:', { grammar: 'root ::= "a"', stop: ['x'] })).toThrow(/stop strings cannot be combined/);
+    expect(() => engine.submit('ROMEO:', { grammar: 'root ::= "a"', minTokens: 2 })).toThrow(/min_tokens/);
+    expect(() => engine.submit('ROMEO:', { logitBias: { '-1': 3 } })).toThrow(/logit_bias/);
+    expect(() => engine.submit('ROMEO:', { logitBias: { '5': 101 } })).toThrow(/logit_bias/);
+    const ok = await engine.submit('ROMEO:', { maxTokens: 8, grammar: { type: 'choice', choices: ['aye'] } }).done;
+    expect(ok.text).toBe('aye');
+  });
+});
