@@ -29,3 +29,4 @@ export * from './gguf/gguf-model.js';
 export * from './gguf/gguf-type-plan.js';
 export * from './gguf/gguf-convert.js';
 export * from './model-tokenizer.js';
+export * from './gguf/gguf-synth.js';

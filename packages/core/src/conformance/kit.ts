@@ -4,8 +4,8 @@
  */
 import type { Tier } from '../tiers.js';
 import type { DeviceBackend, DeviceBuffer, Numerics, OpFieldSupport } from '../backend.js';
-import { f32ToBf16, f32ToF16, QUANT_BLOCKS, type DType, type QuantDType } from '../dtype.js';
-import { dequantize, ggmlTypeOf } from '../quant/index.js';
+import { f32ToBf16, QUANT_BLOCKS, type DType, type QuantDType } from '../dtype.js';
+import { dequantize, ggmlTypeOf, randomQuantBlocks } from '../quant/index.js';
 import type { OpArgs, OpName } from '../ops.js';
 import { mix32 } from '../sampling.js';
 
@@ -198,29 +198,9 @@ export interface CaseDef {
 export const f32 = (data: Float32Array): BufDef => ({ dtype: 'f32', data });
 export const i32 = (data: ArrayLike<number>): BufDef => ({ dtype: 'i32', data: Int32Array.from(data) });
 export const bf16 = (data: Float32Array): BufDef => ({ dtype: 'bf16', data: roundToBf16(data) });
-/**
- * Random blocks of a quantized dtype for `elements` values of scale about `scale`: random quant
- * bytes, scale fields set to finite f16 values of the right size (a random f16 could be NaN).
- */
+/** Random blocks of a quantized dtype (see {@link randomQuantBlocks}), from the case's generator. */
 export function randomBlocks(rng: ConformanceRng, dtype: QuantDType, elements: number, scale: number): Uint8Array {
-  const { elements: be, bytes } = QUANT_BLOCKS[dtype];
-  const out = new Uint8Array((elements / be) * bytes);
-  for (let i = 0; i < out.length; i++) out[i] = rng.int(0, 256);
-  const half = (at: number, v: number) => {
-    const h = f32ToF16(v * (0.5 + rng.next()));
-    out[at] = h & 0xff;
-    out[at + 1] = h >>> 8;
-  };
-  for (let b = 0; b < out.length; b += bytes) {
-    if (dtype === 'q8_0') half(b, scale / 64);
-    else if (dtype === 'q4_0') half(b, scale / 4);
-    else if (dtype === 'q4_k') {
-      half(b, scale / 470);
-      half(b + 2, scale / 63);
-    } else if (dtype === 'q6_k') half(b + 208, scale / 4096);
-    else throw new RangeError(`randomBlocks: ${dtype} is not generated`);
-  }
-  return out;
+  return randomQuantBlocks(ggmlTypeOf(dtype), elements, scale, () => rng.next());
 }
 
 /** A quantized buffer from its raw blocks (the CPU reference holds their dequantized values). */

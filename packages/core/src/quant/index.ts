@@ -141,3 +141,41 @@ export function quantize(type: GgmlTypeName, src: Float32Array): Uint8Array {
       throw new RangeError(`quantization to ${type} is not supported`);
   }
 }
+
+/**
+ * Random blocks of a block type for `elements` values of magnitude about `scale`: random quant
+ * bytes with the scale fields set to finite f16 values of the right size (a random f16 could be
+ * NaN). For benchmarks and conformance cases, where values need not come from a quantizer.
+ * `next` draws uniformly from [0, 1).
+ */
+export function randomQuantBlocks(type: GgmlTypeName, elements: number, scale: number, next: () => number): Uint8Array {
+  const { blockSize, typeSize } = GGML_TYPES[type];
+  const out = new Uint8Array(ggmlByteLength(type, elements));
+  for (let i = 0; i < out.length; i += 4) {
+    const v = (next() * 4294967296) >>> 0;
+    out[i] = v & 0xff;
+    if (i + 1 < out.length) out[i + 1] = (v >>> 8) & 0xff;
+    if (i + 2 < out.length) out[i + 2] = (v >>> 16) & 0xff;
+    if (i + 3 < out.length) out[i + 3] = v >>> 24;
+  }
+  const half = (at: number, v: number) => {
+    const h = f32ToF16(v * (0.5 + next()));
+    out[at] = h & 0xff;
+    out[at + 1] = h >>> 8;
+  };
+  // Where each type keeps its f16 scales, and what they are for |value| ~ scale.
+  const fields: Partial<Record<GgmlTypeName, readonly (readonly [number, number])[]>> = {
+    Q8_0: [[0, 1 / 64]],
+    Q4_0: [[0, 1 / 4]],
+    Q4_1: [[0, 1 / 8], [2, 1]],
+    Q5_0: [[0, 1 / 8]],
+    Q5_1: [[0, 1 / 16], [2, 1]],
+    Q4_K: [[0, 1 / 470], [2, 1 / 63]],
+    Q5_K: [[0, 1 / 940], [2, 1 / 63]],
+    Q6_K: [[208, 1 / 4096]],
+  };
+  const f = fields[type];
+  if (!f || blockSize === 1) throw new RangeError(`randomQuantBlocks: ${type} is not a generated block type`);
+  for (let b = 0; b < out.length; b += typeSize) for (const [at, k] of f) half(b + at, scale * k);
+  return out;
+}

@@ -1,4 +1,5 @@
-import { writeSyntheticCheckpoint } from '@nerva/models';
+import { readFile } from 'node:fs/promises';
+import { GGUF_CONVERT_TYPES, writeSyntheticCheckpoint, writeSyntheticGguf, type GgufConvertType } from '@nerva/models';
 import type { Command } from 'commander';
 import { parseIntArg, progressBar } from '../cli-util.js';
 
@@ -10,8 +11,15 @@ export function registerSynth(program: Command): void {
     .requiredOption('--out <dir>', 'output folder')
     .option('--seed <n>', 'random seed', parseIntArg('--seed'), 0)
     .option('--shard-mb <n>', 'shard size in MiB', parseIntArg('--shard-mb'), 2048)
-    .action(async (f: { config: string; out: string; seed: number; shardMb: number }) => {
+    .option('--gguf <type>', `write one GGUF file (--out is its path) with random blocks at this type: ${GGUF_CONVERT_TYPES.join(', ')}`)
+    .action(async (f: { config: string; out: string; seed: number; shardMb: number; gguf?: string }) => {
       const bar = progressBar(`writing ${f.out}`);
+      if (f.gguf !== undefined) {
+        const config = JSON.parse(await readFile(f.config, 'utf8')) as object;
+        const r = await writeSyntheticGguf({ config, out: f.out, type: f.gguf as GgufConvertType, seed: f.seed, overwrite: true, onProgress: (d, t) => bar(d, t) });
+        process.stdout.write(JSON.stringify(r) + '\n');
+        return;
+      }
       const r = await writeSyntheticCheckpoint({
         config: f.config,
         outDir: f.out,
