@@ -1,10 +1,12 @@
 import type { Command } from 'commander';
+import { hubRepoIdOf, MODEL_FLAG_HELP, resolveModelArg } from '../cli-model.js';
 import { checkFlags, CONFIG_OPTIONS, loadConfigFile, mergeConfig, type ServerConfig } from '../config.js';
 import { addFlags, deriveFlags } from '../options.js';
 import { startServer } from '../server.js';
 
 // Every option with a config key has its flag; flags override the file, so none applies a default.
-const FLAGS = deriveFlags(CONFIG_OPTIONS.filter((s) => s.flag !== undefined));
+// `--model` takes names (resolved here, before the server starts), not only folders.
+const FLAGS = deriveFlags(CONFIG_OPTIONS.filter((s) => s.flag !== undefined).map((s) => (s.name === 'model' ? ([s, { help: MODEL_FLAG_HELP }] as const) : s)));
 
 export function registerServe(program: Command): void {
   const cmd = program
@@ -15,6 +17,11 @@ export function registerServe(program: Command): void {
     const flags: Partial<ServerConfig> = checkFlags(FLAGS.read(f) as Partial<ServerConfig>);
     const file = f.config ? await loadConfigFile(f.config) : {};
     const config = mergeConfig(file, flags);
+    if (config.model !== undefined) {
+      config.model = await resolveModelArg(config.model);
+      // A hub snapshot's folder is a commit hash: clients name it by its repo id instead.
+      config.servedModelName ??= hubRepoIdOf(config.model);
+    }
     const log = (line: string) => process.stderr.write(line + '\n');
     const server = await startServer(config, {
       log,
