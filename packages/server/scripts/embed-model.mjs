@@ -13,6 +13,10 @@ const dest = join(pkg, 'models', NAME);
 if (process.argv.includes('--remove')) {
   rmSync(join(pkg, 'models'), { recursive: true, force: true });
 } else {
+  if (!existsSync(join(pkg, 'dist', 'cli.js'))) {
+    process.stderr.write('embed-model: dist/cli.js is missing; build @nerva/server before packing it\n');
+    process.exit(1);
+  }
   const src = join(pkg, '..', '..', 'models', NAME);
   if (!existsSync(join(src, 'config.json'))) {
     process.stderr.write(`embed-model: ${src} has no config.json; the package cannot ship its default model\n`);

@@ -25,12 +25,12 @@ function searchDirs(): string[] {
 
 /**
  * The folder of a `--model` value: the embedded model when absent, else per `resolveModelDir`
- * (relative paths against this process's directory; the HF cache per HF_HUB_CACHE / HF_HOME).
+ * (relative paths against `cwd`, default this process's directory; the HF cache per HF_HUB_CACHE / HF_HOME).
  * Throws ResolveError listing every place it looked.
  */
-export async function resolveModelArg(model: string | undefined): Promise<string> {
+export async function resolveModelArg(model: string | undefined, cwd = process.cwd()): Promise<string> {
   if (model === undefined) return defaultModelDir();
-  return resolveModelDir(model, { cwd: process.cwd(), searchDirs: searchDirs() });
+  return resolveModelDir(model, { cwd, searchDirs: searchDirs() });
 }
 
 /** The HF repo id (`Org/Name`) of a folder inside a hub cache snapshot, else undefined. */

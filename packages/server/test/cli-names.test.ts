@@ -1,28 +1,13 @@
-import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, relative } from 'node:path';
+import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { hubRepoIdOf, modelNameOf } from '../src/cli-model.js';
 import { FIXTURES, lastJson, nerva, nervaFails } from './cli-helpers.js';
+import { hubSnapshot } from './hub-cache.js';
 
 const tmp = mkdtempSync(join(tmpdir(), 'nerva-names-'));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
-
-/** A snapshot laid out as huggingface_hub does: blobs named by hash, relative symlinks in snapshots/<rev>/, refs/main. */
-function hubSnapshot(hub: string, repo: string, rev: string, from: string): string {
-  const repoDir = join(hub, `models--${repo.replace('/', '--')}`);
-  const snap = join(repoDir, 'snapshots', rev);
-  mkdirSync(snap, { recursive: true });
-  mkdirSync(join(repoDir, 'blobs'), { recursive: true });
-  mkdirSync(join(repoDir, 'refs'), { recursive: true });
-  readdirSync(from).forEach((f, i) => {
-    const blob = join(repoDir, 'blobs', `${rev}-${i}`);
-    copyFileSync(join(from, f), blob);
-    symlinkSync(relative(snap, blob), join(snap, f));
-  });
-  writeFileSync(join(repoDir, 'refs', 'main'), rev);
-  return snap;
-}
 
 const HUB = join(tmp, 'hub');
 const LLAMA = hubSnapshot(HUB, 'nerva-test/tiny-random-llama', 'abc123', join(FIXTURES, 'models/tiny-random-llama'));

@@ -1,4 +1,7 @@
+import { readFile } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
 import type { Command } from 'commander';
+import { parse as parseToml } from 'smol-toml';
 import { hubRepoIdOf, MODEL_FLAG_HELP, resolveModelArg } from '../cli-model.js';
 import { checkFlags, CONFIG_OPTIONS, loadConfigFile, mergeConfig, type ServerConfig } from '../config.js';
 import { addFlags, deriveFlags } from '../options.js';
@@ -14,13 +17,22 @@ export function registerServe(program: Command): void {
     .description('OpenAI-compatible HTTP server (the embedded default model when --model is absent)')
     .option('--config <file>', 'TOML config file (flags override it)');
   addFlags(cmd, FLAGS).action(async (f: Record<string, unknown> & { config?: string }) => {
-    const flags: Partial<ServerConfig> = checkFlags(FLAGS.read(f) as Partial<ServerConfig>);
+    const given = FLAGS.read(f) as Partial<ServerConfig>;
+    const flags: Partial<ServerConfig> = checkFlags(given);
     const file = f.config ? await loadConfigFile(f.config) : {};
     const config = mergeConfig(file, flags);
-    if (config.model !== undefined) {
-      config.model = await resolveModelArg(config.model);
+    // The config layer makes every path absolute; a model may be a name, so it resolves from the
+    // value as written: a flag against this directory, the file's key against the file's folder.
+    const model =
+      given.model !== undefined
+        ? await resolveModelArg(given.model)
+        : f.config !== undefined && file.model !== undefined
+          ? await resolveModelArg(await modelAsWritten(f.config), dirname(resolve(f.config)))
+          : undefined;
+    if (model !== undefined) {
+      config.model = model;
       // A hub snapshot's folder is a commit hash: clients name it by its repo id instead.
-      config.servedModelName ??= hubRepoIdOf(config.model);
+      config.servedModelName ??= hubRepoIdOf(model);
     }
     const log = (line: string) => process.stderr.write(line + '\n');
     const server = await startServer(config, {
@@ -46,4 +58,9 @@ export function registerServe(program: Command): void {
       process.once('SIGINT', () => stop('SIGINT'));
     });
   });
+}
+
+/** The `model` key of a config file as written (the file has been checked already). */
+async function modelAsWritten(path: string): Promise<string> {
+  return (parseToml(await readFile(path, 'utf8')) as { model: string }).model;
 }
