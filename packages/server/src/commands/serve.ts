@@ -41,9 +41,10 @@ export function registerServe(program: Command): void {
       // The engine died and would not come back: exit non-zero for the supervisor to restart us.
       onFatal: () => process.exit(1),
     });
-    log(`nerva: serving ${server.state.modelName} at ${server.url}/v1 (loading the model; GET ${server.url}/health answers 200 when ready)`);
+    const t0 = performance.now();
+    log(`nerva: serving ${server.state.modelName} at ${server.url}/v1 (loading ${server.state.modelDir}; GET ${server.url}/health answers 200 when ready)`);
     server.ready.then(
-      () => log(`nerva: ready at ${server.url}/v1`),
+      () => log(`nerva: ready at ${server.url}/v1 (the model loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s)`),
       (e: Error) => log(`nerva: error: the model failed to load: ${e.message}`),
     );
     await new Promise<void>((resolveStop) => {
