@@ -163,4 +163,11 @@ describe('nerva serve with several models', () => {
     const p = toml(`[[models]]\nmodel = "${relativeTo(tmp, RANDOM)}"\nserved_model_name = "r"\n\n[[models]]\nmodel = "${relativeTo(tmp, SHAKESPEARE)}"\nmax_model_len = 64\n`);
     expect(await serveIds(['--config', p], /\(the 2 models loaded in/)).toEqual(['r', 'tiny-shakespeare-qwen3']);
   });
+
+  it('one model named in the file resolves against the file too; a flag replaces the file\'s models', async () => {
+    const p = toml(`model = "${relativeTo(tmp, RANDOM)}"\n`);
+    expect(await serveIds(['--config', p], /\(the model loaded in/)).toEqual(['tiny-random-qwen3']);
+    const two = toml(`[[models]]\nmodel = "${relativeTo(tmp, RANDOM)}"\n[[models]]\nmodel = "${relativeTo(tmp, SHAKESPEARE)}"\n`);
+    expect(await serveIds(['--config', two, '--model', SHAKESPEARE, '--served-model-name', 'only'], /\(the model loaded in/)).toEqual(['only']);
+  });
 });
