@@ -1,7 +1,9 @@
 import { readdir, readFile, stat } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { join, resolve as resolvePath } from 'node:path';
+import { NervaError } from '@nerva/core';
 import { ResolveError } from './errors.js';
+import { SafetensorsFile } from './safetensors.js';
 
 /** Short names for well-known hub repositories (case-insensitive). */
 export const MODEL_ALIASES: Readonly<Record<string, string>> = {
@@ -22,45 +24,107 @@ export const MODEL_ALIASES: Readonly<Record<string, string>> = {
   'llama-3.2-3b-instruct': 'meta-llama/Llama-3.2-3B-Instruct',
 };
 
+type Env = Readonly<Record<string, string | undefined>>;
+
 export interface ResolveOptions {
   /** Extra directories to look in, before the HF cache: `<dir>/<name>`, `<dir>/<Org>/<Name>`, `<dir>/<Name>`, or an HF cache layout inside `<dir>`. */
   searchDirs?: readonly string[];
   /** Environment to read HF_HUB_CACHE / HF_HOME from (default `process.env`). */
-  env?: Readonly<Record<string, string | undefined>>;
+  env?: Env;
+  /** The directory relative paths resolve against (default `process.cwd()`). */
+  cwd?: string;
 }
 
-/** The hub cache directory as huggingface_hub computes it: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub. */
-export function hfHubCacheDir(env: Readonly<Record<string, string | undefined>> = process.env): string {
-  if (env.HF_HUB_CACHE) return env.HF_HUB_CACHE;
-  const home = env.HF_HOME ?? join(env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'huggingface');
+/** A short name matched more than one repository in the cache: the caller must pick one by its `Org/Name`. */
+export class AmbiguousModelError extends NervaError {
+  constructor(
+    readonly query: string,
+    /** The matching repo ids, sorted. */
+    readonly candidates: readonly string[],
+    readonly cacheDir: string,
+  ) {
+    super('MODEL_AMBIGUOUS', `model "${query}" is ambiguous: ${cacheDir} holds ${candidates.join(', ')}; pass one of these Org/Name ids instead`);
+  }
+}
+
+const expandHome = (p: string): string => (p === '~' || p.startsWith('~/') ? join(homedir(), p.slice(1)) : p);
+
+/**
+ * The hub cache directory as huggingface_hub computes it: $HF_HUB_CACHE (or its older name
+ * HUGGINGFACE_HUB_CACHE), else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+ * ~/.cache/huggingface/hub.
+ */
+export function hfHubCacheDir(env: Env = process.env): string {
+  const hub = env.HF_HUB_CACHE || env.HUGGINGFACE_HUB_CACHE;
+  if (hub) return expandHome(hub);
+  const home = env.HF_HOME ? expandHome(env.HF_HOME) : join(env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'huggingface');
   return join(home, 'hub');
+}
+
+/** `Org/Name` as the hub cache names its folder, and back. */
+const repoFolder = (repoId: string): string => `models--${repoId.split('/').join('--')}`;
+function repoIdOf(folder: string): string | undefined {
+  if (!folder.startsWith('models--')) return undefined;
+  const parts = folder.slice('models--'.length).split('--');
+  return parts.length === 2 && parts.every((p) => p.length > 0) ? parts.join('/') : undefined;
+}
+
+/** The repo ids in a hub cache whose name (without the org) is `name`, case-insensitively. */
+async function reposNamed(cacheDir: string, name: string): Promise<string[]> {
+  let entries: string[];
+  try {
+    entries = await readdir(cacheDir);
+  } catch {
+    return [];
+  }
+  const want = name.toLowerCase();
+  return entries
+    .map(repoIdOf)
+    .filter((id): id is string => id !== undefined && id.split('/')[1].toLowerCase() === want)
+    .sort();
 }
 
 /**
  * Find a local model directory (one holding `config.json`) for a path, a hub repo id such as
- * `Qwen/Qwen3-8B`, or an alias such as `qwen3-8b`. Looks at the path itself, then `searchDirs`,
- * then the Hugging Face cache (`models--Org--Name/snapshots/<rev>/`, preferring the revision
- * `refs/main` names). Never downloads; throws {@link ResolveError} listing every place it looked.
+ * `Qwen/Qwen3-8B`, or a short name such as `qwen3-8b`. Looks at the path itself (relative to
+ * `cwd`), then `searchDirs`, then the Hugging Face cache (`models--Org--Name/snapshots/<rev>/`,
+ * preferring the revision `refs/main` names). A short name is matched, case-insensitively, against
+ * the repository names (without the org) in the cache, then against {@link MODEL_ALIASES}; two
+ * repositories of that name are an {@link AmbiguousModelError}. Never downloads; throws
+ * {@link ResolveError} listing every place it looked.
  */
 export async function resolveModelDir(nameOrPath: string, opts: ResolveOptions = {}): Promise<string> {
+  const cwd = opts.cwd ?? process.cwd();
   const searched: string[] = [];
   const tryDir = async (dir: string): Promise<string | undefined> => {
     searched.push(dir);
     return (await isFile(join(dir, 'config.json'))) ? dir : undefined;
   };
 
-  const looksLikePath = nameOrPath.startsWith('/') || nameOrPath.startsWith('.') || nameOrPath.startsWith('~');
-  const expanded = nameOrPath.startsWith('~') ? join(homedir(), nameOrPath.slice(1)) : nameOrPath;
-  if ((await isDir(expanded)) || looksLikePath) {
-    const found = await tryDir(resolvePath(expanded));
+  const expanded = expandHome(nameOrPath);
+  const local = resolvePath(cwd, expanded);
+  // A GGUF file carries everything a model needs: the file itself is the model.
+  if (/\.gguf$/i.test(local) && (await isFile(local))) return local;
+  // A repo id has one slash; anything else with a slash, or starting with . / ~, is a path.
+  const slashes = nameOrPath.split('/').length - 1;
+  const looksLikePath = /^[./~]/.test(nameOrPath) || slashes > 1 || nameOrPath.includes('\\');
+  if ((await isDir(local)) || looksLikePath) {
+    const found = await tryDir(local);
     if (found) return found;
     if (looksLikePath) throw new ResolveError(nameOrPath, searched, `"${nameOrPath}" is not a model directory (no config.json)`);
-  }
+  } else searched.push(`${local} (no such folder)`);
 
-  const alias = MODEL_ALIASES[nameOrPath.toLowerCase()];
-  const repoId = alias ?? nameOrPath;
-  const names = [...new Set([nameOrPath, repoId])];
-  const [org, repo] = repoId.includes('/') ? repoId.split('/', 2) : [undefined, repoId];
+  const cache = hfHubCacheDir(opts.env ?? process.env);
+  let repoId: string | undefined = slashes === 1 ? nameOrPath : undefined;
+  let via = '';
+  if (repoId === undefined) {
+    const inCache = await reposNamed(cache, nameOrPath);
+    if (inCache.length > 1) throw new AmbiguousModelError(nameOrPath, inCache, cache);
+    repoId = inCache[0] ?? MODEL_ALIASES[nameOrPath.toLowerCase()];
+    if (repoId !== undefined && inCache.length === 0) via = ` (alias of ${repoId})`;
+  }
+  const names = [...new Set([nameOrPath, ...(repoId ? [repoId] : [])])];
+  const [org, repo] = repoId ? repoId.split('/', 2) : [undefined, nameOrPath];
 
   for (const base of opts.searchDirs ?? []) {
     for (const n of names) {
@@ -73,21 +137,20 @@ export async function resolveModelDir(nameOrPath: string, opts: ResolveOptions =
     }
   }
 
-  const cache = hfHubCacheDir(opts.env ?? process.env);
   if (org) {
     const found = await findSnapshot(cache, org, repo, searched);
     if (found) return found;
   } else {
-    searched.push(`${cache} (not searched: "${nameOrPath}" is neither an alias nor an Org/Name repo id; aliases: ${Object.keys(MODEL_ALIASES).join(', ')})`);
+    searched.push(`${cache} (no repository named "${nameOrPath}" there, and it is no known alias: ${Object.keys(MODEL_ALIASES).join(', ')})`);
   }
-  throw new ResolveError(nameOrPath, searched, `model "${nameOrPath}"${alias ? ` (alias of ${alias})` : ''} not found locally`);
+  throw new ResolveError(nameOrPath, searched, `model "${nameOrPath}"${via} not found locally`);
 }
 
-/** A snapshot of `org/repo` in an HF hub cache: the one `refs/main` names, else the newest with a config.json. */
-async function findSnapshot(cacheDir: string, org: string, repo: string, searched: string[]): Promise<string | undefined> {
-  const repoDir = join(cacheDir, `models--${org}--${repo}`);
+/** The snapshot folder of `org/repo` in an HF hub cache: the one `refs/main` names, else the newest with a config.json. */
+async function findSnapshot(cacheDir: string, org: string, repo: string, searched?: string[]): Promise<string | undefined> {
+  const repoDir = join(cacheDir, repoFolder(`${org}/${repo}`));
   const snapshots = join(repoDir, 'snapshots');
-  searched.push(`${snapshots}/<rev>/`);
+  searched?.push(`${snapshots}/<rev>/`);
   let revs: string[];
   try {
     revs = await readdir(snapshots);
@@ -111,6 +174,89 @@ async function findSnapshot(cacheDir: string, org: string, repo: string, searche
     }
   }
   return best?.dir;
+}
+
+/** A model found by {@link listLocalModels}. */
+export interface LocalModel {
+  /** `Org/Name` for a hub cache entry, else the folder's name. */
+  name: string;
+  /** The folder a `--model` of `name` resolves to. */
+  path: string;
+  /** Bytes of the files in it (symlinks followed, as the hub cache links its blobs). */
+  bytes: number;
+  /** The weights' dtype: config.json's `torch_dtype`/`dtype`, else the safetensors headers'; undefined when neither says. */
+  dtype?: string;
+  /** Where it was found: the hub cache, or one of the search folders. */
+  source: 'hub-cache' | 'search-dir';
+}
+
+/**
+ * The models on this machine: every repository of the hub cache with a usable snapshot (as
+ * {@link resolveModelDir} would pick it), and every folder with a `config.json` directly inside
+ * `searchDirs`. Sorted by name. Reads only directory listings, config.json and at most one
+ * safetensors header per model.
+ */
+export async function listLocalModels(opts: Omit<ResolveOptions, 'cwd'> = {}): Promise<LocalModel[]> {
+  const out: LocalModel[] = [];
+  const cache = hfHubCacheDir(opts.env ?? process.env);
+  for (const entry of await readdirOrEmpty(cache)) {
+    const id = repoIdOf(entry);
+    if (!id) continue;
+    const [org, repo] = id.split('/');
+    const dir = await findSnapshot(cache, org, repo);
+    if (dir) out.push({ name: id, path: dir, ...(await describeDir(dir)), source: 'hub-cache' });
+  }
+  for (const base of opts.searchDirs ?? []) {
+    for (const entry of await readdirOrEmpty(base)) {
+      const dir = join(base, entry);
+      if (await isFile(join(dir, 'config.json'))) out.push({ name: entry, path: dir, ...(await describeDir(dir)), source: 'search-dir' });
+    }
+  }
+  return out.sort((a, b) => a.name.localeCompare(b.name));
+}
+
+async function describeDir(dir: string): Promise<{ bytes: number; dtype?: string }> {
+  let bytes = 0;
+  const files = await readdirOrEmpty(dir);
+  for (const f of files) {
+    try {
+      const s = await stat(join(dir, f));
+      if (s.isFile()) bytes += s.size;
+    } catch {
+      // A dangling link (a blob not downloaded): counts nothing.
+    }
+  }
+  let dtype: string | undefined;
+  try {
+    const cfg = JSON.parse(await readFile(join(dir, 'config.json'), 'utf8')) as { torch_dtype?: unknown; dtype?: unknown };
+    const d = cfg.torch_dtype ?? cfg.dtype;
+    if (typeof d === 'string') dtype = d;
+  } catch {
+    // Unreadable config: no dtype from it.
+  }
+  const first = files.filter((f) => f.endsWith('.safetensors')).sort()[0];
+  if (dtype === undefined && first !== undefined) {
+    try {
+      const st = await SafetensorsFile.open(join(dir, first));
+      try {
+        const dtypes = [...new Set(st.names().map((n) => st.info(n).dtype))];
+        dtype = dtypes.join('+');
+      } finally {
+        await st.close();
+      }
+    } catch {
+      // A malformed or missing shard: listed without a dtype; loading it names the problem.
+    }
+  }
+  return dtype === undefined ? { bytes } : { bytes, dtype };
+}
+
+async function readdirOrEmpty(dir: string): Promise<string[]> {
+  try {
+    return await readdir(dir);
+  } catch {
+    return [];
+  }
 }
 
 async function isFile(p: string): Promise<boolean> {

@@ -1,11 +1,13 @@
 import { timingSafeEqual } from 'node:crypto';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type FastifyServerOptions } from 'fastify';
+import { AggregatorRegistry } from 'prom-client';
 import { registerChat } from './chat.js';
 import { registerCompletions } from './completions.js';
 import { ApiError, badRequest } from './errors.js';
 import { unknownFabricTopology } from './fabric-topology.js';
 import { toApiError } from './generation.js';
 import { memoryReportJson, tiersJson } from './memory-report.js';
+import { ModelRouter } from './model-router.js';
 import { hostOf } from './security-options.js';
 import type { ServerState } from './state.js';
 
@@ -56,12 +58,25 @@ function bearerMatches(header: string | undefined, key: string): boolean {
   return a.length === b.length && timingSafeEqual(a, b);
 }
 
+/** The one status of a model /health reports (ok, or why not), and the error behind it. */
+function healthOf(state: ServerState): { status: string; error?: string } {
+  if (state.draining) return { status: 'draining' };
+  if (state.loadError) return { status: 'failed', error: state.loadError.message };
+  if (state.engineDown) return { status: 'unavailable', error: state.engineDown.message };
+  if (!state.engine) return { status: 'loading' };
+  return { status: 'ok' };
+}
+
 /**
  * The HTTP application (not listening): OpenAI routes, /health, /metrics, /v1/models and
- * /v1/memory over a {@link ServerState}. Bodies are parsed here as strict UTF-8 JSON under the
+ * /v1/memory over a {@link ServerState}, or over several models' states (a {@link ModelRouter}:
+ * requests go to the model they name). Bodies are parsed here as strict UTF-8 JSON under the
  * configured size limit; every error leaves in OpenAI's shape.
  */
-export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): FastifyInstance {
+export function buildApp(served: ServerState | ModelRouter, opts: { logger?: boolean } = {}): FastifyInstance {
+  const models = served instanceof ModelRouter ? served : new ModelRouter([served]);
+  // The server-wide settings: every model shares the first one's.
+  const state = models.primary;
   const sec = state.security;
   const app = Fastify({
     // Pino's access lines (method, url, status, time; never bodies, so never prompts or keys).
@@ -132,46 +147,51 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
   app.get('/health', async (req, reply) => {
     // Without the key, /health says only whether the server can serve; the reason needs the key.
     const details = state.apiKey === undefined || bearerMatches(req.headers.authorization, state.apiKey);
-    const down = (status: string, error?: string) => reply.code(503).send({ status, ...(details && error !== undefined ? { error } : {}) });
-    if (state.draining) return down('draining');
-    if (state.loadError) return down('failed', state.loadError.message);
-    if (state.engineDown) return down('unavailable', state.engineDown.message);
-    if (!state.engine) return down('loading');
+    // Ok when every model is; else the first model's reason that is not ok (named when there are several).
+    for (const s of models.states) {
+      const h = healthOf(s);
+      if (h.status === 'ok') continue;
+      const error = h.error !== undefined && models.states.length > 1 ? `${s.modelName}: ${h.error}` : h.error;
+      return reply.code(503).send({ status: h.status, ...(details && error !== undefined ? { error } : {}) });
+    }
     return { status: 'ok' };
   });
 
   app.get('/metrics', async (_req, reply) => {
-    const e = state.engine;
-    if (e) {
-      state.metrics.setLoad(e.numRunning, e.numWaiting, e.kvUsage);
+    for (const s of models.states) {
+      const e = s.engine;
+      if (!e) continue;
+      s.metrics.setLoad(e.numRunning, e.numWaiting, e.kvUsage);
       // The memory OS series (tiers, weight traffic, KV pages by tier): the engine's report now.
       // An engine that cannot answer leaves them as last scraped; the rest is still served.
       const mem = await withTimeout(e.stats(), STATS_TIMEOUT_MS).then(
-        (s) => s.memory,
+        (st) => st.memory,
         () => undefined,
       );
-      if (mem) state.metrics.setMemory(mem);
+      if (mem) s.metrics.setMemory(mem);
     }
     reply.type(state.metrics.contentType);
-    return state.metrics.text();
+    if (models.states.length === 1) return state.metrics.text();
+    // One exposition for every model: each series keeps its model_name label.
+    return AggregatorRegistry.aggregate(await Promise.all(models.states.map((s) => s.metrics.registry.getMetricsAsJSON()))).metrics();
   });
 
   app.get('/v1/models', async () => ({
     object: 'list',
-    data: [
-      {
-        id: state.modelName,
-        object: 'model',
-        created: state.created,
-        owned_by: 'nerva',
-        root: state.modelDir,
-        parent: null,
-        max_model_len: state.engine?.maxModelLen ?? null,
-      },
-    ],
+    data: models.states.map((s) => ({
+      id: s.modelName,
+      object: 'model',
+      created: s.created,
+      owned_by: 'nerva',
+      root: s.modelDir,
+      parent: null,
+      max_model_len: s.engine?.maxModelLen ?? null,
+    })),
   }));
 
   app.get('/v1/memory', async (req) => {
+    // ?model= names the model; optional when there is one.
+    const state = models.pick((req.query as Record<string, string | undefined>).model);
     const { engine, admission } = state.ready();
     const s = await withTimeout(engine.stats(), STATS_TIMEOUT_MS).catch((e: Error) => {
       throw new ApiError(503, 'service_unavailable', `the engine did not answer: ${e.message}`, null, 'engine_unavailable');
@@ -236,7 +256,7 @@ export function buildApp(state: ServerState, opts: { logger?: boolean } = {}): F
     };
   });
 
-  registerChat(app, state);
-  registerCompletions(app, state);
+  registerChat(app, models);
+  registerCompletions(app, models);
   return app;
 }

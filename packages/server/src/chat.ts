@@ -5,15 +5,15 @@ import { parseChatRequest } from './openai-schema.js';
 import { admitEarly, checkBudget, messageChars } from './request-budget.js';
 import { OFF_THREAD_CHARS, offThread } from './tokenize-pool.js';
 import { respond } from './respond.js';
-import type { ServerState } from './state.js';
 import { checkRequestGrammar } from './structured-output.js';
 import { toolFormatOf, toolGrammar } from './tool-calls.js';
+import type { ModelRouter } from './model-router.js';
 
 /** POST /v1/chat/completions: messages through the model's chat template, then generation. */
-export function registerChat(app: FastifyInstance, state: ServerState): void {
+export function registerChat(app: FastifyInstance, models: ModelRouter): void {
   app.post('/v1/chat/completions', async (request, reply) => {
     const req = parseChatRequest(request.body);
-    state.checkModel(req.model);
+    const state = models.route(req.model);
     const { engine } = state.ready();
     // Budgets and admission before the template renders and the tokenizer runs (the costly part).
     const chars = messageChars(req.messages) + (req.tools ? JSON.stringify(req.tools.raw).length : 0);

@@ -56,6 +56,48 @@ export function progressBar(label: string): (done: number, total: number) => voi
     last = pct;
     const width = 30;
     const fill = Math.round((width * done) / total);
-    process.stderr.write(`\r${label} [${'#'.repeat(fill)}${'.'.repeat(width - fill)}] ${pct}%${done >= total ? '\n' : ''}`);
+    process.stderr.write(`\r${label} [${'#'.repeat(fill)}${'.'.repeat(width - fill)}] ${pct}% of ${mib(total)}${done >= total ? '\n' : ''}`);
+  };
+}
+
+const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(bytes < 10 * 2 ** 20 ? 1 : 0)} MiB`;
+
+/** What {@link loadProgress} hands the engine and the command. */
+export interface LoadProgress {
+  /** The engine's `onProgress`: bytes of the checkpoint uploaded so far. */
+  onProgress(p: { done: number; total: number }): void;
+  /** The load finished: one line with the time it took. */
+  finish(): void;
+}
+
+/**
+ * Progress of a model load on stderr, like node-llama-cpp's: once the checkpoint is open (its
+ * files checked: a broken folder stays one error line), a line naming the model and its size,
+ * then a bar on a terminal, or in a log a line at each quarter of a load that takes over a
+ * second; then the time it took.
+ */
+export function loadProgress(model: string): LoadProgress {
+  const out = process.stderr;
+  const t0 = performance.now();
+  const bar = out.isTTY ? progressBar('nerva: weights') : undefined;
+  let started = false;
+  let quarter = 0;
+  return {
+    onProgress({ done, total }) {
+      if (total <= 0) return;
+      if (!started) {
+        started = true;
+        out.write(`nerva: loading ${model} (${mib(total)})\n`);
+      }
+      if (bar) return bar(done, total);
+      const slow = performance.now() - t0 > 1000;
+      while (quarter < 3 && done * 4 >= total * (quarter + 1)) {
+        quarter++;
+        if (slow) out.write(`nerva: weights ${quarter * 25}% of ${mib(total)}\n`);
+      }
+    },
+    finish() {
+      out.write(`nerva: loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
+    },
   };
 }

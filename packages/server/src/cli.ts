@@ -1,15 +1,22 @@
 #!/usr/bin/env node
 import { NervaError } from '@nerva/core';
+import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from 'commander';
 import { registerConvert } from './commands/convert.js';
+import { registerChat } from './commands/chat.js';
+import { registerList } from './commands/list.js';
 import { registerRun } from './commands/run.js';
 import { registerServe } from './commands/serve.js';
 import { registerSynth } from './commands/synth.js';
 import { registerTokenize } from './commands/tokenize.js';
 
 const program = new Command();
-program.name('nerva').description('NERVA: an inference operating system for LLMs').exitOverride();
+// dist/cli.js (or its chunk) sits one folder below the package's package.json, in a checkout and an install alike.
+const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
+program.name('nerva').description('NERVA: an inference operating system for LLMs').version(version, '-V, --version', 'print the version of @nerva/server').exitOverride();
 registerRun(program);
+registerChat(program);
+registerList(program);
 registerTokenize(program);
 registerSynth(program);
 registerConvert(program);

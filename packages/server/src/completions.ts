@@ -5,14 +5,14 @@ import { admitEarly, checkBudget } from './request-budget.js';
 import { OFF_THREAD_CHARS, offThread } from './tokenize-pool.js';
 import type { TokenEvent, WorkerEngine } from '@nerva/engine';
 import { type EchoedPrompt, respond } from './respond.js';
-import type { ServerState } from './state.js';
 import { checkRequestGrammar } from './structured-output.js';
+import type { ModelRouter } from './model-router.js';
 
 /** POST /v1/completions: a text or token-id prompt (or a list of them), n samples each. */
-export function registerCompletions(app: FastifyInstance, state: ServerState): void {
+export function registerCompletions(app: FastifyInstance, models: ModelRouter): void {
   app.post('/v1/completions', async (request, reply) => {
     const req = parseCompletionRequest(request.body);
-    state.checkModel(req.model);
+    const state = models.route(req.model);
     const { engine } = state.ready();
     // A bad grammar is a 400 before anything runs.
     if (req.grammar) await checkRequestGrammar(req.grammar);

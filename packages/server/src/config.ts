@@ -3,6 +3,7 @@ import { dirname, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { ENGINE_OPTIONS, engineOption, flagName, type OptionSpec } from '@nerva/engine';
 import { ConfigError } from './errors.js';
+import { type ModelEntry, parseModelsTable } from './model-set.js';
 import { checkOptionValue } from './options.js';
 import type { SecurityOptions } from './security-options.js';
 
@@ -13,6 +14,12 @@ export const API_KEY_ENV = 'NERVA_API_KEY';
 export interface ServerConfig extends SecurityOptions {
   /** Model folder; the embedded default model when absent. */
   model?: string;
+  /**
+   * Several models in one server (TOML `[[models]]`, or `--model` given more than once), each
+   * with its own engine and options (memory budgets included; the top-level keys are their
+   * defaults), routed by the request's `model`. Replaces `model`.
+   */
+  models?: ModelEntry[];
   /** Name clients use in `model`; default: the folder's name. */
   servedModelName?: string;
   host: string;
@@ -165,6 +172,11 @@ export function configKeyOf(field: keyof ServerConfig): string {
 export function parseConfigTable(table: Record<string, unknown>, where: string, baseDir?: string): Partial<ServerConfig> {
   const out: Partial<ServerConfig> = {};
   for (const [key, raw] of Object.entries(table)) {
+    if (key === 'models') {
+      if (table.model !== undefined) throw new ConfigError('models', `${where}: give "model" or [[models]] tables, not both`);
+      out.models = parseModelsTable(raw, where, CONFIG_OPTIONS, baseDir);
+      continue;
+    }
     const spec = KEYS.get(key);
     if (!spec) throw new ConfigError(key, `${where}: unknown key "${key}" (known: ${[...KEYS.keys()].join(', ')})`);
     let v = checkOptionValue(spec, key, raw, where);

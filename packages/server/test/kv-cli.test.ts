@@ -171,7 +171,8 @@ describe("nerva run --kv-vram-budget", () => {
   it("a kv budget too small for one sequence's window is one clear error with the smallest that works", async () => {
     const err = await fail([...ARGS, "--kv-vram-budget", "1"]);
     expect(err?.code).toBe(1);
-    const lines = err!.stderr.trim().split("\n");
+    // The weights load before the KV pool is sized: the load's progress line comes first.
+    const lines = err!.stderr.trim().split("\n").filter((l) => !l.startsWith("nerva: loading "));
     expect(lines).toHaveLength(1);
     expect(lines[0]).toMatch(
       /^nerva: error: kvVramBudget 1 bytes holds 0 KV pages of \d+ bytes/

@@ -1,34 +1,19 @@
-import { resolve } from 'node:path';
-import { Engine, engineOption, type EngineOptions, type GenerateOptions } from '@nerva/engine';
+import { engineOption, type EngineOptions, type GenerateOptions } from '@nerva/engine';
 import type { Command } from 'commander';
-import { checkKvTiers } from '../config.js';
-import { defaultModelDir } from '../default-model.js';
+import { CLI_ENGINE_FLAGS, openCliEngine } from '../cli-engine.js';
 import { memoryReportJson, tiersJson } from '../memory-report.js';
-import { parseFloatArg, parseIdList, parseIntArg, progressBar } from '../cli-util.js';
+import { parseFloatArg, parseIdList, parseIntArg } from '../cli-util.js';
 import { addFlags, deriveFlags } from '../options.js';
+
+/** The prompt of `nerva run` without --prompt or --prompt-ids (the embedded model knows Shakespeare's speakers). */
+export const DEFAULT_PROMPT = 'ROMEO:';
 
 /** The engine options `nerva run` takes, by their EngineOptions names (defaults apply: no config file here). */
 const ENGINE_FLAGS = deriveFlags(
-  (
-    [
-      'model',
-      'backend',
-      'numerics',
-      'matmulPrecision',
-      'batchInvariant',
-      'kvCacheDtype',
-      'vramBudget',
-      'hostBudget',
-      'offloadDir',
-      'kvVramBudget',
-      'kvHostBudget',
-      'kvOffloadDir',
-      'kvWarmLinkShare',
-      'pipelineParallel',
-      'allowSingleDeviceStages',
-      'profile',
-    ] as const
-  ).map(engineOption),
+  [
+    ...CLI_ENGINE_FLAGS,
+    ...(['kvVramBudget', 'kvHostBudget', 'kvOffloadDir', 'kvWarmLinkShare', 'pipelineParallel', 'allowSingleDeviceStages', 'profile'] as const).map(engineOption),
+  ],
   { applyDefaults: true },
 );
 
@@ -49,7 +34,7 @@ export function registerRun(program: Command): void {
   const cmd = program
     .command('run')
     .description('generate text from a model (the embedded default model when --model is absent)')
-    .option('--prompt <text>', 'prompt text')
+    .option('--prompt <text>', `prompt text (default: "${DEFAULT_PROMPT}")`)
     .option('--prompt-ids <ids>', 'prompt as comma-separated token ids', parseIdList)
     .option('--max-tokens <n>', 'tokens to generate', parseIntArg('--max-tokens'), 128)
     .option('--temperature <t>', 'sampling temperature (0 = greedy); default from generation_config.json', parseFloatArg('--temperature'))
@@ -62,19 +47,11 @@ export function registerRun(program: Command): void {
     .action(async (f: RunFlags & Record<string, unknown>) => {
       if (f.prompt !== undefined && f.promptIds !== undefined) throw new Error('give --prompt or --prompt-ids, not both');
       const e = ENGINE_FLAGS.read(f) as Partial<EngineOptions>;
-      checkKvTiers(e);
-      const model = e.model ?? defaultModelDir();
-      const offloadDir = e.offloadDir !== undefined ? resolve(e.offloadDir) : undefined;
-      const kvOffloadDir = e.kvOffloadDir !== undefined ? resolve(e.kvOffloadDir) : undefined;
-      const bar = progressBar('loading weights');
-      const engine = await Engine.create({ ...e, model, offloadDir, kvOffloadDir, onProgress: (p) => bar(p.done, p.total) });
+      const needsTokenizer = f.promptIds ? undefined : `the prompt is text${f.prompt === undefined ? ` (default "${DEFAULT_PROMPT}")` : ''}; give --prompt-ids to run without a tokenizer`;
+      const { engine, model, offloadDir, kvOffloadDir } = await openCliEngine(e, { needsTokenizer });
       try {
-        for (const n of engine.notes) process.stderr.write(`nerva: ${n}\n`);
         const gen = engine.generationDefaults;
-        let promptIds: number[];
-        if (f.promptIds) promptIds = f.promptIds;
-        else if (f.prompt !== undefined) promptIds = engine.encode(f.prompt);
-        else promptIds = [engine.spec.bosTokenId ?? engine.eosTokenIds[0] ?? 0];
+        const promptIds = f.promptIds ?? engine.encode(f.prompt ?? DEFAULT_PROMPT);
         const opts: GenerateOptions = {
           maxTokens: f.maxTokens,
           temperature: f.temperature ?? gen.temperature ?? 1,
