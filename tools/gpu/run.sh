@@ -50,6 +50,9 @@
 #   on a batchInvariant backend (must hold) and on the default one (informational), once with the default kernels
 #   (cuBLASLt with pinned algorithms, GQA attention), the same under matmul precision bf16 (NERVA_MATMUL=bf16: one
 #   term) -> $OUT/batch_invariance-{lt-gqa,lt-gqa-bf16}.json
+#   quant (not in the default list; bash tools/gpu/run.sh build,synth,bench,quant): per NERVA_SIZES, synthetic GGUF files at each of
+#   NERVA_QUANT_TYPES (default "Q4_K_M Q8_0"; llama.cpp's type rules, random blocks) decoded by bench.mjs -> $OUT/bench.jsonl,
+#   with the file's bytes and the fraction of the quantized-bytes roofline
 #   qgemv (not in the default list): the quantized GEMV (Q4_K, Q6_K, Q8_0, Q4_0) on the Qwen3-8B decode projections at 1
 #   and 4 rows, weight GB/s over the copy bandwidth measured in the same process (tools/gpu/qgemv.ts) -> $OUT/qgemv.jsonl
 #   contexts (not in the default list): one model and two contexts on the GPU (tools/gpu/contexts.ts): weights
@@ -177,6 +180,14 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   # The limit of a tiered mix uses the DRAM read rate the hostattn phase measured (when it ran).
   if has longctx; then export NERVA_HOST_READ_GBPS=$(grep -o '"read_gbps":[0-9.]*' "$OUT/hostattn.json" 2>/dev/null | cut -d: -f2); for ctx in ${NERVA_LONGCTX_CONTEXT:-1024 4096}; do runjs "long-context $size $ctx" long_context.mjs "$dir" $ctx ${NERVA_LONGCTX_TOKENS:-32} ${NERVA_LONGCTX_RATIOS:-2,4}; done; fi
   has bench && runjs "bench $size" bench.mjs "$dir" 128 256
+  if has quant; then
+    # Synthetic GGUF files at llama.cpp's type rules (random blocks), decoded like the bf16 checkpoint.
+    for t in ${NERVA_QUANT_TYPES:-Q4_K_M Q8_0}; do
+      f=/tmp/synth/$size-$t.gguf
+      [ -f "$f" ] || runjs "synth $size $t" cli.mjs synth --config ".device/configs/$size.json" --out "$f" --gguf "$t"
+      runjs "bench $size $t" bench.mjs "$f" 128 256
+    done
+  fi
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
   if has offload; then
     # The baseline first (it frees the GPU when it exits), then NERVA on the same files, same budget.

@@ -12,7 +12,14 @@ import { registerTokenize } from './commands/tokenize.js';
 
 const program = new Command();
 // dist/cli.js (or its chunk) sits one folder below the package's package.json, in a checkout and an install alike.
-const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
+// (A bundle elsewhere, e.g. for a GPU machine, has no package.json beside it: the version is then unknown.)
+const version = ((): string => {
+  try {
+    return (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+  } catch {
+    return 'unknown (bundled)';
+  }
+})();
 program.name('nerva').description('NERVA: an inference operating system for LLMs').version(version, '-V, --version', 'print the version of @nerva/server').exitOverride();
 registerRun(program);
 registerChat(program);
