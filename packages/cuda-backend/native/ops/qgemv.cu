@@ -56,7 +56,7 @@ struct QTile<NV_Q8_0> {  // a tile is a block: f16 d, 32 int8
     for (int w = 0; w < 8; w++) r.q[w] = (uint32_t)b[1 + 2 * w] | ((uint32_t)b[2 + 2 * w] << 16);
   }
   __device__ void load(const float* xr, int t) { ldx(xr + t * 32, x, 32); }
-  __device__ float dot(const Raw& r) const {
+  __device__ float dot(const Raw& r, int) const {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; w++) {
@@ -83,7 +83,7 @@ struct QTile<NV_Q4_0> {  // a block: f16 d, 16 bytes (element j: low nibble of b
     for (int w = 0; w < 4; w++) r.q[w] = (uint32_t)b[1 + 2 * w] | ((uint32_t)b[2 + 2 * w] << 16);
   }
   __device__ void load(const float* xr, int t) { ldx(xr + t * 32, x, 32); }
-  __device__ float dot(const Raw& r) const {
+  __device__ float dot(const Raw& r, int) const {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < 4; w++) {
@@ -99,40 +99,39 @@ struct QTile<NV_Q4_0> {  // a block: f16 d, 16 bytes (element j: low nibble of b
 };
 
 template <>
-struct QTile<NV_Q4_K> {  // a tile is 64 elements: 32 bytes of one block's qs (sub-blocks 2g, 2g + 1)
-  static constexpr int ELEMS = 64, BYTES = 144;
+struct QTile<NV_Q4_K> {  // a tile is 32 elements: 16 bytes of one block's qs (half of sub-blocks 2g and 2g + 1)
+  static constexpr int ELEMS = 32, BYTES = 144;
   struct Raw {
-    uint4 head, q0, q1;  // d, dmin, 12 scale bytes; the 32 qs bytes
-    int g;
+    uint4 head, q;  // d, dmin, 12 scale bytes; 16 qs bytes
   };
-  float x[64];
-  float sx[2];  // the sums of the two sub-blocks' activations
+  float x[32];  // the low nibbles' 16 activations, then the high nibbles' 16
+  float sx[2];  // their sums
   __device__ static void fetch(Raw& r, const uint8_t* row, int t) {
-    const uint8_t* b = row + (size_t)(t >> 2) * BYTES;
-    r.g = t & 3;
+    const uint8_t* b = row + (size_t)(t >> 3) * BYTES;
     r.head = *reinterpret_cast<const uint4*>(b);
-    r.q0 = *reinterpret_cast<const uint4*>(b + 16 + 32 * r.g);
-    r.q1 = *reinterpret_cast<const uint4*>(b + 32 + 32 * r.g);
+    r.q = *reinterpret_cast<const uint4*>(b + 16 + 16 * (t & 7));
   }
   __device__ void load(const float* xr, int t) {
-    ldx(xr + t * 64, x, 64);
+    const float* base = xr + (size_t)(t >> 3) * 256 + 64 * ((t & 7) >> 1) + 16 * (t & 1);
+    ldx(base, x, 16);
+    ldx(base + 32, x + 16, 16);
     sx[0] = sx[1] = 0.f;
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < 16; i++) {
       sx[0] += x[i];
-      sx[1] += x[32 + i];
+      sx[1] += x[16 + i];
     }
   }
-  __device__ float dot(const Raw& r) const {
-    const uint32_t q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+  __device__ float dot(const Raw& r, int t) const {
+    const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
     float f0 = 0.f, f1 = 0.f;  // sum(x * (1 + n / 16)) of the low and the high nibbles
 #pragma unroll
-    for (int w = 0; w < 8; w++) {
+    for (int w = 0; w < 4; w++) {
       const uint32_t lo = ((q[w] & 0x0F0F0F0Fu) << 3) | 0x80808080u, hi = ((q[w] >> 1) & 0x78787878u) | 0x80808080u;
 #pragma unroll
       for (int k = 0; k < 4; k++) {
         f0 = fmaf(x[4 * w + k], nib16(lo, k), f0);
-        f1 = fmaf(x[32 + 4 * w + k], nib16(hi, k), f1);
+        f1 = fmaf(x[16 + 4 * w + k], nib16(hi, k), f1);
       }
     }
     // The scale bytes from registers (taking the address of r.head would put it on the stack).
@@ -147,9 +146,10 @@ struct QTile<NV_Q4_K> {  // a tile is 64 elements: 32 bytes of one block's qs (s
         m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
       }
     };
+    const int g = (t & 7) >> 1;
     int sc0, m0, sc1, m1;
-    scaleMin(2 * r.g, sc0, m0);
-    scaleMin(2 * r.g + 1, sc1, m1);
+    scaleMin(2 * g, sc0, m0);
+    scaleMin(2 * g + 1, sc1, m1);
     const float d = __half2float(__ushort_as_half((uint16_t)(r.head.x & 0xFFFF)));
     const float dmin = __half2float(__ushort_as_half((uint16_t)(r.head.x >> 16)));
     // y = d*sc*n - dmin*m a weight; sum(x * n) = 16 * (f - sum(x)).
@@ -189,7 +189,7 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
 #pragma unroll
     for (int qd = 0; qd < 4; qd++) ldx(base + 32 * qd, x + 8 * qd, 8);
   }
-  __device__ float dot(const Raw& r) const {
+  __device__ float dot(const Raw& r, int) const {
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int w = 0; w < 2; w++) {
@@ -222,8 +222,8 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
                                                      int acc, int bfa) {
   NERVA_TRACE_KERNEL();
   using T = QTile<DT>;
-  constexpr int P = GLU ? 1 : 2;  // outputs an iteration
-  constexpr int NW = 2;           // weight rows an iteration
+  constexpr int NW = 4;               // weight rows an iteration
+  constexpr int P = GLU ? NW / 2 : NW;  // outputs an iteration
   extern __shared__ float part[];  // [KS][per * (GLU ? 2 : 1)]
   const int r = blockIdx.x % rows;
   const int o0 = (blockIdx.x / rows) * per;
@@ -232,10 +232,11 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   const int t = threadIdx.x;
   const bool mine = t < inDim / T::ELEMS;
   // Weight row k of iteration i (a row past the block's outputs reads its first one, never used).
+  // GLU: rows k < P are gates of outputs i + k, rows k >= P their up rows.
   auto rowOf = [&](int i, int k) -> const uint8_t* {
-    const int o = GLU ? o0 + i : o0 + i + k;
-    const int oo = (GLU ? i : i + k) < n ? o : o0;
-    return w + (size_t)(GLU && k == 1 ? outDim + oo : oo) * rowBytes;
+    const int j = GLU ? i + k % P : i + k;
+    const int o = o0 + (j < n ? j : 0);
+    return w + (size_t)(GLU && k >= P ? outDim + o : o) * rowBytes;
   };
   // Two register buffers, used in turn (named, not indexed: an indexed pair would live on the stack).
   typename T::Raw ra[NW], rb[NW];
@@ -255,16 +256,18 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
       for (int k = 0; k < NW; k++) T::fetch(next[k], rowOf(i + P, k), t);
     float v[NW];
 #pragma unroll
-    for (int k = 0; k < NW; k++) v[k] = warpSum(mine ? tile.dot(use[k]) : 0.f);
-    if (lane == 0) {
-      if (GLU) {
-        part[warp * stride + 2 * i] = v[0];
-        part[warp * stride + 2 * i + 1] = v[1];
-      } else {
-        part[warp * stride + i] = v[0];
-        if (i + 1 < n) part[warp * stride + i + 1] = v[1];
+    for (int k = 0; k < NW; k++) v[k] = warpSum(mine ? tile.dot(use[k], t) : 0.f);
+    if (lane == 0)
+#pragma unroll
+      for (int j = 0; j < P; j++) {
+        if (i + j >= n) break;
+        if (GLU) {
+          part[warp * stride + 2 * (i + j)] = v[j];
+          part[warp * stride + 2 * (i + j) + 1] = v[P + j];
+        } else {
+          part[warp * stride + i + j] = v[j];
+        }
       }
-    }
   };
   for (int i = 0; i < n; i += 2 * P) {
     step(ra, rb, i);
@@ -293,7 +296,7 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
   // outputs (its activations are loaded once for all of them).
   const long long warpsWanted = (long long)ex->smCount * 16;
   int per = (int)std::min<long long>(64, std::max<long long>(4, (long long)outDim * ks * rows / warpsWanted));
-  per = (per + 1) & ~1;
+  per = (per + 3) & ~3;
   const size_t chunks = (size_t)(outDim + per - 1) / per;
   const size_t smem = (size_t)ks * per * (GLU ? 2 : 1) * sizeof(float);
   // Row-major in the grid (row fastest): the blocks of one weight chunk run together and the
@@ -330,9 +333,9 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     if (rc) return rc;
     xr = (const float*)ex->ws;
   }
-  // Warps enough for a lane a tile: a lane holds one tile's activations.
-  const int tiles = inDim / (w.dt == NV_Q4_K ? 64 : 32);
-  if (tiles > 16 * 32) return bad(ex, "matmul: a quantized weight's rows may hold at most 512 tiles (inDim 16384, Q4_K 32768)");
+  // Warps enough for a lane a tile (32 elements): a lane holds one tile's activations.
+  const int tiles = inDim / 32;
+  if (tiles > 16 * 32) return bad(ex, "matmul: a quantized weight's rows may hold at most 16384 elements");
   int ks = 1;
   while (ks * 32 < tiles) ks *= 2;
   const uint8_t* wp = (const uint8_t*)w.p;
