@@ -183,7 +183,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   if has quant; then
     # Synthetic GGUF files at llama.cpp's type rules (random blocks), decoded like the bf16 checkpoint.
     for t in ${NERVA_QUANT_TYPES:-Q4_K_M Q8_0}; do
-      f=/tmp/synth/$size-$t.gguf
+      f=/tmp/synth/$size-$t.gguf; mkdir -p /tmp/synth
       [ -f "$f" ] || runjs "synth $size $t" cli.mjs synth --config ".device/configs/$size.json" --out "$f" --gguf "$t"
       runjs "bench $size $t" bench.mjs "$f" 128 256
     done
