@@ -546,9 +546,9 @@ __device__ __forceinline__ void sampleTailWrite(const SampleTail& T, const Sampl
 // A sampled row runs in block 0 alone, as in k_sample (the other blocks exit; no barrier on that
 // path). The caller checked: vocab % 4 == 0 and the logits 16-byte aligned (each block's slice
 // starts on a float4; one past `limit` reads at most 3 logits short of the next multiple of 4,
-// within the row). Only ids below `limit` are candidates, and masked rows (maskIndex) as, in
-// k_sample (Masked: as k_sample's); a masked greedy row's blocks reduce their slices by
-// blockArgmaxRangeMasked.
+// within the row). Only ids below `limit` are candidates, and masked rows (Masked, maskIndex)
+// are sampled, as in k_sample; a masked greedy row's blocks reduce their slices by
+// blockArgmaxRangeMasked (any alignment).
 template <bool Masked>
 __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, const float* params, int* rng, int* out,
                                                          int vocab, int limit, double* probScratch, size_t probStride,
@@ -639,8 +639,9 @@ int sampleClusterSize() {
     ClusterLaunch L(dim3((unsigned)c, 1, 1), 1024, 0, c, nullptr, false);
     int clusters = 0;
     // (k_sample_cluster<true> has the same launch shape and bounds: what holds for one holds for both.)
-    if ((c > 8 && (cudaFuncSetAttribute(k_sample_cluster<false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
-                   cudaFuncSetAttribute(k_sample_cluster<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) ||
+    const auto big = cudaFuncAttributeNonPortableClusterSizeAllowed;
+    if ((c > 8 && (cudaFuncSetAttribute(k_sample_cluster<false>, big, 1) != cudaSuccess ||
+                   cudaFuncSetAttribute(k_sample_cluster<true>, big, 1) != cudaSuccess)) ||
         cudaOccupancyMaxActiveClusters(&clusters, k_sample_cluster<false>, &L.cfg) != cudaSuccess) {
       cudaGetLastError();
       clusters = 0;
@@ -741,18 +742,19 @@ int opSample(NervaExec* ex, Args& A) {
     int nr = std::min(rowChunk, rows - r0);
     if (C > 0) {
       ClusterLaunch L(dim3((unsigned)C, (unsigned)nr, 1), 1024, 0, C, ex->stream, ex->pdl);
-      cudaError_t e = cudaLaunchKernelEx(&L.cfg, hasMask ? k_sample_cluster<true> : k_sample_cluster<false>, (const float*)logits.p, (const float*)params.p, (int*)rng.p,
-                                         (int*)out.p, vocab, limit, (double*)ex->ws, perRow / sizeof(double), r0, tail,
-                                         maskBits, maskIndex, words, masks);
+      cudaError_t e = cudaLaunchKernelEx(&L.cfg, hasMask ? k_sample_cluster<true> : k_sample_cluster<false>,
+                                         (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p, vocab,
+                                         limit, (double*)ex->ws, perRow / sizeof(double), r0, tail, maskBits, maskIndex,
+                                         words, masks);
       int rc = check(ex, "k_sample_cluster", e);
       if (rc) return rc;
       if (ex->sinceRingPush < (1u << 20)) ex->sinceRingPush++;
       continue;
     }
     int g = ex->counters && (size_t)nr <= ex->counterCount ? G : 1;
-    LAUNCH(hasMask ? k_sample<true> : k_sample<false>, dim3(g, nr), 1024, 0, (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p,
-           vocab, limit, (double*)ex->ws, perRow / sizeof(double), r0, g > 1 ? ex->counters : (int*)nullptr, maskBits,
-           maskIndex, words, masks);
+    LAUNCH(hasMask ? k_sample<true> : k_sample<false>, dim3(g, nr), 1024, 0, (const float*)logits.p,
+           (const float*)params.p, (int*)rng.p, (int*)out.p, vocab, limit, (double*)ex->ws, perRow / sizeof(double), r0,
+           g > 1 ? ex->counters : (int*)nullptr, maskBits, maskIndex, words, masks);
   }
   if (fold) {
     ex->sinceRingPush = 0;
