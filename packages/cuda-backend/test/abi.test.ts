@@ -144,10 +144,15 @@ describe('OpEncoder', () => {
     enc.encode('sample', { ...base, push: { ring, cursor, capacity: 8 }, advance });
     const A = (b: DeviceBuffer) => resolved.get(b.id)!.addr;
     expect(Array.from(enc.args.subarray(11, enc.n))).toEqual([1, A(ring), 3, A(cursor), 3, 8, 1, A(positions), 3, A(slots), 3, A(blockTables), 3, A(rowSeq), 3, 16, 4, 0]);
-    // Token masks (constrained decoding) after advance: flag, bits, index, words (ceil(limit / 32) at least).
+    // Token masks (constrained decoding) after advance: flag, bits, index, words (ceil(limit / 32) at least),
+    // masks (the whole masks bits holds, so the device never reads past it).
     const bits = buf('i32', 2), index = buf('i32', rows);
     enc.encode('sample', { ...base, mask: { bits, index, words: 1 } });
-    expect(Array.from(enc.args.subarray(11, enc.n))).toEqual([0, 0, 1, A(bits), 3, A(index), 3, 1]);
+    expect(Array.from(enc.args.subarray(11, enc.n))).toEqual([0, 0, 1, A(bits), 3, A(index), 3, 1, 2]);
+    const bits7 = buf('i32', 7);
+    enc.encode('sample', { ...base, mask: { bits: bits7, index, words: 3 } });
+    expect(Array.from(enc.args.subarray(11, enc.n))).toEqual([0, 0, 1, A(bits7), 3, A(index), 3, 3, 2]);
+    expect(() => enc.encode('sample', { ...base, mask: { bits, index, words: 3 } })).toThrow(/mask\.bits needs 3 elements, has 2/);
     const wide = { ...base, logits: buf('f32', rows * 40), vocab: 40 };
     expect(() => enc.encode('sample', { ...wide, mask: { bits, index, words: 1 } })).toThrow(/mask\.words must cover the 40 sampled ids \(at least 2\), got 1/);
     expect(() => enc.encode('sample', { ...base, mask: { bits: buf('f32', 2), index, words: 1 } })).toThrow(/mask\.bits must be i32/);

@@ -105,7 +105,10 @@ struct SampleShared {
 };
 
 // mode 0: the element at rank `rank`; mode 1: first element with massBefore + p >= thr;
-// mode 2: first element with massBefore + p > thr.
+// mode 2: first element with massBefore + p > thr. Masked: entries below zero (a masked row's
+// disallowed ids, MASKED_OUT) are no candidates at all, not even after the allowed ids of
+// probability zero, so ranks, counts and masses are over the allowed ids alone.
+template <bool Masked>
 __device__ SelResult selectKey(const double* prob, int vocab, int mode, int rank, double thr, SampleShared& S) {
   if (threadIdx.x == 0) {
     S.hiMask = 0;
@@ -134,6 +137,7 @@ __device__ SelResult selectKey(const double* prob, int vocab, int mode, int rank
     double runM = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
       double p = prob[i];
+      if (Masked && p < 0) continue;
       uint64_t hi = (uint64_t)__double_as_longlong(p);
       uint32_t lo = ~(uint32_t)i;
       if ((hi & hm) != hv || (lo & lm) != lv) continue;
@@ -203,16 +207,51 @@ __device__ SelResult selectKey(const double* prob, int vocab, int mode, int rank
   return res;
 }
 
+// A masked row's disallowed ids in the float64 scratch: below every probability, so the
+// selections skip them (selectKey<true>) and a min-p floor (>= 0) never keeps them.
+constexpr double MASKED_OUT = -1.0;
+
+// Bit i of a row's token mask: id i is allowed.
+__device__ __forceinline__ bool maskAllows(const uint32_t* M, int i) { return (M[i >> 5] >> (i & 31)) & 1u; }
+
+// The ids below `limit` a row's mask allows (bits past `limit` in its last word ignored).
+__device__ int maskCount(const uint32_t* M, int limit, SampleShared& S) {
+  int c = 0;
+  const int words = (limit + 31) >> 5;
+  for (int w = threadIdx.x; w < words; w += blockDim.x) {
+    uint32_t b = M[w];
+    const int left = limit - w * 32;
+    if (left < 32) b &= (1u << left) - 1u;
+    c += __popc(b);
+  }
+  return blockSum(c, S.redi);
+}
+
 // A sampled row (temperature > 0) by one block: softmax in float64 into `prob`, then top-k,
 // top-p and min-p by radix selection, and the draw from the counter-based uniform.
-__device__ __forceinline__ int sampleRow(const float* L, double* prob, int vocab, float temp, float topK, float topP, float minP,
-                         uint32_t seed, uint32_t counter, SampleShared& S) {
+// Masked (M, the row's mask): core's sampleRowMasked, i.e. the same rule over the allowed ids
+// alone. Their max, softmax and masses leave the others out (MASKED_OUT in `prob`), every cut and
+// the fallback candidate count allowed ids only, so a disallowed id is never returned; -1 when
+// the mask allows no id below `vocab`. Unmasked rows run the template without any of it.
+template <bool Masked>
+__device__ __forceinline__ int sampleRow(const float* L, double* prob, int vocab, const uint32_t* M, float temp, float topK,
+                                         float topP, float minP, uint32_t seed, uint32_t counter, SampleShared& S) {
   double u = uniformFromSeed(seed, counter);
+  long long ids = vocab;  // the candidates: the row's ids, or a masked row's allowed ones
+  if (Masked) {
+    ids = maskCount(M, vocab, S);
+    if (ids == 0) return -1;
+  }
   float mx = -INFINITY;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, L[i]);
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+    if (!Masked || maskAllows(M, i)) mx = fmaxf(mx, L[i]);
   mx = blockMax(mx, S.redf);
   double t = (double)temp, sum = 0;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    if (Masked && !maskAllows(M, i)) {
+      prob[i] = MASKED_OUT;
+      continue;
+    }
     double e = exp(((double)L[i] - (double)mx) / t);
     prob[i] = e;
     sum += e;
@@ -220,7 +259,9 @@ __device__ __forceinline__ int sampleRow(const float* L, double* prob, int vocab
   sum = blockSum(sum, S.red);
   double pmax = 0, total = 0;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    double p = prob[i] / sum;
+    double p = prob[i];
+    if (Masked && p < 0) continue;
+    p /= sum;
     prob[i] = p;
     pmax = fmax(pmax, p);
     total += p;
@@ -237,38 +278,99 @@ __device__ __forceinline__ int sampleRow(const float* L, double* prob, int vocab
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) pmax = fmax(pmax, S.red[w]);
     __syncthreads();
   }
-  long long n = vocab;
+  long long n = ids;
   if (topK > 0.f && (double)topK < (double)n) n = (long long)ceil((double)topK);
   if (topP < 1.f) {
-    SelResult sp = selectKey(prob, vocab, 1, 0, (double)topP, S);
-    long long k = sp.index >= 0 ? (long long)sp.countBefore + 1 : (long long)vocab;
+    SelResult sp = selectKey<Masked>(prob, vocab, 1, 0, (double)topP, S);
+    long long k = sp.index >= 0 ? (long long)sp.countBefore + 1 : ids;
     if (k > n) k = n;
     n = k < 1 ? 1 : k;
   }
   if (minP > 0.f) {
     double floorP = (double)minP * pmax;
     int c = 0;
+    // (MASKED_OUT is below any floor: minP > 0 and pmax > 0 where an id is allowed.)
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += prob[i] >= floorP ? 1 : 0;
     c = blockSum(c, S.redi);
     long long k = c < 1 ? 1 : c;
     if (k < n) n = k;
   }
-  SelResult lastKept = selectKey(prob, vocab, 0, (int)(n - 1), 0, S);
-  double kept = n == vocab ? total : lastKept.massBefore + lastKept.p;
-  SelResult pick = selectKey(prob, vocab, 2, 0, u * kept, S);
+  SelResult lastKept = selectKey<Masked>(prob, vocab, 0, (int)(n - 1), 0, S);
+  double kept = n == ids ? total : lastKept.massBefore + lastKept.p;
+  SelResult pick = selectKey<Masked>(prob, vocab, 2, 0, u * kept, S);
   return (pick.index >= 0 && pick.countBefore < n) ? pick.index : lastKept.index;
+}
+
+// blockArgmaxRange over a masked row's allowed ids (every thread gets (value, index)): the
+// largest logit, the lowest id among equal ones; where no allowed id has a logit above -inf (all
+// -inf or NaN) the lowest allowed id with -inf, as core's argmaxRow over the allowed ids alone
+// (its first candidate stands until one is greater). Index -1: the range allows no id. The
+// pairs merge by argmaxMerge as blockArgmaxRange's (-inf pairs by their lowest index).
+__device__ void blockArgmaxRangeMasked(const float* L, const uint32_t* M, int begin, int end, float* shv, int* shi,
+                                       float& outV, int& outI) {
+  float bv = -INFINITY;
+  int bi = -1;
+  constexpr int U = 4;
+  for (int i0 = begin + threadIdx.x; i0 < end; i0 += U * blockDim.x) {
+    float v[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int i = i0 + u * blockDim.x;
+      ok[u] = i < end && maskAllows(M, i);
+      v[u] = ok[u] ? L[i] : -INFINITY;  // (a disallowed id's logit is never read)
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (!ok[u]) continue;
+      if (v[u] > bv) {
+        bv = v[u];
+        bi = i0 + u * blockDim.x;
+      } else if (bi < 0) {
+        bi = i0 + u * blockDim.x;  // the thread's first allowed id, at -inf
+      }
+    }
+  }
+  blockArgmaxStage(bv, bi, shv, shi);
+  const int nw = (blockDim.x + 31) >> 5;
+  float v = -INFINITY;
+  int idx = -1;
+  for (int k = 0; k < nw; k++) argmaxMerge(v, idx, shv[k], shi[k]);
+  __syncthreads();
+  outV = v;
+  outI = idx;
+}
+
+// A row's mask, read after the dependency wait (a kernel may have written it). Returns null for
+// an unmasked row (no mask, index < 0); sets bad where the index names no mask `bits` holds.
+__device__ __forceinline__ const uint32_t* rowMask(const uint32_t* bits, const int* index, int words, int masks, int r,
+                                                   bool& bad) {
+  bad = false;
+  if (!index) return nullptr;
+  const int k = index[r];
+  if (k < 0) return nullptr;
+  if (k >= masks) {
+    bad = true;
+    return nullptr;
+  }
+  return bits + (size_t)k * words;
 }
 
 // Greedy rows: the G blocks of the row each reduce one slice of the vocabulary to (max, index),
 // store it in the row's scratch and count in; the last to arrive merges the G pairs (lowest index
 // on ties, as blockArgmax) and re-arms the counter, so a large vocabulary is read by many SMs in
-// one kernel. Returns -2 in every block but the last, else the token.
-__device__ int greedyArrive(const float* L, int vocab, int G, double* prob, int* counter, SampleShared& S) {
+// one kernel. Returns -2 in every block but the last, else the token. M: the row's mask (null:
+// unmasked), each slice by blockArgmaxRangeMasked; -1 when it allows no id.
+template <bool Masked>
+__device__ int greedyArrive(const float* L, int vocab, int G, const uint32_t* M, double* prob, int* counter, SampleShared& S) {
   __shared__ int lastFlag;
   int chunk = (vocab + G - 1) / G, begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
   float v;
   int idx;
-  blockArgmaxRange(L, begin, end, S.redf, S.redi, v, idx);
+  if (Masked && M)
+    blockArgmaxRangeMasked(L, M, begin, end, S.redf, S.redi, v, idx);
+  else
+    blockArgmaxRange(L, begin, end, S.redf, S.redi, v, idx);
   float* pv = reinterpret_cast<float*>(prob);  // pairs (value, index) in the row's float64 slots
   if (threadIdx.x == 0) {
     pv[2 * blockIdx.x] = v;
@@ -291,17 +393,23 @@ __device__ int greedyArrive(const float* L, int vocab, int G, double* prob, int*
   }
   __syncthreads();
   int r = S.redi[0];
-  return r < 0 ? 0 : r;
+  return r < 0 ? (Masked && M ? -1 : 0) : r;
 }
 
 // Grid (G, rows): one float64 scratch row per row. A greedy row (temperature <= 0) is split over
 // the G blocks (greedyArrive); a sampled row runs in its block 0 alone, the others exit.
 // `counters` (one per row, zero, left zero) may be null only when G == 1. Rows are `vocab` apart;
 // only ids below `limit` (<= vocab) are candidates: a checkpoint's embedding rows past its
-// tokenizer's ids are never sampled, whatever their logits.
+// tokenizer's ids are never sampled, whatever their logits. maskIndex (null: no row masked):
+// row r with maskIndex[r] >= 0 samples among the ids bits' mask maskIndex[r] (of `masks`, `words`
+// apart) allows (rowMask); out[r] = -1 where that mask allows none, or names no mask of `bits`.
+// Masked: the launch has a mask (a row's index tested once); k_sample<false>, every launch
+// without one, is the unmasked sampler alone (its registers and code as before masks).
+template <bool Masked>
 __global__ void __launch_bounds__(1024) k_sample(const float* logits, const float* params, int* rng, int* out, int vocab,
                                                  int limit, double* probScratch, size_t probStride, int rowBase,
-                                                 int* counters) {
+                                                 int* counters, const uint32_t* maskBits, const int* maskIndex,
+                                                 int maskWords, int masks) {
   NERVA_TRACE_KERNEL();
   __shared__ SampleShared S;
   int r = rowBase + blockIdx.y, G = gridDim.x;
@@ -314,17 +422,28 @@ __global__ void __launch_bounds__(1024) k_sample(const float* logits, const floa
         minP = params[(size_t)r * 4 + 3];
   PDL_ENTER();
   uint32_t seed = (uint32_t)rng[(size_t)r * 2], counter = (uint32_t)rng[(size_t)r * 2 + 1];
+  bool maskBad = false;
+  const uint32_t* M = Masked ? rowMask(maskBits, maskIndex, maskWords, masks, r, maskBad) : nullptr;
   int result;
-  if (!(temp > 0.f)) {
+  if (Masked && maskBad) {
+    if (blockIdx.x != 0) return;
+    result = -1;
+  } else if (!(temp > 0.f)) {
     if (G == 1) {
-      result = blockArgmax(L, limit, S.redf, S.redi);
+      if (Masked && M) {
+        float v;
+        blockArgmaxRangeMasked(L, M, 0, limit, S.redf, S.redi, v, result);
+      } else {
+        result = blockArgmax(L, limit, S.redf, S.redi);
+      }
     } else {
-      result = greedyArrive(L, limit, G, prob, counters + blockIdx.y, S);
+      result = greedyArrive<Masked>(L, limit, G, M, prob, counters + blockIdx.y, S);
       if (result == -2) return;
     }
   } else {
     if (blockIdx.x != 0) return;
-    result = sampleRow(L, prob, limit, temp, topK, topP, minP, seed, counter, S);
+    result = Masked && M ? sampleRow<true>(L, prob, limit, M, temp, topK, topP, minP, seed, counter, S)
+                         : sampleRow<false>(L, prob, limit, nullptr, temp, topK, topP, minP, seed, counter, S);
   }
   if (threadIdx.x == 0) {
     out[r] = result;
@@ -427,10 +546,14 @@ __device__ __forceinline__ void sampleTailWrite(const SampleTail& T, const Sampl
 // A sampled row runs in block 0 alone, as in k_sample (the other blocks exit; no barrier on that
 // path). The caller checked: vocab % 4 == 0 and the logits 16-byte aligned (each block's slice
 // starts on a float4; one past `limit` reads at most 3 logits short of the next multiple of 4,
-// within the row). Only ids below `limit` are candidates, as in k_sample.
+// within the row). Only ids below `limit` are candidates, and masked rows (Masked, maskIndex)
+// are sampled, as in k_sample; a masked greedy row's blocks reduce their slices by
+// blockArgmaxRangeMasked (any alignment).
+template <bool Masked>
 __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, const float* params, int* rng, int* out,
                                                          int vocab, int limit, double* probScratch, size_t probStride,
-                                                         int rowBase, SampleTail tail) {
+                                                         int rowBase, SampleTail tail, const uint32_t* maskBits,
+                                                         const int* maskIndex, int maskWords, int masks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // clusters need sm_90: never launched there (sampleClusterSize)
 #else
@@ -451,8 +574,14 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
   PDL_ENTER();
   if (!tail.pre && rank == 0 && threadIdx.x == 0) sampleTailRead(tail, ts);
   const uint32_t seed = (uint32_t)rng[(size_t)r * 2], counter = (uint32_t)rng[(size_t)r * 2 + 1];
+  // (The same for every block of the cluster, which is one row: all of them take the same path.)
+  bool maskBad = false;
+  const uint32_t* M = Masked ? rowMask(maskBits, maskIndex, maskWords, masks, r, maskBad) : nullptr;
   int result;
-  if (!(temp > 0.f)) {
+  if (Masked && maskBad) {
+    if (rank != 0) return;
+    result = -1;
+  } else if (!(temp > 0.f)) {
     const int chunk = (((limit + C - 1) / C) + 3) & ~3;
     const int begin = min(limit, rank * chunk), end = min(limit, begin + chunk);
     // The pairs travel by st.async into block 0, counted by its transaction barrier (as the
@@ -464,7 +593,10 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     float v;
     int idx;
-    blockArgmaxRange4(L, begin, end, S.redf, S.redi, v, idx);
+    if (Masked && M)
+      blockArgmaxRangeMasked(L, M, begin, end, S.redf, S.redi, v, idx);
+    else
+      blockArgmaxRange4(L, begin, end, S.redf, S.redi, v, idx);
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // block 0's barrier is initialized
     if (threadIdx.x == 0) {
       const unsigned rb = saMapa(bar, 0);
@@ -480,10 +612,11 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
       bi = pairI[threadIdx.x];
     }
     warpArgmax(bv, bi);
-    result = bi < 0 ? 0 : bi;
+    result = bi < 0 ? (Masked && M ? -1 : 0) : bi;
   } else {
     if (rank != 0) return;
-    result = sampleRow(L, prob, limit, temp, topK, topP, minP, seed, counter, S);
+    result = Masked && M ? sampleRow<true>(L, prob, limit, M, temp, topK, topP, minP, seed, counter, S)
+                         : sampleRow<false>(L, prob, limit, nullptr, temp, topK, topP, minP, seed, counter, S);
   }
   if (threadIdx.x == 0) {
     out[r] = result;
@@ -505,8 +638,11 @@ int sampleClusterSize() {
   {
     ClusterLaunch L(dim3((unsigned)c, 1, 1), 1024, 0, c, nullptr, false);
     int clusters = 0;
-    if ((c > 8 && cudaFuncSetAttribute(k_sample_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
-        cudaOccupancyMaxActiveClusters(&clusters, k_sample_cluster, &L.cfg) != cudaSuccess) {
+    // (k_sample_cluster<true> has the same launch shape and bounds: what holds for one holds for both.)
+    const auto big = cudaFuncAttributeNonPortableClusterSizeAllowed;
+    if ((c > 8 && (cudaFuncSetAttribute(k_sample_cluster<false>, big, 1) != cudaSuccess ||
+                   cudaFuncSetAttribute(k_sample_cluster<true>, big, 1) != cudaSuccess)) ||
+        cudaOccupancyMaxActiveClusters(&clusters, k_sample_cluster<false>, &L.cfg) != cudaSuccess) {
       cudaGetLastError();
       clusters = 0;
     }
@@ -554,7 +690,22 @@ int opSample(NervaExec* ex, Args& A) {
     bs = A.num();
     mbps = A.num();
   }
+  // mask (src/abi/sample.ts): a flag, then bits, index, words and masks (how many words-long masks
+  // bits holds: a row's index past them is sampled as -1, never read out of bounds).
+  const int hasMask = A.num();
+  Buf mbits{}, mindex{};
+  int words = 1, masks = 0;
+  if (hasMask) {
+    mbits = buf(A);
+    mindex = buf(A);
+    words = A.num();
+    masks = A.num();
+  }
   if (!A.ok) return bad(ex, "sample: argument count");
+  if (hasMask && (words < 1 || (long long)words * 32 < limit || masks < 0))
+    return bad(ex, "sample: mask words must cover limit's ids and masks be non-negative");
+  const uint32_t* maskBits = hasMask ? (const uint32_t*)mbits.p : nullptr;
+  const int* maskIndex = hasMask ? (const int*)mindex.p : nullptr;
   if (limit < 1 || limit > vocab) return bad(ex, "sample: limit must be in [1, vocab]");
   if (hasPush && cap <= 0) return bad(ex, "sample: push capacity must be positive");
   if (hasAdvance && (bs <= 0 || mbps <= 0)) return bad(ex, "sample: advance blockSize and maxBlocksPerSeq must be positive");
@@ -591,16 +742,19 @@ int opSample(NervaExec* ex, Args& A) {
     int nr = std::min(rowChunk, rows - r0);
     if (C > 0) {
       ClusterLaunch L(dim3((unsigned)C, (unsigned)nr, 1), 1024, 0, C, ex->stream, ex->pdl);
-      cudaError_t e = cudaLaunchKernelEx(&L.cfg, k_sample_cluster, (const float*)logits.p, (const float*)params.p, (int*)rng.p,
-                                         (int*)out.p, vocab, limit, (double*)ex->ws, perRow / sizeof(double), r0, tail);
+      cudaError_t e = cudaLaunchKernelEx(&L.cfg, hasMask ? k_sample_cluster<true> : k_sample_cluster<false>,
+                                         (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p, vocab,
+                                         limit, (double*)ex->ws, perRow / sizeof(double), r0, tail, maskBits, maskIndex,
+                                         words, masks);
       int rc = check(ex, "k_sample_cluster", e);
       if (rc) return rc;
       if (ex->sinceRingPush < (1u << 20)) ex->sinceRingPush++;
       continue;
     }
     int g = ex->counters && (size_t)nr <= ex->counterCount ? G : 1;
-    LAUNCH(k_sample, dim3(g, nr), 1024, 0, (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p,
-           vocab, limit, (double*)ex->ws, perRow / sizeof(double), r0, g > 1 ? ex->counters : (int*)nullptr);
+    LAUNCH(hasMask ? k_sample<true> : k_sample<false>, dim3(g, nr), 1024, 0, (const float*)logits.p,
+           (const float*)params.p, (int*)rng.p, (int*)out.p, vocab, limit, (double*)ex->ws, perRow / sizeof(double), r0,
+           g > 1 ? ex->counters : (int*)nullptr, maskBits, maskIndex, words, masks);
   }
   if (fold) {
     ex->sinceRingPush = 0;

@@ -45,9 +45,11 @@ export const SAMPLE_ENCODERS: OpEncoders<'argmax' | 'sample' | 'ring_push' | 'ad
       e.buf('advance.rowSeq', adv.rowSeq, rows, INT);
       e.num(bs); e.num(mbps);
     }
-    // mask (constrained decoding), after advance: a flag, then bits, index and words. The addon
-    // reads it where it says sampleMask; an older one stops after advance and never sees it (the
-    // backend refuses a mask there, so no row is ever sampled unmasked by mistake).
+    // mask (constrained decoding), after advance: a flag, then bits, index, words and masks (the
+    // whole masks bits holds: the device samples a row whose index names none as -1 rather than
+    // read past bits). The addon reads it where it says sampleMask; an older one stops after
+    // advance and never sees it (the backend refuses a mask there, so no row is ever sampled
+    // unmasked by mistake).
     const mask = x.mask as OpArgs<'sample'>['mask'];
     if (mask === undefined) e.num(0);
     else {
@@ -59,6 +61,7 @@ export const SAMPLE_ENCODERS: OpEncoders<'argmax' | 'sample' | 'ring_push' | 'ad
       e.buf('mask.bits', mask.bits, words, INT);
       e.buf('mask.index', mask.index, rows, INT);
       e.num(words);
+      e.num(Math.floor(e.resolve(mask.bits, 'op sample: mask.bits').length / words));
     }
   },
   ring_push(e, x, c, B) {
