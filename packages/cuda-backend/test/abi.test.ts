@@ -19,7 +19,7 @@ const enc = new OpEncoder((b) => resolved.get(b.id)!);
 describe('OpEncoder', () => {
   it('numbers ops in OP_NAMES order (the order of native/nerva.h)', () => {
     OP_NAMES.forEach((n, i) => expect(OP_CODES[n]).toBe(i));
-    expect(DTYPE_CODES).toEqual({ f32: 0, bf16: 1, f16: 2, i32: 3 });
+    expect(DTYPE_CODES).toEqual({ f32: 0, bf16: 1, f16: 2, i32: 3, q8_0: 4, q4_0: 5, q4_k: 6, q6_k: 7 });
   });
 
   it('packs buffers as (address, dtype) then attributes', () => {
