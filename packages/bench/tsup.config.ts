@@ -7,4 +7,6 @@ export default defineConfig({
   sourcemap: true,
   clean: true,
   target: 'node20',
+  // A dev dependency with a native addon, imported at run time where installed: never bundled.
+  external: ['node-llama-cpp'],
 });

@@ -5,6 +5,7 @@ import { addFlags, defaultModelDir, deriveFlags, parseIntArg, type FlagOverride,
 import { decodeProbe } from './probes/decode.js';
 import { forkProbe } from './probes/fork.js';
 import { generateProbe } from './probes/generate.js';
+import { llamaCppProbe } from './probes/llama-cpp.js';
 import { longContextProbe } from './probes/long-context.js';
 import { parseGemmShapes } from './measure.js';
 import { offloadProbe } from './probes/offload.js';
@@ -234,6 +235,24 @@ const print = (o: unknown): void => {
           kvCacheBytes: e.kvCacheBytes,
         }),
       );
+    });
+}
+
+{
+  const cmd = program
+    .command('llama-cpp')
+    .description("llama.cpp's greedy decode of a GGUF file (node-llama-cpp's CPU build) beside NERVA's on the same file, prompt and device class: tok/s of each, file and decode bytes, tokens equal");
+  const engine = engineFlags(cmd, ['model', 'backend'], {
+    model: { mandatory: true, help: 'a GGUF file (both engines load it)' },
+    backend: { default: 'cpu', help: "NERVA's backend (llama.cpp runs on the CPU: only its CPU build is installed)" },
+  });
+  cmd
+    .option('--tokens <n>', 'generated tokens of each engine', int('--tokens'), 64)
+    .option('--prompt-len <n>', 'prompt tokens (synthetic ids)', int('--prompt-len'), 16)
+    .option('--threads <n>', "llama.cpp's CPU threads (NERVA's CPU backend computes on one)", int('--threads'), 1)
+    .action(async (f) => {
+      const e = engine(f);
+      print(await llamaCppProbe({ model: e.model!, backend: e.backend, promptLen: f.promptLen, tokens: f.tokens, threads: f.threads }));
     });
 }
 

@@ -1,6 +1,8 @@
 export { decodeProbe } from "./probes/decode.js";
 export { forkProbe, type ForkProbeOptions } from "./probes/fork.js";
 export { generateProbe } from "./probes/generate.js";
+export { llamaCppProbe, type LlamaCppProbeOptions } from "./probes/llama-cpp.js";
+export { openLlamaCpp, LlamaCppRuntime, LlamaCppModel, type LlamaCppOpenResult, type LlamaCppOpenOptions, type LlamaCppGreedyResult } from "./llama-cpp.js";
 export {
   measureCopyBandwidth,
   measureH2dBandwidth,
