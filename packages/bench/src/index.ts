@@ -1,6 +1,7 @@
 export { decodeProbe } from "./probes/decode.js";
 export { forkProbe, type ForkProbeOptions } from "./probes/fork.js";
 export { generateProbe } from "./probes/generate.js";
+export { quantErrorProbe, QuantErrorStats, logSoftmax, QUANT_ERROR_TYPES, type QuantErrorProbeOptions } from "./probes/quant-error.js";
 export {
   measureCopyBandwidth,
   measureH2dBandwidth,
