@@ -57,6 +57,9 @@
 #   and 4 rows, weight GB/s over the copy bandwidth measured in the same process (tools/gpu/qgemv.ts) -> $OUT/qgemv.jsonl
 #   contexts (not in the default list): one model and two contexts on the GPU (tools/gpu/contexts.ts): weights
 #   allocated once, each context's tokens equal a lone engine's -> $OUT/contexts.json
+#   gguf (not in the default list): every fixture model and the Shakespeare model converted to GGUF at F32, F16, Q8_0,
+#   Q4_0, Q4_K, Q6_K and Q4_K_M, run on CUDA and on CPU over the same file (tools/gpu/gguf_check.ts): greedy tokens
+#   (equal at F32/F16), logits within the CUDA f32 relTol, the dtypes the CUDA engine stored -> $OUT/gguf_check.json
 #   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
 #   @nerva/cuda-backend, the GPU-only ones among them, under vitest from .device/vitest.tar.xz
 #   (tools/gpu/pack_vitest.mjs) with NERVA_GPU_TESTS=1 (a GPU-only file without the addon or a GPU
@@ -164,6 +167,7 @@ has pipeline2 && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs pipeline2 pipeline.mjs mul
 has tiered && runjs tiered parity.mjs tiered $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3 && cp "$OUT/tiered.json" "$OUT/tiered-fixtures.json"
 has qgemv && runjs qgemv qgemv.mjs ${QGEMV_ARGS:-}
 has contexts && runjs contexts contexts.mjs models/tiny-shakespeare-qwen3 $(ls -d .device/fixtures/models/*/ | head -2)
+has gguf && runjs gguf gguf_check.mjs $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3
 has cli && { for m in .device/fixtures/models/*/; do $NODE .device/dist/cli.mjs run --model "$m" --backend cuda --prompt-ids 1,2,3 --max-tokens 8 --temperature 0 --json 2>&1 | tail -1; done > "$OUT/cli-runs.jsonl"; say "cli runs: $(grep -c '"backend":"cuda"' "$OUT/cli-runs.jsonl") cuda json lines"; }
 for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   dir=/tmp/synth/$size

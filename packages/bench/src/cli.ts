@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import { Command, InvalidArgumentError } from 'commander';
 import { engineOption, type BackendChoice, type EngineOptionName, type EngineOptions } from '@nerva/engine';
+import { GGUF_CONVERT_TYPES, type GgufConvertType } from '@nerva/models';
 import { addFlags, defaultModelDir, deriveFlags, parseIntArg, type FlagOverride, type FlagPick } from '@nerva/server';
 import { decodeProbe } from './probes/decode.js';
 import { forkProbe } from './probes/fork.js';
@@ -10,6 +11,7 @@ import { longContextProbe } from './probes/long-context.js';
 import { parseGemmShapes } from './measure.js';
 import { offloadProbe } from './probes/offload.js';
 import { prefillProbe } from './probes/prefill.js';
+import { QUANT_ERROR_TYPES, quantErrorProbe } from './probes/quant-error.js';
 import { serveProbe } from './probes/serve.js';
 import { throughputProbe } from './probes/throughput.js';
 
@@ -323,6 +325,26 @@ const print = (o: unknown): void => {
           profile: f.profile === true,
         }),
       );
+    });
+}
+
+{
+  const cmd = program
+    .command('quant-error')
+    .description("the quantization's own error: each GGUF type against the original model on teacher-forced text (perplexity, KL, top-1 agreement); one JSON line per type");
+  const engine = engineFlags(cmd, ['model', 'backend']);
+  cmd
+    .requiredOption('--text <file>', 'UTF-8 text to score')
+    .option('--tokens <n>', 'tokens of the text scored', int('--tokens'), 2048)
+    .option('--window <n>', "tokens a window, each scored from its first token (default: the model's max positions)", int('--window'))
+    .option('--types <list>', 'GGUF types, comma-separated', (v: string) => {
+      const l = v.split(',');
+      for (const t of l) if (!(GGUF_CONVERT_TYPES as readonly string[]).includes(t)) throw new InvalidArgumentError(`--types takes ${GGUF_CONVERT_TYPES.join(', ')}; got "${t}"`);
+      return l as GgufConvertType[];
+    }, [...QUANT_ERROR_TYPES])
+    .action(async (f) => {
+      const e = engine(f);
+      await quantErrorProbe({ model: e.model ?? defaultModelDir(), backend: e.backend, text: f.text, tokens: f.tokens, window: f.window, types: f.types, onLine: print });
     });
 }
 

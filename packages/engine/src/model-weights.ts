@@ -1,6 +1,6 @@
 import type { DeviceBackend, DeviceBuffer, DType, HostArray, Tier } from '@nerva/core';
 import { DTYPE_BYTES, dtypeOfGgml, isQuantDType, type GgmlTypeName, type QuantDType } from '@nerva/core';
-import type { PagedTensor, PlanBlock, WeightPager } from '@nerva/memos';
+import type { PagedTensor, PlanBlock, WeightFormat, WeightPager } from '@nerva/memos';
 import type { CanonicalWeights, LayerSlots, ModelSpec, WeightSlot, WeightStore } from '@nerva/models';
 import { canonicalWeightNames, ropeInvFreq } from '@nerva/models';
 
@@ -46,6 +46,8 @@ export interface ModelWeights {
    * `mlp_slice`), for streamed layers split by {@link HostSplit}; the slot then holds the rest.
    */
   hostParts?: (HostPart | undefined)[];
+  /** How the weights are stored: the checkpoint's types and the bytes held by buffer dtype. */
+  format: WeightFormat;
 }
 
 /** The host-computed slice of a streamed layer's MLP: channels [0, inter) of gate, up and down. */
@@ -214,8 +216,7 @@ function readBlocks(ckpt: WeightStore, name: string): Promise<Uint8Array> {
 /** The quantized dtype a checkpoint tensor is stored in (a GGUF block type), else undefined. */
 export function quantDtypeOf(ckpt: WeightStore, name: string): QuantDType | undefined {
   const t = (ckpt.info(name) as QuantizedTensorInfo).ggmlType;
-  const d = t === undefined ? undefined : dtypeOfGgml(t);
-  return d !== undefined && isQuantDType(d) ? d : undefined;
+  return t === undefined ? undefined : quantDtypeOfType(t);
 }
 
 /**
@@ -265,9 +266,11 @@ export async function uploadWeights(
   let streamedBytes = 0;
   const dtypeOf = storageDtypes(backend, ckpt);
   let mappedBytes = 0;
+  const storedBytes: Record<string, number> = {};
   const alloc = (length: number, label: string, dtype: DType = wd, tier?: Tier): DeviceBuffer => {
     const b = backend.alloc({ dtype, length, usage: 'weights', label, ...(tier ? { tier } : {}) });
     buffers.push(b);
+    storedBytes[dtype] = (storedBytes[dtype] ?? 0) + b.byteLength;
     if (tier) mappedBytes += b.byteLength;
     else bytes += b.byteLength;
     return b;
@@ -355,6 +358,7 @@ export async function uploadWeights(
         if (streamed) {
           dst[t.name] = { block: id, tensor: t.name, dtype: t.dtype };
           streamedBytes += t.length * DTYPE_BYTES[t.dtype];
+          storedBytes[t.dtype] = (storedBytes[t.dtype] ?? 0) + t.length * DTYPE_BYTES[t.dtype];
         } else dst[t.name] = alloc(t.length, `${p}${t.name}`, t.dtype);
       }
       await put(dst.attnNorm, L.inputNorm);
@@ -424,12 +428,49 @@ export async function uploadWeights(
       buffers,
       ...(pager ? { pager } : {}),
       ...(hostPartBytes > 0 ? { hostParts } : {}),
+      format: { ...checkpointFormat(ckpt), storedBytes },
     };
   } catch (e) {
     // Leave the backend as we found it.
     for (const b of buffers) backend.free(b);
     throw e;
   }
+}
+
+/** The checkpoint's format and tensor types; not exact when any tensor is block-quantized. */
+export function checkpointFormat(ckpt: WeightStore): Omit<WeightFormat, 'storedBytes'> {
+  const types: Record<string, number> = {};
+  let gguf = false;
+  let exact = true;
+  for (const name of ckpt.names()) {
+    const info = ckpt.info(name);
+    gguf ||= info.ggmlType !== undefined;
+    const type = info.ggmlType ?? info.dtype;
+    types[type] = (types[type] ?? 0) + 1;
+    if (quantDtypeOf(ckpt, name)) exact = false;
+  }
+  return { file: gguf ? 'gguf' : 'safetensors', types, exact };
+}
+
+/**
+ * The note a run over block-quantized weights carries (ledger, stderr): what it is exact with
+ * respect to, and how many bytes the backend holds as f32 in place of blocks. Undefined when exact.
+ */
+export function weightFormatNote(f: WeightFormat): string | undefined {
+  if (f.exact) return undefined;
+  const quant = Object.entries(f.types)
+    .filter(([t]) => quantDtypeOfType(t) !== undefined)
+    .map(([t, n]) => `${t} x${n}`)
+    .join(', ');
+  const held = Object.entries(f.storedBytes)
+    .map(([d, b]) => `${d} ${b}`)
+    .join(', ');
+  return `quantized weights (${quant}): not exact with respect to the original model, only to its dequantized weights; bytes held by dtype: ${held}`;
+}
+
+function quantDtypeOfType(t: string): QuantDType | undefined {
+  const d = dtypeOfGgml(t as GgmlTypeName);
+  return d !== undefined && isQuantDType(d) ? d : undefined;
 }
 
 export function freeWeights(backend: DeviceBackend, w: ModelWeights): void {

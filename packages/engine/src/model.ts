@@ -5,7 +5,7 @@ import { loadModelDir } from '@nerva/models';
 import { selectBackend } from './backend-select.js';
 import { checkEngineOptions, type ContextOptions, type ModelOptions } from './engine-options.js';
 import { kvCacheBytesAfterUpload, kvCacheBytesFor, pinnedBytesFor, runnerShape } from './memory-plan.js';
-import { freeWeights, type ModelWeights, uploadWeights } from './model-weights.js';
+import { freeWeights, type ModelWeights, uploadWeights, weightFormatNote } from './model-weights.js';
 import { pipelineRequest, type PreparedStages, prepareStages } from './stages/pipeline.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
 import type { SamplingParams } from './sampling-params.js';
@@ -210,6 +210,9 @@ export class NervaModel {
         notes.push(...staged.notes);
       }
       weights = staged ? staged.stages[0].weights : await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress, pager, undefined, placed?.split);
+      // Quantized weights: every request's ledger says what the run is exact with respect to.
+      const formatNote = weightFormatNote(weights.format);
+      if (formatNote) notes.push(formatNote);
       // The unbudgeted default is sized by the first context, from what the weights left free.
       const plannedKvBytes = staged?.kvBytes ?? placed?.kvBytes ?? kvPlanned;
       // The loads that start the first pass; the ring keeps itself primed from then on.

@@ -208,6 +208,7 @@ export function memoryReport(
       slots: plan?.slots ?? 0,
       slotBytes: plan?.slotBytes ?? 0,
       streamedIds: [...(plan?.streamed ?? [])],
+      format: weights.format,
     },
     moved: {
       // Loads into staging slots, plus host slices the device read in place (prefill).

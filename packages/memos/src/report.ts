@@ -23,6 +23,22 @@ export interface PathTraffic {
 }
 
 /**
+ * How a model's weights are stored: the checkpoint's format and types, and what the backend holds.
+ * Block-quantized weights are not the original model: a run over them is exact with respect to
+ * the dequantized weights only, so `exact` is false.
+ */
+export interface WeightFormat {
+  /** The checkpoint's file format. */
+  file: 'safetensors' | 'gguf';
+  /** The checkpoint's tensors by stored type, as the file names it (GGUF: Q4_K, Q6_K, F32; safetensors: BF16, F32). */
+  types: Record<string, number>;
+  /** Weight bytes the backend holds by buffer dtype (q4_k, f32, ...): blocks it keeps, or their f32 fallback. */
+  storedBytes: Record<string, number>;
+  /** False when any tensor is block-quantized (the quantization's own error is not in the run's exactness). */
+  exact: boolean;
+}
+
+/**
  * What the memory OS reports: tiers, where each weight block lives, what moved and what it
  * cost. `GET /v1/memory` and `nerva-bench offload` print it.
  */
@@ -45,6 +61,8 @@ export interface MemoryReport {
     slotBytes: number;
     /** Ids of the streamed blocks in execution order (layer.N); the other layers are hot. */
     streamedIds: string[];
+    /** How the weights are stored (the engine reports it; absent from reports made without a checkpoint). */
+    format?: WeightFormat;
   };
   /** Cumulative traffic by path. */
   moved: { h2d: PathTraffic; diskRead: PathTraffic; cpuCompute: PathTraffic };

@@ -25,6 +25,12 @@ export interface MemoryReportJson {
     streamed_blocks: number;
     disk_blocks: number;
     slots: number;
+    /**
+     * How the weights are stored: the checkpoint's file and tensor types, the bytes the backend
+     * holds by dtype, and exact false for block-quantized weights (exact with respect to the
+     * dequantized weights only).
+     */
+    format?: { file: 'safetensors' | 'gguf'; types: Record<string, number>; stored_bytes: Record<string, number>; exact: boolean };
   };
   moved: { h2d: PathTrafficJson; disk_read: PathTrafficJson; cpu_compute: PathTrafficJson };
   streamed_bytes_per_pass: number;
@@ -93,6 +99,7 @@ export function memoryReportJson(r: MemoryReport): MemoryReportJson {
       streamed_blocks: w.streamedBlocks,
       disk_blocks: w.diskBlocks,
       slots: w.slots,
+      ...(w.format ? { format: { file: w.format.file, types: { ...w.format.types }, stored_bytes: { ...w.format.storedBytes }, exact: w.format.exact } } : {}),
     },
     moved: { h2d: path(r.moved.h2d), disk_read: path(r.moved.diskRead), cpu_compute: path(r.moved.cpuCompute) },
     streamed_bytes_per_pass: r.streamedBytesPerPass,
