@@ -190,7 +190,10 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
       f=/tmp/synth/$size-$t.gguf; mkdir -p /tmp/synth
       [ -f "$f" ] || runjs "synth $size $t" cli.mjs synth --config ".device/configs/$size.json" --out "$f" --gguf "$t"
       runjs "bench $size $t" bench.mjs "$f" 128 256
+      # Under a VRAM budget (NERVA_QUANT_BUDGET, e.g. 4GiB): the same file through the memory OS, and the bf16 checkpoint beside it.
+      [ -n "${NERVA_QUANT_BUDGET:-}" ] && runjs "offload $size $t" offload.mjs "$f" "$NERVA_QUANT_BUDGET" 16 32
     done
+    [ -n "${NERVA_QUANT_BUDGET:-}" ] && [ -d "$dir" ] && runjs "offload $size bf16" offload.mjs "$dir" "$NERVA_QUANT_BUDGET" 16 32
   fi
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
   if has offload; then
