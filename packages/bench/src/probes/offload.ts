@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { Engine, type WorkerEngineStats, type EngineOptions } from '@nerva/engine';
-import { loadModelConfig, type ModelSpec } from '@nerva/models';
+import { GgufCheckpoint, isGgufPath, loadModelConfig, type ModelSpec } from '@nerva/models';
 import { measureH2dBandwidth, syntheticPrompt, withScratchBackend } from '../measure.js';
 
 type MemoryReport = WorkerEngineStats['memory'];
@@ -67,7 +67,8 @@ function readAccelerate(path: string, notes: string[]): AccelerateLine | undefin
  */
 export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<string, unknown>> {
   const notes: string[] = [];
-  const spec = await loadModelConfig(o.model);
+  // A GGUF file carries its config in its metadata.
+  const spec = isGgufPath(o.model) ? await ggufSpecOf(o.model) : await loadModelConfig(o.model);
   // The link's rate, measured first on a short-lived backend of the same kind with room for a
   // 256 MiB copy: the engine's own arenas are sized to the budget and left nearly full by design.
   let h2d = o.backend === 'cpu' ? null : ((await withScratchBackend(o.backend, (b) => measureH2dBandwidth(b))) ?? null);
@@ -202,4 +203,10 @@ export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<strin
   } finally {
     engine.dispose();
   }
+}
+
+async function ggufSpecOf(path: string): Promise<ModelSpec> {
+  const c = await GgufCheckpoint.open(path);
+  await c.close();
+  return c.spec;
 }
