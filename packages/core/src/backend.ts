@@ -3,7 +3,7 @@
  * passes the conformance suite (`runConformance`). No base class: capabilities are data,
  * checked when a backend is selected.
  */
-import type { DType, QuantDType } from './dtype.js';
+import type { DType } from './dtype.js';
 import type { FabricKind } from './fabric.js';
 import type { OpArgs, OpName } from './ops.js';
 import type { SyncCounts, SyncKind } from './sync.js';
@@ -183,7 +183,7 @@ export interface DeviceBackend {
   /**
    * Host -> buffer. f32 buffers take Float32Array, i32 buffers Int32Array; bf16/f16 buffers take
    * raw Uint16Array bits or Float32Array (rounded to nearest even); quantized buffers
-   * ({@link QuantDType}) take their raw ggml blocks as Uint8Array, offset and length whole blocks.
+   * (`QuantDType`) take their raw ggml blocks as Uint8Array, offset and length whole blocks.
    * Offsets are in elements.
    */
   write(buf: DeviceBuffer, src: HostArray, offset?: number): void;
