@@ -681,9 +681,13 @@ export class ModelContext {
     const paging = pagerBefore ? pagerDelta(pagerBefore, this.pager!.stats(), share) : undefined;
     // A replayed graph's copies are not seen by the backend's counters; the pager accounts for them.
     if (paging && replayed) delta.h2dBytes += paging.h2dBytes;
+    let embedded = 0;
     sampling.forEach((req, i) => {
       // An embedding input whose last row was computed: its vector is done, its sampled token dropped.
-      if (this.embeddings.finishRow(req)) return;
+      if (this.embeddings.finishRow(req)) {
+        embedded++;
+        return;
+      }
       const l = this.live.get(req.id)!;
       const s = host.get(req);
       // The grammar takes the token and computes the next step's mask now, a step ahead.
@@ -721,7 +725,7 @@ export class ModelContext {
       preemptions: this.totalPreemptions,
       scheduledTokens: rows,
       promptTokens,
-      generationTokens: nl,
+      generationTokens: nl - embedded,
       stepMs: now - t0,
       sharedBlocks: shared.blocks,
       sharedBlockReads: shared.reads,
