@@ -57,6 +57,9 @@
 #   and 4 rows, weight GB/s over the copy bandwidth measured in the same process (tools/gpu/qgemv.ts) -> $OUT/qgemv.jsonl
 #   contexts (not in the default list): one model and two contexts on the GPU (tools/gpu/contexts.ts): weights
 #   allocated once, each context's tokens equal a lone engine's -> $OUT/contexts.json
+#   embed (not in the default list; bash tools/gpu/run.sh build,embed): Engine.embed on CUDA against the CPU
+#   reference on every fixture model and the embedded one (tools/gpu/embeddings.ts): last and mean pooling,
+#   CUDA vs CPU and CUDA batched vs alone within 1e-4 of the largest component, no KV held -> $OUT/embeddings.json
 #   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
 #   @nerva/cuda-backend, the GPU-only ones among them, under vitest from .device/vitest.tar.xz
 #   (tools/gpu/pack_vitest.mjs) with NERVA_GPU_TESTS=1 (a GPU-only file without the addon or a GPU
@@ -164,6 +167,7 @@ has pipeline2 && NCCL_DEBUG=${NCCL_DEBUG:-WARN} runjs pipeline2 pipeline.mjs mul
 has tiered && runjs tiered parity.mjs tiered $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3 && cp "$OUT/tiered.json" "$OUT/tiered-fixtures.json"
 has qgemv && runjs qgemv qgemv.mjs ${QGEMV_ARGS:-}
 has contexts && runjs contexts contexts.mjs models/tiny-shakespeare-qwen3 $(ls -d .device/fixtures/models/*/ | head -2)
+has embed && runjs embed embeddings.mjs $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3
 has cli && { for m in .device/fixtures/models/*/; do $NODE .device/dist/cli.mjs run --model "$m" --backend cuda --prompt-ids 1,2,3 --max-tokens 8 --temperature 0 --json 2>&1 | tail -1; done > "$OUT/cli-runs.jsonl"; say "cli runs: $(grep -c '"backend":"cuda"' "$OUT/cli-runs.jsonl") cuda json lines"; }
 for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   dir=/tmp/synth/$size
