@@ -1,5 +1,5 @@
 import { join } from 'node:path';
-import { Engine } from '@nerva/engine';
+import { Engine, InvalidParamsError, WorkerEngine } from '@nerva/engine';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeEmbedding } from '../src/embeddings.js';
@@ -193,6 +193,29 @@ describe('several models', () => {
       }
     } finally {
       await two.shutdown();
+    }
+  });
+});
+
+describe('embed through the worker proxy', () => {
+  it('checks inputs on the calling thread, rejects an aborted call once its KV is freed, and serves on', async () => {
+    // 8-token steps: 8 inputs of 60 tokens take dozens of steps, so the abort lands before they finish.
+    const w = await WorkerEngine.create({ model: server.states[0].modelDir, backend: 'cpu', maxNumBatchedTokens: 8, maxModelLen: MAX_LEN });
+    try {
+      await expect(w.embed([[1, 2], []])).rejects.toBeInstanceOf(InvalidParamsError);
+      await expect(w.embed([[1, 2]], { dimensions: 4 })).rejects.toMatchObject({ param: 'dimensions' });
+      const ac = new AbortController();
+      const inputs = Array.from({ length: 8 }, (_, k) => Array.from({ length: 60 }, (_, i) => 1 + ((i * 7 + k) % 50)));
+      const p = w.embed(inputs, { signal: ac.signal });
+      ac.abort();
+      await expect(p).rejects.toMatchObject({ code: 'ABORTED' });
+      const s = await w.stats();
+      expect(s.kv.sequences).toBe(0);
+      expect(s.kv.freeBlocks).toBe(s.kv.totalBlocks - 1);
+      const r = await w.embed(['ROMEO:']);
+      expect(r.embeddings[0]).toEqual((await engine.embed(['ROMEO:'])).embeddings[0]);
+    } finally {
+      await w.dispose();
     }
   });
 });
