@@ -216,6 +216,40 @@ describe('embedding inputs and options are checked', () => {
     expect(byIds.embeddings[0]).toEqual(r.embeddings[0]);
   });
 
+  it('a tokenizer that appends its end-of-text token (Qwen3-Embedding\'s TemplateProcessing): last-token pooling reads that token', async () => {
+    const d = mkdtempSync(join(tmpdir(), 'nerva-embed-eos-'));
+    try {
+      for (const f of ['config.json', 'model.safetensors', 'tokenizer_config.json']) copyFileSync(join(DEFAULT_MODEL, f), join(d, f));
+      const tok = JSON.parse(readFileSync(join(DEFAULT_MODEL, 'tokenizer.json'), 'utf8')) as Record<string, unknown>;
+      const eos = '<|endoftext|>';
+      tok.post_processor = {
+        type: 'Sequence',
+        processors: [
+          tok.post_processor,
+          {
+            type: 'TemplateProcessing',
+            single: [{ Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: eos, type_id: 0 } }],
+            pair: [{ Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: eos, type_id: 0 } }, { Sequence: { id: 'B', type_id: 1 } }, { SpecialToken: { id: eos, type_id: 1 } }],
+            special_tokens: { [eos]: { id: eos, ids: [0], tokens: [eos] } },
+          },
+        ],
+      };
+      writeFileSync(join(d, 'tokenizer.json'), JSON.stringify(tok));
+      const e = await Engine.create({ model: d, backend: 'cpu', maxModelLen: 64 });
+      try {
+        const plain = engine.encode('ROMEO:');
+        expect(e.encode('ROMEO:')).toEqual([...plain, 0]);
+        const r = await e.embed(['ROMEO:']);
+        expect(r.promptTokens).toEqual([plain.length + 1]);
+        expect(r.embeddings[0]).toEqual((await engine.embed([[...plain, 0]])).embeddings[0]);
+      } finally {
+        e.dispose();
+      }
+    } finally {
+      rmSync(d, { recursive: true, force: true });
+    }
+  });
+
   const bad: [string, unknown, object, string][] = [
     ['no inputs', [], {}, 'input'],
     ['not an array', 'ROMEO:', {}, 'input'],
