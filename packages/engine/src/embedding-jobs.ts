@@ -32,6 +32,8 @@ interface EmbedSeq {
   covered: number;
   /** last: the final position's hidden state. */
   last?: Float32Array;
+  /** What went wrong while its rows were read: the call fails with it when the input finishes. */
+  error?: Error;
   done: boolean;
 }
 
@@ -57,6 +59,8 @@ interface EmbedJob {
  */
 export class EmbeddingJobs {
   private readonly seqs = new Map<number, EmbedSeq>();
+  /** Inputs of calls that failed: one may still have a logit row in the step that failed it. */
+  private readonly dropped = new WeakSet<Request>();
   private configRead: Promise<EmbeddingConfig> | undefined;
 
   private readonly H: number;
@@ -164,14 +168,14 @@ export class EmbeddingJobs {
         continue;
       }
       const sums = (seq.blockSums ??= []);
-      if (start < seq.covered) {
-        // Recomputed after a preemption, from 0 or from the end of its own cached blocks (whole
-        // blocks): what those positions added is dropped and added again.
-        if (start % bs !== 0) throw new EngineError('EMBED_ROWS', `request ${seq.req.id}: recomputation from position ${start}, inside a KV block`);
-        sums.length = start / bs;
-      } else if (start > seq.covered) {
-        throw new EngineError('EMBED_ROWS', `request ${seq.req.id}: rows from ${seq.covered} to ${start} were never computed (a prefix-cache hit under mean pooling)`);
-      }
+      // Neither can happen (see start): the call fails with it when the input finishes, and the
+      // other requests run on.
+      if (start < seq.covered && start % bs !== 0) seq.error ??= new EngineError('EMBED_ROWS', `request ${seq.req.id}: recomputation from position ${start}, inside a KV block`);
+      if (start > seq.covered) seq.error ??= new EngineError('EMBED_ROWS', `request ${seq.req.id}: rows from ${seq.covered} to ${start} were never computed (a prefix-cache hit under mean pooling)`);
+      if (seq.error) continue;
+      // Recomputed after a preemption, from 0 or from the end of its own cached blocks (whole
+      // blocks): what those positions added is dropped and added again.
+      if (start < seq.covered) sums.length = start / bs;
       for (let j = 0; j < n; j++) {
         const b = Math.floor((start + j) / bs);
         const acc = (sums[b] ??= new Float64Array(H));
@@ -187,6 +191,7 @@ export class EmbeddingJobs {
    * is done. Returns false when `req` is not an embedding input.
    */
   finishRow(req: Request): boolean {
+    if (this.dropped.has(req)) return true;
     const seq = this.seqs.get(req.id);
     if (!seq) return false;
     const h = this.host;
@@ -222,6 +227,7 @@ export class EmbeddingJobs {
   /** A finished input's pooled hidden state: the last row, or the mean of every row (float64). */
   private pooled(seq: EmbedSeq): Float32Array | Float64Array | Error {
     const req = seq.req;
+    if (seq.error) return seq.error;
     if (seq.job.how.pooling === 'last') return seq.last ?? new EngineError('EMBED_ROWS', `request ${req.id}: its last row was not read`);
     if (seq.covered !== req.numTokens) return new EngineError('EMBED_ROWS', `request ${req.id}: ${seq.covered} of ${req.numTokens} rows summed`);
     const H = this.H;
@@ -239,6 +245,7 @@ export class EmbeddingJobs {
     for (const s of job.seqs) {
       if (s.done) continue;
       s.done = true;
+      this.dropped.add(s.req);
       this.seqs.delete(s.req.id);
       this.host.scheduler.remove(s.req);
       s.req.status = 'FINISHED_ABORTED';
