@@ -133,6 +133,7 @@ function checkLengths(state: ServerState, engine: WorkerEngine, ids: readonly nu
 function embedError(e: unknown, timedOut: boolean): unknown {
   if (timedOut) return new ApiError(408, 'timeout_error', `the request did not finish within the server's request timeout`, null, 'request_timeout');
   const code = e instanceof NervaError ? e.code : (e as { code?: unknown } | null)?.code;
+  if (code === 'UNSUPPORTED') return badRequest(`this model cannot serve embeddings: ${(e as Error).message}`, 'model', 'embeddings_unsupported');
   if (code === 'EMBEDDING_CONFIG') return new ApiError(500, 'server_error', `the model's embedding configuration is not usable: ${(e as Error).message}`, null, 'embedding_config');
   if (typeof code === 'string' && ENGINE_GONE.has(code)) {
     return new ApiError(503, 'service_unavailable', `the engine failed: ${(e as Error).message}; retry shortly`, null, 'engine_unavailable', { 'retry-after': '5' });
