@@ -275,6 +275,15 @@ describe('embedding inputs and options are checked', () => {
     expectAllFree(engine);
   });
 
+  it('a stage pipeline refuses embeddings with a coded error (not implemented there)', async () => {
+    const p = await Engine.create({ model: DEFAULT_MODEL, backend: 'cpu', pipelineParallel: 2, maxModelLen: 64 });
+    try {
+      await expect(p.embed([[1, 2, 3]])).rejects.toMatchObject({ code: 'UNSUPPORTED' });
+    } finally {
+      p.dispose();
+    }
+  });
+
   it('an input of exactly the maximum length is taken', async () => {
     const r = await engine.embed([Array.from({ length: 64 }, (_, i) => 1 + (i % 50))]);
     expect(r.promptTokens).toEqual([64]);
