@@ -60,6 +60,9 @@
 #   gguf (not in the default list): every fixture model and the Shakespeare model converted to GGUF at F32, F16, Q8_0,
 #   Q4_0, Q4_K, Q6_K and Q4_K_M, run on CUDA and on CPU over the same file (tools/gpu/gguf_check.ts): greedy tokens
 #   (equal at F32/F16), logits within the CUDA f32 relTol, the dtypes the CUDA engine stored -> $OUT/gguf_check.json
+#   embed (not in the default list; bash tools/gpu/run.sh build,embed): Engine.embed on CUDA against the CPU
+#   reference on every fixture model and the embedded one (tools/gpu/embeddings.ts): last and mean pooling,
+#   CUDA vs CPU and CUDA batched vs alone within 1e-4 of the largest component, no KV held -> $OUT/embeddings.json
 #   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
 #   @nerva/cuda-backend, the GPU-only ones among them, under vitest from .device/vitest.tar.xz
 #   (tools/gpu/pack_vitest.mjs) with NERVA_GPU_TESTS=1 (a GPU-only file without the addon or a GPU
@@ -168,6 +171,7 @@ has tiered && runjs tiered parity.mjs tiered $(ls -d .device/fixtures/models/*/)
 has qgemv && runjs qgemv qgemv.mjs ${QGEMV_ARGS:-}
 has contexts && runjs contexts contexts.mjs models/tiny-shakespeare-qwen3 $(ls -d .device/fixtures/models/*/ | head -2)
 has gguf && runjs gguf gguf_check.mjs $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3
+has embed && runjs embed embeddings.mjs $(ls -d .device/fixtures/models/*/) models/tiny-shakespeare-qwen3
 has cli && { for m in .device/fixtures/models/*/; do $NODE .device/dist/cli.mjs run --model "$m" --backend cuda --prompt-ids 1,2,3 --max-tokens 8 --temperature 0 --json 2>&1 | tail -1; done > "$OUT/cli-runs.jsonl"; say "cli runs: $(grep -c '"backend":"cuda"' "$OUT/cli-runs.jsonl") cuda json lines"; }
 for size in ${NERVA_SIZES:-qwen3-0.6b}; do
   dir=/tmp/synth/$size

@@ -7,6 +7,8 @@ import type { ModelSpec, NervaTokenizer } from '@nerva/models';
 import { createDetokenizer, kvReadWindow } from '@nerva/models';
 import { BUCKETS, DecodeGraphs } from './decode-graphs.js';
 import { type EngineOptions, EngineError, type GenerateOptions, type RequestHandle, type RequestOutcome, type StepSignals } from './engine-options.js';
+import type { EmbedOptions, EmbedResult, EmbeddingConfig } from './embedding.js';
+import { EmbeddingJobs } from './embedding-jobs.js';
 import { detachFork, forkOut, forkRequests } from './forks.js';
 import { ConstrainedDecoding } from './grammar/constrained.js';
 import type { GrammarState } from './grammar/grammar-state.js';
@@ -83,6 +85,8 @@ export class ModelContext {
   private readonly sampler: HostSampler;
   /** Grammar requests' compilation, masks and mask buffers (constrained decoding). */
   private readonly constrained: ConstrainedDecoding;
+  /** Embedding inputs (Engine.embed): prompt requests whose final hidden states are pooled. */
+  private readonly embeddings: EmbeddingJobs;
   private readonly live = new Map<number, Live>();
   private readonly graphs: DecodeGraphs;
   private readonly useGraphs: boolean;
@@ -198,6 +202,14 @@ export class ModelContext {
         );
       }
       this.sampler = new HostSampler(s.vocabSize, sampleLimit);
+      this.embeddings = new EmbeddingJobs(this, {
+        scheduler: this.scheduler,
+        finalHidden: (rows) => (this.runner as ModelRunner).finalHidden(rows),
+        nextId: () => this.nextId++,
+        kick: () => this.kick(),
+        batchChanged: () => (this.graphs.stateKey = undefined),
+        disposed: () => this.disposed,
+      });
       // Masks on the device where op sample takes them and one runner samples (a pipeline's last
       // stage samples with meta of its own: grammar rows are sampled on the host there).
       this.constrained = new ConstrainedDecoding(this.backend, this.tokenizer, s.vocabSize, this.eosTokenIds, maxNumSeqs, !this.pipeline && takesOpField(this.backend.capabilities, 'sample', 'mask'));
@@ -416,6 +428,27 @@ export class ModelContext {
     return outcome;
   }
 
+  /**
+   * Embeddings of `inputs` (texts or token ids): the final hidden states after the final norm
+   * (what the LM head reads), pooled and normalized as the model folder says, batched with other
+   * requests in the scheduler's steps (embedding-jobs.ts). Rejects with InvalidParamsError naming
+   * the field before anything is queued.
+   *
+   * @example
+   * ```ts
+   * const { embeddings } = await engine.embed(['first text', 'second text']);
+   * ```
+   */
+  async embed(inputs: readonly (string | readonly number[])[], o: EmbedOptions = {}): Promise<EmbedResult> {
+    if (this.pipeline) throw new EngineError('UNSUPPORTED', 'embeddings are not computed on a stage pipeline (pipelineParallel > 1)');
+    return this.embeddings.embed(inputs, o);
+  }
+
+  /** The model folder's embedding settings (what `embed` pools and normalizes by default); read once. */
+  embeddingConfig(): Promise<EmbeddingConfig> {
+    return this.embeddings.config();
+  }
+
   /** Cancel a request: its KV blocks are freed at once. No-op when it already finished. */
   abort(id: number): void {
     const l = this.live.get(id);
@@ -478,6 +511,7 @@ export class ModelContext {
       // the device failed: the step ahead is gone with it
     }
     for (const l of [...this.live.values()]) this.abortLive(l, err);
+    this.embeddings.failAll(err);
     this.graphs.stateKey = undefined;
   }
 
@@ -543,7 +577,8 @@ export class ModelContext {
 
     const tiered = kt?.tiered ?? false;
     // A grammar row's next mask depends on this step's token: no captured step, nothing run ahead.
-    const graphPath = this.useGraphs && !this.profiles.on && decodeOnly && deviceSample && !anyGrammar && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
+    // An embedding row's hidden state is read after the pass: no step run ahead over it either.
+    const graphPath = this.useGraphs && !this.profiles.on && decodeOnly && deviceSample && !anyGrammar && !this.embeddings.inStep(plan.scheduled) && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
     const bucket = graphPath ? (BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq) : 0;
     const key = graphPath ? DecodeGraphs.passKey(this.kv, bucket, tiered, plan.scheduled) : '';
     // The step enqueued ahead is this one when the pass is the same and nothing reset the
@@ -635,6 +670,8 @@ export class ModelContext {
     if (replayed) ra.lastDecodeMs = deviceMs;
     const buckets = this.profiles.record(rows, deviceMs);
     const after = this.pipeline?.stats() ?? be.stats();
+    // Embedding rows: their final hidden states, read before the computed counts move on.
+    this.embeddings.collect(plan.scheduled);
     for (const { req, numTokens } of plan.scheduled) req.numComputedTokens += numTokens;
     // Prompts with forks that finished: the forks take over (before their first tokens are accepted).
     if (forks) for (const { req } of plan.scheduled) if (req.forkChildren && req.numComputedTokens === req.numTokens) this.forkOut(req);
@@ -644,7 +681,13 @@ export class ModelContext {
     const paging = pagerBefore ? pagerDelta(pagerBefore, this.pager!.stats(), share) : undefined;
     // A replayed graph's copies are not seen by the backend's counters; the pager accounts for them.
     if (paging && replayed) delta.h2dBytes += paging.h2dBytes;
+    let embedded = 0;
     sampling.forEach((req, i) => {
+      // An embedding input whose last row was computed: its vector is done, its sampled token dropped.
+      if (this.embeddings.finishRow(req)) {
+        embedded++;
+        return;
+      }
       const l = this.live.get(req.id)!;
       const s = host.get(req);
       // The grammar takes the token and computes the next step's mask now, a step ahead.
@@ -682,7 +725,7 @@ export class ModelContext {
       preemptions: this.totalPreemptions,
       scheduledTokens: rows,
       promptTokens,
-      generationTokens: nl,
+      generationTokens: nl - embedded,
       stepMs: now - t0,
       sharedBlocks: shared.blocks,
       sharedBlockReads: shared.reads,

@@ -6,6 +6,7 @@ export * from './backend-select.js';
 export * from './engine.js';
 export { NervaModel, type GenerationDefaults } from './model.js';
 export { ModelContext } from './context.js';
+export * from './embedding.js';
 export { PROFILES_KEPT, type PassProfile } from './profiling.js';
 export * from './host-sampler.js';
 export * from './model-runner.js';

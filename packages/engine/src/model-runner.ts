@@ -195,6 +195,19 @@ export * from './runner-base.js';
     this.lmHead(nLogits);
   }
 
+  /**
+   * After a pass: the final norm of the first `rows` rows of the residual stream into act.normed,
+   * which is returned ([rows, hidden]). Every forward path leaves the complete stream in
+   * act.residual, and this is the norm the LM head reads (embeddings: the states whose logits
+   * those are). The pass is done with act.normed by then.
+   */
+  finalHidden(rows: number): DeviceBuffer {
+    this.stream = undefined;
+    const H = this.spec.hiddenSize;
+    this.op('norm', 'rmsnorm', { x: this.act.residual, weight: this.need(this.weights.finalNorm, 'final norm'), out: this.act.normed, rows, dim: H, eps: this.spec.rmsNormEps });
+    return this.act.normed;
+  }
+
   /** The LM head over the meta.logitRows rows of act.normed. */
   private lmHead(nLogits: number): void {
     const H = this.spec.hiddenSize;

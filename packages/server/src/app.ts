@@ -3,6 +3,7 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, 
 import { AggregatorRegistry } from 'prom-client';
 import { registerChat } from './chat.js';
 import { registerCompletions } from './completions.js';
+import { registerEmbeddings } from './embeddings.js';
 import { ApiError, badRequest } from './errors.js';
 import { unknownFabricTopology } from './fabric-topology.js';
 import { toApiError } from './generation.js';
@@ -258,5 +259,6 @@ export function buildApp(served: ServerState | ModelRouter, opts: { logger?: boo
 
   registerChat(app, models);
   registerCompletions(app, models);
+  registerEmbeddings(app, models);
   return app;
 }

@@ -5,6 +5,7 @@ export * from './config.js';
 export * from './errors.js';
 export * from './metrics.js';
 export * from './openai-schema.js';
+export { encodeEmbedding, parseEmbeddingRequest, type EmbeddingRequest } from './embeddings.js';
 export * from './server.js';
 export * from './state.js';
 export { parseFloatArg, parseFractionArg, parseIdList, parseIntArg, parseSizeArg, progressBar } from './cli-util.js';

@@ -2,6 +2,7 @@ import type { BackendCapabilities, LedgerSummary } from '@nerva/core';
 import type { KvCacheStats } from '@nerva/kv';
 import type { MemoryReport } from '@nerva/memos';
 import type { ModelContext } from '../context.js';
+import type { EmbedOptions } from '../embedding.js';
 import type { EngineOptions, GenerateOptions, RequestHandle, RequestOutcome, StepSignals } from '../engine-options.js';
 import type { TokenEvent } from '../request.js';
 
@@ -22,6 +23,9 @@ export type WorkerEngineOptions = Omit<EngineOptions, 'backend' | 'onProgress'> 
 
 /** Submit options that cross the boundary: the AbortSignal stays on the main thread. */
 export type WorkerGenerateOptions = Omit<GenerateOptions, 'signal' | 'returnPromptLogits'>;
+
+/** Embed options that cross the boundary: the AbortSignal stays on the main thread (an abort is a message). */
+export type WorkerEmbedOptions = Omit<EmbedOptions, 'signal'>;
 
 /**
  * Engine facts a worker reports once loaded, each read by name from the engine: a
@@ -116,6 +120,12 @@ export type WorkerQueryResult<K extends WorkerQuery> = ReturnType<(typeof ENGINE
 /** Engine methods a {@link WorkerEngine} offers, with the engine's signatures carried across the thread boundary (see WorkerSurface). */
 export const PROXIED_METHODS = ['submit', 'submitFork', 'encode', 'onStep', 'onFinish'] as const;
 
+/**
+ * Engine methods a {@link WorkerEngine} offers with the engine's own signature: their arguments
+ * and results cross the boundary as they are (embed's AbortSignal is observed on the calling thread).
+ */
+export const SAME_SIGNATURE_METHODS = ['embed'] as const;
+
 /** A request running in the worker: the engine's handle, with the outcome as it crosses the boundary. */
 export interface WorkerRequestHandle extends Omit<RequestHandle, 'done'> {
   /** Resolves with the outcome (finishReason 'abort' after an abort); rejects if the worker failed the request. */
@@ -142,11 +152,12 @@ type Across<T> = T extends RequestHandle
 
 /**
  * The surface a worker proxy derives from the engine's: each of PROXIED_METHODS with the
- * engine's signature (types mapped by Across), each of ENGINE_FACTS as a read-only property, and
+ * engine's signature (types mapped by Across), each of SAME_SIGNATURE_METHODS with it unchanged,
+ * each of ENGINE_FACTS as a read-only property, and
  * the scheduler's load. `WorkerEngine implements` it, so a change to the engine's signatures
  * shows up as a type error in the proxy.
  */
-export type WorkerSurface = { [K in (typeof PROXIED_METHODS)[number]]: Across<ModelContext[K]> } & Readonly<EngineFacts> & Pick<ModelContext, 'numRunning' | 'numWaiting'>;
+export type WorkerSurface = { [K in (typeof PROXIED_METHODS)[number]]: Across<ModelContext[K]> } & Pick<ModelContext, (typeof SAME_SIGNATURE_METHODS)[number]> & Readonly<EngineFacts> & Pick<ModelContext, 'numRunning' | 'numWaiting'>;
 
 /** A fault a test injects into the worker: a step that never returns, or the thread exiting. */
 export type WorkerFault = 'hang' | 'exit';
@@ -178,6 +189,10 @@ export type ToWorker =
   /** Engine.submitFork: fork i answers under rids[i]. */
   | { type: 'submitFork'; rids: number[]; promptIds: number[]; opts: WorkerGenerateOptions }
   | { type: 'abort'; rid: number }
+  /** Engine.embed: answered by a `reply` under `qid` (the result, or the error). */
+  | { type: 'embed'; qid: number; inputs: number[][]; opts: WorkerEmbedOptions }
+  /** Abort the embed call of `qid`: its inputs leave the scheduler; it is answered with the abort error. */
+  | { type: 'abortEmbed'; qid: number }
   | { type: 'query'; qid: number; what: WorkerQuery }
   | { type: 'dispose' }
   /** Tests of the watchdog: make the worker hang (a busy loop) or exit. */

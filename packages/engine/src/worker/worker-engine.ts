@@ -2,6 +2,7 @@ import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { loadModelTokenizer, type NervaTokenizer } from '@nerva/models';
+import { type EmbedOptions, type EmbedResult, validateEmbedRequest } from '../embedding.js';
 import { EngineError, type StepSignals } from '../engine-options.js';
 import type { TokenEvent } from '../request.js';
 import { validateForkCount, validateRequest } from '../request-validation.js';
@@ -282,6 +283,34 @@ export class WorkerEngine extends FactsView implements WorkerSurface, WorkerHeal
     }
     stream.onReturn = abort;
     return { id: rid, events: stream, done, abort };
+  }
+
+  /**
+   * {@link Engine.embed} in the worker: texts tokenized here, inputs and options checked here
+   * (InvalidParamsError naming the field, nothing sent), the rest (the model's embedding config,
+   * Matryoshka `dimensions`) in the worker. `signal` aborts the call there: its inputs leave the
+   * scheduler and the promise rejects once the worker has freed their KV blocks.
+   */
+  async embed(inputs: readonly (string | readonly number[])[], o: EmbedOptions = {}): Promise<EmbedResult> {
+    if (this.dead) throw this.dead;
+    if (this.disposing) throw new EngineError('DISPOSED', 'engine is disposed');
+    const { signal, ...opts } = o;
+    if (!Array.isArray(inputs)) throw new InvalidParamsError('input', 'must be an array of inputs (texts or token id arrays)');
+    const ids = inputs.map((x) => (typeof x === 'string' ? this.encode(x) : [...x]));
+    validateEmbedRequest(this.info.limits, ids, opts);
+    if (signal?.aborted) throw signal.reason ?? new EngineError('ABORTED', 'aborted');
+    const qid = this.nextQid++;
+    if (this.pending.size === 0 && this.queries.size === 0) this.lastHeard = performance.now();
+    const onAbort = () => this.post({ type: 'abortEmbed', qid });
+    signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      return await new Promise<EmbedResult>((resolve, reject) => {
+        this.queries.set(qid, { resolve: resolve as (v: unknown) => void, reject });
+        this.post({ type: 'embed', qid, inputs: ids, opts: stripUndefined(opts) });
+      });
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+    }
   }
 
   /** Engine and KV statistics, read in the worker between steps. */

@@ -6,7 +6,7 @@
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import '../default-backends.js';
-import { Engine, type RequestHandle } from '../engine.js';
+import { Engine, EngineError, type RequestHandle } from '../engine.js';
 import { ENGINE_QUERIES, engineInfo, type FromWorker, type ToWorker, toWire, type WorkerEngineOptions, type WorkerLoad } from './protocol.js';
 
 const port = parentPort;
@@ -23,6 +23,8 @@ try {
 }
 
 const live = new Map<number, RequestHandle>();
+/** Embed calls running, by query id: their aborts. */
+const embeds = new Map<number, AbortController>();
 const load = (): WorkerLoad => ({ running: engine.numRunning, waiting: engine.numWaiting, kvUsage: engine.kv.usage });
 
 engine.onStep((signals) => post({ type: 'step', signals }));
@@ -70,6 +72,18 @@ port.on('message', (m: ToWorker) => {
     }
     case 'abort':
       live.get(m.rid)?.abort();
+      return;
+    case 'embed': {
+      const ac = new AbortController();
+      embeds.set(m.qid, ac);
+      engine.embed(m.inputs, { ...m.opts, signal: ac.signal }).then(
+        (value) => post({ type: 'reply', qid: m.qid, value }),
+        (e: unknown) => post({ type: 'reply', qid: m.qid, error: toWire(e) }),
+      ).finally(() => embeds.delete(m.qid));
+      return;
+    }
+    case 'abortEmbed':
+      embeds.get(m.qid)?.abort(new EngineError('ABORTED', 'embed aborted'));
       return;
     case 'query':
       try {
