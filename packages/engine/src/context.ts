@@ -14,7 +14,7 @@ import { ConstrainedDecoding } from './grammar/constrained.js';
 import type { GrammarState } from './grammar/grammar-state.js';
 import { grammarOf, type GrammarSpec } from './grammar/spec.js';
 import { HostSampler, type SampledToken } from './host-sampler.js';
-import { planKvTiers, stageSpan, TieredKv } from './kv-tiering.js';
+import { contextMemoryReport, planKvTiers, stageSpan, TieredKv } from './kv-tiering.js';
 import { runnerShape } from './memory-plan.js';
 import type { GenerationDefaults, NervaModel } from './model.js';
 import { ModelRunner } from './model-runner.js';
@@ -28,10 +28,10 @@ import { RunAhead } from './run-ahead.js';
 import { isDeviceSamplable } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
 import { createStepBuffers, padBucket, stageBatch, type StepBuffers, writeStepMeta } from './step-batch.js';
-import { pagerDelta, SharedBlockReads, statsDelta } from './step-stats.js';
+import { pagerDelta, SharedBlockReads, statsDelta, stepSignals, tokenRecord } from './step-stats.js';
+import { TokenRingReader } from './token-ring.js';
 import { acceptToken, advanceGrammar, type Live, outcomeOf } from './token-policy.js';
 import { TokenStream } from './token-stream.js';
-import { memoryReport } from './weight-residency.js';
 
 /**
  * One context on a {@link NervaModel}: a paged KV cache, a continuous-batching scheduler, the
@@ -97,7 +97,8 @@ export class ModelContext {
   private readonly blockReads: SharedBlockReads;
   private looping = false;
   private disposed = false;
-  private ringRead = 0;
+  /** The host's read position in the device token ring. */
+  private readonly ring: TokenRingReader;
   private totalPreemptions = 0;
   private readonly stage: StepBuffers;
   private readonly ahead: RunAhead;
@@ -165,6 +166,7 @@ export class ModelContext {
       const { weights, stages } = model.internals;
       this.pipeline = stages ? new StagePipeline(s, limits, stages) : undefined;
       this.runner = this.pipeline ?? new ModelRunner(this.backend, s, weights, limits);
+      this.ring = new TokenRingReader(this.backend, this.runner);
       // A checkpoint may have more embedding rows than its tokenizer has ids (Qwen pads to a
       // multiple of 128): ids past the tokenizer's are never sampled, on the device or the host.
       const sampleLimit = Math.min(s.vocabSize, this.tokenizer?.vocabSize ?? s.vocabSize);
@@ -228,7 +230,7 @@ export class ModelContext {
       this.runAheadMs = o.runAheadMs ?? 8;
       // Steps are enqueued ahead only where the next step's pages and weights need no host work between them.
       const ahead = this.runAhead && !this.kvTiers && !this.pager && !this.pipeline;
-      const host = { kv: this.kv, maxModelLen: this.maxModelLen, stage: this.stage, waiting: () => this.scheduler.waiting.length, skipRing: (n: number) => this.skipRing(n) };
+      const host = { kv: this.kv, maxModelLen: this.maxModelLen, stage: this.stage, waiting: () => this.scheduler.waiting.length, skipRing: (n: number) => this.ring.skip(n) };
       this.ahead = new RunAhead(this.backend, this.runner, this.graphs, host, ahead, this.runAheadSteps, this.runAheadMs);
     } catch (e) {
       model.detach(this);
@@ -278,14 +280,7 @@ export class ModelContext {
 
   /** Where every weight block lives, what moved and what it cost (the memory OS report). */
   memoryReport(): MemoryReport {
-    const { weights, budgets } = this.model.internals;
-    const r = memoryReport(this.backend, weights, this.runner.kvBytes, budgets, { computeBytes: this.runner.hostComputeBytes, readBytes: this.runner.hostReadBytes });
-    if (this.kvTiers) {
-      // Tiered KV runs on one ModelRunner (no stage pipeline): its backend measured the host partials.
-      const hostAttn = this.backend.stats().hostComputeMsByOp?.attention;
-      r.kv = this.kvTiers.report(this.runner as ModelRunner, this.totalPreemptions, this.kv.blockSize, hostAttn);
-    }
-    return r;
+    return contextMemoryReport(this.backend, this.model.internals, this.runner, this.kvTiers, this.totalPreemptions, this.kv.blockSize);
   }
 
   encode(text: string): number[] {
@@ -606,7 +601,7 @@ export class ModelContext {
       ra.enqueue(plan.scheduled, bucket, short);
       if (ra.queue.length > 0) be.synchronizeEvent!(ra.endEv, 'policy');
       else be.synchronize('policy');
-      tokens = this.readRing(bucket).slice(0, nSeq);
+      tokens = this.ring.read(bucket).slice(0, nSeq);
       replayed = true;
     } else {
       this.graphs.stateKey = undefined;
@@ -647,7 +642,7 @@ export class ModelContext {
         if (mixed) this.pipeline?.logitsHome(nl);
         be.record(ra.endEv);
         be.synchronize('policy');
-        tokens = this.readRing(nl);
+        tokens = this.ring.read(nl);
         if (mixed) {
           // The device sampled every row (the same rule); the host rows' tokens are replaced.
           const ts = performance.now();
@@ -693,20 +688,7 @@ export class ModelContext {
       // The grammar takes the token and computes the next step's mask now, a step ahead.
       const refused = advanceGrammar(l, tokens[i]);
       if (refused) return this.failOne(l, refused);
-      const prev = req.times.lastToken ?? req.times.arrival;
-      const record: TokenLedgerRecord = {
-        seq: req.id,
-        step: req.outputIds.length,
-        tokenId: tokens[i],
-        phase: req.outputIds.length === 0 ? 'prefill' : 'decode',
-        wallMs: now - prev,
-        sampleMs: sampleMs * share,
-        ...(l.grammar ? { grammarMs: l.grammar.lastMs } : {}),
-        deviceActiveMs: deviceMs * share,
-        ...delta,
-        ...(paging ? { prefetchedBlocks: paging.loads, evictedBlocks: paging.loads, diskReadBytes: paging.diskReadBytes } : {}),
-      };
-      if (buckets) record.buckets = Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, v * share]));
+      const record = tokenRecord(req, tokens[i], { now, share, sampleMs, deviceMs, delta, paging, buckets, grammarMs: l.grammar?.lastMs });
       // A failure in one request's host policies (detokenizing, stop strings) ends that request only.
       try {
         this.accept(l, tokens[i], record, s);
@@ -714,15 +696,7 @@ export class ModelContext {
         this.failOne(l, e as Error);
       }
     });
-    const ks = this.kv.stats();
-    const sig: StepSignals = {
-      time: now,
-      running: this.scheduler.running.length,
-      waiting: this.scheduler.waiting.length,
-      kvUsage: this.kv.usage,
-      prefixQueries: ks.prefixQueries,
-      prefixHits: ks.prefixHits,
-      preemptions: this.totalPreemptions,
+    const sig = stepSignals(now, this.scheduler, this.kv, this.totalPreemptions, {
       scheduledTokens: rows,
       promptTokens,
       generationTokens: nl - embedded,
@@ -730,7 +704,7 @@ export class ModelContext {
       sharedBlocks: shared.blocks,
       sharedBlockReads: shared.reads,
       droppedSteps: ra.dropped,
-    };
+    });
     for (const f of this.stepListeners) f(sig);
   }
 
@@ -743,22 +717,6 @@ export class ModelContext {
   private writeMeta(rows: number, nl: number, withSampling: boolean): void {
     if (this.pipeline) return this.pipeline.writeMeta(this.stage, rows, nl, withSampling);
     writeStepMeta(this.backend, this.runner as ModelRunner, this.stage, rows, nl, withSampling);
-  }
-
-  /** Tokens of steps dropped unread (run-ahead): skipped in the ring. */
-  private skipRing(n: number): void {
-    this.ringRead = (this.ringRead + n) % this.runner.limits.ringCapacity;
-  }
-
-  private readRing(n: number): number[] {
-    const cap = this.runner.limits.ringCapacity;
-    const out: number[] = [];
-    const start = this.ringRead % cap;
-    const first = Math.min(n, cap - start);
-    for (const v of this.backend.peek(this.runner.meta.ring, start, first)) out.push(v);
-    if (first < n) for (const v of this.backend.peek(this.runner.meta.ring, 0, n - first)) out.push(v);
-    this.ringRead = (this.ringRead + n) % cap;
-    return out;
   }
 
   /** Host policies on a sampled token (token-policy.ts); a request they finish leaves the scheduler. */

@@ -3,7 +3,9 @@ import * as path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import type { DeviceBackend } from '@nerva/core';
 import { type BlockPool, KvTiers, type KvPageMove, type KvStepNeed } from '@nerva/kv';
-import { checkOffloadDir, type KvMemoryReport, type PathTraffic, unlinkOpen } from '@nerva/memos';
+import { checkOffloadDir, type KvMemoryReport, type MemoryReport, type PathTraffic, unlinkOpen } from '@nerva/memos';
+import type { ModelInternals } from './model.js';
+import { memoryReport } from './weight-residency.js';
 import type { ModelRunner } from './model-runner.js';
 
 /** Options of tiered KV (EngineOptions' kv* fields). */
@@ -253,4 +255,21 @@ function freeBytes(dir: string): number | undefined {
   } catch {
     return undefined;
   }
+}
+
+/**
+ * A context's memory OS report: its model's weights and its KV cache, and with tiered KV the
+ * pages of each tier (tiered KV runs on one ModelRunner, whose backend measured the host partials).
+ */
+export function contextMemoryReport(
+  backend: DeviceBackend,
+  model: Pick<ModelInternals, 'weights' | 'budgets'>,
+  runner: { readonly kvBytes: number; readonly hostComputeBytes: number; readonly hostReadBytes: number },
+  kvTiers: TieredKv | undefined,
+  preemptions: number,
+  blockSize: number,
+): MemoryReport {
+  const r = memoryReport(backend, model.weights, runner.kvBytes, model.budgets, { computeBytes: runner.hostComputeBytes, readBytes: runner.hostReadBytes });
+  if (kvTiers) r.kv = kvTiers.report(runner as ModelRunner, preemptions, blockSize, backend.stats().hostComputeMsByOp?.attention);
+  return r;
 }

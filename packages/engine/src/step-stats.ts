@@ -1,4 +1,6 @@
-import type { BackendStats } from '@nerva/core';
+import type { BackendStats, TokenLedgerRecord } from '@nerva/core';
+import type { StepSignals } from './engine-options.js';
+import type { Request } from './request.js';
 import { emptySyncCounts, SYNC_KINDS } from '@nerva/core';
 import type { PagerStats } from '@nerva/memos';
 
@@ -67,4 +69,48 @@ export class SharedBlockReads {
       }
     }
   }
+}
+
+/** What one step measured, for the ledger records of its tokens (each gets a `share`). */
+export interface StepMeasures {
+  now: number;
+  share: number;
+  sampleMs: number;
+  deviceMs: number;
+  delta: ReturnType<typeof statsDelta>;
+  paging?: ReturnType<typeof pagerDelta>;
+  buckets?: Record<string, number>;
+  /** The request's grammar time this step (constrained decoding), when it has one. */
+  grammarMs?: number;
+}
+
+/** The ledger record of token `tokenId` of `req`, sampled in a step that measured `m`. */
+export function tokenRecord(req: Request, tokenId: number, m: StepMeasures): TokenLedgerRecord {
+  const prev = req.times.lastToken ?? req.times.arrival;
+  const record: TokenLedgerRecord = {
+    seq: req.id,
+    step: req.outputIds.length,
+    tokenId,
+    phase: req.outputIds.length === 0 ? 'prefill' : 'decode',
+    wallMs: m.now - prev,
+    sampleMs: m.sampleMs * m.share,
+    ...(m.grammarMs !== undefined ? { grammarMs: m.grammarMs } : {}),
+    deviceActiveMs: m.deviceMs * m.share,
+    ...m.delta,
+    ...(m.paging ? { prefetchedBlocks: m.paging.loads, evictedBlocks: m.paging.loads, diskReadBytes: m.paging.diskReadBytes } : {}),
+  };
+  if (m.buckets) record.buckets = Object.fromEntries(Object.entries(m.buckets).map(([k, v]) => [k, v * m.share]));
+  return record;
+}
+
+/** A step's signals for `onStep` listeners: the queue and KV state beside what the step did. */
+export function stepSignals(
+  time: number,
+  scheduler: { readonly running: { length: number }; readonly waiting: { length: number } },
+  kv: { readonly usage: number; stats(): { prefixQueries: number; prefixHits: number } },
+  preemptions: number,
+  step: Omit<StepSignals, 'time' | 'running' | 'waiting' | 'kvUsage' | 'prefixQueries' | 'prefixHits' | 'preemptions'>,
+): StepSignals {
+  const ks = kv.stats();
+  return { time, running: scheduler.running.length, waiting: scheduler.waiting.length, kvUsage: kv.usage, prefixQueries: ks.prefixQueries, prefixHits: ks.prefixHits, preemptions, ...step };
 }
