@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import { choiceOptions, type ChoiceJob, toApiError } from './generation.js';
 import { parseCompletionRequest } from './openai-schema.js';
-import { admitEarly, checkBudget } from './request-budget.js';
+import { admitEarly, checkBudget, clientOf } from './request-budget.js';
 import { OFF_THREAD_CHARS, offThread } from './tokenize-pool.js';
 import type { TokenEvent, WorkerEngine } from '@nerva/engine';
 import { type EchoedPrompt, respond } from './respond.js';
@@ -19,7 +19,7 @@ export function registerCompletions(app: FastifyInstance, models: ModelRouter): 
     // Budgets and admission before the tokenizer runs (the costly part).
     const sequences = req.prompts.length * req.n;
     checkBudget(state, sequences, req.sampling, req.prompts.reduce((n, p) => n + (typeof p === 'string' ? p.length : 0), 0));
-    const ticket = admitEarly(state, sequences);
+    const ticket = admitEarly(state, sequences, clientOf(request));
     const jobs: ChoiceJob[] = [];
     const echoed: EchoedPrompt[] = [];
     for (let pi = 0; pi < req.prompts.length; pi++) {
