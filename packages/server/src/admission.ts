@@ -62,6 +62,17 @@ export class Admission {
     if (client !== undefined && size > this.perClient) {
       throw new ApiError(400, 'invalid_request_error', `'n' x prompts = ${size} sequences exceeds this server's limit of ${this.perClient} per client`, 'n', 'too_many_sequences');
     }
+    if (this.active + size > this.capacity) {
+      const retry = this.retryAfterSeconds();
+      throw new ApiError(
+        429,
+        'rate_limit_error',
+        `the server is at capacity (${this.active} sequences in flight, ${this.maxQueue} may queue); retry in ${retry} s`,
+        null,
+        'queue_full',
+        { 'retry-after': String(retry) },
+      );
+    }
     const held = client === undefined ? 0 : this.heldBy(client);
     if (client !== undefined && held + size > this.perClient) {
       const retry = this.retryAfterSeconds();
@@ -71,17 +82,6 @@ export class Admission {
         `this client already has ${held} sequences in flight and may hold at most ${this.perClient} (max_sequences_per_client); retry in ${retry} s`,
         null,
         'client_limit',
-        { 'retry-after': String(retry) },
-      );
-    }
-    if (this.active + size > this.capacity) {
-      const retry = this.retryAfterSeconds();
-      throw new ApiError(
-        429,
-        'rate_limit_error',
-        `the server is at capacity (${this.active} sequences in flight, ${this.maxQueue} may queue); retry in ${retry} s`,
-        null,
-        'queue_full',
         { 'retry-after': String(retry) },
       );
     }

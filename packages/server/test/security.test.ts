@@ -6,6 +6,7 @@ import { DEFAULT_CONFIG } from '../src/config.js';
 import { type RunningServer, startServer } from '../src/server.js';
 import { resolveSecurity } from '../src/security-options.js';
 import { SLOW_CLIENT_ERROR, SseWriter } from '../src/sse.js';
+import { OFF_THREAD_CHARS } from '../src/tokenize-pool.js';
 import { MODEL, startTestServer } from './helpers.js';
 
 /**
@@ -192,6 +193,29 @@ describe('request budgets, checked before any work', () => {
     const chat = await raw(open.url, 'POST', '/v1/chat/completions', JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: prompt }], max_tokens: 1 }));
     expect(chat.status).toBe(400);
     expect(JSON.parse(chat.body).error.message).toMatch(/\d+ tokens/);
+  });
+
+  it('short prompts tokenize on the event loop; from OFF_THREAD_CHARS of prompt text (prompts together) in the worker', async () => {
+    const tok = open.state.engine!.tokenizer!;
+    const spy = vi.spyOn(tok, 'encode');
+    try {
+      const short = 'the king and the queen spoke. '.slice(0, OFF_THREAD_CHARS - 1);
+      const one = await post({ prompt: short });
+      expect(one.status).toBe(200);
+      expect(spy).toHaveBeenCalledTimes(1);
+      spy.mockClear();
+      // Two prompts, each shorter than the threshold, together past it: both in the worker, the same tokens.
+      const part = 'KING: what news? '.repeat(4);
+      expect(part.length < OFF_THREAD_CHARS && 2 * part.length >= OFF_THREAD_CHARS).toBe(true);
+      const many = await post({ prompt: [part, part], max_tokens: 1, return_token_ids: true });
+      expect(many.status).toBe(200);
+      expect(spy).not.toHaveBeenCalled();
+      const ids = (JSON.parse(many.body) as { choices: { prompt_token_ids: number[] }[] }).choices.map((c) => c.prompt_token_ids);
+      spy.mockRestore();
+      expect(ids).toEqual([tok.encode(part), tok.encode(part)]);
+    } finally {
+      spy.mockRestore();
+    }
   });
 
   it('client priority needs the operator to enable it', async () => {
