@@ -22,8 +22,10 @@ import type { EngineOptions } from './engine-options.js';
  * - 'choice': one of {@link OptionSpec.choices}.
  * - 'split': 'auto', 'off' or a fraction strictly between 0 and 1.
  * - 'strings': a list of non-empty strings (comma-separated on the command line; an array in TOML).
+ * - 'intrange': two integers, min and max with min <= max, negatives allowed (`-5,5` on the
+ *   command line; `[-5, 5]` in TOML).
  */
-export type OptionKind = 'string' | 'path' | 'bool' | 'int' | 'posint' | 'port' | 'size' | 'fraction' | 'choice' | 'split' | 'strings';
+export type OptionKind = 'string' | 'path' | 'bool' | 'int' | 'posint' | 'port' | 'size' | 'fraction' | 'choice' | 'split' | 'strings' | 'intrange';
 
 /** One user-settable option. `N` is the field it sets (of EngineOptions, or of a server's config). */
 export interface OptionSpec<N extends string = string> {
@@ -43,7 +45,7 @@ export interface OptionSpec<N extends string = string> {
    * The value that applies when the option is absent, where it is a constant (absent: the
    * engine derives it, e.g. from the environment or the device; the help says how).
    */
-  readonly default?: string | number | boolean;
+  readonly default?: string | number | boolean | readonly number[];
   /** One line for `--help`; the default, when there is one, is appended by whoever prints it. */
   readonly help: string;
 }

@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import { choiceOptions, type ChoiceJob, toApiError } from './generation.js';
 import { badRequest } from './errors.js';
 import { parseChatRequest } from './openai-schema.js';
-import { admitEarly, checkBudget, messageChars } from './request-budget.js';
+import { admitEarly, checkBudget, clientOf, messageChars } from './request-budget.js';
 import { OFF_THREAD_CHARS, offThread } from './tokenize-pool.js';
 import { respond } from './respond.js';
 import { checkRequestGrammar } from './structured-output.js';
@@ -27,7 +27,7 @@ export function registerChat(app: FastifyInstance, models: ModelRouter): void {
     if (grammar) await checkRequestGrammar(grammar);
     const sampling = grammar ? { ...req.sampling, grammar: grammar.spec } : req.sampling;
     checkBudget(state, req.n, req.sampling, chars);
-    const ticket = admitEarly(state, req.n);
+    const ticket = admitEarly(state, req.n, clientOf(request));
     let promptIds: number[];
     try {
       const tok = engine.tokenizer;

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import { choiceOptions, type ChoiceJob, toApiError } from './generation.js';
 import { parseCompletionRequest } from './openai-schema.js';
-import { admitEarly, checkBudget } from './request-budget.js';
+import { admitEarly, checkBudget, clientOf } from './request-budget.js';
 import { OFF_THREAD_CHARS, offThread } from './tokenize-pool.js';
 import type { TokenEvent, WorkerEngine } from '@nerva/engine';
 import { type EchoedPrompt, respond } from './respond.js';
@@ -18,16 +18,19 @@ export function registerCompletions(app: FastifyInstance, models: ModelRouter): 
     if (req.grammar) await checkRequestGrammar(req.grammar);
     // Budgets and admission before the tokenizer runs (the costly part).
     const sequences = req.prompts.length * req.n;
-    checkBudget(state, sequences, req.sampling, req.prompts.reduce((n, p) => n + (typeof p === 'string' ? p.length : 0), 0));
-    const ticket = admitEarly(state, sequences);
+    const chars = req.prompts.reduce((n, p) => n + (typeof p === 'string' ? p.length : 0), 0);
+    checkBudget(state, sequences, req.sampling, chars);
+    // Decided on the request's text as a whole: many short prompts cost the event loop as much as one long one.
+    const offThreadText = chars >= OFF_THREAD_CHARS && engine.tokenizer !== undefined;
+    const ticket = admitEarly(state, sequences, clientOf(request));
     const jobs: ChoiceJob[] = [];
     const echoed: EchoedPrompt[] = [];
     for (let pi = 0; pi < req.prompts.length; pi++) {
       const p = req.prompts[pi];
       let ids: number[];
       try {
-        // A large text prompt is tokenized in the tokenizer worker; a small one here (no round trip).
-        const off = typeof p === 'string' && p.length >= OFF_THREAD_CHARS && engine.tokenizer ? await offThread(state.offThread?.run({ kind: 'text', text: p })) : undefined;
+        // Text prompts are tokenized in the tokenizer worker unless they are short; then here (no round trip).
+        const off = typeof p === 'string' && offThreadText ? await offThread(state.offThread?.run({ kind: 'text', text: p })) : undefined;
         ids = off ?? (typeof p === 'string' ? engine.encode(p) : p);
       } catch (e) {
         ticket.release();

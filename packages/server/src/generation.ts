@@ -17,8 +17,8 @@ export interface ChoiceJob {
   opts: WorkerGenerateOptions;
 }
 
-/** How a generation ended, when not by every choice finishing. */
-export type GenerationEnd = 'ok' | 'timeout' | 'disconnected' | 'failed';
+/** How a generation ended, when not by every choice finishing ('slow_client': a stream whose client stopped reading). */
+export type GenerationEnd = 'ok' | 'timeout' | 'disconnected' | 'slow_client' | 'failed';
 
 /**
  * Engine options of one choice: the request's fields, the model's generation_config defaults for

@@ -21,6 +21,7 @@ export class ServerMetrics {
   private readonly promptTokens: Counter;
   private readonly generationTokens: Counter;
   private readonly success: Counter<'finished_reason'>;
+  private readonly slowClients: Counter;
   private readonly ttft: Histogram;
   private readonly itl: Histogram;
   private readonly e2e: Histogram;
@@ -69,6 +70,11 @@ export class ServerMetrics {
     this.promptTokens = new Counter({ name: 'nerva:prompt_tokens_total', help: 'Prefill tokens processed.', registers: r });
     this.generationTokens = new Counter({ name: 'nerva:generation_tokens_total', help: 'Tokens generated.', registers: r });
     this.success = new Counter({ name: 'nerva:request_success_total', help: 'Finished requests by finish reason.', labelNames: ['finished_reason'], registers: r });
+    this.slowClients = new Counter({
+      name: 'nerva:stream_slow_client_aborts_total',
+      help: 'Streaming requests stopped because their client did not read: more output waited for it than sse_buffer_bytes.',
+      registers: r,
+    });
     const h = (name: string, help: string, buckets: number[]) => new Histogram({ name, help, buckets, registers: r });
     this.ttft = h('nerva:time_to_first_token_seconds', 'Time to first token.', LATENCY_BUCKETS);
     this.itl = h('nerva:inter_token_latency_seconds', 'Time between consecutive output tokens.', LATENCY_BUCKETS);
@@ -186,6 +192,11 @@ export class ServerMetrics {
   /** One output token after the first: its engine-side gap to the previous token. */
   onToken(ev: TokenEvent): void {
     if (ev.index > 0 && Number.isFinite(ev.ledger?.wallMs)) this.itl.observe(ev.ledger.wallMs / 1000);
+  }
+
+  /** A stream stopped at the SSE buffer cap (its client stopped reading). */
+  onSlowClient(): void {
+    this.slowClients.inc();
   }
 
   onFinish(o: WorkerOutcome): void {

@@ -13,7 +13,7 @@ import { parseSize } from './size.js';
 /** A command's own reading of an option: another help line or default, or a required flag. */
 export interface FlagOverride {
   help?: string;
-  default?: string | number | boolean;
+  default?: string | number | boolean | readonly number[];
   mandatory?: boolean;
 }
 
@@ -50,6 +50,18 @@ function splitArg(flag: string) {
   };
 }
 
+/** --client-priority-range and the like: `MIN,MAX`, two integers with MIN <= MAX. */
+function intRangeArg(flag: string) {
+  return (v: string): [number, number] => {
+    const parts = v.split(',').map((x) => x.trim());
+    const [lo, hi] = parts.map(Number);
+    if (parts.length !== 2 || parts.some((x) => !/^[+-]?\d+$/.test(x)) || !Number.isSafeInteger(lo) || !Number.isSafeInteger(hi) || lo > hi) {
+      throw new InvalidArgumentError(`${flag} must be MIN,MAX (two integers, MIN <= MAX), got "${v}"`);
+    }
+    return [lo, hi];
+  };
+}
+
 function argParser(spec: OptionSpec): ((v: string) => unknown) | undefined {
   const flag = flagName(spec);
   switch (spec.kind) {
@@ -67,6 +79,8 @@ function argParser(spec: OptionSpec): ((v: string) => unknown) | undefined {
       return splitArg(flag);
     case 'strings':
       return (v: string): string[] => v.split(',').map((x) => x.trim()).filter(Boolean);
+    case 'intrange':
+      return intRangeArg(flag);
     default:
       return undefined;
   }
@@ -156,6 +170,11 @@ export function checkOptionValue(spec: OptionSpec, key: string, v: unknown, wher
     case 'split':
       if (v !== 'auto' && v !== 'off' && !(typeof v === 'number' && v > 0 && v < 1)) fail('"auto", "off" or a fraction in (0, 1)');
       return v;
+    case 'intrange': {
+      const r: unknown[] = Array.isArray(v) ? v : [];
+      if (r.length !== 2 || !r.every((x) => Number.isSafeInteger(x)) || (r[0] as number) > (r[1] as number)) fail('two integers [min, max] with min <= max');
+      return [r[0], r[1]];
+    }
     case 'size':
       // A string with a unit ("4GiB", "512MB", "4G" = 4 GiB) or an integer byte count.
       if (typeof v !== 'string' && typeof v !== 'number' && typeof v !== 'bigint') fail('a size such as "4GiB" or a positive integer byte count');

@@ -1,4 +1,5 @@
 import type { ChatMessage } from '@nerva/models';
+import type { FastifyRequest } from 'fastify';
 import type { Ticket } from './admission.js';
 import { badRequest } from './errors.js';
 import type { SamplingFields } from './openai-schema.js';
@@ -32,8 +33,12 @@ export function checkBudget(state: ServerState, sequences: number, s: SamplingFi
   if (long !== undefined) throw badRequest(`a 'stop' string has ${long.length} characters; at most ${b.maxStopLength} are allowed`, 'stop');
   const ids = s.stopTokenIds ?? [];
   if (ids.length > b.maxStopTokenIds) throw badRequest(`'stop_token_ids' has ${ids.length} ids; at most ${b.maxStopTokenIds} are allowed`, 'stop_token_ids');
-  if (s.priority !== undefined && s.priority !== 0 && !b.allowClientPriority) {
-    throw badRequest(`'priority' is not enabled on this server (allow_client_priority)`, 'priority', 'unsupported_parameter');
+  if (s.priority !== undefined && s.priority !== 0) {
+    if (!b.allowClientPriority) throw badRequest(`'priority' is not enabled on this server (allow_client_priority)`, 'priority', 'unsupported_parameter');
+    const [lo, hi] = b.clientPriorityRange;
+    if (s.priority < lo || s.priority > hi) {
+      throw badRequest(`'priority' must lie in this server's client_priority_range [${lo}, ${hi}], got ${s.priority}`, 'priority', 'priority_out_of_range');
+    }
   }
 }
 
@@ -48,9 +53,18 @@ export function messageChars(messages: readonly ChatMessage[]): number {
   return n;
 }
 
-/** Admit `sequences` before the request does expensive work; the ticket goes to the generation. */
-export function admitEarly(state: ServerState, sequences: number): Ticket {
+/**
+ * Who a request counts against in the per-client budget: its peer address. The server has one
+ * API key, which every client shares, so the key cannot tell clients apart. Behind a reverse
+ * proxy every request has the proxy's address and the per-client cap bounds them all together.
+ */
+export function clientOf(request: FastifyRequest): string {
+  return request.ip;
+}
+
+/** Admit `sequences` for `client` before the request does expensive work; the ticket goes to the generation. */
+export function admitEarly(state: ServerState, sequences: number, client: string): Ticket {
   const { admission } = state.ready();
-  return admission.admit(sequences);
+  return admission.admit(sequences, client);
 }
 

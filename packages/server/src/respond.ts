@@ -122,7 +122,16 @@ export async function respond(state: ServerState, reply: FastifyReply, jobs: Cho
   }
 
   reply.hijack();
-  const sse = new SseWriter(reply.raw, state.security.sseBufferBytes);
+  // A client that stops reading: past the buffer cap its request stops at once (KV freed, the
+  // engine's time back to the others) and the connection closes after the grace period.
+  const sse = new SseWriter(reply.raw, {
+    maxBuffered: state.security.sseBufferBytes,
+    graceMs: state.security.sseGraceS * 1000,
+    onOverflow: () => {
+      metrics.onSlowClient();
+      gen.stop('slow_client');
+    },
+  });
   sse.start();
   const usageNull = o.includeUsage ? { usage: null } : {};
   const chunk = (choice: Record<string, unknown>) => sse.send({ ...base, choices: [choice], ...usageNull });
@@ -161,7 +170,8 @@ export async function respond(state: ServerState, reply: FastifyReply, jobs: Cho
     if (o.extras.returnTokenIds) c.token_ids = [ev.token];
     chunk(c);
   });
-  if (gen.end === 'disconnected') return;
+  // The writer closes a slow client's stream itself.
+  if (gen.end === 'disconnected' || gen.end === 'slow_client') return;
   const fail = gen.failure();
   if (fail) {
     sse.send(fail.toBody());

@@ -35,8 +35,25 @@ export interface SecurityOptions {
   maxStopTokenIds?: number;
   /** Honour the request field `priority` (default false: a non-zero priority is a 400). */
   allowClientPriority?: boolean;
-  /** Bytes of SSE output buffered for a client that does not read; past it the stream is closed (default 8 MiB). */
+  /**
+   * The priorities a client may set when `allowClientPriority` is on, [min, max] (default [0, 10]).
+   * The scheduler orders strictly by priority (lower first, no ageing) and preempts the largest
+   * value first, so a client allowed below 0 could hold back and preempt every request that sets
+   * none; from 0 up, a client can only yield to others.
+   */
+  clientPriorityRange?: readonly [number, number];
+  /**
+   * Sequences one client (its address) may hold in the server at once, running and queued
+   * (default: half the admission capacity), so one client cannot fill the queue.
+   */
+  maxSequencesPerClient?: number;
+  /**
+   * Bytes of SSE output buffered for a client that does not read (default 8 MiB). Past it the
+   * request is aborted at once (its KV freed) and the connection closed after `sseGraceS`.
+   */
   sseBufferBytes?: number;
+  /** Seconds a stream stopped at `sseBufferBytes` gets to drain before its connection is closed (default 10). */
+  sseGraceS?: number;
   /**
    * Seconds an engine step, a stats query or a request's first event may take before the engine
    * counts as hung (default 120): in-flight requests fail with 503, /health answers 503 and the
@@ -45,10 +62,12 @@ export interface SecurityOptions {
   engineWatchdogS?: number;
 }
 
-export type ResolvedSecurity = Required<Omit<SecurityOptions, 'allowedHosts' | 'maxSequencesPerRequest'>> & {
+export type ResolvedSecurity = Required<Omit<SecurityOptions, 'allowedHosts' | 'maxSequencesPerRequest' | 'maxSequencesPerClient'>> & {
   /** undefined: any host. */
   allowedHosts: ReadonlySet<string> | undefined;
+  /** undefined: derived from the admission capacity once the engine is up. */
   maxSequencesPerRequest: number | undefined;
+  maxSequencesPerClient: number | undefined;
 };
 
 /** The security fields' defaults, from their option specs (config.ts SERVER_OPTIONS). */
@@ -71,7 +90,10 @@ const SECURITY_FIELDS = [
   'maxStopLength',
   'maxStopTokenIds',
   'allowClientPriority',
+  'clientPriorityRange',
+  'maxSequencesPerClient',
   'sseBufferBytes',
+  'sseGraceS',
   'engineWatchdogS',
 ] as const satisfies readonly (keyof SecurityOptions)[];
 
@@ -114,6 +136,7 @@ export function resolveSecurity(o: SecurityOptions, listenHost: string): Resolve
     ...Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)),
     allowedHosts: allowed?.includes('*') ? undefined : new Set([...(allowed ?? []).map((h) => h.toLowerCase()), ...defaultAllowedHosts(listenHost)]),
     maxSequencesPerRequest: o.maxSequencesPerRequest,
+    maxSequencesPerClient: o.maxSequencesPerClient,
   } as ResolvedSecurity;
 }
 

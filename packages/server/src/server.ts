@@ -162,7 +162,7 @@ export async function startServer(
         state.fabricTopology = fabric.json;
         if (i === 0) log(`nerva: ${fabric.line}`);
         const running = state.config.maxNumSeqs ?? (engine.info.deviceKind === 'cpu' ? 64 : 128);
-        state.admission = new Admission(running, state.config.maxQueue);
+        state.admission = new Admission(running, state.config.maxQueue, state.security.maxSequencesPerClient);
         metrics.attach(engine);
         state.engine = engine;
         restarts.watch(engine);

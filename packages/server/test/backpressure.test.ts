@@ -5,8 +5,8 @@ import { MODEL, parseSse, startTestServer, waitAllFree } from './helpers.js';
 let server: RunningServer;
 let impatient: RunningServer;
 beforeAll(async () => {
-  // Capacity: 2 running + 2 queued.
-  server = await startTestServer({ maxNumSeqs: 2, maxQueue: 2 });
+  // Capacity: 2 running + 2 queued, all of it open to one client (the per-client cap is tested in security.test.ts).
+  server = await startTestServer({ maxNumSeqs: 2, maxQueue: 2, maxSequencesPerClient: 4 });
   // A 1 s request timeout (a server of its own, so slow CI cannot time out the overload test).
   impatient = await startTestServer({ requestTimeoutS: 1 });
 });

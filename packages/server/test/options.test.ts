@@ -18,6 +18,7 @@ const MALFORMED: Record<OptionKind, [unknown, RegExp]> = {
   choice: ['fp8', /must be "[a-z0-9]+"(, "[a-z0-9]+")* or "[a-z0-9]+", got "fp8"/],
   split: [1, /must be "auto", "off" or a fraction in \(0, 1\), got 1/],
   strings: [['a', ''], /must be a list of non-empty strings, got \["a",""\]/],
+  intrange: [[3, 1], /must be two integers \[min, max\] with min <= max, got \[3,1\]/],
 };
 
 describe('the options schema', () => {
@@ -106,23 +107,69 @@ describe('flags derived from the schema', () => {
 });
 
 describe('the security flags of nerva serve', () => {
-  const names = ['allowedHosts', 'maxConnections', 'allowClientPriority', 'engineWatchdogS', 'accessLog'];
+  const names = ['allowedHosts', 'maxConnections', 'allowClientPriority', 'clientPriorityRange', 'maxSequencesPerClient', 'engineWatchdogS', 'accessLog'];
   const specs = SERVER_OPTIONS.filter((s) => names.includes(s.name));
 
   it('are declared in the schema and read back into config fields', () => {
     expect(specs.map((s) => s.name).sort()).toEqual([...names].sort());
     const flags = deriveFlags(specs);
     const cmd = addFlags(new Command().exitOverride().configureOutput({ writeErr: () => {} }), flags);
-    cmd.parse(['--allowed-hosts', 'a.example, b.example', '--max-connections', '8', '--allow-client-priority', '--engine-watchdog', '5', '--no-access-log'], { from: 'user' });
-    expect(flags.read(cmd.opts())).toEqual({ allowedHosts: ['a.example', 'b.example'], maxConnections: 8, allowClientPriority: true, engineWatchdogS: 5, accessLog: false });
+    cmd.parse(
+      [
+        '--allowed-hosts',
+        'a.example, b.example',
+        '--max-connections',
+        '8',
+        '--allow-client-priority',
+        '--client-priority-range',
+        '-5,5',
+        '--max-sequences-per-client',
+        '3',
+        '--engine-watchdog',
+        '5',
+        '--no-access-log',
+      ],
+      { from: 'user' },
+    );
+    expect(flags.read(cmd.opts())).toEqual({
+      allowedHosts: ['a.example', 'b.example'],
+      maxConnections: 8,
+      allowClientPriority: true,
+      clientPriorityRange: [-5, 5],
+      maxSequencesPerClient: 3,
+      engineWatchdogS: 5,
+      accessLog: false,
+    });
+  });
+
+  it('--client-priority-range takes MIN,MAX with MIN <= MAX, and defaults to [0, 10]', () => {
+    const spec = SERVER_OPTIONS.find((s) => s.name === 'clientPriorityRange')!;
+    expect(spec.default).toEqual([0, 10]);
+    const parse = (v: string) => {
+      const flags = deriveFlags([spec]);
+      const cmd = addFlags(new Command().exitOverride().configureOutput({ writeErr: () => {} }), flags);
+      cmd.parse(['--client-priority-range', v], { from: 'user' });
+      return flags.read(cmd.opts());
+    };
+    expect(parse('2,2')).toEqual({ clientPriorityRange: [2, 2] });
+    for (const bad of ['5,-5', '1', '1,2,3', 'a,b', '1.5,2', ',']) {
+      expect(() => parse(bad), bad).toThrow(`--client-priority-range must be MIN,MAX (two integers, MIN <= MAX), got "${bad}"`);
+    }
   });
 
   it('take the same values from a config file', () => {
-    expect(parseConfigTable({ allowed_hosts: ['x'], engine_watchdog_s: 3, sse_buffer_bytes: '1MiB', access_log: false }, 'nerva.toml')).toEqual({
+    const table = { allowed_hosts: ['x'], engine_watchdog_s: 3, sse_buffer_bytes: '1MiB', sse_grace_s: 0, access_log: false, client_priority_range: [-2, 3], max_sequences_per_client: 4 };
+    expect(parseConfigTable(table, 'nerva.toml')).toEqual({
       allowedHosts: ['x'],
       engineWatchdogS: 3,
       sseBufferBytes: 1 << 20,
+      sseGraceS: 0,
       accessLog: false,
+      clientPriorityRange: [-2, 3],
+      maxSequencesPerClient: 4,
     });
+    for (const bad of [[1], [1, 2, 3], ['0', '1'], 5, [0.5, 1]]) {
+      expect(() => parseConfigTable({ client_priority_range: bad }, 'nerva.toml'), JSON.stringify(bad)).toThrow(/"client_priority_range" must be two integers \[min, max\]/);
+    }
   });
 });

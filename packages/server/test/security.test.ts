@@ -1,9 +1,12 @@
 import { request as httpRequest, type ServerResponse } from 'node:http';
+import { EventEmitter } from 'node:events';
 import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { DEFAULT_CONFIG } from '../src/config.js';
 import { type RunningServer, startServer } from '../src/server.js';
-import { SseWriter } from '../src/sse.js';
+import { resolveSecurity } from '../src/security-options.js';
+import { SLOW_CLIENT_ERROR, SseWriter } from '../src/sse.js';
+import { OFF_THREAD_CHARS } from '../src/tokenize-pool.js';
 import { MODEL, startTestServer } from './helpers.js';
 
 /**
@@ -14,14 +17,17 @@ import { MODEL, startTestServer } from './helpers.js';
 const KEY = 'sk-security-test';
 let keyed: RunningServer;
 let open: RunningServer;
+/** Capacity 4 (4 running, none queued), 2 sequences per client, client priorities on (default range). */
+let fair: RunningServer;
 beforeAll(async () => {
-  [keyed, open] = await Promise.all([
+  [keyed, open, fair] = await Promise.all([
     startTestServer({ apiKey: KEY }),
     startTestServer({ maxNumSeqs: 4, maxQueue: 4, headersTimeoutS: 1, bodyTimeoutS: 2, maxConnections: 8, sseBufferBytes: 4096 }),
+    startTestServer({ maxNumSeqs: 4, maxQueue: 0, maxSequencesPerClient: 2, allowClientPriority: true }),
   ]);
 });
 afterAll(async () => {
-  await Promise.all([keyed?.shutdown(), open?.shutdown()]);
+  await Promise.all([keyed?.shutdown(), open?.shutdown(), fair?.shutdown()]);
 });
 
 interface Raw {
@@ -189,13 +195,97 @@ describe('request budgets, checked before any work', () => {
     expect(JSON.parse(chat.body).error.message).toMatch(/\d+ tokens/);
   });
 
+  it('short prompts tokenize on the event loop; from OFF_THREAD_CHARS of prompt text (prompts together) in the worker', async () => {
+    const tok = open.state.engine!.tokenizer!;
+    const spy = vi.spyOn(tok, 'encode');
+    try {
+      const short = 'the king and the queen spoke. '.slice(0, OFF_THREAD_CHARS - 1);
+      const one = await post({ prompt: short });
+      expect(one.status).toBe(200);
+      expect(spy).toHaveBeenCalledTimes(1);
+      spy.mockClear();
+      // Two prompts, each shorter than the threshold, together past it: both in the worker, the same tokens.
+      const part = 'KING: what news? '.repeat(4);
+      expect(part.length < OFF_THREAD_CHARS && 2 * part.length >= OFF_THREAD_CHARS).toBe(true);
+      const many = await post({ prompt: [part, part], max_tokens: 1, return_token_ids: true });
+      expect(many.status).toBe(200);
+      expect(spy).not.toHaveBeenCalled();
+      const ids = (JSON.parse(many.body) as { choices: { prompt_token_ids: number[] }[] }).choices.map((c) => c.prompt_token_ids);
+      spy.mockRestore();
+      expect(ids).toEqual([tok.encode(part), tok.encode(part)]);
+    } finally {
+      spy.mockRestore();
+    }
+  });
+
   it('client priority needs the operator to enable it', async () => {
     const r = await post({ priority: -1000000 });
     expect(r.status).toBe(400);
     expect(JSON.parse(r.body).error.param).toBe('priority');
     expect((await post({ priority: 0 })).status).toBe(200);
   });
+
+  it('an enabled client priority must lie in client_priority_range (default [0, 10]: no client gets ahead of the rest)', async () => {
+    const on = (priority: number) => raw(fair.url, 'POST', '/v1/completions', JSON.stringify({ model: MODEL, prompt: 'x', max_tokens: 1, priority }));
+    for (const p of [-1, -1000000, 11]) {
+      const r = await on(p);
+      expect(r.status, String(p)).toBe(400);
+      const e = JSON.parse(r.body).error;
+      expect(e).toMatchObject({ type: 'invalid_request_error', param: 'priority', code: 'priority_out_of_range' });
+      expect(e.message).toContain('client_priority_range [0, 10]');
+      expect(e.message).toContain(`got ${p}`);
+    }
+    for (const p of [0, 5, 10]) expect((await on(p)).status, String(p)).toBe(200);
+    // A configured range replaces the default.
+    expect(resolveSecurity({ clientPriorityRange: [-2, 5] }, '127.0.0.1').clientPriorityRange).toEqual([-2, 5]);
+    expect(resolveSecurity({}, '127.0.0.1').clientPriorityRange).toEqual([0, 10]);
+  });
 });
+
+describe('per-client budgets', () => {
+  const body = (maxTokens: number, seed: number) => ({ model: MODEL, prompt: 'KING:', max_tokens: maxTokens, ignore_eos: true, seed });
+  const from = (remoteAddress: string, payload: unknown) => fair.app.inject({ method: 'POST', url: '/v1/completions', payload: payload as object, remoteAddress });
+
+  it("one client's flood is capped at its share; another client's request is still admitted", async () => {
+    const admission = fair.state.admission!;
+    expect(admission.perClient).toBe(2);
+    // Client A floods with 6 requests: 2 are admitted (its share), 4 get 429 at once.
+    const flood = Array.from({ length: 6 }, (_, i) => from('10.0.0.1', body(32, i)));
+    const refused = await settle(flood, 4);
+    expect(refused.map((r) => r.statusCode)).toEqual([429, 429, 429, 429]);
+    expect(refused).toHaveLength(4);
+    for (const r of refused) {
+      const retry = Number(r.headers['retry-after']);
+      expect(Number.isInteger(retry) && retry >= 1 && retry <= 60).toBe(true);
+      expect(r.json().error).toMatchObject({ type: 'rate_limit_error', code: 'client_limit', param: null });
+      expect(r.json().error.message).toContain('max_sequences_per_client');
+    }
+    expect(admission.heldBy('10.0.0.1')).toBe(2);
+    // Client B, while A's two run: admitted and answered (without the per-client cap A's flood
+    // would hold all 4 slots and B would get 429 queue_full).
+    const b = await from('10.0.0.2', body(2, 99));
+    expect(b.statusCode, b.body).toBe(200);
+    expect(b.json().usage.completion_tokens).toBe(2);
+    expect(admission.heldBy('10.0.0.1')).toBe(2);
+    const done = await Promise.all(flood);
+    expect(done.filter((r) => r.statusCode === 200)).toHaveLength(2);
+    expect(admission.heldBy('10.0.0.1')).toBe(0);
+    expect(admission.inFlight).toBe(0);
+  });
+});
+
+/** Resolves with the first `k` of `ps` to settle. */
+function settle<T>(ps: Promise<T>[], k: number): Promise<T[]> {
+  const out: T[] = [];
+  return new Promise((resolve, reject) => {
+    for (const p of ps) {
+      p.then((v) => {
+        out.push(v);
+        if (out.length === k) resolve(out);
+      }, reject);
+    }
+  });
+}
 
 describe('connections', () => {
   it('a client that never finishes its headers is cut after the headers timeout', async () => {
@@ -230,17 +320,66 @@ describe('connections', () => {
     expect((await raw(open.url, 'GET', '/health')).status).toBe(200);
   });
 
-  it('an SSE client that never reads is disconnected at the buffer cap', () => {
-    // A response whose socket never drains: every write stays buffered.
-    const res = { writableLength: 0, destroyed: false, writableEnded: false, write(chunk: string) {
-      this.writableLength += Buffer.byteLength(chunk);
-      return false;
-    }, destroy() {
-      this.destroyed = true;
-    } };
-    const sse = new SseWriter(res as unknown as ServerResponse, 4096);
-    for (let i = 0; i < 1000 && !sse.closed; i++) sse.send({ text: 'x'.repeat(100) });
-    expect(res.destroyed).toBe(true);
-    expect(res.writableLength).toBeLessThan(4096 + 200);
+  it('an SSE client that stops reading: the request stops at the buffer cap, the connection closes after the grace period', () => {
+    vi.useFakeTimers();
+    try {
+      for (const drains of [false, true]) {
+        const res = new StuckResponse();
+        const onOverflow = vi.fn();
+        const sse = new SseWriter(res as unknown as ServerResponse, { maxBuffered: 4096, graceMs: 10_000, onOverflow });
+        for (let i = 0; i < 1000; i++) sse.send({ text: 'x'.repeat(100) });
+        // Stopped at the cap: told once, nothing written past it, the connection still open.
+        expect(onOverflow).toHaveBeenCalledTimes(1);
+        expect(sse.overflowed && sse.closed).toBe(true);
+        expect(res.writableLength).toBeGreaterThan(4096);
+        expect(res.writableLength).toBeLessThan(4096 + 200);
+        sse.done();
+        expect(res.writableEnded).toBe(false);
+        if (drains) {
+          // The client catches up within the grace period: it learns why its stream ended.
+          vi.advanceTimersByTime(5_000);
+          res.drain();
+          expect(res.writableEnded).toBe(true);
+          expect(res.text.endsWith(`data: ${JSON.stringify(SLOW_CLIENT_ERROR)}\n\ndata: [DONE]\n\n`)).toBe(true);
+          vi.advanceTimersByTime(10_000);
+          expect(res.destroyed).toBe(false);
+        } else {
+          vi.advanceTimersByTime(9_999);
+          expect(res.destroyed).toBe(false);
+          vi.advanceTimersByTime(1);
+          expect(res.destroyed).toBe(true);
+        }
+      }
+    } finally {
+      vi.useRealTimers();
+    }
   });
 });
+
+/** A response whose client does not read: every write stays buffered until `drain()`. */
+class StuckResponse extends EventEmitter {
+  writableLength = 0;
+  destroyed = false;
+  writableEnded = false;
+  writableFinished = false;
+  text = '';
+  write(chunk: string): boolean {
+    this.text += chunk;
+    this.writableLength += Buffer.byteLength(chunk);
+    return false;
+  }
+  end(chunk?: string): void {
+    if (chunk !== undefined) this.write(chunk);
+    this.writableEnded = true;
+  }
+  destroy(): void {
+    this.destroyed = true;
+    this.emit('close');
+  }
+  /** The client took everything. */
+  drain(): void {
+    this.writableLength = 0;
+    this.emit('drain');
+    if (this.writableEnded) this.writableFinished = true;
+  }
+}

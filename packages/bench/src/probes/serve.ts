@@ -73,7 +73,8 @@ async function oneRequest(url: string, model: string, i: number, maxTokens: numb
  * clients in closed loop until `requests` are done. TTFT and inter-token latency as clients see them.
  */
 export async function serveProbe(o: ServeProbeOptions): Promise<Record<string, unknown>> {
-  const server = await startServer({ ...DEFAULT_CONFIG, model: o.model, backend: o.backend, port: 0, maxQueue: Math.max(256, o.concurrency) });
+  // The probe's clients share one address: the per-client cap must let all of them in.
+  const server = await startServer({ ...DEFAULT_CONFIG, model: o.model, backend: o.backend, port: 0, maxQueue: Math.max(256, o.concurrency), maxSequencesPerClient: Math.max(1, o.concurrency) });
   try {
     await server.ready;
     const model = server.state.modelName;
