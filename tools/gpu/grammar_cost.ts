@@ -10,10 +10,10 @@
 // One JSON line per case to stdout and appended to $OUT/grammar_cost.jsonl; exit 1 on a failed
 // run, on CUDA missing (the line says why) or on a finished JSON output that does not parse.
 //   grammar_cost.mjs MODEL_DIR [--backend cuda|cpu] [--batches 1,32] [--temperatures 1,0] [--new-tokens 64] [--prompt-len 32] [--repeats 3]
-import { appendFileSync, existsSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
 import { probeCuda } from '@nerva/cuda-backend';
-import { Engine, type GenerateOptions, type RequestOutcome } from '@nerva/engine';
+import { Engine, type GenerateOptions, type RequestHandle, type RequestOutcome } from '@nerva/engine';
 import { decodeWindow, median, parseArgs, type Args, type DecodeWindow, type StepMark } from './grammar_cost_stats.js';
 
 /**
@@ -46,6 +46,8 @@ interface RunResult extends DecodeWindow {
   grammarDecodeMs: number;
   grammarMs: number;
   graphReplays: number;
+  /** Graph replays of the steps the constrained requests decoded in (none: such steps run eagerly). */
+  constrainedGraphReplays: number;
   ledgerDecodeTokens: number;
 }
 
@@ -74,24 +76,38 @@ async function runCase(engine: Engine, a: Args, c: CaseName, batch: number, temp
   const steps: StepMark[] = [];
   const off = engine.onStep((s) => steps.push({ time: s.time, promptTokens: s.promptTokens, generationTokens: s.generationTokens }));
   let outcomes: RequestOutcome[];
+  const handles: RequestHandle[] = [];
   try {
-    outcomes = await Promise.all(
-      Array.from({ length: batch }, (_, i) => {
-        const base: GenerateOptions = { maxTokens: a.newTokens, temperature, seed: i + 1 };
-        // Free requests run to max_tokens; a constrained one ends where its grammar accepts.
-        const o: GenerateOptions = i < n ? { ...base, jsonSchema: SCHEMA } : { ...base, ignoreEos: true };
-        return engine.submit(prompt(a.promptLen, vocab, i + 1), o).done;
-      }),
-    );
+    for (let i = 0; i < batch; i++) {
+      const base: GenerateOptions = { maxTokens: a.newTokens, temperature, seed: i + 1 };
+      // Free requests run to max_tokens; a constrained one ends where its grammar accepts.
+      const o: GenerateOptions = i < n ? { ...base, jsonSchema: SCHEMA } : { ...base, ignoreEos: true };
+      handles.push(engine.submit(prompt(a.promptLen, vocab, i + 1), o));
+    }
+    outcomes = await Promise.all(handles.map((h) => h.done));
   } finally {
     off();
+  }
+  // A request that failed (its grammar, the grammar engine) ends with abort; its event stream,
+  // read now that it has ended, carries the error.
+  for (const [i, o] of outcomes.entries()) {
+    if (o.finishReason !== 'abort') continue;
+    let why = 'no error on its stream';
+    try {
+      for await (const _ of handles[i].events);
+    } catch (e) {
+      why = (e as Error).message;
+    }
+    throw new Error(`${c} batch ${batch}: request ${i} (${i < n ? 'constrained' : 'free'}) aborted: ${why}`);
   }
   let grammarDecodeMs = 0;
   let grammarMs = 0;
   let graphReplays = 0;
+  let constrainedGraphReplays = 0;
   let ledgerDecodeTokens = 0;
-  for (const o of outcomes) {
+  for (const [i, o] of outcomes.entries()) {
     for (const r of o.ledger.all()) {
+      if (i < n && r.phase === 'decode') constrainedGraphReplays += r.graphReplays;
       grammarMs += r.grammarMs ?? 0;
       if (r.phase === 'decode') {
         grammarDecodeMs += r.grammarMs ?? 0;
@@ -100,7 +116,7 @@ async function runCase(engine: Engine, a: Args, c: CaseName, batch: number, temp
       graphReplays += r.graphReplays;
     }
   }
-  return { ...decodeWindow(steps, batch), outcomes, grammarDecodeMs, grammarMs, graphReplays, ledgerDecodeTokens };
+  return { ...decodeWindow(steps, batch), outcomes, grammarDecodeMs, grammarMs, graphReplays, constrainedGraphReplays, ledgerDecodeTokens };
 }
 
 /** The constrained outputs that finished (their grammar accepted) must parse as JSON. */
@@ -169,7 +185,10 @@ function caseLine(engine: Engine, a: Args, c: CaseName, batch: number, temperatu
     grammar_ms_total: r3(sum((r) => r.grammarMs)),
     grammar_ms_per_step: decodeSteps > 0 ? r3(sum((r) => r.grammarDecodeMs) / decodeSteps) : null,
     grammar_ms_per_token: ledgerDecode > 0 ? r3(sum((r) => r.grammarDecodeMs) / ledgerDecode) : null,
+    // Any decode step of the case replayed a captured graph (mixed: the steps after its
+    // constrained request ended), and any step a constrained request decoded in did.
     graphs_used: sum((r) => r.graphReplays) > 0,
+    ...(n > 0 ? { graphs_used_with_grammar_rows: sum((r) => r.constrainedGraphReplays) > 0 } : {}),
     graph_replays_per_decode_token: ledgerDecode > 0 ? r3(sum((r) => r.graphReplays) / ledgerDecode) : 0,
   };
 }
@@ -204,6 +223,7 @@ async function measure(engine: Engine, a: Args, batch: number, temperature: numb
 
 async function main(): Promise<number> {
   const out = process.env.OUT ?? '.';
+  mkdirSync(out, { recursive: true });
   const emit = (line: Record<string, unknown>) => {
     const s = JSON.stringify(line);
     console.log(s);
