@@ -13,6 +13,14 @@ rm -rf .device/fixtures .device/configs && mkdir -p .device/fixtures
 cp -r ../shared/fixtures/models .device/fixtures/models && cp -r ../shared/configs .device/configs
 # The tree carries models/tiny-shakespeare-qwen3 (14 MB) already; a second copy would not fit carry's 64 MiB.
 rm -rf .device/fixtures/models/tiny-shakespeare-qwen3
+# Constrained decoding (phase grammar): XGrammar's package, which the engine loads at run time from a
+# node_modules folder (its WebAssembly is inlined in lib/index.js, 1.1 MiB), found from .device/dist;
+# and Qwen3's tokenizer for the synthetic checkpoints (11 MiB as is, 1.4 MiB packed; run.sh unpacks it).
+xg=packages/engine/node_modules/@mlc-ai/web-xgrammar
+rm -rf .device/node_modules && mkdir -p .device/node_modules/@mlc-ai/web-xgrammar/lib
+cp "$xg/package.json" .device/node_modules/@mlc-ai/web-xgrammar/ && cp "$xg/lib/index.js" .device/node_modules/@mlc-ai/web-xgrammar/lib/
+mkdir -p .device/tokenizers/qwen3 && install -m 644 ../shared/fixtures/tokenizers/qwen3/tokenizer_config.json .device/tokenizers/qwen3/
+[ .device/tokenizers/qwen3/tokenizer.json.xz -nt ../shared/fixtures/tokenizers/qwen3/tokenizer.json ] || xz -T0 -9 -c ../shared/fixtures/tokenizers/qwen3/tokenizer.json > .device/tokenizers/qwen3/tokenizer.json.xz
 node tools/gpu/bundle.mjs
 # The bundles repeat the same modules: 15 MiB as files, 0.5 MiB packed (run.sh unpacks them).
 rm -rf .device/dist .device/dist.tar.xz && tar -C tools/gpu -cf - dist | xz -T0 -6 > .device/dist.tar.xz

@@ -63,6 +63,12 @@
 #   embed (not in the default list; bash tools/gpu/run.sh build,embed): Engine.embed on CUDA against the CPU
 #   reference on every fixture model and the embedded one (tools/gpu/embeddings.ts): last and mean pooling,
 #   CUDA vs CPU and CUDA batched vs alone within 1e-4 of the largest component, no KV held -> $OUT/embeddings.json
+#   grammar (not in the default list; NERVA_SIZES=qwen3-0.6b bash tools/gpu/run.sh build,synth,grammar): constrained decoding's
+#   cost per token (tools/gpu/grammar_cost.ts) on each size's synthetic checkpoint with Qwen3's tokenizer beside it (from
+#   .device/tokenizers, tools/gpu/prepare.sh; in /tmp/synth/<size>-tokenizer, hard links to the weights, so the other phases
+#   still measure a folder without one): at batch 1 and 32, free requests, every request held to a JSON schema, and at 32
+#   one held among 31 free; decode ms per token, tok/s, ratios to free, the ledger's grammarMs, whether graphs ran;
+#   NERVA_GRAMMAR_ARGS adds flags (e.g. "--repeats 5 --new-tokens 128", "--backend cpu" for a dry run) -> $OUT/grammar_cost.jsonl
 #   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
 #   @nerva/cuda-backend, the GPU-only ones among them, under vitest from .device/vitest.tar.xz
 #   (tools/gpu/pack_vitest.mjs) with NERVA_GPU_TESTS=1 (a GPU-only file without the addon or a GPU
@@ -200,6 +206,19 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
     [ -n "${NERVA_QUANT_BUDGET:-}" ] && [ -d "$dir" ] && runjs "offload $size bf16" offload.mjs "$dir" "$NERVA_QUANT_BUDGET" 16 32
   fi
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
+  if has grammar; then
+    # A grammar needs the vocabulary: the synthetic weights (hard links, same folder rules as the
+    # original) with Qwen3's tokenizer (151,936 ids, as every qwen3 config) in a folder of their own.
+    gdir=/tmp/synth/$size-tokenizer
+    tz=.device/tokenizers/qwen3/tokenizer.json.xz
+    if [ ! -f "$tz" ]; then say "grammar $size: $tz missing (run tools/gpu/prepare.sh)"; status=1
+    else
+      rm -rf "$gdir" && mkdir -p "$gdir"
+      ln "$dir"/* "$gdir"/ 2>/dev/null || cp "$dir"/* "$gdir"/
+      xz -dc "$tz" > "$gdir/tokenizer.json" && cp .device/tokenizers/qwen3/tokenizer_config.json "$gdir"/
+      runjs "grammar $size" grammar_cost.mjs "$gdir" ${NERVA_GRAMMAR_ARGS:-}
+    fi
+  fi
   if has offload; then
     # The baseline first (it frees the GPU when it exits), then NERVA on the same files, same budget.
     budget=${NERVA_OFFLOAD_BUDGET:-4GiB}
