@@ -229,11 +229,8 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   const int o0 = (blockIdx.x / rows) * per;
   const int n = min(per, outDim - o0);
   const size_t rowBytes = (size_t)(inDim / (DT == NV_Q4_K || DT == NV_Q6_K ? 256 : 32)) * T::BYTES;
-  // Q4_K: tiles position-major (a warp's lanes take the same tile position in consecutive blocks),
-  // so its scale decoding, which depends on the position, takes one path per warp.
-  const int nb = inDim / 256;
-  const int t = DT == NV_Q4_K ? (threadIdx.x % nb) * 8 + threadIdx.x / nb : threadIdx.x;
-  const bool mine = threadIdx.x < inDim / T::ELEMS;
+  const int t = threadIdx.x;
+  const bool mine = t < inDim / T::ELEMS;
   // Weight row k of iteration i (a row past the block's outputs reads its first one, never used).
   // GLU: rows k < P are gates of outputs i + k, rows k >= P their up rows.
   auto rowOf = [&](int i, int k) -> const uint8_t* {
