@@ -4,7 +4,7 @@ import type { EmbedResult, WorkerEngine } from '@nerva/engine';
 import { ApiError, badRequest } from './errors.js';
 import { toApiError } from './generation.js';
 import type { ModelRouter } from './model-router.js';
-import { admitEarly } from './request-budget.js';
+import { admitEarly, clientOf } from './request-budget.js';
 import type { ServerState } from './state.js';
 import { OFF_THREAD_CHARS, offThread } from './tokenize-pool.js';
 
@@ -159,7 +159,7 @@ export function registerEmbeddings(app: FastifyInstance, models: ModelRouter): v
     const state = models.route(req.model);
     const { engine } = state.ready();
     checkEmbeddingBudget(state, req);
-    const ticket = admitEarly(state, req.inputs.length);
+    const ticket = admitEarly(state, req.inputs.length, clientOf(request));
     // A timeout or a client that went away aborts the inputs still running (their KV is freed).
     const ac = new AbortController();
     let timedOut = false;
