@@ -45,7 +45,7 @@ const state = (be: CpuBackend, t: Tail) => t.bufs.map((b) => Array.from(be.read(
 describe('op sample with push and advance', () => {
   it('is op sample, then ring_push of its out, then advance_positions, bit for bit', () => {
     const be = new CpuBackend();
-    expect(be.capabilities.opFields?.sample).toEqual(['push', 'advance']);
+    expect(be.capabilities.opFields?.sample).toEqual(['push', 'advance', 'mask']);
     const fused = build(be, 3);
     const hand = build(be, 3);
     for (let step = 0; step < 3; step++) {
