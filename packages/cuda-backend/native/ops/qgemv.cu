@@ -41,11 +41,13 @@ __device__ __forceinline__ void ldx(const float* x, float* v, int n) {  // n flo
 template <int DT>
 struct QTile;
 
-template <>
-struct QTile<NV_Q8_0> {  // a tile is a block: f16 d, 32 int8
-  static constexpr int ELEMS = 32, BYTES = 34;
+// A legacy block (Q8_0, Q4_0): an f16 scale, then W 32-bit words of quants; a tile is one block
+// of 32 elements, whose activations are contiguous. Blocks are 2-byte aligned: 16-bit loads.
+template <int W>
+struct LegacyTile {
+  static constexpr int ELEMS = 32, BYTES = 2 + 4 * W;
   struct Raw {
-    uint32_t q[8];
+    uint32_t q[W];
     uint16_t d;
   };
   float x[32];
@@ -53,9 +55,13 @@ struct QTile<NV_Q8_0> {  // a tile is a block: f16 d, 32 int8
     const uint16_t* b = (const uint16_t*)(row + (size_t)t * BYTES);
     r.d = b[0];
 #pragma unroll
-    for (int w = 0; w < 8; w++) r.q[w] = (uint32_t)b[1 + 2 * w] | ((uint32_t)b[2 + 2 * w] << 16);
+    for (int w = 0; w < W; w++) r.q[w] = (uint32_t)b[1 + 2 * w] | ((uint32_t)b[2 + 2 * w] << 16);
   }
   __device__ void load(const float* xr, int t) { ldx(xr + t * 32, x, 32); }
+};
+
+template <>
+struct QTile<NV_Q8_0> : LegacyTile<8> {  // 32 int8
   __device__ float dot(const Raw& r, int) const {
     float s = 0.f;
 #pragma unroll
@@ -69,20 +75,7 @@ struct QTile<NV_Q8_0> {  // a tile is a block: f16 d, 32 int8
 };
 
 template <>
-struct QTile<NV_Q4_0> {  // a block: f16 d, 16 bytes (element j: low nibble of byte j, j + 16: high)
-  static constexpr int ELEMS = 32, BYTES = 18;
-  struct Raw {
-    uint32_t q[4];
-    uint16_t d;
-  };
-  float x[32];
-  __device__ static void fetch(Raw& r, const uint8_t* row, int t) {
-    const uint16_t* b = (const uint16_t*)(row + (size_t)t * BYTES);
-    r.d = b[0];
-#pragma unroll
-    for (int w = 0; w < 4; w++) r.q[w] = (uint32_t)b[1 + 2 * w] | ((uint32_t)b[2 + 2 * w] << 16);
-  }
-  __device__ void load(const float* xr, int t) { ldx(xr + t * 32, x, 32); }
+struct QTile<NV_Q4_0> : LegacyTile<4> {  // 16 bytes: element j the low nibble of byte j, j + 16 its high nibble
   __device__ float dot(const Raw& r, int) const {
     float s = 0.f;
 #pragma unroll
