@@ -86,6 +86,22 @@ describe('buffers', () => {
     expect(be.stats()).toMatchObject({ liveBuffers: 1, allocCalls: 2, freeCalls: 1 });
   });
 
+  it('takes a quantized buffer only as whole raw blocks, and a refused write leaves it as it was', () => {
+    const q = be.alloc({ dtype: 'q8_0', length: 64 });
+    const block = new Uint8Array(34);
+    block[0] = 0x00;
+    block[1] = 0x3c; // f16 scale 1.0
+    for (let i = 0; i < 32; i++) block[2 + i] = i;
+    be.write(q, block, 32);
+    const before = be.read(q);
+    expect(Array.from(before.subarray(32))).toEqual(Array.from({ length: 32 }, (_, i) => i));
+    expect(() => be.write(q, new Float32Array(32))).toThrow(BufferDTypeError);
+    expect(() => be.write(q, new Uint8Array(33))).toThrow(BufferDTypeError);
+    expect(() => be.write(q, block, 16)).toThrow(BufferDTypeError);
+    expect(() => be.write(q, new Uint8Array(34 * 3))).toThrow(BufferRangeError);
+    expect(be.read(q)).toEqual(before);
+  });
+
   it('validates write, read and copy ranges and dtypes', () => {
     const f = be.alloc({ dtype: 'f32', length: 4 });
     const i = be.alloc({ dtype: 'i32', length: 4 });
