@@ -31,8 +31,16 @@ type Buf = DeviceBuffer;
 export interface DecoderLayerWeights {
   /** [hidden] input RMSNorm weight. */
   attnNorm: Buf;
-  /** [(numHeads + 2*numKvHeads)*headDim, hidden]: q, k and v projections stacked. */
+  /**
+   * [(numHeads + 2*numKvHeads)*headDim, hidden]: q, k and v projections stacked; with `qkvTail`,
+   * only the q and k rows.
+   */
   qkv: Buf;
+  /**
+   * The v rows, [numKvHeads*headDim, hidden], when they are stored apart: a block-quantized v of a
+   * different block type than q and k (a Q4_K_M-style mix). As `weightTail` of op fused_matmul.
+   */
+  qkvTail?: Buf;
   qkvBias?: Buf;
   /** [headDim] per-head RMSNorm weights of q and k (QK-norm), when the model has them. */
   qNorm?: Buf;
@@ -51,6 +59,18 @@ export interface DecoderLayerWeights {
   vCache: Buf;
 }
 
+/**
+ * A weight matrix in two buffers: rows [0, tailFrom) in `weight`, rows [tailFrom, outDim) in
+ * `weightTail` (its own dtype; row o of the matrix is row o - tailFrom of the tail). Lets a
+ * fused projection keep each part in its own block type (a GGUF Q4_K_M stores v as Q6_K beside a
+ * Q4_K q and k). Not with glu or weightOffset. Only where capabilities.opFields lists it for the
+ * op; such a backend also takes op decoder_layers' `qkvTail`.
+ */
+export interface WeightTail {
+  weightTail?: Buf;
+  tailFrom?: number;
+}
+
 export interface OpCatalogue {
   /** out[r, :] = table[ids[r], :]. ids: i32[rows]. */
   embedding: { table: Buf; ids: Buf; out: Buf; rows: number; hidden: number };
@@ -65,7 +85,7 @@ export interface OpCatalogue {
    * One op for one row (GEMV) and for many (GEMM); the backend picks the kernel. `x` may be bf16
    * over more than 8 rows on a backend with capabilities.activationDtypes including 'bf16'.
    */
-  matmul: { x: Buf; weight: Buf; out: Buf; rows: number; inDim: number; outDim: number; bias?: Buf; weightOffset?: number };
+  matmul: { x: Buf; weight: Buf; out: Buf; rows: number; inDim: number; outDim: number; bias?: Buf; weightOffset?: number } & WeightTail;
   /**
    * In place on `numHeads` heads of size headDim starting at element `headOffset` of each row
    * of x (row stride `rowStride`): optional per-head RMSNorm with `normWeight` [headDim]
@@ -194,7 +214,7 @@ export interface OpCatalogue {
     eps?: number;
     glu?: boolean;
     accumulate?: boolean;
-  };
+  } & WeightTail;
   /**
    * Op `rope` over the q heads (at 0, with qNorm) and the k heads (at numHeads*headDim, with
    * kNorm) of a packed qkv row [q | k | v] of stride rowStride, in place, then op `kv_append` of

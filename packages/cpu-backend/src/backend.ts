@@ -164,7 +164,7 @@ export class CpuBackend implements DeviceBackend {
       matmulPrecision,
       activationDtypes: Object.freeze(['bf16'] as const),
       // The embedding gather inside the stack op; a decode step's tail (ring push, advance) inside op sample.
-      opFields: Object.freeze({ decoder_layers: ['embed'], sample: ['push', 'advance', 'mask'] } as const),
+      opFields: Object.freeze({ decoder_layers: ['embed'], sample: ['push', 'advance', 'mask'], matmul: ['weightTail', 'tailFrom'], fused_matmul: ['weightTail', 'tailFrom'] } as const),
       graphCapture: true,
       peerAccess: false,
       collectives: false,

@@ -209,7 +209,12 @@ export class CudaBackend implements DeviceBackend {
       batchInvariant: this.native.batchInvariant === true,
       shortContextKeys: decodeShortKeys(this.native),
       // An addon that reads op decoder_layers' embed and op sample's push and advance says so (an older one would not).
-      opFields: { ...(this.native.decoderLayersEmbed === true ? { decoder_layers: ['embed'] as const } : {}), ...sampleFields(this.native) },
+      opFields: {
+        ...(this.native.decoderLayersEmbed === true ? { decoder_layers: ['embed'] as const } : {}),
+        ...sampleFields(this.native),
+        matmul: ['weightTail', 'tailFrom'] as const,
+        fused_matmul: ['weightTail', 'tailFrom'] as const,
+      },
       graphCapture: true,
       peerAccess: false,
       collectives: false,

@@ -32,7 +32,25 @@ describe('OpEncoder', () => {
       resolved.get(out.id)!.addr, 0,
       0, 0, // no bias
       2, 64, 32, 100,
+      0, 0, 0, // no weightTail, tailFrom 0
     ]);
+  });
+
+  it('packs a weightTail (q and k in one block type, v in another) after the attributes, and checks it', () => {
+    const x = buf('f32', 256), head = buf('q4_k', 24 * 256), tail = buf('q6_k', 8 * 256), out = buf('f32', 32);
+    enc.encode('fused_matmul', { x, weight: head, weightTail: tail, tailFrom: 24, out, rows: 1, inDim: 256, outDim: 32 });
+    const a = Array.from(enc.args.subarray(0, enc.n));
+    expect(a[3]).toBe(6); // the head's dtype code: q4_k
+    expect(a.slice(enc.n - 3)).toEqual([resolved.get(tail.id)!.addr, 7, 24]);
+    enc.encode('matmul', { x, weight: head, weightTail: tail, tailFrom: 24, out, rows: 1, inDim: 256, outDim: 32 });
+    expect(Array.from(enc.args.subarray(enc.n - 3, enc.n))).toEqual([resolved.get(tail.id)!.addr, 7, 24]);
+    const base = { x, weight: head, out, rows: 1, inDim: 256, outDim: 32 };
+    expect(() => enc.encode('fused_matmul', { ...base, weightTail: buf('q6_k', 7 * 256), tailFrom: 24 })).toThrow(/weightTail needs 2048 elements/);
+    expect(() => enc.encode('fused_matmul', { ...base, weightTail: tail, tailFrom: 33 })).toThrow(/tailFrom must be <= outDim/);
+    expect(() => enc.encode('fused_matmul', { ...base, tailFrom: 24 })).toThrow(/tailFrom needs weightTail/);
+    expect(() => enc.encode('fused_matmul', { ...base, weightTail: buf('bf16', 8 * 256), tailFrom: 24 })).toThrow(/weightTail must be q8_0/);
+    expect(() => enc.encode('fused_matmul', { ...base, outDim: 16, glu: true, weightTail: tail, tailFrom: 8 })).toThrow(/not allowed with glu/);
+    expect(() => enc.encode('matmul', { ...base, weightOffset: 256, weightTail: tail, tailFrom: 24 })).toThrow(/not allowed with weightOffset/);
   });
 
   it('takes bf16 activations (capabilities.bf16Activations): rmsnorm and silu_mul outs, a matmul x over more than 8 rows', () => {
@@ -51,7 +69,7 @@ describe('OpEncoder', () => {
     const x = buf('f32', 64), w = buf('bf16', 2 * 16 * 64), out = buf('f32', 16), nw = buf('bf16', 64);
     enc.encode('fused_matmul', { x, weight: w, out, rows: 1, inDim: 64, outDim: 16, normWeight: nw, eps: 1e-5, glu: true });
     const a = Array.from(enc.args.subarray(0, enc.n));
-    expect(a.slice(6)).toEqual([0, 0, resolved.get(nw.id)!.addr, 1, 1, 64, 16, 1e-5, 1, 0]);
+    expect(a.slice(6)).toEqual([0, 0, resolved.get(nw.id)!.addr, 1, 1, 64, 16, 1e-5, 1, 0, 0, 0, 0]);
     const short = buf('bf16', 16 * 64);
     expect(() => enc.encode('fused_matmul', { x, weight: short, out, rows: 1, inDim: 64, outDim: 16, glu: true })).toThrow(/weight needs 2048 elements/);
     const bias = buf('f32', 16);
@@ -87,7 +105,7 @@ describe('OpEncoder', () => {
     expect(enc.args[enc.n - 1]).toBe(1e-6); // the default QK-norm epsilon
   });
 
-  it('packs decoder_layers: the shared buffers, the attributes, then 12 buffers per layer (growing the argument array)', () => {
+  it('packs decoder_layers: the shared buffers, the attributes, then 13 buffers per layer (growing the argument array)', () => {
     const rows = 1, hidden = 16, nq = 4, nkv = 2, hd = 8, inter = 24, qkvOut = (nq + 2 * nkv) * hd;
     const shared = {
       x: buf('f32', rows * hidden), qkv: buf('f32', rows * qkvOut), attn: buf('f32', rows * nq * hd), mlp: buf('f32', rows * inter),
@@ -101,15 +119,16 @@ describe('OpEncoder', () => {
     const attrs = { rows, hidden, numHeads: nq, numKvHeads: nkv, headDim: hd, intermediate: inter, blockSize: 16, maxBlocksPerSeq: 4, eps: 1e-6, scale: 0.25 };
     enc.encode('decoder_layers', { ...shared, layers, ...attrs });
     // ... then the embed flag (absent: 0).
-    expect(enc.n).toBe(9 * 2 + 12 + 5 * 24 + 1);
+    expect(enc.n).toBe(9 * 2 + 12 + 5 * 26 + 1);
     const a = Array.from(enc.args.subarray(0, enc.n));
     expect(a[enc.n - 1]).toBe(0);
     // maxKeys (absent: 0) between scale and the layer count.
     expect(a.slice(18, 30)).toEqual([1, 16, 4, 2, 8, 24, 16, 4, 1e-6, 0.25, 0, 5]);
     // Layer 4: qkv weight after attnNorm; absent qkvBias, qNorm, kNorm encode as (0, 0).
-    const l4 = a.slice(30 + 4 * 24, 30 + 5 * 24);
-    expect(l4.slice(0, 10)).toEqual([resolved.get(layers[4].attnNorm.id)!.addr, 1, resolved.get(layers[4].qkv.id)!.addr, 1, 0, 0, 0, 0, 0, 0]);
-    expect(l4.slice(20)).toEqual([resolved.get(layers[4].kCache.id)!.addr, 0, resolved.get(layers[4].vCache.id)!.addr, 0]);
+    const l4 = a.slice(30 + 4 * 26, 30 + 5 * 26);
+    // (qkvTail absent: (0, 0) right after qkv.)
+    expect(l4.slice(0, 12)).toEqual([resolved.get(layers[4].attnNorm.id)!.addr, 1, resolved.get(layers[4].qkv.id)!.addr, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+    expect(l4.slice(22)).toEqual([resolved.get(layers[4].kCache.id)!.addr, 0, resolved.get(layers[4].vCache.id)!.addr, 0]);
     const bad = [...layers.slice(0, 2), { ...layer(), down: buf('bf16', hidden * inter - 1) }];
     expect(() => enc.encode('decoder_layers', { ...shared, layers: bad, ...attrs })).toThrow(/layers\[2\]\.down needs 384 elements/);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, numKvHeads: 3 })).toThrow(/not a multiple of numKvHeads 3/);
@@ -120,7 +139,7 @@ describe('OpEncoder', () => {
     // embed: 1, the table (a row at least), the ids (one a row).
     const table = buf('bf16', 10 * hidden), ids = buf('i32', rows);
     enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table, ids } });
-    expect(enc.n).toBe(9 * 2 + 12 + 5 * 24 + 5);
+    expect(enc.n).toBe(9 * 2 + 12 + 5 * 26 + 5);
     expect(Array.from(enc.args.subarray(enc.n - 5, enc.n))).toEqual([1, resolved.get(table.id)!.addr, 1, resolved.get(ids.id)!.addr, 3]);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table: buf('bf16', hidden - 1), ids } })).toThrow(/embed\.table needs 16 elements/);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table, ids: buf('f32', 1) } })).toThrow(/embed\.ids/);

@@ -113,7 +113,7 @@ export * from './runner-base.js';
       // The first layer of a runner finds the residual stream complete (embedding, or a stage's handoff).
       if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
       else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
-      this.op('projection', 'matmul', { x: normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
+      this.op('projection', 'matmul', { x: normed, weight: lw.qkv, ...this.qkvTail(lw), bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
       if (this.fusedOps) {
         // QK-norm, RoPE and the KV append in one op (the same arithmetic as the three below).
         this.op('attention', 'rope_append', {
@@ -230,6 +230,11 @@ export * from './runner-base.js';
     for (let l = this.firstLayer; l < this.endLayer; l++) this.fusedLayer(l, rows);
   }
 
+  /** A layer's v rows apart (see LayerWeights.qkvTail), as the qkv projection's weightTail. */
+  private qkvTail(lw: LayerWeights): { weightTail?: DeviceBuffer; tailFrom?: number } {
+    return lw.qkvTail ? { weightTail: lw.qkvTail, tailFrom: (this.spec.numHeads + this.spec.numKvHeads) * this.spec.headDim } : {};
+  }
+
   /** One decoder layer as fused ops (see forwardFusedLayers), its weights acquired and released. */
   private fusedLayer(l: number, rows: number): void {
     const s = this.spec;
@@ -248,6 +253,7 @@ export * from './runner-base.js';
       this.op('projection', 'fused_matmul', {
         x: a.residual,
         weight: lw.qkv,
+        ...this.qkvTail(lw),
         bias: lw.qkvBias,
         out: a.qkv,
         rows,

@@ -1,5 +1,5 @@
 import type { DeviceBackend, DeviceBuffer, DType, HostArray, Tier } from '@nerva/core';
-import { DTYPE_BYTES, dtypeOfGgml, isQuantDType, type GgmlTypeName, type QuantDType } from '@nerva/core';
+import { DTYPE_BYTES, dtypeOfGgml, isQuantDType, takesOpField, type GgmlTypeName, type QuantDType } from '@nerva/core';
 import type { PagedTensor, PlanBlock, WeightFormat, WeightPager } from '@nerva/memos';
 import type { CanonicalWeights, LayerSlots, ModelSpec, WeightSlot, WeightStore } from '@nerva/models';
 import { canonicalWeightNames, ropeInvFreq } from '@nerva/models';
@@ -8,6 +8,11 @@ export interface LayerWeights {
   attnNorm: DeviceBuffer;
   /** q, k and v projections fused along the output dimension: [(nq + 2 nkv) * headDim, hidden]. */
   qkv: DeviceBuffer;
+  /**
+   * The v projection apart, [nkv * headDim, hidden], when it is block-quantized in another block
+   * type than q and k (a Q4_K_M-style mix): `qkv` then holds only the q and k rows.
+   */
+  qkvTail?: DeviceBuffer;
   qkvBias?: DeviceBuffer;
   qNorm?: DeviceBuffer;
   kNorm?: DeviceBuffer;
@@ -89,9 +94,12 @@ export function layerLayouts(backend: DeviceBackend, spec: ModelSpec, ckpt: Weig
   const out: TensorDesc[][] = [];
   for (const L of weightSlots(spec).layers) {
     const qkvOut = (nq + 2 * nkv) * hd;
+    const qkv = qkvStorage(backend, ckpt, dt, L);
     const t: TensorDesc[] = [
       { name: 'attnNorm', dtype: normDt, length: H },
-      { name: 'qkv', dtype: dt(L.q, [L.k, L.v]), length: qkvOut * H },
+      ...(qkv.tail
+        ? [{ name: 'qkv', dtype: qkv.qkv, length: (nq + nkv) * hd * H } as const, { name: 'qkvTail', dtype: qkv.tail, length: nkv * hd * H } as const]
+        : [{ name: 'qkv', dtype: qkv.qkv, length: qkvOut * H } as const]),
       { name: 'o', dtype: dt(L.o, []), length: H * nq * hd },
       { name: 'mlpNorm', dtype: normDt, length: H },
     ];
@@ -199,6 +207,27 @@ function storageDtypes(backend: DeviceBackend, ckpt: WeightStore): (slot: Weight
     if (q && fused !== undefined && fused !== null && supported.includes(q) && fused.every((f) => quantDtypeOf(ckpt, f.name) === q)) return q;
     return q ? (supported.includes('f32') ? 'f32' : wd) : float(slot);
   };
+}
+
+/**
+ * The storage of a layer's q/k/v projections: one fused buffer (`qkv`), or, when v is
+ * block-quantized in another block type than q and k and the backend reads both, q and k fused in
+ * their blocks and v apart in its own (`tail`), so neither falls back to float32.
+ */
+function qkvStorage(
+  backend: DeviceBackend,
+  ckpt: WeightStore,
+  dt: ReturnType<typeof storageDtypes>,
+  L: LayerSlots<WeightSlot>,
+): { qkv: DType; tail?: DType } {
+  const whole = dt(L.q, [L.k, L.v]);
+  const q = quantDtypeOf(ckpt, L.q.name);
+  const v = quantDtypeOf(ckpt, L.v.name);
+  const supported = backend.capabilities.dtypes;
+  const tails = takesOpField(backend.capabilities, 'fused_matmul', 'weightTail') && takesOpField(backend.capabilities, 'matmul', 'weightTail');
+  if (isQuantDType(whole) || !tails || !q || !v || q === v || !supported.includes(v)) return { qkv: whole };
+  const qk = dt(L.q, [L.k]);
+  return isQuantDType(qk) ? { qkv: qk, tail: v } : { qkv: whole };
 }
 
 /** A tensor a GGUF file holds in ggml blocks: what the checkpoint says beyond its float view. */
@@ -364,7 +393,8 @@ export async function uploadWeights(
       await put(dst.attnNorm, L.inputNorm);
       await put(dst.qkv, L.q, 0);
       await put(dst.qkv, L.k, nq * hd * H);
-      await put(dst.qkv, L.v, (nq + nkv) * hd * H);
+      if (dst.qkvTail) await put(dst.qkvTail, L.v, 0);
+      else await put(dst.qkv, L.v, (nq + nkv) * hd * H);
       await put(dst.o, L.o);
       await put(dst.mlpNorm, L.postAttentionNorm);
       if (L.qBias && L.kBias && L.vBias) {

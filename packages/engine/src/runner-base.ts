@@ -305,6 +305,7 @@ export abstract class RunnerBase {
       const w: DecoderLayerWeights = {
         attnNorm: lw.attnNorm,
         qkv: lw.qkv,
+        ...(lw.qkvTail ? { qkvTail: lw.qkvTail } : {}),
         qkvBias: lw.qkvBias,
         qNorm: lw.qNorm,
         kNorm: lw.kNorm,

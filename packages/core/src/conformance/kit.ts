@@ -190,6 +190,8 @@ export interface CaseDef {
   activationDtype?: DType;
   /** Needs this buffer dtype in capabilities.dtypes of both backends (quantized weights). */
   dtype?: DType;
+  /** And this one (a second block type in the same case). */
+  dtype2?: DType;
   /** The optional fields of its op the case uses (capabilities.opFields of both backends must list them). */
   fields?: readonly string[];
   build(rng: ConformanceRng): CaseSpec;

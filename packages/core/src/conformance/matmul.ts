@@ -49,6 +49,49 @@ function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
   };
 }
 
+/**
+ * A matrix in two block types (op matmul / fused_matmul's weightTail): rows [0, from) of `head`,
+ * the rest of `tail`, as a GGUF Q4_K_M stores q/k beside a Q6_K v.
+ */
+function tailCase(name: string, op: 'matmul' | 'fused_matmul', s: { rows: number; inDim: number; outDim: number; from: number; head: QuantDType; tail: QuantDType; bias?: boolean; norm?: boolean; accumulate?: boolean }, large = false): CaseDef {
+  return {
+    name,
+    large,
+    dtype: s.head,
+    dtype2: s.tail,
+    fields: ['weightTail', 'tailFrom'],
+    build: (rng) => {
+      const buffers: Record<string, BufDef> = {
+        x: f32(rng.normals(s.rows * s.inDim, s.norm ? 5 : 1)),
+        weight: weightBuf(rng, s.head, s.from * s.inDim, s.inDim),
+        weightTail: weightBuf(rng, s.tail, (s.outDim - s.from) * s.inDim, s.inDim),
+        out: f32(rng.normals(s.rows * s.outDim + 2, 2)),
+      };
+      if (s.bias) buffers.bias = f32(rng.normals(s.outDim));
+      if (s.norm) buffers.normWeight = f32(rng.normals(s.inDim, 0.3).map((v) => 1 + v));
+      return {
+        buffers,
+        steps: [
+          step(op, (b) => ({
+            x: b.x,
+            weight: b.weight,
+            weightTail: b.weightTail,
+            tailFrom: s.from,
+            out: b.out,
+            rows: s.rows,
+            inDim: s.inDim,
+            outDim: s.outDim,
+            ...(s.bias ? { bias: b.bias } : {}),
+            ...(s.norm ? { normWeight: b.normWeight, eps: 1e-6 } : {}),
+            ...(s.accumulate ? { accumulate: true } : {}),
+          })),
+        ],
+        outputs: [floatOut('out')],
+      };
+    },
+  };
+}
+
 interface FusedMatmulShape {
   rows: number;
   inDim: number;
@@ -248,6 +291,8 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
       matmulCase(`12 rows 768 -> 20, ${q}, weightOffset`, { rows: 12, inDim: 768, outDim: 20, weight: q, weightOffset: 768 * 3 }),
       matmulCase(`1 row 4096 -> 1024, ${q}`, { rows: 1, inDim: 4096, outDim: 1024, weight: q }, true),
     ]),
+    tailCase('3 rows 512 -> 40, q4_k rows then a q6_k tail from 24, bias', 'matmul', { rows: 3, inDim: 512, outDim: 40, from: 24, head: 'q4_k', tail: 'q6_k', bias: true }),
+    tailCase('12 rows 256 -> 20, q8_0 rows then a q4_0 tail from 16', 'matmul', { rows: 12, inDim: 256, outDim: 20, from: 16, head: 'q8_0', tail: 'q4_0' }),
     matmulCase('70 rows 1024 -> 768, bf16 x, bf16 weights, weightOffset', { rows: 70, inDim: 1024, outDim: 768, weight: 'bf16', weightOffset: 1024 * 5, x: 'bf16' }, true),
   ],
   fused_matmul: [
@@ -274,6 +319,10 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
       fusedMatmulCase(`1 row 1024 -> 3072, ${q}, rmsnorm, glu`, { rows: 1, inDim: 1024, outDim: 3072, norm: true, glu: true, weight: q }, true),
       fusedMatmulCase(`20 rows 3072 -> 1024, ${q}, accumulate`, { rows: 20, inDim: 3072, outDim: 1024, accumulate: true, weight: q }, true),
     ]),
+    // Decode's qkv projection of a Q4_K_M file: q and k in Q4_K, v in Q6_K, the norm fused.
+    tailCase('1 row 1024 -> 1536, q4_k then a q6_k tail from 1280, rmsnorm input', 'fused_matmul', { rows: 1, inDim: 1024, outDim: 1536, from: 1280, head: 'q4_k', tail: 'q6_k', norm: true }, true),
+    tailCase('2 rows 256 -> 48, q4_k then a q6_k tail from 32, rmsnorm, bias', 'fused_matmul', { rows: 2, inDim: 256, outDim: 48, from: 32, head: 'q4_k', tail: 'q6_k', norm: true, bias: true }),
+    tailCase('3 rows 512 -> 24, q6_k then a q8_0 tail from 8, accumulate', 'fused_matmul', { rows: 3, inDim: 512, outDim: 24, from: 8, head: 'q6_k', tail: 'q8_0', accumulate: true }),
   ],
   mlp_slice: [
     mlpSliceCase('1 row, hidden 64, 24 channels, bf16', 1, 64, 24, 'bf16'),

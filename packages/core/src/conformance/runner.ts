@@ -168,6 +168,7 @@ export function conformanceCases(opts: ConformanceOptions = {}): ConformanceCase
       if (def.exactOnly && opts.numerics === 'bf16') continue;
       if (def.activationDtype && !opts.activationDtypes?.includes(def.activationDtype)) continue;
       if (def.dtype && !opts.dtypes?.includes(def.dtype)) continue;
+      if (def.dtype2 && !opts.dtypes?.includes(def.dtype2)) continue;
       if (def.fields && !def.fields.every((f) => (opts.opFields?.[op] as readonly string[] | undefined)?.includes(f))) continue;
       out.push(makeCase(op, def, seed, absTol));
     }

@@ -69,7 +69,9 @@ export function decoderLayers(ctx: OpContext, a: OpArgs<'decoder_layers'>): void
     const n = (field: string) => `layers[${l}].${field}`;
     if (lw === undefined || lw === null || typeof lw !== 'object') ctx.fail(`layers[${l}]`, 'must be a DecoderLayerWeights object');
     ctx.floats(n('attnNorm'), lw.attnNorm, hidden);
-    ctx.floats(n('qkv'), lw.qkv, qkvOut * hidden);
+    const qkRows = (nq + nkv) * hd;
+    ctx.floats(n('qkv'), lw.qkv, (lw.qkvTail === undefined ? qkvOut : qkRows) * hidden);
+    if (lw.qkvTail !== undefined) ctx.floats(n('qkvTail'), lw.qkvTail, nkv * hd * hidden);
     if (lw.qkvBias !== undefined) ctx.floats(n('qkvBias'), lw.qkvBias, qkvOut);
     if (lw.qNorm !== undefined) ctx.floats(n('qNorm'), lw.qNorm, hd);
     if (lw.kNorm !== undefined) ctx.floats(n('kNorm'), lw.kNorm, hd);
@@ -160,7 +162,18 @@ interface Dims {
 function layerOps(a: OpArgs<'decoder_layers'>, lw: DecoderLayerWeights, d: Dims): LayerOps {
   const { rows, hidden, nq, nkv, hd, inter, eps } = d;
   return {
-    qkv: { x: a.x, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: hidden, outDim: d.qkvOut, normWeight: lw.attnNorm, eps },
+    qkv: {
+      x: a.x,
+      weight: lw.qkv,
+      ...(lw.qkvTail !== undefined ? { weightTail: lw.qkvTail, tailFrom: (nq + nkv) * hd } : {}),
+      bias: lw.qkvBias,
+      out: a.qkv,
+      rows,
+      inDim: hidden,
+      outDim: d.qkvOut,
+      normWeight: lw.attnNorm,
+      eps,
+    },
     ropeAppend: {
       qkv: a.qkv,
       positions: a.positions,

@@ -1,6 +1,7 @@
 import type { OpArgs } from '@nerva/core';
 import type { OpContext } from '../op-context.js';
 import { dot, silu } from './dot.js';
+import { weightRows } from './weight-rows.js';
 
 /**
  * matmul over an rmsnorm-ed input (with normWeight: normalized and rounded to float32 exactly as
@@ -19,12 +20,13 @@ export function fusedMatmul(ctx: OpContext, a: OpArgs<'fused_matmul'>): void {
   if (eps < 0) ctx.fail('eps', `must be >= 0, got ${eps}`);
   const wRows = glu ? 2 * outDim : outDim;
   const x = ctx.floats('x', a.x, rows * inDim);
-  const w = ctx.floats('weight', a.weight, wRows * inDim);
+  const w = weightRows(ctx, a.weight, a, wRows, inDim, 0, glu);
   const out = ctx.f32('out', a.out, rows * outDim);
   const bias = a.bias === undefined ? undefined : ctx.floats('bias', a.bias, outDim);
   const norm = a.normWeight === undefined ? undefined : ctx.floats('normWeight', a.normWeight, inDim);
   ctx.distinct('out', a.out, 'x', a.x);
   ctx.distinct('out', a.out, 'weight', a.weight);
+  if (a.weightTail !== undefined) ctx.distinct('out', a.out, 'weightTail', a.weightTail);
   if (ctx.dry) return;
   const R = ctx.round;
   let input = x;
@@ -42,8 +44,12 @@ export function fusedMatmul(ctx: OpContext, a: OpArgs<'fused_matmul'>): void {
   for (let o = 0; o < outDim; o++) {
     const b = bias === undefined ? 0 : bias[o];
     for (let r = 0; r < rows; r++) {
-      let v = R(dot(input, r * inDim, w, o * inDim, inDim) + b);
-      if (glu) v = R(R(silu(Math.fround(v))) * R(Math.fround(dot(input, r * inDim, w, (outDim + o) * inDim, inDim))));
+      const [wa, wo] = w(o);
+      let v = R(dot(input, r * inDim, wa, wo, inDim) + b);
+      if (glu) {
+        const [ua, uo] = w(outDim + o);
+        v = R(R(silu(Math.fround(v))) * R(Math.fround(dot(input, r * inDim, ua, uo, inDim))));
+      }
       const i = r * outDim + o;
       out[i] = a.accumulate === true ? R(out[i] + Math.fround(v)) : v;
     }

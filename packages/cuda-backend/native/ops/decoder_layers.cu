@@ -12,7 +12,7 @@ namespace nerva::ops {
 
 // One layer's buffers, as the arguments give them.
 struct LayerBufs {
-  Buf attnNorm, qkv, qkvBias, qNorm, kNorm, o, oBias, mlpNorm, gateUp, down, kc, vc;
+  Buf attnNorm, qkv, qkvTail, qkvBias, qNorm, kNorm, o, oBias, mlpNorm, gateUp, down, kc, vc;
 };
 
 int opDecoderLayers(NervaExec* ex, Args& A) {
@@ -31,6 +31,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   for (auto& l : Ls) {
     l.attnNorm = buf(A);
     l.qkv = buf(A);
+    l.qkvTail = buf(A);
     l.qkvBias = buf(A);
     l.qNorm = buf(A);
     l.kNorm = buf(A);
@@ -69,6 +70,8 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     Fuse fq;
     fq.nw = l.attnNorm;
     fq.eps = eps;
+    fq.tail = l.qkvTail;
+    fq.tailFrom = (nq + nkv) * hd;
     if (&l == &Ls[0] && etab.p) {
       // The first qkv gathers the row from the table itself where it runs as one lean block
       // grid (the step's embedding kernel and its boundary gone), else launches k_embedding first.

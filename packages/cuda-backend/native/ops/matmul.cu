@@ -26,6 +26,8 @@ int matmulRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
     }
     f.embTable = nullptr;
   }
+  if (f.tail.p && !(nvIsQuant(w.dt) && nvIsQuant(f.tail.dt)))
+    return bad(ex, "matmul: a weightTail needs both parts block-quantized");
   if (nvIsQuant(w.dt)) return qgemvRun(ex, x, w, out, rows, inDim, outDim, bias, f);
   bool pinned = false;
   if (ex->batchInv && ex->lt && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
@@ -50,17 +52,21 @@ int opMatmul(NervaExec* ex, Args& A) {
   Buf x = buf(A), w = buf(A), out = buf(A), bias = buf(A);
   int rows = A.num(), inDim = A.num(), outDim = A.num();
   double wOff = A.next();
+  Fuse f;
+  f.tail = buf(A);
+  f.tailFrom = A.num();
   if (!A.ok) return bad(ex, "matmul: argument count");
+  if (f.tail.p && wOff != 0) return bad(ex, "matmul: weightTail is not allowed with weightOffset");
   if (nvIsQuant(w.dt) && (size_t)wOff % nvQuantBlockElems(w.dt) != 0) return bad(ex, "matmul: weightOffset must be whole blocks");
   w.p = (char*)w.p + nvBytes(w.dt, (size_t)wOff);
   if (rows <= 0 || outDim <= 0) return NERVA_OK;
-  bool useBlas = rows > 8 && ex->gemmMode != GEMM_GEMV && ex->cublas && w.dt == NV_BF16;
+  bool useBlas = rows > 8 && ex->gemmMode != GEMM_GEMV && ex->cublas && w.dt == NV_BF16 && !f.tail.p;
   if (x.dt == NV_BF16) {
     if (!useBlas) return bad(ex, "matmul: a bf16 x needs the GEMM path (more than 8 rows, cuBLAS, bf16 weights)");
     return gemmCublasBf16x(ex, (const uint16_t*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
   }
   if (useBlas) return gemmCublas(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
-  return matmulRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
+  return matmulRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias, f);
 }
 
 // fused_matmul: the GEMV kernels up to 8 rows, a cuBLAS GEMM with a fused epilogue beyond (batched decode).
@@ -72,7 +78,10 @@ int opFusedMatmul(NervaExec* ex, Args& A) {
   f.eps = (float)A.next();
   f.glu = A.num() != 0;
   f.accumulate = A.num() != 0;
+  f.tail = buf(A);
+  f.tailFrom = A.num();
   if (!A.ok) return bad(ex, "fused_matmul: argument count");
+  if (f.tail.p && f.glu) return bad(ex, "fused_matmul: weightTail is not allowed with glu");
   if (f.glu && bias.p) return bad(ex, "fused_matmul: bias is not allowed with glu");
   if (rows <= 0 || outDim <= 0) return NERVA_OK;
   return matmulRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias, f);

@@ -42,6 +42,10 @@ struct Fuse {
   const void* embTable = nullptr;
   int embDt = 0;
   const int* embIds = nullptr;
+  // weightTail (op matmul / fused_matmul, op decoder_layers' qkvTail): rows [tailFrom, outDim) of
+  // the matrix in their own buffer and block type; both parts block-quantized (qgemvRun).
+  Buf tail{nullptr, 0};
+  int tailFrom = 0;
 };
 
 // What attention takes over from rope_append when it is fused in (ROPE): q/k norms, the rotary

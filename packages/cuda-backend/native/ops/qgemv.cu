@@ -212,7 +212,7 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
 template <int DT, int KS, bool GLU>
 __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out,
                                                      int rows, int inDim, int outDim, int per, const void* bias, int bdt,
-                                                     int acc, int bfa) {
+                                                     int acc, int bfa, int ldo, int oOff) {
   NERVA_TRACE_KERNEL();
   using T = QTile<DT>;
   constexpr int NW = 4;               // weight rows an iteration
@@ -274,16 +274,16 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
       g += part[k * stride + (GLU ? 2 * j : j)];
       if (GLU) u += part[k * stride + 2 * j + 1];
     }
-    float y = bfr(g + (bias ? ldf(bias, bdt, o) : 0.f), bfa);
+    float y = bfr(g + (bias ? ldf(bias, bdt, oOff + o) : 0.f), bfa);
     if (GLU) y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
-    float* dst = out + (size_t)r * outDim + o;
+    float* dst = out + (size_t)r * ldo + oOff + o;
     *dst = acc ? bfr(*dst + y, bfa) : y;
   }
 }
 
 template <int DT, bool GLU>
 int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim,
-                Buf bias, int acc) {
+                Buf bias, int acc, int ldo, int oOff) {
   const int bfa = ex->bf16act ? 1 : 0;
   // Outputs a block: enough blocks for ~16 warps an SM, each block at least 4 and at most 64
   // outputs (its activations are loaded once for all of them).
@@ -298,9 +298,9 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
     const int nr = (int)std::min<size_t>((size_t)(rows - r0), (size_t)0x7fffffff / chunks);
     const unsigned grid = (unsigned)(chunks * nr);
     const float* xr = x + (size_t)r0 * inDim;
-    float* orow = out + (size_t)r0 * outDim;
+    float* orow = out + (size_t)r0 * ldo;
 #define QL(KS_)                                                                                                            \
-  LAUNCH((k_qgemv<DT, KS_, GLU>), grid, 32 * KS_, smem, xr, w, orow, nr, inDim, outDim, per, bias.p, bias.dt, acc, bfa)
+  LAUNCH((k_qgemv<DT, KS_, GLU>), grid, 32 * KS_, smem, xr, w, orow, nr, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff)
     if (ks >= 16) QL(16);
     else if (ks >= 8) QL(8);
     else if (ks >= 4) QL(4);
@@ -331,18 +331,31 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   if (tiles > 16 * 32) return bad(ex, "matmul: a quantized weight's rows may hold at most 16384 elements");
   int ks = 1;
   while (ks * 32 < tiles) ks *= 2;
-  const uint8_t* wp = (const uint8_t*)w.p;
   const int acc = f.accumulate ? 1 : 0;
-#define QD(DT_) \
-  return f.glu ? qgemvLaunch<DT_, true>(ex, ks, xr, wp, out, rows, inDim, outDim, bias, acc) : qgemvLaunch<DT_, false>(ex, ks, xr, wp, out, rows, inDim, outDim, bias, acc)
-  switch (w.dt) {
-    case NV_Q8_0: QD(NV_Q8_0);
-    case NV_Q4_0: QD(NV_Q4_0);
-    case NV_Q4_K: QD(NV_Q4_K);
-    case NV_Q6_K: QD(NV_Q6_K);
-    default: return bad(ex, "matmul: unknown quantized weight dtype");
-  }
+  // Outputs [o0, o1) from w's rows (a tail's rows count from tailFrom).
+  auto part = [&](Buf wt, int o0, int o1) -> int {
+    if (o1 <= o0) return NERVA_OK;
+    const uint8_t* wp = (const uint8_t*)wt.p;
+    const int n = o1 - o0;
+#define QD(DT_)                                                                                           \
+  return f.glu ? qgemvLaunch<DT_, true>(ex, ks, xr, wp, out, rows, inDim, n, bias, acc, outDim, o0)         \
+               : qgemvLaunch<DT_, false>(ex, ks, xr, wp, out, rows, inDim, n, bias, acc, outDim, o0)
+    switch (wt.dt) {
+      case NV_Q8_0: QD(NV_Q8_0);
+      case NV_Q4_0: QD(NV_Q4_0);
+      case NV_Q4_K: QD(NV_Q4_K);
+      case NV_Q6_K: QD(NV_Q6_K);
+      default: return bad(ex, "matmul: unknown quantized weight dtype");
+    }
 #undef QD
+  };
+  if (!f.tail.p) return part(w, 0, outDim);
+  if (f.tailFrom < 0 || f.tailFrom > outDim) return bad(ex, "matmul: tailFrom must be in [0, outDim]");
+  if (inDim % nvQuantBlockElems(f.tail.dt) != 0) return bad(ex, "matmul: a quantized weight's rows must be whole blocks (inDim a multiple of the block)");
+  if (f.tail.dt == NV_Q4_K && ((uintptr_t)f.tail.p & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
+  if (((uintptr_t)f.tail.p & 1) != 0) return bad(ex, "matmul: a quantized weight must be 2-byte aligned");
+  const int rc = part(w, 0, f.tailFrom);
+  return rc ? rc : part(f.tail, f.tailFrom, outDim);
 }
 
 }  // namespace nerva::ops

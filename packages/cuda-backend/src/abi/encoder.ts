@@ -70,6 +70,30 @@ export class ArgWriter {
     this.args[this.n++] = v;
   }
 
+  /**
+   * A matmul's weight (op matmul / fused_matmul): `weight` with `wRows` rows of `inDim` (from
+   * `offset`), or with a tail (see WeightTail) its rows [0, tailFrom) and the tail's the rest.
+   * Writes the weight now; returns what writes the tail and tailFrom after the attributes.
+   */
+  weight(x: Record<string, unknown>, weight: DeviceBuffer | undefined, tail: DeviceBuffer | undefined, wRows: number, inDim: number, offset = 0): () => void {
+    if (tail === undefined) {
+      if (x.tailFrom !== undefined) this.fail('tailFrom needs weightTail');
+      this.buf('weight', weight, offset + wRows * inDim, MATRIX);
+      return () => {
+        this.optBuf('weightTail', undefined, 0, MATRIX);
+        this.num(0);
+      };
+    }
+    if (offset !== 0) this.fail('weightTail is not allowed with weightOffset');
+    const from = this.count('tailFrom', x.tailFrom as number);
+    if (from > wRows) this.fail(`tailFrom must be <= outDim (${wRows}), got ${from}`);
+    this.buf('weight', weight, from * inDim, QUANT_WEIGHT);
+    return () => {
+      this.buf('weightTail', tail, (wRows - from) * inDim, QUANT_WEIGHT);
+      this.num(from);
+    };
+  }
+
   reserve(n: number): void {
     if (this.args.length < n) this.args = new Float64Array(n);
   }

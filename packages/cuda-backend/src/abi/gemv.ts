@@ -1,6 +1,6 @@
 // The decode ops on the GEMV kernels: fused projections and the whole layer stack (op decoder_layers).
 import { type OpArgs } from '@nerva/core';
-import { FLOAT, INT, WEIGHT, MATRIX, type OpEncoders } from './encoder.js';
+import { FLOAT, INT, WEIGHT, MATRIX, QUANT_WEIGHT, type OpEncoders } from './encoder.js';
 
 export const GEMV_ENCODERS: OpEncoders<'fused_matmul' | 'decoder_layers'> = {
   fused_matmul(e, x, c, B) {
@@ -9,12 +9,14 @@ export const GEMV_ENCODERS: OpEncoders<'fused_matmul' | 'decoder_layers'> = {
     const eps = x.eps === undefined ? 1e-6 : (x.eps as number);
     if (!(eps >= 0)) e.fail(`eps must be >= 0, got ${eps}`);
     if (glu && B('bias')) e.fail('bias is not allowed with glu');
+    if (glu && B('weightTail')) e.fail('weightTail is not allowed with glu');
     e.buf('x', B('x'), rows * inDim, FLOAT);
-    e.buf('weight', B('weight'), (glu ? 2 : 1) * outDim * inDim, MATRIX);
+    const tail = e.weight(x, B('weight'), B('weightTail'), (glu ? 2 : 1) * outDim, inDim);
     e.buf('out', B('out'), rows * outDim, FLOAT);
     e.optBuf('bias', B('bias'), outDim, WEIGHT);
     e.optBuf('normWeight', B('normWeight'), inDim, WEIGHT);
     e.num(rows); e.num(inDim); e.num(outDim); e.num(eps); e.num(glu ? 1 : 0); e.num(x.accumulate === true ? 1 : 0);
+    tail();
   },
   decoder_layers(e, x, c, B) {
     const rows = c('rows'), hidden = c('hidden', 1), nq = c('numHeads', 1), nkv = c('numKvHeads', 1), hd = c('headDim', 2);
@@ -28,7 +30,7 @@ export const GEMV_ENCODERS: OpEncoders<'fused_matmul' | 'decoder_layers'> = {
     const layers = x.layers as OpArgs<'decoder_layers'>['layers'];
     if (!Array.isArray(layers)) e.fail('layers must be an array');
     const qkvOut = (nq + 2 * nkv) * hd, qw = nq * hd;
-    e.reserve(72 + layers.length * 24);
+    e.reserve(72 + layers.length * 26);
     e.buf('x', B('x'), rows * hidden, FLOAT);
     e.buf('qkv', B('qkv'), rows * qkvOut, FLOAT);
     e.buf('attn', B('attn'), rows * qw, FLOAT);
@@ -44,7 +46,14 @@ export const GEMV_ENCODERS: OpEncoders<'fused_matmul' | 'decoder_layers'> = {
     layers.forEach((l, i) => {
       const L = (name: string) => `layers[${i}].${name}`;
       e.buf(L('attnNorm'), l.attnNorm, hidden, WEIGHT);
-      e.buf(L('qkv'), l.qkv, qkvOut * hidden, MATRIX);
+      // A v apart (qkvTail, block-quantized like q and k): qkv holds the q and k rows.
+      if (l.qkvTail) {
+        e.buf(L('qkv'), l.qkv, (nq + nkv) * hd * hidden, QUANT_WEIGHT);
+        e.buf(L('qkvTail'), l.qkvTail, nkv * hd * hidden, QUANT_WEIGHT);
+      } else {
+        e.buf(L('qkv'), l.qkv, qkvOut * hidden, MATRIX);
+        e.optBuf(L('qkvTail'), undefined, 0, MATRIX);
+      }
       e.optBuf(L('qkvBias'), l.qkvBias, qkvOut, WEIGHT);
       e.optBuf(L('qNorm'), l.qNorm, hd, WEIGHT);
       e.optBuf(L('kNorm'), l.kNorm, hd, WEIGHT);
