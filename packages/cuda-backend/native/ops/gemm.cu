@@ -2,6 +2,7 @@
 // and its epilogue.
 #include "common/elem.cuh"
 #include "common/exec.cuh"
+#include "common/quant.cuh"
 #include "ops/ops.h"
 
 namespace nerva::ops {
@@ -171,6 +172,87 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
       LAUNCH(k_gemm_epilogue, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, t, split ? 1 : 0, o, bias.p, bias.dt, nr,
              outDim, f.glu ? 1 : 0, f.accumulate ? 1 : 0, bfa, nextHi, split && emit ? nextHi + (size_t)nr * outDim : nullptr);
     if (emit) *f.emit = SplitHandoff{nextHi, rows, outDim, split};
+  }
+  return NERVA_OK;
+}
+
+// Rows [0, n) of a block-quantized matrix (n * inDim elements from element 0 of w) as the bf16
+// split of each dequantized value (storeSplit: hi, and lo unless null), row-major.
+__global__ void k_dequant_split(const void* w, int wdt, size_t n, uint16_t* hi, uint16_t* lo) {
+  NERVA_TRACE_KERNEL();
+  PDL_ENTER();
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
+    storeSplit(qElem(w, wdt, t), hi, lo, t);
+}
+
+// Many rows over a block-quantized weight (prefill): chunks of the weight's rows dequantized into
+// the workspace as a bf16 split W = Whi + Wlo (~16 bits of each value), the activations split
+// likewise (x = xhi + xlo), then tensor-core GEMMs with fp32 accumulation: Whi.[xhi; xlo] (one GEMM
+// over the stacked rows, as gemmRowsBlas) plus Wlo.xhi into the hi half (the lo.lo term, ~2^-16
+// of the others, is left out), and gemmRowsBlas's epilogue. f32-grade like the split-bf16 prefill
+// of bf16 weights; under gemm 'bf16' one term each (Whi.xhi). Returns NERVA_BAD_ARGS, having
+// enqueued nothing, when the workspace cannot hold one row and one weight chunk (the caller then
+// runs the GEMV).
+int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f) {
+  const CublasApi* api = ex->api;
+  const bool split = ex->gemmMode == GEMM_SPLIT_BF16;
+  const int halves = split ? 2 : 1;
+  const int wOut = outDim * (f.glu ? 2 : 1);
+  // The weight chunk: at most 2048 rows (16 MiB a split 4096-wide chunk), fewer for wide rows.
+  const int oc = std::max(1, std::min(wOut, (int)std::min<size_t>(2048, ((size_t)64 << 20) / ((size_t)inDim * 2 * halves))));
+  const size_t wBytes = align256((size_t)halves * oc * inDim * sizeof(uint16_t));
+  const size_t perRow = (size_t)halves * wOut * sizeof(float) + (size_t)halves * inDim * sizeof(uint16_t);
+  const size_t slack = 3 * 256;
+  if (ex->wsBytes < wBytes + perRow + slack) return NERVA_BAD_ARGS;
+  const int chunk = (int)std::min<size_t>((size_t)rows, (ex->wsBytes - wBytes - slack) / perRow);
+  if (f.emit) *f.emit = SplitHandoff();  // (no operand hand-off from here)
+  if (api->setStream(ex->cublas, ex->stream) != 0) {
+    snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
+    return NERVA_CUBLAS_FAILED;
+  }
+  auto gemm = [&](int m, int nn, const uint16_t* a, const uint16_t* b, float* c, bool acc) -> int {
+    float one = 1.f, zero = 0.f;
+    int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, inDim, &one, a, CUDA_R_16BF_, inDim, b, CUDA_R_16BF_, inDim,
+                         acc ? &one : &zero, c, CUDA_R_32F_, wOut, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+    if (!ex->capturing) ex->launches++;
+    if (st != 0) {
+      snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
+      return NERVA_CUBLAS_FAILED;
+    }
+    return NERVA_OK;
+  };
+  for (int r0 = 0; r0 < rows; r0 += chunk) {
+    const int nr = std::min(chunk, rows - r0);
+    const size_t n = (size_t)nr * inDim;
+    uint16_t* wd = (uint16_t*)ex->ws;
+    float* t = (float*)(ex->ws + wBytes);
+    uint16_t* xh = (uint16_t*)(ex->ws + wBytes + align256((size_t)halves * nr * wOut * sizeof(float)));
+    const float* xin = x + (size_t)r0 * inDim;
+    if (f.nw.p) {
+      int rc = launchRmsnorm(ex, nr, 256, xin, f.nw.p, f.nw.dt, (float*)nullptr, (float*)nullptr, inDim, f.eps, xh,
+                             split ? xh + n : (uint16_t*)nullptr);
+      if (rc) return rc;
+    } else {
+      LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, xin, xh, split ? xh + n : (uint16_t*)nullptr, n);
+    }
+    for (int o0 = 0; o0 < wOut;) {
+      const int m = std::min(oc, wOut - o0);
+      // Rows o0.. of the matrix: the tail's past tailFrom (never with glu).
+      const bool inTail = f.tail.p && o0 >= f.tailFrom;
+      const int mm = f.tail.p && !inTail ? std::min(m, f.tailFrom - o0) : m;
+      const Buf src = inTail ? f.tail : w;
+      const size_t first = (size_t)(inTail ? o0 - f.tailFrom : o0) * inDim;
+      const size_t ne = (size_t)mm * inDim;
+      const char* base = (const char*)src.p + nvBytes(src.dt, first);
+      LAUNCH(k_dequant_split, gridFor(ne, 256, ex->smCount), 256, 0, (const void*)base, src.dt, ne, wd,
+             split ? wd + ne : (uint16_t*)nullptr);
+      int rc = gemm(mm, halves * nr, wd, xh, t + o0, false);
+      if (!rc && split) rc = gemm(mm, nr, wd + ne, xh, t + o0, true);
+      if (rc) return rc;
+      o0 += mm;  // (a chunk cut at tailFrom resumes there)
+    }
+    LAUNCH(k_gemm_epilogue, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, t, split ? 1 : 0, out + (size_t)r0 * outDim,
+           bias.p, bias.dt, nr, outDim, f.glu ? 1 : 0, f.accumulate ? 1 : 0, 0, (uint16_t*)nullptr, (uint16_t*)nullptr);
   }
   return NERVA_OK;
 }

@@ -108,6 +108,8 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
 
 // ---------------------------------------------------------------- gemm.cu, gemm_bi.cu
 int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);
+// Many rows over a block-quantized weight (and f.tail): dequantized bf16-split chunks into cuBLAS GEMMs.
+int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f);
 int gemmCublasBf16x(NervaExec* ex, const uint16_t* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f,
                  bool pinned);

@@ -15,7 +15,9 @@ __device__ __forceinline__ float magic(uint32_t v, int k) {
   return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7650u + (unsigned)k));
 }
 // 1 + n/16 for a nibble n held as (n << 3) | 0x80 in byte k of v: n lands on the top four mantissa
-// bits, so sum(x * f) = sum(x) + sum(x * n) / 16 (see Q4_K's dot).
+// bits, so sum(x * f) = sum(x) + sum(x * n) / 16 (see Q4_K's dot). Likewise 1 + q/64 for a 6-bit
+// q held as (q << 1) | 0x80 (Q6_K). One PRMT a weight, no float subtraction; the price is the
+// sum's rounding relative to sum(|x| * f) instead of sum(|x * n|): a bit or two of float32.
 __device__ __forceinline__ float nib16(uint32_t v, int k) {
   return __uint_as_float(__byte_perm(v, 0x3F000000u, 0x7044u | ((unsigned)k << 8)));
 }
@@ -120,34 +122,29 @@ struct QTile<NV_Q4_K> {  // a tile is 32 elements: 16 bytes of one block's qs (h
     float f0 = 0.f, f1 = 0.f;  // sum(x * (1 + n / 16)) of the low and the high nibbles
 #pragma unroll
     for (int w = 0; w < 4; w++) {
-      const uint32_t lo = ((q[w] & 0x0F0F0F0Fu) << 3) | 0x80808080u, hi = ((q[w] >> 1) & 0x78787878u) | 0x80808080u;
+      const uint32_t lo = ((q[w] << 3) & 0x78787878u) | 0x80808080u, hi = ((q[w] >> 1) & 0x78787878u) | 0x80808080u;
 #pragma unroll
       for (int k = 0; k < 4; k++) {
         f0 = fmaf(x[4 * w + k], nib16(lo, k), f0);
         f1 = fmaf(x[16 + 4 * w + k], nib16(hi, k), f1);
       }
     }
-    // The scale bytes from registers (taking the address of r.head would put it on the stack).
-    const uint32_t sw[3] = {r.head.y, r.head.z, r.head.w};
-    auto byte = [&](int k) { return (int)((sw[k >> 2] >> (8 * (k & 3))) & 0xFF); };
-    auto scaleMin = [&](int j, int& sc, int& m) {
-      if (j < 4) {
-        sc = byte(j) & 63;
-        m = byte(j + 4) & 63;
-      } else {
-        sc = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4);
-        m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
-      }
-    };
+    // The 16 6-bit scales and mins, four to a word (byte j of sc03/m03: sub-block j's; of
+    // sc47/m47: sub-block 4 + j's), then the tile's two as floats by the mantissa trick (no I2F,
+    // an eighth of the FMA's rate): d * sc = d * (2^23 + sc) - d * 2^23, one rounding, = d * sc
+    // rounded. The 16 of sum(x * n) = 16 * (f - sum(x)) is folded into the scale (exact).
+    const uint32_t w0 = r.head.y, w1 = r.head.z, w2 = r.head.w;
     const int g = (t & 7) >> 1;
-    int sc0, m0, sc1, m1;
-    scaleMin(2 * g, sc0, m0);
-    scaleMin(2 * g + 1, sc1, m1);
-    const float d = __half2float(__ushort_as_half((uint16_t)(r.head.x & 0xFFFF)));
+    const uint32_t scw = g < 2 ? (w0 & 0x3F3F3F3Fu) : ((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u));
+    const uint32_t mw = g < 2 ? (w1 & 0x3F3F3F3Fu) : (((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u));
+    const int k0 = (2 * g) & 3;
+    const float d16 = 16.f * __half2float(__ushort_as_half((uint16_t)(r.head.x & 0xFFFF)));
     const float dmin = __half2float(__ushort_as_half((uint16_t)(r.head.x >> 16)));
-    // y = d*sc*n - dmin*m a weight; sum(x * n) = 16 * (f - sum(x)).
-    return __fmul_rn(d, (float)sc0) * (16.f * (f0 - sx[0])) - __fmul_rn(dmin, (float)m0) * sx[0] +
-           __fmul_rn(d, (float)sc1) * (16.f * (f1 - sx[1])) - __fmul_rn(dmin, (float)m1) * sx[1];
+    const float nd = -8388608.f * d16, nm = -8388608.f * dmin;
+    const float ds0 = fmaf(d16, magic(scw, k0), nd), ds1 = fmaf(d16, magic(scw, k0 + 1), nd);
+    const float dm0 = fmaf(dmin, magic(mw, k0), nm), dm1 = fmaf(dmin, magic(mw, k0 + 1), nm);
+    // y = d*sc*n - dmin*m a weight.
+    return ds0 * (f0 - sx[0]) - dm0 * sx[0] + ds1 * (f1 - sx[1]) - dm1 * sx[1];
   }
 };
 
@@ -156,10 +153,11 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
   static constexpr int ELEMS = 32, BYTES = 210;
   struct Raw {
     uint32_t la[2], lb[2], h[2];
-    int8_t sc[4];
+    uint32_t sc;  // the four quadrants' int8 scales
     uint16_t d;
   };
   float x[32];  // quadrant qd's 8 activations at x[8 * qd]
+  float sx[4];  // their sums
   __device__ static void fetch(Raw& r, const uint8_t* row, int t) {
     const uint8_t* b = row + (size_t)(t >> 3) * BYTES;
     const int n = (t >> 2) & 1, l0 = (t & 3) * 8;
@@ -171,34 +169,42 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
       r.lb[w] = ld32u2(ql + 32 + 4 * w);
       r.h[w] = ld32u2(qh + 4 * w);
     }
-    const int8_t* sc = (const int8_t*)(b + 192 + 8 * n + l0 / 16);
-#pragma unroll
-    for (int qd = 0; qd < 4; qd++) r.sc[qd] = sc[2 * qd];
+    const uint8_t* sc = b + 192 + 8 * n + l0 / 16;
+    r.sc = (uint32_t)sc[0] | ((uint32_t)sc[2] << 8) | ((uint32_t)sc[4] << 16) | ((uint32_t)sc[6] << 24);
     r.d = *(const uint16_t*)(b + 208);
   }
   __device__ void load(const float* xr, int t) {
     const int n = (t >> 2) & 1, l0 = (t & 3) * 8;
     const float* base = xr + (size_t)(t >> 3) * 256 + 128 * n + l0;
 #pragma unroll
-    for (int qd = 0; qd < 4; qd++) ldx(base + 32 * qd, x + 8 * qd, 8);
+    for (int qd = 0; qd < 4; qd++) {
+      ldx(base + 32 * qd, x + 8 * qd, 8);
+      sx[qd] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; i++) sx[qd] += x[8 * qd + i];
+    }
   }
   __device__ float dot(const Raw& r, int) const {
+    // Each 6-bit q as (q << 1) | 0x80 in a byte, so nib16 reads it as 1 + q/64 (no float
+    // subtraction a weight): sum(x * (q - 32)) = 64 * sum(x * f) - 96 * sum(x).
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int w = 0; w < 2; w++) {
       const uint32_t la = r.la[w], lb = r.lb[w], h = r.h[w];
-      const uint32_t v[4] = {(la & 0x0F0F0F0Fu) | ((h << 4) & 0x30303030u), (lb & 0x0F0F0F0Fu) | ((h << 2) & 0x30303030u),
-                             ((la >> 4) & 0x0F0F0F0Fu) | (h & 0x30303030u),
-                             ((lb >> 4) & 0x0F0F0F0Fu) | ((h >> 2) & 0x30303030u)};
+      const uint32_t v[4] = {((la << 1) & 0x1E1E1E1Eu) | ((h << 5) & 0x60606060u) | 0x80808080u,
+                             ((lb << 1) & 0x1E1E1E1Eu) | ((h << 3) & 0x60606060u) | 0x80808080u,
+                             ((la >> 3) & 0x1E1E1E1Eu) | ((h << 1) & 0x60606060u) | 0x80808080u,
+                             ((lb >> 3) & 0x1E1E1E1Eu) | ((h >> 1) & 0x60606060u) | 0x80808080u};
 #pragma unroll
       for (int qd = 0; qd < 4; qd++)
 #pragma unroll
-        for (int k = 0; k < 4; k++) s[qd] = fmaf(x[8 * qd + 4 * w + k], magic(v[qd], k) - 8388640.f, s[qd]);
+        for (int k = 0; k < 4; k++) s[qd] = fmaf(x[8 * qd + 4 * w + k], nib16(v[qd], k), s[qd]);
     }
     const float d = __half2float(__ushort_as_half(r.d));
+    const uint32_t sc = r.sc ^ 0x80808080u;  // int8 + 128 a byte
     float y = 0.f;
 #pragma unroll
-    for (int qd = 0; qd < 4; qd++) y += __fmul_rn(d, (float)r.sc[qd]) * s[qd];
+    for (int qd = 0; qd < 4; qd++) y += __fmul_rn(d, magic(sc, qd) - 8388736.f) * (64.f * s[qd] - 96.f * sx[qd]);
     return y;
   }
 };
@@ -215,7 +221,7 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
                                                      int acc, int bfa, int ldo, int oOff) {
   NERVA_TRACE_KERNEL();
   using T = QTile<DT>;
-  constexpr int NW = 4;               // weight rows an iteration
+  constexpr int NW = 4;               // weight rows an iteration (the butterfly below takes four)
   constexpr int P = GLU ? NW / 2 : NW;  // outputs an iteration
   extern __shared__ float part[];  // [KS][per * (GLU ? 2 : 1)]
   const int r = blockIdx.x % rows;
@@ -249,18 +255,22 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
       for (int k = 0; k < NW; k++) T::fetch(next[k], rowOf(i + P, k), t);
     float v[NW];
 #pragma unroll
-    for (int k = 0; k < NW; k++) v[k] = warpSum(mine ? tile.dot(use[k], t) : 0.f);
-    if (lane == 0)
-#pragma unroll
-      for (int j = 0; j < P; j++) {
-        if (i + j >= n) break;
-        if (GLU) {
-          part[warp * stride + 2 * (i + j)] = v[j];
-          part[warp * stride + 2 * (i + j) + 1] = v[P + j];
-        } else {
-          part[warp * stride + i + j] = v[j];
-        }
-      }
+    for (int k = 0; k < NW; k++) v[k] = mine ? tile.dot(use[k], t) : 0.f;
+    // The four rows' warp sums at once (a butterfly: 6 shuffles instead of 20): after the xor-16
+    // and xor-8 steps each lane holds one row's partial (row (lane >> 3)), then three more steps.
+    const bool b4 = (lane & 16) != 0, b3 = (lane & 8) != 0;
+    float k0 = b4 ? v[2] : v[0], k1 = b4 ? v[3] : v[1];
+    k0 += __shfl_xor_sync(0xffffffffu, b4 ? v[0] : v[2], 16);
+    k1 += __shfl_xor_sync(0xffffffffu, b4 ? v[1] : v[3], 16);
+    float y = b3 ? k1 : k0;
+    y += __shfl_xor_sync(0xffffffffu, b3 ? k0 : k1, 8);
+    y += __shfl_xor_sync(0xffffffffu, y, 4);
+    y += __shfl_xor_sync(0xffffffffu, y, 2);
+    y += __shfl_xor_sync(0xffffffffu, y, 1);
+    if ((lane & 7) == 0) {
+      const int k = lane >> 3, j = k % P;  // weight row k: output i + j (GLU: k >= P its up row)
+      if (i + j < n) part[warp * stride + (GLU ? 2 * (i + j) + (k >= P ? 1 : 0) : i + j)] = y;
+    }
   };
   for (int i = 0; i < n; i += 2 * P) {
     step(ra, rb, i);
@@ -319,6 +329,13 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   if (((uintptr_t)x & 15) != 0) return bad(ex, "matmul: x must be 16-byte aligned for a quantized weight");
   if (w.dt == NV_Q4_K && ((uintptr_t)w.p & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
   if (((uintptr_t)w.p & 1) != 0) return bad(ex, "matmul: a quantized weight must be 2-byte aligned");
+  if (f.tail.p && (f.tailFrom < 0 || f.tailFrom > outDim)) return bad(ex, "matmul: tailFrom must be in [0, outDim]");
+  // Prefill: tensor-core GEMMs over dequantized chunks (not batch-invariant, which keeps every
+  // row count on the GEMV below; nor bf16 numerics, whose roundings the GEMV applies).
+  if (rows > 8 && ex->cublas && ex->gemmMode != GEMM_GEMV && !ex->batchInv && !ex->bf16act) {
+    const int rc = qgemmRows(ex, x, w, out, rows, inDim, outDim, bias, f);
+    if (rc != NERVA_BAD_ARGS) return rc;
+  }
   const float* xr = x;
   if (f.nw.p) {
     if ((size_t)rows * inDim * sizeof(float) > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
