@@ -52,7 +52,8 @@
 #   term) -> $OUT/batch_invariance-{lt-gqa,lt-gqa-bf16}.json
 #   quant (not in the default list; bash tools/gpu/run.sh build,synth,bench,quant): per NERVA_SIZES, synthetic GGUF files at each of
 #   NERVA_QUANT_TYPES (default "Q4_K_M Q8_0"; llama.cpp's type rules, random blocks) decoded by bench.mjs -> $OUT/bench.jsonl,
-#   with the file's bytes and the fraction of the quantized-bytes roofline
+#   with the file's bytes and the fraction of the quantized-bytes roofline; then `nerva-bench prefill` at NERVA_QUANT_PREFILL tokens
+#   (default 1024, 0: none) on each file and on the bf16 checkpoint -> $OUT/prefill.jsonl
 #   qgemv (not in the default list): the quantized GEMV (Q4_K, Q6_K, Q8_0, Q4_0) on the Qwen3-8B decode projections at 1
 #   and 4 rows, weight GB/s over the copy bandwidth measured in the same process (tools/gpu/qgemv.ts) -> $OUT/qgemv.jsonl
 #   contexts (not in the default list): one model and two contexts on the GPU (tools/gpu/contexts.ts): weights
@@ -200,10 +201,16 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
       f=/tmp/synth/$size-$t.gguf; mkdir -p /tmp/synth
       [ -f "$f" ] || runjs "synth $size $t" cli.mjs synth --config ".device/configs/$size.json" --out "$f" --gguf "$t"
       runjs "bench $size $t" bench.mjs "$f" 128 256
+      # Prefill over the quantized weights at NERVA_QUANT_PREFILL tokens (default 1024; 0: none), the bf16 checkpoint's below.
+      qpl=${NERVA_QUANT_PREFILL:-1024}
+      [ "$qpl" != 0 ] && { $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$f" --backend cuda --prompt-len "$qpl" --repeats 3 \
+        2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/prefill.jsonl" || { say "prefill $size $t FAILED"; status=1; }; }
       # Under a VRAM budget (NERVA_QUANT_BUDGET, e.g. 4GiB): the same file through the memory OS, and the bf16 checkpoint beside it.
       [ -n "${NERVA_QUANT_BUDGET:-}" ] && runjs "offload $size $t" offload.mjs "$f" "$NERVA_QUANT_BUDGET" 16 32
     done
     [ -n "${NERVA_QUANT_BUDGET:-}" ] && [ -d "$dir" ] && runjs "offload $size bf16" offload.mjs "$dir" "$NERVA_QUANT_BUDGET" 16 32
+    [ "${NERVA_QUANT_PREFILL:-1024}" != 0 ] && { $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$dir" --backend cuda \
+      --prompt-len "${NERVA_QUANT_PREFILL:-1024}" --repeats 3 2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/prefill.jsonl" || { say "prefill $size bf16 FAILED"; status=1; }; }
   fi
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
   if has grammar; then

@@ -209,53 +209,102 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
   }
 };
 
+// An asynchronous copy of CB bytes (16, 8 or 4; both addresses CB-aligned) into shared memory.
+template <int CB>
+__device__ __forceinline__ void cpAsync(uint8_t* dst, const uint8_t* src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  if constexpr (CB == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(CB) : "memory");
+}
+
+// Wait until at most `pending` (0..6) of this thread's most recent cp.async groups are in flight.
+__device__ __forceinline__ void cpWait(int pending) {
+  switch (pending) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+  }
+}
+
 // One block: KS warps, a lane one tile of the activation row (its activations stay in registers
-// for the block's whole run), over `per` consecutive outputs [o0, o0 + per): the weights of the
-// next outputs are fetched while the current ones are reduced (the first before the dependency
-// wait), so each warp keeps its loads in flight. Per output, the warps' sums meet in shared
-// memory; the epilogue (k_gemv_generic's: bias, GLU, accumulate, bf16 numerics' rounding) runs
-// once all outputs are summed. GLU: an output reads its gate row o and its up row outDim + o.
-template <int DT, int KS, bool GLU>
+// for the block's whole run), over `per` consecutive outputs [o0, o0 + per), NW weight rows an
+// iteration. The weight rows stream through a ring of `stages` slots in shared memory, filled by
+// the whole block with cp.async (CB bytes a copy) stages - 1 iterations ahead of the one being
+// reduced: the loads in flight then cost no registers, so an SM keeps ~100 KB of weights in
+// flight (the register double buffer this replaces held a third of that and measured 0.2-0.3 of
+// the copy bandwidth on the 8B's Q4_K projections). The first slots are filled before the
+// dependency wait (weights only). Per output, the warps' sums meet in shared memory; the
+// epilogue (k_gemv_generic's: bias, GLU, accumulate, bf16 numerics' rounding) runs once all
+// outputs are summed. GLU: an output reads its gate row o and its up row outDim + o. Output o of
+// this launch lands at out[r * ldo + oOff + o] (a weight tail's launch writes past the head's).
+template <int DT, int KS, bool GLU, int CB>
 __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out,
                                                      int rows, int inDim, int outDim, int per, const void* bias, int bdt,
-                                                     int acc, int bfa, int ldo, int oOff) {
+                                                     int acc, int bfa, int ldo, int oOff, int stages) {
   NERVA_TRACE_KERNEL();
   using T = QTile<DT>;
-  constexpr int NW = 4;               // weight rows an iteration (the butterfly below takes four)
+  constexpr int NW = 4;                 // weight rows an iteration (the butterfly below takes four)
   constexpr int P = GLU ? NW / 2 : NW;  // outputs an iteration
-  extern __shared__ float part[];  // [KS][per * (GLU ? 2 : 1)]
+  extern __shared__ __align__(16) uint8_t sm[];
+  const int stride = per * (GLU ? 2 : 1);
+  float* part = reinterpret_cast<float*>(sm);  // [KS][stride]
+  const int rowBytes = (inDim / (DT == NV_Q4_K || DT == NV_Q6_K ? 256 : 32)) * T::BYTES;
+  uint8_t* ring = sm + (((size_t)KS * stride * sizeof(float) + 15) & ~(size_t)15);  // [stages][NW][rowBytes]
   const int r = blockIdx.x % rows;
   const int o0 = (blockIdx.x / rows) * per;
   const int n = min(per, outDim - o0);
-  const size_t rowBytes = (size_t)(inDim / (DT == NV_Q4_K || DT == NV_Q6_K ? 256 : 32)) * T::BYTES;
+  const int iters = (n + P - 1) / P;
   const int t = threadIdx.x;
   const bool mine = t < inDim / T::ELEMS;
-  // Weight row k of iteration i (a row past the block's outputs reads its first one, never used).
-  // GLU: rows k < P are gates of outputs i + k, rows k >= P their up rows.
+  // Weight row k of the iteration at output i (a row past the block's outputs copies its first
+  // one, never used). GLU: rows k < P are gates of outputs i + k, rows k >= P their up rows.
   auto rowOf = [&](int i, int k) -> const uint8_t* {
     const int j = GLU ? i + k % P : i + k;
     const int o = o0 + (j < n ? j : 0);
     return w + (size_t)(GLU && k >= P ? outDim + o : o) * rowBytes;
   };
-  // Two register buffers, used in turn (named, not indexed: an indexed pair would live on the stack).
-  typename T::Raw ra[NW], rb[NW];
-  if (mine)
+  // Iteration it's rows into slot it % stages, one commit group (committed even when empty, so
+  // wait_group's count holds at the tail).
+  auto issue = [&](int it) {
+    if (it < iters) {
+      uint8_t* slot = ring + (size_t)(it % stages) * NW * rowBytes;
 #pragma unroll
-    for (int k = 0; k < NW; k++) T::fetch(ra[k], rowOf(0, k), t);
+      for (int k = 0; k < NW; k++) {
+        const uint8_t* src = rowOf(it * P, k);
+        uint8_t* dst = slot + (size_t)k * rowBytes;
+        for (int b = t * CB; b < rowBytes; b += 32 * KS * CB) cpAsync<CB>(dst + b, src + b);
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  for (int s = 0; s < stages - 1; s++) issue(s);
   pdlWait();
   pdlTrigger();
   T tile;
   if (mine) tile.load(x + (size_t)r * inDim, t);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int stride = per * (GLU ? 2 : 1);
-  // Iteration i: its rows are in `use`; the next iteration's go into `next` first.
-  auto step = [&](typename T::Raw(&use)[NW], typename T::Raw(&next)[NW], int i) {
-    if (mine && i + P < n)
-#pragma unroll
-      for (int k = 0; k < NW; k++) T::fetch(next[k], rowOf(i + P, k), t);
+  for (int it = 0; it < iters; it++) {
+    // Stage it has landed for this thread; after the barrier, for every thread, and every thread
+    // is done with slot (it - 1) % stages, which the next issue refills.
+    cpWait(stages - 2);
+    __syncthreads();
+    issue(it + stages - 1);
+    const uint8_t* slot = ring + (size_t)(it % stages) * NW * rowBytes;
+    typename T::Raw raw[NW];
     float v[NW];
+    if (mine) {
 #pragma unroll
-    for (int k = 0; k < NW; k++) v[k] = mine ? tile.dot(use[k], t) : 0.f;
+      for (int k = 0; k < NW; k++) T::fetch(raw[k], slot + (size_t)k * rowBytes, t);
+#pragma unroll
+      for (int k = 0; k < NW; k++) v[k] = tile.dot(raw[k], t);
+    } else {
+#pragma unroll
+      for (int k = 0; k < NW; k++) v[k] = 0.f;
+    }
     // The four rows' warp sums at once (a butterfly: 6 shuffles instead of 20): after the xor-16
     // and xor-8 steps each lane holds one row's partial (row (lane >> 3)), then three more steps.
     const bool b4 = (lane & 16) != 0, b3 = (lane & 8) != 0;
@@ -268,13 +317,9 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     y += __shfl_xor_sync(0xffffffffu, y, 2);
     y += __shfl_xor_sync(0xffffffffu, y, 1);
     if ((lane & 7) == 0) {
-      const int k = lane >> 3, j = k % P;  // weight row k: output i + j (GLU: k >= P its up row)
+      const int i = it * P, k = lane >> 3, j = k % P;  // weight row k: output i + j (GLU: k >= P its up row)
       if (i + j < n) part[warp * stride + (GLU ? 2 * (i + j) + (k >= P ? 1 : 0) : i + j)] = y;
     }
-  };
-  for (int i = 0; i < n; i += 2 * P) {
-    step(ra, rb, i);
-    if (i + P < n) step(rb, ra, i + P);
   }
   __syncthreads();
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
@@ -284,11 +329,27 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
       g += part[k * stride + (GLU ? 2 * j : j)];
       if (GLU) u += part[k * stride + 2 * j + 1];
     }
-    float y = bfr(g + (bias ? ldf(bias, bdt, oOff + o) : 0.f), bfa);
-    if (GLU) y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
+    float yv = bfr(g + (bias ? ldf(bias, bdt, oOff + o) : 0.f), bfa);
+    if (GLU) yv = bfr(bfr(yv / (1.f + expf(-yv)), bfa) * bfr(u, bfa), bfa);
     float* dst = out + (size_t)r * ldo + oOff + o;
-    *dst = acc ? bfr(*dst + y, bfa) : y;
+    *dst = acc ? bfr(*dst + yv, bfa) : yv;
   }
+}
+
+// Launches k_qgemv<DT, KS, GLU, CB> with `smem` dynamic bytes (raising the kernel's limit the
+// first time it needs more than the default 48 KiB).
+template <int DT, int KS, bool GLU, int CB>
+int qgemvKernel(NervaExec* ex, unsigned grid, size_t smem, const float* x, const uint8_t* w, float* out, int rows, int inDim,
+                int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, int stages) {
+  static int raised = 48 * 1024;
+  auto fn = k_qgemv<DT, KS, GLU, CB>;
+  if ((int)smem > raised) {
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+      return bad(ex, "matmul: the quantized GEMV's shared memory could not be raised");
+    raised = (int)smem;
+  }
+  LAUNCH(fn, grid, 32 * KS, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff, stages);
+  return NERVA_OK;
 }
 
 template <int DT, bool GLU>
@@ -301,7 +362,19 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
   int per = (int)std::min<long long>(64, std::max<long long>(4, (long long)outDim * ks * rows / warpsWanted));
   per = (per + 3) & ~3;
   const size_t chunks = (size_t)(outDim + per - 1) / per;
-  const size_t smem = (size_t)ks * per * (GLU ? 2 : 1) * sizeof(float);
+  const size_t partBytes = ((size_t)ks * per * (GLU ? 2 : 1) * sizeof(float) + 15) & ~(size_t)15;
+  // The ring: the blocks an SM holds (~16 warps' worth) share ~200 KiB of shared memory; 2 to 8
+  // slots of four weight rows each.
+  const size_t rowBytes = (size_t)(inDim / nvQuantBlockElems(DT)) * nvBytes(DT, nvQuantBlockElems(DT));
+  const size_t slotBytes = 4 * rowBytes;
+  const int blocksPerSm = std::max(1, 16 / ks);
+  const size_t budget = std::min<size_t>((size_t)ex->smemOptin, (size_t)200 * 1024 / blocksPerSm);
+  if (partBytes + 2 * slotBytes > (size_t)ex->smemOptin) return bad(ex, "matmul: a quantized weight's rows are too long for the GEMV's shared memory");
+  const int stages = (int)std::max<size_t>(2, std::min<size_t>(8, budget > partBytes ? (budget - partBytes) / slotBytes : 2));
+  const size_t smem = partBytes + (size_t)stages * slotBytes;
+  // The widest copy the rows' alignment allows (every row starts at a multiple of rowBytes).
+  const int cb = ((uintptr_t)w % 16 == 0 && rowBytes % 16 == 0) ? 16 : ((uintptr_t)w % 8 == 0 && rowBytes % 8 == 0) ? 8 : 4;
+  if ((uintptr_t)w % 4 != 0 || rowBytes % 4 != 0) return bad(ex, "matmul: a quantized weight's rows must be 4-byte aligned");
   // Row-major in the grid (row fastest): the blocks of one weight chunk run together and the
   // chunk is read once from memory for all rows.
   for (int r0 = 0; r0 < rows;) {
@@ -309,14 +382,18 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
     const unsigned grid = (unsigned)(chunks * nr);
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * ldo;
-#define QL(KS_)                                                                                                            \
-  LAUNCH((k_qgemv<DT, KS_, GLU>), grid, 32 * KS_, smem, xr, w, orow, nr, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff)
+    int rc;
+#define QL(KS_)                                                                                                     \
+  rc = cb == 16 ? qgemvKernel<DT, KS_, GLU, 16>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages) \
+     : cb == 8  ? qgemvKernel<DT, KS_, GLU, 8>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages)  \
+                : qgemvKernel<DT, KS_, GLU, 4>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages)
     if (ks >= 16) QL(16);
     else if (ks >= 8) QL(8);
     else if (ks >= 4) QL(4);
     else if (ks >= 2) QL(2);
     else QL(1);
 #undef QL
+    if (rc) return rc;
     r0 += nr;
   }
   return NERVA_OK;
