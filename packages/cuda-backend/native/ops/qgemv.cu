@@ -209,11 +209,13 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
   }
 };
 
-// An asynchronous copy of CB bytes (16, 8 or 4; both addresses CB-aligned) into shared memory.
+// A copy of CB bytes (16, 8 or 4 asynchronous; both addresses CB-aligned) into shared memory. CB
+// 2 (rows of an odd number of 210-byte Q6_K blocks) is a plain load and store.
 template <int CB>
 __device__ __forceinline__ void cpAsync(uint8_t* dst, const uint8_t* src) {
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   if constexpr (CB == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  else if constexpr (CB == 2) *reinterpret_cast<uint16_t*>(dst) = __ldg(reinterpret_cast<const unsigned short*>(src));
   else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(CB) : "memory");
 }
 
@@ -232,15 +234,15 @@ __device__ __forceinline__ void cpWait(int pending) {
 
 // One block: KS warps, a lane one tile of the activation row (its activations stay in registers
 // for the block's whole run), over `per` consecutive outputs [o0, o0 + per), NW weight rows an
-// iteration. The weight rows stream through a ring of `stages` slots in shared memory, filled by
-// the whole block with cp.async (CB bytes a copy) stages - 1 iterations ahead of the one being
-// reduced: the loads in flight then cost no registers, so an SM keeps ~100 KB of weights in
-// flight (the register double buffer this replaces held a third of that and measured 0.2-0.3 of
-// the copy bandwidth on the 8B's Q4_K projections). The first slots are filled before the
-// dependency wait (weights only). Per output, the warps' sums meet in shared memory; the
-// epilogue (k_gemv_generic's: bias, GLU, accumulate, bf16 numerics' rounding) runs once all
-// outputs are summed. GLU: an output reads its gate row o and its up row outDim + o. Output o of
-// this launch lands at out[r * ldo + oOff + o] (a weight tail's launch writes past the head's).
+// iteration. Each warp streams its own slice of the rows (the blocks its lanes' tiles lie in)
+// through a ring of `stages` slots in shared memory, filled with cp.async (CB bytes a copy)
+// stages - 1 iterations ahead of the one it reduces: the loads in flight cost no registers, and a
+// warp waits only for its own copies (no block barrier an iteration, so warps drift and hide each
+// other's latency). The first slots are filled before the dependency wait (weights only). Per
+// output, the warps' sums meet in shared memory; the epilogue (k_gemv_generic's: bias, GLU,
+// accumulate, bf16 numerics' rounding) runs once all outputs are summed. GLU: an output reads its
+// gate row o and its up row outDim + o. Output o lands at out[r * ldo + oOff + o] (a weight
+// tail's launch writes past the head's).
 template <int DT, int KS, bool GLU, int CB>
 __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out,
                                                      int rows, int inDim, int outDim, int per, const void* bias, int bdt,
@@ -249,17 +251,23 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   using T = QTile<DT>;
   constexpr int NW = 4;                 // weight rows an iteration (the butterfly below takes four)
   constexpr int P = GLU ? NW / 2 : NW;  // outputs an iteration
+  constexpr int TPB = DT == NV_Q4_K || DT == NV_Q6_K ? 8 : 1;  // tiles a block
+  constexpr int SLICE = 32 / TPB * T::BYTES;                   // a full warp's bytes of one row
   extern __shared__ __align__(16) uint8_t sm[];
   const int stride = per * (GLU ? 2 : 1);
   float* part = reinterpret_cast<float*>(sm);  // [KS][stride]
-  const int rowBytes = (inDim / (DT == NV_Q4_K || DT == NV_Q6_K ? 256 : 32)) * T::BYTES;
-  uint8_t* ring = sm + (((size_t)KS * stride * sizeof(float) + 15) & ~(size_t)15);  // [stages][NW][rowBytes]
+  const int tiles = inDim / T::ELEMS;
+  const int rowBytes = tiles / TPB * T::BYTES;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // This warp's ring, [stages][NW][SLICE], after the partial sums.
+  uint8_t* ring = sm + (((size_t)KS * stride * sizeof(float) + 15) & ~(size_t)15) + (size_t)warp * stages * NW * SLICE;
   const int r = blockIdx.x % rows;
   const int o0 = (blockIdx.x / rows) * per;
   const int n = min(per, outDim - o0);
   const int iters = (n + P - 1) / P;
   const int t = threadIdx.x;
-  const bool mine = t < inDim / T::ELEMS;
+  const bool mine = t < tiles;
+  const int sliceOff = warp * SLICE, sliceBytes = max(0, min(32, tiles - 32 * warp)) / TPB * T::BYTES;
   // Weight row k of the iteration at output i (a row past the block's outputs copies its first
   // one, never used). GLU: rows k < P are gates of outputs i + k, rows k >= P their up rows.
   auto rowOf = [&](int i, int k) -> const uint8_t* {
@@ -267,16 +275,15 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     const int o = o0 + (j < n ? j : 0);
     return w + (size_t)(GLU && k >= P ? outDim + o : o) * rowBytes;
   };
-  // Iteration it's rows into slot it % stages, one commit group (committed even when empty, so
+  // Iteration it's slices into slot it % stages, one commit group (committed even when empty, so
   // wait_group's count holds at the tail).
   auto issue = [&](int it) {
     if (it < iters) {
-      uint8_t* slot = ring + (size_t)(it % stages) * NW * rowBytes;
+      uint8_t* slot = ring + (size_t)(it % stages) * NW * SLICE;
 #pragma unroll
       for (int k = 0; k < NW; k++) {
-        const uint8_t* src = rowOf(it * P, k);
-        uint8_t* dst = slot + (size_t)k * rowBytes;
-        for (int b = t * CB; b < rowBytes; b += 32 * KS * CB) cpAsync<CB>(dst + b, src + b);
+        const uint8_t* src = rowOf(it * P, k) + sliceOff;
+        for (int b = lane * CB; b < sliceBytes; b += 32 * CB) cpAsync<CB>(slot + k * SLICE + b, src + b);
       }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -286,21 +293,20 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   pdlTrigger();
   T tile;
   if (mine) tile.load(x + (size_t)r * inDim, t);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int it = 0; it < iters; it++) {
-    // Stage it has landed for this thread; after the barrier, for every thread, and every thread
-    // is done with slot (it - 1) % stages, which the next issue refills.
+    // Iteration it's copies have landed for this lane; after the warp barrier, for the warp's
+    // lanes, which are also all done with slot (it - 1) % stages, the one the next issue refills.
     cpWait(stages - 2);
-    __syncthreads();
+    __syncwarp();
     issue(it + stages - 1);
-    const uint8_t* slot = ring + (size_t)(it % stages) * NW * rowBytes;
+    const uint8_t* slot = ring + (size_t)(it % stages) * NW * SLICE;
     typename T::Raw raw[NW];
     float v[NW];
     if (mine) {
 #pragma unroll
-      for (int k = 0; k < NW; k++) T::fetch(raw[k], slot + (size_t)k * rowBytes, t);
+      for (int k = 0; k < NW; k++) T::fetch(raw[k], slot + k * SLICE, lane);
 #pragma unroll
-      for (int k = 0; k < NW; k++) v[k] = tile.dot(raw[k], t);
+      for (int k = 0; k < NW; k++) v[k] = tile.dot(raw[k], lane);
     } else {
 #pragma unroll
       for (int k = 0; k < NW; k++) v[k] = 0.f;
@@ -363,18 +369,23 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
   per = (per + 3) & ~3;
   const size_t chunks = (size_t)(outDim + per - 1) / per;
   const size_t partBytes = ((size_t)ks * per * (GLU ? 2 : 1) * sizeof(float) + 15) & ~(size_t)15;
-  // The ring: the blocks an SM holds (~16 warps' worth) share ~200 KiB of shared memory; 2 to 8
-  // slots of four weight rows each.
-  const size_t rowBytes = (size_t)(inDim / nvQuantBlockElems(DT)) * nvBytes(DT, nvQuantBlockElems(DT));
-  const size_t slotBytes = 4 * rowBytes;
+  // The rings: the blocks an SM holds (~16 warps' worth) share ~200 KiB of shared memory; 2 to 8
+  // slots of four weight rows' slices each.
+  const int tpb = DT == NV_Q4_K || DT == NV_Q6_K ? 8 : 1;
+  const size_t blockBytes = nvBytes(DT, nvQuantBlockElems(DT));
+  const size_t slice = (size_t)(32 / tpb) * blockBytes;  // a full warp's bytes of a row
+  const size_t slotBytes = (size_t)ks * 4 * slice;
   const int blocksPerSm = std::max(1, 16 / ks);
   const size_t budget = std::min<size_t>((size_t)ex->smemOptin, (size_t)200 * 1024 / blocksPerSm);
   if (partBytes + 2 * slotBytes > (size_t)ex->smemOptin) return bad(ex, "matmul: a quantized weight's rows are too long for the GEMV's shared memory");
   const int stages = (int)std::max<size_t>(2, std::min<size_t>(8, budget > partBytes ? (budget - partBytes) / slotBytes : 2));
   const size_t smem = partBytes + (size_t)stages * slotBytes;
-  // The widest copy the rows' alignment allows (every row starts at a multiple of rowBytes).
-  const int cb = ((uintptr_t)w % 16 == 0 && rowBytes % 16 == 0) ? 16 : ((uintptr_t)w % 8 == 0 && rowBytes % 8 == 0) ? 8 : 4;
-  if ((uintptr_t)w % 4 != 0 || rowBytes % 4 != 0) return bad(ex, "matmul: a quantized weight's rows must be 4-byte aligned");
+  // The widest copy every slice's start and length allow (rows start at multiples of rowBytes,
+  // slices at multiples of `slice`; a last warp may hold fewer tiles).
+  const size_t rowBytes = (size_t)(inDim / nvQuantBlockElems(DT)) * blockBytes;
+  const size_t lastSlice = (size_t)((inDim / 32) % 32) / tpb * blockBytes;
+  auto fits = [&](size_t a) { return (uintptr_t)w % a == 0 && rowBytes % a == 0 && slice % a == 0 && lastSlice % a == 0; };
+  const int cb = fits(16) ? 16 : fits(8) ? 8 : fits(4) ? 4 : 2;
   // Row-major in the grid (row fastest): the blocks of one weight chunk run together and the
   // chunk is read once from memory for all rows.
   for (int r0 = 0; r0 < rows;) {
@@ -383,16 +394,15 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * ldo;
     int rc;
-#define QL(KS_)                                                                                                     \
-  rc = cb == 16 ? qgemvKernel<DT, KS_, GLU, 16>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages) \
-     : cb == 8  ? qgemvKernel<DT, KS_, GLU, 8>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages)  \
-                : qgemvKernel<DT, KS_, GLU, 4>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages)
+#define QK(KS_, CB_) qgemvKernel<DT, KS_, GLU, CB_>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages)
+#define QL(KS_) rc = cb == 16 ? QK(KS_, 16) : cb == 8 ? QK(KS_, 8) : cb == 4 ? QK(KS_, 4) : QK(KS_, 2)
     if (ks >= 16) QL(16);
     else if (ks >= 8) QL(8);
     else if (ks >= 4) QL(4);
     else if (ks >= 2) QL(2);
     else QL(1);
 #undef QL
+#undef QK
     if (rc) return rc;
     r0 += nr;
   }
