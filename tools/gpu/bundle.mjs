@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Bundles the GPU-machine entry points into single .mjs files with every dependency inlined
 // (node_modules cannot travel to that machine). Workspace packages are taken from their
-// TypeScript sources, so no package needs building first. Output: tools/gpu/dist/*.mjs.
+// TypeScript sources, so no package needs building first. Output: tools/gpu/dist/*.mjs, and the
+// worker threads' entries as tools/gpu/dist/*.js.
 //   node tools/gpu/bundle.mjs [entry.ts ...]   (default: every *.ts entry listed below that exists)
 import { existsSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -30,10 +31,8 @@ const entries = (process.argv.length > 2 ? process.argv.slice(2) : defaults.filt
 // package's node_modules.
 const nodePaths = readdirSync(path.join(root, 'packages')).map((d) => path.join(root, 'packages', d, 'node_modules'));
 nodePaths.push(path.join(root, 'node_modules'));
-await esbuild.build({
-  entryPoints: entries,
+const common = {
   outdir: path.join(here, 'dist'),
-  outExtension: { '.js': '.mjs' },
   bundle: true,
   platform: 'node',
   format: 'esm',
@@ -43,5 +42,12 @@ await esbuild.build({
   // CommonJS dependencies inside an ESM bundle need a require.
   banner: { js: "import { createRequire as __nervaCreateRequire } from 'node:module'; const require = __nervaCreateRequire(import.meta.url);" },
   logLevel: 'warning',
-});
-console.log(`bundled ${entries.map((e) => path.basename(e)).join(', ')} -> tools/gpu/dist/`);
+};
+await esbuild.build({ ...common, entryPoints: entries, outExtension: { '.js': '.mjs' } });
+// The worker threads' entries, beside the bundles and under the names the bundled code starts
+// them by (new URL('./worker-entry.js', import.meta.url)): the engine's worker (WorkerEngine,
+// which `nerva serve` and `nerva-bench serve` run the engine in) and the server's tokenizer
+// worker. ESM as .js: the repository's package.json says "type": "module".
+const workers = { 'worker-entry': 'packages/engine/src/worker/worker-entry.ts', 'tokenize-worker': 'packages/server/src/tokenize-worker.ts' };
+await esbuild.build({ ...common, entryPoints: Object.entries(workers).map(([out, src]) => ({ in: path.join(root, src), out })), outExtension: { '.js': '.js' } });
+console.log(`bundled ${entries.map((e) => path.basename(e)).join(', ')}, ${Object.keys(workers).map((w) => `${w}.js`).join(', ')} -> tools/gpu/dist/`);

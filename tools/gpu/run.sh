@@ -70,6 +70,14 @@
 #   still measure a folder without one): at batch 1 and 32, free requests, every request held to a JSON schema, and at 32
 #   one held among 31 free; decode ms per token, tok/s, ratios to free, the ledger's grammarMs, whether graphs ran;
 #   NERVA_GRAMMAR_ARGS adds flags (e.g. "--repeats 5 --new-tokens 128", "--backend cpu" for a dry run) -> $OUT/grammar_cost.jsonl
+#   serve (not in the default list; bash tools/gpu/run.sh build,synth,serve): the OpenAI server through `nerva-bench serve`
+#   (startServer in the bundle's process as `nerva serve` runs it, the engine in its worker thread from .device/dist/worker-entry.js,
+#   the streaming clients in a thread of their own) on the embedded model and on each NERVA_SIZES checkpoint (default qwen3-0.6b;
+#   no tokenizer: the prompts are token ids), NERVA_SERVE_PROMPT (128) prompt tokens, NERVA_SERVE_TOKENS (256) tokens a request:
+#   1 stream (4 requests one after the other) with --vs-decode, so the engine's own decode probe on the same model, prompt and token
+#   count runs in the same call (its line first; the serve line's stream_over_decode is the served stream's decode rate over it),
+#   then NERVA_SERVE_STREAMS (default 64) streams, 4 requests each in closed loop (itl_ms_p99 over the engine's mean step interval
+#   in the same window: itl_p99_over_step) -> $OUT/serve.jsonl; NERVA_SERVE_ARGS adds flags; NERVA_SERVE_BACKEND=cpu dry-runs it here
 #   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
 #   @nerva/cuda-backend, the GPU-only ones among them, under vitest from .device/vitest.tar.xz
 #   (tools/gpu/pack_vitest.mjs) with NERVA_GPU_TESTS=1 (a GPU-only file without the addon or a GPU
@@ -326,6 +334,30 @@ if has prefill; then
         fi
         tail -1 /tmp/nerva-prefill.json | tee -a "$log" >> "$OUT/prefill.jsonl"
       done
+    done
+  done
+fi
+if has serve; then
+  for m in embedded ${NERVA_SIZES:-qwen3-0.6b}; do
+    margs=()
+    if [ "$m" != embedded ]; then
+      dir=/tmp/synth/$m
+      [ -f "$dir/model.safetensors.index.json" ] || runjs "synth $m" parity.mjs synth ".device/configs/$m.json" "$dir"
+      margs=(--model "$dir")
+    fi
+    for streams in 1 ${NERVA_SERVE_STREAMS:-64}; do
+      extra=(--requests $(( 4 * streams )))
+      [ "$streams" = 1 ] && extra+=(--vs-decode)
+      t0=$(date +%s)
+      if $NODE --enable-source-maps .device/dist/bench_cli.mjs serve --backend ${NERVA_SERVE_BACKEND:-cuda} "${margs[@]}" --concurrency "$streams" --prompt-len ${NERVA_SERVE_PROMPT:-128} \
+          --max-tokens ${NERVA_SERVE_TOKENS:-256} "${extra[@]}" ${NERVA_SERVE_ARGS:-} > /tmp/nerva-serve.json 2>>"$log"; then
+        say "serve $m x$streams ok ($(( $(date +%s) - t0 )) s): $(grep -o '"stream_decode_tok_s":[0-9.]*\|"stream_over_decode":[0-9.]*\|"itl_p99_over_step":[0-9.]*\|"output_tokens_per_s":[0-9.]*' /tmp/nerva-serve.json | tr '\n' ' ')"
+      else
+        say "serve $m x$streams FAILED ($(( $(date +%s) - t0 )) s; see run.log)"; status=1
+        tail -5 "$log"
+        echo "{\"probe\":\"serve\",\"model\":\"$m\",\"concurrency\":$streams,\"error\":\"exit status non-zero (run.log)\"}" > /tmp/nerva-serve.json
+      fi
+      tee -a "$log" < /tmp/nerva-serve.json >> "$OUT/serve.jsonl"
     done
   done
 fi

@@ -265,9 +265,12 @@ const print = (o: unknown): void => {
     .option('--concurrency <n>', 'concurrent streaming clients', int('--concurrency'), 8)
     .option('--requests <n>', 'requests in all (default: one per client)', int('--requests'))
     .option('--max-tokens <n>', 'tokens per request', int('--max-tokens'), 32)
+    .option('--prompt-len <n>', 'prompt tokens of each request (token ids, distinct per request)', int('--prompt-len'), 16)
+    .option('--vs-decode', "first the engine's decode probe on the same model, prompt length and token count (its own line); the serve line gets stream_over_decode")
     .action(async (f) => {
       const e = engine(f);
-      print(await serveProbe({ model: e.model, backend: e.backend, concurrency: f.concurrency, requests: f.requests, maxTokens: f.maxTokens }));
+      const lines = await serveProbe({ model: e.model, backend: e.backend, concurrency: f.concurrency, requests: f.requests, maxTokens: f.maxTokens, promptLen: f.promptLen, vsDecode: f.vsDecode === true });
+      for (const l of lines) print(l);
     });
 }
 

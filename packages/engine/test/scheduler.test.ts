@@ -40,6 +40,30 @@ describe('Scheduler', () => {
     expect(p.numScheduledTokens).toBe(2);
   });
 
+  it('long prompts arriving while requests decode never stall them: every step serves each decode row, prompts take what is left of the budget', () => {
+    const kv = new KvCacheManager({ numBlocks: 256, blockSize: 4, enablePrefixCaching: false });
+    const s = new Scheduler({ maxNumBatchedTokens: 16, maxNumSeqs: 8 }, kv);
+    const decoders = [req(3), req(2), req(4)];
+    for (const d of decoders) s.add(d);
+    finishStep(s.schedule());
+    // Two long prompts (60 and 45 tokens) arrive while the three decode.
+    const long = [req(60), req(45)];
+    for (const l of long) s.add(l);
+    let steps = 0;
+    while (long.some((l) => l.outputIds.length === 0)) {
+      const p = s.schedule();
+      const rows = new Map(p.scheduled.map((x) => [x.req, x.numTokens]));
+      for (const d of decoders) expect(rows.get(d)).toBe(1);
+      const prompt = long.reduce((n, l) => n + (rows.get(l) ?? 0), 0);
+      expect(prompt).toBeLessThanOrEqual(16 - decoders.length);
+      expect(p.numScheduledTokens).toBe(decoders.length + prompt);
+      finishStep(p);
+      steps++;
+    }
+    // The prompts went through at the budget's pace: 105 tokens at 13 a step.
+    expect(steps).toBe(Math.ceil(105 / 13));
+  });
+
   it('admits by priority, then arrival, and never beyond maxNumSeqs', () => {
     const kv = new KvCacheManager({ numBlocks: 64, blockSize: 4, enablePrefixCaching: false });
     const s = new Scheduler({ maxNumBatchedTokens: 100, maxNumSeqs: 2 }, kv);

@@ -133,8 +133,11 @@ export async function respond(state: ServerState, reply: FastifyReply, jobs: Cho
     },
   });
   sse.start();
-  const usageNull = o.includeUsage ? { usage: null } : {};
-  const chunk = (choice: Record<string, unknown>) => sse.send({ ...base, choices: [choice], ...usageNull });
+  // A chunk is {...base, choices: [choice], usage: null (with include_usage)}: the text around
+  // the choice is serialized once, not per token.
+  const head = `${JSON.stringify(base).slice(0, -1)},"choices":[`;
+  const tail = o.includeUsage ? '],"usage":null}' : ']}';
+  const chunk = (choice: Record<string, unknown>) => sse.sendJson(head + JSON.stringify(choice) + tail);
   if (chat) for (const j of jobs) chunk({ index: j.index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null });
   // Echo: each choice starts with its prompt (and the prompt's logprobs).
   if (echo) {

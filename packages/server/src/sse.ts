@@ -20,9 +20,23 @@ export const SLOW_CLIENT_ERROR = {
   },
 } as const;
 
+/** Writers holding events not yet written, flushed together once per turn of the event loop. */
+const dirty = new Set<SseWriter>();
+let flushQueued = false;
+
+function flushDirty(): void {
+  flushQueued = false;
+  for (const w of dirty) w.flush();
+  dirty.clear();
+}
+
 /**
  * Server-sent events in OpenAI's streaming format: `data: <json>\n\n` per chunk, then
- * `data: [DONE]\n\n`. Writes go straight to the socket; a closed connection turns writes into no-ops.
+ * `data: [DONE]\n\n`. Events that become ready in the same turn of the event loop (the tokens of
+ * one engine step, or of several that arrived together) go to the socket as one write, at the end
+ * of that turn (setImmediate: after the turn's I/O callbacks, before any timer), so no token
+ * waits on a timer and a busy server writes fewer, larger chunks. A closed connection turns writes
+ * into no-ops.
  *
  * A client that stops reading cannot hold the server's memory nor its engine: once more than
  * `maxBuffered` bytes wait for it, the request is stopped at once (`onOverflow`: the generation is
@@ -31,6 +45,9 @@ export const SLOW_CLIENT_ERROR = {
  */
 export class SseWriter {
   private stopped = false;
+  /** Events not written yet, and their bytes (counted only under a buffer cap). */
+  private pending = '';
+  private pendingBytes = 0;
 
   constructor(
     private readonly res: ServerResponse,
@@ -62,16 +79,45 @@ export class SseWriter {
 
   /** One `data:` event holding `payload` as JSON. */
   send(payload: unknown): void {
+    this.sendJson(JSON.stringify(payload));
+  }
+
+  /** One `data:` event whose payload is JSON text already (a chunk serialized around a prefix built once). */
+  sendJson(json: string): void {
     if (this.closed) return;
-    this.res.write(`data: ${JSON.stringify(payload)}\n\n`);
+    const ev = `data: ${json}\n\n`;
+    this.pending += ev;
+    if (this.overflow) {
+      this.pendingBytes += Buffer.byteLength(ev);
+      // Past the cap: written now, so the overflow is seen (and the request stopped) at once.
+      if (this.res.writableLength + this.pendingBytes > this.overflow.maxBuffered) {
+        this.flush();
+        return;
+      }
+    }
+    dirty.add(this);
+    if (!flushQueued) {
+      flushQueued = true;
+      setImmediate(flushDirty);
+    }
+  }
+
+  /** Write the events that wait (one write), and stop the stream if its client holds more than the cap. */
+  flush(): void {
+    if (this.pending.length === 0) return;
+    const s = this.pending;
+    this.pending = '';
+    this.pendingBytes = 0;
+    if (this.closed) return;
+    this.res.write(s);
     if (this.overflow && this.res.writableLength > this.overflow.maxBuffered) this.stop(this.overflow);
   }
 
-  /** The terminating `data: [DONE]` and the end of the response. */
+  /** The terminating `data: [DONE]` and the end of the response (after whatever still waits). */
   done(): void {
+    this.flush();
     if (this.closed) return;
-    this.res.write('data: [DONE]\n\n');
-    this.res.end();
+    this.res.end('data: [DONE]\n\n');
   }
 
   private stop(o: SseOverflow): void {

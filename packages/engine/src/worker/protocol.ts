@@ -198,13 +198,31 @@ export type ToWorker =
   /** Tests of the watchdog: make the worker hang (a busy loop) or exit. */
   | { type: 'fault'; what: WorkerFault };
 
+/** A request that ended: its outcome, or the error that failed it. */
+export type WorkerEnd = { rid: number; outcome: WorkerOutcome } | { rid: number; error: WireError };
+
+/**
+ * What the engine produced in one turn of the worker's loop (one step, as a rule), posted as one
+ * message once the step is done: a message per step rather than per token, so that the cost of
+ * crossing the thread boundary does not grow with the batch. Read in this order: the step
+ * signals, the token events (each request's in the order it produced them), then the ends (a
+ * request's end after its last event).
+ */
+export interface WorkerBatch {
+  type: 'batch';
+  steps: StepSignals[];
+  /** `events[i]` belongs to the request submitted under `rids[i]`. */
+  rids: number[];
+  events: TokenEvent[];
+  ends: WorkerEnd[];
+  /** The scheduler's state when the batch was posted. */
+  load: WorkerLoad;
+}
+
 export type FromWorker =
   | { type: 'ready'; info: WorkerEngineInfo }
   | { type: 'initError'; error: WireError }
-  | { type: 'event'; rid: number; event: TokenEvent }
-  | { type: 'done'; rid: number; outcome: WorkerOutcome; load: WorkerLoad }
-  | { type: 'failed'; rid: number; error: WireError; load: WorkerLoad }
-  | { type: 'step'; signals: StepSignals }
+  | WorkerBatch
   | { type: 'reply'; qid: number; value?: unknown; error?: WireError }
   | { type: 'disposed' };
 

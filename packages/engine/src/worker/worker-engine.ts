@@ -361,34 +361,14 @@ export class WorkerEngine extends FactsView implements WorkerSurface, WorkerHeal
   private onMessage(m: FromWorker): void {
     this.lastHeard = performance.now();
     switch (m.type) {
-      case 'event':
-        this.pending.get(m.rid)?.stream.push(m.event);
-        return;
-      case 'done': {
+      case 'batch':
         this.load = m.load;
-        const p = this.pending.get(m.rid);
-        if (!p) return;
-        this.pending.delete(m.rid);
-        p.cleanup?.();
-        p.stream.end();
-        p.resolve(m.outcome);
-        for (const f of this.finishListeners) f(m.outcome);
-        return;
-      }
-      case 'failed': {
-        this.load = m.load;
-        const p = this.pending.get(m.rid);
-        if (!p) return;
-        this.pending.delete(m.rid);
-        p.cleanup?.();
-        const err = fromWire(m.error);
-        p.stream.end(err);
-        p.reject(err);
-        return;
-      }
-      case 'step':
-        this.load = { running: m.signals.running, waiting: m.signals.waiting, kvUsage: m.signals.kvUsage };
-        for (const f of this.stepListeners) f(m.signals);
+        for (const sig of m.steps) for (const f of this.stepListeners) f(sig);
+        for (let i = 0; i < m.events.length; i++) this.pending.get(m.rids[i])?.stream.push(m.events[i]);
+        for (const e of m.ends) {
+          if ('outcome' in e) this.finished(e.rid, e.outcome);
+          else this.failed(e.rid, fromWire(e.error));
+        }
         return;
       case 'reply': {
         const q = this.queries.get(m.qid);
@@ -404,6 +384,27 @@ export class WorkerEngine extends FactsView implements WorkerSurface, WorkerHeal
       default:
         return;
     }
+  }
+
+  /** A request's outcome arrived: end its stream, resolve its handle, tell the finish listeners. */
+  private finished(rid: number, outcome: WorkerOutcome): void {
+    const p = this.pending.get(rid);
+    if (!p) return;
+    this.pending.delete(rid);
+    p.cleanup?.();
+    p.stream.end();
+    p.resolve(outcome);
+    for (const f of this.finishListeners) f(outcome);
+  }
+
+  /** The worker failed a request: end its stream and its handle with the error. */
+  private failed(rid: number, err: Error): void {
+    const p = this.pending.get(rid);
+    if (!p) return;
+    this.pending.delete(rid);
+    p.cleanup?.();
+    p.stream.end(err);
+    p.reject(err);
   }
 
   /** The worker is gone: end every stream and query with `err`. */

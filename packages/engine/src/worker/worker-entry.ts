@@ -7,39 +7,64 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import '../default-backends.js';
 import { Engine, EngineError, type RequestHandle } from '../engine.js';
+import { TokenStream } from '../token-stream.js';
+import { Outbox } from './outbox.js';
 import { ENGINE_QUERIES, engineInfo, type FromWorker, type ToWorker, toWire, type WorkerEngineOptions, type WorkerLoad } from './protocol.js';
 
 const port = parentPort;
 if (!port) throw new Error('worker-entry must run inside a worker thread');
-const post = (m: FromWorker) => port.postMessage(m);
+/** Every message but the batches goes after what the outbox holds, so the receiver sees all in order. */
+const post = (m: FromWorker) => {
+  if (m.type !== 'batch') outbox.flush();
+  port.postMessage(m);
+};
 
 let engine: Engine;
 try {
   engine = await Engine.create(workerData as WorkerEngineOptions);
 } catch (e) {
-  post({ type: 'initError', error: toWire(e) });
+  port.postMessage({ type: 'initError', error: toWire(e) } satisfies FromWorker);
   port.close();
   process.exit(0);
 }
 
 const live = new Map<number, RequestHandle>();
+/** The main thread's id of each live request, by the engine's request id (finish listeners name the latter). */
+const ridOf = new Map<number, number>();
 /** Embed calls running, by query id: their aborts. */
 const embeds = new Map<number, AbortController>();
 const load = (): WorkerLoad => ({ running: engine.numRunning, waiting: engine.numWaiting, kvUsage: engine.kv.usage });
+const outbox = new Outbox((m) => port.postMessage(m), load);
 
-engine.onStep((signals) => post({ type: 'step', signals }));
+engine.onStep((signals) => outbox.step(signals));
+// A request that finishes (by a stop, its length or an abort) ends its stream and then calls the
+// finish listeners, synchronously, inside the step: its outcome joins the step's batch.
+engine.onFinish((o) => {
+  const rid = ridOf.get(o.requestId);
+  if (rid === undefined) return;
+  forget(rid, o.requestId);
+  const { ledger, promptLogits: _drop, ...rest } = o;
+  outbox.done(rid, { ...rest, promptIds: [...o.promptIds], ledger: ledger.summary() });
+});
 
-async function run(rid: number, h: RequestHandle): Promise<void> {
-  try {
-    for await (const event of h.events) post({ type: 'event', rid, event });
-    const o = await h.done;
-    const { ledger, promptLogits: _drop, ...rest } = o;
-    post({ type: 'done', rid, outcome: { ...rest, promptIds: [...o.promptIds], ledger: ledger.summary() }, load: load() });
-  } catch (e) {
-    post({ type: 'failed', rid, error: toWire(e), load: load() });
-  } finally {
-    live.delete(rid);
-  }
+function forget(rid: number, engineId: number): void {
+  live.delete(rid);
+  ridOf.delete(engineId);
+}
+
+/** Forward a request's events to the outbox as the engine emits them (no promise per token); a stream that ends with an error fails it. */
+function track(rid: number, h: RequestHandle): void {
+  live.set(rid, h);
+  ridOf.set(h.id, rid);
+  if (!(h.events instanceof TokenStream)) throw new Error('engine handles stream through a TokenStream');
+  h.events.pipeTo({
+    push: (ev) => outbox.event(rid, ev),
+    end: (err) => {
+      if (!err) return;
+      forget(rid, h.id);
+      outbox.failed(rid, toWire(err));
+    },
+  });
 }
 
 port.on('message', (m: ToWorker) => {
@@ -49,11 +74,10 @@ port.on('message', (m: ToWorker) => {
       try {
         h = engine.submit(m.promptIds, m.opts);
       } catch (e) {
-        post({ type: 'failed', rid: m.rid, error: toWire(e), load: load() });
+        outbox.failed(m.rid, toWire(e));
         return;
       }
-      live.set(m.rid, h);
-      void run(m.rid, h);
+      track(m.rid, h);
       return;
     }
     case 'submitFork': {
@@ -61,13 +85,10 @@ port.on('message', (m: ToWorker) => {
       try {
         hs = engine.submitFork(m.promptIds, m.rids.length, m.opts);
       } catch (e) {
-        for (const rid of m.rids) post({ type: 'failed', rid, error: toWire(e), load: load() });
+        for (const rid of m.rids) outbox.failed(rid, toWire(e));
         return;
       }
-      hs.forEach((h, i) => {
-        live.set(m.rids[i], h);
-        void run(m.rids[i], h);
-      });
+      hs.forEach((h, i) => track(m.rids[i], h));
       return;
     }
     case 'abort':
