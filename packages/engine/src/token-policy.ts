@@ -1,4 +1,4 @@
-import { type LedgerAggregator, NervaError, type TokenLedgerRecord } from '@nerva/core';
+import type { LedgerAggregator, TokenLedgerRecord } from '@nerva/core';
 import type { createDetokenizer } from '@nerva/models';
 import type { RequestOutcome } from './engine-options.js';
 import type { GrammarState } from './grammar/grammar-state.js';
@@ -91,21 +91,6 @@ export function acceptToken(l: Live, token: number, record: TokenLedgerRecord, s
   l.stream.push(ev);
   if (finish) req.stopReason = stopReason;
   return finish;
-}
-
-/**
- * Constrained decoding: the request's grammar takes its sampled token and computes the mask of its
- * next token (a step ahead of the sampling that reads it). The error that ends the request when the
- * grammar refuses the token (a forced token it does not allow) or its engine failed; undefined otherwise.
- */
-export function advanceGrammar(l: Live, token: number): Error | undefined {
-  if (!l.grammar) return undefined;
-  try {
-    if (l.grammar.advance(token)) return undefined;
-  } catch (e) {
-    return e as Error;
-  }
-  return new NervaError('GRAMMAR_REJECTED', `request ${l.req.id}: token ${token} is not allowed by its grammar`);
 }
 
 /** What a request's `done` resolves with. */
