@@ -128,17 +128,22 @@ async function streamError(h: RequestHandle): Promise<Error | undefined> {
 }
 
 // Token masks on grammar worker threads (the default where the worker entry is built) against
-// masks computed on the step loop's thread (grammarThreads 0): the same tokens, batched or not.
+// masks computed on the step loop's thread (grammarThreads 0), and decode steps with grammar rows
+// replaying the captured graph variant with masks (the CPU backend captures graphs) against steps
+// run eagerly (useGraphs false): the same tokens, batched or not.
 describe('constrained decoding on grammar worker threads (CPU)', () => {
   let pooled: Engine;
   let inThread: Engine;
+  let eager: Engine;
   beforeAll(async () => {
     pooled = await Engine.create({ model: DEFAULT_MODEL, backend: 'cpu', maxNumSeqs: 8, grammarThreads: 2 });
     inThread = await Engine.create({ model: DEFAULT_MODEL, backend: 'cpu', maxNumSeqs: 8, grammarThreads: 0 });
+    eager = await Engine.create({ model: DEFAULT_MODEL, backend: 'cpu', maxNumSeqs: 8, grammarThreads: 2, useGraphs: false });
   });
   afterAll(() => {
     pooled?.dispose();
     inThread?.dispose();
+    eager?.dispose();
   });
 
   const mixed = (e: Engine) =>
@@ -148,15 +153,25 @@ describe('constrained decoding on grammar worker threads (CPU)', () => {
       e.submit('ROMEO:', { temperature: 1, seed: 35, maxTokens: 24, grammar: { type: 'regex', pattern: '[A-Z][a-z]{2,9}( [a-z]{1,7}){1,3}\\.' } }).done,
     ]);
 
-  it('gives the tokens of masks computed on the step loop\'s thread, grammar rows batched with free ones', async () => {
+  it('gives the tokens of masks computed on the step loop\'s thread and of eager steps, grammar rows batched with free ones', async () => {
     expect(pooled.grammarThreads).toBe(2);
     expect(inThread.grammarThreads).toBe(0);
     const a = await mixed(pooled);
     const b = await mixed(inThread);
+    const c = await mixed(eager);
     for (let i = 0; i < a.length; i++) {
       expect(a[i].tokenIds, `request ${i}`).toEqual(b[i].tokenIds);
+      expect(c[i].tokenIds, `request ${i}`).toEqual(b[i].tokenIds);
       expect(a[i].finishReason).toBe(b[i].finishReason);
     }
+    // The grammar rows' decode steps replayed graphs: the forward and the sampling with masks, as
+    // two graphs ("m" and "m:sample" keys); steps of free rows alone keep the graph without masks.
+    const decodeReplays = (o: RequestOutcome) => o.ledger.all().filter((r) => r.phase === 'decode' && r.graphReplays > 0).length;
+    for (const o of a) expect(decodeReplays(o)).toBeGreaterThan(0);
+    for (const o of c) expect(decodeReplays(o)).toBe(0);
+    const keys = Object.keys(pooled.graphNodes());
+    expect(keys.some((k) => k.endsWith('m:sample'))).toBe(true);
+    expect(keys.some((k) => /^\d+$/.test(k))).toBe(true);
     for (const o of a.slice(0, 4)) if (o.finishReason === 'stop') expect(Object.keys(JSON.parse(o.text) as object)).toEqual(['who', 'age', 'mood']);
     // Every token of a grammar request has its grammar time (the wait for its mask).
     for (const o of a.slice(0, 4)) expect(o.ledger.all().every((r) => r.grammarMs !== undefined && r.grammarMs >= 0)).toBe(true);
