@@ -26,12 +26,15 @@ const defaults = ['conformance.ts', 'checks.ts', 'parity.ts', 'bench.ts', 'offlo
 const entries = (process.argv.length > 2 ? process.argv.slice(2) : defaults.filter((f) => existsSync(path.join(here, f)))).map((f) =>
   path.resolve(here, f),
 );
+// The engine's grammar worker (constrained decoding's token masks): a file of its own beside the
+// bundles, which the engine finds as ./grammar-worker.mjs next to the bundle it runs in.
+const workers = { 'grammar-worker': path.join(root, 'packages', 'engine', 'src', 'grammar', 'grammar-worker.ts') };
 // Other packages may reach third-party modules (tokenizers, etc.): let esbuild look in every
 // package's node_modules.
 const nodePaths = readdirSync(path.join(root, 'packages')).map((d) => path.join(root, 'packages', d, 'node_modules'));
 nodePaths.push(path.join(root, 'node_modules'));
 await esbuild.build({
-  entryPoints: entries,
+  entryPoints: [...entries.map((e) => ({ in: e, out: path.basename(e, path.extname(e)) })), ...Object.entries(workers).map(([out, e]) => ({ in: e, out }))],
   outdir: path.join(here, 'dist'),
   outExtension: { '.js': '.mjs' },
   bundle: true,
@@ -44,4 +47,4 @@ await esbuild.build({
   banner: { js: "import { createRequire as __nervaCreateRequire } from 'node:module'; const require = __nervaCreateRequire(import.meta.url);" },
   logLevel: 'warning',
 });
-console.log(`bundled ${entries.map((e) => path.basename(e)).join(', ')} -> tools/gpu/dist/`);
+console.log(`bundled ${[...entries.map((e) => path.basename(e)), ...Object.keys(workers)].join(', ')} -> tools/gpu/dist/`);

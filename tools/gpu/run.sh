@@ -67,8 +67,9 @@
 #   cost per token (tools/gpu/grammar_cost.ts) on each size's synthetic checkpoint with Qwen3's tokenizer beside it (from
 #   .device/tokenizers, tools/gpu/prepare.sh; in /tmp/synth/<size>-tokenizer, hard links to the weights, so the other phases
 #   still measure a folder without one): at batch 1 and 32, free requests, every request held to a JSON schema, and at 32
-#   one held among 31 free; decode ms per token, tok/s, ratios to free, the ledger's grammarMs, whether graphs ran;
-#   NERVA_GRAMMAR_ARGS adds flags (e.g. "--repeats 5 --new-tokens 128", "--backend cpu" for a dry run) -> $OUT/grammar_cost.jsonl
+#   one held among 31 free, with graphs and eagerly; decode ms per token, tok/s, ratios to free, the ledger's grammarMs
+#   (waits for masks), whether graphs ran, the grammar worker threads; NERVA_GRAMMAR_ARGS adds flags (e.g. "--repeats 5
+#   --new-tokens 128", "--graphs on", "--grammar-threads 15", "--backend cpu" for a dry run) -> $OUT/grammar_cost.jsonl
 #   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
 #   @nerva/cuda-backend, the GPU-only ones among them, under vitest from .device/vitest.tar.xz
 #   (tools/gpu/pack_vitest.mjs) with NERVA_GPU_TESTS=1 (a GPU-only file without the addon or a GPU
