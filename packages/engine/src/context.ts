@@ -1,10 +1,10 @@
 import type { DeviceBackend, MatmulPrecision, TokenLedgerRecord } from '@nerva/core';
-import { LedgerAggregator, takesOpField } from '@nerva/core';
+import { takesOpField } from '@nerva/core';
 import { KvCacheManager } from '@nerva/kv';
 import type { ImportanceCache, MemoryReport, WeightPager } from '@nerva/memos';
 import { calibrateImportance } from './calibration.js';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
-import { createDetokenizer, kvReadWindow } from '@nerva/models';
+import { kvReadWindow } from '@nerva/models';
 import { BUCKETS, DecodeGraphs } from './decode-graphs.js';
 import { type EngineOptions, EngineError, type GenerateOptions, type RequestHandle, type RequestOutcome, type StepSignals } from './engine-options.js';
 import type { EmbedOptions, EmbedResult, EmbeddingConfig } from './embedding.js';
@@ -31,8 +31,7 @@ import { Scheduler } from './scheduler.js';
 import { createStepBuffers, padBucket, stageBatch, type StepBuffers, writeStepMeta } from './step-batch.js';
 import { pagerDelta, SharedBlockReads, statsDelta, stepSignals, tokenRecord } from './step-stats.js';
 import { TokenRingReader } from './token-ring.js';
-import { acceptToken, type Live, outcomeOf } from './token-policy.js';
-import { TokenStream } from './token-stream.js';
+import { acceptToken, type Live, liveRequest, outcomeOf } from './token-policy.js';
 
 /**
  * One context on a {@link NervaModel}: a paged KV cache, a continuous-batching scheduler, the
@@ -398,23 +397,9 @@ export class ModelContext {
 
   /** The live state, stream and handle of a request about to be queued. */
   private track(req: Request, o: GenerateOptions): RequestHandle {
-    const stream = new TokenStream<TokenEvent>();
-    let resolve!: (x: RequestOutcome) => void;
-    const done = new Promise<RequestOutcome>((r) => (resolve = r));
-    const ledger = new LedgerAggregator();
-    for (const n of this.notes) ledger.note(n);
-    const live: Live = { req, stream, resolve, text: '', emitted: 0, ledger, wantPromptLogits: Boolean(o.returnPromptLogits) };
-    if (o.returnStepLogits) live.stepLogits = [];
-    if (o.forceTokens) live.forced = [...o.forceTokens];
-    if (this.tokenizer) live.detok = createDetokenizer(this.tokenizer);
+    const { live, handle } = liveRequest(req, o, this.notes, this.tokenizer, () => this.abort(req.id));
     this.live.set(req.id, live);
-    if (o.signal) {
-      const onAbort = () => this.abort(req.id);
-      o.signal.addEventListener('abort', onAbort, { once: true });
-      live.cleanup = () => o.signal!.removeEventListener('abort', onAbort);
-    }
-    stream.onReturn = () => this.abort(req.id);
-    return { id: req.id, events: stream, done, abort: () => this.abort(req.id) };
+    return handle;
   }
 
   /** Stream the tokens of one request. Aborting through `signal` ends the iteration with the signal's reason. */
@@ -589,8 +574,12 @@ export class ModelContext {
     // device's step state since; otherwise the steps enqueued are dropped before anything is written.
     const ra = this.ahead;
     const head = ra.queue[0];
-    const adopt = head !== undefined && graphPath && !anyGrammar && head.key === key && this.graphs.stateKey === key;
+    const same = head !== undefined && graphPath && head.key === key && this.graphs.stateKey === key;
+    // A step with grammar rows adopts only a forward enqueued ahead (its sampling waits for the masks).
+    const adopt = same && head.sampled && !anyGrammar;
+    const adoptForward = same && !head.sampled && anyGrammar;
     if (adopt) ra.adopt(head);
+    else if (adoptForward) ra.adoptForward(head);
     else ra.begin();
     if (graphPath) {
       if (!adopt && key !== this.graphs.stateKey) {
@@ -602,13 +591,14 @@ export class ModelContext {
       const shortKeys = this.backend.capabilities.shortContextKeys ?? 0;
       const short = (last: number) =>
         shortKeys > 0 && bucket === 1 && !this.pipeline && !tiered && plan.scheduled.every(({ req }) => req.numComputedTokens + last + 1 <= shortKeys);
-      if (!adopt) {
-        const args = anyGrammar ? this.constrained.deviceArgs : undefined;
-        this.graphs.replay(bucket, 1, tiered, span, short(0), args && { args, stage: () => gs.stage(bucket) });
-        be.record(ra.endEv);
-      }
+      const args = anyGrammar ? this.constrained.deviceArgs : undefined;
+      const masks = args && { args, stage: () => gs.stage(bucket) };
+      if (adoptForward) this.graphs.replaySample(bucket, masks!);
+      else if (!adopt) this.graphs.replay(bucket, 1, tiered, span, short(0), masks);
+      if (!adopt) be.record(ra.endEv);
       this.graphs.stateKey = key;
-      if (!anyGrammar) ra.enqueue(plan.scheduled, bucket, short);
+      if (anyGrammar) ra.enqueueForward(plan.scheduled, bucket, short);
+      else ra.enqueue(plan.scheduled, bucket, short);
       if (ra.queue.length > 0) be.synchronizeEvent!(ra.endEv, 'policy');
       else be.synchronize('policy');
       tokens = this.ring.read(bucket).slice(0, nSeq);
@@ -674,7 +664,8 @@ export class ModelContext {
       }
     }
     const deviceMs = be.elapsedMs(ra.startEv, ra.endEv) / ra.stepShare;
-    if (replayed) ra.lastDecodeMs = deviceMs;
+    // (A step with grammar rows also spans the wait for its masks: not a measure of run-ahead's steps.)
+    if (replayed && !anyGrammar) ra.lastDecodeMs = deviceMs;
     const buckets = this.profiles.record(rows, deviceMs);
     const after = this.pipeline?.stats() ?? be.stats();
     // Embedding rows: their final hidden states, read before the computed counts move on.

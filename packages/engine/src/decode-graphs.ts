@@ -59,37 +59,51 @@ export class DecodeGraphs {
    * the graph without masks and pay nothing for them.
    */
   replay(bucket: number, steps: number, tiered: boolean, span: number, short: boolean, masks?: MaskedSampling): void {
-    const gk = (tiered ? `t${bucket}:${span}` : `${bucket}`) + (short ? 's' : '') + (steps > 1 ? `x${steps}` : '');
-    const forward = () => {
-      if (tiered) (this.runner as ModelRunner).forward(bucket, bucket, undefined, undefined, true);
-      else this.runner.forward(bucket, bucket);
-    };
     if (masks) {
       if (steps !== 1) throw new RangeError('a decode step with token masks replays one step');
-      const fk = `${gk}m`;
-      const sk = `${gk}m:sample`;
-      const runner = this.runner as ModelRunner;
-      const f = this.graph(fk, short, true, forward);
-      const g = this.graph(sk, false, false, () => {
-        runner.sampleMask = masks.args;
-        try {
-          runner.sampleStep(bucket, runner.meta.ids);
-        } finally {
-          runner.sampleMask = undefined;
-        }
-      });
-      this.run(fk, f, tiered, true);
-      masks.stage();
-      this.run(sk, g, false, false);
+      this.replayForward(bucket, tiered, span, short);
+      this.replaySample(bucket, masks);
       return;
     }
+    const gk = this.key(bucket, steps, tiered, span, short);
     const g = this.graph(gk, short, true, () => {
       for (let j = 0; j < steps; j++) {
-        forward();
+        this.forward(bucket, tiered);
         this.runner.sampleStep(bucket, this.runner.meta.ids);
       }
     });
     this.run(gk, g, tiered, true);
+  }
+
+  /** The forward of a step with token masks (its graph captured on first use): the first half of `replay` with masks. */
+  replayForward(bucket: number, tiered: boolean, span: number, short: boolean): void {
+    const fk = `${this.key(bucket, 1, tiered, span, short)}m`;
+    this.run(fk, this.graph(fk, short, true, () => this.forward(bucket, tiered)), tiered, true);
+  }
+
+  /** The sampling of a step with token masks, after its forward: stages the masks, then replays op sample reading them. */
+  replaySample(bucket: number, masks: MaskedSampling): void {
+    const sk = `${bucket}m:sample`;
+    const runner = this.runner as ModelRunner;
+    const g = this.graph(sk, false, false, () => {
+      runner.sampleMask = masks.args;
+      try {
+        runner.sampleStep(bucket, runner.meta.ids);
+      } finally {
+        runner.sampleMask = undefined;
+      }
+    });
+    masks.stage();
+    this.run(sk, g, false, false);
+  }
+
+  private key(bucket: number, steps: number, tiered: boolean, span: number, short: boolean): string {
+    return (tiered ? `t${bucket}:${span}` : `${bucket}`) + (short ? 's' : '') + (steps > 1 ? `x${steps}` : '');
+  }
+
+  private forward(bucket: number, tiered: boolean): void {
+    if (tiered) (this.runner as ModelRunner).forward(bucket, bucket, undefined, undefined, true);
+    else this.runner.forward(bucket, bucket);
   }
 
   /** The graph of key `gk`, captured from `body` on first use (`paged`: a forward, whose weight loads the pager records). */

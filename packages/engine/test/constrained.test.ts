@@ -1,4 +1,6 @@
 import type { Worker } from 'node:worker_threads';
+import { createCpuBackend } from '@nerva/cpu-backend';
+import type { DeviceBackend } from '@nerva/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Engine, GrammarEngineError, HostSampler, InvalidParamsError, type RequestHandle, type RequestOutcome } from '../src/index.js';
 import { DEFAULT_MODEL } from './fixtures.js';
@@ -175,6 +177,35 @@ describe('constrained decoding on grammar worker threads (CPU)', () => {
     for (const o of a.slice(0, 4)) if (o.finishReason === 'stop') expect(Object.keys(JSON.parse(o.text) as object)).toEqual(['who', 'age', 'mood']);
     // Every token of a grammar request has its grammar time (the wait for its mask).
     for (const o of a.slice(0, 4)) expect(o.ledger.all().every((r) => r.grammarMs !== undefined && r.grammarMs >= 0)).toBe(true);
+  });
+
+  it('run ahead, the next step\'s forward is enqueued before the host reads the tokens (its sampling waits for the masks): the same tokens', async () => {
+    const inner = createCpuBackend();
+    const counts = { eventSyncs: 0, dropped: 0 };
+    const backend = new Proxy(inner, {
+      get(target, prop, receiver) {
+        const v = Reflect.get(target, prop, receiver) as unknown;
+        if (typeof v !== 'function') return v;
+        const f = (v as (...x: unknown[]) => unknown).bind(target);
+        return prop === 'synchronizeEvent' ? (...x: unknown[]) => (counts.eventSyncs++, f(...x)) : f;
+      },
+    }) as DeviceBackend;
+    const ahead = await Engine.create({ model: DEFAULT_MODEL, backend, maxNumSeqs: 8, grammarThreads: 2, runAhead: true });
+    try {
+      ahead.onStep((sig) => (counts.dropped = sig.droppedSteps));
+      // Grammar rows only: every decode step has one, so any step enqueued ahead is a forward alone.
+      const run = (e: Engine) => Promise.all([31, 32, 33].map((seed) => e.submit('ROMEO:', { temperature: 0.9, seed, maxTokens: 48, jsonSchema: SCHEMA }).done));
+      const a = await run(ahead);
+      const b = await run(inThread);
+      for (let i = 0; i < a.length; i++) expect(a[i].tokenIds, `request ${i}`).toEqual(b[i].tokenIds);
+      const decodeSteps = Math.max(...a.map((o) => o.tokenIds.length)) - 1;
+      // Decode steps adopted a forward enqueued during the step before but where a request ended
+      // (the pass changed: the forward enqueued for the old one was dropped).
+      expect(counts.eventSyncs).toBeGreaterThanOrEqual(decodeSteps - a.length);
+      expect(counts.dropped).toBeLessThanOrEqual(a.length + 1);
+    } finally {
+      ahead.dispose();
+    }
   });
 
   it('a bad grammar among good ones fails alone with XGrammar message; the others finish as they would alone', async () => {
