@@ -15,7 +15,6 @@ import type { InThreadGrammarState } from './grammar-state.js';
 import {
   type FromGrammarWorker,
   type GrammarWorkerInit,
-  H_COMPUTE_US,
   H_SEQ,
   H_STATUS,
   H_TERMINATED,
@@ -46,10 +45,9 @@ const headers = new Map<number, Int32Array>();
 const post = (m: FromGrammarWorker) => port.postMessage(m);
 
 /** Publish an advance's result: status words first, the sequence word last (what the loop waits on). */
-function publish(header: Int32Array, status: number, terminated: boolean, us: number): void {
+function publish(header: Int32Array, status: number, terminated: boolean): void {
   header[H_STATUS] = status;
   header[H_TERMINATED] = terminated ? 1 : 0;
-  header[H_COMPUTE_US] = us;
   Atomics.add(header, H_SEQ, 1);
   Atomics.notify(header, H_SEQ);
 }
@@ -74,20 +72,19 @@ function advance(jobs: number[]): void {
     const header = headers.get(id);
     if (!header) continue;
     const m = matchers.get(id);
-    const t0 = performance.now();
     if (!m) {
       // Its instance aborted earlier (the matcher went with it).
       init.errors.postMessage({ id, error: { name: 'GrammarEngineError', code: 'ABORTED', message: 'the grammar engine instance of this request failed' } });
-      publish(header, STATUS_FAILED, false, 0);
+      publish(header, STATUS_FAILED, false);
       continue;
     }
     try {
       const ok = m.state.submit(jobs[j + 1]);
-      publish(header, ok ? STATUS_OK : STATUS_REJECTED, m.state.terminated, Math.round((performance.now() - t0) * 1000));
+      publish(header, ok ? STATUS_OK : STATUS_REJECTED, m.state.terminated);
     } catch (e) {
       matchers.delete(id);
       init.errors.postMessage({ id, error: toWire(e) });
-      publish(header, STATUS_FAILED, false, 0);
+      publish(header, STATUS_FAILED, false);
     }
   }
 }

@@ -10,15 +10,13 @@ import { GrammarEngineError } from './xgrammar-runtime.js';
  * HEADER_WORDS int32 words, then the mask. The worker writes the mask and the status, then bumps
  * the sequence word (Atomics.store, Atomics.notify); the loop waits on that word (Atomics.wait).
  */
-export const HEADER_WORDS = 4;
+export const HEADER_WORDS = 3;
 /** Advances completed (the loop waits until it equals the advances it handed over). */
 export const H_SEQ = 0;
 /** Status of the last advance (STATUS_*). */
 export const H_STATUS = 1;
 /** 1 once the matcher accepted a stop token. */
 export const H_TERMINATED = 2;
-/** Microseconds the worker spent on the last advance (accepting the token, computing the mask). */
-export const H_COMPUTE_US = 3;
 
 export const STATUS_OK = 0;
 /** The matcher did not take the token (its mask allowed it: a grammar engine fault). */
