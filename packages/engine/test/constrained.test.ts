@@ -208,6 +208,11 @@ describe('constrained decoding on grammar worker threads (CPU)', () => {
     }
   });
 
+  it('refuses a bad grammarThreads with a clear error before anything loads', async () => {
+    for (const grammarThreads of [-1, 1.5, 65, '2' as unknown as number])
+      await expect(Engine.create({ model: DEFAULT_MODEL, backend: 'cpu', grammarThreads })).rejects.toThrow(/grammarThreads must be an integer from 0 to 64/);
+  });
+
   it('a bad grammar among good ones fails alone with XGrammar message; the others finish as they would alone', async () => {
     const alone = await pooled.submit('ROMEO:', { temperature: 0.9, seed: 41, maxTokens: 48, jsonSchema: SCHEMA }).done;
     const good = pooled.submit('ROMEO:', { temperature: 0.9, seed: 41, maxTokens: 48, jsonSchema: SCHEMA });
