@@ -159,11 +159,12 @@ export class ConstrainedDecoding {
   /**
    * Write the masks of a step's logit rows (`states[i]`: row i's grammar, undefined for a free row
    * or one the host samples; rows up to `rows` are free) to the device and return op sample's mask
-   * arguments; undefined when no row has one.
+   * arguments; undefined when no row has one (and `always` is false: a captured step's op sample
+   * reads the index whatever it holds, so it is written then even with every row free).
    */
-  stageDeviceMasks(states: readonly (GrammarState | undefined)[], rows = states.length): DeviceMaskArgs | undefined {
+  stageDeviceMasks(states: readonly (GrammarState | undefined)[], rows = states.length, always = false): DeviceMaskArgs | undefined {
     const d = this.device;
-    if (!d || !states.some((s) => s !== undefined)) return undefined;
+    if (!d || (!always && !states.some((s) => s !== undefined))) return undefined;
     const bits = this.hostBits!;
     const index = this.hostIndex!;
     let k = 0;
@@ -218,14 +219,16 @@ export class GrammarStep {
     this.failed = this.c.ready(this.states);
   }
 
-  /** Wait for the masks if not yet, then enqueue the device rows' copy (rows up to `rows` free); op sample's mask arguments. */
-  stage(rows?: number): DeviceMaskArgs | undefined {
+  /**
+   * Wait for the masks if not yet, then enqueue the device rows' copy; op sample's mask arguments.
+   * `graphRows`: the rows of a captured step (its bucket; those past the step's are free), whose
+   * index is written even where every grammar row failed.
+   */
+  stage(graphRows?: number): DeviceMaskArgs | undefined {
     if (!this.any) return undefined;
     this.ready();
-    return this.c.stageDeviceMasks(
-      this.states.map((g, i) => (this.hostRows.includes(i) || this.failed?.has(i) ? undefined : g)),
-      rows,
-    );
+    const states = this.states.map((g, i) => (this.hostRows.includes(i) || this.failed?.has(i) ? undefined : g));
+    return this.c.stageDeviceMasks(states, graphRows, graphRows !== undefined);
   }
 
   /**
