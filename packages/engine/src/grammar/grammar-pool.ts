@@ -6,6 +6,10 @@ import { NervaError } from '@nerva/core';
 import { type GrammarState, maskAllows } from './grammar-state.js';
 import {
   type AdvanceError,
+  C_BEAT,
+  C_COMPILING,
+  C_EXITED,
+  CONTROL_WORDS,
   type FromGrammarWorker,
   fromWire,
   type GrammarWorkerInit,
@@ -35,7 +39,14 @@ export function defaultGrammarThreads(): number {
  * it only ends a wait on a worker that stopped answering.
  */
 const MASK_WAIT_LIMIT_MS = 120_000;
-/** A waiting loop wakes this often to see whether the worker exited. */
+/**
+ * A worker that handled nothing for this long, compiling nothing, while a step waits on it is
+ * taken for gone: a worker thread that was terminated or died runs no exit handler, and its exit
+ * event cannot reach a step loop blocked in a wait. (A live worker handles a message within
+ * milliseconds unless it compiles.)
+ */
+const SILENT_LIMIT_MS = 5_000;
+/** A waiting loop wakes this often to see whether the worker is alive. */
 const WAIT_SLICE_MS = 50;
 
 /**
@@ -79,7 +90,7 @@ interface PoolWorker {
  */
 export class GrammarPool {
   private readonly workers: PoolWorker[] = [];
-  private readonly exited: Int32Array;
+  private readonly control: Int32Array;
   private nextId = 1;
   private pending = false;
   private disposed = false;
@@ -100,7 +111,7 @@ export class GrammarPool {
     private readonly eosTokenIds: readonly number[],
   ) {
     if (!Number.isInteger(threads) || threads < 1) throw new RangeError(`a grammar pool needs at least one thread, got ${threads}`);
-    this.exited = new Int32Array(new SharedArrayBuffer(4 * threads));
+    this.control = new Int32Array(new SharedArrayBuffer(4 * CONTROL_WORDS * threads));
   }
 
   /** Words of one token mask. */
@@ -162,8 +173,8 @@ export class GrammarPool {
   private spawn(index: number): PoolWorker {
     this.vocabCache ??= this.vocab();
     const { port1, port2 } = new MessageChannel();
-    Atomics.store(this.exited, index, 0);
-    const init: GrammarWorkerInit = { vocab: this.vocabCache, vocabSize: this.vocabSize, eosTokenIds: [...this.eosTokenIds], errors: port2, exited: this.exited.buffer as SharedArrayBuffer, index };
+    for (let k = 0; k < CONTROL_WORDS; k++) Atomics.store(this.control, index * CONTROL_WORDS + k, 0);
+    const init: GrammarWorkerInit = { vocab: this.vocabCache, vocabSize: this.vocabSize, eosTokenIds: [...this.eosTokenIds], errors: port2, control: this.control.buffer as SharedArrayBuffer, index };
     const worker = new Worker(this.entry, { workerData: init, transferList: [port2] });
     worker.unref();
     const w: PoolWorker = { index, worker, errors: port1, live: 0, jobs: [], starts: new Map(), advanceErrors: new Map(), grammars: new Set() };
@@ -205,18 +216,39 @@ export class GrammarPool {
     }
   }
 
-  /** Block until `header`'s sequence word reaches `seq`; throws when the worker is gone or silent past the bound. */
+  /**
+   * Block until `header`'s sequence word reaches `seq`; throws when the worker exited, went silent
+   * (SILENT_LIMIT_MS, not compiling), or computed nothing past MASK_WAIT_LIMIT_MS.
+   */
   waitFor(w: PoolWorker, header: Int32Array, seq: number): void {
     this.flush();
+    const c = w.index * CONTROL_WORDS;
     const t0 = performance.now();
+    let beat = Atomics.load(this.control, c + C_BEAT);
+    let heard = t0;
     for (;;) {
       const cur = Atomics.load(header, H_SEQ);
       if (cur === seq) return;
       if (w.lost) throw w.lost;
-      if (Atomics.load(this.exited, w.index) === 1) throw new GrammarEngineError('WORKER_EXITED', `grammar worker ${w.index} exited`);
-      if (performance.now() - t0 > MASK_WAIT_LIMIT_MS) throw new GrammarEngineError('TIMEOUT', `grammar worker ${w.index} computed no mask in ${MASK_WAIT_LIMIT_MS / 1000} s`);
+      if (Atomics.load(this.control, c + C_EXITED) === 1) throw this.gone(w, `grammar worker ${w.index} exited`);
+      const now = performance.now();
+      const b = Atomics.load(this.control, c + C_BEAT);
+      if (b !== beat) {
+        beat = b;
+        heard = now;
+      } else if (now - heard > SILENT_LIMIT_MS && Atomics.load(this.control, c + C_COMPILING) === 0) {
+        throw this.gone(w, `grammar worker ${w.index} exited or stopped answering (nothing handled in ${SILENT_LIMIT_MS / 1000} s)`);
+      }
+      if (now - t0 > MASK_WAIT_LIMIT_MS) throw this.gone(w, `grammar worker ${w.index} computed no mask in ${MASK_WAIT_LIMIT_MS / 1000} s`);
       Atomics.wait(header, H_SEQ, cur, WAIT_SLICE_MS);
     }
+  }
+
+  /** Give up on worker `w` (its matchers fail; the next start replaces it) and return the error. */
+  private gone(w: PoolWorker, message: string): Error {
+    this.lose(w, new GrammarEngineError('WORKER_EXITED', message));
+    void w.worker.terminate();
+    return w.lost!;
   }
 
   /** The error of matcher `id`'s last advance (the worker put it on its error port before publishing). */

@@ -13,6 +13,10 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { GrammarService } from './grammar-service.js';
 import type { InThreadGrammarState } from './grammar-state.js';
 import {
+  C_BEAT,
+  C_COMPILING,
+  C_EXITED,
+  CONTROL_WORDS,
   type FromGrammarWorker,
   type GrammarWorkerInit,
   H_SEQ,
@@ -30,9 +34,21 @@ const port = parentPort;
 if (!port) throw new Error('grammar-worker must run inside a worker thread');
 const init = workerData as GrammarWorkerInit;
 const service = new GrammarService(init.vocab, init.vocabSize, init.eosTokenIds);
+const control = new Int32Array(init.control, init.index * CONTROL_WORDS * 4, CONTROL_WORDS);
+const beat = () => Atomics.add(control, C_BEAT, 1);
+
+/** Run `f` marked as compiling (the step loop then allows this worker a long silence). */
+async function compiling<T>(f: () => Promise<T>): Promise<T> {
+  Atomics.add(control, C_COMPILING, 1);
+  try {
+    return await f();
+  } finally {
+    Atomics.sub(control, C_COMPILING, 1);
+  }
+}
+
 // The vocabulary is read now (~0.4 s for 151,936 ids), before the first start asks for it.
-service.prepare().catch(() => undefined);
-const exited = new Int32Array(init.exited);
+compiling(() => service.prepare()).catch(() => undefined);
 
 interface Matcher {
   state: InThreadGrammarState;
@@ -50,13 +66,14 @@ function publish(header: Int32Array, status: number, terminated: boolean): void 
   header[H_TERMINATED] = terminated ? 1 : 0;
   Atomics.add(header, H_SEQ, 1);
   Atomics.notify(header, H_SEQ);
+  beat();
 }
 
 async function start(m: Extract<ToGrammarWorker, { op: 'start' }>): Promise<void> {
   const header = new Int32Array(m.shared, 0, HEADER_WORDS);
   headers.set(m.id, header);
   try {
-    const compiled = await service.compile(m.grammar, m.param);
+    const compiled = await compiling(() => service.compile(m.grammar, m.param));
     const mask = new Int32Array(m.shared, HEADER_WORDS * 4);
     matchers.set(m.id, { state: compiled.start(m.stops, mask), header });
     post({ op: 'started', id: m.id });
@@ -90,6 +107,7 @@ function advance(jobs: number[]): void {
 }
 
 port.on('message', (m: ToGrammarWorker) => {
+  beat();
   switch (m.op) {
     case 'start':
       void start(m);
@@ -113,6 +131,6 @@ port.on('message', (m: ToGrammarWorker) => {
 
 // Whatever ends this thread, a step loop waiting on one of its matchers wakes and sees it.
 process.on('exit', () => {
-  Atomics.store(exited, init.index, 1);
+  Atomics.store(control, C_EXITED, 1);
   for (const h of headers.values()) Atomics.notify(h, H_SEQ);
 });

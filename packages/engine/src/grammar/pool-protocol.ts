@@ -24,6 +24,19 @@ export const STATUS_REJECTED = 1;
 /** The grammar engine failed; the error is on the worker's error port, tagged with the matcher id. */
 export const STATUS_FAILED = 2;
 
+/**
+ * A worker's control words (CONTROL_WORDS int32 a worker, in a buffer the pool shares with every
+ * worker): what the step loop reads while it waits, since a worker's exit reaches the loop only
+ * through its event loop, which a waiting step holds.
+ */
+export const CONTROL_WORDS = 3;
+/** Set when the worker's thread exits (where its exit handler runs: not on terminate()). */
+export const C_EXITED = 0;
+/** Compiles (and the vocabulary build) in progress: a worker may be silent for seconds then. */
+export const C_COMPILING = 1;
+/** Bumped after each message and each advance the worker handles: it is alive while this moves. */
+export const C_BEAT = 2;
+
 /** Bytes of one matcher's shared buffer for masks of `words` words. */
 export function sharedBytes(words: number): number {
   return (HEADER_WORDS + words) * 4;
@@ -36,8 +49,8 @@ export interface GrammarWorkerInit {
   eosTokenIds: number[];
   /** The port advance errors go to (the loop reads it synchronously, receiveMessageOnPort). */
   errors: MessagePort;
-  /** Int32 flags, one a worker: set (and every matcher's waiter woken) when a worker exits. */
-  exited: SharedArrayBuffer;
+  /** The pool's control words (CONTROL_WORDS a worker; this worker's at index * CONTROL_WORDS). */
+  control: SharedArrayBuffer;
   index: number;
 }
 
