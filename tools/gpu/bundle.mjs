@@ -47,7 +47,12 @@ await esbuild.build({ ...common, entryPoints: entries, outExtension: { '.js': '.
 // The worker threads' entries, beside the bundles and under the names the bundled code starts
 // them by (new URL('./worker-entry.js', import.meta.url)): the engine's worker (WorkerEngine,
 // which `nerva serve` and `nerva-bench serve` run the engine in) and the server's tokenizer
-// worker. ESM as .js: the repository's package.json says "type": "module".
-const workers = { 'worker-entry': 'packages/engine/src/worker/worker-entry.ts', 'tokenize-worker': 'packages/server/src/tokenize-worker.ts' };
+// worker, and the engine's grammar worker (constrained decoding's token masks). ESM as .js: the
+// repository's package.json says "type": "module".
+const workers = {
+  'worker-entry': 'packages/engine/src/worker/worker-entry.ts',
+  'tokenize-worker': 'packages/server/src/tokenize-worker.ts',
+  'grammar-worker': 'packages/engine/src/grammar/grammar-worker.ts',
+};
 await esbuild.build({ ...common, entryPoints: Object.entries(workers).map(([out, src]) => ({ in: path.join(root, src), out })), outExtension: { '.js': '.js' } });
 console.log(`bundled ${entries.map((e) => path.basename(e)).join(', ')}, ${Object.keys(workers).map((w) => `${w}.js`).join(', ')} -> tools/gpu/dist/`);

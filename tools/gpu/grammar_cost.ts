@@ -1,8 +1,11 @@
-// GPU machine: what constrained decoding costs a token (issue 41's figure). One engine on the model
-// folder (which must hold a tokenizer: a grammar needs the vocabulary), then at each batch size:
-//   free        every request unconstrained (decode steps replay captured graphs),
-//   json_schema every request constrained by SCHEMA (steps with a grammar row run eagerly),
+// GPU machine: what constrained decoding costs a token (issue 41's figure). An engine on the model
+// folder (which must hold a tokenizer: a grammar needs the vocabulary) per graph mode (--graphs:
+// decode steps replaying captured graphs, then run eagerly), then at each batch size:
+//   free        every request unconstrained,
+//   json_schema every request constrained by SCHEMA (with graphs: the captured variant with masks),
 //   mixed       (batches > 1) one constrained request among free ones.
+// The masks are computed on the engine's grammar worker threads (--grammar-threads; default the
+// engine's), each started when the token before is known and waited for before the sampling.
 // Same prompts, seeds and max_tokens in every case; per temperature (default 1, sampled, and 0,
 // greedy: argmax with or without a mask, so the grammar's cost alone) a warm-up round (graph
 // captures, the grammar engine's vocabulary, the schema's compilation), then `--repeats` rounds of
@@ -10,6 +13,7 @@
 // One JSON line per case to stdout and appended to $OUT/grammar_cost.jsonl; exit 1 on a failed
 // run, on CUDA missing (the line says why) or on a finished JSON output that does not parse.
 //   grammar_cost.mjs MODEL_DIR [--backend cuda|cpu] [--batches 1,32] [--temperatures 1,0] [--new-tokens 64] [--prompt-len 32] [--repeats 3]
+//                    [--graphs on,off] [--grammar-threads N]
 import { appendFileSync, existsSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
 import { probeCuda } from '@nerva/cuda-backend';
@@ -40,13 +44,18 @@ const r3 = (x: number | null) => (x === null ? null : Math.round(x * 1000) / 100
 
 type CaseName = 'free' | 'json_schema' | 'mixed';
 
+/** The arguments, with the graph mode of the engine being measured. */
+interface ModeArgs extends Args {
+  graphMode: 'on' | 'off';
+}
+
 interface RunResult extends DecodeWindow {
   outcomes: RequestOutcome[];
   /** Grammar time on decode tokens (the ledger's grammarMs), and on every token. */
   grammarDecodeMs: number;
   grammarMs: number;
   graphReplays: number;
-  /** Graph replays of the steps the constrained requests decoded in (none: such steps run eagerly). */
+  /** Graph replays of the steps the constrained requests decoded in. */
   constrainedGraphReplays: number;
   ledgerDecodeTokens: number;
 }
@@ -138,7 +147,7 @@ function parseCheck(runs: readonly RunResult[], n: number): { finished: number; 
   return { finished, parseFailures, failure };
 }
 
-function caseLine(engine: Engine, a: Args, c: CaseName, batch: number, temperature: number, runs: readonly RunResult[]): Record<string, unknown> {
+function caseLine(engine: Engine, a: ModeArgs, c: CaseName, batch: number, temperature: number, runs: readonly RunResult[]): Record<string, unknown> {
   const n = constrainedOf(c, batch);
   const perReq = runs.flatMap((r) => r.outcomes.map((o) => o.tokenIds.length));
   const finish: Record<string, number> = {};
@@ -157,6 +166,8 @@ function caseLine(engine: Engine, a: Args, c: CaseName, batch: number, temperatu
     model: a.model,
     backend: engine.backend.name,
     device: engine.backend.capabilities.deviceName,
+    graphs: a.graphMode,
+    grammar_threads: engine.grammarThreads,
     vocab_size: engine.spec.vocabSize,
     prompt_len: a.promptLen,
     max_tokens: a.newTokens,
@@ -181,7 +192,8 @@ function caseLine(engine: Engine, a: Args, c: CaseName, batch: number, temperatu
     ...(check.failure !== null ? { json_parse_failure: check.failure } : {}),
     // The first constrained request's text in the last round (cut by max_tokens: a prefix of the schema's JSON).
     ...(n > 0 ? { json_example: runs[runs.length - 1].outcomes[0].text.slice(0, 160) } : {}),
-    // The ledger's grammarMs: host time advancing the matchers and computing the next masks.
+    // The ledger's grammarMs: the time the steps waited for the masks (the part of the workers'
+    // mask time that was not overlapped with the device's forward).
     grammar_ms_total: r3(sum((r) => r.grammarMs)),
     grammar_ms_per_step: decodeSteps > 0 ? r3(sum((r) => r.grammarDecodeMs) / decodeSteps) : null,
     grammar_ms_per_token: ledgerDecode > 0 ? r3(sum((r) => r.grammarDecodeMs) / ledgerDecode) : null,
@@ -197,7 +209,7 @@ function caseLine(engine: Engine, a: Args, c: CaseName, batch: number, temperatu
  * The cases at one batch size and temperature: a warm-up round, `repeats` rounds, one line per
  * case (with its ratios to the free case). False when a finished JSON output did not parse.
  */
-async function measure(engine: Engine, a: Args, batch: number, temperature: number, vocab: number, emit: (l: Record<string, unknown>) => void): Promise<boolean> {
+async function measure(engine: Engine, a: ModeArgs, batch: number, temperature: number, vocab: number, emit: (l: Record<string, unknown>) => void): Promise<boolean> {
   const cases: CaseName[] = batch > 1 ? ['free', 'json_schema', 'mixed'] : ['free', 'json_schema'];
   // Warm-up: every case once (graph captures, the vocabulary, the schema's compilation).
   for (const c of cases) await runCase(engine, a, c, batch, temperature, vocab);
@@ -248,21 +260,32 @@ async function main(): Promise<number> {
     }
   }
   const maxBatch = Math.max(...a.batches);
-  const engine = await Engine.create({ model: a.model, backend: a.backend, maxNumSeqs: maxBatch, maxModelLen: a.promptLen + a.newTokens + 16, enablePrefixCaching: false });
   let status = 0;
-  try {
-    const tok = engine.tokenizer;
-    if (!tok || tok.vocabSize > engine.spec.vocabSize) {
-      emit({ probe: 'grammar_cost', model: a.model, error: `the tokenizer has ${tok?.vocabSize ?? 0} ids, the model ${engine.spec.vocabSize} logit rows` });
-      return 2;
+  for (const useGraphs of a.graphs) {
+    const engine = await Engine.create({
+      model: a.model,
+      backend: a.backend,
+      maxNumSeqs: maxBatch,
+      maxModelLen: a.promptLen + a.newTokens + 16,
+      enablePrefixCaching: false,
+      useGraphs,
+      ...(a.grammarThreads !== undefined ? { grammarThreads: a.grammarThreads } : {}),
+    });
+    const m: ModeArgs = { ...a, graphMode: useGraphs ? 'on' : 'off' };
+    try {
+      const tok = engine.tokenizer;
+      if (!tok || tok.vocabSize > engine.spec.vocabSize) {
+        emit({ probe: 'grammar_cost', model: a.model, error: `the tokenizer has ${tok?.vocabSize ?? 0} ids, the model ${engine.spec.vocabSize} logit rows` });
+        return 2;
+      }
+      const vocab = Math.min(10000, engine.spec.vocabSize);
+      for (const temperature of a.temperatures) for (const batch of a.batches) if (!(await measure(engine, m, batch, temperature, vocab, emit))) status = 1;
+    } catch (e) {
+      emit({ probe: 'grammar_cost', model: a.model, backend: a.backend, graphs: m.graphMode, error: (e as Error).stack ?? String(e) });
+      status = 1;
+    } finally {
+      engine.dispose();
     }
-    const vocab = Math.min(10000, engine.spec.vocabSize);
-    for (const temperature of a.temperatures) for (const batch of a.batches) if (!(await measure(engine, a, batch, temperature, vocab, emit))) status = 1;
-  } catch (e) {
-    emit({ probe: 'grammar_cost', model: a.model, backend: a.backend, error: (e as Error).stack ?? String(e) });
-    status = 1;
-  } finally {
-    engine.dispose();
   }
   return status;
 }

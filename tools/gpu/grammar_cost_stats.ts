@@ -63,12 +63,17 @@ export interface Args {
   newTokens: number;
   promptLen: number;
   repeats: number;
+  /** Decode steps replaying captured graphs (true), run eagerly (false): one engine each, in this order. */
+  graphs: boolean[];
+  /** EngineOptions.grammarThreads (undefined: the engine's default). */
+  grammarThreads: number | undefined;
 }
 
-const USAGE = 'usage: grammar_cost.mjs MODEL_DIR [--backend cuda|cpu] [--batches 1,32] [--temperatures 1,0] [--new-tokens 64] [--prompt-len 32] [--repeats 3]';
+const USAGE =
+  'usage: grammar_cost.mjs MODEL_DIR [--backend cuda|cpu] [--batches 1,32] [--temperatures 1,0] [--new-tokens 64] [--prompt-len 32] [--repeats 3] [--graphs on,off] [--grammar-threads N]';
 
 export function parseArgs(argv: readonly string[]): Args {
-  const a: Args = { model: '', backend: 'cuda', batches: [1, 32], temperatures: [1, 0], newTokens: 64, promptLen: 32, repeats: 3 };
+  const a: Args = { model: '', backend: 'cuda', batches: [1, 32], temperatures: [1, 0], newTokens: 64, promptLen: 32, repeats: 3, graphs: [true, false], grammarThreads: undefined };
   const positive = (flag: string, v: string | undefined): number => {
     const n = Number(v);
     if (v === undefined || !Number.isInteger(n) || n < 1) throw new RangeError(`${flag} takes a positive integer, got ${String(v)}\n${USAGE}`);
@@ -90,6 +95,17 @@ export function parseArgs(argv: readonly string[]): Args {
     else if (f === '--new-tokens') a.newTokens = positive(f, argv[++i]);
     else if (f === '--prompt-len') a.promptLen = positive(f, argv[++i]);
     else if (f === '--repeats') a.repeats = positive(f, argv[++i]);
+    else if (f === '--graphs')
+      a.graphs = (argv[++i] ?? '').split(',').map((g) => {
+        if (g !== 'on' && g !== 'off') throw new RangeError(`--graphs takes on, off or both (on,off), got ${g}\n${USAGE}`);
+        return g === 'on';
+      });
+    else if (f === '--grammar-threads') {
+      const v = argv[++i];
+      const n = Number(v);
+      if (v === undefined || v.trim() === '' || !Number.isInteger(n) || n < 0) throw new RangeError(`--grammar-threads takes a non-negative integer, got ${String(v)}\n${USAGE}`);
+      a.grammarThreads = n;
+    }
     else if (f.startsWith('--')) throw new RangeError(`unknown flag ${f}\n${USAGE}`);
     else if (a.model === '') a.model = f;
     else throw new RangeError(`one model folder, got ${a.model} and ${f}\n${USAGE}`);

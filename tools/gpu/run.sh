@@ -68,8 +68,9 @@
 #   cost per token (tools/gpu/grammar_cost.ts) on each size's synthetic checkpoint with Qwen3's tokenizer beside it (from
 #   .device/tokenizers, tools/gpu/prepare.sh; in /tmp/synth/<size>-tokenizer, hard links to the weights, so the other phases
 #   still measure a folder without one): at batch 1 and 32, free requests, every request held to a JSON schema, and at 32
-#   one held among 31 free; decode ms per token, tok/s, ratios to free, the ledger's grammarMs, whether graphs ran;
-#   NERVA_GRAMMAR_ARGS adds flags (e.g. "--repeats 5 --new-tokens 128", "--backend cpu" for a dry run) -> $OUT/grammar_cost.jsonl
+#   one held among 31 free, with graphs and eagerly; decode ms per token, tok/s, ratios to free, the ledger's grammarMs
+#   (waits for masks), whether graphs ran, the grammar worker threads; NERVA_GRAMMAR_ARGS adds flags (e.g. "--repeats 5
+#   --new-tokens 128", "--graphs on", "--grammar-threads 15", "--backend cpu" for a dry run) -> $OUT/grammar_cost.jsonl
 #   serve (not in the default list; bash tools/gpu/run.sh build,synth,serve): the OpenAI server through `nerva-bench serve`
 #   (startServer in the bundle's process as `nerva serve` runs it, the engine in its worker thread from .device/dist/worker-entry.js,
 #   the streaming clients in a thread of their own) on the embedded model and on each NERVA_SIZES checkpoint (default qwen3-0.6b;

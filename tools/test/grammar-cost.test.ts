@@ -44,13 +44,13 @@ describe('median', () => {
 });
 
 describe('parseArgs', () => {
-  it('defaults: CUDA, batch 1 and 32, temperatures 1 and 0, 64 new tokens', () => {
-    expect(parseArgs(['/m'])).toEqual({ model: '/m', backend: 'cuda', batches: [1, 32], temperatures: [1, 0], newTokens: 64, promptLen: 32, repeats: 3 });
+  it('defaults: CUDA, batch 1 and 32, temperatures 1 and 0, 64 new tokens, graphs on then off', () => {
+    expect(parseArgs(['/m'])).toEqual({ model: '/m', backend: 'cuda', batches: [1, 32], temperatures: [1, 0], newTokens: 64, promptLen: 32, repeats: 3, graphs: [true, false], grammarThreads: undefined });
   });
 
   it('takes every flag', () => {
-    const a = parseArgs(['--backend', 'cpu', '/m', '--batches', '1,4', '--temperatures', '0', '--new-tokens', '8', '--prompt-len', '5', '--repeats', '1']);
-    expect(a).toEqual({ model: '/m', backend: 'cpu', batches: [1, 4], temperatures: [0], newTokens: 8, promptLen: 5, repeats: 1 });
+    const a = parseArgs(['--backend', 'cpu', '/m', '--batches', '1,4', '--temperatures', '0', '--new-tokens', '8', '--prompt-len', '5', '--repeats', '1', '--graphs', 'off', '--grammar-threads', '0']);
+    expect(a).toEqual({ model: '/m', backend: 'cpu', batches: [1, 4], temperatures: [0], newTokens: 8, promptLen: 5, repeats: 1, graphs: [false], grammarThreads: 0 });
   });
 
   it('refuses bad input, naming the flag', () => {
@@ -61,6 +61,9 @@ describe('parseArgs', () => {
     expect(() => parseArgs(['/m', '--temperatures', '1,-1'])).toThrow(/--temperatures takes non-negative numbers, got -1/);
     expect(() => parseArgs(['/m', '--repeats', '1.5'])).toThrow(/--repeats takes a positive integer, got 1.5/);
     expect(() => parseArgs(['/m', '--bogus'])).toThrow(/unknown flag --bogus/);
+    expect(() => parseArgs(['/m', '--graphs', 'on,maybe'])).toThrow(/--graphs takes on, off or both \(on,off\), got maybe/);
+    expect(() => parseArgs(['/m', '--grammar-threads', '-1'])).toThrow(/--grammar-threads takes a non-negative integer, got -1/);
+    expect(() => parseArgs(['/m', '--grammar-threads'])).toThrow(/--grammar-threads takes a non-negative integer, got undefined/);
     expect(() => parseArgs(['/m', '/n'])).toThrow(/one model folder, got \/m and \/n/);
   });
 });

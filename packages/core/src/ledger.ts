@@ -14,8 +14,9 @@ export interface TokenLedgerRecord {
   /** Part of wallMs spent choosing the token. */
   sampleMs: number;
   /**
-   * Constrained decoding: host time advancing this request's grammar over the token and
-   * computing the token mask of its next step (part of wallMs). Absent for free requests.
+   * Constrained decoding: host time on the step's path for this request's grammar (part of
+   * wallMs): the wait for the token's mask where grammar worker threads compute it, else the time
+   * accepting the token and computing the next mask. Absent for free requests.
    */
   grammarMs?: number;
   deviceActiveMs?: number;

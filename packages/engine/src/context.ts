@@ -1,16 +1,17 @@
 import type { DeviceBackend, MatmulPrecision, TokenLedgerRecord } from '@nerva/core';
-import { LedgerAggregator, takesOpField } from '@nerva/core';
+import { takesOpField } from '@nerva/core';
 import { KvCacheManager } from '@nerva/kv';
 import type { ImportanceCache, MemoryReport, WeightPager } from '@nerva/memos';
 import { calibrateImportance } from './calibration.js';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
-import { createDetokenizer, kvReadWindow } from '@nerva/models';
+import { kvReadWindow } from '@nerva/models';
 import { BUCKETS, DecodeGraphs } from './decode-graphs.js';
 import { type EngineOptions, EngineError, type GenerateOptions, type RequestHandle, type RequestOutcome, type StepSignals } from './engine-options.js';
 import type { EmbedOptions, EmbedResult, EmbeddingConfig } from './embedding.js';
 import { EmbeddingJobs } from './embedding-jobs.js';
 import { detachFork, forkOut, forkRequests } from './forks.js';
-import { ConstrainedDecoding } from './grammar/constrained.js';
+import { ConstrainedDecoding, GrammarStep } from './grammar/constrained.js';
+import { defaultGrammarThreads } from './grammar/grammar-pool.js';
 import type { GrammarState } from './grammar/grammar-state.js';
 import { grammarOf, type GrammarSpec } from './grammar/spec.js';
 import { HostSampler, type SampledToken } from './host-sampler.js';
@@ -30,8 +31,7 @@ import { Scheduler } from './scheduler.js';
 import { createStepBuffers, padBucket, stageBatch, type StepBuffers, writeStepMeta } from './step-batch.js';
 import { pagerDelta, SharedBlockReads, statsDelta, stepSignals, tokenRecord } from './step-stats.js';
 import { TokenRingReader } from './token-ring.js';
-import { acceptToken, advanceGrammar, type Live, outcomeOf } from './token-policy.js';
-import { TokenStream } from './token-stream.js';
+import { acceptToken, type Live, liveRequest, outcomeOf } from './token-policy.js';
 
 /**
  * One context on a {@link NervaModel}: a paged KV cache, a continuous-batching scheduler, the
@@ -214,7 +214,8 @@ export class ModelContext {
       });
       // Masks on the device where op sample takes them and one runner samples (a pipeline's last
       // stage samples with meta of its own: grammar rows are sampled on the host there).
-      this.constrained = new ConstrainedDecoding(this.backend, this.tokenizer, s.vocabSize, this.eosTokenIds, maxNumSeqs, !this.pipeline && takesOpField(this.backend.capabilities, 'sample', 'mask'));
+      const onDevice = !this.pipeline && takesOpField(this.backend.capabilities, 'sample', 'mask');
+      this.constrained = new ConstrainedDecoding(this.backend, this.tokenizer, s.vocabSize, this.eosTokenIds, maxNumSeqs, onDevice, o.grammarThreads ?? defaultGrammarThreads());
       const profile = o.profile ?? false;
       this.pager = weights.pager;
       // Disk-tier reads are host work a replayed graph would skip: such a plan runs eagerly.
@@ -251,6 +252,11 @@ export class ModelContext {
       ...(this.kvWindow > 0 ? { maxHeldBlocks: Math.ceil((this.kvWindow - 1 + this.runner.limits.maxRows) / this.kv.blockSize) + 1 } : {}),
       maxForks: this.runner.limits.maxSeqs,
     };
+  }
+
+  /** Worker threads computing token masks (EngineOptions.grammarThreads resolved; 0: the step loop's own thread). */
+  get grammarThreads(): number {
+    return this.constrained.threads;
   }
 
   /** Tokens one scheduler step computes at most (maxNumBatchedTokens, or the default it took). */
@@ -391,23 +397,9 @@ export class ModelContext {
 
   /** The live state, stream and handle of a request about to be queued. */
   private track(req: Request, o: GenerateOptions): RequestHandle {
-    const stream = new TokenStream<TokenEvent>();
-    let resolve!: (x: RequestOutcome) => void;
-    const done = new Promise<RequestOutcome>((r) => (resolve = r));
-    const ledger = new LedgerAggregator();
-    for (const n of this.notes) ledger.note(n);
-    const live: Live = { req, stream, resolve, text: '', emitted: 0, ledger, wantPromptLogits: Boolean(o.returnPromptLogits) };
-    if (o.returnStepLogits) live.stepLogits = [];
-    if (o.forceTokens) live.forced = [...o.forceTokens];
-    if (this.tokenizer) live.detok = createDetokenizer(this.tokenizer);
+    const { live, handle } = liveRequest(req, o, this.notes, this.tokenizer, () => this.abort(req.id));
     this.live.set(req.id, live);
-    if (o.signal) {
-      const onAbort = () => this.abort(req.id);
-      o.signal.addEventListener('abort', onAbort, { once: true });
-      live.cleanup = () => o.signal!.removeEventListener('abort', onAbort);
-    }
-    stream.onReturn = () => this.abort(req.id);
-    return { id: req.id, events: stream, done, abort: () => this.abort(req.id) };
+    return handle;
   }
 
   /** Stream the tokens of one request. Aborting through `signal` ends the iteration with the signal's reason. */
@@ -555,13 +547,14 @@ export class ModelContext {
     const decodeOnly = nl === nSeq && rows === nSeq && !forks;
     // Grammar rows (constrained decoding): each with its mask for this token.
     const grammars: (GrammarState | undefined)[] = sampling.map((r) => this.live.get(r.id)?.grammar);
-    const anyGrammar = grammars.some((g) => g !== undefined);
     // Rows that need the host sampler (penalties, logprobs, min_tokens, logit bias, logits kept,
     // a grammar where the device takes no mask): only they are read and sampled on the host; the
     // device samples the rest (a mixed step).
     const hostRows =
       nl > 0 ? sampling.flatMap((r, i) => (isDeviceSamplable(r.params) && !this.needsLogits(r) && (grammars[i] === undefined || this.constrained.onDevice) ? [] : [i])) : [];
     const deviceSample = nl > 0 && hostRows.length === 0;
+    const gs = new GrammarStep(this.constrained, grammars, hostRows);
+    const anyGrammar = gs.any;
     const mixed = hostRows.length > 0 && hostRows.length < nl;
     const V = this.spec.vocabSize;
     const be = this.backend;
@@ -571,17 +564,22 @@ export class ModelContext {
     let sampleMs = 0;
 
     const tiered = kt?.tiered ?? false;
-    // A grammar row's next mask depends on this step's token: no captured step, nothing run ahead.
-    // An embedding row's hidden state is read after the pass: no step run ahead over it either.
-    const graphPath = this.useGraphs && !this.profiles.on && decodeOnly && deviceSample && !anyGrammar && !this.embeddings.inStep(plan.scheduled) && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
+    // Grammar rows sampled on the device keep the captured step (a variant with masks), but a grammar
+    // row's next mask depends on this step's token: nothing is run ahead over one. An embedding row's
+    // hidden state is read after the pass: no step run ahead over it either.
+    const graphPath = this.useGraphs && !this.profiles.on && decodeOnly && deviceSample && (!anyGrammar || this.constrained.deviceArgs !== undefined) && !this.embeddings.inStep(plan.scheduled) && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
     const bucket = graphPath ? (BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq) : 0;
     const key = graphPath ? DecodeGraphs.passKey(this.kv, bucket, tiered, plan.scheduled) : '';
     // The step enqueued ahead is this one when the pass is the same and nothing reset the
     // device's step state since; otherwise the steps enqueued are dropped before anything is written.
     const ra = this.ahead;
     const head = ra.queue[0];
-    const adopt = head !== undefined && graphPath && head.key === key && this.graphs.stateKey === key;
+    const same = head !== undefined && graphPath && head.key === key && this.graphs.stateKey === key;
+    // A step with grammar rows adopts only a forward enqueued ahead (its sampling waits for the masks).
+    const adopt = same && head.sampled && !anyGrammar;
+    const adoptForward = same && !head.sampled && anyGrammar;
     if (adopt) ra.adopt(head);
+    else if (adoptForward) ra.adoptForward(head);
     else ra.begin();
     if (graphPath) {
       if (!adopt && key !== this.graphs.stateKey) {
@@ -593,12 +591,14 @@ export class ModelContext {
       const shortKeys = this.backend.capabilities.shortContextKeys ?? 0;
       const short = (last: number) =>
         shortKeys > 0 && bucket === 1 && !this.pipeline && !tiered && plan.scheduled.every(({ req }) => req.numComputedTokens + last + 1 <= shortKeys);
-      if (!adopt) {
-        this.graphs.replay(bucket, 1, tiered, span, short(0));
-        be.record(ra.endEv);
-      }
+      const args = anyGrammar ? this.constrained.deviceArgs : undefined;
+      const masks = args && { args, stage: () => gs.stage(bucket) };
+      if (adoptForward) this.graphs.replaySample(bucket, masks!);
+      else if (!adopt) this.graphs.replay(bucket, 1, tiered, span, short(0), masks);
+      if (!adopt) be.record(ra.endEv);
       this.graphs.stateKey = key;
-      ra.enqueue(plan.scheduled, bucket, short);
+      if (anyGrammar) ra.enqueueForward(plan.scheduled, bucket, short);
+      else ra.enqueue(plan.scheduled, bucket, short);
       if (ra.queue.length > 0) be.synchronizeEvent!(ra.endEv, 'policy');
       else be.synchronize('policy');
       tokens = this.ring.read(bucket).slice(0, nSeq);
@@ -619,6 +619,8 @@ export class ModelContext {
         for (const r of runners) r.repeatedLogitRows = false;
         if (single) single.oneSequence = false;
       }
+      // The masks, waited for while the device runs the forward (host rows' included: sampled below).
+      gs.ready();
       // One row on the host: the sampler with penalties and logprobs, forced tokens, logits kept.
       const hostSample = (req: Request, logits: Float32Array, offset: number): number => {
         const banned = req.outputIds.length < req.params.minTokens ? [...(req.params.ignoreEos ? [] : this.eosTokenIds), ...req.params.stopTokenIds] : [];
@@ -632,7 +634,7 @@ export class ModelContext {
       };
       if (deviceSample || mixed) {
         // Grammar rows sampled here take their masks (the host rows' are applied on the host).
-        const masks = anyGrammar ? this.constrained.stageDeviceMasks(grammars.map((g, i) => (hostRows.includes(i) ? undefined : g))) : undefined;
+        const masks = gs.stage();
         if (masks) (this.runner as ModelRunner).sampleMask = masks;
         try {
           this.runner.sampleOnDevice(nl, m.sampled);
@@ -662,7 +664,8 @@ export class ModelContext {
       }
     }
     const deviceMs = be.elapsedMs(ra.startEv, ra.endEv) / ra.stepShare;
-    if (replayed) ra.lastDecodeMs = deviceMs;
+    // (A step with grammar rows also spans the wait for its masks: not a measure of run-ahead's steps.)
+    if (replayed && !anyGrammar) ra.lastDecodeMs = deviceMs;
     const buckets = this.profiles.record(rows, deviceMs);
     const after = this.pipeline?.stats() ?? be.stats();
     // Embedding rows: their final hidden states, read before the computed counts move on.
@@ -677,6 +680,9 @@ export class ModelContext {
     // A replayed graph's copies are not seen by the backend's counters; the pager accounts for them.
     if (paging && replayed) delta.h2dBytes += paging.h2dBytes;
     let embedded = 0;
+    // The grammars take their tokens first: the workers compute the next masks while the host
+    // accepts the tokens, schedules and enqueues the next forward (waited for before its sampling).
+    const refused = gs.submit(tokens, sampling.map((r) => r.id));
     sampling.forEach((req, i) => {
       // An embedding input whose last row was computed: its vector is done, its sampled token dropped.
       if (this.embeddings.finishRow(req)) {
@@ -685,9 +691,8 @@ export class ModelContext {
       }
       const l = this.live.get(req.id)!;
       const s = host.get(req);
-      // The grammar takes the token and computes the next step's mask now, a step ahead.
-      const refused = advanceGrammar(l, tokens[i]);
-      if (refused) return this.failOne(l, refused);
+      const err = refused?.get(i);
+      if (err) return this.failOne(l, err);
       const record = tokenRecord(req, tokens[i], { now, share, sampleMs, deviceMs, delta, paging, buckets, grammarMs: l.grammar?.lastMs });
       // A failure in one request's host policies (detokenizing, stop strings) ends that request only.
       try {

@@ -4,6 +4,14 @@ import type { SchedulerOutput } from './scheduler.js';
 import type { ModelRunner } from './model-runner.js';
 import type { PassRunner } from './stages/pipeline.js';
 import type { KvCacheManager } from '@nerva/kv';
+import type { DeviceMaskArgs } from './grammar/constrained.js';
+
+/** A decode step's token masks (constrained decoding): the buffers op sample reads, and how the host fills them. */
+export interface MaskedSampling {
+  args: DeviceMaskArgs;
+  /** Wait for the step's masks and enqueue their copy to `args` (between the forward and the sampling). */
+  stage(): void;
+}
 
 /** Batch-size buckets decode graphs are captured for: a step of n rows replays the first bucket >= n. */
 export const BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
@@ -42,44 +50,100 @@ export class DecodeGraphs {
    * captured with. One-row steps whose row stays within the backend's shortContextKeys (`short`)
    * replay a graph of their own ("s" suffix), captured with that bound as op decoder_layers'
    * maxKeys. Several steps: "x<steps>" suffix.
+   *
+   * A step with grammar rows (`masks`, one step) replays a variant of its own ("m" suffix),
+   * captured the first time such a step comes: the forward and the sampling as two graphs, op
+   * sample reading the context's token masks. Between them the host stages the step's masks
+   * (`masks.stage`: it waits for them, then enqueues their copy), so the device runs the forward
+   * while the masks are finished; free rows have mask index -1. Steps without grammar rows keep
+   * the graph without masks and pay nothing for them.
    */
-  replay(bucket: number, steps: number, tiered: boolean, span: number, short: boolean): void {
-    const be = this.backend;
-    const gk = (tiered ? `t${bucket}:${span}` : `${bucket}`) + (short ? 's' : '') + (steps > 1 ? `x${steps}` : '');
-    let g = this.graphs.get(gk);
-    if (!g) {
-      be.beginCapture();
-      this.pager?.beginCapture();
-      const hostBefore = this.runner.hostComputeBytes;
-      if (short) (this.runner as ModelRunner).decodeKeyBound = be.capabilities.shortContextKeys ?? 0;
-      try {
-        for (let j = 0; j < steps; j++) {
-          if (tiered) (this.runner as ModelRunner).forward(bucket, bucket, undefined, undefined, true);
-          else this.runner.forward(bucket, bucket);
-          this.runner.sampleStep(bucket, this.runner.meta.ids);
-        }
-      } catch (err) {
-        // End the failed capture, so the stream is usable (and disposable) again; its error stands.
-        try {
-          be.destroyGraph(be.endCapture());
-        } catch {
-          // an invalidated capture ends with an error of its own
-        }
-        throw err;
-      } finally {
-        if (short) (this.runner as ModelRunner).decodeKeyBound = 0;
-        this.pager?.endCapture();
-        // Captured, not run: counted on each replay instead.
-        this.replayHostBytes.set(gk, this.runner.hostComputeBytes - hostBefore);
-        this.runner.hostComputeBytes = hostBefore;
-      }
-      g = be.endCapture();
-      this.graphs.set(gk, g);
+  replay(bucket: number, steps: number, tiered: boolean, span: number, short: boolean, masks?: MaskedSampling): void {
+    if (masks) {
+      if (steps !== 1) throw new RangeError('a decode step with token masks replays one step');
+      this.replayForward(bucket, tiered, span, short);
+      this.replaySample(bucket, masks);
+      return;
     }
+    const gk = this.key(bucket, steps, tiered, span, short);
+    const g = this.graph(gk, short, true, () => {
+      for (let j = 0; j < steps; j++) {
+        this.forward(bucket, tiered);
+        this.runner.sampleStep(bucket, this.runner.meta.ids);
+      }
+    });
+    this.run(gk, g, tiered, true);
+  }
+
+  /** The forward of a step with token masks (its graph captured on first use): the first half of `replay` with masks. */
+  replayForward(bucket: number, tiered: boolean, span: number, short: boolean): void {
+    const fk = `${this.key(bucket, 1, tiered, span, short)}m`;
+    this.run(fk, this.graph(fk, short, true, () => this.forward(bucket, tiered)), tiered, true);
+  }
+
+  /** The sampling of a step with token masks, after its forward: stages the masks, then replays op sample reading them. */
+  replaySample(bucket: number, masks: MaskedSampling): void {
+    const sk = `${bucket}m:sample`;
+    const runner = this.runner as ModelRunner;
+    const g = this.graph(sk, false, false, () => {
+      runner.sampleMask = masks.args;
+      try {
+        runner.sampleStep(bucket, runner.meta.ids);
+      } finally {
+        runner.sampleMask = undefined;
+      }
+    });
+    masks.stage();
+    this.run(sk, g, false, false);
+  }
+
+  private key(bucket: number, steps: number, tiered: boolean, span: number, short: boolean): string {
+    return (tiered ? `t${bucket}:${span}` : `${bucket}`) + (short ? 's' : '') + (steps > 1 ? `x${steps}` : '');
+  }
+
+  private forward(bucket: number, tiered: boolean): void {
+    if (tiered) (this.runner as ModelRunner).forward(bucket, bucket, undefined, undefined, true);
+    else this.runner.forward(bucket, bucket);
+  }
+
+  /** The graph of key `gk`, captured from `body` on first use (`paged`: a forward, whose weight loads the pager records). */
+  private graph(gk: string, short: boolean, paged: boolean, body: () => void): GraphHandle {
+    let g = this.graphs.get(gk);
+    if (g) return g;
+    const be = this.backend;
+    const pager = paged ? this.pager : undefined;
+    be.beginCapture();
+    pager?.beginCapture();
+    const hostBefore = this.runner.hostComputeBytes;
+    if (short) (this.runner as ModelRunner).decodeKeyBound = be.capabilities.shortContextKeys ?? 0;
+    try {
+      body();
+    } catch (err) {
+      // End the failed capture, so the stream is usable (and disposable) again; its error stands.
+      try {
+        be.destroyGraph(be.endCapture());
+      } catch {
+        // an invalidated capture ends with an error of its own
+      }
+      throw err;
+    } finally {
+      if (short) (this.runner as ModelRunner).decodeKeyBound = 0;
+      pager?.endCapture();
+      // Captured, not run: counted on each replay instead.
+      this.replayHostBytes.set(gk, this.runner.hostComputeBytes - hostBefore);
+      this.runner.hostComputeBytes = hostBefore;
+    }
+    g = be.endCapture();
+    this.graphs.set(gk, g);
+    return g;
+  }
+
+  private run(gk: string, g: GraphHandle, tiered: boolean, paged: boolean): void {
+    const be = this.backend;
     be.setHotPath(true);
     try {
       be.replay(g);
-      this.pager?.replayed();
+      if (paged) this.pager?.replayed();
       this.runner.hostComputeBytes += this.replayHostBytes.get(gk) ?? 0;
       if (tiered) (this.runner as ModelRunner).tieredPasses++;
     } finally {

@@ -56,6 +56,13 @@ export interface EngineOptions {
    * Infinity: always `runAheadSteps`.
    */
   runAheadMs?: number;
+  /**
+   * Worker threads that compute constrained decoding's token masks (each with its own XGrammar
+   * instance, ~40 MB, started with the first grammar request): a step's grammar rows are advanced
+   * in parallel, while the device runs the next forward. Default: one a core but one, at most 8.
+   * 0: on the step loop's thread (also where the package's grammar worker entry is not built).
+   */
+  grammarThreads?: number;
   /** Split device time per token into buckets (disables graphs: ops are timed one by one). */
   profile?: boolean;
   /** Upload progress, for a progress bar. */
@@ -245,6 +252,9 @@ export class EngineError extends NervaError {}
 /** The most steps one decode replay runs (EngineOptions.runAheadSteps): each is a graph copy of the step. */
 export const MAX_RUN_AHEAD_STEPS = 16;
 
+/** The most grammar worker threads a context starts (EngineOptions.grammarThreads). */
+export const MAX_GRAMMAR_THREADS = 64;
+
 /**
  * Options that choose the backend and place the weights: what a `NervaModel` is loaded with.
  * The rest of EngineOptions shapes one context; a model loaded with them plans its memory for a
@@ -285,6 +295,7 @@ export type ContextOptions = Pick<
   | 'runAhead'
   | 'runAheadSteps'
   | 'runAheadMs'
+  | 'grammarThreads'
   | 'profile'
   | 'kvVramBudget'
   | 'kvHostBudget'
@@ -301,6 +312,8 @@ export function checkEngineOptions(o: Omit<EngineOptions, 'model'>): void {
     throw new RangeError(`runAheadSteps must be an integer from 1 to ${MAX_RUN_AHEAD_STEPS}, got ${JSON.stringify(o.runAheadSteps)}`);
   if (o.runAheadMs !== undefined && !(typeof o.runAheadMs === 'number' && o.runAheadMs >= 0))
     throw new RangeError(`runAheadMs must be a number of milliseconds (0 or more, Infinity allowed), got ${JSON.stringify(o.runAheadMs)}`);
+  if (o.grammarThreads !== undefined && !(Number.isInteger(o.grammarThreads) && o.grammarThreads >= 0 && o.grammarThreads <= MAX_GRAMMAR_THREADS))
+    throw new RangeError(`grammarThreads must be an integer from 0 to ${MAX_GRAMMAR_THREADS}, got ${JSON.stringify(o.grammarThreads)}`);
   if (o.batchInvariant !== undefined && typeof o.batchInvariant !== 'boolean') throw new RangeError(`batchInvariant must be a boolean, got ${JSON.stringify(o.batchInvariant)}`);
   if (o.numerics !== undefined && !NUMERICS.includes(o.numerics)) throw new RangeError(`numerics must be ${NUMERICS.join(' or ')}, got ${String(o.numerics)}`);
   if (o.kvCacheDtype !== undefined && !KV_CACHE_DTYPES.includes(o.kvCacheDtype)) throw new RangeError(`kvCacheDtype must be ${KV_CACHE_DTYPES.join(', ')}, got ${String(o.kvCacheDtype)}`);

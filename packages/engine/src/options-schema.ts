@@ -149,6 +149,13 @@ export const ENGINE_OPTIONS = [
   },
   { name: 'runAhead', flag: '--no-run-ahead', kind: 'bool', help: "wait for each decode step's tokens before enqueuing the next (runAhead off)" },
   { name: 'runAheadSteps', flag: '--run-ahead-steps <n>', kind: 'posint', help: 'decode steps one graph replay enqueued ahead may run (default 4)' },
+  {
+    name: 'grammarThreads',
+    flag: '--grammar-threads <n>',
+    toml: 'grammar_threads',
+    kind: 'int',
+    help: "worker threads computing constrained decoding's token masks (0: on the step loop's thread); default one a core but one, at most 8",
+  },
   { name: 'profile', flag: '--profile', kind: 'bool', help: 'split device time per token into buckets (projection, norm, attention, mlp, sampling)' },
 ] as const satisfies readonly EngineOptionSpec[];
 

@@ -14,6 +14,11 @@ export interface AheadStep {
   end: EventHandle;
   /** Steps of its replay (they share start and end). */
   share: number;
+  /**
+   * False for the forward alone of a step with grammar rows (enqueueForward): its sampling waits
+   * for the host's masks, so it pushed no token yet.
+   */
+  sampled: boolean;
 }
 
 /** What run-ahead reads of its context. */
@@ -73,6 +78,17 @@ export class RunAhead {
     this.stepShare = head.share;
   }
 
+  /**
+   * The next step is the forward enqueued ahead at the head of the queue (same pass): it starts
+   * at that forward's start; its end is recorded after the sampling the host enqueues now.
+   */
+  adoptForward(head: AheadStep): void {
+    this.queue.shift();
+    this.startEv = head.start;
+    this.endEv = this.freeEvent();
+    this.stepShare = 1;
+  }
+
   /** A step enqueued now, with nothing in flight: any two events, the start recorded. */
   begin(): void {
     this.retire();
@@ -95,7 +111,7 @@ export class RunAhead {
     this.dropped += q.length;
     this.backend.synchronizeEvent!(q[q.length - 1].end, 'policy');
     let rows = 0;
-    for (const a of q) rows += a.bucket;
+    for (const a of q) if (a.sampled) rows += a.bucket;
     this.host.skipRing(rows);
   }
 
@@ -168,8 +184,24 @@ export class RunAhead {
    * stop the replay after from running ahead.
    */
   enqueue(scheduled: SchedulerOutput['scheduled'], bucket: number, short: (last: number) => boolean): void {
+    this.enqueueSteps(scheduled, bucket, short, false);
+  }
+
+  /**
+   * After a step with grammar rows (its masked graph): enqueue the next step's forward alone, on
+   * the same conditions as `enqueue`. It needs only the tokens the device just sampled (op sample
+   * writes them to the step's ids), not the next masks, so the device computes it while the host
+   * reads this step's tokens, hands them to the grammar workers, accepts them and schedules; the
+   * next step then waits for its masks and enqueues its sampling (graphs.replaySample). A step's
+   * sampling cannot go ahead of the host: its masks need this step's tokens.
+   */
+  enqueueForward(scheduled: SchedulerOutput['scheduled'], bucket: number, short: (last: number) => boolean): void {
+    this.enqueueSteps(scheduled, bucket, short, true);
+  }
+
+  private enqueueSteps(scheduled: SchedulerOutput['scheduled'], bucket: number, short: (last: number) => boolean, forwardOnly: boolean): void {
     if (!this.enabled || this.host.waiting() > 0) return;
-    const K = this.aheadSteps();
+    const K = forwardOnly ? 1 : this.aheadSteps();
     while (this.queue.length < K) {
       const d = this.queue.length;
       let s = K > 1 && this.fits(scheduled, bucket, d, K) ? K : 1;
@@ -190,9 +222,10 @@ export class RunAhead {
       // tools/gpu/graphgap.cu).
       const start = d > 0 ? this.queue[d - 1].end : this.endEv;
       const end = this.freeEvent();
-      this.graphs.replay(bucket, s, false, 0, short(d + s));
+      if (forwardOnly) this.graphs.replayForward(bucket, false, 0, short(d + s));
+      else this.graphs.replay(bucket, s, false, 0, short(d + s));
       this.backend.record(end);
-      for (let j = 0; j < s; j++) this.queue.push({ key, bucket, start, end, share: s });
+      for (let j = 0; j < s; j++) this.queue.push({ key, bucket, start, end, share: s, sampled: !forwardOnly });
       this.graphs.stateKey = key;
     }
   }

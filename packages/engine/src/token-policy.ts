@@ -1,10 +1,10 @@
-import { type LedgerAggregator, NervaError, type TokenLedgerRecord } from '@nerva/core';
-import type { createDetokenizer } from '@nerva/models';
-import type { RequestOutcome } from './engine-options.js';
+import { LedgerAggregator, type TokenLedgerRecord } from '@nerva/core';
+import { createDetokenizer, type NervaTokenizer } from '@nerva/models';
+import type { GenerateOptions, RequestHandle, RequestOutcome } from './engine-options.js';
 import type { GrammarState } from './grammar/grammar-state.js';
 import type { SampledToken } from './host-sampler.js';
 import type { FinishReason, Request, TokenEvent } from './request.js';
-import type { TokenStream } from './token-stream.js';
+import { TokenStream } from './token-stream.js';
 
 /** A request's live state in its context: its stream, text so far and what it asked to keep. */
 export interface Live {
@@ -22,6 +22,30 @@ export interface Live {
   forced?: readonly number[];
   /** Constrained decoding: the request's place in its grammar and its next token mask. */
   grammar?: GrammarState;
+}
+
+/**
+ * The live state and handle of a request about to be queued: its stream, ledger (starting with
+ * `notes`), detokenizer and what it asked to keep. `abort` cancels it (the handle's abort, the
+ * stream's early return, `o.signal`).
+ */
+export function liveRequest(req: Request, o: GenerateOptions, notes: readonly string[], tokenizer: NervaTokenizer | undefined, abort: () => void): { live: Live; handle: RequestHandle } {
+  const stream = new TokenStream<TokenEvent>();
+  let resolve!: (x: RequestOutcome) => void;
+  const done = new Promise<RequestOutcome>((r) => (resolve = r));
+  const ledger = new LedgerAggregator();
+  for (const n of notes) ledger.note(n);
+  const live: Live = { req, stream, resolve, text: '', emitted: 0, ledger, wantPromptLogits: Boolean(o.returnPromptLogits) };
+  if (o.returnStepLogits) live.stepLogits = [];
+  if (o.forceTokens) live.forced = [...o.forceTokens];
+  if (tokenizer) live.detok = createDetokenizer(tokenizer);
+  if (o.signal) {
+    const signal = o.signal;
+    signal.addEventListener('abort', abort, { once: true });
+    live.cleanup = () => signal.removeEventListener('abort', abort);
+  }
+  stream.onReturn = abort;
+  return { live, handle: { id: req.id, events: stream, done, abort } };
 }
 
 /**
@@ -91,21 +115,6 @@ export function acceptToken(l: Live, token: number, record: TokenLedgerRecord, s
   l.stream.push(ev);
   if (finish) req.stopReason = stopReason;
   return finish;
-}
-
-/**
- * Constrained decoding: the request's grammar takes its sampled token and computes the mask of its
- * next token (a step ahead of the sampling that reads it). The error that ends the request when the
- * grammar refuses the token (a forced token it does not allow) or its engine failed; undefined otherwise.
- */
-export function advanceGrammar(l: Live, token: number): Error | undefined {
-  if (!l.grammar) return undefined;
-  try {
-    if (l.grammar.advance(token)) return undefined;
-  } catch (e) {
-    return e as Error;
-  }
-  return new NervaError('GRAMMAR_REJECTED', `request ${l.req.id}: token ${token} is not allowed by its grammar`);
 }
 
 /** What a request's `done` resolves with. */

@@ -1,9 +1,9 @@
 import type { NervaTokenizer } from '@nerva/models';
 import { InvalidParamsError } from '../sampling-params.js';
-import { GrammarState } from './grammar-state.js';
+import { InThreadGrammarState } from './grammar-state.js';
 import { formatForXGrammar, schemaForXGrammar } from './schema-rewrites.js';
 import { grammarKey, type GrammarSpec } from './spec.js';
-import { byteLevelChars, encodeVocab } from './vocab.js';
+import { byteLevelChars, type EncodedVocab, encodeVocab } from './vocab.js';
 import { GrammarEngineError, XGrammarRuntime, type XgCompiler, type XgHandle, type XgTokenizerInfo } from './xgrammar-runtime.js';
 
 /** One XGrammar instance with a vocabulary and a compiler over it. */
@@ -106,8 +106,11 @@ function asParamError(e: unknown, param: string): Error {
 
 /** A grammar compiled for a model's vocabulary: matchers for its requests. */
 export interface CompiledGrammar {
-  /** A matcher at the start of the grammar, with its first mask computed. */
-  start(stopTokenIds: readonly number[]): GrammarState;
+  /**
+   * A matcher at the start of the grammar, with its first mask computed (into `mask` when given:
+   * a grammar worker's shared buffer).
+   */
+  start(stopTokenIds: readonly number[], mask?: Int32Array): InThreadGrammarState;
 }
 
 /**
@@ -122,12 +125,12 @@ export class GrammarService {
   private readonly cache = new Map<string, XgHandle>();
 
   /**
-   * @param tokenizer the model's tokenizer
+   * @param tokenizer the model's tokenizer, or its vocabulary as encodeVocab gives it (a grammar worker's)
    * @param vocabSize ids of a logit row (may exceed the tokenizer's: padded ids are never allowed)
    * @param eosTokenIds the model's end-of-sequence ids (the grammars' default stop tokens)
    */
   constructor(
-    private readonly tokenizer: NervaTokenizer,
+    private readonly tokenizer: NervaTokenizer | EncodedVocab,
     readonly vocabSize: number,
     private readonly eosTokenIds: readonly number[],
   ) {}
@@ -163,9 +166,9 @@ export class GrammarService {
     }
     const compiled = h;
     return {
-      start: (stopTokenIds) => {
+      start: (stopTokenIds, mask) => {
         try {
-          return new GrammarState(c.rt, compiled, stopTokenIds.length > 0 ? stopTokenIds : this.eosTokenIds, c.vocabSize);
+          return new InThreadGrammarState(c.rt, compiled, stopTokenIds.length > 0 ? stopTokenIds : this.eosTokenIds, c.vocabSize, mask);
         } catch (e) {
           if (c.rt.dead) this.drop(c);
           throw e;
@@ -174,9 +177,15 @@ export class GrammarService {
     };
   }
 
+  /** Build the XGrammar instance over the vocabulary now (it is otherwise built by the first compile). */
+  async prepare(): Promise<void> {
+    await this.instance();
+  }
+
   private instance(): Promise<Compiling> {
     if (!this.serving) {
-      const v = encodeVocab(this.tokenizer, this.vocabSize);
+      const t = this.tokenizer;
+      const v = isEncodedVocab(t) ? t : encodeVocab(t, this.vocabSize);
       this.serving = compilingOver(v.tokens, v.type, v.prependSpace, [...this.eosTokenIds]);
       this.serving.catch(() => (this.serving = undefined));
     }
@@ -206,3 +215,7 @@ export class GrammarService {
 }
 
 export { GrammarEngineError };
+
+function isEncodedVocab(t: NervaTokenizer | EncodedVocab): t is EncodedVocab {
+  return Array.isArray((t as EncodedVocab).tokens);
+}
