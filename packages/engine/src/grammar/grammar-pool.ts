@@ -51,7 +51,7 @@ const WAIT_SLICE_MS = 50;
 
 /**
  * The built grammar worker entry: next to this module (the package's dist, or a bundle that ships
- * it as grammar-worker.mjs), else the package's dist seen from its sources; undefined where none
+ * it as grammar-worker.js), else the package's dist seen from its sources; undefined where none
  * is built (masks are then computed on the step loop's thread).
  */
 export function grammarWorkerUrl(): URL | undefined {
