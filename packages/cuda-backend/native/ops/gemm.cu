@@ -176,13 +176,25 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
   return NERVA_OK;
 }
 
-// Rows [0, n) of a block-quantized matrix (n * inDim elements from element 0 of w) as the bf16
-// split of each dequantized value (storeSplit: hi, and lo unless null), row-major.
+// Elements [0, n) of a block-quantized matrix (n a multiple of 8) as the bf16 split of each
+// dequantized value (storeSplit: hi, and lo unless null), eight a thread (one block, one scale),
+// stored 16 bytes at a time.
 __global__ void k_dequant_split(const void* w, int wdt, size_t n, uint16_t* hi, uint16_t* lo) {
   NERVA_TRACE_KERNEL();
   PDL_ENTER();
-  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
-    storeSplit(qElem(w, wdt, t), hi, lo, t);
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n / 8; t += (size_t)gridDim.x * blockDim.x) {
+    float v[8];
+    qElem8(w, wdt, t * 8, v);
+    uint32_t h[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const uint16_t h0 = f2bf(v[2 * j]), h1 = f2bf(v[2 * j + 1]);
+      h[j] = h0 | ((uint32_t)h1 << 16);
+      l[j] = f2bf(v[2 * j] - bf2f(h0)) | ((uint32_t)f2bf(v[2 * j + 1] - bf2f(h1)) << 16);
+    }
+    reinterpret_cast<uint4*>(hi)[t] = make_uint4(h[0], h[1], h[2], h[3]);
+    if (lo) reinterpret_cast<uint4*>(lo)[t] = make_uint4(l[0], l[1], l[2], l[3]);
+  }
 }
 
 // Many rows over a block-quantized weight (prefill): chunks of the weight's rows dequantized into
@@ -244,7 +256,7 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
       const size_t first = (size_t)(inTail ? o0 - f.tailFrom : o0) * inDim;
       const size_t ne = (size_t)mm * inDim;
       const char* base = (const char*)src.p + nvBytes(src.dt, first);
-      LAUNCH(k_dequant_split, gridFor(ne, 256, ex->smCount), 256, 0, (const void*)base, src.dt, ne, wd,
+      LAUNCH(k_dequant_split, gridFor(ne / 8, 256, ex->smCount), 256, 0, (const void*)base, src.dt, ne, wd,
              split ? wd + ne : (uint16_t*)nullptr);
       int rc = gemm(mm, halves * nr, wd, xh, t + o0, false);
       if (!rc && split) rc = gemm(mm, nr, wd + ne, xh, t + o0, true);

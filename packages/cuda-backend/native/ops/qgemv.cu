@@ -62,8 +62,15 @@ struct LegacyTile {
   __device__ void load(const float* xr, int t) { ldx(xr + t * 32, x, 32); }
 };
 
+// RING (a tile's trait): its rows stream through the warp's shared-memory ring (see k_qgemv);
+// otherwise through two register buffers. Measured on the H200 (8B projections, one row): Q8_0
+// and Q6_K gain from the ring's deeper pipeline (Q8_0 down 0.57 -> 0.66 of the copy bandwidth,
+// LM head 0.71 -> 0.83); Q4_K and Q4_0 are bound by their per-weight instructions, where the
+// ring's shared-memory reads cost more than its depth gives (Q4_K down 0.45 -> 0.36, LM head
+// 0.52 -> 0.46).
 template <>
 struct QTile<NV_Q8_0> : LegacyTile<8> {  // 32 int8
+  static constexpr bool RING = true;
   __device__ float dot(const Raw& r, int) const {
     float s = 0.f;
 #pragma unroll
@@ -78,6 +85,7 @@ struct QTile<NV_Q8_0> : LegacyTile<8> {  // 32 int8
 
 template <>
 struct QTile<NV_Q4_0> : LegacyTile<4> {  // 16 bytes: element j the low nibble of byte j, j + 16 its high nibble
+  static constexpr bool RING = false;
   __device__ float dot(const Raw& r, int) const {
     float s = 0.f;
 #pragma unroll
@@ -96,6 +104,7 @@ struct QTile<NV_Q4_0> : LegacyTile<4> {  // 16 bytes: element j the low nibble o
 template <>
 struct QTile<NV_Q4_K> {  // a tile is 32 elements: 16 bytes of one block's qs (half of sub-blocks 2g and 2g + 1)
   static constexpr int ELEMS = 32, BYTES = 144;
+  static constexpr bool RING = false;
   struct Raw {
     uint4 head, q;  // d, dmin, 12 scale bytes; 16 qs bytes
   };
@@ -151,6 +160,7 @@ struct QTile<NV_Q4_K> {  // a tile is 32 elements: 16 bytes of one block's qs (h
 template <>
 struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half's four quadrants
   static constexpr int ELEMS = 32, BYTES = 210;
+  static constexpr bool RING = true;
   struct Raw {
     uint32_t la[2], lb[2], h[2];
     uint32_t sc;  // the four quadrants' int8 scales
@@ -253,6 +263,7 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   constexpr int P = GLU ? NW / 2 : NW;  // outputs an iteration
   constexpr int TPB = DT == NV_Q4_K || DT == NV_Q6_K ? 8 : 1;  // tiles a block
   constexpr int SLICE = 32 / TPB * T::BYTES;                   // a full warp's bytes of one row
+  constexpr bool RING = T::RING;
   extern __shared__ __align__(16) uint8_t sm[];
   const int stride = per * (GLU ? 2 : 1);
   float* part = reinterpret_cast<float*>(sm);  // [KS][stride]
@@ -288,29 +299,12 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
-  for (int s = 0; s < stages - 1; s++) issue(s);
-  pdlWait();
-  pdlTrigger();
   T tile;
-  if (mine) tile.load(x + (size_t)r * inDim, t);
-  for (int it = 0; it < iters; it++) {
-    // Iteration it's copies have landed for this lane; after the warp barrier, for the warp's
-    // lanes, which are also all done with slot (it - 1) % stages, the one the next issue refills.
-    cpWait(stages - 2);
-    __syncwarp();
-    issue(it + stages - 1);
-    const uint8_t* slot = ring + (size_t)(it % stages) * NW * SLICE;
-    typename T::Raw raw[NW];
+  // Iteration it's four rows reduced: the warp's partial sums into `part`.
+  auto reduce = [&](const typename T::Raw(&raw)[NW], int it) {
     float v[NW];
-    if (mine) {
 #pragma unroll
-      for (int k = 0; k < NW; k++) T::fetch(raw[k], slot + k * SLICE, lane);
-#pragma unroll
-      for (int k = 0; k < NW; k++) v[k] = tile.dot(raw[k], lane);
-    } else {
-#pragma unroll
-      for (int k = 0; k < NW; k++) v[k] = 0.f;
-    }
+    for (int k = 0; k < NW; k++) v[k] = mine ? tile.dot(raw[k], lane) : 0.f;
     // The four rows' warp sums at once (a butterfly: 6 shuffles instead of 20): after the xor-16
     // and xor-8 steps each lane holds one row's partial (row (lane >> 3)), then three more steps.
     const bool b4 = (lane & 16) != 0, b3 = (lane & 8) != 0;
@@ -325,6 +319,46 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     if ((lane & 7) == 0) {
       const int i = it * P, k = lane >> 3, j = k % P;  // weight row k: output i + j (GLU: k >= P its up row)
       if (i + j < n) part[warp * stride + (GLU ? 2 * (i + j) + (k >= P ? 1 : 0) : i + j)] = y;
+    }
+  };
+  if constexpr (RING) {
+    for (int s = 0; s < stages - 1; s++) issue(s);
+    pdlWait();
+    pdlTrigger();
+    if (mine) tile.load(x + (size_t)r * inDim, t);
+    for (int it = 0; it < iters; it++) {
+      // Iteration it's copies have landed for this lane; after the warp barrier, for the warp's
+      // lanes, which are also all done with slot (it - 1) % stages, the one the next issue refills.
+      cpWait(stages - 2);
+      __syncwarp();
+      issue(it + stages - 1);
+      const uint8_t* slot = ring + (size_t)(it % stages) * NW * SLICE;
+      typename T::Raw raw[NW];
+      if (mine)
+#pragma unroll
+        for (int k = 0; k < NW; k++) T::fetch(raw[k], slot + k * SLICE, lane);
+      reduce(raw, it);
+    }
+  } else {
+    // Two register buffers, used in turn (named, not indexed: an indexed pair would live on the
+    // stack); iteration it + 1's rows are loaded while iteration it's are reduced.
+    typename T::Raw ra[NW], rb[NW];
+    auto fetch = [&](typename T::Raw(&dst)[NW], int it) {
+      if (mine && it < iters)
+#pragma unroll
+        for (int k = 0; k < NW; k++) T::fetch(dst[k], rowOf(it * P, k), t);
+    };
+    fetch(ra, 0);
+    pdlWait();
+    pdlTrigger();
+    if (mine) tile.load(x + (size_t)r * inDim, t);
+    for (int it = 0; it < iters; it += 2) {
+      fetch(rb, it + 1);
+      reduce(ra, it);
+      if (it + 1 < iters) {
+        fetch(ra, it + 2);
+        reduce(rb, it + 1);
+      }
     }
   }
   __syncthreads();
@@ -377,15 +411,16 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
   const size_t slotBytes = (size_t)ks * 4 * slice;
   const int blocksPerSm = std::max(1, 16 / ks);
   const size_t budget = std::min<size_t>((size_t)ex->smemOptin, (size_t)200 * 1024 / blocksPerSm);
-  if (partBytes + 2 * slotBytes > (size_t)ex->smemOptin) return bad(ex, "matmul: a quantized weight's rows are too long for the GEMV's shared memory");
+  if (QTile<DT>::RING && partBytes + 2 * slotBytes > (size_t)ex->smemOptin) return bad(ex, "matmul: a quantized weight's rows are too long for the GEMV's shared memory");
   const int stages = (int)std::max<size_t>(2, std::min<size_t>(8, budget > partBytes ? (budget - partBytes) / slotBytes : 2));
-  const size_t smem = partBytes + (size_t)stages * slotBytes;
+  const size_t smem = partBytes + (QTile<DT>::RING ? (size_t)stages * slotBytes : 0);
   // The widest copy every slice's start and length allow (rows start at multiples of rowBytes,
   // slices at multiples of `slice`; a last warp may hold fewer tiles).
   const size_t rowBytes = (size_t)(inDim / nvQuantBlockElems(DT)) * blockBytes;
   const size_t lastSlice = (size_t)((inDim / 32) % 32) / tpb * blockBytes;
   auto fits = [&](size_t a) { return (uintptr_t)w % a == 0 && rowBytes % a == 0 && slice % a == 0 && lastSlice % a == 0; };
-  const int cb = fits(16) ? 16 : fits(8) ? 8 : fits(4) ? 4 : 2;
+  // (Register-streamed types take no ring: one instantiation.)
+  const int cb = !QTile<DT>::RING || fits(16) ? 16 : fits(8) ? 8 : fits(4) ? 4 : 2;
   // Row-major in the grid (row fastest): the blocks of one weight chunk run together and the
   // chunk is read once from memory for all rows.
   for (int r0 = 0; r0 < rows;) {
