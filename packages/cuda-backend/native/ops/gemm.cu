@@ -211,7 +211,10 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
   const int halves = split ? 2 : 1;
   const int wOut = outDim * (f.glu ? 2 : 1);
   // The weight chunk: at most 2048 rows (16 MiB a split 4096-wide chunk), fewer for wide rows.
-  const int oc = std::max(1, std::min(wOut, (int)std::min<size_t>(2048, ((size_t)64 << 20) / ((size_t)inDim * 2 * halves))));
+  // A multiple of 128 rows: each chunk's GEMM then writes at a 512-byte-aligned column of t (a
+  // misaligned one sent cuBLAS to a kernel ~6x slower: the 8B's down projection, 1170-row chunks).
+  const int ocMax = (int)std::min<size_t>(2048, ((size_t)64 << 20) / ((size_t)inDim * 2 * halves));
+  const int oc = std::min(wOut, std::max(128, ocMax / 128 * 128));
   const size_t wBytes = align256((size_t)halves * oc * inDim * sizeof(uint16_t));
   const size_t perRow = (size_t)halves * wOut * sizeof(float) + (size_t)halves * inDim * sizeof(uint16_t);
   const size_t slack = 3 * 256;
