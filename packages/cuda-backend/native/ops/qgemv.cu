@@ -430,7 +430,12 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
     float* orow = out + (size_t)r0 * ldo;
     int rc;
 #define QK(KS_, CB_) qgemvKernel<DT, KS_, GLU, CB_>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages)
-#define QL(KS_) rc = cb == 16 ? QK(KS_, 16) : cb == 8 ? QK(KS_, 8) : cb == 4 ? QK(KS_, 4) : QK(KS_, 2)
+// (A register-streamed type copies nothing: CB 16 only, one instantiation a shape.)
+#define QL(KS_)                                                                                       \
+  do {                                                                                                \
+    if constexpr (!QTile<DT>::RING) rc = QK(KS_, 16);                                                 \
+    else rc = cb == 16 ? QK(KS_, 16) : cb == 8 ? QK(KS_, 8) : cb == 4 ? QK(KS_, 4) : QK(KS_, 2);       \
+  } while (0)
     if (ks >= 16) QL(16);
     else if (ks >= 8) QL(8);
     else if (ks >= 4) QL(4);
