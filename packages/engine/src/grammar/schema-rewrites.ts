@@ -10,6 +10,8 @@
  *   range is given as anyOf such ranges (at most 9 a digit and sign).
  */
 
+import { boundedStringPattern } from './bounded-strings.js';
+
 /** Keys whose values are data, not subschemas: left as they are. */
 const DATA_KEYS = new Set(['enum', 'const', 'default', 'examples']);
 
@@ -22,8 +24,8 @@ export function schemaForXGrammar(schema: unknown): unknown {
   for (const [k, v] of Object.entries(s)) out[k] = DATA_KEYS.has(k) ? v : schemaForXGrammar(v);
   if (s.type === 'string' && (s.minLength !== undefined || s.maxLength !== undefined) && s.pattern === undefined && s.format === undefined) {
     const lo = Number.isInteger(s.minLength) ? (s.minLength as number) : 0;
-    const hi = Number.isInteger(s.maxLength) ? String(s.maxLength) : '';
-    out.pattern = `^[^"\\\\\\x00-\\x1f]{${lo},${hi}}$`;
+    const hi = Number.isInteger(s.maxLength) ? (s.maxLength as number) : undefined;
+    out.pattern = boundedStringPattern(lo, hi);
     delete out.minLength;
     delete out.maxLength;
   }
