@@ -3,7 +3,8 @@
  * values and that it compiles correctly:
  * - A length-bounded string (minLength/maxLength, no pattern or format) becomes `[^"\\\r\n]{m,n}`
  *   there, which lets a tab or another control character through raw (JSON forbids those in a
- *   string); spelled as a pattern of the characters JSON allows unescaped, it is exact.
+ *   string), allows no escape, and makes slow masks; it is given a sentinel pattern instead, which
+ *   bounded-strings.ts expands into exact, fast EBNF after the conversion.
  * - An integer with both bounds becomes a digit pattern that is wrong for many bounds (measured:
  *   [1500, 1700] accepts 1000-1999, [0, 130] accepts 131-139, [1500, 1699] accepts 1460); ranges of
  *   a fixed prefix and free digits ([1600, 1699], [130, 139], [-99, -10]) come out exact, so the
