@@ -1,8 +1,9 @@
 import { join } from 'node:path';
 import { NervaTokenizer } from '@nerva/models';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { expandBoundedStrings } from '../src/grammar/bounded-strings.js';
+import { boundedStringPattern, expandBoundedStrings } from '../src/grammar/bounded-strings.js';
 import { GrammarService, type GrammarSpec } from '../src/grammar/index.js';
+import { schemaForXGrammar } from '../src/grammar/schema-rewrites.js';
 import { DEFAULT_MODEL, FIXTURES } from './fixtures.js';
 
 // Length-bounded JSON strings (minLength/maxLength) through the grammar engine: exactly the
@@ -147,6 +148,10 @@ describe('length-bounded JSON strings over Qwen3 (151,936 ids)', () => {
     expect(await accepts(g, '<v>"abcd"</v>')).toBe(false);
     expect(await accepts(g, '<v>""</v>')).toBe(false);
     expect(await accepts(g, '<v>"a\tb"</v>')).toBe(false);
+    // Inside an object in a tag, the string's end may run on into the JSON's punctuation.
+    const obj = { ...tag, content: { type: 'json_schema', json_schema: { type: 'object', properties: { a: { type: 'string', maxLength: 2 } }, required: ['a'] } } };
+    expect(await accepts({ type: 'structural_tag', format: obj }, '<v>{"a": "ab"}</v>')).toBe(true);
+    expect(await accepts({ type: 'structural_tag', format: obj }, '<v>{"a": "abc"}</v>')).toBe(false);
   });
 });
 
@@ -155,6 +160,24 @@ describe('the EBNF of bounded strings', () => {
     expect(() => expandBoundedStrings('root ::= "\\"" "\\ue000" "n" "e" "r" "v" "a" "-" "x" "\\ue000" "\\""')).toThrow(/not expanded/);
     // A grammar without bounded strings is left as it is.
     expect(expandBoundedStrings('root ::= "a"\n')).toBe('root ::= "a"\n');
+  });
+
+  it('strings inside an object or array are marked as followed by JSON punctuation; at the root or in $defs they are not', () => {
+    const str = { type: 'string', maxLength: 3 };
+    const out = schemaForXGrammar({
+      type: 'object',
+      properties: { a: str, b: { type: 'array', items: str }, c: { anyOf: [str, { type: 'null' }] } },
+      $defs: { d: str },
+      anyOf: [str],
+    }) as Record<string, any>;
+    const inside = boundedStringPattern(0, 3, true);
+    const open = boundedStringPattern(0, 3, false);
+    expect(out.properties.a.pattern).toBe(inside);
+    expect(out.properties.b.items.pattern).toBe(inside);
+    expect(out.properties.c.anyOf[0].pattern).toBe(inside);
+    expect(out.$defs.d.pattern).toBe(open);
+    expect(out.anyOf[0].pattern).toBe(open);
+    expect((schemaForXGrammar(str) as Record<string, unknown>).pattern).toBe(open);
   });
 
   it('over the embedded model (4,096 ids), random walks stay in bounds', async () => {

@@ -16,17 +16,27 @@ import { boundedStringPattern } from './bounded-strings.js';
 /** Keys whose values are data, not subschemas: left as they are. */
 const DATA_KEYS = new Set(['enum', 'const', 'default', 'examples']);
 
-/** `schema` with the rewrites above applied everywhere in it; a copy (`schema` is kept). */
-export function schemaForXGrammar(schema: unknown): unknown {
-  if (Array.isArray(schema)) return schema.map(schemaForXGrammar);
+/** Keys whose subschemas describe values inside an object or array (JSON punctuation follows each). */
+const CONTAINED_KEYS = new Set(['properties', 'patternProperties', 'additionalProperties', 'unevaluatedProperties', 'items', 'prefixItems', 'additionalItems', 'unevaluatedItems', 'contains']);
+/** Keys whose subschemas may be used anywhere ($ref), the root included. */
+const DEFINITION_KEYS = new Set(['$defs', 'definitions']);
+
+/**
+ * `schema` with the rewrites above applied everywhere in it; a copy (`schema` is kept).
+ * `contained`: the schema describes a value inside an object or array (for bounded strings).
+ */
+export function schemaForXGrammar(schema: unknown, contained = false): unknown {
+  if (Array.isArray(schema)) return schema.map((x) => schemaForXGrammar(x, contained));
   if (schema === null || typeof schema !== 'object') return schema;
   const s = schema as Record<string, unknown>;
   const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(s)) out[k] = DATA_KEYS.has(k) ? v : schemaForXGrammar(v);
+  for (const [k, v] of Object.entries(s)) {
+    out[k] = DATA_KEYS.has(k) ? v : schemaForXGrammar(v, CONTAINED_KEYS.has(k) ? true : DEFINITION_KEYS.has(k) ? false : contained);
+  }
   if (s.type === 'string' && (s.minLength !== undefined || s.maxLength !== undefined) && s.pattern === undefined && s.format === undefined) {
     const lo = Number.isInteger(s.minLength) ? (s.minLength as number) : 0;
     const hi = Number.isInteger(s.maxLength) ? (s.maxLength as number) : undefined;
-    out.pattern = boundedStringPattern(lo, hi);
+    out.pattern = boundedStringPattern(lo, hi, contained);
     delete out.minLength;
     delete out.maxLength;
   }
