@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { NervaTokenizer } from '@nerva/models';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { boundedStringPattern, expandBoundedStrings } from '../src/grammar/bounded-strings.js';
+import { boundedStringPattern, CHAIN_LIMIT, expandBoundedStrings } from '../src/grammar/bounded-strings.js';
 import { GrammarService, type GrammarSpec } from '../src/grammar/index.js';
 import { schemaForXGrammar } from '../src/grammar/schema-rewrites.js';
 import { DEFAULT_MODEL, FIXTURES } from './fixtures.js';
@@ -203,5 +203,23 @@ describe('the EBNF of bounded strings', () => {
       for (const x of v) expect(length(x)).toBeLessThanOrEqual(5);
       st.dispose();
     }
+  });
+
+  it(`past ${CHAIN_LIMIT} characters, XGrammar's repetition of unescaped characters: the bounds exact, control characters refused`, async () => {
+    const tok = await NervaTokenizer.fromDir(DEFAULT_MODEL);
+    const svc = new GrammarService(tok, 4096, [0]);
+    const n = CHAIN_LIMIT + 4;
+    const g = await svc.compile({ type: 'json_schema', schema: JSON.stringify({ type: 'string', minLength: n - 1, maxLength: n }) });
+    const accepts = (text: string): boolean => {
+      const st = g.start([0]);
+      try {
+        for (const t of tok.encode(text, { addSpecialTokens: false })) if (!st.advance(t)) return false;
+        return st.advance(0) && st.terminated;
+      } finally {
+        st.dispose();
+      }
+    };
+    for (const len of [n - 2, n - 1, n, n + 1]) expect(accepts(`"${'ab'.repeat(len).slice(0, len)}"`), `length ${len}`).toBe(len >= n - 1 && len <= n);
+    expect(accepts(`"${'a'.repeat(n - 2)}\t"`)).toBe(false);
   });
 });

@@ -11,7 +11,7 @@
  *   range is given as anyOf such ranges (at most 9 a digit and sign).
  */
 
-import { boundedStringPattern } from './bounded-strings.js';
+import { boundedStringPattern, CHAIN_LIMIT } from './bounded-strings.js';
 
 /** Keys whose values are data, not subschemas: left as they are. */
 const DATA_KEYS = new Set(['enum', 'const', 'default', 'examples']);
@@ -36,7 +36,8 @@ export function schemaForXGrammar(schema: unknown, contained = false): unknown {
   if (s.type === 'string' && (s.minLength !== undefined || s.maxLength !== undefined) && s.pattern === undefined && s.format === undefined) {
     const lo = Number.isInteger(s.minLength) ? (s.minLength as number) : 0;
     const hi = Number.isInteger(s.maxLength) ? (s.maxLength as number) : undefined;
-    out.pattern = boundedStringPattern(lo, hi, contained);
+    // Past CHAIN_LIMIT the characters JSON allows unescaped, as a pattern (exact but for escapes).
+    out.pattern = (hi ?? lo) > CHAIN_LIMIT ? `^[^"\\\\\\x00-\\x1f]{${lo},${hi ?? ''}}$` : boundedStringPattern(lo, hi, contained);
     delete out.minLength;
     delete out.maxLength;
   }
