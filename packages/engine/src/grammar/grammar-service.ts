@@ -1,6 +1,7 @@
 import type { NervaTokenizer } from '@nerva/models';
 import { InvalidParamsError } from '../sampling-params.js';
 import { InThreadGrammarState } from './grammar-state.js';
+import { expandBoundedStrings } from './bounded-strings.js';
 import { formatForXGrammar, schemaForXGrammar } from './schema-rewrites.js';
 import { grammarKey, type GrammarSpec } from './spec.js';
 import { byteLevelChars, type EncodedVocab, encodeVocab } from './vocab.js';
@@ -30,26 +31,39 @@ function compileWith(c: Compiling, g: GrammarSpec): XgHandle {
   return c.rt.call('compiling the grammar', () => {
     switch (g.type) {
       case 'json_schema':
-        // No free whitespace, Python's separators: `{"a": 1, "b": [2, 3]}`.
-        return h.CompileJSONSchema(JSON.stringify(schemaForXGrammar(JSON.parse(g.schema as string))), false, undefined, SEPARATORS, g.strict ?? true, undefined);
+        // No free whitespace, Python's separators: `{"a": 1, "b": [2, 3]}`; length-bounded
+        // strings spelled as bounded-strings.ts says.
+        return compileEbnf(c, schemaEbnf(c, schemaForXGrammar(JSON.parse(g.schema as string)), g.strict ?? true, true));
       case 'json_object':
         return h.CompileJSONSchema('{"type": "object"}', false, undefined, SEPARATORS, false, undefined);
       case 'regex':
         return h.CompileStructuralTag(JSON.stringify({ type: 'structural_tag', format: { type: 'regex', pattern: g.pattern } }));
       case 'choice':
         return h.CompileStructuralTag(JSON.stringify({ type: 'structural_tag', format: { type: 'or', elements: g.choices.map((value) => ({ type: 'const_string', value })) } }));
-      case 'grammar': {
-        const grammar = c.rt.binding.Grammar.FromEBNF(g.grammar, g.root ?? 'root');
-        try {
-          return h.CompileGrammar(grammar);
-        } finally {
-          grammar.delete();
-        }
-      }
+      case 'grammar':
+        return compileEbnf(c, g.grammar, g.root ?? 'root');
       case 'structural_tag':
         return h.CompileStructuralTag(JSON.stringify({ type: 'structural_tag', format: compactJsonFormats(c, formatForXGrammar(g.format)) }));
     }
   });
+}
+
+function compileEbnf(c: Compiling, ebnf: string, root = 'root'): XgHandle {
+  const grammar = c.rt.binding.Grammar.FromEBNF(ebnf, root);
+  try {
+    return c.compiler.handle.CompileGrammar(grammar);
+  } finally {
+    grammar.delete();
+  }
+}
+
+/**
+ * XGrammar's EBNF for a (rewritten) JSON Schema: compact JSON, bounded strings expanded
+ * (`wholeOutput`: nothing follows the JSON, as bounded-strings.ts's lookahead needs).
+ */
+function schemaEbnf(c: Compiling, schema: unknown, strict: boolean, wholeOutput: boolean): string {
+  const b = c.rt.binding;
+  return expandBoundedStrings(b._JSONSchemaToEBNF(JSON.stringify(schema), false, undefined, SEPARATORS, strict, undefined, b.JSONFormat.kJSON), wholeOutput);
 }
 
 /**
@@ -62,8 +76,7 @@ function compactJsonFormats(c: Compiling, format: unknown): unknown {
   if (format === null || typeof format !== 'object') return format;
   const f = format as Record<string, unknown>;
   if (f.type === 'json_schema' && 'json_schema' in f) {
-    const b = c.rt.binding;
-    return { type: 'grammar', grammar: b._JSONSchemaToEBNF(JSON.stringify(f.json_schema), false, undefined, SEPARATORS, true, undefined, b.JSONFormat.kJSON) };
+    return { type: 'grammar', grammar: schemaEbnf(c, f.json_schema, true, false) };
   }
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(f)) out[k] = compactJsonFormats(c, v);

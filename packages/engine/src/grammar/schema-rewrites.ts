@@ -3,27 +3,41 @@
  * values and that it compiles correctly:
  * - A length-bounded string (minLength/maxLength, no pattern or format) becomes `[^"\\\r\n]{m,n}`
  *   there, which lets a tab or another control character through raw (JSON forbids those in a
- *   string); spelled as a pattern of the characters JSON allows unescaped, it is exact.
+ *   string), allows no escape, and makes slow masks; it is given a sentinel pattern instead, which
+ *   bounded-strings.ts expands into exact, fast EBNF after the conversion.
  * - An integer with both bounds becomes a digit pattern that is wrong for many bounds (measured:
  *   [1500, 1700] accepts 1000-1999, [0, 130] accepts 131-139, [1500, 1699] accepts 1460); ranges of
  *   a fixed prefix and free digits ([1600, 1699], [130, 139], [-99, -10]) come out exact, so the
  *   range is given as anyOf such ranges (at most 9 a digit and sign).
  */
 
+import { boundedStringPattern, CHAIN_LIMIT } from './bounded-strings.js';
+
 /** Keys whose values are data, not subschemas: left as they are. */
 const DATA_KEYS = new Set(['enum', 'const', 'default', 'examples']);
 
-/** `schema` with the rewrites above applied everywhere in it; a copy (`schema` is kept). */
-export function schemaForXGrammar(schema: unknown): unknown {
-  if (Array.isArray(schema)) return schema.map(schemaForXGrammar);
+/** Keys whose subschemas describe values inside an object or array (JSON punctuation follows each). */
+const CONTAINED_KEYS = new Set(['properties', 'patternProperties', 'additionalProperties', 'unevaluatedProperties', 'items', 'prefixItems', 'additionalItems', 'unevaluatedItems', 'contains']);
+/** Keys whose subschemas may be used anywhere ($ref), the root included. */
+const DEFINITION_KEYS = new Set(['$defs', 'definitions']);
+
+/**
+ * `schema` with the rewrites above applied everywhere in it; a copy (`schema` is kept).
+ * `contained`: the schema describes a value inside an object or array (for bounded strings).
+ */
+export function schemaForXGrammar(schema: unknown, contained = false): unknown {
+  if (Array.isArray(schema)) return schema.map((x) => schemaForXGrammar(x, contained));
   if (schema === null || typeof schema !== 'object') return schema;
   const s = schema as Record<string, unknown>;
   const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(s)) out[k] = DATA_KEYS.has(k) ? v : schemaForXGrammar(v);
+  for (const [k, v] of Object.entries(s)) {
+    out[k] = DATA_KEYS.has(k) ? v : schemaForXGrammar(v, CONTAINED_KEYS.has(k) ? true : DEFINITION_KEYS.has(k) ? false : contained);
+  }
   if (s.type === 'string' && (s.minLength !== undefined || s.maxLength !== undefined) && s.pattern === undefined && s.format === undefined) {
     const lo = Number.isInteger(s.minLength) ? (s.minLength as number) : 0;
-    const hi = Number.isInteger(s.maxLength) ? String(s.maxLength) : '';
-    out.pattern = `^[^"\\\\\\x00-\\x1f]{${lo},${hi}}$`;
+    const hi = Number.isInteger(s.maxLength) ? (s.maxLength as number) : undefined;
+    // Past CHAIN_LIMIT the characters JSON allows unescaped, as a pattern (exact but for escapes).
+    out.pattern = (hi ?? lo) > CHAIN_LIMIT ? `^[^"\\\\\\x00-\\x1f]{${lo},${hi ?? ''}}$` : boundedStringPattern(lo, hi, contained);
     delete out.minLength;
     delete out.maxLength;
   }
