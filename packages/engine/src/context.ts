@@ -21,6 +21,7 @@ import type { GenerationDefaults, NervaModel } from './model.js';
 import { ModelRunner } from './model-runner.js';
 import { type KvCacheDtype, kvDtypeOf } from './model-weights.js';
 import { type PassRunner, type PipelineDescription, StagePipeline } from './stages/pipeline.js';
+import { isPreparedShards, TensorParallelGroup, type TensorParallelDescription } from './stages/tensor-parallel.js';
 import { type PassProfile, StepProfiles } from './profiling.js';
 import type { MeasuredRates } from './rates.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';
@@ -74,8 +75,11 @@ export class ModelContext {
   readonly generationDefaults: GenerationDefaults;
   /** @internal The pass runner: one ModelRunner, or the stage pipeline. */
   protected readonly runner: PassRunner;
-  /** The stages, when the model runs as a pipeline (pipelineParallel > 1); `runner` is then this. */
-  private readonly pipeline: StagePipeline | undefined;
+  /**
+   * The stages, when the model runs as a pipeline (pipelineParallel > 1), or the shards of a
+   * tensor-parallel group (tensorParallel > 1); `runner` is then this.
+   */
+  private readonly pipeline: StagePipeline | TensorParallelGroup | undefined;
   private readonly pager: WeightPager | undefined;
   private readonly scheduler: Scheduler;
   /** Tiered KV (kvVramBudget): the page policy and its moves; undefined when all KV is hot. */
@@ -164,7 +168,7 @@ export class ModelContext {
         kvDtype: this.kvDtype,
       };
       const { weights, stages } = model.internals;
-      this.pipeline = stages ? new StagePipeline(s, limits, stages) : undefined;
+      this.pipeline = stages ? (isPreparedShards(stages) ? new TensorParallelGroup(s, limits, stages) : new StagePipeline(s, limits, stages)) : undefined;
       this.runner = this.pipeline ?? new ModelRunner(this.backend, s, weights, limits);
       this.ring = new TokenRingReader(this.backend, this.runner);
       // A checkpoint may have more embedding rows than its tokenizer has ids (Qwen pads to a
@@ -427,7 +431,7 @@ export class ModelContext {
    * ```
    */
   async embed(inputs: readonly (string | readonly number[])[], o: EmbedOptions = {}): Promise<EmbedResult> {
-    if (this.pipeline) throw new EngineError('UNSUPPORTED', 'embeddings are not computed on a stage pipeline (pipelineParallel > 1)');
+    if (this.pipeline) throw new EngineError('UNSUPPORTED', 'embeddings are not computed on a stage pipeline or a tensor-parallel group (pipelineParallel or tensorParallel > 1)');
     return this.embeddings.embed(inputs, o);
   }
 
@@ -754,7 +758,12 @@ export class ModelContext {
 
   /** The pipeline's stages, links and micro-batches; undefined when the model runs as one stage. */
   pipelineDescription(): PipelineDescription | undefined {
-    return this.pipeline?.describe();
+    return this.pipeline instanceof StagePipeline ? this.pipeline.describe() : undefined;
+  }
+
+  /** The tensor-parallel group's shards (backend, slices, weight and KV bytes each) and links; undefined without tensorParallel. */
+  tensorParallelDescription(): TensorParallelDescription | undefined {
+    return this.pipeline instanceof TensorParallelGroup ? this.pipeline.describe() : undefined;
   }
 
   /**
