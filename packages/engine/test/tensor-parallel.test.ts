@@ -117,6 +117,17 @@ describe.each([...models, 'synthetic (8 q / 4 KV heads)'])('tensor parallel on C
   });
 });
 
+describe.each([
+  ['matmul precision bf16 (prefill matmuls round their inputs to bf16)', { matmulPrecision: 'bf16' as const }],
+  ['bf16 numerics (bf16 weights, norms and KV)', { numerics: 'bf16' as const }],
+])('tensor parallel under %s equals one backend bit for bit', (_name, extra) => {
+  const model = join(MODELS, 'tiny-random-qwen3');
+  it('2 shards', async () => {
+    const want = await withEngine({ model, ...extra }, run);
+    await withEngine({ model, ...extra, tensorParallel: 2 }, async (e) => expect(await run(e)).toEqual(want));
+  });
+});
+
 describe('tensor-parallel options and models it cannot split', () => {
   const model = DEFAULT_MODEL;
   it.each([0, -1, 1.5, Number.NaN])('tensorParallel %s is refused before anything loads', async (n) => {
