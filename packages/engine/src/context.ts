@@ -290,7 +290,11 @@ export class ModelContext {
 
   /** Where every weight block lives, what moved and what it cost (the memory OS report). */
   memoryReport(): MemoryReport {
-    return contextMemoryReport(this.backend, this.model.internals, this.runner, this.kvTiers, this.totalPreemptions, this.kv.blockSize);
+    const r = contextMemoryReport(this.backend, this.model.internals, this.runner, this.kvTiers, this.totalPreemptions, this.kv.blockSize);
+    // A tensor-parallel group: each shard's residency (its weights and KV heads).
+    if (this.pipeline instanceof TensorParallelGroup)
+      r.devices = this.pipeline.describe().shards.map((s) => ({ backend: s.backend, ...(s.device !== undefined ? { device: s.device } : {}), weightBytes: s.weightBytes, kvBytes: s.kvBytes }));
+    return r;
   }
 
   encode(text: string): number[] {

@@ -110,6 +110,9 @@ describe.each([...models, 'synthetic (8 q / 4 KV heads)'])('tensor parallel on C
       expect(d.shards.map((s) => s.kvHeads)).toEqual(Array.from({ length: n }, (_, k) => [(k * want.kv) / n, ((k + 1) * want.kv) / n]));
       expect(d.shards.at(-1)!.vocab[1]).toBe(e.spec.vocabSize);
       expect(e.pipelineDescription()).toBeUndefined();
+      // The memory report lists every shard's residency (the per-GPU view of /v1/memory).
+      expect(e.memoryReport().devices!.map((x) => [x.weightBytes, x.kvBytes])).toEqual(d.shards.map((x) => [x.weightBytes, x.kvBytes]));
+      expect(e.memoryReport().devices!.reduce((t, x) => t + x.kvBytes, 0)).toBe(kv[0] * n);
       const s = (await e.submit(PROMPT, { temperature: 0, maxTokens: 3, ignoreEos: true }).done).ledger.summary();
       expect(s.notes.some((x) => x.startsWith(`tensor parallel: ${n} shards`))).toBe(true);
       expect(s.hot_path_allocations).toBe(0);

@@ -283,6 +283,10 @@ describe("nerva run --tensor-parallel", () => {
     expect(j.tensor_parallel.shards.map((s: { kvHeads: number[] }) => s.kvHeads)).toEqual([[0, 1], [1, 2]]);
     for (const s of j.tensor_parallel.shards) expect(s.weightBytes).toBeGreaterThan(0);
     expect(r.stderr).toContain("nerva: tensor parallel: 2 shards");
+    // The memory report's per-device residency: each shard's weights and its half of the KV cache.
+    expect(j.memory.devices).toHaveLength(2);
+    expect(j.memory.devices[0].kv_bytes).toBe(j.memory.devices[1].kv_bytes);
+    expect(j.memory.devices[0].weight_bytes).toBe(j.tensor_parallel.shards[0].weightBytes);
   });
 
   it("a bad shard count and a count that does not divide the KV heads are clear errors", async () => {
