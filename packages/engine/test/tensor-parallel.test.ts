@@ -5,7 +5,7 @@ import { NervaError } from '@nerva/core';
 import { writeSyntheticCheckpoint } from '@nerva/models';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Engine, type EngineOptions, shardGeometry, splitRange, TensorParallelConfigError } from '../src/index.js';
-import { DEFAULT_MODEL, fixtureModels, MODELS } from './fixtures.js';
+import { DEFAULT_MODEL, fixtureModels, localFixtureModels, LOCAL_MODELS, MODELS } from './fixtures.js';
 
 /**
  * Tensor parallelism on the CPU backend, a CPU backend per shard standing in for a GPU each:
@@ -78,7 +78,8 @@ afterAll(async () => {
   if (synthetic) await rm(synthetic, { recursive: true, force: true });
 });
 
-const models = [DEFAULT_MODEL, ...fixtureModels().map((m) => join(MODELS, m))];
+// The sliding-window fixtures made in this repository too (a window per layer, masked per shard alike).
+const models = [DEFAULT_MODEL, ...fixtureModels().map((m) => join(MODELS, m)), ...localFixtureModels().map((m) => join(LOCAL_MODELS, m))];
 
 describe.each([...models, 'synthetic (8 q / 4 KV heads)'])('tensor parallel on CPU backends equals one backend bit for bit: %s', (name) => {
   const model = () => (name.startsWith('synthetic') ? synthetic : name);
@@ -128,6 +129,15 @@ describe.each([
   it('2 shards', async () => {
     const want = await withEngine({ model, ...extra }, run);
     await withEngine({ model, ...extra, tensorParallel: 2 }, async (e) => expect(await run(e)).toEqual(want));
+  });
+});
+
+describe('tensor parallel with shared-prefix forks', () => {
+  it('forks copy each shard\'s KV slice of the shared page: the tokens of one backend', async () => {
+    const model = join(MODELS, 'tiny-random-qwen3');
+    const forks = (e: Engine) => Promise.all(e.submitFork(PROMPT.slice(0, 10), 3, { temperature: 0.8, seed: 5, maxTokens: 6, ignoreEos: true }).map((h) => h.done.then((o) => o.tokenIds)));
+    const want = await withEngine({ model, blockSize: 4 }, forks);
+    await withEngine({ model, blockSize: 4, tensorParallel: 2 }, async (e) => expect(await forks(e)).toEqual(want));
   });
 });
 
