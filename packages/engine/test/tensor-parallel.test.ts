@@ -155,6 +155,12 @@ describe('tensor-parallel options and models it cannot split', () => {
     await expect(Engine.create({ model, ...SHAPE, tensorParallel: 2, hostBudget: 2 ** 30 })).rejects.toThrow(/with a host budget is not supported yet/);
   });
 
+  it('embeddings are refused on a group with a coded error (not implemented there)', async () => {
+    await withEngine({ model, tensorParallel: 2 }, async (e) => {
+      await expect(e.embed([[1, 2, 3]])).rejects.toMatchObject({ code: 'UNSUPPORTED' });
+    });
+  });
+
   it('tensorParallel 1 is one backend', async () => {
     await withEngine({ model, tensorParallel: 1 }, async (e) => {
       expect(e.tensorParallelDescription()).toBeUndefined();
