@@ -105,6 +105,8 @@ describe.each([...models, 'synthetic (8 q / 4 KV heads)'])('tensor parallel on C
       const d = e.tensorParallelDescription()!;
       expect(d.shards).toHaveLength(n);
       expect(d.shared).toBe(false);
+      // Shards on CPU backends of their own exchange slices through host links.
+      expect(d.links).toEqual(['in-process']);
       // Each shard holds its KV heads only: the KV bytes split evenly, the weights nearly so.
       const kv = d.shards.map((s) => s.kvBytes);
       expect(new Set(kv).size).toBe(1);

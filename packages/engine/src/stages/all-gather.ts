@@ -112,6 +112,11 @@ export class ShardGather {
     }
   }
 
+  /** How the slices travel (the kinds of the links between shards); empty for one shard. */
+  get linkKinds(): string[] {
+    return [...new Set(this.links.flat().filter((l): l is StageLink => l !== undefined).map((l) => l.kind))];
+  }
+
   close(): void {
     if (this.closed) return;
     this.closed = true;

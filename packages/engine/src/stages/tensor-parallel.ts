@@ -312,7 +312,7 @@ export class TensorParallelGroup implements PassRunner {
           kvBytes: this.runners[k].kvBytes,
         };
       }),
-      links: this.distinct.length === 1 ? [this.distinct[0].capabilities.deviceKind === 'cpu' ? 'in-process' : 'device-copy'] : [this.distinct[0].capabilities.deviceKind === 'cpu' ? 'in-process' : 'nccl'],
+      links: this.hiddenGather.linkKinds,
       shared: this.distinct.length === 1,
     };
   }
