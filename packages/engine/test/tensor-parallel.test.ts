@@ -134,6 +134,19 @@ describe.each([
   });
 });
 
+describe('tensor parallel with every shard on one backend (allowSingleDeviceStages)', () => {
+  it('2 shards on the engine\'s backend, linked by copies on it: the same tokens and logits', async () => {
+    const model = join(MODELS, 'tiny-random-llama');
+    const want = await withEngine({ model }, run);
+    await withEngine({ model, tensorParallel: 2, allowSingleDeviceStages: true }, async (e) => {
+      expect(await run(e)).toEqual(want);
+      const d = e.tensorParallelDescription()!;
+      expect(d).toMatchObject({ shared: true, links: ['in-process'] });
+      expect(d.shards.every((s) => s.device === undefined)).toBe(true);
+    });
+  });
+});
+
 describe('tensor parallel with shared-prefix forks', () => {
   it('forks copy each shard\'s KV slice of the shared page: the tokens of one backend', async () => {
     const model = join(MODELS, 'tiny-random-qwen3');

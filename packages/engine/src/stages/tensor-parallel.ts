@@ -103,7 +103,9 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
   const geometry = shardGeometry(spec, n);
   const kind = primary.capabilities.deviceKind;
   const notes: string[] = [];
-  let shared = false;
+  // Every shard on the engine's backend object: asked for on the CPU backend (a test of the
+  // one-backend links a one-GPU machine uses), forced on a GPU machine with fewer GPUs than shards.
+  let shared = kind === 'cpu' && req.allowSingleDevice;
   if (kind !== 'cpu') {
     const count = primary.capabilities.deviceCount;
     if (count < n && !req.allowSingleDevice)
@@ -158,7 +160,7 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
       const per = shared ? a.kvAfterUpload(primary, a.activationBytes * n) : Math.min(...backends.map((b) => a.kvAfterUpload(b, a.activationBytes)));
       kvBytes = Math.floor(shared ? per : per * n);
     }
-    const where = shared ? 'every shard on one GPU (allowSingleDeviceStages): a test of the split, not a speedup' : kind === 'cpu' ? `a CPU backend per shard` : `GPUs 0-${n - 1}`;
+    const where = shared ? `every shard on one ${kind === 'cpu' ? 'backend' : 'GPU'} (allowSingleDeviceStages): a test of the split, not a speedup` : kind === 'cpu' ? `a CPU backend per shard` : `GPUs 0-${n - 1}`;
     notes.push(
       `tensor parallel: ${n} shards (${geometry[0].qHeads} q / ${geometry[0].kvHeads} KV heads each), ${where}; all-gathers after attention, o, gate_up and down; LM head split by vocabulary rows, sampled on shard 0; passes run without graph capture`,
     );
