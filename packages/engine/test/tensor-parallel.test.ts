@@ -2,7 +2,8 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { NervaError } from '@nerva/core';
-import { writeSyntheticCheckpoint } from '@nerva/models';
+import { createCpuBackend } from '@nerva/cpu-backend';
+import { convertToGguf, writeSyntheticCheckpoint } from '@nerva/models';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Engine, type EngineOptions, shardGeometry, splitRange, TensorParallelConfigError } from '../src/index.js';
 import { DEFAULT_MODEL, fixtureModels, localFixtureModels, LOCAL_MODELS, MODELS } from './fixtures.js';
@@ -174,6 +175,18 @@ describe('tensor-parallel options and models it cannot split', () => {
     await withEngine({ model, tensorParallel: 2 }, async (e) => {
       await expect(e.embed([[1, 2, 3]])).rejects.toMatchObject({ code: 'UNSUPPORTED' });
     });
+  });
+
+  it('a block-quantized checkpoint is refused, naming a quantized tensor, and leaves nothing allocated', async () => {
+    const gguf = join(synthetic, 'model-q8.gguf');
+    await convertToGguf({ source: join(MODELS, 'tiny-random-qwen3'), out: gguf, type: 'Q8_0' });
+    const be = createCpuBackend();
+    const live = be.stats().liveBuffers;
+    const err = await Engine.create({ model: gguf, ...SHAPE, backend: be, tensorParallel: 2 }).catch((e: unknown) => e);
+    expect(be.stats().liveBuffers).toBe(live);
+    be.dispose();
+    expect(err).toBeInstanceOf(TensorParallelConfigError);
+    expect((err as Error).message).toMatch(/tensor \S+ is block-quantized; tensor-parallel shards take float checkpoints only for now/);
   });
 
   it('tensorParallel 1 is one backend', async () => {
