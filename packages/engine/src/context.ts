@@ -618,14 +618,16 @@ export class ModelContext {
       const runners = forks ? (this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) : [];
       for (const r of runners) r.repeatedLogitRows = true;
       // A pass of one sequence (a prompt chunk): op attention may skip what sequence seams need.
-      const single = !this.pipeline && plan.scheduled.length === 1 ? (this.runner as ModelRunner) : undefined;
-      if (single) single.oneSequence = true;
+      // (Every shard of a tensor-parallel group too: each runs one device's attention over its heads.)
+      const single: ModelRunner[] =
+        plan.scheduled.length !== 1 || this.pipeline instanceof StagePipeline ? [] : this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner];
+      for (const r of single) r.oneSequence = true;
       try {
         if (tiered) (this.runner as ModelRunner).forward(rows, nl, undefined, undefined, true);
         else this.runner.forward(rows, nl);
       } finally {
         for (const r of runners) r.repeatedLogitRows = false;
-        if (single) single.oneSequence = false;
+        for (const r of single) r.oneSequence = false;
       }
       // The masks, waited for while the device runs the forward (host rows' included: sampled below).
       gs.ready();

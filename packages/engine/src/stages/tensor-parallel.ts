@@ -21,6 +21,13 @@
  *
  * Not yet: MoE layers (refused), pipeline stages around a group (refused), memory budgets and
  * tiered KV (refused), graph capture of a group's steps (passes run eagerly).
+ *
+ * On GPUs the same structure holds, with two conditions for bit equality the CPU backend meets by
+ * construction (float64 accumulation per element, whatever the output count): a kernel whose
+ * reduction order depends on the output count (a GEMV's split-K chosen by outDim, a GEMM's tile
+ * shape chosen by N) must be pinned to the one-device choice for the shard's narrower projection,
+ * and the gathers (here links and per-row copies) want one NCCL all-gather per exchange or
+ * peer-to-peer stores from the producing kernel, inside a captured decode graph.
  */
 import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
 import { NervaError } from '@nerva/core';
