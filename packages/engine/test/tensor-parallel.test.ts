@@ -2,6 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { NervaError } from '@nerva/core';
+import type { DeviceBackend } from '@nerva/core';
 import { createCpuBackend } from '@nerva/cpu-backend';
 import { convertToGguf, writeSyntheticCheckpoint } from '@nerva/models';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -187,6 +188,27 @@ describe('tensor-parallel options and models it cannot split', () => {
     be.dispose();
     expect(err).toBeInstanceOf(TensorParallelConfigError);
     expect((err as Error).message).toMatch(/tensor \S+ is block-quantized; tensor-parallel shards take float checkpoints only for now/);
+  });
+
+  it('on a GPU backend, more shards than visible GPUs is refused unless every shard may share one', async () => {
+    // A CPU backend that says it is one CUDA device: the check runs before any shard is made.
+    const cpu = createCpuBackend();
+    const oneGpu = new Proxy(cpu, {
+      get(t, p) {
+        if (p === 'capabilities') return { ...t.capabilities, deviceKind: 'cuda', deviceCount: 1 };
+        const v = Reflect.get(t, p) as unknown;
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
+      },
+    }) as DeviceBackend;
+    try {
+      const live = cpu.stats().liveBuffers;
+      await expect(Engine.create({ model, ...SHAPE, backend: oneGpu, tensorParallel: 2 })).rejects.toThrow(
+        'tensorParallel 2 needs 2 GPUs, but 1 is visible; --allow-single-device-stages places every shard on one GPU',
+      );
+      expect(cpu.stats().liveBuffers).toBe(live);
+    } finally {
+      cpu.dispose();
+    }
   });
 
   it('tensorParallel 1 is one backend', async () => {
