@@ -90,9 +90,10 @@ export interface EngineOptions {
    * Tensor-parallel shards (default 1): every decoder layer split across N backends of one kind,
    * each projection by its output rows, the activations all-gathered after each, so tokens and
    * logits equal the one-backend run bit for bit (`TensorParallelGroup`). N must divide the
-   * model's KV heads (GQA groups stay whole). On CUDA, N > 1 needs N visible GPUs unless
+   * model's KV heads (GQA groups stay whole). With `pipelineParallel` S, each stage is split
+   * across N shards of its own. On CUDA this needs N x S visible GPUs unless
    * `allowSingleDeviceStages`; on the CPU backend each shard gets a CPU backend of its own. Not
-   * yet with MoE models, pipeline stages, memory budgets or tiered KV.
+   * yet with MoE models, `stageDevices`, pipeline micro-batches, memory budgets or tiered KV.
    */
   tensorParallel?: number;
   /**

@@ -208,7 +208,7 @@ export class NervaModel {
           activationBytes: shape.activationBytes,
           onProgress: o.onProgress,
         };
-        // Tensor parallelism does not compose with stages yet (tensorParallelRequest refuses both).
+        // With tensorParallel, the group makes the stages too (each stage split across its own shards).
         staged = tp ? await prepareShards({ ...args, request: tp }) : await prepareStages({ ...args, request: pipe! });
         notes.push(...staged.notes);
       }

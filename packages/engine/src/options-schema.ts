@@ -145,7 +145,7 @@ export const ENGINE_OPTIONS = [
     flag: '--tensor-parallel <n>',
     toml: 'tensor_parallel',
     kind: 'posint',
-    help: 'tensor-parallel shards: every layer split across N devices, exact (N must divide the KV heads; N GPUs on CUDA unless --allow-single-device-stages; a CPU backend per shard on the CPU)',
+    help: 'tensor-parallel shards: every layer split across N devices, exact (N must divide the KV heads; with --pipeline-parallel S, N shards per stage; N x S GPUs on CUDA unless --allow-single-device-stages; a CPU backend per shard on the CPU)',
   },
   {
     name: 'allowSingleDeviceStages',

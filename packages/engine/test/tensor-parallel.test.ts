@@ -88,7 +88,11 @@ describe.each([...models, 'synthetic (8 q / 4 KV heads)'])('tensor parallel on C
   let one: Promise<{ run: Run; kv: number; moe: boolean }> | undefined;
   const reference = () => (one ??= withEngine({ model: model() }, async (e) => ({ run: await run(e), kv: e.spec.numKvHeads, moe: e.spec.moe !== undefined })));
 
-  it.each([2, 4])('%i shards', async (n) => {
+  it.each([
+    [2, 1],
+    [4, 1],
+    [2, 2],
+  ])('%i shards x %i pipeline stages', async (n, stages) => {
     const want = await reference();
     if (want.moe || want.kv % n !== 0) {
       // The split is refused with the reason, before any shard is made.
@@ -98,28 +102,33 @@ describe.each([...models, 'synthetic (8 q / 4 KV heads)'])('tensor parallel on C
       expect((err as Error).message).toMatch(want.moe ? /sparse \(MoE\) layers/ : new RegExp(`tensorParallel ${n} does not divide the model's ${want.kv} KV head`));
       return;
     }
-    await withEngine({ model: model(), tensorParallel: n }, async (e) => {
+    await withEngine({ model: model(), tensorParallel: n, ...(stages > 1 ? { pipelineParallel: stages } : {}) }, async (e) => {
       const got = await run(e);
       expect(got.tokens).toEqual(want.run.tokens);
       expect(got.logits).toEqual(want.run.logits);
       expect(got.batch).toEqual(want.run.batch);
       expect(got.deviceTokens).toEqual(want.run.deviceTokens);
       const d = e.tensorParallelDescription()!;
-      expect(d.shards).toHaveLength(n);
+      expect(d.stages).toBe(stages);
+      expect(d.shards).toHaveLength(n * stages);
+      // Stage-major: the stages' layers tile the model, every stage split into the same n slices.
+      expect(d.shards[0].layers[0]).toBe(0);
+      expect(d.shards.at(-1)!.layers[1]).toBe(e.spec.numLayers);
+      for (let i = n; i < d.shards.length; i++) expect(d.shards[i].kvHeads).toEqual(d.shards[i - n].kvHeads);
       expect(d.shared).toBe(false);
       // Shards on CPU backends of their own exchange slices through host links.
       expect(d.links).toEqual(['in-process']);
       // Each shard holds its KV heads only: the KV bytes split evenly, the weights nearly so.
-      const kv = d.shards.map((s) => s.kvBytes);
+      const kv = d.shards.map((s) => s.kvBytes / (s.layers[1] - s.layers[0]));
       expect(new Set(kv).size).toBe(1);
-      expect(d.shards.map((s) => s.kvHeads)).toEqual(Array.from({ length: n }, (_, k) => [(k * want.kv) / n, ((k + 1) * want.kv) / n]));
+      expect(d.shards.slice(0, n).map((s) => s.kvHeads)).toEqual(Array.from({ length: n }, (_, k) => [(k * want.kv) / n, ((k + 1) * want.kv) / n]));
       expect(d.shards.at(-1)!.vocab[1]).toBe(e.spec.vocabSize);
       expect(e.pipelineDescription()).toBeUndefined();
       // The memory report lists every shard's residency (the per-GPU view of /v1/memory).
       expect(e.memoryReport().devices!.map((x) => [x.weightBytes, x.kvBytes])).toEqual(d.shards.map((x) => [x.weightBytes, x.kvBytes]));
-      expect(e.memoryReport().devices!.reduce((t, x) => t + x.kvBytes, 0)).toBe(kv[0] * n);
+      expect(e.memoryReport().devices!.reduce((t, x) => t + x.kvBytes, 0)).toBe(kv[0] * n * e.spec.numLayers);
       const s = (await e.submit(PROMPT, { temperature: 0, maxTokens: 3, ignoreEos: true }).done).ledger.summary();
-      expect(s.notes.some((x) => x.startsWith(`tensor parallel: ${n} shards`))).toBe(true);
+      expect(s.notes.some((x) => x.startsWith(`tensor parallel: ${n} shards`) && x.includes(stages > 1 ? `in each of ${stages} pipeline stages` : 'a CPU backend per shard'))).toBe(true);
       expect(s.hot_path_allocations).toBe(0);
     });
   });
@@ -149,6 +158,28 @@ describe('tensor parallel with every shard on one backend (allowSingleDeviceStag
   });
 });
 
+describe('tensor parallel inside 3 pipeline stages', () => {
+  it.each([
+    ['a CPU backend per shard of each stage', {}],
+    ['every shard of every stage on one backend', { allowSingleDeviceStages: true }],
+  ])('2 shards x 3 stages, %s: the tokens and logits of one backend', async (_name, extra) => {
+    const want = await withEngine({ model: DEFAULT_MODEL }, run);
+    await withEngine({ model: DEFAULT_MODEL, tensorParallel: 2, pipelineParallel: 3, ...extra }, async (e) => {
+      expect(await run(e)).toEqual(want);
+      const d = e.tensorParallelDescription()!;
+      expect(d.shards.map((s) => [s.stage, ...s.layers])).toEqual([
+        [0, 0, 2],
+        [0, 0, 2],
+        [1, 2, 4],
+        [1, 2, 4],
+        [2, 4, 6],
+        [2, 4, 6],
+      ]);
+      expect(d.shared).toBe('allowSingleDeviceStages' in extra);
+    });
+  });
+});
+
 describe('tensor parallel with shared-prefix forks', () => {
   it('forks copy each shard\'s KV slice of the shared page: the tokens of one backend', async () => {
     const model = join(MODELS, 'tiny-random-qwen3');
@@ -167,8 +198,9 @@ describe('tensor-parallel options and models it cannot split', () => {
   });
 
   it('refuses the combinations it does not support yet, naming them', async () => {
-    await expect(Engine.create({ model, ...SHAPE, tensorParallel: 2, pipelineParallel: 2 })).rejects.toThrow(/with pipeline stages is not supported yet/);
-    await expect(Engine.create({ model, ...SHAPE, tensorParallel: 2, stageDevices: [0, 1] })).rejects.toThrow(/with pipeline stages is not supported yet/);
+    await expect(Engine.create({ model, ...SHAPE, tensorParallel: 2, stageDevices: [0, 1] })).rejects.toThrow(/tensorParallel 2 with stageDevices is not supported yet/);
+    await expect(Engine.create({ model, ...SHAPE, tensorParallel: 2, pipelineParallel: 2, pipelineMicroBatches: 2 })).rejects.toThrow(/with pipelineMicroBatches 2 is not supported yet/);
+    await expect(Engine.create({ model, ...SHAPE, tensorParallel: 2, pipelineParallel: 7 })).rejects.toThrow(/pipelineParallel 7 exceeds the model's 6 decoder layers/);
     await expect(Engine.create({ model, ...SHAPE, tensorParallel: 2, hostBudget: 2 ** 30 })).rejects.toThrow(/with a host budget is not supported yet/);
   });
 

@@ -293,7 +293,7 @@ describe("nerva run --tensor-parallel", () => {
     for (const [extra, msg] of [
       [["--tensor-parallel", "0"], '--tensor-parallel must be a positive integer, got "0"'],
       [["--tensor-parallel", "4"], "tensorParallel 4 does not divide the model's 2 KV head(s)"],
-      [["--tensor-parallel", "2", "--pipeline-parallel", "2"], "tensorParallel 2 with pipeline stages is not supported yet"],
+      [["--tensor-parallel", "2", "--pipeline-parallel", "7"], "pipelineParallel 7 exceeds the model's 6 decoder layers"],
     ] as [string[], string][]) {
       const err = await nerva([...args, ...extra]).then(
         () => undefined,

@@ -16,7 +16,7 @@
  */
 import type { DeviceBackend, DeviceBuffer } from '@nerva/core';
 import type { ModelSpec } from '@nerva/models';
-import { ModelRunner, FUSED_MAX_ROWS, type RunnerLimits } from '../model-runner.js';
+import { ModelRunner, FUSED_MAX_ROWS, type RunnerLimits, type RunnerStage } from '../model-runner.js';
 import type { ModelWeights } from '../model-weights.js';
 import { copyColumns } from './all-gather.js';
 import type { ShardGeometry } from './shard-weights.js';
@@ -38,8 +38,10 @@ export class ShardRunner extends ModelRunner {
     weights: ModelWeights,
     limits: RunnerLimits,
     readonly geometry: ShardGeometry,
+    /** Its layers when the group is one pipeline stage of several (default: every layer). */
+    stage?: RunnerStage,
   ) {
-    super(backend, shard, weights, limits);
+    super(backend, shard, weights, limits, stage);
     const f32 = (length: number, label: string) => this.own(backend.alloc({ dtype: 'f32', length, usage: 'activations', label: `tp${geometry.index}.${label}` }));
     try {
       this.attnFull = f32(limits.maxRows * full.numHeads * full.headDim, 'attn_full');
@@ -70,11 +72,16 @@ export class ShardRunner extends ModelRunner {
   /**
    * Whether a pass of `rows` rows and `nLogits` logits runs the fused decode ops, as
    * ModelRunner.forward decides (op decoder_layers is the fused ops in one op, so a shard runs
-   * them one by one: the same floats).
+   * them one by one: the same floats). `stackable`: whether one device would have the stack op.
    */
-  fusedPass(rows: number, nLogits: number): boolean {
-    const wholeStack = this.stack !== undefined && nLogits === rows && !this.repeatedLogitRows && !this.profiling;
+  fusedPass(rows: number, nLogits: number, stackable = this.stackable): boolean {
+    const wholeStack = stackable && nLogits === rows && !this.repeatedLogitRows && !this.profiling;
     return wholeStack || (rows <= FUSED_MAX_ROWS && this.fusedOps);
+  }
+
+  /** Whether this runner's layers could run as op decoder_layers (a group with stages asks every stage: one device has the whole stack or none). */
+  get stackable(): boolean {
+    return this.stack !== undefined;
   }
 
   /** The embedding of the pass's ids into the (replicated) residual stream. */
@@ -97,7 +104,8 @@ export class ShardRunner extends ModelRunner {
     } else {
       // Float32 normed input: one device's bf16 activations (matmulPrecision 'bf16') are the same
       // values the matmul would round to itself, so the shards skip them.
-      if (l === 0) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
+      // The first layer of a runner finds the residual stream complete (embedding, or a stage's handoff).
+      if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
     }
@@ -186,6 +194,15 @@ export class ShardRunner extends ModelRunner {
       outDim: g.width,
       ...(fused ? { accumulate: true } : {}),
     }, 'gemm_down');
+  }
+
+  /**
+   * The end of a stage that hands its rows to the next: the per-layer path leaves the last MLP
+   * output beside the stream, so it is added here, as the next layer's norm would add it (the
+   * same float32 sum, as ModelRunner does at a stage's end); the fused path's stream is complete.
+   */
+  finishStage(rows: number, fused: boolean): void {
+    if (!fused) this.op('mlp', 'add', { a: this.act.residual, b: this.act.mlpOut, out: this.act.residual, length: rows * this.full.hiddenSize }, 'residual_add');
   }
 
   /**

@@ -17,7 +17,7 @@ import type { DeviceBackend, DeviceBuffer, DType, HostArray } from '@nerva/core'
 import { isQuantDType, NervaError } from '@nerva/core';
 import type { ModelSpec, WeightSlot, WeightStore } from '@nerva/models';
 import { ropeInvFreq } from '@nerva/models';
-import { checkpointFormat, type LayerWeights, type ModelWeights, quantDtypeOf, storageDtypes, type UploadProgress, weightSlots } from '../model-weights.js';
+import { checkpointFormat, type LayerWeights, type ModelWeights, quantDtypeOf, storageDtypes, type UploadPart, type UploadProgress, weightSlots } from '../model-weights.js';
 
 /** A tensor-parallel option or model is one the group cannot split. */
 export class TensorParallelConfigError extends NervaError {
@@ -84,9 +84,21 @@ export function shardSpec(spec: ModelSpec, g: ShardGeometry): ModelSpec {
 
 /**
  * Upload shard `g` of the checkpoint to `backend` (see the file comment for what each tensor
- * holds). Block-quantized checkpoints are refused: their rows are not sliced here yet.
+ * holds): of every layer, or of a pipeline stage's layers (`part`: the embedding with layer 0, the
+ * final norm and LM head slice with the last layer). Block-quantized checkpoints are refused:
+ * their rows are not sliced here yet.
  */
-export async function uploadShardWeights(backend: DeviceBackend, spec: ModelSpec, ckpt: WeightStore, g: ShardGeometry, onProgress?: (p: UploadProgress) => void): Promise<ModelWeights> {
+export async function uploadShardWeights(
+  backend: DeviceBackend,
+  spec: ModelSpec,
+  ckpt: WeightStore,
+  g: ShardGeometry,
+  onProgress?: (p: UploadProgress) => void,
+  part?: UploadPart,
+): Promise<ModelWeights> {
+  const from = part?.firstLayer ?? 0;
+  const end = part?.endLayer ?? spec.numLayers;
+  const wantHead = end === spec.numLayers;
   for (const name of ckpt.names())
     if (quantDtypeOf(ckpt, name)) throw new TensorParallelConfigError(`tensorParallel ${g.count}: tensor ${name} is block-quantized; tensor-parallel shards take float checkpoints only for now`);
   const dtypeOf = storageDtypes(backend, ckpt);
@@ -129,18 +141,25 @@ export async function uploadShardWeights(backend: DeviceBackend, spec: ModelSpec
   const normDt: DType = backend.capabilities.numerics === 'bf16' ? 'bf16' : 'f32';
   const slots = weightSlots(spec);
   try {
-    const embed = await whole(slots.embed, spec.vocabSize * H, dtypeOf(slots.embed, []));
+    const embed = from === 0 ? await whole(slots.embed, spec.vocabSize * H, dtypeOf(slots.embed, [])) : undefined;
     const headSlot = spec.tieWordEmbeddings ? slots.embed : slots.lmHead;
-    const lmHead = alloc(g.vocab.width * H, 'lm_head.shard', dtypeOf(headSlot, []));
-    await rows(lmHead, headSlot, g.vocab.offset, g.vocab.width, H, 0);
-    const finalNorm = await whole(slots.finalNorm, H, normDt);
+    let lmHead: DeviceBuffer | undefined;
+    if (wantHead) {
+      lmHead = alloc(g.vocab.width * H, 'lm_head.shard', dtypeOf(headSlot, []));
+      await rows(lmHead, headSlot, g.vocab.offset, g.vocab.width, H, 0);
+    }
+    const finalNorm = wantHead ? await whole(slots.finalNorm, H, normDt) : undefined;
     const invFreq = alloc(hd / 2, 'rope.inv_freq', 'f32');
     backend.write(invFreq, Float32Array.from(ropeInvFreq(spec)));
     const qW = g.qHeads * hd;
     const kvW = g.kvHeads * hd;
     const I = g.inter.width;
-    const layers: LayerWeights[] = [];
+    const layers: (LayerWeights | undefined)[] = [];
     for (const [i, L] of slots.layers.entries()) {
+      if (i < from || i >= end) {
+        layers.push(undefined);
+        continue;
+      }
       if (L.mlp.kind !== 'dense') throw new TensorParallelConfigError(`layer ${i} is sparse (MoE): not sharded`);
       const p = `layers.${i}.`;
       const qkvDt = dtypeOf(L.q, [L.k, L.v]);

@@ -19,8 +19,13 @@
  * accumulating projection on each shard's columns of the stream (see ShardRunner.oProjection), so
  * each stream element gets one device's R(x + R(dot)).
  *
- * Not yet: MoE layers (refused), pipeline stages around a group (refused), memory budgets and
- * tiered KV (refused), graph capture of a group's steps (passes run eagerly).
+ * With pipeline stages (tensorParallel N x pipelineParallel S) the group is a grid: stage s's
+ * layers are split across its own N shards, and shard k of stage s hands its copy of the (whole,
+ * replicated) stream to shard k of stage s + 1 over a stage link. Sampling runs on the last
+ * stage's shard 0; tokens (and logits the host needs) come home to stage 0's shard 0.
+ *
+ * Not yet: MoE layers (refused), stageDevices and micro-batches with shards (refused), memory
+ * budgets and tiered KV (refused), graph capture of a group's steps (passes run eagerly).
  *
  * On GPUs the same structure holds, with two conditions for bit equality the CPU backend meets by
  * construction (float64 accumulation per element, whatever the output count): a kernel whose
@@ -38,9 +43,10 @@ import { PROFILE_BUCKETS, type ProfileBucket, type RunnerLimits, type RunnerMeta
 import { freeWeights, type ModelWeights, type UploadProgress } from '../model-weights.js';
 import { type StepBuffers, writeStepMeta } from '../step-batch.js';
 import { ShardGather } from './all-gather.js';
+import { makeStageLink } from './links.js';
 import type { PassRunner, PipelineStage, PreparedStages } from './pipeline.js';
 import { sumBackendStats } from './pipeline.js';
-import { planStages } from './plan.js';
+import { planStages, type StageLink } from './plan.js';
 import { ShardRunner } from './shard-runner.js';
 import { shardGeometry, shardSpec, TensorParallelConfigError, type ShardGeometry, uploadShardWeights } from './shard-weights.js';
 
@@ -52,6 +58,7 @@ export interface TensorParallelOptions {
   allowSingleDeviceStages?: boolean;
   pipelineParallel?: number;
   stageDevices?: number[];
+  pipelineMicroBatches?: number;
   vramBudget?: number;
   hostBudget?: number;
   kvVramBudget?: number;
@@ -59,6 +66,8 @@ export interface TensorParallelOptions {
 
 export interface TensorParallelRequest {
   shards: number;
+  /** Pipeline stages, each split across its own `shards` shards (1: no pipeline). */
+  stages: number;
   allowSingleDevice: boolean;
 }
 
@@ -72,23 +81,31 @@ export function tensorParallelRequest(o: TensorParallelOptions): TensorParallelR
   if (n === undefined) return undefined;
   if (typeof n !== 'number' || !Number.isInteger(n) || n < 1) throw new TensorParallelConfigError(`tensorParallel must be a positive integer (the number of shards), got ${String(n)}`);
   if (n === 1) return undefined;
-  if ((o.pipelineParallel !== undefined && o.pipelineParallel > 1) || (o.stageDevices !== undefined && o.stageDevices.length > 1))
-    throw new TensorParallelConfigError(`tensorParallel ${n} with pipeline stages is not supported yet: run tensor parallelism or pipeline stages, not both`);
+  if (o.stageDevices !== undefined)
+    throw new TensorParallelConfigError(`tensorParallel ${n} with stageDevices is not supported yet: with shards, stages take backends (GPUs 0, 1, ...) in order; give pipelineParallel instead`);
+  if (o.pipelineMicroBatches !== undefined && o.pipelineMicroBatches > 1)
+    throw new TensorParallelConfigError(`tensorParallel ${n} with pipelineMicroBatches ${o.pipelineMicroBatches} is not supported yet: sharded stages run one micro-batch a pass`);
   if (o.vramBudget !== undefined || o.hostBudget !== undefined)
     throw new TensorParallelConfigError(`tensorParallel ${n} with a ${o.vramBudget !== undefined ? 'VRAM' : 'host'} budget is not supported yet: paged weights run on one backend`);
   if (o.kvVramBudget !== undefined) throw new TensorParallelConfigError(`tensorParallel ${n} with tiered KV (kvVramBudget) is not supported yet`);
-  return { shards: n, allowSingleDevice: o.allowSingleDeviceStages === true };
+  const stages = o.pipelineParallel ?? 1;
+  if (!Number.isInteger(stages) || stages < 1) throw new TensorParallelConfigError(`pipelineParallel must be a positive integer, got ${String(stages)}`);
+  return { shards: n, stages, allowSingleDevice: o.allowSingleDeviceStages === true };
 }
 
-/** A group's shards, as the model loaded them: PreparedStages' shape, each "stage" one shard of every layer. */
+/**
+ * A group's shards, as the model loaded them: PreparedStages' shape, one entry of `stages` per
+ * shard, stage-major (stage s, shard k at s * shards + k), each with its stage's layers.
+ */
 export interface PreparedShards extends PreparedStages {
   tensorParallel: true;
+  /** Every stage's shards split alike (ShardGeometry of shard k). */
   geometry: ShardGeometry[];
 }
 
 export interface PrepareShardsArgs {
   request: TensorParallelRequest;
-  /** The engine's backend: shard 0 runs on it (and samples). */
+  /** The engine's backend: stage 0's shard 0 runs on it. */
   primary: DeviceBackend;
   spec: ModelSpec;
   ckpt: WeightStore;
@@ -100,14 +117,19 @@ export interface PrepareShardsArgs {
 }
 
 /**
- * Place the shards: check the model splits N ways, make a backend per shard (CPU: a CPU backend
- * each; CUDA: a GPU each, or every shard on the engine's GPU with allowSingleDeviceStages),
- * upload each shard's weights, and make the NCCL communicator when shards sit on separate GPUs.
+ * Place the shards: check the model splits N ways (and S stages), make a backend per shard of
+ * each stage (CPU: a CPU backend each; CUDA: a GPU each, or everything on the engine's GPU with
+ * allowSingleDeviceStages), upload each shard's weights of its stage's layers, and make the NCCL
+ * communicator when shards sit on separate GPUs.
  */
 export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShards> {
   const { request: req, primary, spec } = a;
   const n = req.shards;
+  const S = req.stages;
   const geometry = shardGeometry(spec, n);
+  if (S > spec.numLayers) throw new TensorParallelConfigError(`pipelineParallel ${S} exceeds the model's ${spec.numLayers} decoder layers: every stage needs at least one layer`);
+  const plan = planStages(spec.numLayers, S);
+  const cells = S * n;
   const kind = primary.capabilities.deviceKind;
   const notes: string[] = [];
   // Every shard on the engine's backend object: asked for on the CPU backend (a test of the
@@ -115,9 +137,10 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
   let shared = kind === 'cpu' && req.allowSingleDevice;
   if (kind !== 'cpu') {
     const count = primary.capabilities.deviceCount;
-    if (count < n && !req.allowSingleDevice)
-      throw new TensorParallelConfigError(`tensorParallel ${n} needs ${n} GPUs, but ${count} ${count === 1 ? 'is' : 'are'} visible; --allow-single-device-stages places every shard on one GPU, to test the split`);
-    shared = count < n;
+    const what = S > 1 ? `tensorParallel ${n} x pipelineParallel ${S}` : `tensorParallel ${n}`;
+    if (count < cells && !req.allowSingleDevice)
+      throw new TensorParallelConfigError(`${what} needs ${cells} GPUs, but ${count} ${count === 1 ? 'is' : 'are'} visible; --allow-single-device-stages places every shard on one GPU, to test the split`);
+    shared = count < cells;
   }
   const owned: DeviceBackend[] = [];
   const made: { backend: DeviceBackend; weights: ModelWeights }[] = [];
@@ -133,23 +156,25 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
   };
   try {
     const backends: DeviceBackend[] = [primary];
-    for (let k = 1; k < n; k++) {
+    for (let i = 1; i < cells; i++) {
       if (shared) {
         backends.push(primary);
         continue;
       }
-      const b = (await selectBackend(kind === 'cpu' ? 'cpu' : 'cuda', { ...a.backendOptions, device: k })).backend;
+      const b = (await selectBackend(kind === 'cpu' ? 'cpu' : 'cuda', { ...a.backendOptions, device: i })).backend;
       owned.push(b);
       backends.push(b);
     }
     const stages: PipelineStage[] = [];
     let weightBytes = 0;
-    for (let k = 0; k < n; k++) {
-      const w = await uploadShardWeights(backends[k], spec, a.ckpt, geometry[k], a.onProgress);
-      if (k === 0) primaryWeights = w;
-      else made.push({ backend: backends[k], weights: w });
+    for (let i = 0; i < cells; i++) {
+      const r = plan.stages[Math.floor(i / n)];
+      const part = { firstLayer: r.firstLayer, endLayer: r.endLayer };
+      const w = await uploadShardWeights(backends[i], spec, a.ckpt, geometry[i % n], a.onProgress, part);
+      if (i === 0) primaryWeights = w;
+      else made.push({ backend: backends[i], weights: w });
       weightBytes += w.bytes;
-      stages.push({ backend: backends[k], weights: w, firstLayer: 0, endLayer: spec.numLayers, ...(shared ? {} : { device: k, rank: k }) });
+      stages.push({ backend: backends[i], weights: w, ...part, ...(shared ? {} : { device: i, rank: i }) });
     }
     if (!shared && kind !== 'cpu') {
       const communicator = backendFactory(kind)?.communicator;
@@ -158,20 +183,21 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
         nccl = await communicator(backends);
         notes.push(`tensor-parallel links: ${nccl.description}`);
       } catch (e) {
-        throw new TensorParallelConfigError(`tensor-parallel shards on GPUs 0-${n - 1} need NCCL: ${(e as Error).message}`, { cause: e });
+        throw new TensorParallelConfigError(`tensor-parallel shards on GPUs 0-${cells - 1} need NCCL: ${(e as Error).message}`, { cause: e });
       }
     }
     let kvBytes = a.kvPlanned;
     if (kvBytes === undefined) {
-      // Each shard holds 1/N of every layer's KV: the tightest backend decides the whole cache.
-      const per = shared ? a.kvAfterUpload(primary, a.activationBytes * n) : Math.min(...backends.map((b) => a.kvAfterUpload(b, a.activationBytes)));
-      kvBytes = Math.floor(shared ? per : per * n);
+      // Each shard holds 1/N of its stage's layers' KV: the tightest backend decides the whole cache.
+      if (shared) kvBytes = Math.floor(a.kvAfterUpload(primary, a.activationBytes * cells));
+      else kvBytes = Math.floor(Math.min(...backends.map((b, i) => (a.kvAfterUpload(b, a.activationBytes) * n * spec.numLayers) / plan.stages[Math.floor(i / n)].layers)));
     }
-    const where = shared ? `every shard on one ${kind === 'cpu' ? 'backend' : 'GPU'} (allowSingleDeviceStages): a test of the split, not a speedup` : kind === 'cpu' ? `a CPU backend per shard` : `GPUs 0-${n - 1}`;
+    const where = shared ? `every shard on one ${kind === 'cpu' ? 'backend' : 'GPU'} (allowSingleDeviceStages): a test of the split, not a speedup` : kind === 'cpu' ? `a CPU backend per shard` : `GPUs 0-${cells - 1}`;
+    const staged = S > 1 ? ` in each of ${S} pipeline stages (${plan.stages.map((r) => `layers ${r.firstLayer}-${r.endLayer - 1}`).join('; ')})` : '';
     notes.push(
-      `tensor parallel: ${n} shards (${geometry[0].qHeads} q / ${geometry[0].kvHeads} KV heads each), ${where}; all-gathers after attention, o, gate_up and down; LM head split by vocabulary rows, sampled on shard 0; passes run without graph capture`,
+      `tensor parallel: ${n} shards (${geometry[0].qHeads} q / ${geometry[0].kvHeads} KV heads each)${staged}, ${where}; all-gathers after attention, o, gate_up and down; LM head split by vocabulary rows, sampled on shard 0; passes run without graph capture`,
     );
-    return { plan: planStages(spec.numLayers, 1), stages, shared, microBatches: 1, kvBytes, weightBytes, ...(nccl ? { nccl } : {}), notes, dispose, tensorParallel: true, geometry };
+    return { plan, stages, shared, microBatches: 1, kvBytes, weightBytes, ...(nccl ? { nccl } : {}), notes, dispose, tensorParallel: true, geometry };
   } catch (e) {
     dispose();
     if (primaryWeights) freeWeights(primary, primaryWeights);
@@ -184,20 +210,43 @@ export function isPreparedShards(p: PreparedStages): p is PreparedShards {
   return (p as Partial<PreparedShards>).tensorParallel === true;
 }
 
-/** What a group reports: its shards' backends and slices. */
+/** What a group reports: its shards' backends and slices (stage-major with pipeline stages), and its links. */
 export interface TensorParallelDescription {
-  shards: { backend: string; device?: number; qHeads: [number, number]; kvHeads: [number, number]; hidden: [number, number]; inter: [number, number]; vocab: [number, number]; weightBytes: number; kvBytes: number }[];
+  stages: number;
+  shards: {
+    stage: number;
+    layers: [number, number];
+    backend: string;
+    device?: number;
+    qHeads: [number, number];
+    kvHeads: [number, number];
+    hidden: [number, number];
+    inter: [number, number];
+    vocab: [number, number];
+    weightBytes: number;
+    kvBytes: number;
+  }[];
   links: string[];
   shared: boolean;
 }
 
+/** The gathers of one stage's shards (they sit on that stage's backends). */
+interface StageGathers {
+  attn: ShardGather;
+  hidden: ShardGather;
+  mlp: ShardGather;
+}
+
 /**
  * A tensor-parallel group driven by the engine as it drives one runner (see PassRunner): the
- * engine writes the meta (every shard gets it), runs `forward`, and samples on shard 0 or reads
- * shard 0's logits.
+ * engine writes the meta (every shard gets it), runs `forward`, and samples on the last stage's
+ * shard 0 or reads the logits brought to stage 0's shard 0.
  */
 export class TensorParallelGroup implements PassRunner {
+  /** Every shard's runner, stage-major. */
   readonly runners: ShardRunner[] = [];
+  /** grid[s][k]: shard k of stage s. */
+  readonly grid: ShardRunner[][] = [];
   readonly limits: RunnerLimits;
   readonly kvBytes: number;
   hostComputeBytes = 0;
@@ -205,81 +254,153 @@ export class TensorParallelGroup implements PassRunner {
   /** Passes interleave shards and gathers on the host: no decode graph. */
   readonly capturable = false;
   readonly meta: RunnerMeta;
-  private readonly shards: PipelineStage[];
+  private readonly cells: PipelineStage[];
   private readonly geometry: ShardGeometry[];
   private readonly gathers: ShardGather[] = [];
-  private readonly attnGather: ShardGather;
-  private readonly hiddenGather: ShardGather;
-  private readonly mlpGather: ShardGather;
+  private readonly stageGathers: StageGathers[] = [];
   private readonly headGather: ShardGather;
+  /** handoffs[s][k]: shard k's stream from stage s to stage s + 1. */
+  private readonly handoffs: StageLink[][] = [];
+  private readonly tokenLink: StageLink | undefined;
+  private readonly logitsLink: StageLink | undefined;
+  private readonly homeLogits: DeviceBuffer | undefined;
   private readonly distinct: DeviceBackend[];
+  /** A one-device runner would run the whole stack as one op (decode batches take the fused path at any size). */
+  private readonly stackable: boolean;
   private disposed = false;
 
   constructor(spec: ModelSpec, limits: RunnerLimits, prepared: PreparedShards) {
     this.limits = limits;
-    this.shards = prepared.stages;
+    this.cells = prepared.stages;
     this.geometry = prepared.geometry;
-    this.distinct = [...new Set(this.shards.map((s) => s.backend))];
+    this.distinct = [...new Set(this.cells.map((s) => s.backend))];
+    const n = this.geometry.length;
+    const S = prepared.plan.numStages;
     const hd = spec.headDim;
+    const H = spec.hiddenSize;
+    const end = (i: number) => ({ backend: this.cells[i].backend, ...(this.cells[i].rank !== undefined ? { rank: this.cells[i].rank } : {}) });
     try {
-      this.shards.forEach((st, k) => this.runners.push(new ShardRunner(st.backend, spec, shardSpec(spec, this.geometry[k]), st.weights, limits, this.geometry[k])));
-      const ends = this.shards.map((s) => ({ backend: s.backend, ...(s.rank !== undefined ? { rank: s.rank } : {}) }));
+      for (let s = 0; s < S; s++) {
+        const row: ShardRunner[] = [];
+        for (let k = 0; k < n; k++) {
+          const c = this.cells[s * n + k];
+          const r = new ShardRunner(c.backend, spec, shardSpec(spec, this.geometry[k]), c.weights, limits, this.geometry[k], { firstLayer: c.firstLayer, endLayer: c.endLayer });
+          row.push(r);
+          this.runners.push(r);
+        }
+        this.grid.push(row);
+      }
       const g = this.geometry;
-      const make = (slices: { offset: number; width: number }[], total: number, rows: number, label: string, to?: number[]) => {
-        const x = new ShardGather(ends, slices, total, rows, label, to, prepared.nccl);
+      const make = (s: number, slices: { offset: number; width: number }[], total: number, rows: number, label: string, to?: number[]) => {
+        const ends = Array.from({ length: n }, (_, k) => end(s * n + k));
+        const x = new ShardGather(ends, slices, total, rows, `${label}${S > 1 ? `.stage${s}` : ''}`, to, prepared.nccl);
         this.gathers.push(x);
         return x;
       };
-      this.attnGather = make(g.map((x) => ({ offset: x.qHeadOffset * hd, width: x.qHeads * hd })), spec.numHeads * hd, limits.maxRows, 'tp.attn');
-      this.hiddenGather = make(g.map((x) => x.hidden), spec.hiddenSize, limits.maxRows, 'tp.hidden');
-      this.mlpGather = make(g.map((x) => x.inter), spec.intermediateSize, limits.maxRows, 'tp.mlp');
-      // Logits are gathered to shard 0 only: it samples, and the engine reads its logits.
-      this.headGather = make(g.map((x) => x.vocab), spec.vocabSize, limits.maxSeqs, 'tp.logits', [0]);
+      for (let s = 0; s < S; s++) {
+        this.stageGathers.push({
+          attn: make(s, g.map((x) => ({ offset: x.qHeadOffset * hd, width: x.qHeads * hd })), spec.numHeads * hd, limits.maxRows, 'tp.attn'),
+          hidden: make(s, g.map((x) => x.hidden), H, limits.maxRows, 'tp.hidden'),
+          mlp: make(s, g.map((x) => x.inter), spec.intermediateSize, limits.maxRows, 'tp.mlp'),
+        });
+      }
+      // Logits are gathered to the last stage's shard 0 only: it samples.
+      this.headGather = make(S - 1, g.map((x) => x.vocab), spec.vocabSize, limits.maxSeqs, 'tp.logits', [0]);
+      for (let s = 0; s + 1 < S; s++)
+        this.handoffs.push(
+          Array.from({ length: n }, (_, k) =>
+            makeStageLink(end(s * n + k), end((s + 1) * n + k), { fromStage: s, toStage: s + 1, rowWidth: H, maxRows: limits.maxRows, dtype: 'f32' }, { nccl: prepared.nccl, staged: true }),
+          ),
+        );
+      const home = this.grid[0][0];
+      const last = this.grid[S - 1][0];
+      if (home.backend !== last.backend) {
+        const ends = [end((S - 1) * n), end(0)] as const;
+        this.tokenLink = makeStageLink(ends[0], ends[1], { fromStage: S - 1, toStage: 0, rowWidth: 1, maxRows: limits.maxSeqs, dtype: 'i32' }, { nccl: prepared.nccl });
+        this.logitsLink = makeStageLink(ends[0], ends[1], { fromStage: S - 1, toStage: 0, rowWidth: spec.vocabSize, maxRows: limits.maxSeqs, dtype: 'f32' }, { nccl: prepared.nccl });
+        this.homeLogits = home.backend.alloc({ dtype: 'f32', length: limits.maxSeqs * spec.vocabSize, usage: 'activations', label: 'tp.home_logits' });
+      }
     } catch (e) {
       this.disposeParts();
       throw e;
     }
-    this.meta = this.runners[0].meta;
+    this.meta = this.grid[0][0].meta;
+    this.stackable = this.grid.every((row) => row[0].stackable);
     this.kvBytes = this.runners.reduce((t, r) => t + r.kvBytes, 0);
   }
 
+  /** The logits the engine reads: on stage 0's shard 0 (brought home by `logitsHome` when the last stage is elsewhere). */
   get logits(): DeviceBuffer {
-    return this.runners[0].logits;
+    return this.homeLogits ?? this.grid[this.grid.length - 1][0].logits;
   }
 
-  /** Every shard gets the pass's meta (positions, slots, block tables: its KV slice is paged alike). */
+  /** Every shard gets the pass's meta (positions, slots, block tables: its KV slice is paged alike); the sampler's parameters go to the last stage's shard 0. */
   writeMeta(h: StepBuffers, rows: number, nl: number, withSampling: boolean): void {
-    this.runners.forEach((r, k) => writeStepMeta(this.shards[k].backend, r, h, rows, nl, withSampling && k === 0));
+    const S = this.grid.length;
+    this.grid.forEach((row, s) => row.forEach((r, k) => writeStepMeta(r.backend, r, h, rows, nl, withSampling && k === 0 && s === S - 1)));
   }
 
   forward(rows: number, nLogits: number): void {
-    const R = this.runners;
-    // Every shard decides alike (same rows, logits, capabilities); shard 0 speaks for them.
-    const fused = R[0].fusedPass(rows, nLogits);
-    for (const r of R) r.embed(rows);
-    const L = R[0].spec.numLayers;
-    for (let l = 0; l < L; l++) {
-      for (const r of R) r.attention(l, rows, fused);
-      this.attnGather.gather(R.map((r) => r.attnPart), R.map((r) => r.attnFull), rows);
-      for (const r of R) r.oProjection(l, rows, fused);
-      // Fused: the accumulated columns go back into the stream; else the o output is gathered whole.
-      this.hiddenGather.gather(R.map((r) => r.hiddenPart), R.map((r) => (fused ? r.hidden : r.oFull)), rows);
-      for (const r of R) r.gateUp(l, rows, fused);
-      this.mlpGather.gather(R.map((r) => r.mlpPart), R.map((r) => r.mlpFull), rows);
-      for (const r of R) r.down(l, rows, fused);
-      this.hiddenGather.gather(R.map((r) => r.hiddenPart), R.map((r) => (fused ? r.hidden : r.mlpOut)), rows);
+    const S = this.grid.length;
+    // Every shard decides alike (same rows, logits, capabilities); shard 0 of stage 0 speaks for them.
+    const fused = this.grid[0][0].fusedPass(rows, nLogits, this.stackable);
+    for (let s = 0; s < S; s++) {
+      const R = this.grid[s];
+      const G = this.stageGathers[s];
+      if (s === 0) for (const r of R) r.embed(rows);
+      else
+        R.forEach((r, k) => {
+          // Each shard's copy of the stream goes to the same shard of the next stage.
+          this.handoffs[s - 1][k].send(this.grid[s - 1][k].hidden, rows);
+          this.handoffs[s - 1][k].recv(r.hidden, rows);
+        });
+      for (let l = R[0].firstLayer; l < R[0].endLayer; l++) {
+        for (const r of R) r.attention(l, rows, fused);
+        G.attn.gather(R.map((r) => r.attnPart), R.map((r) => r.attnFull), rows);
+        for (const r of R) r.oProjection(l, rows, fused);
+        // Fused: the accumulated columns go back into the stream; else the o output is gathered whole.
+        G.hidden.gather(R.map((r) => r.hiddenPart), R.map((r) => (fused ? r.hidden : r.oFull)), rows);
+        for (const r of R) r.gateUp(l, rows, fused);
+        G.mlp.gather(R.map((r) => r.mlpPart), R.map((r) => r.mlpFull), rows);
+        for (const r of R) r.down(l, rows, fused);
+        G.hidden.gather(R.map((r) => r.hiddenPart), R.map((r) => (fused ? r.hidden : r.mlpOut)), rows);
+      }
+      if (s + 1 < S) for (const r of R) r.finishStage(rows, fused);
     }
     if (nLogits === 0) return;
+    const R = this.grid[S - 1];
     for (const r of R) r.headSlice(rows, nLogits, fused);
     this.headGather.gather(R.map((r) => r.headPart), [R[0].logits], nLogits);
   }
 
+  /**
+   * Sample the logit rows on the last stage's shard 0 into `out` (stage 0's meta buffer) and push
+   * them into stage 0's token ring; from another backend the tokens travel over the token link.
+   */
   sampleOnDevice(nLogits: number, out: DeviceBuffer): void {
-    this.runners[0].sampleOnDevice(nLogits, out);
+    const last = this.grid[this.grid.length - 1][0];
+    const home = this.grid[0][0];
+    if (last === home) {
+      home.sampleOnDevice(nLogits, out);
+      return;
+    }
+    const lm = last.meta;
+    const into = this.tokenLink ? lm.sampled : out;
+    const V = last.spec.vocabSize;
+    last.backend.run('sample', { logits: last.logits, params: lm.sampleParams, rng: lm.rng, out: into, rows: nLogits, vocab: V, ...(last.sampleLimit < V ? { limit: last.sampleLimit } : {}) });
+    if (this.tokenLink) {
+      this.tokenLink.send(lm.sampled, nLogits);
+      this.tokenLink.recv(out, nLogits);
+    }
+    home.backend.run('ring_push', { src: out, ring: this.meta.ring, cursor: this.meta.ringCursor, rows: nLogits, capacity: this.limits.ringCapacity });
   }
 
-  /** The logits are on shard 0 (the engine's backend) after forward. */
-  logitsHome(_nLogits: number): void {}
+  /** Bring the last stage's logits to stage 0's shard 0, where the engine reads them (a no-op when they are there). */
+  logitsHome(nLogits: number): void {
+    if (!this.logitsLink || nLogits === 0) return;
+    this.logitsLink.send(this.grid[this.grid.length - 1][0].logits, nLogits);
+    this.logitsLink.recv(this.homeLogits!, nLogits);
+  }
 
   advance(_rows: number): void {
     throw new NervaError('TENSOR_PARALLEL_STATE', 'advance is part of a captured decode step; a tensor-parallel group runs its passes eagerly');
@@ -303,25 +424,29 @@ export class TensorParallelGroup implements PassRunner {
     return sumBackendStats(this.distinct);
   }
 
-  /** Each shard's backend, slices, weight and KV bytes (its residency), and the links between shards. */
+  /** Each shard's stage, backend, slices, weight and KV bytes (its residency), and the links between shards. */
   describe(): TensorParallelDescription {
     const span = (o: number, w: number): [number, number] => [o, o + w];
+    const n = this.geometry.length;
     return {
-      shards: this.shards.map((s, k) => {
-        const g = this.geometry[k];
+      stages: this.grid.length,
+      shards: this.cells.map((c, i) => {
+        const g = this.geometry[i % n];
         return {
-          backend: s.backend.name,
-          ...(s.device !== undefined ? { device: s.device } : {}),
+          stage: Math.floor(i / n),
+          layers: [c.firstLayer, c.endLayer] as [number, number],
+          backend: c.backend.name,
+          ...(c.device !== undefined ? { device: c.device } : {}),
           qHeads: span(g.qHeadOffset, g.qHeads),
           kvHeads: span(g.kvHeadOffset, g.kvHeads),
           hidden: span(g.hidden.offset, g.hidden.width),
           inter: span(g.inter.offset, g.inter.width),
           vocab: span(g.vocab.offset, g.vocab.width),
-          weightBytes: s.weights.bytes,
-          kvBytes: this.runners[k].kvBytes,
+          weightBytes: c.weights.bytes,
+          kvBytes: this.runners[i].kvBytes,
         };
       }),
-      links: this.hiddenGather.linkKinds,
+      links: [...new Set([...this.gathers.flatMap((x) => x.linkKinds), ...this.handoffs.flat().map((l) => l.kind)])],
       shared: this.distinct.length === 1,
     };
   }
@@ -329,6 +454,8 @@ export class TensorParallelGroup implements PassRunner {
   private disposeParts(): void {
     for (const g of this.gathers) g.close();
     this.gathers.length = 0;
+    for (const l of [...this.handoffs.flat(), this.tokenLink, this.logitsLink]) l?.close();
+    if (this.homeLogits) this.grid[0][0].backend.free(this.homeLogits);
     for (const r of this.runners) r.dispose();
   }
 
