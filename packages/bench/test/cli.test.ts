@@ -45,6 +45,19 @@ describe('nerva-bench', () => {
     expect(four.tokens_sha256).not.toBe(j.tokens_sha256);
   }, 180_000);
 
+  it('decode takes --tensor-parallel: the shard count is reported and the tokens are one backend\'s', async () => {
+    const args = [CLI, 'decode', '--backend', 'cpu', '--new-tokens', '8', '--prompt-len', '16'];
+    const one = JSON.parse((await run(process.execPath, args, { cwd: root })).stdout.trim());
+    const j = JSON.parse((await run(process.execPath, [...args, '--tensor-parallel', '2'], { cwd: root })).stdout.trim());
+    expect(one.tensor_parallel).toBe(1);
+    expect(j.tensor_parallel).toBe(2);
+    expect(j.tokens_sha256).toBe(one.tokens_sha256);
+    expect(j.notes.some((n: string) => n.startsWith('tensor parallel: 2 shards'))).toBe(true);
+    const bad = await run(process.execPath, [CLI, 'decode', '--backend', 'cpu', '--tensor-parallel', '3'], { cwd: root }).catch((e) => e);
+    expect(bad.code).not.toBe(0);
+    expect(bad.stderr).toContain("tensorParallel 3 does not divide the model's 2 KV head(s)");
+  }, 180_000);
+
   it('decode takes --pipeline-parallel: the stages, their layers and links are reported', async () => {
     const { stdout } = await run(process.execPath, [CLI, 'decode', '--backend', 'cpu', '--new-tokens', '8', '--prompt-len', '16', '--pipeline-parallel', '2'], { cwd: root });
     const j = JSON.parse(stdout.trim());

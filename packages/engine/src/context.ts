@@ -21,6 +21,7 @@ import type { GenerationDefaults, NervaModel } from './model.js';
 import { ModelRunner } from './model-runner.js';
 import { type KvCacheDtype, kvDtypeOf } from './model-weights.js';
 import { type PassRunner, type PipelineDescription, StagePipeline } from './stages/pipeline.js';
+import { isPreparedShards, TensorParallelGroup, type TensorParallelDescription } from './stages/tensor-parallel.js';
 import { type PassProfile, StepProfiles } from './profiling.js';
 import type { MeasuredRates } from './rates.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';
@@ -74,8 +75,11 @@ export class ModelContext {
   readonly generationDefaults: GenerationDefaults;
   /** @internal The pass runner: one ModelRunner, or the stage pipeline. */
   protected readonly runner: PassRunner;
-  /** The stages, when the model runs as a pipeline (pipelineParallel > 1); `runner` is then this. */
-  private readonly pipeline: StagePipeline | undefined;
+  /**
+   * The stages, when the model runs as a pipeline (pipelineParallel > 1), or the shards of a
+   * tensor-parallel group (tensorParallel > 1); `runner` is then this.
+   */
+  private readonly pipeline: StagePipeline | TensorParallelGroup | undefined;
   private readonly pager: WeightPager | undefined;
   private readonly scheduler: Scheduler;
   /** Tiered KV (kvVramBudget): the page policy and its moves; undefined when all KV is hot. */
@@ -164,7 +168,7 @@ export class ModelContext {
         kvDtype: this.kvDtype,
       };
       const { weights, stages } = model.internals;
-      this.pipeline = stages ? new StagePipeline(s, limits, stages) : undefined;
+      this.pipeline = stages ? (isPreparedShards(stages) ? new TensorParallelGroup(s, limits, stages) : new StagePipeline(s, limits, stages)) : undefined;
       this.runner = this.pipeline ?? new ModelRunner(this.backend, s, weights, limits);
       this.ring = new TokenRingReader(this.backend, this.runner);
       // A checkpoint may have more embedding rows than its tokenizer has ids (Qwen pads to a
@@ -286,7 +290,11 @@ export class ModelContext {
 
   /** Where every weight block lives, what moved and what it cost (the memory OS report). */
   memoryReport(): MemoryReport {
-    return contextMemoryReport(this.backend, this.model.internals, this.runner, this.kvTiers, this.totalPreemptions, this.kv.blockSize);
+    const r = contextMemoryReport(this.backend, this.model.internals, this.runner, this.kvTiers, this.totalPreemptions, this.kv.blockSize);
+    // A tensor-parallel group: each shard's residency (its weights and KV heads).
+    if (this.pipeline instanceof TensorParallelGroup)
+      r.devices = this.pipeline.describe().shards.map((s) => ({ backend: s.backend, ...(s.device !== undefined ? { device: s.device } : {}), weightBytes: s.weightBytes, kvBytes: s.kvBytes }));
+    return r;
   }
 
   encode(text: string): number[] {
@@ -427,7 +435,7 @@ export class ModelContext {
    * ```
    */
   async embed(inputs: readonly (string | readonly number[])[], o: EmbedOptions = {}): Promise<EmbedResult> {
-    if (this.pipeline) throw new EngineError('UNSUPPORTED', 'embeddings are not computed on a stage pipeline (pipelineParallel > 1)');
+    if (this.pipeline) throw new EngineError('UNSUPPORTED', 'embeddings are not computed on a stage pipeline or a tensor-parallel group (pipelineParallel or tensorParallel > 1)');
     return this.embeddings.embed(inputs, o);
   }
 
@@ -610,14 +618,16 @@ export class ModelContext {
       const runners = forks ? (this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) : [];
       for (const r of runners) r.repeatedLogitRows = true;
       // A pass of one sequence (a prompt chunk): op attention may skip what sequence seams need.
-      const single = !this.pipeline && plan.scheduled.length === 1 ? (this.runner as ModelRunner) : undefined;
-      if (single) single.oneSequence = true;
+      // (Every shard of a tensor-parallel group too: each runs one device's attention over its heads.)
+      const single: ModelRunner[] =
+        plan.scheduled.length !== 1 || this.pipeline instanceof StagePipeline ? [] : this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner];
+      for (const r of single) r.oneSequence = true;
       try {
         if (tiered) (this.runner as ModelRunner).forward(rows, nl, undefined, undefined, true);
         else this.runner.forward(rows, nl);
       } finally {
         for (const r of runners) r.repeatedLogitRows = false;
-        if (single) single.oneSequence = false;
+        for (const r of single) r.oneSequence = false;
       }
       // The masks, waited for while the device runs the forward (host rows' included: sampled below).
       gs.ready();
@@ -754,7 +764,12 @@ export class ModelContext {
 
   /** The pipeline's stages, links and micro-batches; undefined when the model runs as one stage. */
   pipelineDescription(): PipelineDescription | undefined {
-    return this.pipeline?.describe();
+    return this.pipeline instanceof StagePipeline ? this.pipeline.describe() : undefined;
+  }
+
+  /** The tensor-parallel group's shards (backend, slices, weight and KV bytes each) and links; undefined without tensorParallel. */
+  tensorParallelDescription(): TensorParallelDescription | undefined {
+    return this.pipeline instanceof TensorParallelGroup ? this.pipeline.describe() : undefined;
   }
 
   /**

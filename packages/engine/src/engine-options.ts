@@ -87,6 +87,16 @@ export interface EngineOptions {
   /** Micro-batches per pipelined pass (default: 1 when stages share a backend, N otherwise). */
   pipelineMicroBatches?: number;
   /**
+   * Tensor-parallel shards (default 1): every decoder layer split across N backends of one kind,
+   * each projection by its output rows, the activations all-gathered after each, so tokens and
+   * logits equal the one-backend run bit for bit (`TensorParallelGroup`). N must divide the
+   * model's KV heads (GQA groups stay whole). With `pipelineParallel` S, each stage is split
+   * across N shards of its own. On CUDA this needs N x S visible GPUs unless
+   * `allowSingleDeviceStages`; on the CPU backend each shard gets a CPU backend of its own. Not
+   * yet with MoE models, `stageDevices`, pipeline micro-batches, memory budgets or tiered KV.
+   */
+  tensorParallel?: number;
+  /**
    * Activation rounding of the backend the engine creates (default 'exact'). 'bf16' reproduces
    * transformers' bf16 eager forward rounding for rounding (weights and KV then bf16); see
    * `Numerics` in @nerva/core. With a backend object, its own numerics apply and this must agree.
@@ -270,6 +280,7 @@ export type ModelOptions = Pick<
   | 'allowSingleDeviceStages'
   | 'stageDevices'
   | 'pipelineMicroBatches'
+  | 'tensorParallel'
   | 'numerics'
   | 'matmulPrecision'
   | 'batchInvariant'

@@ -186,7 +186,7 @@ const slotCache = new WeakMap<ModelSpec, CanonicalWeights>();
  * v, gate with up); `fused` null for a matrix that must stay float (routed experts, the split
  * layers' MLPs, whose kernels read float weights).
  */
-function storageDtypes(backend: DeviceBackend, ckpt: WeightStore): (slot: WeightSlot, fused?: readonly WeightSlot[] | null) => DType {
+export function storageDtypes(backend: DeviceBackend, ckpt: WeightStore): (slot: WeightSlot, fused?: readonly WeightSlot[] | null) => DType {
   const wd = backend.capabilities.weightDtype;
   // Exact by default: a weight is never stored narrower than its checkpoint (an f32 checkpoint
   // stays f32 on a bf16-preferring backend); it is only narrowed when the backend cannot hold it.

@@ -7,6 +7,7 @@ import { checkEngineOptions, type ContextOptions, type ModelOptions } from './en
 import { kvCacheBytesAfterUpload, kvCacheBytesFor, pinnedBytesFor, runnerShape } from './memory-plan.js';
 import { freeWeights, type ModelWeights, uploadWeights, weightFormatNote } from './model-weights.js';
 import { pipelineRequest, type PreparedStages, prepareStages } from './stages/pipeline.js';
+import { prepareShards, tensorParallelRequest } from './stages/tensor-parallel.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
 import type { SamplingParams } from './sampling-params.js';
 import { checkpointImportanceKey, placeWeights } from './weight-residency.js';
@@ -109,6 +110,7 @@ export class NervaModel {
   static async load(o: ModelOptions): Promise<NervaModel> {
     // Pipeline options are checked before anything loads.
     const pipe = pipelineRequest(o);
+    const tp = tensorParallelRequest(o);
     checkEngineOptions(o);
     // Options are checked before the checkpoint opens: a refused one leaves no file open.
     const loaded = await loadModelDir(o.model);
@@ -194,19 +196,20 @@ export class NervaModel {
       const placed = placeWeights(backend, sp, loaded.checkpoint, kvPlanned ?? 0, shape, o, reservedBytes, splitFor, importance?.profile?.layers, kvFloor);
       if (measured) notes.push(`compute near data: ${measured}`);
       pager = placed?.pager;
-      if (pipe) {
+      if (pipe || tp) {
         const be0 = backend;
-        staged = await prepareStages({
-          request: pipe,
+        const args = {
           primary: be0,
           spec: loaded.spec,
           ckpt: loaded.checkpoint,
           backendOptions: { deviceArenaBytes: o.deviceArenaBytes, numerics: be0.capabilities.numerics ?? 'exact', matmulPrecision: be0.capabilities.matmulPrecision ?? 'exact', batchInvariant: be0.capabilities.batchInvariant === true },
           kvPlanned,
-          kvAfterUpload: (b, activationBytes) => kvCacheBytesAfterUpload(b, { ...shape, activationBytes }),
+          kvAfterUpload: (b: DeviceBackend, activationBytes: number) => kvCacheBytesAfterUpload(b, { ...shape, activationBytes }),
           activationBytes: shape.activationBytes,
           onProgress: o.onProgress,
-        });
+        };
+        // With tensorParallel, the group makes the stages too (each stage split across its own shards).
+        staged = tp ? await prepareShards({ ...args, request: tp }) : await prepareStages({ ...args, request: pipe! });
         notes.push(...staged.notes);
       }
       weights = staged ? staged.stages[0].weights : await uploadWeights(backend, loaded.spec, loaded.checkpoint, o.onProgress, pager, undefined, placed?.split);

@@ -1,4 +1,4 @@
-export type { KvMemoryReport, KvTierPages, MemoryReport, PathTraffic, TierUsage, WeightFormat } from './report.js';
+export type { DeviceResidency, KvMemoryReport, KvTierPages, MemoryReport, PathTraffic, TierUsage, WeightFormat } from './report.js';
 export * from './errors.js';
 export * from './planner.js';
 export * from './staging-ring.js';

@@ -78,8 +78,24 @@ export interface MemoryReport {
   };
   /** KV pages by tier, when the engine runs tiered KV (`kvVramBudget`). */
   kv?: KvMemoryReport;
+  /**
+   * Per device, when the model is split across several (tensor-parallel shards): what each one
+   * holds. `weights` and `tiers` then describe the engine's own device (shard 0).
+   */
+  devices?: DeviceResidency[];
   /** Decisions the user must see (why a block is where it is, a degraded path). */
   notes: string[];
+}
+
+/** What one device of a split model holds. */
+export interface DeviceResidency {
+  /** The backend's name, and its device ordinal when it has one. */
+  backend: string;
+  device?: number;
+  /** Weight bytes resident on it (its shard of every layer, and what every shard holds whole). */
+  weightBytes: number;
+  /** KV cache bytes on it (its KV heads of every layer). */
+  kvBytes: number;
 }
 
 /** Pages of one KV tier. */

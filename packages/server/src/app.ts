@@ -230,6 +230,8 @@ export function buildApp(served: ServerState | ModelRouter, opts: { logger?: boo
       kv_warm_link_share: s.memory.kv ? (s.memory.kv.staging?.share ?? 0) : null,
       weights_bytes: s.weightBytes,
       kv_cache_bytes: s.kvCacheBytes,
+      // Per device of a tensor-parallel model (each shard's weight and KV bytes); null on one device.
+      devices: mem.devices ?? null,
       kv_block_size: s.blockSize,
       kv_blocks_total: s.kv.totalBlocks - 1,
       kv_blocks_free: s.kv.freeBlocks,

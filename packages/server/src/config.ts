@@ -92,6 +92,11 @@ export interface ServerConfig extends SecurityOptions {
    * visible GPUs unless `allowSingleDeviceStages`; the CPU backend takes any N up to the layer count.
    */
   pipelineParallel?: number;
+  /**
+   * Tensor-parallel shards (default 1): every layer split across N devices, exact. N must divide
+   * the model's KV heads; on CUDA N > 1 needs N visible GPUs unless `allowSingleDeviceStages`.
+   */
+  tensorParallel?: number;
   /** Put every pipeline stage on one GPU (a test of the pipeline on a one-GPU machine). */
   allowSingleDeviceStages?: boolean;
   /** Structured access log, JSON lines on stdout (`nerva serve`: default true). */

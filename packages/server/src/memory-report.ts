@@ -37,6 +37,8 @@ export interface MemoryReportJson {
   prefetch: { hits: number; stalls: number; stall_ms: number };
   /** KV pages by tier, present when the engine runs tiered KV (`kv_vram_budget`). */
   kv?: KvReportJson;
+  /** Per device of a tensor-parallel model: its backend (and ordinal), weight and KV bytes. */
+  devices?: { backend: string; device?: number; weight_bytes: number; kv_bytes: number }[];
   notes: string[];
 }
 
@@ -105,6 +107,7 @@ export function memoryReportJson(r: MemoryReport): MemoryReportJson {
     streamed_bytes_per_pass: r.streamedBytesPerPass,
     prefetch: { hits: r.prefetch.hits, stalls: r.prefetch.stalls, stall_ms: ms(r.prefetch.stallMs) },
     ...(r.kv ? { kv: kvReportJson(r.kv) } : {}),
+    ...(r.devices ? { devices: r.devices.map((d) => ({ backend: d.backend, ...(d.device !== undefined ? { device: d.device } : {}), weight_bytes: d.weightBytes, kv_bytes: d.kvBytes })) } : {}),
     notes: [...r.notes],
   };
 }

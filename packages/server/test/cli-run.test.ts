@@ -268,6 +268,43 @@ describe("nerva run --pipeline-parallel", () => {
   });
 });
 
+describe("nerva run --tensor-parallel", () => {
+  const args = ["run", "--prompt-ids", "1,5,9,14,3,27,8,2,11,6", "--max-tokens", "8", "--temperature", "0", "--backend", "cpu", "--json"];
+  const last = (out: string) => JSON.parse(out.trimEnd().split("\n").pop()!);
+
+  it("2 shards give one backend's tokens and report each shard's slices and residency", async () => {
+    const one = last((await nerva(args)).stdout);
+    expect(one.tensor_parallel).toBeNull();
+    const r = await nerva([...args, "--tensor-parallel", "2"]);
+    const j = last(r.stdout);
+    expect(j.token_ids).toEqual(one.token_ids);
+    expect(j.first_logits_top5).toEqual(one.first_logits_top5);
+    expect(j.tensor_parallel.shards).toHaveLength(2);
+    expect(j.tensor_parallel.shards.map((s: { kvHeads: number[] }) => s.kvHeads)).toEqual([[0, 1], [1, 2]]);
+    for (const s of j.tensor_parallel.shards) expect(s.weightBytes).toBeGreaterThan(0);
+    expect(r.stderr).toContain("nerva: tensor parallel: 2 shards");
+    // The memory report's per-device residency: each shard's weights and its half of the KV cache.
+    expect(j.memory.devices).toHaveLength(2);
+    expect(j.memory.devices[0].kv_bytes).toBe(j.memory.devices[1].kv_bytes);
+    expect(j.memory.devices[0].weight_bytes).toBe(j.tensor_parallel.shards[0].weightBytes);
+  });
+
+  it("a bad shard count and a count that does not divide the KV heads are clear errors", async () => {
+    for (const [extra, msg] of [
+      [["--tensor-parallel", "0"], '--tensor-parallel must be a positive integer, got "0"'],
+      [["--tensor-parallel", "4"], "tensorParallel 4 does not divide the model's 2 KV head(s)"],
+      [["--tensor-parallel", "2", "--pipeline-parallel", "7"], "pipelineParallel 7 exceeds the model's 6 decoder layers"],
+    ] as [string[], string][]) {
+      const err = await nerva([...args, ...extra]).then(
+        () => undefined,
+        (e: { code: number; stderr: string }) => e
+      );
+      expect(err?.code, extra.join(" ")).not.toBe(0);
+      expect(err?.stderr, extra.join(" ")).toContain(msg);
+    }
+  });
+});
+
 describe("nerva synth", () => {
   it("writes a checkpoint in HF layout that nerva run loads", async () => {
     const out = join(tmp, "synth");

@@ -18,6 +18,7 @@ type DecodeEngineOptions = Pick<
   | 'kvHostBudget'
   | 'kvOffloadDir'
   | 'pipelineParallel'
+  | 'tensorParallel'
   | 'allowSingleDeviceStages'
   | 'runAhead'
   | 'runAheadSteps'
@@ -57,6 +58,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     kvHostBudget: o.kvHostBudget,
     kvOffloadDir: o.kvOffloadDir !== undefined ? resolve(o.kvOffloadDir) : undefined,
     pipelineParallel: o.pipelineParallel,
+    tensorParallel: o.tensorParallel,
     allowSingleDeviceStages: o.allowSingleDeviceStages,
     ...(o.runAhead !== undefined ? { runAhead: o.runAhead } : {}),
     ...(o.runAheadSteps !== undefined ? { runAheadSteps: o.runAheadSteps } : {}),
@@ -87,6 +89,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       // Stages, their layers and links (null: one stage).
       pipeline_parallel: engine.pipelineDescription()?.stages.length ?? 1,
       pipeline: engine.pipelineDescription() ?? null,
+      tensor_parallel: engine.tensorParallelDescription()?.shards.length ?? 1,
       new_tokens: out.tokenIds.length,
       // Digest of the generated ids: two runs (other kernels, other machines) decoded the same tokens iff equal.
       tokens_sha256: createHash('sha256').update(out.tokenIds.join(',')).digest('hex').slice(0, 16),

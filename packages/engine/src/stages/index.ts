@@ -3,3 +3,9 @@
 export * from './plan.js';
 export * from './links.js';
 export * from './pipeline.js';
+// Tensor parallelism: every layer split across shards (shard-weights.ts, shard-runner.ts), their
+// slices all-gathered over the same stage links (all-gather.ts), run as one group (tensor-parallel.ts).
+export * from './all-gather.js';
+export * from './shard-weights.js';
+export * from './shard-runner.js';
+export { isPreparedShards, prepareShards, tensorParallelRequest, TensorParallelGroup, type PreparedShards, type PrepareShardsArgs, type TensorParallelDescription, type TensorParallelOptions, type TensorParallelRequest } from './tensor-parallel.js';

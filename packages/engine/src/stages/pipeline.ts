@@ -610,29 +610,7 @@ export class StagePipeline implements PassRunner {
 
   /** Counters summed over the stages' backends (each counted once). */
   stats(): BackendStats {
-    if (this.distinct.length === 1) return this.distinct[0].stats();
-    const all = this.distinct.map((b) => b.stats());
-    const sum = (k: Exclude<keyof BackendStats, 'syncs' | 'hostComputeMsByOp'>) => all.reduce((t, s) => t + (s[k] ?? 0), 0);
-    const byOp = all.filter((s) => s.hostComputeMsByOp !== undefined).map((s) => s.hostComputeMsByOp!);
-    const syncs = emptySyncCounts();
-    for (const s of all) for (const k of SYNC_KINDS) syncs[k] += s.syncs[k];
-    return {
-      liveBuffers: sum('liveBuffers'),
-      liveBytes: sum('liveBytes'),
-      allocCalls: sum('allocCalls'),
-      freeCalls: sum('freeCalls'),
-      hotPathAllocations: sum('hotPathAllocations'),
-      h2dBytes: sum('h2dBytes'),
-      d2hBytes: sum('d2hBytes'),
-      d2dBytes: sum('d2dBytes'),
-      launches: sum('launches'),
-      graphReplays: sum('graphReplays'),
-      syncs,
-      ...(all.some((s) => s.hostComputeMs !== undefined) ? { hostComputeMs: sum('hostComputeMs') } : {}),
-      ...(byOp.length
-        ? { hostComputeMsByOp: { mlp_slice: byOp.reduce((t, b) => t + (b.mlp_slice ?? 0), 0), attention: byOp.reduce((t, b) => t + (b.attention ?? 0), 0) } }
-        : {}),
-    };
+    return sumBackendStats(this.distinct);
   }
 
   private disposeParts(): void {
@@ -648,4 +626,29 @@ export class StagePipeline implements PassRunner {
     this.disposed = true;
     this.disposeParts();
   }
+}
+
+/** Counters summed over several backends (each given once): a pipeline's stages, a tensor-parallel group's shards. */
+export function sumBackendStats(distinct: readonly DeviceBackend[]): BackendStats {
+  if (distinct.length === 1) return distinct[0].stats();
+  const all = distinct.map((b) => b.stats());
+  const sum = (k: Exclude<keyof BackendStats, 'syncs' | 'hostComputeMsByOp'>) => all.reduce((t, s) => t + (s[k] ?? 0), 0);
+  const byOp = all.filter((s) => s.hostComputeMsByOp !== undefined).map((s) => s.hostComputeMsByOp!);
+  const syncs = emptySyncCounts();
+  for (const s of all) for (const k of SYNC_KINDS) syncs[k] += s.syncs[k];
+  return {
+    liveBuffers: sum('liveBuffers'),
+    liveBytes: sum('liveBytes'),
+    allocCalls: sum('allocCalls'),
+    freeCalls: sum('freeCalls'),
+    hotPathAllocations: sum('hotPathAllocations'),
+    h2dBytes: sum('h2dBytes'),
+    d2hBytes: sum('d2hBytes'),
+    d2dBytes: sum('d2dBytes'),
+    launches: sum('launches'),
+    graphReplays: sum('graphReplays'),
+    syncs,
+    ...(all.some((s) => s.hostComputeMs !== undefined) ? { hostComputeMs: sum('hostComputeMs') } : {}),
+    ...(byOp.length ? { hostComputeMsByOp: { mlp_slice: byOp.reduce((t, b) => t + (b.mlp_slice ?? 0), 0), attention: byOp.reduce((t, b) => t + (b.attention ?? 0), 0) } } : {}),
+  };
 }

@@ -12,7 +12,7 @@ export const DEFAULT_PROMPT = 'ROMEO:';
 const ENGINE_FLAGS = deriveFlags(
   [
     ...CLI_ENGINE_FLAGS,
-    ...(['kvVramBudget', 'kvHostBudget', 'kvOffloadDir', 'kvWarmLinkShare', 'pipelineParallel', 'allowSingleDeviceStages', 'profile'] as const).map(engineOption),
+    ...(['kvVramBudget', 'kvHostBudget', 'kvOffloadDir', 'kvWarmLinkShare', 'pipelineParallel', 'tensorParallel', 'allowSingleDeviceStages', 'profile'] as const).map(engineOption),
   ],
   { applyDefaults: true },
 );
@@ -81,6 +81,8 @@ export function registerRun(program: Command): void {
             kv_cache_dtype: engine.kvDtype,
             // Stages, links and micro-batches with --pipeline-parallel; null for one stage.
             pipeline: engine.pipelineDescription() ?? null,
+            // Shards (backend, slices, weight and KV bytes each) with --tensor-parallel; null for one backend.
+            tensor_parallel: engine.tensorParallelDescription() ?? null,
             prompt_ids: promptIds,
             token_ids: out.tokenIds,
             text: out.text,

@@ -1,0 +1,467 @@
+/**
+ * Exact tensor parallelism: every decoder layer split across N backends of one kind (N GPUs; on
+ * the CPU backend, N CPU backends standing in for them), so that tokens and logits equal the
+ * one-backend run bit for bit.
+ *
+ * Column parallel with the activations gathered: each projection is split by its output rows
+ * (shard-weights.ts), each shard computes its rows over the whole, replicated input with the op
+ * one device runs (shard-runner.ts), and the slices are all-gathered over stage links
+ * (all-gather.ts) so every shard holds the whole activation again. Per dense layer:
+ *
+ *   qkv (the shard's heads) -> RoPE + KV append into the shard's KV heads -> attention over them
+ *   -> all-gather the attention output -> o (hidden rows / N) -> all-gather into the stream
+ *   -> gate_up (the shard's channels) + SiLU-GLU -> all-gather -> down (hidden rows / N)
+ *   -> all-gather into the stream
+ *
+ * The LM head is split by vocabulary rows too and gathered to shard 0, which samples (its rows
+ * are the largest matrix of a small model; computing them whole on shard 0 would leave the other
+ * shards idle for that share of every step). The residual add of a fused pass happens inside the
+ * accumulating projection on each shard's columns of the stream (see ShardRunner.oProjection), so
+ * each stream element gets one device's R(x + R(dot)).
+ *
+ * With pipeline stages (tensorParallel N x pipelineParallel S) the group is a grid: stage s's
+ * layers are split across its own N shards, and shard k of stage s hands its copy of the (whole,
+ * replicated) stream to shard k of stage s + 1 over a stage link. Sampling runs on the last
+ * stage's shard 0; tokens (and logits the host needs) come home to stage 0's shard 0.
+ *
+ * Not yet: MoE layers (refused), stageDevices and micro-batches with shards (refused), memory
+ * budgets and tiered KV (refused), graph capture of a group's steps (passes run eagerly).
+ *
+ * On GPUs the same structure holds, with two conditions for bit equality the CPU backend meets by
+ * construction (float64 accumulation per element, whatever the output count): a kernel whose
+ * reduction order depends on the output count (a GEMV's split-K chosen by outDim, a GEMM's tile
+ * shape chosen by N) must be pinned to the one-device choice for the shard's narrower projection,
+ * and the gathers (here links and per-row copies) want one NCCL all-gather per exchange or
+ * peer-to-peer stores from the producing kernel, inside a captured decode graph.
+ */
+import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
+import { NervaError } from '@nerva/core';
+import type { ModelSpec, WeightStore } from '@nerva/models';
+import { backendFactory, type StageCommunicator } from '../backend-registry.js';
+import { type BackendOptions, selectBackend } from '../backend-select.js';
+import { PROFILE_BUCKETS, type ProfileBucket, type RunnerLimits, type RunnerMeta } from '../model-runner.js';
+import { freeWeights, type ModelWeights, type UploadProgress } from '../model-weights.js';
+import { type StepBuffers, writeStepMeta } from '../step-batch.js';
+import { ShardGather } from './all-gather.js';
+import { makeStageLink } from './links.js';
+import type { PassRunner, PipelineStage, PreparedStages } from './pipeline.js';
+import { sumBackendStats } from './pipeline.js';
+import { planStages, type StageLink } from './plan.js';
+import { ShardRunner } from './shard-runner.js';
+import { shardGeometry, shardSpec, TensorParallelConfigError, type ShardGeometry, uploadShardWeights } from './shard-weights.js';
+
+export { TensorParallelConfigError } from './shard-weights.js';
+
+/** The tensor-parallel fields of EngineOptions (and those it does not compose with yet). */
+export interface TensorParallelOptions {
+  tensorParallel?: number;
+  allowSingleDeviceStages?: boolean;
+  pipelineParallel?: number;
+  stageDevices?: number[];
+  pipelineMicroBatches?: number;
+  vramBudget?: number;
+  hostBudget?: number;
+  kvVramBudget?: number;
+}
+
+export interface TensorParallelRequest {
+  shards: number;
+  /** Pipeline stages, each split across its own `shards` shards (1: no pipeline). */
+  stages: number;
+  allowSingleDevice: boolean;
+}
+
+/**
+ * Check the tensor-parallel options before anything loads: a shard count of at least 1, and
+ * nothing it does not compose with yet. Undefined for one shard. (Whether the model's heads
+ * split N ways is checked once its config is read: `shardGeometry`.)
+ */
+export function tensorParallelRequest(o: TensorParallelOptions): TensorParallelRequest | undefined {
+  const n = o.tensorParallel;
+  if (n === undefined) return undefined;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1) throw new TensorParallelConfigError(`tensorParallel must be a positive integer (the number of shards), got ${String(n)}`);
+  if (n === 1) return undefined;
+  if (o.stageDevices !== undefined)
+    throw new TensorParallelConfigError(`tensorParallel ${n} with stageDevices is not supported yet: with shards, stages take backends (GPUs 0, 1, ...) in order; give pipelineParallel instead`);
+  if (o.pipelineMicroBatches !== undefined && o.pipelineMicroBatches > 1)
+    throw new TensorParallelConfigError(`tensorParallel ${n} with pipelineMicroBatches ${o.pipelineMicroBatches} is not supported yet: sharded stages run one micro-batch a pass`);
+  if (o.vramBudget !== undefined || o.hostBudget !== undefined)
+    throw new TensorParallelConfigError(`tensorParallel ${n} with a ${o.vramBudget !== undefined ? 'VRAM' : 'host'} budget is not supported yet: paged weights run on one backend`);
+  if (o.kvVramBudget !== undefined) throw new TensorParallelConfigError(`tensorParallel ${n} with tiered KV (kvVramBudget) is not supported yet`);
+  const stages = o.pipelineParallel ?? 1;
+  if (!Number.isInteger(stages) || stages < 1) throw new TensorParallelConfigError(`pipelineParallel must be a positive integer, got ${String(stages)}`);
+  return { shards: n, stages, allowSingleDevice: o.allowSingleDeviceStages === true };
+}
+
+/**
+ * A group's shards, as the model loaded them: PreparedStages' shape, one entry of `stages` per
+ * shard, stage-major (stage s, shard k at s * shards + k), each with its stage's layers.
+ */
+export interface PreparedShards extends PreparedStages {
+  tensorParallel: true;
+  /** Every stage's shards split alike (ShardGeometry of shard k). */
+  geometry: ShardGeometry[];
+}
+
+export interface PrepareShardsArgs {
+  request: TensorParallelRequest;
+  /** The engine's backend: stage 0's shard 0 runs on it. */
+  primary: DeviceBackend;
+  spec: ModelSpec;
+  ckpt: WeightStore;
+  backendOptions: BackendOptions;
+  kvPlanned: number | undefined;
+  kvAfterUpload: (backend: DeviceBackend, activationBytes: number) => number;
+  activationBytes: number;
+  onProgress?: (p: UploadProgress) => void;
+}
+
+/**
+ * Place the shards: check the model splits N ways (and S stages), make a backend per shard of
+ * each stage (CPU: a CPU backend each; CUDA: a GPU each, or everything on the engine's GPU with
+ * allowSingleDeviceStages), upload each shard's weights of its stage's layers, and make the NCCL
+ * communicator when shards sit on separate GPUs.
+ */
+export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShards> {
+  const { request: req, primary, spec } = a;
+  const n = req.shards;
+  const S = req.stages;
+  const geometry = shardGeometry(spec, n);
+  if (S > spec.numLayers) throw new TensorParallelConfigError(`pipelineParallel ${S} exceeds the model's ${spec.numLayers} decoder layers: every stage needs at least one layer`);
+  const plan = planStages(spec.numLayers, S);
+  const cells = S * n;
+  const kind = primary.capabilities.deviceKind;
+  const notes: string[] = [];
+  // Every shard on the engine's backend object: asked for on the CPU backend (a test of the
+  // one-backend links a one-GPU machine uses), forced on a GPU machine with fewer GPUs than shards.
+  let shared = kind === 'cpu' && req.allowSingleDevice;
+  if (kind !== 'cpu') {
+    const count = primary.capabilities.deviceCount;
+    const what = S > 1 ? `tensorParallel ${n} x pipelineParallel ${S}` : `tensorParallel ${n}`;
+    if (count < cells && !req.allowSingleDevice)
+      throw new TensorParallelConfigError(`${what} needs ${cells} GPUs, but ${count} ${count === 1 ? 'is' : 'are'} visible; --allow-single-device-stages places every shard on one GPU, to test the split`);
+    shared = count < cells;
+  }
+  const owned: DeviceBackend[] = [];
+  const made: { backend: DeviceBackend; weights: ModelWeights }[] = [];
+  let primaryWeights: ModelWeights | undefined;
+  let nccl: StageCommunicator | undefined;
+  let disposed = false;
+  const dispose = () => {
+    if (disposed) return;
+    disposed = true;
+    for (const m of made) freeWeights(m.backend, m.weights);
+    nccl?.destroy();
+    for (const b of owned) b.dispose();
+  };
+  try {
+    const backends: DeviceBackend[] = [primary];
+    for (let i = 1; i < cells; i++) {
+      if (shared) {
+        backends.push(primary);
+        continue;
+      }
+      const b = (await selectBackend(kind === 'cpu' ? 'cpu' : 'cuda', { ...a.backendOptions, device: i })).backend;
+      owned.push(b);
+      backends.push(b);
+    }
+    const stages: PipelineStage[] = [];
+    let weightBytes = 0;
+    for (let i = 0; i < cells; i++) {
+      const r = plan.stages[Math.floor(i / n)];
+      const part = { firstLayer: r.firstLayer, endLayer: r.endLayer };
+      const w = await uploadShardWeights(backends[i], spec, a.ckpt, geometry[i % n], a.onProgress, part);
+      if (i === 0) primaryWeights = w;
+      else made.push({ backend: backends[i], weights: w });
+      weightBytes += w.bytes;
+      stages.push({ backend: backends[i], weights: w, ...part, ...(shared ? {} : { device: i, rank: i }) });
+    }
+    if (!shared && kind !== 'cpu') {
+      const communicator = backendFactory(kind)?.communicator;
+      try {
+        if (!communicator) throw new Error(`the ${kind} backend registers no communicator`);
+        nccl = await communicator(backends);
+        notes.push(`tensor-parallel links: ${nccl.description}`);
+      } catch (e) {
+        throw new TensorParallelConfigError(`tensor-parallel shards on GPUs 0-${cells - 1} need NCCL: ${(e as Error).message}`, { cause: e });
+      }
+    }
+    let kvBytes = a.kvPlanned;
+    if (kvBytes === undefined) {
+      // Each shard holds 1/N of its stage's layers' KV: the tightest backend decides the whole cache.
+      if (shared) kvBytes = Math.floor(a.kvAfterUpload(primary, a.activationBytes * cells));
+      else kvBytes = Math.floor(Math.min(...backends.map((b, i) => (a.kvAfterUpload(b, a.activationBytes) * n * spec.numLayers) / plan.stages[Math.floor(i / n)].layers)));
+    }
+    const where = shared ? `every shard on one ${kind === 'cpu' ? 'backend' : 'GPU'} (allowSingleDeviceStages): a test of the split, not a speedup` : kind === 'cpu' ? `a CPU backend per shard` : `GPUs 0-${cells - 1}`;
+    const staged = S > 1 ? ` in each of ${S} pipeline stages (${plan.stages.map((r) => `layers ${r.firstLayer}-${r.endLayer - 1}`).join('; ')})` : '';
+    notes.push(
+      `tensor parallel: ${n} shards (${geometry[0].qHeads} q / ${geometry[0].kvHeads} KV heads each)${staged}, ${where}; all-gathers after attention, o, gate_up and down; LM head split by vocabulary rows, sampled on shard 0; passes run without graph capture`,
+    );
+    return { plan, stages, shared, microBatches: 1, kvBytes, weightBytes, ...(nccl ? { nccl } : {}), notes, dispose, tensorParallel: true, geometry };
+  } catch (e) {
+    dispose();
+    if (primaryWeights) freeWeights(primary, primaryWeights);
+    throw e;
+  }
+}
+
+/** Whether prepared stages are a tensor-parallel group's shards. */
+export function isPreparedShards(p: PreparedStages): p is PreparedShards {
+  return (p as Partial<PreparedShards>).tensorParallel === true;
+}
+
+/** What a group reports: its shards' backends and slices (stage-major with pipeline stages), and its links. */
+export interface TensorParallelDescription {
+  stages: number;
+  shards: {
+    stage: number;
+    layers: [number, number];
+    backend: string;
+    device?: number;
+    qHeads: [number, number];
+    kvHeads: [number, number];
+    hidden: [number, number];
+    inter: [number, number];
+    vocab: [number, number];
+    weightBytes: number;
+    kvBytes: number;
+  }[];
+  links: string[];
+  shared: boolean;
+}
+
+/** The gathers of one stage's shards (they sit on that stage's backends). */
+interface StageGathers {
+  attn: ShardGather;
+  hidden: ShardGather;
+  mlp: ShardGather;
+}
+
+/**
+ * A tensor-parallel group driven by the engine as it drives one runner (see PassRunner): the
+ * engine writes the meta (every shard gets it), runs `forward`, and samples on the last stage's
+ * shard 0 or reads the logits brought to stage 0's shard 0.
+ */
+export class TensorParallelGroup implements PassRunner {
+  /** Every shard's runner, stage-major. */
+  readonly runners: ShardRunner[] = [];
+  /** grid[s][k]: shard k of stage s. */
+  readonly grid: ShardRunner[][] = [];
+  readonly limits: RunnerLimits;
+  readonly kvBytes: number;
+  hostComputeBytes = 0;
+  hostReadBytes = 0;
+  /** Passes interleave shards and gathers on the host: no decode graph. */
+  readonly capturable = false;
+  readonly meta: RunnerMeta;
+  private readonly cells: PipelineStage[];
+  private readonly geometry: ShardGeometry[];
+  private readonly gathers: ShardGather[] = [];
+  private readonly stageGathers: StageGathers[] = [];
+  private readonly headGather: ShardGather;
+  /** handoffs[s][k]: shard k's stream from stage s to stage s + 1. */
+  private readonly handoffs: StageLink[][] = [];
+  private readonly tokenLink: StageLink | undefined;
+  private readonly logitsLink: StageLink | undefined;
+  private readonly homeLogits: DeviceBuffer | undefined;
+  private readonly distinct: DeviceBackend[];
+  /** A one-device runner would run the whole stack as one op (decode batches take the fused path at any size). */
+  private readonly stackable: boolean;
+  private disposed = false;
+
+  constructor(spec: ModelSpec, limits: RunnerLimits, prepared: PreparedShards) {
+    this.limits = limits;
+    this.cells = prepared.stages;
+    this.geometry = prepared.geometry;
+    this.distinct = [...new Set(this.cells.map((s) => s.backend))];
+    const n = this.geometry.length;
+    const S = prepared.plan.numStages;
+    const hd = spec.headDim;
+    const H = spec.hiddenSize;
+    const end = (i: number) => ({ backend: this.cells[i].backend, ...(this.cells[i].rank !== undefined ? { rank: this.cells[i].rank } : {}) });
+    try {
+      for (let s = 0; s < S; s++) {
+        const row: ShardRunner[] = [];
+        for (let k = 0; k < n; k++) {
+          const c = this.cells[s * n + k];
+          const r = new ShardRunner(c.backend, spec, shardSpec(spec, this.geometry[k]), c.weights, limits, this.geometry[k], { firstLayer: c.firstLayer, endLayer: c.endLayer });
+          row.push(r);
+          this.runners.push(r);
+        }
+        this.grid.push(row);
+      }
+      const g = this.geometry;
+      const make = (s: number, slices: { offset: number; width: number }[], total: number, rows: number, label: string, to?: number[]) => {
+        const ends = Array.from({ length: n }, (_, k) => end(s * n + k));
+        const x = new ShardGather(ends, slices, total, rows, `${label}${S > 1 ? `.stage${s}` : ''}`, to, prepared.nccl);
+        this.gathers.push(x);
+        return x;
+      };
+      for (let s = 0; s < S; s++) {
+        this.stageGathers.push({
+          attn: make(s, g.map((x) => ({ offset: x.qHeadOffset * hd, width: x.qHeads * hd })), spec.numHeads * hd, limits.maxRows, 'tp.attn'),
+          hidden: make(s, g.map((x) => x.hidden), H, limits.maxRows, 'tp.hidden'),
+          mlp: make(s, g.map((x) => x.inter), spec.intermediateSize, limits.maxRows, 'tp.mlp'),
+        });
+      }
+      // Logits are gathered to the last stage's shard 0 only: it samples.
+      this.headGather = make(S - 1, g.map((x) => x.vocab), spec.vocabSize, limits.maxSeqs, 'tp.logits', [0]);
+      for (let s = 0; s + 1 < S; s++)
+        this.handoffs.push(
+          Array.from({ length: n }, (_, k) =>
+            makeStageLink(end(s * n + k), end((s + 1) * n + k), { fromStage: s, toStage: s + 1, rowWidth: H, maxRows: limits.maxRows, dtype: 'f32' }, { nccl: prepared.nccl, staged: true }),
+          ),
+        );
+      const home = this.grid[0][0];
+      const last = this.grid[S - 1][0];
+      if (home.backend !== last.backend) {
+        const ends = [end((S - 1) * n), end(0)] as const;
+        this.tokenLink = makeStageLink(ends[0], ends[1], { fromStage: S - 1, toStage: 0, rowWidth: 1, maxRows: limits.maxSeqs, dtype: 'i32' }, { nccl: prepared.nccl });
+        this.logitsLink = makeStageLink(ends[0], ends[1], { fromStage: S - 1, toStage: 0, rowWidth: spec.vocabSize, maxRows: limits.maxSeqs, dtype: 'f32' }, { nccl: prepared.nccl });
+        this.homeLogits = home.backend.alloc({ dtype: 'f32', length: limits.maxSeqs * spec.vocabSize, usage: 'activations', label: 'tp.home_logits' });
+      }
+    } catch (e) {
+      this.disposeParts();
+      throw e;
+    }
+    this.meta = this.grid[0][0].meta;
+    this.stackable = this.grid.every((row) => row[0].stackable);
+    this.kvBytes = this.runners.reduce((t, r) => t + r.kvBytes, 0);
+  }
+
+  /** The logits the engine reads: on stage 0's shard 0 (brought home by `logitsHome` when the last stage is elsewhere). */
+  get logits(): DeviceBuffer {
+    return this.homeLogits ?? this.grid[this.grid.length - 1][0].logits;
+  }
+
+  /** Every shard gets the pass's meta (positions, slots, block tables: its KV slice is paged alike); the sampler's parameters go to the last stage's shard 0. */
+  writeMeta(h: StepBuffers, rows: number, nl: number, withSampling: boolean): void {
+    const S = this.grid.length;
+    this.grid.forEach((row, s) => row.forEach((r, k) => writeStepMeta(r.backend, r, h, rows, nl, withSampling && k === 0 && s === S - 1)));
+  }
+
+  forward(rows: number, nLogits: number): void {
+    const S = this.grid.length;
+    // Every shard decides alike (same rows, logits, capabilities); shard 0 of stage 0 speaks for them.
+    const fused = this.grid[0][0].fusedPass(rows, nLogits, this.stackable);
+    for (let s = 0; s < S; s++) {
+      const R = this.grid[s];
+      const G = this.stageGathers[s];
+      if (s === 0) for (const r of R) r.embed(rows);
+      else
+        R.forEach((r, k) => {
+          // Each shard's copy of the stream goes to the same shard of the next stage.
+          this.handoffs[s - 1][k].send(this.grid[s - 1][k].hidden, rows);
+          this.handoffs[s - 1][k].recv(r.hidden, rows);
+        });
+      for (let l = R[0].firstLayer; l < R[0].endLayer; l++) {
+        for (const r of R) r.attention(l, rows, fused);
+        G.attn.gather(R.map((r) => r.attnPart), R.map((r) => r.attnFull), rows);
+        for (const r of R) r.oProjection(l, rows, fused);
+        // Fused: the accumulated columns go back into the stream; else the o output is gathered whole.
+        G.hidden.gather(R.map((r) => r.hiddenPart), R.map((r) => (fused ? r.hidden : r.oFull)), rows);
+        for (const r of R) r.gateUp(l, rows, fused);
+        G.mlp.gather(R.map((r) => r.mlpPart), R.map((r) => r.mlpFull), rows);
+        for (const r of R) r.down(l, rows, fused);
+        G.hidden.gather(R.map((r) => r.hiddenPart), R.map((r) => (fused ? r.hidden : r.mlpOut)), rows);
+      }
+      if (s + 1 < S) for (const r of R) r.finishStage(rows, fused);
+    }
+    if (nLogits === 0) return;
+    const R = this.grid[S - 1];
+    for (const r of R) r.headSlice(rows, nLogits, fused);
+    this.headGather.gather(R.map((r) => r.headPart), [R[0].logits], nLogits);
+  }
+
+  /**
+   * Sample the logit rows on the last stage's shard 0 into `out` (stage 0's meta buffer) and push
+   * them into stage 0's token ring; from another backend the tokens travel over the token link.
+   */
+  sampleOnDevice(nLogits: number, out: DeviceBuffer): void {
+    const last = this.grid[this.grid.length - 1][0];
+    const home = this.grid[0][0];
+    if (last === home) {
+      home.sampleOnDevice(nLogits, out);
+      return;
+    }
+    const lm = last.meta;
+    const into = this.tokenLink ? lm.sampled : out;
+    const V = last.spec.vocabSize;
+    last.backend.run('sample', { logits: last.logits, params: lm.sampleParams, rng: lm.rng, out: into, rows: nLogits, vocab: V, ...(last.sampleLimit < V ? { limit: last.sampleLimit } : {}) });
+    if (this.tokenLink) {
+      this.tokenLink.send(lm.sampled, nLogits);
+      this.tokenLink.recv(out, nLogits);
+    }
+    home.backend.run('ring_push', { src: out, ring: this.meta.ring, cursor: this.meta.ringCursor, rows: nLogits, capacity: this.limits.ringCapacity });
+  }
+
+  /** Bring the last stage's logits to stage 0's shard 0, where the engine reads them (a no-op when they are there). */
+  logitsHome(nLogits: number): void {
+    if (!this.logitsLink || nLogits === 0) return;
+    this.logitsLink.send(this.grid[this.grid.length - 1][0].logits, nLogits);
+    this.logitsLink.recv(this.homeLogits!, nLogits);
+  }
+
+  advance(_rows: number): void {
+    throw new NervaError('TENSOR_PARALLEL_STATE', 'advance is part of a captured decode step; a tensor-parallel group runs its passes eagerly');
+  }
+
+  sampleStep(_rows: number, _out: DeviceBuffer): void {
+    throw new NervaError('TENSOR_PARALLEL_STATE', 'sampleStep is part of a captured decode step; a tensor-parallel group runs its passes eagerly');
+  }
+
+  setProfiling(on: boolean, maxEvents?: number): void {
+    for (const r of this.runners) r.setProfiling(on, maxEvents);
+  }
+
+  takeProfile(ops?: Record<string, number>): Record<ProfileBucket, number> {
+    const out = Object.fromEntries(PROFILE_BUCKETS.map((b) => [b, 0])) as Record<ProfileBucket, number>;
+    for (const r of this.runners) for (const [k, v] of Object.entries(r.takeProfile(ops))) out[k as ProfileBucket] += v;
+    return out;
+  }
+
+  stats(): BackendStats {
+    return sumBackendStats(this.distinct);
+  }
+
+  /** Each shard's stage, backend, slices, weight and KV bytes (its residency), and the links between shards. */
+  describe(): TensorParallelDescription {
+    const span = (o: number, w: number): [number, number] => [o, o + w];
+    const n = this.geometry.length;
+    return {
+      stages: this.grid.length,
+      shards: this.cells.map((c, i) => {
+        const g = this.geometry[i % n];
+        return {
+          stage: Math.floor(i / n),
+          layers: [c.firstLayer, c.endLayer] as [number, number],
+          backend: c.backend.name,
+          ...(c.device !== undefined ? { device: c.device } : {}),
+          qHeads: span(g.qHeadOffset, g.qHeads),
+          kvHeads: span(g.kvHeadOffset, g.kvHeads),
+          hidden: span(g.hidden.offset, g.hidden.width),
+          inter: span(g.inter.offset, g.inter.width),
+          vocab: span(g.vocab.offset, g.vocab.width),
+          weightBytes: c.weights.bytes,
+          kvBytes: this.runners[i].kvBytes,
+        };
+      }),
+      links: [...new Set([...this.gathers.flatMap((x) => x.linkKinds), ...this.handoffs.flat().map((l) => l.kind)])],
+      shared: this.distinct.length === 1,
+    };
+  }
+
+  private disposeParts(): void {
+    for (const g of this.gathers) g.close();
+    this.gathers.length = 0;
+    for (const l of [...this.handoffs.flat(), this.tokenLink, this.logitsLink]) l?.close();
+    if (this.homeLogits) this.grid[0][0].backend.free(this.homeLogits);
+    for (const r of this.runners) r.dispose();
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    this.disposeParts();
+  }
+}
