@@ -67,7 +67,6 @@ export * from './runner-base.js';
     const H = s.hiddenSize;
     const hd = s.headDim;
     const nq = s.numHeads;
-    const nkv = s.numKvHeads;
     const qkvOut = this.qkvOut;
     const eps = s.rmsNormEps;
 
@@ -114,41 +113,7 @@ export * from './runner-base.js';
       if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
       else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
       this.op('projection', 'matmul', { x: normed, weight: lw.qkv, ...this.qkvTail(lw), bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
-      if (this.fusedOps) {
-        // QK-norm, RoPE and the KV append in one op (the same arithmetic as the three below).
-        this.op('attention', 'rope_append', {
-          qkv: a.qkv,
-          positions: m.positions,
-          invFreq: w.invFreq,
-          slots: m.slots,
-          kCache: this.kCache[l],
-          vCache: this.vCache[l],
-          rows,
-          numHeads: nq,
-          numKvHeads: nkv,
-          headDim: hd,
-          rowStride: qkvOut,
-          qNorm: lw.qNorm,
-          kNorm: lw.kNorm,
-          eps,
-        });
-      } else {
-        const rope = { x: a.qkv, positions: m.positions, invFreq: w.invFreq, rows, headDim: hd, rowStride: qkvOut, eps };
-        this.op('attention', 'rope', { ...rope, numHeads: nq, headOffset: 0, normWeight: lw.qNorm });
-        this.op('attention', 'rope', { ...rope, numHeads: nkv, headOffset: nq * hd, normWeight: lw.kNorm });
-        this.op('attention', 'kv_append', {
-          src: a.qkv,
-          kCache: this.kCache[l],
-          vCache: this.vCache[l],
-          slots: m.slots,
-          rows,
-          numKvHeads: nkv,
-          headDim: hd,
-          rowStride: qkvOut,
-          kOffset: nq * hd,
-          vOffset: (nq + nkv) * hd,
-        });
-      }
+      this.ropeAppend(l, lw, rows);
       this.attend(l, rows);
       this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.o, rows, inDim: nq * hd, outDim: H }, 'gemm_o');
       this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: normed, rows, dim: H, eps });
@@ -228,6 +193,46 @@ export * from './runner-base.js';
    */
   private forwardFusedLayers(rows: number): void {
     for (let l = this.firstLayer; l < this.endLayer; l++) this.fusedLayer(l, rows);
+  }
+
+  /**
+   * QK-norm, RoPE and the KV append of layer l's rows of act.qkv: op rope_append where the runner
+   * fuses ops, else the three ops it stands for (the same arithmetic).
+   */
+  protected ropeAppend(l: number, lw: LayerWeights, rows: number): void {
+    const s = this.spec;
+    const a = this.act;
+    const m = this.meta;
+    const nq = s.numHeads;
+    const nkv = s.numKvHeads;
+    const hd = s.headDim;
+    const rowStride = this.qkvOut;
+    const eps = s.rmsNormEps;
+    const invFreq = this.weights.invFreq;
+    if (this.fusedOps) {
+      this.op('attention', 'rope_append', {
+        qkv: a.qkv,
+        positions: m.positions,
+        invFreq,
+        slots: m.slots,
+        kCache: this.kCache[l],
+        vCache: this.vCache[l],
+        rows,
+        numHeads: nq,
+        numKvHeads: nkv,
+        headDim: hd,
+        rowStride,
+        qNorm: lw.qNorm,
+        kNorm: lw.kNorm,
+        eps,
+      });
+      return;
+    }
+    const rope = { x: a.qkv, positions: m.positions, invFreq, rows, headDim: hd, rowStride, eps };
+    this.op('attention', 'rope', { ...rope, numHeads: nq, headOffset: 0, normWeight: lw.qNorm });
+    this.op('attention', 'rope', { ...rope, numHeads: nkv, headOffset: nq * hd, normWeight: lw.kNorm });
+    const kv = { src: a.qkv, kCache: this.kCache[l], vCache: this.vCache[l], slots: m.slots, rows, numKvHeads: nkv, headDim: hd, rowStride };
+    this.op('attention', 'kv_append', { ...kv, kOffset: nq * hd, vOffset: (nq + nkv) * hd });
   }
 
   /** A layer's v rows apart (see LayerWeights.qkvTail), as the qkv projection's weightTail. */

@@ -93,7 +93,6 @@ export class ShardRunner extends ModelRunner {
   attention(l: number, rows: number, fused: boolean): void {
     const s = this.spec;
     const a = this.act;
-    const m = this.meta;
     const lw = this.weights.layers[l]!;
     const H = s.hiddenSize;
     const eps = s.rmsNormEps;
@@ -109,32 +108,7 @@ export class ShardRunner extends ModelRunner {
       else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
     }
-    const nq = s.numHeads;
-    const nkv = s.numKvHeads;
-    const hd = s.headDim;
-    if (this.fusedOps) {
-      this.op('attention', 'rope_append', {
-        qkv: a.qkv,
-        positions: m.positions,
-        invFreq: this.weights.invFreq,
-        slots: m.slots,
-        kCache: this.kCache[l],
-        vCache: this.vCache[l],
-        rows,
-        numHeads: nq,
-        numKvHeads: nkv,
-        headDim: hd,
-        rowStride: qkvOut,
-        qNorm: lw.qNorm,
-        kNorm: lw.kNorm,
-        eps,
-      });
-    } else {
-      const rope = { x: a.qkv, positions: m.positions, invFreq: this.weights.invFreq, rows, headDim: hd, rowStride: qkvOut, eps };
-      this.op('attention', 'rope', { ...rope, numHeads: nq, headOffset: 0, normWeight: lw.qNorm });
-      this.op('attention', 'rope', { ...rope, numHeads: nkv, headOffset: nq * hd, normWeight: lw.kNorm });
-      this.op('attention', 'kv_append', { src: a.qkv, kCache: this.kCache[l], vCache: this.vCache[l], slots: m.slots, rows, numKvHeads: nkv, headDim: hd, rowStride: qkvOut, kOffset: nq * hd, vOffset: (nq + nkv) * hd });
-    }
+    this.ropeAppend(l, lw, rows);
     this.attend(l, rows);
   }
 
