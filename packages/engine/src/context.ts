@@ -15,8 +15,8 @@ import { defaultGrammarThreads } from './grammar/grammar-pool.js';
 import type { GrammarState } from './grammar/grammar-state.js';
 import { grammarOf, type GrammarSpec } from './grammar/spec.js';
 import { HostSampler, type SampledToken } from './host-sampler.js';
-import { contextMemoryReport, planKvTiers, stageSpan, TieredKv } from './kv-tiering.js';
-import { runnerShape } from './memory-plan.js';
+import { contextMemoryReport, stageSpan, TieredKv } from './kv-tiering.js';
+import { contextLimits, runnerShape } from './memory-plan.js';
 import type { GenerationDefaults, NervaModel } from './model.js';
 import { ModelRunner } from './model-runner.js';
 import { type KvCacheDtype, kvDtypeOf } from './model-weights.js';
@@ -139,34 +139,8 @@ export class ModelContext {
       const blockSize = o.blockSize ?? 16;
       this.maxModelLen = Math.min(s.maxPositionEmbeddings, o.maxModelLen ?? 4096);
       this.kvDtype = kvDtypeOf(this.backend, o.kvCacheDtype);
-      const { maxRows, maxNumSeqs, kvBytesPerToken } = shape;
-      if (o.kvVramBudget !== undefined && !this.backend.capabilities.ops.includes('attention_merge')) {
-        throw new RangeError(`tiered KV (kvVramBudget) needs op attention_merge, which backend ${this.backend.name} does not have yet`);
-      }
-      // With KV in VRAM the device reads the warm pages itself over the link by default (as many as
-      // a staging of a quarter of the hot budget holds): staged by the copy engine, it overlaps the
-      // step and does not depend on the host's DRAM rate or cores (measured on an H100, 8B at 4096
-      // tokens with KV 4x the hot budget: 0.81-0.85 of all-hot at share 1, 0.42 at 0). Where the
-      // compute tier is host memory there is no link: the host attends.
-      const tierPlan =
-        o.kvVramBudget !== undefined
-          ? planKvTiers(o, kvBytesPerToken * blockSize, this.backend.capabilities.computeTier === 'vram' ? { numLayers: s.numLayers } : undefined)
-          : undefined;
-      const numBlocks = tierPlan?.hotSlots ?? Math.max(2, Math.floor(kvBytes / (kvBytesPerToken * blockSize)));
-      const maxBlocksPerSeq = Math.ceil(this.maxModelLen / blockSize);
-      const limits = {
-        maxRows,
-        maxSeqs: maxNumSeqs,
-        blockSize,
-        numBlocks,
-        maxBlocksPerSeq,
-        ringCapacity: Math.max(4096, 4 * maxNumSeqs),
-        ...(tierPlan ? { warmBlocks: Math.max(1, tierPlan.warmSlots) } : {}),
-        // The link share: that share of the warm pool (its leading slots) is staged into VRAM, per
-        // layer (two layers' worth in VRAM).
-        ...(tierPlan && tierPlan.linkPages > 0 ? { linkPages: tierPlan.linkPages, linkOnly: tierPlan.linkPages >= Math.max(1, tierPlan.warmSlots) } : {}),
-        kvDtype: this.kvDtype,
-      };
+      const { maxRows, maxNumSeqs } = shape;
+      const { tierPlan, numBlocks, maxBlocksPerSeq, limits } = contextLimits(this.backend, s, shape, kvBytes, this.maxModelLen, blockSize, this.kvDtype, o);
       const { weights, stages } = model.internals;
       this.pipeline = stages ? (isPreparedShards(stages) ? new TensorParallelGroup(s, limits, stages) : new StagePipeline(s, limits, stages)) : undefined;
       this.runner = this.pipeline ?? new ModelRunner(this.backend, s, weights, limits);
