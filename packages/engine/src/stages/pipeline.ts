@@ -20,11 +20,11 @@
 import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
 import { emptySyncCounts, NervaError, SYNC_KINDS, DTYPE_BYTES } from '@nerva/core';
 import type { ModelSpec, WeightStore } from '@nerva/models';
-import { backendFactory, type StageCommunicator } from '../backend-registry.js';
 import { type BackendOptions, selectBackend } from '../backend-select.js';
 import { ModelRunner, PROFILE_BUCKETS, type ProfileBucket, type RunnerLimits, type RunnerMeta } from '../model-runner.js';
-import { freeWeights, layerLayouts, type ModelWeights, type UploadProgress, uploadWeights } from '../model-weights.js';
+import { layerLayouts, type ModelWeights, type UploadProgress, uploadWeights } from '../model-weights.js';
 import { makeStageLink, type NcclPointToPoint } from './links.js';
+import { StageResources } from './stage-resources.js';
 import { planStages, type StageLink, type StagePlan } from './plan.js';
 
 /** A pipeline option is malformed, or asks for what this machine cannot give. */
@@ -170,20 +170,9 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
 
   // One backend per distinct device; the engine's backend is stage 0's.
   const byDevice = new Map<number, DeviceBackend>();
-  const owned: DeviceBackend[] = [];
   const backends: DeviceBackend[] = [];
-  const made: { backend: DeviceBackend; weights: ModelWeights }[] = [];
-  let nccl: StageCommunicator | undefined;
-  /** The engine frees stage 0's weights once it has them; until then (a failure here) they are ours. */
-  let primaryWeights: ModelWeights | undefined;
-  let disposed = false;
-  const dispose = () => {
-    if (disposed) return;
-    disposed = true;
-    for (const m of made) freeWeights(m.backend, m.weights);
-    nccl?.destroy();
-    for (const b of owned) b.dispose();
-  };
+  // The engine frees stage 0's weights once it has them; until then (a failure here) they are ours.
+  const res = new StageResources(primary);
   try {
     if (devices) byDevice.set(devices[0], primary);
     for (let s = 0; s < n; s++) {
@@ -194,8 +183,7 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
       let b = byDevice.get(devices[s]);
       if (!b) {
         const choice = kind === 'cpu' ? 'cpu' : 'cuda';
-        b = (await selectBackend(choice, { ...a.backendOptions, device: devices[s] })).backend;
-        owned.push(b);
+        b = res.own((await selectBackend(choice, { ...a.backendOptions, device: devices[s] })).backend);
         byDevice.set(devices[s], b);
       }
       backends.push(b);
@@ -209,22 +197,14 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
       const mine = plan.stages.filter((_, s) => backends[s] === b);
       const part = shared ? undefined : { firstLayer: Math.min(...mine.map((r) => r.firstLayer)), endLayer: Math.max(...mine.map((r) => r.endLayer)) };
       const w = await uploadWeights(b, spec, a.ckpt, a.onProgress, undefined, part);
-      if (b !== primary) made.push({ backend: b, weights: w });
-      else primaryWeights = w;
+      res.uploaded(b, w);
       weights.set(b, w);
       weightBytes += w.bytes;
     }
     if (!shared && kind !== 'cpu') {
       // Separate GPUs: one NCCL communicator over them, rank i on distinct[i].
-      const communicator = backendFactory(kind)?.communicator;
-      try {
-        if (!communicator) throw new Error(`the ${kind} backend registers no stage communicator`);
-        const comm = await communicator(distinct);
-        nccl = comm;
-        notes.push(`pipeline links: ${comm.description}`);
-      } catch (e) {
-        throw new PipelineConfigError(`pipeline stages on GPUs ${[...byDevice.keys()].join(', ')} need NCCL: ${(e as Error).message}`, { cause: e });
-      }
+      const comm = await res.communicate(kind, distinct, (e) => new PipelineConfigError(`pipeline stages on GPUs ${[...byDevice.keys()].join(', ')} need NCCL: ${e.message}`, { cause: e }));
+      notes.push(`pipeline links: ${comm.description}`);
     }
     const microBatches = req.microBatches ?? (shared ? 1 : n);
     const stages: PipelineStage[] = plan.stages.map((r, s) => ({
@@ -252,10 +232,9 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
       `pipeline: ${n} stages (${plan.stages.map((r, s) => `${r.layers === 1 ? `layer ${r.firstLayer}` : `layers ${r.firstLayer}-${r.endLayer - 1}`} on ${where(s)}`).join('; ')}), ${microBatches} micro-batch${microBatches === 1 ? '' : 'es'} per pass`,
     );
     if (!shared || microBatches > 1) notes.push('pipeline stages on separate backends or micro-batched: decode steps run without graph capture');
-    return { plan, stages, shared, microBatches, kvBytes, weightBytes, ...(nccl ? { nccl } : {}), notes, dispose };
+    return { plan, stages, shared, microBatches, kvBytes, weightBytes, ...(res.nccl ? { nccl: res.nccl } : {}), notes, dispose: res.dispose };
   } catch (e) {
-    dispose();
-    if (primaryWeights) freeWeights(primary, primaryWeights);
+    res.abandon();
     throw e;
   }
 }

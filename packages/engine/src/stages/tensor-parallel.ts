@@ -37,13 +37,13 @@
 import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
 import { NervaError } from '@nerva/core';
 import type { ModelSpec, WeightStore } from '@nerva/models';
-import { backendFactory, type StageCommunicator } from '../backend-registry.js';
 import { type BackendOptions, selectBackend } from '../backend-select.js';
 import { PROFILE_BUCKETS, type ProfileBucket, type RunnerLimits, type RunnerMeta } from '../model-runner.js';
-import { freeWeights, type ModelWeights, type UploadProgress } from '../model-weights.js';
+import type { UploadProgress } from '../model-weights.js';
 import { type StepBuffers, writeStepMeta } from '../step-batch.js';
 import { ShardGather } from './all-gather.js';
 import { makeStageLink } from './links.js';
+import { StageResources } from './stage-resources.js';
 import type { PassRunner, PipelineStage, PreparedStages } from './pipeline.js';
 import { sumBackendStats } from './pipeline.js';
 import { planStages, type StageLink } from './plan.js';
@@ -142,18 +142,7 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
       throw new TensorParallelConfigError(`${what} needs ${cells} GPUs, but ${count} ${count === 1 ? 'is' : 'are'} visible; --allow-single-device-stages places every shard on one GPU, to test the split`);
     shared = count < cells;
   }
-  const owned: DeviceBackend[] = [];
-  const made: { backend: DeviceBackend; weights: ModelWeights }[] = [];
-  let primaryWeights: ModelWeights | undefined;
-  let nccl: StageCommunicator | undefined;
-  let disposed = false;
-  const dispose = () => {
-    if (disposed) return;
-    disposed = true;
-    for (const m of made) freeWeights(m.backend, m.weights);
-    nccl?.destroy();
-    for (const b of owned) b.dispose();
-  };
+  const res = new StageResources(primary);
   try {
     const backends: DeviceBackend[] = [primary];
     for (let i = 1; i < cells; i++) {
@@ -161,9 +150,7 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
         backends.push(primary);
         continue;
       }
-      const b = (await selectBackend(kind === 'cpu' ? 'cpu' : 'cuda', { ...a.backendOptions, device: i })).backend;
-      owned.push(b);
-      backends.push(b);
+      backends.push(res.own((await selectBackend(kind === 'cpu' ? 'cpu' : 'cuda', { ...a.backendOptions, device: i })).backend));
     }
     const stages: PipelineStage[] = [];
     let weightBytes = 0;
@@ -171,20 +158,13 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
       const r = plan.stages[Math.floor(i / n)];
       const part = { firstLayer: r.firstLayer, endLayer: r.endLayer };
       const w = await uploadShardWeights(backends[i], spec, a.ckpt, geometry[i % n], a.onProgress, part);
-      if (i === 0) primaryWeights = w;
-      else made.push({ backend: backends[i], weights: w });
+      res.uploaded(backends[i], w);
       weightBytes += w.bytes;
       stages.push({ backend: backends[i], weights: w, ...part, ...(shared ? {} : { device: i, rank: i }) });
     }
     if (!shared && kind !== 'cpu') {
-      const communicator = backendFactory(kind)?.communicator;
-      try {
-        if (!communicator) throw new Error(`the ${kind} backend registers no communicator`);
-        nccl = await communicator(backends);
-        notes.push(`tensor-parallel links: ${nccl.description}`);
-      } catch (e) {
-        throw new TensorParallelConfigError(`tensor-parallel shards on GPUs 0-${cells - 1} need NCCL: ${(e as Error).message}`, { cause: e });
-      }
+      const comm = await res.communicate(kind, backends, (e) => new TensorParallelConfigError(`tensor-parallel shards on GPUs 0-${cells - 1} need NCCL: ${e.message}`, { cause: e }));
+      notes.push(`tensor-parallel links: ${comm.description}`);
     }
     let kvBytes = a.kvPlanned;
     if (kvBytes === undefined) {
@@ -197,10 +177,9 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
     notes.push(
       `tensor parallel: ${n} shards (${geometry[0].qHeads} q / ${geometry[0].kvHeads} KV heads each)${staged}, ${where}; all-gathers after attention, o, gate_up and down; LM head split by vocabulary rows, sampled on shard 0; passes run without graph capture`,
     );
-    return { plan, stages, shared, microBatches: 1, kvBytes, weightBytes, ...(nccl ? { nccl } : {}), notes, dispose, tensorParallel: true, geometry };
+    return { plan, stages, shared, microBatches: 1, kvBytes, weightBytes, ...(res.nccl ? { nccl: res.nccl } : {}), notes, dispose: res.dispose, tensorParallel: true, geometry };
   } catch (e) {
-    dispose();
-    if (primaryWeights) freeWeights(primary, primaryWeights);
+    res.abandon();
     throw e;
   }
 }
