@@ -582,9 +582,7 @@ export class StagePipeline implements PassRunner {
   }
 
   takeProfile(ops?: Record<string, number>): Record<ProfileBucket, number> {
-    const out = Object.fromEntries(PROFILE_BUCKETS.map((b) => [b, 0])) as Record<ProfileBucket, number>;
-    for (const r of this.runners) for (const [k, v] of Object.entries(r.takeProfile(ops))) out[k as ProfileBucket] += v;
-    return out;
+    return sumProfiles(this.runners, ops);
   }
 
   /** Counters summed over the stages' backends (each counted once). */
@@ -605,6 +603,13 @@ export class StagePipeline implements PassRunner {
     this.disposed = true;
     this.disposeParts();
   }
+}
+
+/** The device time by bucket of several runners' passes, summed (each runner's profile taken). */
+export function sumProfiles(runners: readonly ModelRunner[], ops?: Record<string, number>): Record<ProfileBucket, number> {
+  const out = Object.fromEntries(PROFILE_BUCKETS.map((b) => [b, 0])) as Record<ProfileBucket, number>;
+  for (const r of runners) for (const [k, v] of Object.entries(r.takeProfile(ops))) out[k as ProfileBucket] += v;
+  return out;
 }
 
 /** Counters summed over several backends (each given once): a pipeline's stages, a tensor-parallel group's shards. */

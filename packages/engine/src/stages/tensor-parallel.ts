@@ -38,14 +38,14 @@ import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
 import { NervaError } from '@nerva/core';
 import type { ModelSpec, WeightStore } from '@nerva/models';
 import { type BackendOptions, selectBackend } from '../backend-select.js';
-import { PROFILE_BUCKETS, type ProfileBucket, type RunnerLimits, type RunnerMeta } from '../model-runner.js';
+import { type ProfileBucket, type RunnerLimits, type RunnerMeta } from '../model-runner.js';
 import type { UploadProgress } from '../model-weights.js';
 import { type StepBuffers, writeStepMeta } from '../step-batch.js';
 import { ShardGather } from './all-gather.js';
 import { makeStageLink } from './links.js';
 import { StageResources } from './stage-resources.js';
 import type { PassRunner, PipelineStage, PreparedStages } from './pipeline.js';
-import { sumBackendStats } from './pipeline.js';
+import { sumBackendStats, sumProfiles } from './pipeline.js';
 import { planStages, type StageLink } from './plan.js';
 import { ShardRunner } from './shard-runner.js';
 import { shardGeometry, shardSpec, TensorParallelConfigError, type ShardGeometry, uploadShardWeights } from './shard-weights.js';
@@ -394,9 +394,7 @@ export class TensorParallelGroup implements PassRunner {
   }
 
   takeProfile(ops?: Record<string, number>): Record<ProfileBucket, number> {
-    const out = Object.fromEntries(PROFILE_BUCKETS.map((b) => [b, 0])) as Record<ProfileBucket, number>;
-    for (const r of this.runners) for (const [k, v] of Object.entries(r.takeProfile(ops))) out[k as ProfileBucket] += v;
-    return out;
+    return sumProfiles(this.runners, ops);
   }
 
   stats(): BackendStats {
