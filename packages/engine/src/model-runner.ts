@@ -245,11 +245,9 @@ export * from './runner-base.js';
     const s = this.spec;
     const w = this.weights;
     const a = this.act;
-    const m = this.meta;
     const H = s.hiddenSize;
     const hd = s.headDim;
     const nq = s.numHeads;
-    const nkv = s.numKvHeads;
     const qkvOut = this.qkvOut;
     const eps = s.rmsNormEps;
     {
@@ -267,22 +265,7 @@ export * from './runner-base.js';
         normWeight: lw.attnNorm,
         eps,
       }, 'gemm_qkv');
-      this.op('attention', 'rope_append', {
-        qkv: a.qkv,
-        positions: m.positions,
-        invFreq: w.invFreq,
-        slots: m.slots,
-        kCache: this.kCache[l],
-        vCache: this.vCache[l],
-        rows,
-        numHeads: nq,
-        numKvHeads: nkv,
-        headDim: hd,
-        rowStride: qkvOut,
-        qNorm: lw.qNorm,
-        kNorm: lw.kNorm,
-        eps,
-      });
+      this.ropeAppend(l, lw, rows);
       this.attend(l, rows);
       this.op('projection', 'fused_matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.residual, rows, inDim: nq * hd, outDim: H, accumulate: true }, 'gemm_o');
       if (s.moe && isMoeLayer(s, l)) {
