@@ -16,6 +16,7 @@
 //                    [--graphs on,off] [--grammar-threads N]
 import { appendFileSync, existsSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
+import { syntheticPrompt } from '@nerva/bench';
 import { probeCuda } from '@nerva/cuda-backend';
 import { Engine, type GenerateOptions, type RequestHandle, type RequestOutcome } from '@nerva/engine';
 import { decodeWindow, median, parseArgs, type Args, type DecodeWindow, type StepMark } from './grammar_cost_stats.js';
@@ -60,21 +61,6 @@ interface RunResult extends DecodeWindow {
   ledgerDecodeTokens: number;
 }
 
-/** A prompt of `len` ids in [0, vocab) (xorshift from `seed`). */
-function prompt(len: number, vocab: number, seed: number): number[] {
-  let x = seed >>> 0 || 1;
-  const out: number[] = [];
-  for (let i = 0; i < len; i++) {
-    x ^= x << 13;
-    x >>>= 0;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    x >>>= 0;
-    out.push(x % vocab);
-  }
-  return out;
-}
-
 /** The number of constrained requests of a case at `batch` (request 0 is the mixed case's). */
 function constrainedOf(c: CaseName, batch: number): number {
   return c === 'free' ? 0 : c === 'mixed' ? 1 : batch;
@@ -91,7 +77,7 @@ async function runCase(engine: Engine, a: Args, c: CaseName, batch: number, temp
       const base: GenerateOptions = { maxTokens: a.newTokens, temperature, seed: i + 1 };
       // Free requests run to max_tokens; a constrained one ends where its grammar accepts.
       const o: GenerateOptions = i < n ? { ...base, jsonSchema: SCHEMA } : { ...base, ignoreEos: true };
-      handles.push(engine.submit(prompt(a.promptLen, vocab, i + 1), o));
+      handles.push(engine.submit(syntheticPrompt(a.promptLen, vocab, i + 1), o));
     }
     outcomes = await Promise.all(handles.map((h) => h.done));
   } finally {

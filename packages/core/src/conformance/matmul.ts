@@ -2,6 +2,27 @@
 import type { QuantDType } from '../dtype.js';
 import { ConformanceRng, step, f32, i32, bf16, floatOut, intOut, quantBuf, randomBlocks, type BufDef, type Excuse, type CaseDef, type CaseTable } from './kit.js';
 
+/**
+ * A matrix in two block types (ops matmul and fused_matmul's weightTail): rows [0, from) in the
+ * shape's weight type, the rest in `dtype`, as a GGUF Q4_K_M stores q/k beside a Q6_K v.
+ */
+interface WeightTailShape {
+  from: number;
+  dtype: QuantDType;
+}
+
+/** The case fields a tail adds: the second block type and the op fields it needs. */
+const tailCaseFields = (t: WeightTailShape | undefined): Partial<CaseDef> => (t ? { dtype2: t.dtype, fields: ['weightTail', 'tailFrom'] } : {});
+
+/** The weight buffers of `wRows` rows (rows from t.from on in the tail's buffer). */
+function weightBufs(rng: ConformanceRng, dtype: MatmulShape['weight'], wRows: number, inDim: number, t: WeightTailShape | undefined, extra = 0): Record<string, BufDef> {
+  if (!t) return { weight: weightBuf(rng, dtype, wRows * inDim + extra, inDim) };
+  return { weight: weightBuf(rng, dtype, t.from * inDim, inDim), weightTail: weightBuf(rng, t.dtype, (wRows - t.from) * inDim, inDim) };
+}
+
+/** The step arguments a tail adds. */
+const tailArgs = (t: WeightTailShape | undefined, b: Record<string, unknown>): Record<string, unknown> => (t ? { weightTail: b.weightTail, tailFrom: t.from } : {});
+
 interface MatmulShape {
   rows: number;
   inDim: number;
@@ -11,6 +32,7 @@ interface MatmulShape {
   weight?: 'f32' | 'bf16' | QuantDType;
   /** A bf16 x (capabilities.activationDtypes; more than 8 rows). */
   x?: 'bf16';
+  tail?: WeightTailShape;
 }
 
 function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
@@ -19,13 +41,14 @@ function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
     large,
     activationDtype: s.x === 'bf16' ? 'bf16' : undefined,
     dtype: quantWeight(s.weight),
+    ...tailCaseFields(s.tail),
     build: (rng) => {
       const off = s.weightOffset ?? 0;
       // Values around the used window are garbage a backend must not read (a quantized weight:
       // whole rows of blocks around it).
       const buffers: Record<string, BufDef> = {
         x: s.x === 'bf16' ? bf16(rng.normals(s.rows * s.inDim)) : f32(rng.normals(s.rows * s.inDim)),
-        weight: weightBuf(rng, s.weight, off + s.outDim * s.inDim + (quantWeight(s.weight) ? s.inDim : 17), s.inDim),
+        ...weightBufs(rng, s.weight, s.outDim, s.inDim, s.tail, off + (quantWeight(s.weight) ? s.inDim : 17)),
         out: f32(rng.normals(s.rows * s.outDim + 5)),
       };
       if (s.bias) buffers.bias = f32(rng.normals(s.outDim));
@@ -35,55 +58,13 @@ function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
           step('matmul', (b) => ({
             x: b.x,
             weight: b.weight,
+            ...tailArgs(s.tail, b),
             out: b.out,
             rows: s.rows,
             inDim: s.inDim,
             outDim: s.outDim,
             ...(s.bias ? { bias: b.bias } : {}),
             ...(s.weightOffset !== undefined ? { weightOffset: s.weightOffset } : {}),
-          })),
-        ],
-        outputs: [floatOut('out')],
-      };
-    },
-  };
-}
-
-/**
- * A matrix in two block types (op matmul / fused_matmul's weightTail): rows [0, from) of `head`,
- * the rest of `tail`, as a GGUF Q4_K_M stores q/k beside a Q6_K v.
- */
-function tailCase(name: string, op: 'matmul' | 'fused_matmul', s: { rows: number; inDim: number; outDim: number; from: number; head: QuantDType; tail: QuantDType; bias?: boolean; norm?: boolean; accumulate?: boolean }, large = false): CaseDef {
-  return {
-    name,
-    large,
-    dtype: s.head,
-    dtype2: s.tail,
-    fields: ['weightTail', 'tailFrom'],
-    build: (rng) => {
-      const buffers: Record<string, BufDef> = {
-        x: f32(rng.normals(s.rows * s.inDim, s.norm ? 5 : 1)),
-        weight: weightBuf(rng, s.head, s.from * s.inDim, s.inDim),
-        weightTail: weightBuf(rng, s.tail, (s.outDim - s.from) * s.inDim, s.inDim),
-        out: f32(rng.normals(s.rows * s.outDim + 2, 2)),
-      };
-      if (s.bias) buffers.bias = f32(rng.normals(s.outDim));
-      if (s.norm) buffers.normWeight = f32(rng.normals(s.inDim, 0.3).map((v) => 1 + v));
-      return {
-        buffers,
-        steps: [
-          step(op, (b) => ({
-            x: b.x,
-            weight: b.weight,
-            weightTail: b.weightTail,
-            tailFrom: s.from,
-            out: b.out,
-            rows: s.rows,
-            inDim: s.inDim,
-            outDim: s.outDim,
-            ...(s.bias ? { bias: b.bias } : {}),
-            ...(s.norm ? { normWeight: b.normWeight, eps: 1e-6 } : {}),
-            ...(s.accumulate ? { accumulate: true } : {}),
           })),
         ],
         outputs: [floatOut('out')],
@@ -102,6 +83,7 @@ interface FusedMatmulShape {
   bias?: boolean;
   weight?: 'f32' | 'bf16' | QuantDType;
   eps?: number;
+  tail?: WeightTailShape;
 }
 
 const quantWeight = (w: MatmulShape['weight']): QuantDType | undefined => (w === undefined || w === 'f32' || w === 'bf16' ? undefined : w);
@@ -119,12 +101,13 @@ function fusedMatmulCase(name: string, s: FusedMatmulShape, large = false): Case
     name,
     large,
     dtype: quantWeight(s.weight),
+    ...tailCaseFields(s.tail),
     build: (rng) => {
       const wRows = s.glu ? 2 * s.outDim : s.outDim;
       const buffers: Record<string, BufDef> = {
         // A norm input far from unit scale, so a backend that skips the normalization is caught.
         x: f32(rng.normals(s.rows * s.inDim, s.norm ? 7 : 1.5)),
-        weight: weightBuf(rng, s.weight, wRows * s.inDim, s.inDim),
+        ...weightBufs(rng, s.weight, wRows, s.inDim, s.tail),
         out: f32(rng.normals(s.rows * s.outDim + 3, 2)),
       };
       if (s.bias) buffers.bias = f32(rng.normals(s.outDim));
@@ -135,6 +118,7 @@ function fusedMatmulCase(name: string, s: FusedMatmulShape, large = false): Case
           step('fused_matmul', (b) => ({
             x: b.x,
             weight: b.weight,
+            ...tailArgs(s.tail, b),
             out: b.out,
             rows: s.rows,
             inDim: s.inDim,
@@ -291,8 +275,8 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
       matmulCase(`12 rows 768 -> 20, ${q}, weightOffset`, { rows: 12, inDim: 768, outDim: 20, weight: q, weightOffset: 768 * 3 }),
       matmulCase(`1 row 4096 -> 1024, ${q}`, { rows: 1, inDim: 4096, outDim: 1024, weight: q }, true),
     ]),
-    tailCase('3 rows 512 -> 40, q4_k rows then a q6_k tail from 24, bias', 'matmul', { rows: 3, inDim: 512, outDim: 40, from: 24, head: 'q4_k', tail: 'q6_k', bias: true }),
-    tailCase('12 rows 256 -> 20, q8_0 rows then a q4_0 tail from 16', 'matmul', { rows: 12, inDim: 256, outDim: 20, from: 16, head: 'q8_0', tail: 'q4_0' }),
+    matmulCase('3 rows 512 -> 40, q4_k rows then a q6_k tail from 24, bias', { rows: 3, inDim: 512, outDim: 40, weight: 'q4_k', tail: { from: 24, dtype: 'q6_k' }, bias: true }),
+    matmulCase('12 rows 256 -> 20, q8_0 rows then a q4_0 tail from 16', { rows: 12, inDim: 256, outDim: 20, weight: 'q8_0', tail: { from: 16, dtype: 'q4_0' } }),
     matmulCase('70 rows 1024 -> 768, bf16 x, bf16 weights, weightOffset', { rows: 70, inDim: 1024, outDim: 768, weight: 'bf16', weightOffset: 1024 * 5, x: 'bf16' }, true),
   ],
   fused_matmul: [
@@ -320,9 +304,9 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
       fusedMatmulCase(`20 rows 3072 -> 1024, ${q}, accumulate`, { rows: 20, inDim: 3072, outDim: 1024, accumulate: true, weight: q }, true),
     ]),
     // Decode's qkv projection of a Q4_K_M file: q and k in Q4_K, v in Q6_K, the norm fused.
-    tailCase('1 row 1024 -> 1536, q4_k then a q6_k tail from 1280, rmsnorm input', 'fused_matmul', { rows: 1, inDim: 1024, outDim: 1536, from: 1280, head: 'q4_k', tail: 'q6_k', norm: true }, true),
-    tailCase('2 rows 256 -> 48, q4_k then a q6_k tail from 32, rmsnorm, bias', 'fused_matmul', { rows: 2, inDim: 256, outDim: 48, from: 32, head: 'q4_k', tail: 'q6_k', norm: true, bias: true }),
-    tailCase('3 rows 512 -> 24, q6_k then a q8_0 tail from 8, accumulate', 'fused_matmul', { rows: 3, inDim: 512, outDim: 24, from: 8, head: 'q6_k', tail: 'q8_0', accumulate: true }),
+    fusedMatmulCase('1 row 1024 -> 1536, q4_k then a q6_k tail from 1280, rmsnorm input', { rows: 1, inDim: 1024, outDim: 1536, weight: 'q4_k', tail: { from: 1280, dtype: 'q6_k' }, norm: true }, true),
+    fusedMatmulCase('2 rows 256 -> 48, q4_k then a q6_k tail from 32, rmsnorm, bias', { rows: 2, inDim: 256, outDim: 48, weight: 'q4_k', tail: { from: 32, dtype: 'q6_k' }, norm: true, bias: true }),
+    fusedMatmulCase('3 rows 512 -> 24, q6_k then a q8_0 tail from 8, accumulate', { rows: 3, inDim: 512, outDim: 24, weight: 'q6_k', tail: { from: 8, dtype: 'q8_0' }, accumulate: true }),
   ],
   mlp_slice: [
     mlpSliceCase('1 row, hidden 64, 24 channels, bf16', 1, 64, 24, 'bf16'),
