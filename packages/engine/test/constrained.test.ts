@@ -48,6 +48,18 @@ describe('constrained decoding (CPU)', () => {
     }
   });
 
+  it('on the step loop\'s thread (grammarThreads 0) the ledger carries the masks\' compute time', async () => {
+    const local = await Engine.create({ model: DEFAULT_MODEL, backend: 'cpu', maxNumSeqs: 2, grammarThreads: 0 });
+    try {
+      expect(local.grammarThreads).toBe(0);
+      const o = await local.submit('ROMEO:', { temperature: 0.9, seed: 1, maxTokens: 48, jsonSchema: SCHEMA }).done;
+      expect(() => JSON.parse(o.text)).not.toThrow();
+      expect(o.ledger.summary().grammar_ms_total).toBeGreaterThan(0);
+    } finally {
+      local.dispose();
+    }
+  });
+
   it('EBNF, regex and choice; a request cut by maxTokens ends with length', async () => {
     const ebnf = await engine.submit('ROMEO:', { temperature: 1, seed: 5, maxTokens: 32, grammar: 'root ::= ("yea" | "nay") (", " ("yea" | "nay")){0,2} "."' }).done;
     expect(ebnf.finishReason).toBe('stop');
