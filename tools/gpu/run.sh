@@ -79,6 +79,11 @@
 #   count runs in the same call (its line first; the serve line's stream_over_decode is the served stream's decode rate over it),
 #   then NERVA_SERVE_STREAMS (default 64) streams, 4 requests each in closed loop (itl_ms_p99 over the engine's mean step interval
 #   in the same window: itl_p99_over_step) -> $OUT/serve.jsonl; NERVA_SERVE_ARGS adds flags; NERVA_SERVE_BACKEND=cpu dry-runs it here
+#   soak (not in the default list; NERVA_SIZES=qwen3-0.6b bash tools/gpu/run.sh build,synth,soak,soakwait): tools/soak/soak.mjs
+#   against `nerva serve --backend cuda` on the size's synthetic checkpoint with Qwen3's tokenizer (a padded vocabulary),
+#   both left running in sessions of their own (NERVA_SOAK_MINUTES, default 30; NERVA_SOAK_CONCURRENCY, default 32);
+#   soakwait (also alone, in later calls: bash tools/gpu/run.sh soakwait) waits up to NERVA_SOAK_WAIT s (560) for the report,
+#   NERVA_SOAK_STOP_AFTER s ends the load early -> $OUT/soak.json, $OUT/soak-server.log
 #   vitest (in the default list; needs the addon, so `build` in the same call): every test file of
 #   @nerva/cuda-backend, the GPU-only ones among them, under vitest from .device/vitest.tar.xz
 #   (tools/gpu/pack_vitest.mjs) with NERVA_GPU_TESTS=1 (a GPU-only file without the addon or a GPU
@@ -222,17 +227,33 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
       --prompt-len "${NERVA_QUANT_PREFILL:-1024}" --repeats 3 2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/prefill.jsonl" || { say "prefill $size bf16 FAILED"; status=1; }; }
   fi
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
-  if has grammar; then
-    # A grammar needs the vocabulary: the synthetic weights (hard links, same folder rules as the
-    # original) with Qwen3's tokenizer (151,936 ids, as every qwen3 config) in a folder of their own.
+  if has grammar || has soak; then
+    # A grammar (and the soak's text prompts) need the vocabulary: the synthetic weights (hard
+    # links, same folder rules as the original) with Qwen3's tokenizer (151,669 ids against the
+    # config's 151,936 rows, as Qwen ships) in a folder of their own.
     gdir=/tmp/synth/$size-tokenizer
     tz=.device/tokenizers/qwen3/tokenizer.json.xz
-    if [ ! -f "$tz" ]; then say "grammar $size: $tz missing (run tools/gpu/prepare.sh)"; status=1
+    if [ ! -f "$tz" ]; then say "grammar/soak $size: $tz missing (run tools/gpu/prepare.sh)"; status=1
     else
       rm -rf "$gdir" && mkdir -p "$gdir"
       ln "$dir"/* "$gdir"/ 2>/dev/null || cp "$dir"/* "$gdir"/
       xz -dc "$tz" > "$gdir/tokenizer.json" && cp .device/tokenizers/qwen3/tokenizer_config.json "$gdir"/
-      runjs "grammar $size" grammar_cost.mjs "$gdir" ${NERVA_GRAMMAR_ARGS:-}
+      has grammar && runjs "grammar $size" grammar_cost.mjs "$gdir" ${NERVA_GRAMMAR_ARGS:-}
+      if has soak && [ ! -f /tmp/soak/server.pid ]; then
+        # Server and load both in sessions of their own (setsid): a call lasts 10 minutes at most,
+        # processes it leaves running are kept only then; soakwait collects the report.
+        rm -rf /tmp/soak && mkdir -p /tmp/soak
+        setsid $NODE --enable-source-maps .device/dist/cli.mjs serve --model "$gdir" --backend cuda --port 8123 --no-access-log \
+          > /tmp/soak/server.log 2>&1 < /dev/null &
+        echo $! > /tmp/soak/server.pid
+        up() { $NODE -e "fetch('http://127.0.0.1:8123/health').then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"; }
+        for _ in $(seq 1 180); do up && break; sleep 1; done
+        if up; then
+          setsid $NODE tools/soak/soak.mjs --url http://127.0.0.1:8123 --pid "$(cat /tmp/soak/server.pid)" --minutes ${NERVA_SOAK_MINUTES:-30} \
+            --concurrency ${NERVA_SOAK_CONCURRENCY:-32} --stop-file /tmp/soak/stop --out /tmp/soak/soak.json > /tmp/soak/soak.log 2>&1 < /dev/null &
+          say "soak $size started: ${NERVA_SOAK_MINUTES:-30} min, pid $(cat /tmp/soak/server.pid)"
+        else say "soak $size: server did not come up"; tail -20 /tmp/soak/server.log | tee -a "$log"; status=1; fi
+      fi
     fi
   fi
   if has offload; then
@@ -361,6 +382,20 @@ if has serve; then
       tee -a "$log" < /tmp/nerva-serve.json >> "$OUT/serve.jsonl"
     done
   done
+fi
+if has soakwait; then
+  # Waits for the soak's report up to NERVA_SOAK_WAIT s (default 560: one call); with
+  # NERVA_SOAK_STOP_AFTER s set, asks the load to end after that many seconds of this call.
+  t0=$(date +%s)
+  while [ ! -f /tmp/soak/soak.json ] && [ $(( $(date +%s) - t0 )) -lt ${NERVA_SOAK_WAIT:-560} ]; do
+    [ -n "${NERVA_SOAK_STOP_AFTER:-}" ] && [ $(( $(date +%s) - t0 )) -ge "$NERVA_SOAK_STOP_AFTER" ] && touch /tmp/soak/stop
+    sleep 5
+  done
+  if [ -f /tmp/soak/soak.json ]; then
+    cp /tmp/soak/soak.json "$OUT/soak.json"; say "soak done: $(grep -o '"requests": [0-9]*\|"leaked_kv_blocks": [0-9]*\|"minutes_run": [0-9.]*' /tmp/soak/soak.json | tr '\n' ' ')"
+    kill "$(cat /tmp/soak/server.pid)" 2>/dev/null
+  else say "soak still running: $(tail -c 300 /tmp/soak/soak.log 2>/dev/null)"; fi
+  tail -c 200000 /tmp/soak/server.log > "$OUT/soak-server.log" 2>/dev/null
 fi
 say "done, status $status"
 exit $status

@@ -4,11 +4,13 @@
 // server's RSS and GPU memory at start and end, and leaked KV blocks once idle (must be 0).
 //
 //   node tools/soak/soak.mjs --url http://127.0.0.1:8000 --pid <server pid> [--minutes 30]
-//        [--concurrency 32] [--model NAME] [--out soak.json]
+//        [--concurrency 32] [--model NAME] [--out soak.json] [--stop-file PATH]
+//   --stop-file: the load ends early once PATH exists (a machine lent for less than the run);
+//   the report's minutes_run says how long it ran.
 //   API key: $NERVA_API_KEY. Exit status 1 when a KV block leaked, the KV invariants fail, or an
 //   answer was a 5xx other than 503. Plain Node 20, no dependencies.
 import { execFileSync } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 
 const args = Object.fromEntries(
   process.argv.slice(2).reduce((acc, a, i, all) => (a.startsWith('--') ? [...acc, [a.slice(2), all[i + 1]]] : acc), []),
@@ -17,6 +19,8 @@ const url = args.url ?? 'http://127.0.0.1:8000';
 const minutes = Number(args.minutes ?? 30);
 const concurrency = Number(args.concurrency ?? 32);
 const pid = args.pid ? Number(args.pid) : undefined;
+const stopFile = args['stop-file'];
+const running = () => Date.now() < deadline && !(stopFile && existsSync(stopFile));
 const key = process.env.NERVA_API_KEY;
 const auth = key ? { authorization: `Bearer ${key}` } : {};
 
@@ -68,7 +72,10 @@ async function one() {
     // Long prompt.
     body = JSON.stringify({ model, prompt: text(1000 + rand(3000)), max_tokens: 8 });
   } else {
-    body = JSON.stringify({ model, prompt: text(5 + rand(400)), max_tokens: 16 + rand(512), temperature: rand(2) ? 0 : 0.8, stream: rand(2) === 0 });
+    // Some at temperature 100: near-uniform sampling reaches the padded vocabulary rows (ids the
+    // tokenizer lacks), which must never be sampled.
+    const temperature = [0, 0.8, 100][rand(3)];
+    body = JSON.stringify({ model, prompt: text(5 + rand(400)), max_tokens: 16 + rand(512), temperature, stream: rand(2) === 0 });
   }
   const ac = new AbortController();
   // A quarter of the requests are abandoned by their client part-way (mid-stream disconnects).
@@ -86,12 +93,13 @@ async function one() {
 }
 
 const start = { at: new Date().toISOString(), rssMiB: rssMiB(), gpuMiB: gpuMiB(), memory: await memory() };
-const deadline = Date.now() + minutes * 60_000;
+const began = Date.now();
+const deadline = began + minutes * 60_000;
 const samples = [];
 const sampler = setInterval(async () => {
   try {
     const m = await memory();
-    samples.push({ t: Math.round((Date.now() - (deadline - minutes * 60_000)) / 1000), rssMiB: rssMiB(), gpuMiB: gpuMiB(), kvUsed: m.kv_blocks_used, inFlight: m.server_sequences_in_flight });
+    samples.push({ t: Math.round((Date.now() - began) / 1000), rssMiB: rssMiB(), gpuMiB: gpuMiB(), kvUsed: m.kv_blocks_used, inFlight: m.server_sequences_in_flight });
   } catch (e) {
     samples.push({ error: e.message });
   }
@@ -99,7 +107,7 @@ const sampler = setInterval(async () => {
 
 await Promise.all(
   Array.from({ length: concurrency }, async () => {
-    while (Date.now() < deadline) {
+    while (running()) {
       const s = await one();
       requests++;
       count(String(s));
@@ -107,6 +115,7 @@ await Promise.all(
   }),
 );
 clearInterval(sampler);
+const minutesRun = (Date.now() - began) / 60_000;
 
 // Idle: every sequence must end and free its KV blocks.
 let idle;
@@ -120,6 +129,7 @@ const errors5xx = [...byCode].filter(([k]) => /^5\d\d$/.test(k) && k !== '503');
 const report = {
   url,
   minutes,
+  minutes_run: Math.round(minutesRun * 100) / 100,
   concurrency,
   requests,
   by_code: Object.fromEntries([...byCode].sort()),
