@@ -103,6 +103,7 @@ const print = (o: unknown): void => {
       'kvHostBudget',
       'kvOffloadDir',
       'pipelineParallel',
+      'stageVramBudgets',
       'tensorParallel',
       'allowSingleDeviceStages',
       'runAhead',

@@ -18,6 +18,12 @@ export class BackendUnavailableError extends NervaError {
   }
 }
 
+/**
+ * What a CUDA backend made under a budget (`deviceBudgetBytes`) takes before its arena: the op
+ * workspace and the cuBLAS workspace. The arena gets the budget less these.
+ */
+export const CUDA_BUDGET_WORKSPACES = { workspaceBytes: 256 * 2 ** 20, cublasWorkspaceBytes: 32 * 2 ** 20 } as const;
+
 export interface BackendOptions {
   /** Bytes of device memory the CUDA backend reserves up front (weights + KV + activations). */
   deviceArenaBytes?: number;

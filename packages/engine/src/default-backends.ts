@@ -1,7 +1,7 @@
 import type { DeviceBackend } from '@nerva/core';
 import type { BackendOptions } from './backend-select.js';
 import { registerBackend, type StageCommunicator } from './backend-registry.js';
-import { resolveMatmulPrecision } from './backend-select.js';
+import { CUDA_BUDGET_WORKSPACES, resolveMatmulPrecision } from './backend-select.js';
 
 /**
  * The engine's default backends, registered when `@nerva/engine` is imported: the CUDA backend
@@ -51,8 +51,7 @@ registerBackend(
       const cudaOpts = { ...rest, gemm: cuda.GEMM_FOR_MATMUL_PRECISION[matmulPrecision], ...(batchInvariant !== undefined ? { batchInvariant } : {}) };
       if (deviceBudgetBytes !== undefined) {
         // The budget covers the workspaces too: the arena gets what they leave.
-        const workspaceBytes = 256 * 2 ** 20;
-        const cublasWorkspaceBytes = 32 * 2 ** 20;
+        const { workspaceBytes, cublasWorkspaceBytes } = CUDA_BUDGET_WORKSPACES;
         // A budget below the workspaces leaves an empty arena: the residency planner then names the
         // smallest budget that works (workspaces included), rather than failing here.
         const arena = Math.max(0, Math.floor((deviceBudgetBytes - workspaceBytes - cublasWorkspaceBytes) / 2 ** 20) * 2 ** 20);

@@ -74,7 +74,10 @@ export interface EngineOptions {
    * run by a stage of its own, hidden states passed between them (`StagePipeline`). On CUDA, N > 1
    * needs N visible GPUs (one backend per GPU, NCCL links) unless `allowSingleDeviceStages`. The
    * CPU backend allows any N: its stages share one backend and host memory. N may not exceed the
-   * model's layers, and memory budgets (`vramBudget`, `hostBudget`) are not supported with N > 1.
+   * model's layers. With a VRAM budget (`vramBudget` for every stage, or `stageVramBudgets` one
+   * per stage) the layers are split so each stage's weights, KV share and activations fit its
+   * budget, all resident (refused, naming the stage and the bytes, when they cannot); a host
+   * budget (paged weights) is not supported with N > 1.
    */
   pipelineParallel?: number;
   /** Place every stage on one GPU (device-copy links): tests the pipeline on a one-GPU machine. */
@@ -86,6 +89,12 @@ export interface EngineOptions {
   stageDevices?: number[];
   /** Micro-batches per pipelined pass (default: 1 when stages share a backend, N otherwise). */
   pipelineMicroBatches?: number;
+  /**
+   * Each pipeline stage's VRAM budget in bytes, one per stage (GPUs of different sizes, or other
+   * tenants on some): stages with less take fewer layers. Needs `pipelineParallel` (or
+   * `stageDevices`) of the same length; excludes `vramBudget`, which gives every stage the same.
+   */
+  stageVramBudgets?: number[];
   /**
    * Tensor-parallel shards (default 1): every decoder layer split across N backends of one kind,
    * each projection by its output rows, the activations all-gathered after each, so tokens and
@@ -280,6 +289,7 @@ export type ModelOptions = Pick<
   | 'allowSingleDeviceStages'
   | 'stageDevices'
   | 'pipelineMicroBatches'
+  | 'stageVramBudgets'
   | 'tensorParallel'
   | 'numerics'
   | 'matmulPrecision'

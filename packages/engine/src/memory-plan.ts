@@ -11,7 +11,7 @@ import { kvBytesPerToken, type RunnerShape } from './weight-residency.js';
 /** Runner shapes from the options and the backend (smaller defaults under a VRAM budget). */
 export function runnerShape(backend: DeviceBackend, s: ModelSpec, o: Partial<EngineOptions>): RunnerShape {
   const cpu = backend.capabilities.deviceKind === 'cpu';
-  const budgeted = o.vramBudget !== undefined;
+  const budgeted = o.vramBudget !== undefined || o.stageVramBudgets !== undefined;
   const maxNumSeqs = o.maxNumSeqs ?? (cpu ? 64 : budgeted ? 32 : 128);
   const maxRows = Math.max(o.maxNumBatchedTokens ?? (cpu ? 256 : budgeted ? 512 : 2048), maxNumSeqs);
   const inter = s.moe ? Math.max(s.intermediateSize, s.moe.moeIntermediateSize) : s.intermediateSize;

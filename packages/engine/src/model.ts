@@ -2,11 +2,11 @@ import type { DeviceBackend } from '@nerva/core';
 import { defaultImportanceDir, ImportanceCache, type ImportanceProfile, type WeightPager } from '@nerva/memos';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
 import { loadModelDir } from '@nerva/models';
-import { selectBackend } from './backend-select.js';
+import { CUDA_BUDGET_WORKSPACES, selectBackend } from './backend-select.js';
 import { checkEngineOptions, type ContextOptions, type ModelOptions } from './engine-options.js';
 import { kvCacheBytesAfterUpload, kvCacheBytesFor, pinnedBytesFor, runnerShape } from './memory-plan.js';
 import { freeWeights, type ModelWeights, uploadWeights, weightFormatNote } from './model-weights.js';
-import { pipelineRequest, type PreparedStages, prepareStages } from './stages/pipeline.js';
+import { pipelineRequest, type PreparedStages, prepareStages, primaryStageBudget } from './stages/pipeline.js';
 import { prepareShards, tensorParallelRequest } from './stages/tensor-parallel.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
 import type { SamplingParams } from './sampling-params.js';
@@ -117,7 +117,11 @@ export class NervaModel {
     let backend: DeviceBackend;
     let notes: string[] = [];
     let reservedBytes = 0;
-    const budgeted = o.vramBudget !== undefined || o.hostBudget !== undefined;
+    // Pipeline stages under VRAM budgets hold the model resident, placed by the stage planner: the
+    // single-backend paths (paged weights, the backend's own budget) see no budget then.
+    const single: ModelOptions = pipe?.budgets ? { ...o, vramBudget: undefined, stageVramBudgets: undefined } : o;
+    const budgeted = single.vramBudget !== undefined || single.hostBudget !== undefined;
+    const deviceBudget = primaryStageBudget(pipe, o.backend) ?? single.vramBudget;
     if (typeof o.backend === 'object') {
       backend = o.backend;
       const has = backend.capabilities.numerics ?? 'exact';
@@ -143,11 +147,11 @@ export class NervaModel {
           numerics: o.numerics,
           matmulPrecision: o.matmulPrecision,
           ...(o.batchInvariant !== undefined ? { batchInvariant: o.batchInvariant } : {}),
-          ...(o.vramBudget !== undefined ? { deviceBudgetBytes: o.vramBudget } : {}),
-          ...(o.hostBudget !== undefined ? { hostBudgetBytes: o.hostBudget } : {}),
+          ...(deviceBudget !== undefined ? { deviceBudgetBytes: deviceBudget } : {}),
+          ...(single.hostBudget !== undefined ? { hostBudgetBytes: single.hostBudget } : {}),
           // Pinned host memory for the master copies of streamed blocks: at most the checkpoint.
           // Plus room for the runner's host buffers and the start-up rate measurement.
-          ...(budgeted || o.kvVramBudget !== undefined ? { pinnedArenaBytes: pinnedBytesFor(o, loaded.spec, loaded.checkpoint.totalBytes, budgeted) } : {}),
+          ...(budgeted || o.kvVramBudget !== undefined ? { pinnedArenaBytes: pinnedBytesFor(single, loaded.spec, loaded.checkpoint.totalBytes, budgeted) } : {}),
         }));
         reservedBytes = reserved ?? 0;
       } catch (e) {
@@ -162,7 +166,7 @@ export class NervaModel {
     try {
       const shape = runnerShape(backend, loaded.spec, o);
       const maxModelLen = Math.min(loaded.spec.maxPositionEmbeddings, o.maxModelLen ?? 4096);
-      const kvPlanned = kvCacheBytesFor(backend, shape, maxModelLen, o);
+      const kvPlanned = kvCacheBytesFor(backend, shape, maxModelLen, single);
       const sp = loaded.spec;
       const be = backend;
       const splitFor = (attnBytes: number, mlpBytes: number): number => {
@@ -193,7 +197,7 @@ export class NervaModel {
       }
       // Under a budget the engine's own KV default may shrink to 64 tokens before weights are refused.
       const kvFloor = o.kvCacheBytes === undefined && kvPlanned !== undefined ? shape.kvBytesPerToken * 64 : undefined;
-      const placed = placeWeights(backend, sp, loaded.checkpoint, kvPlanned ?? 0, shape, o, reservedBytes, splitFor, importance?.profile?.layers, kvFloor);
+      const placed = placeWeights(backend, sp, loaded.checkpoint, kvPlanned ?? 0, shape, single, reservedBytes, splitFor, importance?.profile?.layers, kvFloor);
       if (measured) notes.push(`compute near data: ${measured}`);
       pager = placed?.pager;
       if (pipe || tp) {
@@ -206,6 +210,10 @@ export class NervaModel {
           kvPlanned,
           kvAfterUpload: (b: DeviceBackend, activationBytes: number) => kvCacheBytesAfterUpload(b, { ...shape, activationBytes }),
           activationBytes: shape.activationBytes,
+          kvBytesPerToken: shape.kvBytesPerToken,
+          // What a CUDA backend under a budget sets aside for its workspaces; the CPU sets aside nothing.
+          reservedBytes: be0.capabilities.deviceKind === 'cpu' ? 0 : CUDA_BUDGET_WORKSPACES.workspaceBytes + CUDA_BUDGET_WORKSPACES.cublasWorkspaceBytes,
+          kvExplicit: o.kvCacheBytes !== undefined,
           onProgress: o.onProgress,
         };
         // With tensorParallel, the group makes the stages too (each stage split across its own shards).

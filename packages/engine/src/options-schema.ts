@@ -18,6 +18,7 @@ import type { EngineOptions } from './engine-options.js';
  *   on by default); true or false in TOML.
  * - 'int': a non-negative integer; 'posint': a positive one; 'port': an integer from 0 to 65535.
  * - 'size': a byte size (`4GiB`, `512MB`, `4G` = 4 GiB, or a byte count).
+ * - 'sizes': a list of byte sizes (comma-separated on the command line: `10GiB,20GiB`; an array in TOML).
  * - 'fraction': a number from 0 to 1.
  * - 'choice': one of {@link OptionSpec.choices}.
  * - 'split': 'auto', 'off' or a fraction strictly between 0 and 1.
@@ -25,7 +26,7 @@ import type { EngineOptions } from './engine-options.js';
  * - 'intrange': two integers, min and max with min <= max, negatives allowed (`-5,5` on the
  *   command line; `[-5, 5]` in TOML).
  */
-export type OptionKind = 'string' | 'path' | 'bool' | 'int' | 'posint' | 'port' | 'size' | 'fraction' | 'choice' | 'split' | 'strings' | 'intrange';
+export type OptionKind = 'string' | 'path' | 'bool' | 'int' | 'posint' | 'port' | 'size' | 'sizes' | 'fraction' | 'choice' | 'split' | 'strings' | 'intrange';
 
 /** One user-settable option. `N` is the field it sets (of EngineOptions, or of a server's config). */
 export interface OptionSpec<N extends string = string> {
@@ -139,6 +140,13 @@ export const ENGINE_OPTIONS = [
     toml: 'pipeline_parallel',
     kind: 'posint',
     help: 'pipeline stages: the layers split into N contiguous ranges (N > 1 needs N GPUs on CUDA unless --allow-single-device-stages; any N on the CPU backend)',
+  },
+  {
+    name: 'stageVramBudgets',
+    flag: '--stage-vram-budgets <sizes>',
+    toml: 'stage_vram_budgets',
+    kind: 'sizes',
+    help: "each pipeline stage's VRAM budget, one per stage (e.g. 10GiB,20GiB): stages with less take fewer layers, all resident (--vram-budget gives every stage the same)",
   },
   {
     name: 'tensorParallel',

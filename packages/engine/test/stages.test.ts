@@ -116,3 +116,37 @@ describe('planStages: balance and arguments', () => {
     expect(() => stageOfLayer(p, 10)).toThrow(/outside 0..9/);
   });
 });
+
+describe('planStages: per-stage capacities and fixed bytes', () => {
+  it('gives a stage with a smaller capacity fewer layers', () => {
+    const p = planStages(8, 2, undefined, { capacity: [1, 3] });
+    expect(p.stages.map((s) => s.layers)).toEqual([2, 6]);
+    expect(p.maxLoad).toBe(2);
+  });
+
+  it('counts a stage\'s fixed bytes (the embedding on stage 0) against it', () => {
+    const even = planStages(8, 2);
+    const p = planStages(8, 2, undefined, { fixed: [2, 0] });
+    expect(even.stages.map((s) => s.layers)).toEqual([4, 4]);
+    expect(p.stages.map((s) => s.layers)).toEqual([3, 5]);
+    expect(p.maxLoad).toBe(5);
+  });
+
+  it('reports a load above 1 when the stages cannot fit their capacities', () => {
+    const p = planStages(4, 2, [3, 3, 3, 3], { capacity: [5, 5] });
+    expect(p.maxLoad).toBeCloseTo(6 / 5);
+    expect(planStages(4, 2, [3, 3, 3, 3], { capacity: [6, 6] }).maxLoad).toBe(1);
+  });
+
+  it('without capacities it is the byte-balanced split', () => {
+    const bytes = [1, 1, 1, 1, 1, 1, 1, 3];
+    expect(planStages(8, 2, bytes, { capacity: [7, 7], fixed: [0, 0] }).stages).toEqual(planStages(8, 2, bytes).stages);
+  });
+
+  it('rejects capacities and fixed bytes of the wrong length or value', () => {
+    expect(() => planStages(4, 2, undefined, { capacity: [1] })).toThrow('capacity has 1 entries for 2 stages');
+    expect(() => planStages(4, 2, undefined, { capacity: [1, 0] })).toThrow('capacity[1] = 0 is not a positive number');
+    expect(() => planStages(4, 2, undefined, { fixed: [1, -1] })).toThrow('fixed[1] = -1 is not a non-negative number');
+    expect(() => planStages(4, 2, undefined, { capacity: [1, Number.NaN] })).toThrow(StagePlanError);
+  });
+});

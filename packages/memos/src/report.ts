@@ -79,8 +79,8 @@ export interface MemoryReport {
   /** KV pages by tier, when the engine runs tiered KV (`kvVramBudget`). */
   kv?: KvMemoryReport;
   /**
-   * Per device, when the model is split across several (tensor-parallel shards): what each one
-   * holds. `weights` and `tiers` then describe the engine's own device (shard 0).
+   * Per device, when the model is split across several (tensor-parallel shards, or pipeline
+   * stages, one entry a stage): what each one holds. `weights` and `tiers` then describe the engine's own device (shard 0).
    */
   devices?: DeviceResidency[];
   /** Decisions the user must see (why a block is where it is, a degraded path). */
@@ -94,6 +94,10 @@ export interface DeviceResidency {
   device?: number;
   /** Weight bytes resident on it (its shard of every layer, and what every shard holds whole). */
   weightBytes: number;
+  /** Its VRAM budget, where one was given (pipeline stages under `vramBudget` / `stageVramBudgets`). */
+  budgetBytes?: number;
+  /** The decoder layers it runs, `[first, end)`, where it runs a pipeline stage's range. */
+  layers?: [number, number];
   /** KV cache bytes on it (its KV heads of every layer). */
   kvBytes: number;
 }

@@ -92,6 +92,8 @@ export interface ServerConfig extends SecurityOptions {
    * visible GPUs unless `allowSingleDeviceStages`; the CPU backend takes any N up to the layer count.
    */
   pipelineParallel?: number;
+  /** Each pipeline stage's VRAM budget in bytes, one per stage (EngineOptions stageVramBudgets). */
+  stageVramBudgets?: number[];
   /**
    * Tensor-parallel shards (default 1): every layer split across N devices, exact. N must divide
    * the model's KV heads; on CUDA N > 1 needs N visible GPUs unless `allowSingleDeviceStages`.

@@ -73,6 +73,10 @@ function argParser(spec: OptionSpec): ((v: string) => unknown) | undefined {
       return intArg(flag, 0, 65535, 'a port number (0-65535)');
     case 'size':
       return parseSizeArg(flag);
+    case 'sizes': {
+      const one = parseSizeArg(flag);
+      return (v: string): number[] => v.split(',').map((x) => one(x.trim()));
+    }
     case 'fraction':
       return parseFractionArg(flag);
     case 'split':
@@ -174,6 +178,10 @@ export function checkOptionValue(spec: OptionSpec, key: string, v: unknown, wher
       const r: unknown[] = Array.isArray(v) ? v : [];
       if (r.length !== 2 || !r.every((x) => Number.isSafeInteger(x)) || (r[0] as number) > (r[1] as number)) fail('two integers [min, max] with min <= max');
       return [r[0], r[1]];
+    }
+    case 'sizes': {
+      if (!Array.isArray(v) || v.length === 0) fail('a list of sizes such as ["10GiB", "20GiB"]');
+      return (v as unknown[]).map((x, i) => checkOptionValue({ ...spec, kind: 'size' }, `${key}[${i}]`, x, where));
     }
     case 'size':
       // A string with a unit ("4GiB", "512MB", "4G" = 4 GiB) or an integer byte count.

@@ -94,6 +94,7 @@ async function prepareModel(config: ServerConfig): Promise<PreparedModel> {
     kvOffloadDir: config.kvOffloadDir,
     kvWarmLinkShare: config.kvWarmLinkShare,
     pipelineParallel: config.pipelineParallel,
+    stageVramBudgets: config.stageVramBudgets,
     tensorParallel: config.tensorParallel,
     allowSingleDeviceStages: config.allowSingleDeviceStages,
     chatTemplate,

@@ -14,6 +14,7 @@ const MALFORMED: Record<OptionKind, [unknown, RegExp]> = {
   posint: [0, /must be a positive integer, got 0/],
   port: [70000, /must be a port number \(0-65535\), got 70000/],
   size: ['lots', /must be a size such as 4GiB.*got "lots"/],
+  sizes: ['10GiB', /must be a list of sizes such as \["10GiB", "20GiB"\], got "10GiB"/],
   fraction: [1.5, /must be a number from 0 to 1, got 1.5/],
   choice: ['fp8', /must be "[a-z0-9]+"(, "[a-z0-9]+")* or "[a-z0-9]+", got "fp8"/],
   split: [1, /must be "auto", "off" or a fraction in \(0, 1\), got 1/],
@@ -68,6 +69,12 @@ describe('the options schema', () => {
     });
   });
 
+  it('reads a list of sizes from TOML, and names the entry that is not one', () => {
+    expect(parseConfigTable({ stage_vram_budgets: ['1GiB', 1024] }, 'nerva.toml').stageVramBudgets).toEqual([2 ** 30, 1024]);
+    expect(() => parseConfigTable({ stage_vram_budgets: ['1GiB', 'lots'] }, 'nerva.toml')).toThrow(/nerva.toml: "stage_vram_budgets\[1\]" must be a size such as 4GiB/);
+    expect(() => parseConfigTable({ stage_vram_budgets: [] }, 'nerva.toml')).toThrow(/must be a list of sizes/);
+  });
+
   it('covers every config key with a case (no kind without a malformed value)', () => {
     expect(CONFIG_OPTIONS.length).toBeGreaterThan(20);
     for (const s of CONFIG_OPTIONS) expect(MALFORMED[s.kind], s.name).toBeDefined();
@@ -75,7 +82,7 @@ describe('the options schema', () => {
 });
 
 describe('flags derived from the schema', () => {
-  const specs = ENGINE_OPTIONS.filter((s) => ['backend', 'enablePrefixCaching', 'batchInvariant', 'vramBudget', 'pipelineParallel', 'kvWarmLinkShare'].includes(s.name));
+  const specs = ENGINE_OPTIONS.filter((s) => ['backend', 'enablePrefixCaching', 'batchInvariant', 'vramBudget', 'pipelineParallel', 'stageVramBudgets', 'kvWarmLinkShare'].includes(s.name));
   const parse = (argv: string[], applyDefaults: boolean) => {
     const flags = deriveFlags(specs, { applyDefaults });
     const cmd = addFlags(new Command().exitOverride().configureOutput({ writeErr: () => {} }), flags);
@@ -84,11 +91,14 @@ describe('flags derived from the schema', () => {
   };
 
   it('reads the given flags into engine option names, typed', () => {
-    expect(parse(['--vram-budget', '4GiB', '--no-prefix-caching', '--batch-invariant', '--pipeline-parallel', '2', '--kv-warm-link-share', '0.5'], false)).toEqual({
+    expect(
+      parse(['--vram-budget', '4GiB', '--no-prefix-caching', '--batch-invariant', '--pipeline-parallel', '2', '--stage-vram-budgets', '1GiB, 512MiB', '--kv-warm-link-share', '0.5'], false),
+    ).toEqual({
       vramBudget: 4 * 2 ** 30,
       enablePrefixCaching: false,
       batchInvariant: true,
       pipelineParallel: 2,
+      stageVramBudgets: [2 ** 30, 512 * 2 ** 20],
       kvWarmLinkShare: 0.5,
     });
   });
@@ -101,6 +111,7 @@ describe('flags derived from the schema', () => {
   it('rejects bad values with messages naming the flag', () => {
     expect(() => parse(['--pipeline-parallel', '0'], false)).toThrow('--pipeline-parallel must be a positive integer, got "0"');
     expect(() => parse(['--vram-budget', 'lots'], false)).toThrow('--vram-budget must be a size such as 4GiB');
+    expect(() => parse(['--stage-vram-budgets', '1GiB,lots'], false)).toThrow('--stage-vram-budgets must be a size such as 4GiB');
     expect(() => parse(['--kv-warm-link-share', '2'], false)).toThrow('--kv-warm-link-share must be a number from 0 to 1');
     expect(() => parse(['--backend', 'tpu'], false)).toThrow(/Allowed choices are cpu, cuda, auto/);
   });

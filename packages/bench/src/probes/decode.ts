@@ -18,6 +18,7 @@ type DecodeEngineOptions = Pick<
   | 'kvHostBudget'
   | 'kvOffloadDir'
   | 'pipelineParallel'
+  | 'stageVramBudgets'
   | 'tensorParallel'
   | 'allowSingleDeviceStages'
   | 'runAhead'
@@ -58,6 +59,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     kvHostBudget: o.kvHostBudget,
     kvOffloadDir: o.kvOffloadDir !== undefined ? resolve(o.kvOffloadDir) : undefined,
     pipelineParallel: o.pipelineParallel,
+    stageVramBudgets: o.stageVramBudgets,
     tensorParallel: o.tensorParallel,
     allowSingleDeviceStages: o.allowSingleDeviceStages,
     ...(o.runAhead !== undefined ? { runAhead: o.runAhead } : {}),

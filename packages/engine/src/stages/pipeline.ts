@@ -41,6 +41,7 @@ export interface PipelineOptions {
   stageDevices?: number[];
   pipelineMicroBatches?: number;
   vramBudget?: number;
+  stageVramBudgets?: number[];
   hostBudget?: number;
 }
 
@@ -50,12 +51,15 @@ export interface PipelineRequest {
   allowSingleDevice: boolean;
   devices?: number[];
   microBatches?: number;
+  /** Each stage's VRAM budget (bytes), when one was given: the stages are placed to fit them, resident. */
+  budgets?: number[];
 }
 
 /**
  * Check the pipeline options before anything is loaded: a stage count of at least 1, device
- * ordinals that agree with it, a micro-batch count of at least 1, and no memory budget with more
- * than one stage (paged weights run on a single stage for now). Undefined for one stage.
+ * ordinals that agree with it, a micro-batch count of at least 1, VRAM budgets (one for every
+ * stage, or a list of one per stage) and no host budget with more than one stage (paged weights
+ * run on a single stage). Undefined for one stage.
  */
 export function pipelineRequest(o: PipelineOptions): PipelineRequest | undefined {
   const n = o.pipelineParallel;
@@ -71,12 +75,39 @@ export function pipelineRequest(o: PipelineOptions): PipelineRequest | undefined
   if (mb !== undefined && (typeof mb !== 'number' || !Number.isInteger(mb) || mb < 1))
     throw new PipelineConfigError(`pipelineMicroBatches must be a positive integer, got ${String(mb)}`);
   const stages = n ?? devices?.length ?? 1;
+  const list = o.stageVramBudgets;
+  if (list !== undefined) {
+    if (!Array.isArray(list) || list.length === 0 || list.some((b) => typeof b !== 'number' || !Number.isSafeInteger(b) || b <= 0))
+      throw new PipelineConfigError(`stageVramBudgets must list one budget (a positive byte count) per stage, got ${JSON.stringify(list)}`);
+    if (o.vramBudget !== undefined) throw new PipelineConfigError('give vramBudget (the same budget for every stage) or stageVramBudgets (one per stage), not both');
+    if (list.length !== stages)
+      throw new PipelineConfigError(`stageVramBudgets lists ${list.length} budget(s) for ${stages} pipeline stage(s): give one per stage${stages === 1 ? ' (and pipelineParallel for more than one stage)' : ''}`);
+  }
   if (stages === 1) return undefined;
-  if (o.vramBudget !== undefined || o.hostBudget !== undefined)
-    throw new PipelineConfigError(
-      `pipelineParallel ${stages} with a ${o.vramBudget !== undefined ? 'VRAM' : 'host'} budget is not supported yet: paged weights (vramBudget, hostBudget) run on a single stage`,
-    );
-  return { stages, allowSingleDevice: o.allowSingleDeviceStages === true, ...(devices ? { devices: [...devices] } : {}), ...(mb !== undefined ? { microBatches: mb } : {}) };
+  if (o.hostBudget !== undefined)
+    throw new PipelineConfigError(`pipelineParallel ${stages} with a host budget is not supported yet: paged weights (hostBudget) run on a single stage; with VRAM budgets alone the stages hold the model resident`);
+  const budgets = list !== undefined ? [...list] : o.vramBudget !== undefined ? new Array<number>(stages).fill(o.vramBudget) : undefined;
+  return {
+    stages,
+    allowSingleDevice: o.allowSingleDeviceStages === true,
+    ...(devices ? { devices: [...devices] } : {}),
+    ...(mb !== undefined ? { microBatches: mb } : {}),
+    ...(budgets ? { budgets } : {}),
+  };
+}
+
+/**
+ * The VRAM budget of the engine's own backend (stage 0's) under stage budgets: the budgets of the
+ * stages that share its device (every stage with allowSingleDeviceStages and no stageDevices),
+ * else stage 0's. Undefined without budgets.
+ */
+export function primaryStageBudget(req: PipelineRequest | undefined, backendChoice: unknown): number | undefined {
+  if (!req?.budgets) return undefined;
+  const sum = (keep: (s: number) => boolean) => req.budgets!.reduce((t, b, s) => (keep(s) ? t + b : t), 0);
+  if (req.devices) return sum((s) => req.devices![s] === req.devices![0]);
+  // Stages share one backend on one GPU, or on the CPU without stageDevices.
+  if (req.allowSingleDevice || backendChoice === 'cpu') return sum(() => true);
+  return req.budgets[0];
 }
 
 /** One stage as the pipeline runs it. */
@@ -102,6 +133,8 @@ export interface PreparedStages {
   kvBytes?: number;
   /** Weight bytes over every stage (an embedding a tied head needs on two backends counts twice). */
   weightBytes: number;
+  /** Per stage, under VRAM budgets: the budget, what the stage holds besides KV, and its KV share (bytes). */
+  budgets?: { budget: number; heldBytes: number; kvBytes: number }[];
   nccl?: NcclPointToPoint;
   notes: string[];
   /** Free what was made here: stage weights on backends other than the engine's, the communicator, those backends. */
@@ -121,7 +154,76 @@ export interface PrepareStagesArgs {
   /** The engine's rule for the KV cache once weights are in: bytes for a backend with `activationBytes` of runners. */
   kvAfterUpload: (backend: DeviceBackend, activationBytes: number) => number;
   activationBytes: number;
+  /** KV bytes a token takes over all layers (placing stages under budgets). */
+  kvBytesPerToken: number;
+  /** Bytes a backend made under a budget sets aside before its arena (the CUDA workspaces; 0 on the CPU). */
+  reservedBytes: number;
+  /** The KV bytes were fixed by the user (kvCacheBytes): under budgets they must fit, not shrink. */
+  kvExplicit: boolean;
   onProgress?: (p: UploadProgress) => void;
+}
+
+/** The fewest tokens of KV a stage must hold beside its weights (the engine's floor under a budget). */
+const KV_FLOOR_TOKENS = 64;
+const MiB = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+
+/** How stages fit their VRAM budgets: the split, and the KV cache bytes (all layers) the budgets leave. */
+interface BudgetedPlan {
+  plan: StagePlan;
+  kvBytes: number;
+  /** Per stage: its budget, what it holds besides KV (weights, activations), and its share of the KV cache. */
+  stages: { budget: number; heldBytes: number; kvBytes: number }[];
+}
+
+/**
+ * Split the layers so every stage's weights, activations and KV share fit its budget (less what its
+ * backend reserves), the load (bytes over budget) as even as it can be: a stage with a smaller
+ * budget takes fewer layers. The KV cache is what the tightest stage leaves, spread over the
+ * layers (or the user's kvCacheBytes, checked). Throws PipelineConfigError naming the stage and
+ * its bytes when the model does not fit.
+ */
+function planBudgetedStages(a: PrepareStagesArgs, budgets: readonly number[], layerBytes: readonly number[], embedBytes: number, kvDefault: number | undefined): BudgetedPlan {
+  const { spec } = a;
+  const n = budgets.length;
+  const L = spec.numLayers;
+  const kvLayerToken = a.kvBytesPerToken / L;
+  const capacity = budgets.map((b) => b - a.reservedBytes);
+  const fixed = budgets.map((_, s) => a.activationBytes + (s === 0 ? embedBytes : 0));
+  const bad = capacity.findIndex((c, s) => c <= fixed[s]);
+  if (bad >= 0)
+    throw new PipelineConfigError(
+      `stage ${bad}'s VRAM budget (${MiB(budgets[bad])}) does not cover its fixed buffers: ${MiB(fixed[bad])} of activations${bad === 0 ? ' and the embedding' : ''}${a.reservedBytes > 0 ? ` plus ${MiB(a.reservedBytes)} of workspaces` : ''}`,
+    );
+  // Each layer carries its KV floor, so the split leaves every stage room for it.
+  const withFloor = layerBytes.map((b) => b + KV_FLOOR_TOKENS * kvLayerToken);
+  const plan = planStages(L, n, withFloor, { capacity, fixed });
+  const weightsOf = (r: { firstLayer: number; endLayer: number }) => layerBytes.slice(r.firstLayer, r.endLayer).reduce((x, y) => x + y, 0);
+  if (plan.maxLoad > 1) {
+    const worst = plan.stages.reduce((w, r) => ((fixed[r.stage] + r.bytes) / capacity[r.stage] > (fixed[w.stage] + w.bytes) / capacity[w.stage] ? r : w));
+    const s = worst.stage;
+    const total = layerBytes.reduce((x, y) => x + y, 0) + embedBytes;
+    throw new PipelineConfigError(
+      `the model does not fit ${n} stages under VRAM budgets of ${budgets.map(MiB).join(', ')}: stage ${s} (layers ${worst.firstLayer}-${worst.endLayer - 1}) needs ${MiB(fixed[s] + worst.bytes)} ` +
+        `(weights ${MiB(weightsOf(worst) + (s === 0 ? embedBytes : 0))}, activations ${MiB(a.activationBytes)}, KV for ${KV_FLOOR_TOKENS} tokens ${MiB(KV_FLOOR_TOKENS * kvLayerToken * worst.layers)}) ` +
+        `but its budget leaves ${MiB(capacity[s])}${a.reservedBytes > 0 ? ` (${MiB(a.reservedBytes)} of workspaces set aside)` : ''}; the weights are ${MiB(total)} in all: give more stages or larger budgets, or run one stage under vramBudget (the memory OS streams what does not fit)`,
+    );
+  }
+  // KV: each stage holds its layers' share; the tightest stage decides the whole cache.
+  const room = plan.stages.map((r) => capacity[r.stage] - fixed[r.stage] - weightsOf(r));
+  const fits = Math.floor(Math.min(...plan.stages.map((r, i) => (room[i] * L) / r.layers)));
+  let kvBytes: number;
+  if (a.kvExplicit) {
+    kvBytes = a.kvPlanned!;
+    const over = plan.stages.findIndex((r, i) => (kvBytes * r.layers) / L > room[i]);
+    if (over >= 0)
+      throw new PipelineConfigError(
+        `kvCacheBytes ${MiB(kvBytes)} does not fit the VRAM budgets: stage ${over} would hold ${MiB((kvBytes * plan.stages[over].layers) / L)} of it beside ${MiB(budgets[over] - room[over])} of weights, activations and workspaces, over its ${MiB(budgets[over])}; at most ${MiB(fits)} fits`,
+      );
+  } else {
+    // What the budgets leave, less a slack for the allocator's alignment, at most the default.
+    kvBytes = Math.floor(Math.min(0.95 * fits, kvDefault ?? Infinity));
+  }
+  return { plan, kvBytes, stages: plan.stages.map((r, i) => ({ budget: budgets[i], heldBytes: budgets[i] - room[i], kvBytes: Math.floor((kvBytes * r.layers) / L) })) };
 }
 
 /** A decoder layer's weight bytes; the LM head counts toward the last layer (its stage runs it every pass). */
@@ -166,7 +268,10 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
     if (!devices) notes.push(`pipeline stages share one GPU (allowSingleDeviceStages): device-copy links; a test of the pipeline, not a speedup`);
   }
   const layerBytes = layerWeights(primary, spec, a.ckpt);
-  const plan = planStages(spec.numLayers, n, layerBytes);
+  const embedBytes = spec.vocabSize * spec.hiddenSize * DTYPE_BYTES[primary.capabilities.weightDtype];
+  const kvDefault = a.kvPlanned ?? Math.min(16 * 2 ** 30, (primary.capabilities.memory[primary.capabilities.computeTier] ?? Infinity) * 0.6);
+  const budgeted = req.budgets ? planBudgetedStages(a, req.budgets, layerBytes, embedBytes, kvDefault) : undefined;
+  const plan = budgeted?.plan ?? planStages(spec.numLayers, n, layerBytes);
 
   // One backend per distinct device; the engine's backend is stage 0's.
   const byDevice = new Map<number, DeviceBackend>();
@@ -183,7 +288,9 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
       let b = byDevice.get(devices[s]);
       if (!b) {
         const choice = kind === 'cpu' ? 'cpu' : 'cuda';
-        b = res.own((await selectBackend(choice, { ...a.backendOptions, device: devices[s] })).backend);
+        // Under budgets a device's backend gets the budgets of its stages (on CUDA its arena).
+        const budget = req.budgets ? req.budgets.reduce((t, x, i) => (devices![i] === devices![s] ? t + x : t), 0) : undefined;
+        b = res.own((await selectBackend(choice, { ...a.backendOptions, device: devices[s], ...(budget !== undefined ? { deviceBudgetBytes: budget } : {}) })).backend);
         byDevice.set(devices[s], b);
       }
       backends.push(b);
@@ -215,7 +322,7 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
       ...(devices ? { device: devices[s] } : {}),
       ...(!shared ? { rank: distinct.indexOf(backends[s]) } : {}),
     }));
-    let kvBytes = a.kvPlanned;
+    let kvBytes = budgeted?.kvBytes ?? a.kvPlanned;
     if (kvBytes === undefined) {
       // Per backend, what it has free after its weights (its runners' activations set aside),
       // scaled to the whole model by the share of layers whose KV it holds; the tightest one wins.
@@ -232,7 +339,22 @@ export async function prepareStages(a: PrepareStagesArgs): Promise<PreparedStage
       `pipeline: ${n} stages (${plan.stages.map((r, s) => `${r.layers === 1 ? `layer ${r.firstLayer}` : `layers ${r.firstLayer}-${r.endLayer - 1}`} on ${where(s)}`).join('; ')}), ${microBatches} micro-batch${microBatches === 1 ? '' : 'es'} per pass`,
     );
     if (!shared || microBatches > 1) notes.push('pipeline stages on separate backends or micro-batched: decode steps run without graph capture');
-    return { plan, stages, shared, microBatches, kvBytes, weightBytes, ...(res.nccl ? { nccl: res.nccl } : {}), notes, dispose: res.dispose };
+    if (budgeted)
+      notes.push(
+        `pipeline under VRAM budgets, all resident: ${budgeted.stages.map((b, s) => `stage ${s} ${MiB(b.heldBytes + b.kvBytes)} of ${MiB(b.budget)} (KV ${MiB(b.kvBytes)})`).join('; ')}`,
+      );
+    return {
+      plan,
+      stages,
+      shared,
+      microBatches,
+      kvBytes,
+      weightBytes,
+      ...(budgeted ? { budgets: budgeted.stages } : {}),
+      ...(res.nccl ? { nccl: res.nccl } : {}),
+      notes,
+      dispose: res.dispose,
+    };
   } catch (e) {
     res.abandon();
     throw e;

@@ -60,6 +60,7 @@ export interface TensorParallelOptions {
   stageDevices?: number[];
   pipelineMicroBatches?: number;
   vramBudget?: number;
+  stageVramBudgets?: number[];
   hostBudget?: number;
   kvVramBudget?: number;
 }
@@ -85,8 +86,10 @@ export function tensorParallelRequest(o: TensorParallelOptions): TensorParallelR
     throw new TensorParallelConfigError(`tensorParallel ${n} with stageDevices is not supported yet: with shards, stages take backends (GPUs 0, 1, ...) in order; give pipelineParallel instead`);
   if (o.pipelineMicroBatches !== undefined && o.pipelineMicroBatches > 1)
     throw new TensorParallelConfigError(`tensorParallel ${n} with pipelineMicroBatches ${o.pipelineMicroBatches} is not supported yet: sharded stages run one micro-batch a pass`);
-  if (o.vramBudget !== undefined || o.hostBudget !== undefined)
-    throw new TensorParallelConfigError(`tensorParallel ${n} with a ${o.vramBudget !== undefined ? 'VRAM' : 'host'} budget is not supported yet: paged weights run on one backend`);
+  if (o.vramBudget !== undefined || o.stageVramBudgets !== undefined || o.hostBudget !== undefined)
+    throw new TensorParallelConfigError(
+      `tensorParallel ${n} with a ${o.hostBudget === undefined ? 'VRAM' : 'host'} budget is not supported yet: shards are placed without budgets (pipeline stages alone take VRAM budgets)`,
+    );
   if (o.kvVramBudget !== undefined) throw new TensorParallelConfigError(`tensorParallel ${n} with tiered KV (kvVramBudget) is not supported yet`);
   const stages = o.pipelineParallel ?? 1;
   if (!Number.isInteger(stages) || stages < 1) throw new TensorParallelConfigError(`pipelineParallel must be a positive integer, got ${String(stages)}`);
