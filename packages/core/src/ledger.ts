@@ -41,6 +41,16 @@ export interface TokenLedgerRecord {
   diskReadBytes?: number;
   /** Profiling mode: time by bucket (projection, norm, attention, mlp, sampling, ...). */
   buckets?: Record<string, number>;
+  /**
+   * Pipeline stages that run their passes eagerly: device time of each stage's layers (and, on
+   * the last stage, the head), in stage order, measured with events on each stage's own device.
+   */
+  stageMs?: number[];
+  /**
+   * The handoffs into stages 1..S-1 (entry s-1: into stage s): time the receiving stage's stream
+   * spent in them, waiting for the rows and receiving them (the pipeline's bubbles and link time).
+   */
+  linkMs?: number[];
   /** Decisions the user must see (a fallback, a degraded path). */
   notes?: string[];
 }
@@ -72,6 +82,9 @@ export interface LedgerSummary {
   /** Allocator calls made on decode steps after the first (the warm hot path). */
   hot_path_allocations: number;
   buckets_ms?: Record<string, number>;
+  /** Pipeline stages: stageMs and linkMs summed over the tokens, per stage and per handoff. */
+  stage_ms_total?: number[];
+  link_ms_total?: number[];
   /** Paged weights: blocks loaded into staging slots, and bytes read from the disk tier. */
   prefetched_blocks?: number;
   disk_read_bytes?: number;
@@ -117,6 +130,13 @@ export class LedgerAggregator {
     let grammar: number | undefined;
     let prefetched: number | undefined;
     let diskRead: number | undefined;
+    let stageMs: number[] | undefined;
+    let linkMs: number[] | undefined;
+    const addInto = (acc: number[] | undefined, v: readonly number[]) => {
+      const out = acc ?? [];
+      v.forEach((x, i) => (out[i] = (out[i] ?? 0) + x));
+      return out;
+    };
     const notes = [...this.extraNotes];
     for (const r of rs) {
       wall += r.wallMs;
@@ -142,6 +162,8 @@ export class LedgerAggregator {
       if (r.prefetchedBlocks !== undefined) prefetched = (prefetched ?? 0) + r.prefetchedBlocks;
       if (r.diskReadBytes !== undefined) diskRead = (diskRead ?? 0) + r.diskReadBytes;
       if (r.buckets) for (const [k, v] of Object.entries(r.buckets)) buckets[k] = (buckets[k] ?? 0) + v;
+      if (r.stageMs) stageMs = addInto(stageMs, r.stageMs);
+      if (r.linkMs) linkMs = addInto(linkMs, r.linkMs);
       for (const n of r.notes ?? []) if (!notes.includes(n)) notes.push(n);
     }
     const perDecode = emptySyncCounts();
@@ -177,6 +199,8 @@ export class LedgerAggregator {
     if (grammar !== undefined) s.grammar_ms_total = round(grammar);
     if (prefetched !== undefined) s.prefetched_blocks = round(prefetched);
     if (diskRead !== undefined) s.disk_read_bytes = Math.round(diskRead);
+    if (stageMs) s.stage_ms_total = stageMs.map(round);
+    if (linkMs) s.link_ms_total = linkMs.map(round);
     if (Object.keys(buckets).length) s.buckets_ms = Object.fromEntries(Object.entries(buckets).map(([k, v]) => [k, round(v)]));
     return s;
   }

@@ -670,6 +670,8 @@ export class ModelContext {
     // (A step with grammar rows also spans the wait for its masks: not a measure of run-ahead's steps.)
     if (replayed && !anyGrammar) ra.lastDecodeMs = deviceMs;
     const buckets = this.profiles.record(rows, deviceMs);
+    // Stages that ran eagerly: each stage's device time and each handoff's, from their own events.
+    const stages = this.pipeline instanceof StagePipeline ? this.pipeline.stageTimes() : undefined;
     const after = this.pipeline?.stats() ?? be.stats();
     // Embedding rows: their final hidden states, read before the computed counts move on.
     this.embeddings.collect(plan.scheduled);
@@ -696,7 +698,7 @@ export class ModelContext {
       const s = host.get(req);
       const err = refused?.get(i);
       if (err) return this.failOne(l, err);
-      const record = tokenRecord(req, tokens[i], { now, share, sampleMs, deviceMs, delta, paging, buckets, grammarMs: l.grammar?.lastMs });
+      const record = tokenRecord(req, tokens[i], { now, share, sampleMs, deviceMs, delta, paging, buckets, grammarMs: l.grammar?.lastMs, stages });
       // A failure in one request's host policies (detokenizing, stop strings) ends that request only.
       try {
         this.accept(l, tokens[i], record, s);

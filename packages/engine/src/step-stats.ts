@@ -82,6 +82,8 @@ export interface StepMeasures {
   buckets?: Record<string, number>;
   /** The request's grammar time this step (constrained decoding), when it has one. */
   grammarMs?: number;
+  /** Pipeline stages run eagerly: the step's device time per stage and per handoff. */
+  stages?: { stageMs: number[]; linkMs: number[] };
 }
 
 /** The ledger record of token `tokenId` of `req`, sampled in a step that measured `m`. */
@@ -100,6 +102,10 @@ export function tokenRecord(req: Request, tokenId: number, m: StepMeasures): Tok
     ...(m.paging ? { prefetchedBlocks: m.paging.loads, evictedBlocks: m.paging.loads, diskReadBytes: m.paging.diskReadBytes } : {}),
   };
   if (m.buckets) record.buckets = Object.fromEntries(Object.entries(m.buckets).map(([k, v]) => [k, v * m.share]));
+  if (m.stages) {
+    record.stageMs = m.stages.stageMs.map((v) => v * m.share);
+    record.linkMs = m.stages.linkMs.map((v) => v * m.share);
+  }
   return record;
 }
 

@@ -131,6 +131,30 @@ describe('pipelines with micro-batches and a backend per stage', () => {
       }
     });
   });
+
+  it('eager stages put each stage\'s device time and each handoff\'s in the ledger', async () => {
+    await withEngine({ model: DEFAULT_MODEL, stageDevices: [0, 1, 2], pipelineMicroBatches: 2 }, async (e) => {
+      const out = await e.submit(PROMPT, { temperature: 0, maxTokens: 6, ignoreEos: true }).done;
+      for (const r of out.ledger.all()) {
+        expect(r.stageMs).toHaveLength(3);
+        expect(r.linkMs).toHaveLength(2);
+        // Every stage ran layers (CPU events time the ops themselves); the handoffs took time too.
+        for (const ms of r.stageMs!) expect(ms).toBeGreaterThan(0);
+        for (const ms of r.linkMs!) expect(ms).toBeGreaterThanOrEqual(0);
+        // Stage and handoff times are parts of the step: none exceeds the token's wall time.
+        expect(r.stageMs!.reduce((a, b) => a + b, 0)).toBeLessThanOrEqual(r.wallMs);
+      }
+      const s = out.ledger.summary();
+      expect(s.stage_ms_total).toHaveLength(3);
+      expect(s.link_ms_total).toHaveLength(2);
+      expect(s.stage_ms_total!.every((x) => x > 0)).toBe(true);
+    });
+    // A captured pipeline runs as one graph: no per-stage split is measured, none is reported.
+    await withEngine({ model: DEFAULT_MODEL, pipelineParallel: 2 }, async (e) => {
+      const out = await e.submit(PROMPT, { temperature: 0, maxTokens: 6, ignoreEos: true }).done;
+      expect(out.ledger.summary().stage_ms_total).toBeUndefined();
+    });
+  });
 });
 
 describe('the single-stage path is unchanged', () => {

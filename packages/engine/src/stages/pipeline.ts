@@ -17,7 +17,7 @@
  * so on separate GPUs they overlap). The last stage gathers every group's final hidden rows and
  * runs the final norm, LM head and sampling once over the whole batch, as one stage would.
  */
-import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
+import type { BackendStats, DeviceBackend, DeviceBuffer, EventHandle } from '@nerva/core';
 import { emptySyncCounts, NervaError, SYNC_KINDS, DTYPE_BYTES } from '@nerva/core';
 import type { ModelSpec, WeightStore } from '@nerva/models';
 import { type BackendOptions, selectBackend } from '../backend-select.js';
@@ -443,6 +443,13 @@ export class StagePipeline implements PassRunner {
   /** The split of the pass last written by writeMeta. */
   private split: MicroBatch[] = [];
   private readonly rowSeqScratch: Int32Array;
+  /**
+   * Eager passes: an event pair per stage and micro-batch around its layers (`compute`, the last
+   * stage's head in `head`), and around each handoff it receives (`link`, from stage 1), each on
+   * the stage's own backend; made once. `timedGroups`: micro-batches of the last pass.
+   */
+  private readonly timing: { compute: [EventHandle, EventHandle][][]; link: [EventHandle, EventHandle][][]; head: [EventHandle, EventHandle] } | undefined;
+  private timedGroups = 0;
   private disposed = false;
 
   constructor(spec: ModelSpec, limits: RunnerLimits, prepared: PreparedStages) {
@@ -494,6 +501,15 @@ export class StagePipeline implements PassRunner {
         this.homeLogits = this.alloc(firstBe, { dtype: 'f32', length: limits.maxSeqs * spec.vocabSize, usage: 'activations', label: 'pipeline.logits' });
       }
       if (this.microBatches > 1) this.gathered = this.alloc(lastBe, { dtype: 'f32', length: limits.maxRows * H, usage: 'activations', label: 'pipeline.gathered_hidden' });
+      if (!this.capturable) {
+        const pair = (be: DeviceBackend): [EventHandle, EventHandle] => [be.createEvent(), be.createEvent()];
+        const perGroup = (be: DeviceBackend) => Array.from({ length: this.microBatches }, () => pair(be));
+        this.timing = {
+          compute: this.stages.map((st) => perGroup(st.backend)),
+          link: this.stages.map((st, s) => (s === 0 ? [] : perGroup(st.backend))),
+          head: pair(lastBe),
+        };
+      }
       this.meta = first.meta;
     } catch (e) {
       this.disposeParts();
@@ -639,20 +655,52 @@ export class StagePipeline implements PassRunner {
         const p = split[g];
         const n = p.row1 - p.row0;
         r.meta = this.slots[s][g];
-        if (s > 0) this.links[s - 1].recv(r.hidden, n);
+        const be = this.stages[s].backend;
+        const time = this.timing!;
+        if (s > 0) {
+          be.record(time.link[s][g][0]);
+          this.links[s - 1].recv(r.hidden, n);
+          be.record(time.link[s][g][1]);
+        }
+        be.record(time.compute[s][g][0]);
         if (s + 1 < S) {
           r.forward(n, p.logits, undefined, false);
+          be.record(time.compute[s][g][1]);
           this.links[s].send(r.hidden, n);
         } else if (G === 1) {
           r.forward(n, p.logits);
+          be.record(time.compute[s][g][1]);
         } else {
           r.forward(n, p.logits, undefined, false);
-          this.stages[s].backend.copy(this.gathered!, r.hidden, n * last.spec.hiddenSize, p.row0 * last.spec.hiddenSize, 0);
+          be.record(time.compute[s][g][1]);
+          be.copy(this.gathered!, r.hidden, n * last.spec.hiddenSize, p.row0 * last.spec.hiddenSize, 0);
         }
       }
     }
     for (let s = 0; s < S; s++) this.runners[s].meta = this.slots[s][0];
+    const lastBe = this.stages[S - 1].backend;
+    lastBe.record(this.timing!.head[0]);
     if (G > 1) last.head(rows, nLogits, this.gathered!);
+    lastBe.record(this.timing!.head[1]);
+    this.timedGroups = G;
+  }
+
+  /**
+   * The last eager pass's device time per stage (its layers, and the last stage's head) and per
+   * handoff (entry s - 1: the time stage s's stream spent receiving from stage s - 1, its wait
+   * included), from the events each stage's backend recorded. Read once the pass has completed
+   * (the step's tokens are home); undefined for a captured pipeline or before any eager pass.
+   */
+  stageTimes(): { stageMs: number[]; linkMs: number[] } | undefined {
+    const t = this.timing;
+    if (!t || this.timedGroups === 0) return undefined;
+    const G = this.timedGroups;
+    this.timedGroups = 0;
+    const S = this.stages.length;
+    const span = (s: number, pairs: [EventHandle, EventHandle][]) => pairs.slice(0, G).reduce((sum, [a, b]) => sum + this.stages[s].backend.elapsedMs(a, b), 0);
+    const stageMs = this.stages.map((_, s) => span(s, t.compute[s]));
+    stageMs[S - 1] += this.stages[S - 1].backend.elapsedMs(t.head[0], t.head[1]);
+    return { stageMs, linkMs: this.stages.slice(1).map((_, i) => span(i + 1, t.link[i + 1])) };
   }
 
   /**
@@ -714,6 +762,13 @@ export class StagePipeline implements PassRunner {
 
   private disposeParts(): void {
     for (const l of [...this.links, this.tokenLink, this.logitsLink]) l?.close();
+    const t = this.timing;
+    if (t) {
+      this.stages.forEach((st, s) => [...t.compute[s], ...t.link[s]].forEach(([a, b]) => (st.backend.destroyEvent(a), st.backend.destroyEvent(b))));
+      const lastBe = this.stages[this.stages.length - 1].backend;
+      lastBe.destroyEvent(t.head[0]);
+      lastBe.destroyEvent(t.head[1]);
+    }
     for (const { backend, buf } of this.owned) backend.free(buf);
     this.owned.length = 0;
     for (const r of this.runners) r.dispose();
