@@ -211,6 +211,8 @@ export class NervaModel {
           kvAfterUpload: (b: DeviceBackend, activationBytes: number) => kvCacheBytesAfterUpload(b, { ...shape, activationBytes }),
           activationBytes: shape.activationBytes,
           kvBytesPerToken: shape.kvBytesPerToken,
+          maxRows: shape.maxRows,
+          maxNumSeqs: shape.maxNumSeqs,
           // What a CUDA backend under a budget sets aside for its workspaces; the CPU sets aside nothing.
           reservedBytes: be0.capabilities.deviceKind === 'cpu' ? 0 : CUDA_BUDGET_WORKSPACES.workspaceBytes + CUDA_BUDGET_WORKSPACES.cublasWorkspaceBytes,
           kvExplicit: o.kvCacheBytes !== undefined,

@@ -156,6 +156,9 @@ export interface PrepareStagesArgs {
   activationBytes: number;
   /** KV bytes a token takes over all layers (placing stages under budgets). */
   kvBytesPerToken: number;
+  /** The runners' row and sequence limits: the links' staging and the logits brought home are sized by them. */
+  maxRows: number;
+  maxNumSeqs: number;
   /** Bytes a backend made under a budget sets aside before its arena (the CUDA workspaces; 0 on the CPU). */
   reservedBytes: number;
   /** The KV bytes were fixed by the user (kvCacheBytes): under budgets they must fit, not shrink. */
@@ -188,11 +191,17 @@ function planBudgetedStages(a: PrepareStagesArgs, budgets: readonly number[], la
   const L = spec.numLayers;
   const kvLayerToken = a.kvBytesPerToken / L;
   const capacity = budgets.map((b) => b - a.reservedBytes);
-  const fixed = budgets.map((_, s) => a.activationBytes + (s === 0 ? embedBytes : 0));
+  // Besides its runner's activations: the embedding on stage 0; a link's staging rows at each end
+  // of a handoff; on separate backends the logits brought home to stage 0 and the last stage's
+  // gathered micro-batch rows.
+  const rowsBytes = a.maxRows * spec.hiddenSize * 4;
+  const fixed = budgets.map(
+    (_, s) => a.activationBytes + (s === 0 ? embedBytes + a.maxNumSeqs * spec.vocabSize * 4 : 0) + (s > 0 ? rowsBytes : 0) + (s + 1 < n ? rowsBytes : 0) + (s === n - 1 ? rowsBytes : 0),
+  );
   const bad = capacity.findIndex((c, s) => c <= fixed[s]);
   if (bad >= 0)
     throw new PipelineConfigError(
-      `stage ${bad}'s VRAM budget (${MiB(budgets[bad])}) does not cover its fixed buffers: ${MiB(fixed[bad])} of activations${bad === 0 ? ' and the embedding' : ''}${a.reservedBytes > 0 ? ` plus ${MiB(a.reservedBytes)} of workspaces` : ''}`,
+      `stage ${bad}'s VRAM budget (${MiB(budgets[bad])}) does not cover its fixed buffers: ${MiB(fixed[bad])} of activations and staging${bad === 0 ? ' and the embedding' : ''}${a.reservedBytes > 0 ? ` plus ${MiB(a.reservedBytes)} of workspaces` : ''}`,
     );
   // Each layer carries its KV floor, so the split leaves every stage room for it.
   const withFloor = layerBytes.map((b) => b + KV_FLOOR_TOKENS * kvLayerToken);
@@ -204,7 +213,7 @@ function planBudgetedStages(a: PrepareStagesArgs, budgets: readonly number[], la
     const total = layerBytes.reduce((x, y) => x + y, 0) + embedBytes;
     throw new PipelineConfigError(
       `the model does not fit ${n} stages under VRAM budgets of ${budgets.map(MiB).join(', ')}: stage ${s} (layers ${worst.firstLayer}-${worst.endLayer - 1}) needs ${MiB(fixed[s] + worst.bytes)} ` +
-        `(weights ${MiB(weightsOf(worst) + (s === 0 ? embedBytes : 0))}, activations ${MiB(a.activationBytes)}, KV for ${KV_FLOOR_TOKENS} tokens ${MiB(KV_FLOOR_TOKENS * kvLayerToken * worst.layers)}) ` +
+        `(weights ${MiB(weightsOf(worst) + (s === 0 ? embedBytes : 0))}, activations and staging ${MiB(fixed[s] - (s === 0 ? embedBytes : 0))}, KV for ${KV_FLOOR_TOKENS} tokens ${MiB(KV_FLOOR_TOKENS * kvLayerToken * worst.layers)}) ` +
         `but its budget leaves ${MiB(capacity[s])}${a.reservedBytes > 0 ? ` (${MiB(a.reservedBytes)} of workspaces set aside)` : ''}; the weights are ${MiB(total)} in all: give more stages or larger budgets, or run one stage under vramBudget (the memory OS streams what does not fit)`,
     );
   }
