@@ -21,6 +21,7 @@ import type { GenerationDefaults, NervaModel } from './model.js';
 import { ModelRunner } from './model-runner.js';
 import { type KvCacheDtype, kvDtypeOf } from './model-weights.js';
 import { type PassRunner, type PipelineDescription, StagePipeline } from './stages/pipeline.js';
+import { stageResidency } from './stages/placement.js';
 import { isPreparedShards, TensorParallelGroup, type TensorParallelDescription } from './stages/tensor-parallel.js';
 import { type PassProfile, StepProfiles } from './profiling.js';
 import type { MeasuredRates } from './rates.js';
@@ -268,25 +269,7 @@ export class ModelContext {
     // A tensor-parallel group: each shard's residency (its weights and KV heads).
     if (this.pipeline instanceof TensorParallelGroup)
       r.devices = this.pipeline.describe().shards.map((s) => ({ backend: s.backend, ...(s.device !== undefined ? { device: s.device } : {}), weightBytes: s.weightBytes, kvBytes: s.kvBytes }));
-    else if (this.pipeline) {
-      // Pipeline stages: each stage's layers, weights and KV share, and its budget where one was
-      // given. A stage alone on its backend holds that backend's weights; stages sharing a backend
-      // count their layers' bytes (the planner's).
-      const prepared = this.model.internals.stages!;
-      const L = this.spec.numLayers;
-      r.devices = prepared.stages.map((st, i) => {
-        const b = prepared.budgets?.[i];
-        const layers = st.endLayer - st.firstLayer;
-        return {
-          backend: st.backend.name,
-          ...(st.device !== undefined ? { device: st.device } : {}),
-          layers: [st.firstLayer, st.endLayer] as [number, number],
-          weightBytes: prepared.stages.filter((x) => x.backend === st.backend).length === 1 ? st.weights.bytes : prepared.plan.stages[i].bytes,
-          kvBytes: Math.round((this.runner.kvBytes * layers) / L),
-          ...(b ? { budgetBytes: b.budget } : {}),
-        };
-      });
-    }
+    else if (this.pipeline) r.devices = stageResidency(this.model.internals.stages!, this.runner.kvBytes, this.spec.numLayers);
     return r;
   }
 

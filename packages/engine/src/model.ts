@@ -6,7 +6,7 @@ import { CUDA_BUDGET_WORKSPACES, selectBackend } from './backend-select.js';
 import { checkEngineOptions, type ContextOptions, type ModelOptions } from './engine-options.js';
 import { kvCacheBytesAfterUpload, kvCacheBytesFor, pinnedBytesFor, runnerShape } from './memory-plan.js';
 import { freeWeights, type ModelWeights, uploadWeights, weightFormatNote } from './model-weights.js';
-import { pipelineRequest, type PreparedStages, prepareStages, primaryStageBudget } from './stages/pipeline.js';
+import { pipelineRequest, type PreparedStages, prepareStages, primaryStageBudget } from './stages/placement.js';
 import { prepareShards, tensorParallelRequest } from './stages/tensor-parallel.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
 import type { SamplingParams } from './sampling-params.js';
