@@ -121,4 +121,25 @@ describe('sampleRow with partial selection', () => {
       }
     }
   });
+
+  it('a float32 row without a cut (sorted by radix) gives the comparator sort\'s token: ties, -0, -Infinity, equal p from distinct logits', () => {
+    let seed = 11;
+    const rnd = () => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32);
+    const none = { topK: 0, topP: 1, minP: 0 };
+    const rows: [string, Float32Array][] = [
+      ['random', Float32Array.from({ length: 30000 }, () => rnd() * 20 - 10)],
+      ['ties', Float32Array.from({ length: 30000 }, () => Math.round(rnd() * 8) - 4)],
+      ['signed zeros and bans', Float32Array.from({ length: 5000 }, (_, i) => [0, -0, -Infinity, 1, -1][i % 5])],
+      // Neighbouring float32 logits whose p an extreme temperature rounds to one value: ordered by id.
+      ['near-equal', Float32Array.from({ length: 5000 }, (_, i) => 1 + (i % 7) * 2 ** -23)],
+    ];
+    for (const [name, logits] of rows)
+      for (const temperature of [0.5, 1, 100, 1e12])
+        for (const u of [0, 0.25, rnd(), 0.999999]) {
+          const p = { temperature, ...none };
+          // A float64 copy takes the comparator sort: the same rule, sorted the slow way.
+          expect(sampleRow(logits, 0, logits.length, p, u), `${name} T=${temperature} u=${u}`).toBe(sampleRow(Float64Array.from(logits), 0, logits.length, p, u));
+          expect(sampleRow(logits, 0, logits.length, p, u)).toBe(sampleRowFullSort(logits, logits.length, p, u));
+        }
+  });
 });
