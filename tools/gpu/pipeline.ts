@@ -11,10 +11,15 @@
 // above a model's layer count are skipped), NERVA_PIPELINE_DEVICES (multi: default "0,1"),
 // NERVA_PIPELINE_TOKENS (decode tokens timed, default 128), NERVA_PIPELINE_PROMPT (prompt length,
 // default 32), NERVA_PIPELINE_BACKEND (default cuda; cpu runs the same comparison on the CPU
-// backend, a dry run of this script). Exits non-zero when a pipeline's tokens differ from one stage's.
+// backend, a dry run of this script), NERVA_PIPELINE_BUDGET (multi: a size, e.g. 10GiB: the
+// stages run under that VRAM budget each, all resident, and one GPU under the same budget runs
+// as a variant too, with the memory OS streaming what does not fit; each run reports its memory:
+// mode and per-stage residency, and the ledger's per-stage and handoff times). Exits non-zero when
+// a pipeline's tokens differ from one stage's.
 import { existsSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Engine, type EngineOptions } from '@nerva/engine';
+import { parseSize } from '@nerva/server';
 
 const out = process.env.OUT ?? '.';
 const [mode, ...dirs] = process.argv.slice(2);
@@ -45,6 +50,9 @@ interface Run {
   hotPathAllocations: number;
   syncsPerToken: unknown;
   pipeline: unknown;
+  memory: { mode: string; devices: unknown };
+  stageMsPerToken: number[] | null;
+  linkMsPerToken: number[] | null;
   notes: string[];
 }
 
@@ -71,6 +79,9 @@ async function measure(model: string, extra: Partial<EngineOptions>): Promise<Ru
       hotPathAllocations: s.hot_path_allocations,
       syncsPerToken: s.syncs_per_decode_token,
       pipeline: engine.pipelineDescription() ?? null,
+      memory: (({ mode, devices }) => ({ mode, devices: devices ?? null }))(engine.memoryReport()),
+      stageMsPerToken: s.stage_ms_total && s.tokens > 0 ? s.stage_ms_total.map((x) => r3(x / s.tokens)) : null,
+      linkMsPerToken: s.link_ms_total && s.tokens > 0 ? s.link_ms_total.map((x) => r3(x / s.tokens)) : null,
       notes: s.notes,
     };
   } finally {
@@ -130,7 +141,19 @@ async function compare(models: string[], variants: { label: string; opts: Partia
         logits_max_abs_diff: logitsMaxAbsDiff,
         tokens: one.tokens.length,
         one_stage: { decode_tok_s: one.decodeTokS, ms_per_token: r3(msOne), device_ms_per_token: one.deviceMsPerToken && r3(one.deviceMsPerToken), graph_nodes: one.graphNodes, graph_replays_per_token: one.graphReplaysPerToken },
-        pipeline: { decode_tok_s: p.decodeTokS, ms_per_token: r3(msPipe), device_ms_per_token: p.deviceMsPerToken && r3(p.deviceMsPerToken), graph_nodes: p.graphNodes, graph_replays_per_token: p.graphReplaysPerToken, hot_path_allocations: p.hotPathAllocations, syncs_per_token: p.syncsPerToken, layout: p.pipeline },
+        pipeline: {
+          decode_tok_s: p.decodeTokS,
+          ms_per_token: r3(msPipe),
+          device_ms_per_token: p.deviceMsPerToken && r3(p.deviceMsPerToken),
+          stage_ms_per_token: p.stageMsPerToken,
+          link_ms_per_token: p.linkMsPerToken,
+          graph_nodes: p.graphNodes,
+          graph_replays_per_token: p.graphReplaysPerToken,
+          hot_path_allocations: p.hotPathAllocations,
+          syncs_per_token: p.syncsPerToken,
+          layout: p.pipeline,
+          memory: p.memory,
+        },
         overhead_ms_per_token: r3(msPipe - msOne),
         overhead_fraction: r3(msPipe / msOne - 1),
         notes: p.notes,
@@ -162,9 +185,15 @@ if (mode === 'single') {
   // One CudaBackend per GPU, NCCL between them; eager passes, micro-batches (default: one per stage).
   const devices = (process.env.NERVA_PIPELINE_DEVICES ?? '0,1').split(',').map(Number);
   const mb = process.env.NERVA_PIPELINE_MICRO_BATCHES;
+  const budget = process.env.NERVA_PIPELINE_BUDGET ? parseSize(process.env.NERVA_PIPELINE_BUDGET, 'NERVA_PIPELINE_BUDGET') : undefined;
+  const under = budget !== undefined ? { vramBudget: budget } : {};
   await compare(
     models,
-    [{ label: `stages on GPUs ${devices.join(',')}`, stages: devices.length, opts: { stageDevices: devices, ...(mb ? { pipelineMicroBatches: Number(mb) } : {}) } }],
+    [
+      { label: `stages on GPUs ${devices.join(',')}${budget ? ` under ${process.env.NERVA_PIPELINE_BUDGET} each` : ''}`, stages: devices.length, opts: { stageDevices: devices, ...(mb ? { pipelineMicroBatches: Number(mb) } : {}), ...under } },
+      // The same budget on one GPU: the memory OS streams what does not fit (the offload baseline).
+      ...(budget !== undefined ? [{ label: `one GPU under ${process.env.NERVA_PIPELINE_BUDGET} (memory OS)`, stages: 1, opts: under }] : []),
+    ],
     'pipeline-multi.json',
   );
 }

@@ -24,7 +24,9 @@
 #   logits bit for bit, decode tok/s of both and the overhead per token (tools/gpu/pipeline.ts;
 #   NERVA_PIPELINE_STAGES=2,3 for more stage counts) -> $OUT/pipeline-fixtures.json, $OUT/pipeline-<size>.json
 #   pipeline2 (not in the default list; 2+ GPUs): the same with a stage per GPU (stageDevices 0,1: one
-#   CudaBackend per GPU, NCCL links, micro-batches) -> $OUT/pipeline-multi-fixtures.json, $OUT/pipeline-multi-<size>.json
+#   CudaBackend per GPU, NCCL links, micro-batches) -> $OUT/pipeline-multi-fixtures.json, $OUT/pipeline-multi-<size>.json;
+#   NERVA_PIPELINE_BUDGET=10GiB: the stages under that VRAM budget each (resident), and one GPU under it (memory OS), with
+#   per-stage memory and the ledger's stage and handoff times (e.g. NERVA_SIZES=qwen3-8b NERVA_PIPELINE_BUDGET=10GiB ... build,synth,pipeline2)
 #   throughput (not in the default list; bash tools/gpu/run.sh build,synth,throughput): nano-vllm's
 #   throughput benchmark on each NERVA_SIZES checkpoint (default qwen3-0.6b): `nerva-bench throughput
 #   --workload-only` writes the workload (256 requests, prompt and output lengths 100..1024, seed 0;

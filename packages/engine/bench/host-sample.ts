@@ -30,7 +30,7 @@ const sampler = new HostSampler(vocab, limit);
 const seen = { all: new Map([[5, 2]]), output: new Map([[5, 1]]) };
 const cases: [string, SamplingParams][] = [
   ['temperature 1', { temperature: 1 }],
-  ['temperature 1, logprobs 5', { temperature: 1, logprobs: 5 }],
+  ['temperature 1, logprobs with top 5', { temperature: 1, logprobs: true, topLogprobs: 5 }],
   ['temperature 1, presence penalty', { temperature: 1, presencePenalty: 0.5 }],
   ['temperature 100', { temperature: 100 }],
   ['top_k 20', { temperature: 1, topK: 20 }],

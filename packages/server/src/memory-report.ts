@@ -37,8 +37,8 @@ export interface MemoryReportJson {
   prefetch: { hits: number; stalls: number; stall_ms: number };
   /** KV pages by tier, present when the engine runs tiered KV (`kv_vram_budget`). */
   kv?: KvReportJson;
-  /** Per device of a tensor-parallel model: its backend (and ordinal), weight and KV bytes. */
-  devices?: { backend: string; device?: number; weight_bytes: number; kv_bytes: number }[];
+  /** Per device of a split model (tensor-parallel shards, or pipeline stages with their layers and any budget): its backend (and ordinal), weight and KV bytes. */
+  devices?: { backend: string; device?: number; layers?: [number, number]; weight_bytes: number; kv_bytes: number; budget_bytes?: number }[];
   notes: string[];
 }
 
@@ -107,7 +107,18 @@ export function memoryReportJson(r: MemoryReport): MemoryReportJson {
     streamed_bytes_per_pass: r.streamedBytesPerPass,
     prefetch: { hits: r.prefetch.hits, stalls: r.prefetch.stalls, stall_ms: ms(r.prefetch.stallMs) },
     ...(r.kv ? { kv: kvReportJson(r.kv) } : {}),
-    ...(r.devices ? { devices: r.devices.map((d) => ({ backend: d.backend, ...(d.device !== undefined ? { device: d.device } : {}), weight_bytes: d.weightBytes, kv_bytes: d.kvBytes })) } : {}),
+    ...(r.devices
+      ? {
+          devices: r.devices.map((d) => ({
+            backend: d.backend,
+            ...(d.device !== undefined ? { device: d.device } : {}),
+            ...(d.layers ? { layers: d.layers } : {}),
+            weight_bytes: d.weightBytes,
+            kv_bytes: d.kvBytes,
+            ...(d.budgetBytes !== undefined ? { budget_bytes: d.budgetBytes } : {}),
+          })),
+        }
+      : {}),
     notes: [...r.notes],
   };
 }

@@ -242,7 +242,21 @@ describe("nerva run --pipeline-parallel", () => {
     }
   });
 
-  it("a bad stage count, more stages than layers, and a budget with stages are clear errors", async () => {
+  it("under a VRAM budget each stage holds its layers resident: one stage's tokens, each stage's residency in --json", async () => {
+    const one = last((await nerva(args)).stdout);
+    const r = await nerva([...args, "--pipeline-parallel", "2", "--vram-budget", "24MiB"]);
+    const j = last(r.stdout);
+    expect(j.token_ids).toEqual(one.token_ids);
+    expect(j.memory.mode).toBe("resident");
+    expect(j.memory.devices.map((d: { layers: number[] }) => d.layers)).toEqual([[0, 3], [3, 6]]);
+    for (const d of j.memory.devices) {
+      expect(d.budget_bytes).toBe(24 * 2 ** 20);
+      expect(d.weight_bytes + d.kv_bytes).toBeLessThanOrEqual(d.budget_bytes);
+    }
+    expect(r.stderr).toContain("pipeline under VRAM budgets, all resident: stage 0 ");
+  });
+
+  it("a bad stage count, more stages than layers, budgets that cannot fit and a host budget with stages are clear errors", async () => {
     for (const [extra, msg] of [
       [
         ["--pipeline-parallel", "0"],
@@ -257,8 +271,16 @@ describe("nerva run --pipeline-parallel", () => {
         "pipelineParallel 7 exceeds the model's 6 decoder layers",
       ],
       [
-        ["--pipeline-parallel", "2", "--vram-budget", "1GiB"],
-        "pipelineParallel 2 with a VRAM budget is not supported yet",
+        ["--pipeline-parallel", "2", "--vram-budget", "16MiB"],
+        "the model does not fit 2 stages under VRAM budgets of 16.0 MiB, 16.0 MiB: stage 0 (layers 0-2) needs",
+      ],
+      [
+        ["--pipeline-parallel", "2", "--stage-vram-budgets", "1GiB"],
+        "stageVramBudgets lists 1 budget(s) for 2 pipeline stage(s): give one per stage",
+      ],
+      [
+        ["--pipeline-parallel", "2", "--host-budget", "1GiB"],
+        "pipelineParallel 2 with a host budget is not supported yet",
       ],
     ] as [string[], string][]) {
       const err = await fail(extra);
