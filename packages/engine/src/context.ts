@@ -471,6 +471,7 @@ export class ModelContext {
     this.live.delete(l.req.id);
     l.cleanup?.();
     l.grammar?.dispose();
+    l.error = err;
     l.stream.end(err);
     l.resolve(outcomeOf(l));
   }

@@ -249,6 +249,12 @@ export interface RequestOutcome {
   text: string;
   finishReason: FinishReason;
   stopReason?: string | number;
+  /**
+   * Why the request ended with finishReason 'abort' when it was not its caller's doing: the error
+   * its event stream ended with (a bad grammar, a failed step, a lost worker), with its code where
+   * it is a NervaError. Absent for requests that finished or that their caller aborted.
+   */
+  error?: { message: string; code?: string };
   numCachedTokens: number;
   /** Raw logits at the last prompt position, when asked for with `returnPromptLogits`. */
   promptLogits?: Float32Array;

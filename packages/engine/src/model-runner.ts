@@ -236,7 +236,7 @@ export * from './runner-base.js';
   }
 
   /** A layer's v rows apart (see LayerWeights.qkvTail), as the qkv projection's weightTail. */
-  private qkvTail(lw: LayerWeights): { weightTail?: DeviceBuffer; tailFrom?: number } {
+  protected qkvTail(lw: LayerWeights): { weightTail?: DeviceBuffer; tailFrom?: number } {
     return lw.qkvTail ? { weightTail: lw.qkvTail, tailFrom: (this.spec.numHeads + this.spec.numKvHeads) * this.spec.headDim } : {};
   }
 

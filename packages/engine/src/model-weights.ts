@@ -214,7 +214,7 @@ export function storageDtypes(backend: DeviceBackend, ckpt: WeightStore): (slot:
  * block-quantized in another block type than q and k and the backend reads both, q and k fused in
  * their blocks and v apart in its own (`tail`), so neither falls back to float32.
  */
-function qkvStorage(
+export function qkvStorage(
   backend: DeviceBackend,
   ckpt: WeightStore,
   dt: ReturnType<typeof storageDtypes>,
@@ -236,7 +236,7 @@ interface QuantizedTensorInfo {
 }
 
 /** The raw ggml blocks of a quantized tensor. */
-function readBlocks(ckpt: WeightStore, name: string): Promise<Uint8Array> {
+export function readBlocks(ckpt: WeightStore, name: string): Promise<Uint8Array> {
   const r = (ckpt as { readBlocks?: (name: string) => Promise<Uint8Array> }).readBlocks;
   if (!r) throw new TypeError(`tensor ${name} is quantized but its checkpoint cannot read blocks`);
   return r.call(ckpt, name);

@@ -22,6 +22,8 @@ export interface Live {
   forced?: readonly number[];
   /** Constrained decoding: the request's place in its grammar and its next token mask. */
   grammar?: GrammarState;
+  /** The error the request ended with, where one ended it (RequestOutcome.error). */
+  error?: Error;
 }
 
 /**
@@ -130,6 +132,10 @@ export function outcomeOf(l: Live): RequestOutcome {
     ledger: l.ledger,
   };
   if (l.req.stopReason !== undefined) o.stopReason = l.req.stopReason;
+  if (l.error) {
+    const code = (l.error as Error & { code?: unknown }).code;
+    o.error = { message: l.error.message, ...(typeof code === 'string' ? { code } : {}) };
+  }
   if (l.promptLogits) o.promptLogits = l.promptLogits;
   if (l.stepLogits) o.stepLogits = l.stepLogits;
   return o;

@@ -233,7 +233,12 @@ describe('constrained decoding on grammar worker threads (CPU)', () => {
     const err = await streamError(bad);
     expect(err).toBeInstanceOf(InvalidParamsError);
     expect(err?.message).toMatch(/Rule "missing_rule" is not defined/);
-    expect((await bad.done).finishReason).toBe('abort');
+    const badOut = await bad.done;
+    expect(badOut.finishReason).toBe('abort');
+    // The outcome says why, for callers that only await `done`.
+    expect(badOut.error?.message).toMatch(/Rule "missing_rule" is not defined/);
+    expect(badOut.error?.code).toBe(err && (err as { code?: string }).code);
+    expect((await good.done).error).toBeUndefined();
     expect((await good.done).tokenIds).toEqual(alone.tokenIds);
     expect((await free.done).tokenIds).toHaveLength(16);
   });

@@ -99,14 +99,14 @@ export class ShardRunner extends ModelRunner {
     const qkvOut = this.qkvOut;
     if (fused) {
       // The input norm folded into the qkv projection: each shard normalizes the whole row itself.
-      this.op('projection', 'fused_matmul', { x: a.residual, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut, normWeight: lw.attnNorm, eps }, 'gemm_qkv');
+      this.op('projection', 'fused_matmul', { x: a.residual, weight: lw.qkv, ...this.qkvTail(lw), bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut, normWeight: lw.attnNorm, eps }, 'gemm_qkv');
     } else {
       // Float32 normed input: one device's bf16 activations (matmulPrecision 'bf16') are the same
       // values the matmul would round to itself, so the shards skip them.
       // The first layer of a runner finds the residual stream complete (embedding, or a stage's handoff).
       if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
       else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: a.normed, rows, dim: H, eps });
-      this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
+      this.op('projection', 'matmul', { x: a.normed, weight: lw.qkv, ...this.qkvTail(lw), bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
     }
     this.ropeAppend(l, lw, rows);
     this.attend(l, rows);

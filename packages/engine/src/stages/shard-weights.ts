@@ -12,12 +12,17 @@
  * - LM head: vocabulary rows [vocabOffset, +vocabWidth);
  * - norms, the embedding table and RoPE frequencies: whole on every shard (the residual stream
  *   is replicated, and every shard normalizes its own copy of it, bit for bit the same).
+ *
+ * Block-quantized checkpoints (GGUF) split the same way: a row of a ggml matrix is whole blocks
+ * (blocks run along the input dimension), so a shard's output rows are a contiguous run of the
+ * tensor's blocks, stored as they are; a v projection in another block type than q and k goes
+ * apart (`qkvTail`), as on one device.
  */
 import type { DeviceBackend, DeviceBuffer, DType, HostArray } from '@nerva/core';
-import { isQuantDType, NervaError } from '@nerva/core';
+import { isQuantDType, NervaError, QUANT_BLOCKS } from '@nerva/core';
 import type { ModelSpec, WeightSlot, WeightStore } from '@nerva/models';
 import { ropeInvFreq } from '@nerva/models';
-import { checkpointFormat, type LayerWeights, type ModelWeights, quantDtypeOf, storageDtypes, type UploadPart, type UploadProgress, weightSlots } from '../model-weights.js';
+import { checkpointFormat, type LayerWeights, type ModelWeights, qkvStorage, readBlocks, storageDtypes, type UploadPart, type UploadProgress, weightSlots } from '../model-weights.js';
 
 /** A tensor-parallel option or model is one the group cannot split. */
 export class TensorParallelConfigError extends NervaError {
@@ -85,8 +90,8 @@ export function shardSpec(spec: ModelSpec, g: ShardGeometry): ModelSpec {
 /**
  * Upload shard `g` of the checkpoint to `backend` (see the file comment for what each tensor
  * holds): of every layer, or of a pipeline stage's layers (`part`: the embedding with layer 0, the
- * final norm and LM head slice with the last layer). Block-quantized checkpoints are refused:
- * their rows are not sliced here yet.
+ * final norm and LM head slice with the last layer). Block-quantized tensors keep their blocks
+ * where one device would (`storageDtypes`), a shard's rows sliced as whole blocks.
  */
 export async function uploadShardWeights(
   backend: DeviceBackend,
@@ -99,8 +104,6 @@ export async function uploadShardWeights(
   const from = part?.firstLayer ?? 0;
   const end = part?.endLayer ?? spec.numLayers;
   const wantHead = end === spec.numLayers;
-  for (const name of ckpt.names())
-    if (quantDtypeOf(ckpt, name)) throw new TensorParallelConfigError(`tensorParallel ${g.count}: tensor ${name} is block-quantized; tensor-parallel shards take float checkpoints only for now`);
   const dtypeOf = storageDtypes(backend, ckpt);
   const H = spec.hiddenSize;
   const hd = spec.headDim;
@@ -116,22 +119,28 @@ export async function uploadShardWeights(
     bytes += b.byteLength;
     return b;
   };
-  /** A tensor as the destination dtype takes it (raw 16-bit bits when they match), as uploadWeights reads it. */
+  /** A tensor as the destination dtype takes it (raw 16-bit bits when they match, raw blocks for a quantized one), as uploadWeights reads it. */
   const read = async (dtype: DType, slot: WeightSlot): Promise<HostArray> => {
-    if (isQuantDType(dtype)) throw new TensorParallelConfigError(`tensor ${slot.name}: quantized storage is not sharded`);
     const info = ckpt.info(slot.name);
     done += info.byteLength;
     onProgress?.({ done, total: ckpt.totalBytes, tensor: slot.name });
+    if (isQuantDType(dtype)) return readBlocks(ckpt, slot.name);
     if ((dtype === 'bf16' && info.dtype === 'BF16') || (dtype === 'f16' && info.dtype === 'F16')) {
       const raw = await ckpt.readRaw(slot.name);
       return raw.byteOffset % 2 === 0 ? new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2) : new Uint16Array(raw.slice().buffer);
     }
     return ckpt.readF32(slot.name);
   };
-  /** Rows [from, from + n) of a row-major tensor with `rowLen` elements a row, written at element `at`. */
+  /** Rows [from, from + n) of a row-major tensor with `rowLen` elements a row, written at element `at` (a quantized row: its whole blocks). */
   const rows = async (dst: DeviceBuffer, slot: WeightSlot, from: number, n: number, rowLen: number, at: number) => {
     const data = await read(dst.dtype, slot);
-    backend.write(dst, data.subarray(from * rowLen, (from + n) * rowLen), at);
+    let unit = rowLen;
+    if (isQuantDType(dst.dtype)) {
+      const b = QUANT_BLOCKS[dst.dtype];
+      if (rowLen % b.elements !== 0) throw new TensorParallelConfigError(`tensor ${slot.name}: a row of ${rowLen} elements is not whole ${dst.dtype} blocks`);
+      unit = (rowLen / b.elements) * b.bytes;
+    }
+    backend.write(dst, data.subarray(from * unit, (from + n) * unit), at);
   };
   const whole = async (slot: WeightSlot, length: number, dtype: DType) => {
     const b = alloc(length, slot.name, dtype);
@@ -162,11 +171,14 @@ export async function uploadShardWeights(
       }
       if (L.mlp.kind !== 'dense') throw new TensorParallelConfigError(`layer ${i} is sparse (MoE): not sharded`);
       const p = `layers.${i}.`;
-      const qkvDt = dtypeOf(L.q, [L.k, L.v]);
-      const qkv = alloc((qW + 2 * kvW) * H, `${p}qkv`, qkvDt);
+      // q and k (and v, unless it is held apart in another block type) in one buffer, as on one device.
+      const qkvDt = qkvStorage(backend, ckpt, dtypeOf, L);
+      const qkv = alloc((qW + (qkvDt.tail ? 1 : 2) * kvW) * H, `${p}qkv`, qkvDt.qkv);
+      const qkvTail = qkvDt.tail ? alloc(kvW * H, `${p}qkv_tail`, qkvDt.tail) : undefined;
       await rows(qkv, L.q, g.qHeadOffset * hd, qW, H, 0);
       await rows(qkv, L.k, g.kvHeadOffset * hd, kvW, H, qW * H);
-      await rows(qkv, L.v, g.kvHeadOffset * hd, kvW, H, (qW + kvW) * H);
+      if (qkvTail) await rows(qkvTail, L.v, g.kvHeadOffset * hd, kvW, H, 0);
+      else await rows(qkv, L.v, g.kvHeadOffset * hd, kvW, H, (qW + kvW) * H);
       let qkvBias: DeviceBuffer | undefined;
       if (L.qBias && L.kBias && L.vBias) {
         qkvBias = alloc(qW + 2 * kvW, `${p}qkv_bias`, 'f32');
@@ -189,6 +201,7 @@ export async function uploadShardWeights(
       layers.push({
         attnNorm: await whole(L.inputNorm, H, normDt),
         qkv,
+        ...(qkvTail ? { qkvTail } : {}),
         ...(qkvBias ? { qkvBias } : {}),
         ...(L.qNorm && L.kNorm ? { qNorm: await whole(L.qNorm, hd, normDt), kNorm: await whole(L.kNorm, hd, normDt) } : {}),
         o,
