@@ -4,6 +4,16 @@ import { fmt, importanceKey, type MemoryReport, checkOffloadDir, planResidency, 
 import type { ModelSpec, WeightStore } from '@nerva/models';
 import { type HostSplit, type KvCacheDtype, kvDtypeOf, type ModelWeights, weightBlocks, weightSlots } from './model-weights.js';
 
+/**
+ * How the deployment mode is chosen (MemoryReport.deployment). Every mode computes the same model
+ * (exact, or exact with respect to the dequantized weights of a quantized file): layers are never
+ * skipped, which would change the output.
+ */
+export const DEPLOYMENT_RULE =
+  'resident when every weight fits the VRAM budget beside the KV cache and activations (or no budget is set); else paged: ' +
+  'the most important layers stay hot and the rest stream from host memory, and from disk past the host budget; ' +
+  '+quant where the checkpoint is block-quantized (GGUF), held and streamed in its blocks, so more of it fits; no layer is ever skipped';
+
 /** What the memory OS was asked for (EngineOptions' residency fields). */
 export interface ResidencyOptions {
   vramBudget?: number;
@@ -189,10 +199,12 @@ export function memoryReport(
     if (plan.diskBytes > 0) tiers.push({ tier: 'disk', budgetBytes: plan.diskBytes, weightBytes: plan.diskBytes, stagingBytes: 0, kvBytes: 0, otherBytes: 0 });
   }
   const streamedBlocks = plan?.streamed.length ?? 0;
+  const quant = weights.format?.exact === false ? '+quant' : '';
   const diskBlocks = plan ? plan.streamed.filter((id) => plan.placements.get(id)?.home === 'disk').length : 0;
   return {
     fabric: caps.fabric,
     mode: plan ? 'paged' : 'resident',
+    deployment: { mode: plan ? `paged${quant}` : `resident${quant}`, rule: DEPLOYMENT_RULE },
     tiers,
     weights: {
       totalBytes: weights.bytes,

@@ -32,6 +32,7 @@ describe('pipeline stages under VRAM budgets', () => {
     // One stage under that budget pages its weights (the memory OS streams what does not fit) ...
     await withEngine({ vramBudget: budget }, async (e) => {
       expect(e.memoryReport().mode).toBe('paged');
+      expect(e.memoryReport().deployment?.mode).toBe('paged');
       expect(await greedy(e)).toEqual(tokens);
     });
     // ... two stages under the same budget each hold their half resident.
@@ -39,6 +40,7 @@ describe('pipeline stages under VRAM budgets', () => {
       expect(await greedy(e)).toEqual(tokens);
       const r = e.memoryReport();
       expect(r.mode).toBe('resident');
+      expect(r.deployment?.mode).toBe('resident');
       expect(r.devices).toHaveLength(2);
       for (const d of r.devices!) {
         expect(d.budgetBytes).toBe(budget);

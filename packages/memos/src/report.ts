@@ -83,6 +83,12 @@ export interface MemoryReport {
    * stages, one entry a stage): what each one holds. `weights` and `tiers` then describe the engine's own device (shard 0).
    */
   devices?: DeviceResidency[];
+  /**
+   * The deployment mode the rule chose from the budget, the model's size and its format:
+   * 'resident' or 'paged', with '+quant' where the checkpoint's weights are block-quantized (held
+   * and streamed in their blocks), and the rule itself, stated.
+   */
+  deployment?: { mode: 'resident' | 'paged' | 'resident+quant' | 'paged+quant'; rule: string };
   /** Decisions the user must see (why a block is where it is, a degraded path). */
   notes: string[];
 }

@@ -15,6 +15,8 @@ export interface PathTrafficJson {
 /** The memory OS report in the snake-case JSON of `GET /v1/memory`, `nerva run --json` and `nerva-bench offload`. */
 export interface MemoryReportJson {
   mode: MemoryReport['mode'];
+  /** The deployment mode ('resident', 'paged', each '+quant' for block-quantized weights) and the rule that chose it. */
+  deployment?: MemoryReport['deployment'];
   fabric: MemoryReport['fabric'];
   weights: {
     total_bytes: number;
@@ -91,6 +93,7 @@ export function memoryReportJson(r: MemoryReport): MemoryReportJson {
   const path = (p: { bytes: number; ms: number }): PathTrafficJson => ({ bytes: p.bytes, ms: ms(p.ms) });
   return {
     mode: r.mode,
+    ...(r.deployment ? { deployment: { ...r.deployment } } : {}),
     fabric: r.fabric,
     weights: {
       total_bytes: w.totalBytes,

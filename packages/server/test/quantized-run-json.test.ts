@@ -23,6 +23,22 @@ describe('nerva run --json over a quantized GGUF', () => {
     expect(w.format.stored_bytes.q4_0).toBeGreaterThan(0);
     expect(Object.values(w.format.stored_bytes as Record<string, number>).reduce((a, b) => a + b, 0)).toBe(w.total_bytes);
     expect(stderr).toContain('quantized weights (Q4_0');
+    // The deployment mode names the blocks, and the rule that chose it is stated.
+    expect(lastJson(stdout).memory.deployment.mode).toBe('resident+quant');
+    expect(lastJson(stdout).memory.deployment.rule).toMatch(/^resident when every weight fits the VRAM budget/);
+  });
+
+  it('under a VRAM budget the file is paged in its blocks: paged+quant', async () => {
+    const gguf = join(tmp, 'q8_0.gguf');
+    await convertToGguf({ source: join(FIXTURES, 'models/tiny-shakespeare-qwen3'), out: gguf, type: 'Q8_0' });
+    const whole = lastJson((await nerva(['run', '--model', gguf, '--backend', 'cpu', '--prompt-ids', '1,2,3', '--max-tokens', '4', '--temperature', '0', '--json'])).stdout);
+    // Half the weights beside the activations and a KV floor (~6.6 MiB at the CLI's default shapes): the rest must stream.
+    const budget = Math.floor(whole.memory.weights.total_bytes * 0.5) + 8 * 2 ** 20;
+    const paged = lastJson(
+      (await nerva(['run', '--model', gguf, '--backend', 'cpu', '--vram-budget', String(budget), '--prompt-ids', '1,2,3', '--max-tokens', '4', '--temperature', '0', '--json'])).stdout,
+    );
+    expect(paged.memory.deployment.mode).toBe('paged+quant');
+    expect(paged.token_ids).toEqual(whole.token_ids);
   });
 
   it('says a safetensors folder is exact', async () => {
@@ -30,5 +46,6 @@ describe('nerva run --json over a quantized GGUF', () => {
     const f = lastJson(stdout).memory.weights.format;
     expect(f).toMatchObject({ file: 'safetensors', exact: true, stored_bytes: { f32: expect.any(Number) } });
     expect(Object.keys(f.stored_bytes)).toEqual(['f32']);
+    expect(lastJson(stdout).memory.deployment.mode).toBe('resident');
   });
 });
