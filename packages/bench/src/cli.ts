@@ -280,7 +280,8 @@ const print = (o: unknown): void => {
   const cmd = program
     .command('throughput')
     .description("nano-vllm's throughput benchmark: every request of a random workload submitted at once, output tokens/s, then requests rerun alone to check their tokens");
-  const engine = engineFlags(cmd, ['model', 'backend', 'maxNumSeqs', 'maxNumBatchedTokens', 'kvCacheBytes', 'kvCacheDtype', 'numerics', 'matmulPrecision', 'batchInvariant'], {
+  const multi = ['vramBudget', 'pipelineParallel', 'stageVramBudgets', 'tensorParallel', 'allowSingleDeviceStages'] as const;
+  const engine = engineFlags(cmd, ['model', 'backend', 'maxNumSeqs', 'maxNumBatchedTokens', 'kvCacheBytes', 'kvCacheDtype', 'numerics', 'matmulPrecision', 'batchInvariant', ...multi], {
     maxNumSeqs: { help: 'sequences the engine batches at once', default: 256 },
     maxNumBatchedTokens: { help: 'token budget of one scheduler step (the engine default otherwise)' },
     kvCacheBytes: { help: 'KV cache bytes (default: the whole workload, where the device has room)' },
@@ -313,6 +314,11 @@ const print = (o: unknown): void => {
           kvCacheDtype: e.kvCacheDtype,
           matmulPrecision: e.matmulPrecision,
           batchInvariant: e.batchInvariant,
+          pipelineParallel: e.pipelineParallel,
+          tensorParallel: e.tensorParallel,
+          allowSingleDeviceStages: e.allowSingleDeviceStages,
+          stageVramBudgets: e.stageVramBudgets,
+          vramBudget: e.vramBudget,
           requests: f.requests,
           minLen: f.minLen,
           maxInputLen: f.maxInputLen,

@@ -204,6 +204,25 @@ describe('nerva-bench throughput', () => {
     expect(toks.tokens.map((t) => t.length)).toEqual(w.requests.map((q) => q.max_tokens));
   }, 120_000);
 
+  it('runs split over devices (pipeline stages, micro-batched; tensor-parallel shards): the one-device tokens, the split reported', async () => {
+    const opts = { model: TINY, backend: 'cpu' as const, requests: 5, minLen: 4, maxInputLen: 14, maxOutputLen: 12, seed: 9, verify: 5 };
+    const one = join(dir, 'tp-one.json');
+    await throughputProbe({ ...opts, tokensOut: one });
+    const want = JSON.parse(readFileSync(one, 'utf8')).tokens as number[][];
+    for (const [name, split] of [
+      ['pipeline', { pipelineParallel: 2 }],
+      ['tensor parallel', { tensorParallel: 2 }],
+    ] as const) {
+      const out = join(dir, `tp-${name}.json`);
+      const r = await throughputProbe({ ...opts, ...split, tokensOut: out });
+      expect(r, name).toMatchObject({ unfinished: 0, verified: 5, mismatches: 0 });
+      // Batched over the split, every request gives the tokens it gives batched on one device.
+      expect(JSON.parse(readFileSync(out, 'utf8')).tokens, name).toEqual(want);
+      if (name === 'pipeline') expect((r.pipeline as { stages: unknown[] }).stages).toHaveLength(2);
+      else expect((r.tensor_parallel as { shards: unknown[] }).shards).toHaveLength(2);
+    }
+  }, 180_000);
+
   it('bf16 KV cache and bf16 matmul precision: reported, and the workload still completes', async () => {
     const r = await throughputProbe({ model: TINY, backend: 'cpu', requests: 4, minLen: 4, maxInputLen: 12, maxOutputLen: 12, seed: 7, verify: 0, kvCacheDtype: 'bf16', matmulPrecision: 'bf16' });
     expect(r).toMatchObject({ kv_dtype: 'bf16', matmul_precision: 'bf16', unfinished: 0, hot_path_allocations: 0 });

@@ -15,7 +15,11 @@ import {
   type Workload,
 } from '../workload.js';
 
-export interface ThroughputProbeOptions extends Pick<EngineOptions, 'numerics' | 'kvCacheDtype' | 'matmulPrecision' | 'batchInvariant' | 'maxNumSeqs' | 'maxNumBatchedTokens'> {
+export interface ThroughputProbeOptions
+  extends Pick<
+    EngineOptions,
+    'numerics' | 'kvCacheDtype' | 'matmulPrecision' | 'batchInvariant' | 'maxNumSeqs' | 'maxNumBatchedTokens' | 'pipelineParallel' | 'tensorParallel' | 'allowSingleDeviceStages' | 'stageVramBudgets' | 'vramBudget'
+  > {
   model: string;
   backend: 'cpu' | 'cuda' | 'auto';
   /** Workload parameters (nano-vllm's bench.py: 256 requests, lengths 100..1024, seed 0). */
@@ -191,6 +195,12 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       maxNumBatchedTokens: o.maxNumBatchedTokens,
       kvCacheBytes,
       maxModelLen: stats.maxPositions + BLOCK,
+      // Several GPUs: pipeline stages (micro-batched on separate GPUs) or tensor-parallel shards.
+      ...(o.pipelineParallel !== undefined ? { pipelineParallel: o.pipelineParallel } : {}),
+      ...(o.tensorParallel !== undefined ? { tensorParallel: o.tensorParallel } : {}),
+      ...(o.allowSingleDeviceStages !== undefined ? { allowSingleDeviceStages: o.allowSingleDeviceStages } : {}),
+      ...(o.stageVramBudgets !== undefined ? { stageVramBudgets: o.stageVramBudgets } : {}),
+      ...(o.vramBudget !== undefined ? { vramBudget: o.vramBudget } : {}),
     });
     const e = engine;
     const loadS = (performance.now() - t0Load) / 1000;
@@ -292,6 +302,9 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       kv_dtype: e.kvDtype,
       matmul_precision: e.matmulPrecision,
       batch_invariant: backend.capabilities.batchInvariant === true,
+      // How the model was split over devices (null: one device).
+      pipeline: e.pipelineDescription() ?? null,
+      tensor_parallel: e.tensorParallelDescription() ?? null,
       output_tokens: outputTokens,
       total_s: r3(totalS),
       output_tok_s: r2(outputTokens / totalS),
