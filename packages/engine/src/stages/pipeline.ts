@@ -361,6 +361,14 @@ export class StagePipeline implements PassRunner {
     const G = this.timedGroups;
     this.timedGroups = 0;
     const S = this.stages.length;
+    // A pass without sampled rows (a prompt chunk) is not waited for through the tokens coming
+    // home: wait for each later stage's last event before reading its times.
+    for (let s = 1; s < S; s++) {
+      const be = this.stages[s].backend;
+      const last = s === S - 1 ? t.head[1] : t.compute[s][G - 1][1];
+      if (be.synchronizeEvent) be.synchronizeEvent(last, 'hard');
+      else be.synchronize('hard');
+    }
     const span = (s: number, pairs: [EventHandle, EventHandle][]) => pairs.slice(0, G).reduce((sum, [a, b]) => sum + this.stages[s].backend.elapsedMs(a, b), 0);
     const stageMs = this.stages.map((_, s) => span(s, t.compute[s]));
     stageMs[S - 1] += this.stages[S - 1].backend.elapsedMs(t.head[0], t.head[1]);
