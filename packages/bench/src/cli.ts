@@ -103,6 +103,7 @@ const print = (o: unknown): void => {
       'kvHostBudget',
       'kvOffloadDir',
       'pipelineParallel',
+      'pipelineMicroBatches',
       'stageVramBudgets',
       'tensorParallel',
       'allowSingleDeviceStages',
@@ -280,7 +281,7 @@ const print = (o: unknown): void => {
   const cmd = program
     .command('throughput')
     .description("nano-vllm's throughput benchmark: every request of a random workload submitted at once, output tokens/s, then requests rerun alone to check their tokens");
-  const multi = ['vramBudget', 'pipelineParallel', 'stageVramBudgets', 'tensorParallel', 'allowSingleDeviceStages'] as const;
+  const multi = ['vramBudget', 'pipelineParallel', 'pipelineMicroBatches', 'stageVramBudgets', 'tensorParallel', 'allowSingleDeviceStages'] as const;
   const engine = engineFlags(cmd, ['model', 'backend', 'maxNumSeqs', 'maxNumBatchedTokens', 'kvCacheBytes', 'kvCacheDtype', 'numerics', 'matmulPrecision', 'batchInvariant', ...multi], {
     maxNumSeqs: { help: 'sequences the engine batches at once', default: 256 },
     maxNumBatchedTokens: { help: 'token budget of one scheduler step (the engine default otherwise)' },
@@ -315,6 +316,7 @@ const print = (o: unknown): void => {
           matmulPrecision: e.matmulPrecision,
           batchInvariant: e.batchInvariant,
           pipelineParallel: e.pipelineParallel,
+          pipelineMicroBatches: e.pipelineMicroBatches,
           tensorParallel: e.tensorParallel,
           allowSingleDeviceStages: e.allowSingleDeviceStages,
           stageVramBudgets: e.stageVramBudgets,

@@ -142,6 +142,13 @@ export const ENGINE_OPTIONS = [
     help: 'pipeline stages: the layers split into N contiguous ranges (N > 1 needs N GPUs on CUDA unless --allow-single-device-stages; any N on the CPU backend)',
   },
   {
+    name: 'pipelineMicroBatches',
+    flag: '--pipeline-micro-batches <n>',
+    toml: 'pipeline_micro_batches',
+    kind: 'posint',
+    help: "micro-batches a pipelined pass's sequences are split into, so stages on separate GPUs overlap (default: 1 when stages share a device, N otherwise)",
+  },
+  {
     name: 'stageVramBudgets',
     flag: '--stage-vram-budgets <sizes>',
     toml: 'stage_vram_budgets',

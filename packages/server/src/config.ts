@@ -92,6 +92,8 @@ export interface ServerConfig extends SecurityOptions {
    * visible GPUs unless `allowSingleDeviceStages`; the CPU backend takes any N up to the layer count.
    */
   pipelineParallel?: number;
+  /** Micro-batches per pipelined pass (EngineOptions pipelineMicroBatches). */
+  pipelineMicroBatches?: number;
   /** Each pipeline stage's VRAM budget in bytes, one per stage (EngineOptions stageVramBudgets). */
   stageVramBudgets?: number[];
   /**

@@ -95,6 +95,7 @@ async function prepareModel(config: ServerConfig): Promise<PreparedModel> {
     kvWarmLinkShare: config.kvWarmLinkShare,
     pipelineParallel: config.pipelineParallel,
     stageVramBudgets: config.stageVramBudgets,
+    pipelineMicroBatches: config.pipelineMicroBatches,
     tensorParallel: config.tensorParallel,
     allowSingleDeviceStages: config.allowSingleDeviceStages,
     chatTemplate,

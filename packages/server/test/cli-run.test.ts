@@ -242,6 +242,15 @@ describe("nerva run --pipeline-parallel", () => {
     }
   });
 
+  it("--pipeline-micro-batches splits a pass into micro-batches: one stage's tokens, the count in --json", async () => {
+    const one = last((await nerva(args)).stdout);
+    const j = last((await nerva([...args, "--pipeline-parallel", "2", "--pipeline-micro-batches", "2"])).stdout);
+    expect(j.token_ids).toEqual(one.token_ids);
+    expect(j.pipeline.microBatches).toBe(2);
+    const err = await fail(["--pipeline-parallel", "2", "--pipeline-micro-batches", "0"]);
+    expect(err?.stderr).toContain('--pipeline-micro-batches must be a positive integer, got "0"');
+  });
+
   it("under a VRAM budget each stage holds its layers resident: one stage's tokens, each stage's residency in --json", async () => {
     const one = last((await nerva(args)).stdout);
     const r = await nerva([...args, "--pipeline-parallel", "2", "--vram-budget", "24MiB"]);

@@ -19,6 +19,7 @@ type DecodeEngineOptions = Pick<
   | 'kvOffloadDir'
   | 'pipelineParallel'
   | 'stageVramBudgets'
+  | 'pipelineMicroBatches'
   | 'tensorParallel'
   | 'allowSingleDeviceStages'
   | 'runAhead'
@@ -60,6 +61,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     kvOffloadDir: o.kvOffloadDir !== undefined ? resolve(o.kvOffloadDir) : undefined,
     pipelineParallel: o.pipelineParallel,
     stageVramBudgets: o.stageVramBudgets,
+    pipelineMicroBatches: o.pipelineMicroBatches,
     tensorParallel: o.tensorParallel,
     allowSingleDeviceStages: o.allowSingleDeviceStages,
     ...(o.runAhead !== undefined ? { runAhead: o.runAhead } : {}),

@@ -18,7 +18,7 @@ import {
 export interface ThroughputProbeOptions
   extends Pick<
     EngineOptions,
-    'numerics' | 'kvCacheDtype' | 'matmulPrecision' | 'batchInvariant' | 'maxNumSeqs' | 'maxNumBatchedTokens' | 'pipelineParallel' | 'tensorParallel' | 'allowSingleDeviceStages' | 'stageVramBudgets' | 'vramBudget'
+    'numerics' | 'kvCacheDtype' | 'matmulPrecision' | 'batchInvariant' | 'maxNumSeqs' | 'maxNumBatchedTokens' | 'pipelineParallel' | 'pipelineMicroBatches' | 'tensorParallel' | 'allowSingleDeviceStages' | 'stageVramBudgets' | 'vramBudget'
   > {
   model: string;
   backend: 'cpu' | 'cuda' | 'auto';
@@ -197,6 +197,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       maxModelLen: stats.maxPositions + BLOCK,
       // Several GPUs: pipeline stages (micro-batched on separate GPUs) or tensor-parallel shards.
       ...(o.pipelineParallel !== undefined ? { pipelineParallel: o.pipelineParallel } : {}),
+      ...(o.pipelineMicroBatches !== undefined ? { pipelineMicroBatches: o.pipelineMicroBatches } : {}),
       ...(o.tensorParallel !== undefined ? { tensorParallel: o.tensorParallel } : {}),
       ...(o.allowSingleDeviceStages !== undefined ? { allowSingleDeviceStages: o.allowSingleDeviceStages } : {}),
       ...(o.stageVramBudgets !== undefined ? { stageVramBudgets: o.stageVramBudgets } : {}),

@@ -12,7 +12,7 @@ export const DEFAULT_PROMPT = 'ROMEO:';
 const ENGINE_FLAGS = deriveFlags(
   [
     ...CLI_ENGINE_FLAGS,
-    ...(['kvVramBudget', 'kvHostBudget', 'kvOffloadDir', 'kvWarmLinkShare', 'pipelineParallel', 'stageVramBudgets', 'tensorParallel', 'allowSingleDeviceStages', 'profile'] as const).map(engineOption),
+    ...(['kvVramBudget', 'kvHostBudget', 'kvOffloadDir', 'kvWarmLinkShare', 'pipelineParallel', 'pipelineMicroBatches', 'stageVramBudgets', 'tensorParallel', 'allowSingleDeviceStages', 'profile'] as const).map(engineOption),
   ],
   { applyDefaults: true },
 );
