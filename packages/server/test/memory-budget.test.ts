@@ -10,9 +10,11 @@ import { MODEL, promSeries, startTestServer } from './helpers.js';
 const KV = 2 * 2 ** 20;
 let resident: RunningServer | undefined;
 let paged: RunningServer | undefined;
+let staged: RunningServer | undefined;
 afterAll(async () => {
   await resident?.shutdown();
   await paged?.shutdown();
+  await staged?.shutdown();
 });
 
 const memory = async (s: RunningServer) => (await (await fetch(`${s.url}/v1/memory`)).json()) as Record<string, any>;
@@ -71,5 +73,30 @@ describe('serve with vram_budget', () => {
       expect(series.get(`nerva:weight_moved_bytes_total{path="${path}"}`) ?? 0, path).toBe(t.bytes);
     expect(series.get('nerva:weight_prefetch_hits_total')).toBe(now.prefetch.hits);
     expect(series.get('nerva:weight_prefetch_stalls_total')).toBe(now.prefetch.stalls);
+  });
+});
+
+describe('serve with pipeline stages under stage_vram_budgets', () => {
+  it('places the layers by budget, all resident: /v1/memory lists each stage with its layers and budget, the tokens are one stage\'s', async () => {
+    const one = await startTestServer({ kvCacheBytes: KV });
+    let want: { token_ids: number[] };
+    let weights: number;
+    try {
+      want = await complete(one, 'ROMEO:');
+      weights = (await memory(one)).weights.total_bytes;
+    } finally {
+      await one.shutdown();
+    }
+    // A small stage 0 and a large stage 1: stage 0 takes fewer layers.
+    const budgets = [Math.floor(0.5 * weights) + 8 * 2 ** 20, weights + 8 * 2 ** 20];
+    staged = await startTestServer({ kvCacheBytes: KV, pipelineParallel: 2, stageVramBudgets: budgets });
+    const m = await memory(staged);
+    expect(m.mode).toBe('resident');
+    expect(m.devices.map((d: { budget_bytes: number }) => d.budget_bytes)).toEqual(budgets);
+    const [a, b] = m.devices as { layers: [number, number]; weight_bytes: number; kv_bytes: number; budget_bytes: number }[];
+    expect(a.layers[0]).toBe(0);
+    expect(b.layers[0]).toBe(a.layers[1]);
+    expect(a.layers[1] - a.layers[0]).toBeLessThan(b.layers[1] - b.layers[0]);
+    expect((await complete(staged, 'ROMEO:')).token_ids).toEqual(want.token_ids);
   });
 });
