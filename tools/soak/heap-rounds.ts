@@ -1,6 +1,7 @@
-// The server thread's heap after garbage collection across rounds of mixed requests (a leak shows
-// as growth per round): `nerva serve` in this process on the embedded model (CPU), each round 200
-// requests (completions, streamed chat, malformed bodies, n = 2 with logprobs), then two GCs.
+// The heaps after garbage collection across rounds of mixed requests (a leak shows as growth per
+// round): `nerva serve` in this process on the embedded model (CPU), each round 200 requests
+// (completions, streamed chat, malformed bodies, n = 2 with logprobs), then garbage collected on
+// the server's thread and in the engine's worker (its `heap` query), and both heaps read.
 // One JSON line per round. Not in CI (a measurement; the fuzz test bounds memory there).
 //   node --expose-gc --import tsx tools/soak/heap-rounds.ts [rounds, default 8]
 import { DEFAULT_CONFIG, type ServerConfig, startServer } from '@nerva/server';
@@ -27,6 +28,9 @@ for (let round = 0; round < rounds; round++) {
   await new Promise((r) => setTimeout(r, 200));
   gc();
   const m = process.memoryUsage();
-  console.log(JSON.stringify({ probe: 'heap_rounds', round, requests: (round + 1) * 200, heap_used_mib: mib(m.heapUsed), rss_mib: mib(m.rss), external_mib: mib(m.external) }));
+  const engine = await srv.state.engine!.query('heap');
+  console.log(
+    JSON.stringify({ probe: 'heap_rounds', round, requests: (round + 1) * 200, heap_used_mib: mib(m.heapUsed), engine_heap_used_mib: mib(engine.usedBytes), rss_mib: mib(m.rss), external_mib: mib(m.external) }),
+  );
 }
 process.exit(0);

@@ -53,6 +53,14 @@ describe('WorkerEngine', () => {
     await w.checkInvariants();
   });
 
+  it("reads the engine thread's own heap (its isolate, not the server's)", async () => {
+    const h = await w.query('heap');
+    expect(h.usedBytes).toBeGreaterThan(0);
+    expect(h.totalBytes).toBeGreaterThanOrEqual(h.usedBytes);
+    // Another isolate than this thread's: the numbers are the worker's, not process.memoryUsage()'s.
+    expect(h.usedBytes).not.toBe(process.memoryUsage().heapUsed);
+  });
+
   it('an AbortSignal and an early break both cancel', async () => {
     const ac = new AbortController();
     const h = w.submit('O', { maxTokens: 500, ignoreEos: true, signal: ac.signal });

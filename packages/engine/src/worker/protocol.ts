@@ -1,3 +1,4 @@
+import { getHeapStatistics } from 'node:v8';
 import type { BackendCapabilities, LedgerSummary } from '@nerva/core';
 import type { KvCacheStats } from '@nerva/kv';
 import type { MemoryReport } from '@nerva/memos';
@@ -108,6 +109,15 @@ export const ENGINE_QUERIES = {
     deviceKind: engine.backend.capabilities.deviceKind,
     memory: engine.memoryReport(),
   }),
+  /**
+   * The engine thread's V8 heap (this isolate's, not the process's), for leak checks: garbage is
+   * collected first where the process runs with --expose-gc (a measurement, never in production).
+   */
+  heap: (): { usedBytes: number; totalBytes: number; externalBytes: number } => {
+    (globalThis as { gc?: () => void }).gc?.();
+    const h = getHeapStatistics();
+    return { usedBytes: h.used_heap_size, totalBytes: h.total_heap_size, externalBytes: h.external_memory };
+  },
   /** The KV cache's invariant check (throws listing every violation). */
   checkInvariants: (engine: ModelContext): true => {
     engine.kv.checkInvariants();
