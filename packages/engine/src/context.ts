@@ -268,7 +268,10 @@ export class ModelContext {
     const r = contextMemoryReport(this.backend, this.model.internals, this.runner, this.kvTiers, this.totalPreemptions, this.kv.blockSize);
     // A tensor-parallel group: each shard's residency (its weights and KV heads).
     if (this.pipeline instanceof TensorParallelGroup)
-      r.devices = this.pipeline.describe().shards.map((s) => ({ backend: s.backend, ...(s.device !== undefined ? { device: s.device } : {}), weightBytes: s.weightBytes, kvBytes: s.kvBytes }));
+      r.devices = this.pipeline.describe().shards.map((s, i) => {
+        const b = this.model.internals.stages?.budgets?.[i];
+        return { backend: s.backend, ...(s.device !== undefined ? { device: s.device } : {}), layers: s.layers, weightBytes: s.weightBytes, kvBytes: s.kvBytes, ...(b ? { budgetBytes: b.budget } : {}) };
+      });
     else if (this.pipeline) r.devices = stageResidency(this.model.internals.stages!, this.runner.kvBytes, this.spec.numLayers);
     return r;
   }

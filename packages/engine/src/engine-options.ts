@@ -101,8 +101,10 @@ export interface EngineOptions {
    * logits equal the one-backend run bit for bit (`TensorParallelGroup`). N must divide the
    * model's KV heads (GQA groups stay whole). With `pipelineParallel` S, each stage is split
    * across N shards of its own. On CUDA this needs N x S visible GPUs unless
-   * `allowSingleDeviceStages`; on the CPU backend each shard gets a CPU backend of its own. Not
-   * yet with MoE models, `stageDevices`, pipeline micro-batches, memory budgets or tiered KV.
+   * `allowSingleDeviceStages`; on the CPU backend each shard gets a CPU backend of its own. Under
+   * `vramBudget` (or `stageVramBudgets`, one per stage) every shard must fit its GPU's budget
+   * resident. Not yet with MoE models, `stageDevices`, pipeline micro-batches, a host budget or
+   * tiered KV.
    */
   tensorParallel?: number;
   /**

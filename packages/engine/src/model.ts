@@ -7,7 +7,7 @@ import { checkEngineOptions, type ContextOptions, type ModelOptions } from './en
 import { kvCacheBytesAfterUpload, kvCacheBytesFor, pinnedBytesFor, runnerShape } from './memory-plan.js';
 import { freeWeights, type ModelWeights, uploadWeights, weightFormatNote } from './model-weights.js';
 import { pipelineRequest, type PreparedStages, prepareStages, primaryStageBudget } from './stages/placement.js';
-import { prepareShards, tensorParallelRequest } from './stages/tensor-parallel.js';
+import { prepareShards, primaryShardBudget, tensorParallelRequest } from './stages/tensor-parallel.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
 import type { SamplingParams } from './sampling-params.js';
 import { checkpointImportanceKey, placeWeights } from './weight-residency.js';
@@ -119,9 +119,9 @@ export class NervaModel {
     let reservedBytes = 0;
     // Pipeline stages under VRAM budgets hold the model resident, placed by the stage planner: the
     // single-backend paths (paged weights, the backend's own budget) see no budget then.
-    const single: ModelOptions = pipe?.budgets ? { ...o, vramBudget: undefined, stageVramBudgets: undefined } : o;
+    const single: ModelOptions = pipe?.budgets || tp?.budgets ? { ...o, vramBudget: undefined, stageVramBudgets: undefined } : o;
     const budgeted = single.vramBudget !== undefined || single.hostBudget !== undefined;
-    const deviceBudget = primaryStageBudget(pipe, o.backend) ?? single.vramBudget;
+    const deviceBudget = (tp ? primaryShardBudget(tp) : primaryStageBudget(pipe, o.backend)) ?? single.vramBudget;
     if (typeof o.backend === 'object') {
       backend = o.backend;
       const has = backend.capabilities.numerics ?? 'exact';

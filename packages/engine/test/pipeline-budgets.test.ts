@@ -111,6 +111,38 @@ describe('pipeline stages under VRAM budgets', () => {
       expect(err, JSON.stringify(o)).toBeInstanceOf(PipelineConfigError);
       expect((err as Error).message).toMatch(why);
     }
-    await expect(Engine.create({ ...SHAPE, tensorParallel: 2, pipelineParallel: 2, stageVramBudgets: [64 * MiB, 64 * MiB] })).rejects.toThrow(TensorParallelConfigError);
+    await expect(Engine.create({ ...SHAPE, tensorParallel: 2, hostBudget: MiB })).rejects.toThrow(TensorParallelConfigError);
+  });
+});
+
+describe('tensor-parallel shards under VRAM budgets', () => {
+  it('each shard holds its half of every layer resident under a budget one device could not: the one-backend tokens', async () => {
+    const { tokens, weightBytes } = await whole;
+    const budget = Math.round(weightBytes * 0.8);
+    await withEngine({ tensorParallel: 2, vramBudget: budget }, async (e) => {
+      expect(await greedy(e)).toEqual(tokens);
+      const r = e.memoryReport();
+      expect(r.mode).toBe('resident');
+      expect(r.devices).toHaveLength(2);
+      for (const d of r.devices!) {
+        expect(d.budgetBytes).toBe(budget);
+        expect(d.weightBytes + d.kvBytes).toBeLessThanOrEqual(budget);
+        expect(d.kvBytes).toBeGreaterThan(0);
+      }
+      expect(e.notes.some((n) => n.startsWith('tensor parallel under VRAM budgets, all resident: shard 0 '))).toBe(true);
+    });
+    // Two stages of two shards, a budget per stage.
+    await withEngine({ tensorParallel: 2, pipelineParallel: 2, stageVramBudgets: [budget, budget] }, async (e) => {
+      expect(await greedy(e)).toEqual(tokens);
+      expect(e.memoryReport().devices!.map((d) => d.budgetBytes)).toEqual([budget, budget, budget, budget]);
+    });
+  });
+
+  it('refuses a budget a shard cannot fit, naming the shard, before anything is uploaded', async () => {
+    const { weightBytes } = await whole;
+    const err = await Engine.create({ ...SHAPE, tensorParallel: 2, vramBudget: Math.round(weightBytes * 0.3) }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TensorParallelConfigError);
+    expect((err as Error).message).toMatch(/^shard 0 of the model needs about [\d.]+ MiB \(weights [\d.]+ MiB, activations, staging and the embedding [\d.]+ MiB\) but its VRAM budget leaves [\d.]+ MiB: give more shards or stages, or larger budgets$/);
+    await expect(Engine.create({ ...SHAPE, tensorParallel: 2, vramBudget: Math.round(weightBytes * 0.8), kvCacheBytes: 256 * MiB })).rejects.toThrow(/kvCacheBytes 256.0 MiB does not fit the VRAM budgets: shard \d of stage 0 has room for/);
   });
 });

@@ -10,4 +10,4 @@ export * from './pipeline.js';
 export * from './all-gather.js';
 export * from './shard-weights.js';
 export * from './shard-runner.js';
-export { isPreparedShards, prepareShards, tensorParallelRequest, TensorParallelGroup, type PreparedShards, type PrepareShardsArgs, type TensorParallelDescription, type TensorParallelOptions, type TensorParallelRequest } from './tensor-parallel.js';
+export { isPreparedShards, prepareShards, primaryShardBudget, tensorParallelRequest, TensorParallelGroup, type PreparedShards, type PrepareShardsArgs, type TensorParallelDescription, type TensorParallelOptions, type TensorParallelRequest } from './tensor-parallel.js';

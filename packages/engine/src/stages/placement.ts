@@ -154,8 +154,8 @@ export interface PrepareStagesArgs {
 }
 
 /** The fewest tokens of KV a stage must hold beside its weights (the engine's floor under a budget). */
-const KV_FLOOR_TOKENS = 64;
-const MiB = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+export const KV_FLOOR_TOKENS = 64;
+export const MiB = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
 
 /** How stages fit their VRAM budgets: the split, and the KV cache bytes (all layers) the budgets leave. */
 interface BudgetedPlan {

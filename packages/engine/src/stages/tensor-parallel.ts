@@ -35,17 +35,17 @@
  * peer-to-peer stores from the producing kernel, inside a captured decode graph.
  */
 import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
-import { NervaError } from '@nerva/core';
+import { DTYPE_BYTES, NervaError } from '@nerva/core';
 import type { ModelSpec, WeightStore } from '@nerva/models';
 import { type BackendOptions, selectBackend } from '../backend-select.js';
 import { type ProfileBucket, type RunnerLimits, type RunnerMeta } from '../model-runner.js';
-import type { UploadProgress } from '../model-weights.js';
+import { layerLayouts, type UploadProgress } from '../model-weights.js';
 import { type StepBuffers, writeStepMeta } from '../step-batch.js';
 import { ShardGather } from './all-gather.js';
 import { makeStageLink } from './links.js';
 import { StageResources } from './stage-resources.js';
 import type { PassRunner } from './pipeline.js';
-import type { PipelineStage, PreparedStages } from './placement.js';
+import { KV_FLOOR_TOKENS, MiB, type PipelineStage, type PreparedStages } from './placement.js';
 import { sumBackendStats, sumProfiles } from './pipeline.js';
 import { planStages, type StageLink } from './plan.js';
 import { ShardRunner } from './shard-runner.js';
@@ -71,6 +71,17 @@ export interface TensorParallelRequest {
   /** Pipeline stages, each split across its own `shards` shards (1: no pipeline). */
   stages: number;
   allowSingleDevice: boolean;
+  /** Each stage's VRAM budget, which every shard of the stage (a GPU each) must fit, when one was given. */
+  budgets?: number[];
+}
+
+/**
+ * The VRAM budget of the engine's own backend (stage 0's shard 0) under shard budgets: every
+ * shard's where they may share one device (allowSingleDeviceStages), else stage 0's.
+ */
+export function primaryShardBudget(req: TensorParallelRequest | undefined): number | undefined {
+  if (!req?.budgets) return undefined;
+  return req.allowSingleDevice ? req.budgets.reduce((t, b) => t + b * req.shards, 0) : req.budgets[0];
 }
 
 /**
@@ -87,14 +98,14 @@ export function tensorParallelRequest(o: TensorParallelOptions): TensorParallelR
     throw new TensorParallelConfigError(`tensorParallel ${n} with stageDevices is not supported yet: with shards, stages take backends (GPUs 0, 1, ...) in order; give pipelineParallel instead`);
   if (o.pipelineMicroBatches !== undefined && o.pipelineMicroBatches > 1)
     throw new TensorParallelConfigError(`tensorParallel ${n} with pipelineMicroBatches ${o.pipelineMicroBatches} is not supported yet: sharded stages run one micro-batch a pass`);
-  if (o.vramBudget !== undefined || o.stageVramBudgets !== undefined || o.hostBudget !== undefined)
-    throw new TensorParallelConfigError(
-      `tensorParallel ${n} with a ${o.hostBudget === undefined ? 'VRAM' : 'host'} budget is not supported yet: shards are placed without budgets (pipeline stages alone take VRAM budgets)`,
-    );
+  if (o.hostBudget !== undefined) throw new TensorParallelConfigError(`tensorParallel ${n} with a host budget is not supported yet: paged weights run on one backend`);
   if (o.kvVramBudget !== undefined) throw new TensorParallelConfigError(`tensorParallel ${n} with tiered KV (kvVramBudget) is not supported yet`);
   const stages = o.pipelineParallel ?? 1;
   if (!Number.isInteger(stages) || stages < 1) throw new TensorParallelConfigError(`pipelineParallel must be a positive integer, got ${String(stages)}`);
-  return { shards: n, stages, allowSingleDevice: o.allowSingleDeviceStages === true };
+  // A budget per GPU (vramBudget), or per stage (stageVramBudgets, checked by pipelineRequest): every shard of a stage gets its stage's.
+  const budgets = o.stageVramBudgets ?? (o.vramBudget !== undefined ? new Array<number>(stages).fill(o.vramBudget) : undefined);
+  if (budgets !== undefined && budgets.length !== stages) throw new TensorParallelConfigError(`stageVramBudgets lists ${budgets.length} budget(s) for ${stages} pipeline stage(s): give one per stage`);
+  return { shards: n, stages, allowSingleDevice: o.allowSingleDeviceStages === true, ...(budgets ? { budgets: [...budgets] } : {}) };
 }
 
 /**
@@ -117,6 +128,12 @@ export interface PrepareShardsArgs {
   kvPlanned: number | undefined;
   kvAfterUpload: (backend: DeviceBackend, activationBytes: number) => number;
   activationBytes: number;
+  /** Under VRAM budgets: KV bytes a token over all layers, the CUDA workspaces a budgeted backend sets aside, whether kvCacheBytes was given, the runner limits. */
+  kvBytesPerToken: number;
+  reservedBytes: number;
+  kvExplicit: boolean;
+  maxRows: number;
+  maxNumSeqs: number;
   onProgress?: (p: UploadProgress) => void;
 }
 
@@ -146,6 +163,30 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
       throw new TensorParallelConfigError(`${what} needs ${cells} GPUs, but ${count} ${count === 1 ? 'is' : 'are'} visible; --allow-single-device-stages places every shard on one GPU, to test the split`);
     shared = count < cells;
   }
+  // Under budgets: each shard's fixed bytes (its runner's activations, the gathers' staging, the
+  // embedding on a first stage, the gathered logits on the sampling shard), checked before any upload.
+  const buffersOf = (i: number): number => {
+    const staging = a.maxRows * 4 * (spec.numHeads * spec.headDim + 2 * spec.hiddenSize + 2 * spec.intermediateSize);
+    const logits = Math.floor(i / n) === S - 1 && i % n === 0 ? a.maxNumSeqs * spec.vocabSize * 4 : 0;
+    return a.activationBytes + staging + logits;
+  };
+  const fixedOf = (i: number): number => buffersOf(i) + (i < n ? spec.vocabSize * spec.hiddenSize * DTYPE_BYTES[primary.capabilities.weightDtype] : 0);
+  const capacityOf = (i: number): number => req.budgets![Math.floor(i / n)] - a.reservedBytes;
+  if (req.budgets) {
+    const layerBytes = layerLayouts(primary, spec, a.ckpt).map((t) => t.reduce((x, d) => x + d.length * DTYPE_BYTES[d.dtype], 0));
+    const head = spec.vocabSize * spec.hiddenSize * DTYPE_BYTES[primary.capabilities.weightDtype];
+    for (let i = 0; i < cells; i++) {
+      const r = plan.stages[Math.floor(i / n)];
+      // A shard holds about 1/N of each of its layers (norms whole: a rounding here) and of the LM head.
+      const weights = layerBytes.slice(r.firstLayer, r.endLayer).reduce((x, y) => x + y, 0) / n + (r.endLayer === spec.numLayers ? head / n : 0);
+      const need = fixedOf(i) + weights + (KV_FLOOR_TOKENS * a.kvBytesPerToken * r.layers) / (spec.numLayers * n);
+      if (need > capacityOf(i))
+        throw new TensorParallelConfigError(
+          `shard ${i % n} of ${S > 1 ? `stage ${r.stage} (layers ${r.firstLayer}-${r.endLayer - 1})` : 'the model'} needs about ${MiB(need)} (weights ${MiB(weights)}, activations, staging${r.stage === 0 ? ' and the embedding' : ''} ${MiB(fixedOf(i))}) ` +
+            `but its VRAM budget leaves ${MiB(capacityOf(i))}${a.reservedBytes > 0 ? ` (${MiB(a.reservedBytes)} of workspaces set aside)` : ''}: give more shards or stages, or larger budgets`,
+        );
+    }
+  }
   const res = new StageResources(primary);
   try {
     const backends: DeviceBackend[] = [primary];
@@ -154,7 +195,8 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
         backends.push(primary);
         continue;
       }
-      backends.push(res.own((await selectBackend(kind === 'cpu' ? 'cpu' : 'cuda', { ...a.backendOptions, device: i })).backend));
+      const budget = req.budgets?.[Math.floor(i / n)];
+      backends.push(res.own((await selectBackend(kind === 'cpu' ? 'cpu' : 'cuda', { ...a.backendOptions, device: i, ...(budget !== undefined ? { deviceBudgetBytes: budget } : {}) })).backend));
     }
     const stages: PipelineStage[] = [];
     let weightBytes = 0;
@@ -171,6 +213,20 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
       notes.push(`tensor-parallel links: ${comm.description}`);
     }
     let kvBytes = a.kvPlanned;
+    let budgets: { budget: number; heldBytes: number; kvBytes: number }[] | undefined;
+    if (req.budgets) {
+      // What each shard's budget leaves beside its weights (exact now) and fixed bytes holds 1/N of
+      // its stage's layers' KV: the tightest shard decides the whole cache.
+      const L = spec.numLayers;
+      const room = stages.map((st, i) => capacityOf(i) - st.weights.bytes - buffersOf(i));
+      const fits = Math.floor(Math.min(...stages.map((st, i) => (room[i] * n * L) / (st.endLayer - st.firstLayer))));
+      if (a.kvExplicit) {
+        const over = stages.findIndex((st, i) => (a.kvPlanned! * (st.endLayer - st.firstLayer)) / (n * L) > room[i]);
+        if (over >= 0) throw new TensorParallelConfigError(`kvCacheBytes ${MiB(a.kvPlanned!)} does not fit the VRAM budgets: shard ${over % n} of stage ${Math.floor(over / n)} has room for ${MiB(Math.max(0, room[over]))} of KV; at most ${MiB(fits)} fits`);
+      } else kvBytes = Math.floor(Math.min(0.95 * fits, a.kvPlanned ?? 16 * 2 ** 30));
+      budgets = stages.map((st, i) => ({ budget: req.budgets![Math.floor(i / n)], heldBytes: st.weights.bytes + buffersOf(i), kvBytes: Math.floor((kvBytes! * (st.endLayer - st.firstLayer)) / (n * L)) }));
+      notes.push(`tensor parallel under VRAM budgets, all resident: ${budgets.map((b, i) => `shard ${i % n}${S > 1 ? ` of stage ${Math.floor(i / n)}` : ''} ${MiB(b.heldBytes + b.kvBytes)} of ${MiB(b.budget)}`).join('; ')}`);
+    }
     if (kvBytes === undefined) {
       // Each shard holds 1/N of its stage's layers' KV: the tightest backend decides the whole cache.
       if (shared) kvBytes = Math.floor(a.kvAfterUpload(primary, a.activationBytes * cells));
@@ -181,7 +237,7 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
     notes.push(
       `tensor parallel: ${n} shards (${geometry[0].qHeads} q / ${geometry[0].kvHeads} KV heads each)${staged}, ${where}; all-gathers after attention, o, gate_up and down; LM head split by vocabulary rows, sampled on shard 0; passes run without graph capture`,
     );
-    return { plan, stages, shared, microBatches: 1, kvBytes, weightBytes, ...(res.nccl ? { nccl: res.nccl } : {}), notes, dispose: res.dispose, tensorParallel: true, geometry };
+    return { plan, stages, shared, microBatches: 1, kvBytes, weightBytes, ...(budgets ? { budgets } : {}), ...(res.nccl ? { nccl: res.nccl } : {}), notes, dispose: res.dispose, tensorParallel: true, geometry };
   } catch (e) {
     res.abandon();
     throw e;
