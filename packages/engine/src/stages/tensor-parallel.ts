@@ -36,16 +36,16 @@
  */
 import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
 import { DTYPE_BYTES, NervaError } from '@nerva/core';
-import type { ModelSpec, WeightStore } from '@nerva/models';
-import { type BackendOptions, selectBackend } from '../backend-select.js';
+import type { ModelSpec } from '@nerva/models';
+import { selectBackend } from '../backend-select.js';
 import { type ProfileBucket, type RunnerLimits, type RunnerMeta } from '../model-runner.js';
-import { layerLayouts, type UploadProgress } from '../model-weights.js';
+import { layerLayouts } from '../model-weights.js';
 import { type StepBuffers, writeStepMeta } from '../step-batch.js';
 import { ShardGather } from './all-gather.js';
 import { makeStageLink } from './links.js';
 import { StageResources } from './stage-resources.js';
 import type { PassRunner } from './pipeline.js';
-import { KV_FLOOR_TOKENS, MiB, type PipelineStage, type PreparedStages } from './placement.js';
+import { KV_FLOOR_TOKENS, MiB, type PipelineStage, type PreparedStages, type PrepareStagesArgs } from './placement.js';
 import { sumBackendStats, sumProfiles } from './pipeline.js';
 import { planStages, type StageLink } from './plan.js';
 import { ShardRunner } from './shard-runner.js';
@@ -118,23 +118,9 @@ export interface PreparedShards extends PreparedStages {
   geometry: ShardGeometry[];
 }
 
-export interface PrepareShardsArgs {
+/** What placing the shards takes: the stages' arguments (the same memory plan), with the group's request. */
+export interface PrepareShardsArgs extends Omit<PrepareStagesArgs, 'request'> {
   request: TensorParallelRequest;
-  /** The engine's backend: stage 0's shard 0 runs on it. */
-  primary: DeviceBackend;
-  spec: ModelSpec;
-  ckpt: WeightStore;
-  backendOptions: BackendOptions;
-  kvPlanned: number | undefined;
-  kvAfterUpload: (backend: DeviceBackend, activationBytes: number) => number;
-  activationBytes: number;
-  /** Under VRAM budgets: KV bytes a token over all layers, the CUDA workspaces a budgeted backend sets aside, whether kvCacheBytes was given, the runner limits. */
-  kvBytesPerToken: number;
-  reservedBytes: number;
-  kvExplicit: boolean;
-  maxRows: number;
-  maxNumSeqs: number;
-  onProgress?: (p: UploadProgress) => void;
 }
 
 /**
