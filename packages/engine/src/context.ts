@@ -22,7 +22,7 @@ import { ModelRunner } from './model-runner.js';
 import { type KvCacheDtype, kvDtypeOf } from './model-weights.js';
 import { type PassRunner, type PipelineDescription, StagePipeline } from './stages/pipeline.js';
 import { stageResidency } from './stages/placement.js';
-import { isPreparedShards, TensorParallelGroup, type TensorParallelDescription } from './stages/tensor-parallel.js';
+import { isPreparedShards, shardResidency, TensorParallelGroup, type TensorParallelDescription } from './stages/tensor-parallel.js';
 import { type PassProfile, StepProfiles } from './profiling.js';
 import type { MeasuredRates } from './rates.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';
@@ -266,12 +266,8 @@ export class ModelContext {
   /** Where every weight block lives, what moved and what it cost (the memory OS report). */
   memoryReport(): MemoryReport {
     const r = contextMemoryReport(this.backend, this.model.internals, this.runner, this.kvTiers, this.totalPreemptions, this.kv.blockSize);
-    // A tensor-parallel group: each shard's residency (its weights and KV heads).
-    if (this.pipeline instanceof TensorParallelGroup)
-      r.devices = this.pipeline.describe().shards.map((s, i) => {
-        const b = this.model.internals.stages?.budgets?.[i];
-        return { backend: s.backend, ...(s.device !== undefined ? { device: s.device } : {}), layers: s.layers, weightBytes: s.weightBytes, kvBytes: s.kvBytes, ...(b ? { budgetBytes: b.budget } : {}) };
-      });
+    // A split model: what each shard (its weights and KV heads) or stage (its layers) holds.
+    if (this.pipeline instanceof TensorParallelGroup) r.devices = shardResidency(this.pipeline, this.model.internals.stages!);
     else if (this.pipeline) r.devices = stageResidency(this.model.internals.stages!, this.runner.kvBytes, this.spec.numLayers);
     return r;
   }

@@ -117,7 +117,7 @@ export class NervaModel {
     let backend: DeviceBackend;
     let notes: string[] = [];
     let reservedBytes = 0;
-    // Pipeline stages under VRAM budgets hold the model resident, placed by the stage planner: the
+    // Stages or shards under VRAM budgets hold the model resident, each placed within its own: the
     // single-backend paths (paged weights, the backend's own budget) see no budget then.
     const single: ModelOptions = pipe?.budgets || tp?.budgets ? { ...o, vramBudget: undefined, stageVramBudgets: undefined } : o;
     const budgeted = single.vramBudget !== undefined || single.hostBudget !== undefined;

@@ -36,6 +36,7 @@
  */
 import type { BackendStats, DeviceBackend, DeviceBuffer } from '@nerva/core';
 import { DTYPE_BYTES, NervaError } from '@nerva/core';
+import type { DeviceResidency } from '@nerva/memos';
 import type { ModelSpec } from '@nerva/models';
 import { selectBackend } from '../backend-select.js';
 import { type ProfileBucket, type RunnerLimits, type RunnerMeta } from '../model-runner.js';
@@ -228,6 +229,14 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
     res.abandon();
     throw e;
   }
+}
+
+/** What each shard holds, for the memory report: its layers, weights, KV heads' bytes, and its budget where one was given. */
+export function shardResidency(group: TensorParallelGroup, prepared: PreparedStages): DeviceResidency[] {
+  return group.describe().shards.map((s, i) => {
+    const b = prepared.budgets?.[i];
+    return { backend: s.backend, ...(s.device !== undefined ? { device: s.device } : {}), layers: s.layers, weightBytes: s.weightBytes, kvBytes: s.kvBytes, ...(b ? { budgetBytes: b.budget } : {}) };
+  });
 }
 
 /** Whether prepared stages are a tensor-parallel group's shards. */
