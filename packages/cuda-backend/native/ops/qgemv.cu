@@ -1,11 +1,14 @@
-// Matmuls over ggml block-quantized weights (Q8_0, Q4_0, Q4_K, Q6_K): a GEMV that streams each
-// weight block once from memory and dequantizes it in registers against float32 activations.
+// Matmuls over ggml block-quantized weights (Q8_0, Q4_0, Q6_K; Q4_K rows go to q4k_mma.cu): a GEMV
+// that streams each weight block once from memory and dequantizes it in registers against float32
+// activations.
 // Exact with respect to the dequantized weights up to float32 summation order: the activations
 // are never quantized (llama.cpp quantizes them to 8 bits for its dot products), and every
 // product of a weight and an activation is a float32 product of the weight's own value.
 #include "common/elem.cuh"
 #include "common/exec.cuh"
 #include "ops/ops.h"
+#include "ops/cp_async.cuh"
+#include "ops/qepilogue.cuh"
 
 namespace nerva::ops {
 
@@ -15,8 +18,8 @@ __device__ __forceinline__ float magic(uint32_t v, int k) {
   return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7650u + (unsigned)k));
 }
 // 1 + n/16 for a nibble n held as (n << 3) | 0x80 in byte k of v: n lands on the top four mantissa
-// bits, so sum(x * f) = sum(x) + sum(x * n) / 16 (see Q4_K's dot). Likewise 1 + q/64 for a 6-bit
-// q held as (q << 1) | 0x80 (Q6_K). One PRMT a weight, no float subtraction; the price is the
+// bits, so sum(x * f) = sum(x) + sum(x * n) / 16. Likewise 1 + q/64 for a 6-bit
+// q held as (q << 1) | 0x80 (Q6_K's dot). One PRMT a weight, no float subtraction; the price is the
 // sum's rounding relative to sum(|x| * f) instead of sum(|x * n|): a bit or two of float32.
 __device__ __forceinline__ float nib16(uint32_t v, int k) {
   return __uint_as_float(__byte_perm(v, 0x3F000000u, 0x7044u | ((unsigned)k << 8)));
@@ -65,9 +68,9 @@ struct LegacyTile {
 // RING (a tile's trait): its rows stream through the warp's shared-memory ring (see k_qgemv);
 // otherwise through two register buffers. Measured on the H200 (8B projections, one row): Q8_0
 // and Q6_K gain from the ring's deeper pipeline (Q8_0 down 0.57 -> 0.66 of the copy bandwidth,
-// LM head 0.71 -> 0.83); Q4_K and Q4_0 are bound by their per-weight instructions, where the
-// ring's shared-memory reads cost more than its depth gives (Q4_K down 0.45 -> 0.36, LM head
-// 0.52 -> 0.46).
+// LM head 0.71 -> 0.83); Q4_0 is bound by its per-weight instructions, where the ring's
+// shared-memory reads cost more than its depth gives (as they did for this file's former Q4_K
+// tile: down 0.45 -> 0.36, LM head 0.52 -> 0.46).
 template <>
 struct QTile<NV_Q8_0> : LegacyTile<8> {  // 32 int8
   static constexpr bool RING = true;
@@ -98,62 +101,6 @@ struct QTile<NV_Q4_0> : LegacyTile<4> {  // 16 bytes: element j the low nibble o
       }
     }
     return __half2float(__ushort_as_half(r.d)) * s;
-  }
-};
-
-template <>
-struct QTile<NV_Q4_K> {  // a tile is 32 elements: 16 bytes of one block's qs (half of sub-blocks 2g and 2g + 1)
-  static constexpr int ELEMS = 32, BYTES = 144;
-  static constexpr bool RING = false;
-  struct Raw {
-    uint4 head, q;  // d, dmin, 12 scale bytes; 16 qs bytes
-  };
-  float x[32];  // the low nibbles' 16 activations, then the high nibbles' 16
-  float sx[2];  // their sums
-  __device__ static void fetch(Raw& r, const uint8_t* row, int t) {
-    const uint8_t* b = row + (size_t)(t >> 3) * BYTES;
-    r.head = *reinterpret_cast<const uint4*>(b);
-    r.q = *reinterpret_cast<const uint4*>(b + 16 + 16 * (t & 7));
-  }
-  __device__ void load(const float* xr, int t) {
-    const float* base = xr + (size_t)(t >> 3) * 256 + 64 * ((t & 7) >> 1) + 16 * (t & 1);
-    ldx(base, x, 16);
-    ldx(base + 32, x + 16, 16);
-    sx[0] = sx[1] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-      sx[0] += x[i];
-      sx[1] += x[16 + i];
-    }
-  }
-  __device__ float dot(const Raw& r, int t) const {
-    const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
-    float f0 = 0.f, f1 = 0.f;  // sum(x * (1 + n / 16)) of the low and the high nibbles
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-      const uint32_t lo = ((q[w] << 3) & 0x78787878u) | 0x80808080u, hi = ((q[w] >> 1) & 0x78787878u) | 0x80808080u;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        f0 = fmaf(x[4 * w + k], nib16(lo, k), f0);
-        f1 = fmaf(x[16 + 4 * w + k], nib16(hi, k), f1);
-      }
-    }
-    // The 16 6-bit scales and mins, four to a word (byte j of sc03/m03: sub-block j's; of
-    // sc47/m47: sub-block 4 + j's), then the tile's two as floats by the mantissa trick (no I2F,
-    // an eighth of the FMA's rate): d * sc = d * (2^23 + sc) - d * 2^23, one rounding, = d * sc
-    // rounded. The 16 of sum(x * n) = 16 * (f - sum(x)) is folded into the scale (exact).
-    const uint32_t w0 = r.head.y, w1 = r.head.z, w2 = r.head.w;
-    const int g = (t & 7) >> 1;
-    const uint32_t scw = g < 2 ? (w0 & 0x3F3F3F3Fu) : ((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u));
-    const uint32_t mw = g < 2 ? (w1 & 0x3F3F3F3Fu) : (((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u));
-    const int k0 = (2 * g) & 3;
-    const float d16 = 16.f * __half2float(__ushort_as_half((uint16_t)(r.head.x & 0xFFFF)));
-    const float dmin = __half2float(__ushort_as_half((uint16_t)(r.head.x >> 16)));
-    const float nd = -8388608.f * d16, nm = -8388608.f * dmin;
-    const float ds0 = fmaf(d16, magic(scw, k0), nd), ds1 = fmaf(d16, magic(scw, k0 + 1), nd);
-    const float dm0 = fmaf(dmin, magic(mw, k0), nm), dm1 = fmaf(dmin, magic(mw, k0 + 1), nm);
-    // y = d*sc*n - dmin*m a weight.
-    return ds0 * (f0 - sx[0]) - dm0 * sx[0] + ds1 * (f1 - sx[1]) - dm1 * sx[1];
   }
 };
 
@@ -219,29 +166,6 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
   }
 };
 
-// A copy of CB bytes (16, 8 or 4 asynchronous; both addresses CB-aligned) into shared memory. CB
-// 2 (rows of an odd number of 210-byte Q6_K blocks) is a plain load and store.
-template <int CB>
-__device__ __forceinline__ void cpAsync(uint8_t* dst, const uint8_t* src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  if constexpr (CB == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-  else if constexpr (CB == 2) *reinterpret_cast<uint16_t*>(dst) = __ldg(reinterpret_cast<const unsigned short*>(src));
-  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(CB) : "memory");
-}
-
-// Wait until at most `pending` (0..6) of this thread's most recent cp.async groups are in flight.
-__device__ __forceinline__ void cpWait(int pending) {
-  switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-  }
-}
-
 // One block: KS warps, a lane one tile of the activation row (its activations stay in registers
 // for the block's whole run), over `per` consecutive outputs [o0, o0 + per), NW weight rows an
 // iteration. Each warp streams its own slice of the rows (the blocks its lanes' tiles lie in)
@@ -261,7 +185,7 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   using T = QTile<DT>;
   constexpr int NW = 4;                 // weight rows an iteration (the butterfly below takes four)
   constexpr int P = GLU ? NW / 2 : NW;  // outputs an iteration
-  constexpr int TPB = DT == NV_Q4_K || DT == NV_Q6_K ? 8 : 1;  // tiles a block
+  constexpr int TPB = DT == NV_Q6_K ? 8 : 1;  // tiles a block
   constexpr int SLICE = 32 / TPB * T::BYTES;                   // a full warp's bytes of one row
   constexpr bool RING = T::RING;
   extern __shared__ __align__(16) uint8_t sm[];
@@ -362,18 +286,7 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     }
   }
   __syncthreads();
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const int o = o0 + j;
-    float g = 0.f, u = 0.f;
-    for (int k = 0; k < KS; k++) {
-      g += part[k * stride + (GLU ? 2 * j : j)];
-      if (GLU) u += part[k * stride + 2 * j + 1];
-    }
-    float yv = bfr(g + (bias ? ldf(bias, bdt, oOff + o) : 0.f), bfa);
-    if (GLU) yv = bfr(bfr(yv / (1.f + expf(-yv)), bfa) * bfr(u, bfa), bfa);
-    float* dst = out + (size_t)r * ldo + oOff + o;
-    *dst = acc ? bfr(*dst + yv, bfa) : yv;
-  }
+  qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff);
 }
 
 // Launches k_qgemv<DT, KS, GLU, CB> with `smem` dynamic bytes (raising the kernel's limit the
@@ -405,7 +318,7 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
   const size_t partBytes = ((size_t)ks * per * (GLU ? 2 : 1) * sizeof(float) + 15) & ~(size_t)15;
   // The rings: the blocks an SM holds (~16 warps' worth) share ~200 KiB of shared memory; 2 to 8
   // slots of four weight rows' slices each.
-  const int tpb = DT == NV_Q4_K || DT == NV_Q6_K ? 8 : 1;
+  const int tpb = DT == NV_Q6_K ? 8 : 1;
   const size_t blockBytes = nvBytes(DT, nvQuantBlockElems(DT));
   const size_t slice = (size_t)(32 / tpb) * blockBytes;  // a full warp's bytes of a row
   const size_t slotBytes = (size_t)ks * 4 * slice;
@@ -487,7 +400,7 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     switch (wt.dt) {
       case NV_Q8_0: QD(NV_Q8_0);
       case NV_Q4_0: QD(NV_Q4_0);
-      case NV_Q4_K: QD(NV_Q4_K);
+      case NV_Q4_K: return q4kMmaRun(ex, xr, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0);
       case NV_Q6_K: QD(NV_Q6_K);
       default: return bad(ex, "matmul: unknown quantized weight dtype");
     }

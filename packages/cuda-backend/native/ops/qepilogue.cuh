@@ -1,0 +1,27 @@
+// The quantized GEMVs' shared epilogue (k_qgemv and k_q4k_mma): once every warp has stored its
+// partial sums, output j of the block sums them over the KS warps, then bias, GLU, accumulate and
+// bf16 numerics' rounding (k_gemv_generic's order). GLU: slot 2j holds the gate's partial, 2j + 1
+// the up row's. Output o lands at out[r * ldo + oOff + o].
+#pragma once
+#include "common/elem.cuh"
+
+namespace nerva::ops {
+
+template <bool GLU>
+__device__ __forceinline__ void qgemvEpilogue(const float* part, int ks, int stride, int n, int o0, const void* bias, int bdt,
+                                              int acc, int bfa, float* out, int r, int ldo, int oOff) {
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const int o = o0 + j;
+    float g = 0.f, u = 0.f;
+    for (int k = 0; k < ks; k++) {
+      g += part[k * stride + (GLU ? 2 * j : j)];
+      if (GLU) u += part[k * stride + 2 * j + 1];
+    }
+    float yv = bfr(g + (bias ? ldf(bias, bdt, oOff + o) : 0.f), bfa);
+    if (GLU) yv = bfr(bfr(yv / (1.f + expf(-yv)), bfa) * bfr(u, bfa), bfa);
+    float* dst = out + (size_t)r * ldo + oOff + o;
+    *dst = acc ? bfr(*dst + yv, bfa) : yv;
+  }
+}
+
+}  // namespace nerva::ops
