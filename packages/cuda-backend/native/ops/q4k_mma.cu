@@ -64,7 +64,8 @@ struct Q4kItem {
 // weights through a per-warp cp.async ring in shared memory (4 slots) 0.20 / 0.35 / 0.39 / 0.50 /
 // 0.61; the ring plus the next item's slot read ahead 0.21 / 0.29 / 0.38 / 0.48 / 0.60; this form
 // plus each warp asking the item 6 ahead into L2 (cp.async.bulk.prefetch) 0.22 / 0.36 / 0.34 /
-// 0.49 / 0.50. Profiled (gate_up), this form waits on its global loads most of its time (long
+// 0.49 / 0.50; three items in flight (each row's head a word a lane, shuffled within the quad; B
+// read from shared memory per item) 0.22 / 0.30 / 0.40 / 0.57 / 0.63. Profiled (gate_up), this form waits on its global loads most of its time (long
 // scoreboard 3.7 of 9.7 cycles an instruction, 4 warps a scheduler at 120 registers).
 template <bool GLU>
 __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows,
