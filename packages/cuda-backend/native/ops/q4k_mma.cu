@@ -70,7 +70,7 @@ struct Q4kItem {
 template <bool GLU>
 __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows,
                                                  int inDim, int outDim, int per, const void* bias, int bdt, int acc, int bfa,
-                                                 int ldo, int oOff) {
+                                                 int ldo, int oOff, const void* nw, int nwdt, float eps) {
   NERVA_TRACE_KERNEL();
   extern __shared__ __align__(16) uint8_t sm[];
   const int KS = blockDim.x >> 5;
@@ -118,12 +118,33 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   pdlWait();
   pdlTrigger();
 
-  // The activations' terms: a warp an SB, a lane 8 consecutive elements (a quarter sub-block).
   const float* xr = x + (size_t)r * inDim;
+  // A fused RMSNorm (nw set): the row's sum of squares, each warp over its SBs, the warps' sums in
+  // order (every block computes the same inverse), then each activation as k_rmsnorm writes it.
+  float inv = 1.f;
+  if (nw) {
+    __shared__ float ssw[16];
+    float ss = 0.f;
+    for (int sb = warp; sb < sbs; sb += KS) {
+      const float4 v0 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
+      const float4 v1 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
+      ss += v0.x * v0.x + v0.y * v0.y + v0.z * v0.z + v0.w * v0.w + v1.x * v1.x + v1.y * v1.y + v1.z * v1.z + v1.w * v1.w;
+    }
+    ss = warpSum(ss);
+    if (lane == 0) ssw[warp] = ss;
+    __syncthreads();
+    ss = 0.f;
+    for (int k = 0; k < KS; k++) ss += ssw[k];
+    inv = rsqrtf(ss / (float)inDim + eps);
+  }
+  // The activations' terms: a warp an SB, a lane 8 consecutive elements (a quarter sub-block).
   for (int sb = warp; sb < sbs; sb += KS) {
     const float4 v0 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
     const float4 v1 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
-    const float e[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    float e[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    if (nw)
+#pragma unroll
+      for (int i = 0; i < 8; i++) e[i] = bfr(bfr(e[i] * inv, bfa) * ldf(nw, nwdt, (size_t)sb * QK + 8 * lane + i), bfa);
     float m = 0.f, s8 = 0.f;
     bool finite = true;
 #pragma unroll
@@ -254,7 +275,7 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
 
 template <bool GLU>
 static int q4kLaunch(NervaExec* ex, unsigned grid, int ks, size_t smem, const float* x, const uint8_t* w, float* out, int rows,
-                     int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff) {
+                     int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, Buf nw, float eps) {
   static int raised = 48 * 1024;
   auto fn = k_q4k_mma<GLU>;
   if ((int)smem > raised) {
@@ -262,12 +283,12 @@ static int q4kLaunch(NervaExec* ex, unsigned grid, int ks, size_t smem, const fl
       return bad(ex, "matmul: the Q4_K GEMV's shared memory could not be raised");
     raised = (int)smem;
   }
-  LAUNCH(fn, grid, 32 * ks, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff);
+  LAUNCH(fn, grid, 32 * ks, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff, (const void*)nw.p, nw.dt, eps);
   return NERVA_OK;
 }
 
 int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
-              bool glu, int ldo, int oOff) {
+              bool glu, int ldo, int oOff, Buf nw, float eps) {
   if (inDim % QK != 0) return bad(ex, "matmul: a Q4_K weight's rows must be whole blocks (inDim a multiple of 256)");
   if (((uintptr_t)w & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
   const int sbs = inDim / QK;
@@ -290,15 +311,16 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
   const size_t chunks = (size_t)(outDim + per - 1) / per;
   const int stride = per * (glu ? 2 : 1);
   const size_t smem = (((size_t)ks * stride * sizeof(float) + 15) & ~(size_t)15) + (size_t)sbs * (XT_SB + 9 * sizeof(float));
-  if (smem > (size_t)ex->smemOptin) return bad(ex, "matmul: a Q4_K weight's rows are too long for the GEMV's shared memory");
+  // (+ 64: the fused norm's static per-warp sums.)
+  if (smem + 64 > (size_t)ex->smemOptin) return bad(ex, "matmul: a Q4_K weight's rows are too long for the GEMV's shared memory");
   const int bfa = ex->bf16act ? 1 : 0;
   for (int r0 = 0; r0 < rows;) {
     const int nr = (int)std::min<size_t>((size_t)(rows - r0), (size_t)0x7fffffff / chunks);
     const unsigned grid = (unsigned)(chunks * nr);
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * ldo;
-    const int rc = glu ? q4kLaunch<true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff)
-                       : q4kLaunch<false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff);
+    const int rc = glu ? q4kLaunch<true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps)
+                       : q4kLaunch<false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps);
     if (rc) return rc;
     r0 += nr;
   }

@@ -377,7 +377,10 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     if (rc != NERVA_BAD_ARGS) return rc;
   }
   const float* xr = x;
-  if (f.nw.p) {
+  // A Q4_K matrix alone normalizes its activations itself (one kernel, not two); with a tail of
+  // another type both parts read the workspace's normalized copy.
+  const bool normInQ4k = f.nw.p && w.dt == NV_Q4_K && !f.tail.p;
+  if (f.nw.p && !normInQ4k) {
     if ((size_t)rows * inDim * sizeof(float) > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
     int rc = launchRmsnorm(ex, rows, 256, x, f.nw.p, f.nw.dt, (float*)ex->ws, nullptr, inDim, f.eps, nullptr, nullptr);
     if (rc) return rc;
@@ -400,7 +403,8 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     switch (wt.dt) {
       case NV_Q8_0: QD(NV_Q8_0);
       case NV_Q4_0: QD(NV_Q4_0);
-      case NV_Q4_K: return q4kMmaRun(ex, xr, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0);
+      case NV_Q4_K:
+        return q4kMmaRun(ex, xr, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, normInQ4k ? f.nw : Buf{nullptr, 0}, f.eps);
       case NV_Q6_K: QD(NV_Q6_K);
       default: return bad(ex, "matmul: unknown quantized weight dtype");
     }
