@@ -1,6 +1,5 @@
-import { spawnSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildNative, hasGxx } from './native-build.js';
+import { hasGxx, runNativeJson } from './native-build.js';
 
 // k_gemm_bi (native/ops/gemm_bi.cu: batch-invariant decode's tensor-core matmul) emulated on the CPU
 // by test/native/bi_gemm_test.cc: its fragment construction, three-term bf16 split (one term under
@@ -27,12 +26,7 @@ describe.skipIf(!hasGxx)('k_gemm_bi emulation (test/native/bi_gemm_test.cc, g++,
   let dispose = () => {};
   let res: Result;
   beforeAll(() => {
-    const built = buildNative('bi_gemm_test', ['test/native/bi_gemm_test.cc']);
-    dispose = built.dispose;
-    const r = spawnSync(built.exe, [], { encoding: 'utf8', timeout: 120_000 });
-    const line = r.stdout.split('\n').find((l) => l.startsWith('{'));
-    if (!line) throw new Error(`no result (status ${r.status}, signal ${r.signal}): ${r.stderr}`);
-    res = JSON.parse(line) as Result;
+    ({ result: res, dispose } = runNativeJson<Result>('bi_gemm_test', ['test/native/bi_gemm_test.cc']));
   }, 180_000);
   afterAll(() => dispose());
 

@@ -30,3 +30,18 @@ export function buildNative(name: string, args: string[]): { exe: string; dispos
   }
   return { exe, dispose: () => rmSync(tmp, { recursive: true, force: true }) };
 }
+
+/**
+ * Builds a native test that prints its result as one JSON line, runs it once and parses that line
+ * (an emulation test: no arguments, no environment of its own). dispose() removes the build.
+ */
+export function runNativeJson<T>(name: string, args: string[], timeoutMs = 120_000): { result: T; dispose: () => void } {
+  const built = buildNative(name, args);
+  const r = spawnSync(built.exe, [], { encoding: 'utf8', timeout: timeoutMs });
+  const line = r.stdout.split('\n').find((l) => l.startsWith('{'));
+  if (!line) {
+    built.dispose();
+    throw new Error(`${name}: no result (status ${r.status}, signal ${r.signal}): ${r.stderr}`);
+  }
+  return { result: JSON.parse(line) as T, dispose: built.dispose };
+}

@@ -21,21 +21,13 @@
 #include <random>
 #include <vector>
 
+#include "float_bits.h"
+
 namespace {
 
 constexpr int BI_CHUNK = 64;
 constexpr int BI_MAX_KS = 8;
 
-float u2f(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-uint32_t f2u(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
 // Round to nearest even (cvt.rn.bf16.f32 for finite values).
 uint16_t f2bf(float x) {
   uint32_t b = f2u(x);

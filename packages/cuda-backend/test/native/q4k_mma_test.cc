@@ -10,10 +10,13 @@
 //  - the split: the digits rebuild X exactly, each fits a signed byte, and |X 2^(E-30) - x| is at
 //    most 2^(E-31) (half an X unit) for every activation, extremes included;
 //  - no int32 overflow in the mma sums or the scale-weighted sums (tracked in 64 bits);
-//  - accuracy against a double reference, |got - ref| / sum_i |w_i x_i| over rows of random
+//  - accuracy against a double reference, |got - ref| / sum_i (|d sc q| + |dmin m|)_i |x_i| (the
+//    kernel sums a weight's two parts apart, as the float GEMV did, so a weight near zero between
+//    two large parts costs a cancellation float32 cannot avoid either way) over rows of random
 //    blocks, at inDim 256 .. 12288 and the warp counts q4kMmaRun picks, with activations that hold
-//    an outlier of 3000, a zero SB, a subnormal and a value a million times the rest; a sequential
-//    float32 dot product's error for comparison.
+//    an outlier of 3000, a zero SB, a subnormal and a value a million times the rest, each also
+//    through the fused RMSNorm (against a double norm); a sequential float32 dot product of the
+//    dequantized weights, |seq - ref| / sum_i |w_i x_i|, for comparison.
 // The split's limit, by construction: a value is kept to 2^-31 of its SB's largest, so an SB
 // whose largest activation is more than ~2^7 times another keeps fewer of that one's bits than
 // float32 would (at a million times, ~11 bits): a row's error is at most about 2^-31 max|x| times
@@ -27,20 +30,12 @@
 #include <random>
 #include <vector>
 
+#include "float_bits.h"
+
 namespace {
 
 constexpr int QK = 256, QK_BYTES = 144;
 
-float u2f(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-uint32_t f2u(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
 float h2f(uint16_t h) {
   const uint32_t s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
   float v = e == 0 ? std::ldexp((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((float)(m | 1024), (int)e - 25);
@@ -213,9 +208,11 @@ void randomRow(std::mt19937& rng, uint8_t* row, int sbs) {
   }
 }
 
-// The dequantized weight, ggml's dequantize_row_q4_K.
-void dequant(const uint8_t* row, int sbs, std::vector<float>& w) {
+// The dequantized weight, ggml's dequantize_row_q4_K, and each weight's two parts' magnitude
+// |d sc q| + |dmin m| (the kernel sums the parts apart, so its rounding scales with them).
+void dequant(const uint8_t* row, int sbs, std::vector<float>& w, std::vector<float>& parts) {
   w.assign((size_t)sbs * QK, 0.f);
+  parts.assign((size_t)sbs * QK, 0.f);
   for (int s = 0; s < sbs; s++) {
     const uint8_t* b = row + s * QK_BYTES;
     uint16_t d16, dm16;
@@ -237,6 +234,7 @@ void dequant(const uint8_t* row, int sbs, std::vector<float>& w) {
       for (int l = 0; l < 32; l++) {
         const int nib = (j & 1) ? (qs[32 * (j / 2) + l] >> 4) : (qs[32 * (j / 2) + l] & 15);
         w[(size_t)s * QK + 32 * j + l] = d1 * nib - m1;
+        parts[(size_t)s * QK + 32 * j + l] = std::fabs(d1 * nib) + std::fabs(m1);
       }
     }
   }
@@ -253,15 +251,37 @@ int main() {
     const int sbs = inDim / QK, ks = warpsFor(sbs), R = 48;
     std::vector<uint8_t> W((size_t)R * sbs * QK_BYTES);
     for (int r = 0; r < R; r++) randomRow(rng, &W[(size_t)r * sbs * QK_BYTES], sbs);
-    for (int variant = 0; variant < 4; variant++) {
+    for (int variant = 0; variant < 8; variant++) {
       std::vector<float> x(inDim);
       for (auto& v : x) v = nd(rng);
-      if (variant >= 1) x[rng() % inDim] = 3000.f;  // an outlier
-      if (variant >= 2 && sbs > 1)
+      if (variant % 4 >= 1) x[rng() % inDim] = 3000.f;  // an outlier
+      if (variant % 4 >= 2 && sbs > 1)
         for (int i = QK; i < 2 * QK; i++) x[i] = 0.f;  // a zero SB
-      if (variant == 3) {
+      if (variant % 4 == 3) {
         x[rng() % inDim] = 1e-40f;  // a subnormal
         x[rng() % inDim] = -3e6f;  // a million times the rest
+      }
+      // Variants 4..7: the fused RMSNorm (eps 1e-6, a norm weight around 1), as k_q4k_mma applies
+      // it: the warps' sums of squares over their SBs added in warp order, then x * inv * nw.
+      std::vector<double> xref(x.begin(), x.end());
+      if (variant >= 4) {
+        std::vector<float> nw(inDim);
+        for (auto& v : nw) v = 1.f + 0.1f * nd(rng);
+        float ss = 0.f;
+        double ssd = 0;
+        for (int w = 0; w < ks; w++) {
+          float sw = 0.f;
+          for (int sb = w; sb < sbs; sb += ks)
+            for (int i = 0; i < QK; i++) sw += x[(size_t)sb * QK + i] * x[(size_t)sb * QK + i];
+          ss += sw;
+        }
+        for (float v : x) ssd += (double)v * v;
+        const float inv = 1.f / std::sqrt(ss / (float)inDim + 1e-6f);
+        const double invd = 1.0 / std::sqrt(ssd / inDim + 1e-6);
+        for (int i = 0; i < inDim; i++) {
+          xref[i] = (double)x[i] * invd * nw[i];
+          x[i] = x[i] * inv * nw[i];
+        }
       }
       std::vector<SbTerms> terms(sbs);
       for (int s = 0; s < sbs; s++) terms[s] = splitSb(&x[(size_t)s * QK], st);
@@ -281,18 +301,19 @@ int main() {
         for (int k = 0; k < 16; k++) {
           float got = 0.f;
           for (int w = 0; w < ks; w++) got += part[w][k];
-          std::vector<float> wd;
-          dequant(&W[(size_t)(g0 + k) * sbs * QK_BYTES], sbs, wd);
-          double ref = 0, mag = 0;
+          std::vector<float> wd, parts;
+          dequant(&W[(size_t)(g0 + k) * sbs * QK_BYTES], sbs, wd, parts);
+          double ref = 0, mag = 0, magParts = 0;
           float seq = 0.f;
           for (int i = 0; i < inDim; i++) {
-            ref += (double)wd[i] * x[i];
-            mag += std::fabs((double)wd[i] * x[i]);
+            ref += (double)wd[i] * xref[i];
+            mag += std::fabs((double)wd[i] * xref[i]);
+            magParts += (double)parts[i] * std::fabs(xref[i]);
             seq += wd[i] * x[i];
           }
           st.rows++;
           if (mag > 0) {
-            st.maxErrScaled = std::fmax(st.maxErrScaled, std::fabs(got - ref) / mag);
+            st.maxErrScaled = std::fmax(st.maxErrScaled, std::fabs(got - ref) / magParts);
             st.maxErrScaledF32 = std::fmax(st.maxErrScaledF32, std::fabs(seq - ref) / mag);
           }
         }
