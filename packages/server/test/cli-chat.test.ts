@@ -63,6 +63,8 @@ describe.skipIf(!hasTmux)('nerva chat in tmux (skipped without tmux)', () => {
   /** The text between the n-th (0-based) prompt line `>>> <said>` and the next status line. */
   const replyAfter = (s: string, said: string, n = 0): string => {
     const parts = s.split(`>>> ${said}\n`);
+    // Not there yet (the typed line may show before its Enter is echoed): no reply so far.
+    if (parts.length <= n + 1) return '';
     // The pane's blank rows below the cursor come back as empty lines: trimmed away.
     return parts[n + 1].split('\n(stopped)')[0].split('\n>>>')[0].trimEnd();
   };
