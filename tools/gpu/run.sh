@@ -55,7 +55,12 @@
 #   quant (not in the default list; bash tools/gpu/run.sh build,synth,bench,quant): per NERVA_SIZES, synthetic GGUF files at each of
 #   NERVA_QUANT_TYPES (default "Q4_K_M Q8_0"; llama.cpp's type rules, random blocks) decoded by bench.mjs -> $OUT/bench.jsonl,
 #   with the file's bytes and the fraction of the quantized-bytes roofline; then `nerva-bench prefill` at NERVA_QUANT_PREFILL tokens
-#   (default 1024, 0: none) on each file and on the bf16 checkpoint -> $OUT/prefill.jsonl
+#   (default 1024, 0: none) on each file and on the bf16 checkpoint -> $OUT/prefill.jsonl; where /tmp/peer/llama-bench
+#   exists (a llama.cpp build for sm_90 made outside the project, never committed: a benchmark peer), llama.cpp's
+#   llama-bench decodes each file too (-p 0 -n 128 -ngl 99) -> $OUT/llamacpp.jsonl. It is ~22 MB xz-compressed and
+#   does not fit one carry beside .device, so it travels first: put it at .device-peer/llama-bench.xz (add
+#   '/.device-peer/' to .git/info/exclude), run `bash tools/gpu/run.sh peer` with carry [".device-peer"] (it only
+#   unpacks it to /tmp/peer, which survives while the machine stays warm), then the quant phases with carry [".device"].
 #   qgemv (not in the default list): the quantized GEMV (Q4_K, Q6_K, Q8_0, Q4_0) on the Qwen3-8B decode projections at 1
 #   and 4 rows, weight GB/s over the copy bandwidth measured in the same process (tools/gpu/qgemv.ts) -> $OUT/qgemv.jsonl
 #   contexts (not in the default list): one model and two contexts on the GPU (tools/gpu/contexts.ts): weights
@@ -103,6 +108,13 @@ log="$OUT/run.log"
 : > "$log"
 say() { echo "[run.sh] $*" | tee -a "$log"; }
 status=0
+
+# The llama.cpp peer, when carried (see the quant phase), unpacked to /tmp/peer: it outlives this call
+# while the machine stays warm. Phase `peer` does only that.
+if [ -f .device-peer/llama-bench.xz ] && [ ! -x /tmp/peer/llama-bench ]; then
+  mkdir -p /tmp/peer && xz -dc .device-peer/llama-bench.xz > /tmp/peer/llama-bench && chmod +x /tmp/peer/llama-bench
+fi
+if [ "$phases" = peer ]; then say "llama.cpp peer: $(ls -l /tmp/peer/llama-bench 2>&1)"; exit 0; fi
 
 xz -dc .device/node.xz > /tmp/node && chmod +x /tmp/node
 # tools/gpu/prepare.sh packs the bundles (.device/dist.tar.xz); a .device/dist folder is used as it is.
@@ -217,6 +229,12 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
       f=/tmp/synth/$size-$t.gguf; mkdir -p /tmp/synth
       [ -f "$f" ] || runjs "synth $size $t" cli.mjs synth --config ".device/configs/$size.json" --out "$f" --gguf "$t"
       runjs "bench $size $t" bench.mjs "$f" 128 256
+      # llama.cpp's decode on the same file where its sm_90 build is here (see the header): 128 tokens
+      # at batch 1, every layer on the GPU.
+      if [ -x /tmp/peer/llama-bench ]; then
+        if LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64 /tmp/peer/llama-bench -m "$f" -p 0 -n 128 -ngl 99 -o jsonl \
+          2>>"$log" | tee -a "$log" >> "$OUT/llamacpp.jsonl"; then say "llama.cpp $size $t ok"; else say "llama.cpp $size $t FAILED"; status=1; fi
+      fi
       # Prefill over the quantized weights at NERVA_QUANT_PREFILL tokens (default 1024; 0: none), the bf16 checkpoint's below.
       qpl=${NERVA_QUANT_PREFILL:-1024}
       [ "$qpl" != 0 ] && { $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$f" --backend cuda --prompt-len "$qpl" --repeats 3 \
