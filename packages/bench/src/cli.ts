@@ -263,7 +263,7 @@ const print = (o: unknown): void => {
 
 {
   const cmd = program.command('serve').description('OpenAI server throughput: N concurrent streaming clients against an in-process server');
-  const engine = engineFlags(cmd, ['model', 'backend']);
+  const engine = engineFlags(cmd, ['model', 'backend', 'decodePromptBudget']);
   cmd
     .option('--concurrency <n>', 'concurrent streaming clients', int('--concurrency'), 8)
     .option('--requests <n>', 'requests in all (default: one per client)', int('--requests'))
@@ -272,7 +272,16 @@ const print = (o: unknown): void => {
     .option('--vs-decode', "first the engine's decode probe on the same model, prompt length and token count (its own line); the serve line gets stream_over_decode")
     .action(async (f) => {
       const e = engine(f);
-      const lines = await serveProbe({ model: e.model, backend: e.backend, concurrency: f.concurrency, requests: f.requests, maxTokens: f.maxTokens, promptLen: f.promptLen, vsDecode: f.vsDecode === true });
+      const lines = await serveProbe({
+        model: e.model,
+        backend: e.backend,
+        concurrency: f.concurrency,
+        requests: f.requests,
+        maxTokens: f.maxTokens,
+        promptLen: f.promptLen,
+        vsDecode: f.vsDecode === true,
+        ...(e.decodePromptBudget !== undefined ? { decodePromptBudget: e.decodePromptBudget } : {}),
+      });
       for (const l of lines) print(l);
     });
 }
@@ -282,7 +291,7 @@ const print = (o: unknown): void => {
     .command('throughput')
     .description("nano-vllm's throughput benchmark: every request of a random workload submitted at once, output tokens/s, then requests rerun alone to check their tokens");
   const multi = ['vramBudget', 'pipelineParallel', 'pipelineMicroBatches', 'stageVramBudgets', 'tensorParallel', 'allowSingleDeviceStages'] as const;
-  const engine = engineFlags(cmd, ['model', 'backend', 'maxNumSeqs', 'maxNumBatchedTokens', 'kvCacheBytes', 'kvCacheDtype', 'numerics', 'matmulPrecision', 'batchInvariant', ...multi], {
+  const engine = engineFlags(cmd, ['model', 'backend', 'maxNumSeqs', 'maxNumBatchedTokens', 'decodePromptBudget', 'kvCacheBytes', 'kvCacheDtype', 'numerics', 'matmulPrecision', 'batchInvariant', ...multi], {
     maxNumSeqs: { help: 'sequences the engine batches at once', default: 256 },
     maxNumBatchedTokens: { help: 'token budget of one scheduler step (the engine default otherwise)' },
     kvCacheBytes: { help: 'KV cache bytes (default: the whole workload, where the device has room)' },
@@ -332,6 +341,7 @@ const print = (o: unknown): void => {
           verify: f.verify,
           maxNumSeqs: e.maxNumSeqs,
           maxNumBatchedTokens: e.maxNumBatchedTokens,
+          ...(e.decodePromptBudget !== undefined ? { decodePromptBudget: e.decodePromptBudget } : {}),
           kvCacheBytes: e.kvCacheBytes,
           baselineFile: f.baseline,
           tokensOut: f.tokensOut,

@@ -173,6 +173,7 @@ export class ModelContext {
           ...(this.kvWindow > 0 ? { kvReadWindow: this.kvWindow } : {}),
           // A batch-invariant backend: steps of decode rows only, or one prompt chunk alone.
           ...(this.backend.capabilities.batchInvariant === true ? { batchInvariant: true } : {}),
+          ...(o.decodePromptBudget !== undefined ? { decodePromptBudget: Math.min(o.decodePromptBudget, maxRows) } : {}),
         },
         this.kv,
       );

@@ -16,6 +16,17 @@ export interface EngineOptions {
   maxNumSeqs?: number;
   /** Token budget of one scheduler step (also the largest prefill chunk). */
   maxNumBatchedTokens?: number;
+  /**
+   * Prompt tokens a step may take while other requests are decoding (chunked prefill's pace; at
+   * most maxNumBatchedTokens, which is also the default: no separate limit). Every running
+   * stream's next token waits for the whole step, so this bounds how long a burst of arriving
+   * prompts stalls them; a step with no decode row still takes up to maxNumBatchedTokens. It
+   * costs throughput: a step with prompt tokens runs as a mixed pass, not the captured decode
+   * graph, so smaller values turn more steps into slower ones. Offline batches want the default;
+   * a server whose clients watch the gaps sets it (`nerva serve` does: see its default).
+   * Batch-invariant steps pace prompts by their own rule and ignore it.
+   */
+  decodePromptBudget?: number;
   blockSize?: number;
   /** Bytes reserved for the paged KV cache. */
   kvCacheBytes?: number;
@@ -315,6 +326,7 @@ export type ContextOptions = Pick<
   EngineOptions,
   | 'maxNumSeqs'
   | 'maxNumBatchedTokens'
+  | 'decodePromptBudget'
   | 'blockSize'
   | 'kvCacheBytes'
   | 'kvCacheDtype'
@@ -337,6 +349,8 @@ export type ContextOptions = Pick<
 export function checkEngineOptions(o: Omit<EngineOptions, 'model'>): void {
   if (o.matmulPrecision !== undefined && !MATMUL_PRECISIONS.includes(o.matmulPrecision))
     throw new RangeError(`matmulPrecision must be ${MATMUL_PRECISIONS.join(' or ')}, got ${String(o.matmulPrecision)}`);
+  if (o.decodePromptBudget !== undefined && !(Number.isSafeInteger(o.decodePromptBudget) && o.decodePromptBudget >= 1))
+    throw new RangeError(`decodePromptBudget must be a positive integer, got ${JSON.stringify(o.decodePromptBudget)}`);
   if (o.runAheadSteps !== undefined && !(Number.isInteger(o.runAheadSteps) && o.runAheadSteps >= 1 && o.runAheadSteps <= MAX_RUN_AHEAD_STEPS))
     throw new RangeError(`runAheadSteps must be an integer from 1 to ${MAX_RUN_AHEAD_STEPS}, got ${JSON.stringify(o.runAheadSteps)}`);
   if (o.runAheadMs !== undefined && !(typeof o.runAheadMs === 'number' && o.runAheadMs >= 0))

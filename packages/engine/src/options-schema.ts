@@ -84,6 +84,13 @@ export const ENGINE_OPTIONS = [
   },
   { name: 'maxNumSeqs', flag: '--max-num-seqs <n>', toml: 'max_num_seqs', kind: 'posint', help: 'sequences batched together' },
   { name: 'maxNumBatchedTokens', flag: '--max-num-batched-tokens <n>', toml: 'max_num_batched_tokens', kind: 'posint', help: 'token budget of one scheduler step' },
+  {
+    name: 'decodePromptBudget',
+    flag: '--decode-prompt-budget <n>',
+    toml: 'decode_prompt_budget',
+    kind: 'posint',
+    help: 'prompt tokens a step may take while other requests decode: bounds how long arriving prompts stall running streams, at some cost in throughput (default: no limit beyond --max-num-batched-tokens; nerva serve: 256)',
+  },
   { name: 'maxModelLen', flag: '--max-model-len <n>', toml: 'max_model_len', kind: 'posint', help: 'longest prompt + output' },
   { name: 'kvCacheBytes', flag: '--kv-cache-bytes <size>', toml: 'kv_cache_bytes', kind: 'size', help: 'bytes for the paged KV cache (a size: 256MiB, or bytes)' },
   {

@@ -32,6 +32,12 @@ export interface SchedulerConfig {
    * step.
    */
   batchInvariant?: boolean;
+  /**
+   * Prompt tokens a step that also carries decode rows may take in all (chunks of running prompts
+   * and newly admitted ones; EngineOptions.decodePromptBudget). Absent: the step's budget. Not
+   * used in batch-invariant steps, which pace prompts by their own rule.
+   */
+  decodePromptBudget?: number;
 }
 
 export interface ScheduledRequest {
@@ -163,6 +169,11 @@ export class Scheduler {
   private scheduleMixed(only?: readonly Request[], maxAdmit = Infinity): SchedulerOutput {
     let budget = this.config.maxNumBatchedTokens;
     const chunkCap = this.config.longPrefillTokenThreshold ?? Infinity;
+    // Prompt work (a request with more than one token to compute) shares its own budget, smaller
+    // while requests decode, so a burst of arriving prompts does not stall the running streams.
+    const paced = only === undefined && this.config.decodePromptBudget !== undefined && this.running.some((r) => r.numTokens - r.numComputedTokens === 1);
+    let promptBudget = paced ? this.config.decodePromptBudget! : Infinity;
+    const promptRows = new Set<Request>();
     const scheduled: ScheduledRequest[] = [];
     const preempted: Request[] = [];
     const bs = this.kv.blockSize;
@@ -178,7 +189,8 @@ export class Scheduler {
 
     for (let i = 0; i < this.running.length && budget > 0; ) {
       const req = this.running[i];
-      const n = Math.min(req.numTokens - req.numComputedTokens, budget, chunkCap);
+      const left = req.numTokens - req.numComputedTokens;
+      const n = Math.min(left, budget, chunkCap, left > 1 ? promptBudget : Infinity);
       if (n <= 0 || (only !== undefined && !only.includes(req))) {
         i++;
         continue;
@@ -197,6 +209,7 @@ export class Scheduler {
         const already = scheduled.findIndex((s) => s.req === v);
         if (already >= 0) {
           budget += scheduled[already].numTokens;
+          if (promptRows.delete(v)) promptBudget += scheduled[already].numTokens;
           written -= writes(v, scheduled[already].numTokens);
           scheduled.splice(already, 1);
           i--;
@@ -207,6 +220,10 @@ export class Scheduler {
       scheduled.push({ req, numTokens: n });
       written += writes(req, n);
       budget -= n;
+      if (left > 1) {
+        promptBudget -= n;
+        promptRows.add(req);
+      }
       i++;
     }
 
@@ -216,16 +233,16 @@ export class Scheduler {
       // Seats: one per running request, n for a prompt request of n forks (their places are kept).
       let seats = 0;
       for (const r of this.running) seats += r.forkWidth;
-      while (admitted < maxAdmit && this.waiting.length > 0 && budget > 0 && seats + this.waiting[0].forkWidth <= this.config.maxNumSeqs) {
+      while (admitted < maxAdmit && this.waiting.length > 0 && budget > 0 && promptBudget > 0 && seats + this.waiting[0].forkWidth <= this.config.maxNumSeqs) {
         const req = this.waiting[0];
         let hit = this.kv.getComputedBlocks(req.id, req.allIds, req.cacheSalt ? { cacheSalt: req.cacheSalt } : undefined);
-        let n = Math.min(req.numTokens - hit.numComputedTokens, budget, chunkCap);
+        let n = Math.min(req.numTokens - hit.numComputedTokens, budget, chunkCap, promptBudget);
         let got = this.kv.allocateSlots(req.id, req.allIds, n, hit);
         if (got === null && W > 0 && hit.numComputedTokens > 0) {
           // Freeing behind the window bounds what a sequence holds, but a cached prefix is held
           // whole at admission: when it does not fit beside the chunk, compute from scratch.
           hit = { ...hit, blocks: [], hashes: [], stamps: [], numComputedTokens: 0 };
-          n = Math.min(req.numTokens, budget, chunkCap);
+          n = Math.min(req.numTokens, budget, chunkCap, promptBudget);
           got = this.kv.allocateSlots(req.id, req.allIds, n, hit);
         }
         if (got === null) break;
@@ -247,6 +264,7 @@ export class Scheduler {
         admitted++;
         scheduled.push({ req, numTokens: n });
         budget -= n;
+        promptBudget -= n;
       }
     }
     return { scheduled, preempted, numScheduledTokens: this.config.maxNumBatchedTokens - budget, freedBlocks };

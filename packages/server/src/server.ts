@@ -82,6 +82,7 @@ async function prepareModel(config: ServerConfig): Promise<PreparedModel> {
     ...(config.batchInvariant !== undefined ? { batchInvariant: config.batchInvariant } : {}),
     maxNumSeqs: config.maxNumSeqs,
     maxNumBatchedTokens: config.maxNumBatchedTokens,
+    ...(config.decodePromptBudget !== undefined ? { decodePromptBudget: config.decodePromptBudget } : {}),
     kvCacheBytes: config.kvCacheBytes,
     kvCacheDtype: config.kvCacheDtype,
     maxModelLen: config.maxModelLen,

@@ -1,7 +1,7 @@
 import { ENGINE_OPTIONS, type OptionKind } from '@nerva/engine';
 import { Command } from 'commander';
 import { describe, expect, it } from 'vitest';
-import { CONFIG_OPTIONS, DEFAULT_CONFIG, parseConfigTable, SERVER_OPTIONS } from '../src/config.js';
+import { CONFIG_OPTIONS, DEFAULT_CONFIG, parseConfigTable, SERVE_DECODE_PROMPT_BUDGET, SERVER_OPTIONS } from '../src/config.js';
 import { ConfigError } from '../src/errors.js';
 import { addFlags, deriveFlags } from '../src/options.js';
 
@@ -50,7 +50,11 @@ describe('the options schema', () => {
       requestTimeoutS: 600,
       bodyLimitBytes: 1024 * 1024,
       drainTimeoutS: 30,
+      // An engine option the server sets for its own use (the engine's default suits offline batches).
+      decodePromptBudget: SERVE_DECODE_PROMPT_BUDGET,
     });
+    expect(SERVE_DECODE_PROMPT_BUDGET).toBe(256);
+    expect(parseConfigTable({ decode_prompt_budget: 64 }, 'nerva.toml').decodePromptBudget).toBe(64);
   });
 
   // One malformed config per key: the error names the key and says what it must be.

@@ -20,6 +20,8 @@ export interface ServeProbeOptions {
    * serve line gets the ratio of the served stream's decode rate to it.
    */
   vsDecode?: boolean;
+  /** Prompt tokens a step may take while others decode (EngineOptions.decodePromptBudget); default: the server's (SERVE_DECODE_PROMPT_BUDGET). */
+  decodePromptBudget?: number;
 }
 
 const round = (x: number, d = 100) => Math.round(x * d) / d;
@@ -62,7 +64,15 @@ export async function serveProbe(o: ServeProbeOptions): Promise<Record<string, u
     decodeTokS = d.tokens_per_s as number;
   }
   // The probe's clients share one address: the per-client cap must let all of them in.
-  const server = await startServer({ ...DEFAULT_CONFIG, model: o.model, backend: o.backend, port: 0, maxQueue: Math.max(256, o.concurrency), maxSequencesPerClient: Math.max(1, o.concurrency) });
+  const server = await startServer({
+    ...DEFAULT_CONFIG,
+    model: o.model,
+    backend: o.backend,
+    port: 0,
+    maxQueue: Math.max(256, o.concurrency),
+    maxSequencesPerClient: Math.max(1, o.concurrency),
+    ...(o.decodePromptBudget !== undefined ? { decodePromptBudget: o.decodePromptBudget } : {}),
+  });
   try {
     await server.ready;
     const engine = server.state.engine!;
@@ -126,6 +136,7 @@ export async function serveProbe(o: ServeProbeOptions): Promise<Record<string, u
       step_ms_mean: step.stepMs,
       itl_p99_over_step: itlP99 !== null && step.intervalMs ? round(itlP99 / step.intervalMs, 1000) : null,
       errors: results.filter((r) => !r.ok).length,
+      decode_prompt_budget: server.state.config.decodePromptBudget ?? null,
       notes: [...engine.info.notes],
     };
     if (decodeTokS !== undefined) {

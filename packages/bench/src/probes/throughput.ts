@@ -18,7 +18,7 @@ import {
 export interface ThroughputProbeOptions
   extends Pick<
     EngineOptions,
-    'numerics' | 'kvCacheDtype' | 'matmulPrecision' | 'batchInvariant' | 'maxNumSeqs' | 'maxNumBatchedTokens' | 'pipelineParallel' | 'pipelineMicroBatches' | 'tensorParallel' | 'allowSingleDeviceStages' | 'stageVramBudgets' | 'vramBudget'
+    'numerics' | 'kvCacheDtype' | 'matmulPrecision' | 'batchInvariant' | 'maxNumSeqs' | 'maxNumBatchedTokens' | 'decodePromptBudget' | 'pipelineParallel' | 'pipelineMicroBatches' | 'tensorParallel' | 'allowSingleDeviceStages' | 'stageVramBudgets' | 'vramBudget'
   > {
   model: string;
   backend: 'cpu' | 'cuda' | 'auto';
@@ -193,6 +193,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       kvCacheDtype: o.kvCacheDtype,
       maxNumSeqs,
       maxNumBatchedTokens: o.maxNumBatchedTokens,
+      ...(o.decodePromptBudget !== undefined ? { decodePromptBudget: o.decodePromptBudget } : {}),
       kvCacheBytes,
       maxModelLen: stats.maxPositions + BLOCK,
       // Several GPUs: pipeline stages (micro-batched on separate GPUs) or tensor-parallel shards.
@@ -326,6 +327,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       hot_path_allocations: hot,
       max_num_seqs: maxNumSeqs,
       max_num_batched_tokens: o.maxNumBatchedTokens ?? null,
+      decode_prompt_budget: o.decodePromptBudget ?? null,
       kv_cache_bytes: e.kvCacheBytes,
       kv_needed_bytes: kvNeeded,
       kv_blocks: e.numBlocks,
