@@ -107,9 +107,10 @@ int launchRmsnormGemv(NervaExec* ex, int rows, int threads, const float* x, cons
 int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f);
 // ---------------------------------------------------------------- q4k_mma.cu
 // Q4_K rows on the integer tensor cores (qgemvRun's Q4_K parts): out[r * ldo + oOff + o], o < outDim;
-// nw.p set: x is RMS-normalized first (weight nw, eps) inside the kernel.
+// nw.p set: x is RMS-normalized first (weight nw, eps) inside the kernel; xn set too: the
+// normalized rows are also written there (rows x inDim floats), for a tail of another type.
 int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
-              bool glu, int ldo, int oOff, Buf nw, float eps);
+              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn = nullptr);
 
 // ---------------------------------------------------------------- gemm.cu, gemm_bi.cu
 int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);

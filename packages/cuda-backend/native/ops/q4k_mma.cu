@@ -70,7 +70,7 @@ struct Q4kItem {
 template <bool GLU>
 __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows,
                                                  int inDim, int outDim, int per, const void* bias, int bdt, int acc, int bfa,
-                                                 int ldo, int oOff, const void* nw, int nwdt, float eps) {
+                                                 int ldo, int oOff, const void* nw, int nwdt, float eps, float* xn) {
   NERVA_TRACE_KERNEL();
   extern __shared__ __align__(16) uint8_t sm[];
   const int KS = blockDim.x >> 5;
@@ -142,9 +142,16 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
     const float4 v0 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
     const float4 v1 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
     float e[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-    if (nw)
+    if (nw) {
 #pragma unroll
       for (int i = 0; i < 8; i++) e[i] = bfr(bfr(e[i] * inv, bfa) * ldf(nw, nwdt, (size_t)sb * QK + 8 * lane + i), bfa);
+      // The normalized row for a tail of another type (xn): written by the row's first block.
+      if (xn && o0 == 0) {
+        float4* d = reinterpret_cast<float4*>(xn + (size_t)r * inDim + sb * QK + 8 * lane);
+        d[0] = make_float4(e[0], e[1], e[2], e[3]);
+        d[1] = make_float4(e[4], e[5], e[6], e[7]);
+      }
+    }
     float m = 0.f, s8 = 0.f;
     bool finite = true;
 #pragma unroll
@@ -275,7 +282,7 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
 
 template <bool GLU>
 static int q4kLaunch(NervaExec* ex, unsigned grid, int ks, size_t smem, const float* x, const uint8_t* w, float* out, int rows,
-                     int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, Buf nw, float eps) {
+                     int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, Buf nw, float eps, float* xn) {
   static int raised = 48 * 1024;
   auto fn = k_q4k_mma<GLU>;
   if ((int)smem > raised) {
@@ -283,12 +290,12 @@ static int q4kLaunch(NervaExec* ex, unsigned grid, int ks, size_t smem, const fl
       return bad(ex, "matmul: the Q4_K GEMV's shared memory could not be raised");
     raised = (int)smem;
   }
-  LAUNCH(fn, grid, 32 * ks, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff, (const void*)nw.p, nw.dt, eps);
+  LAUNCH(fn, grid, 32 * ks, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff, (const void*)nw.p, nw.dt, eps, xn);
   return NERVA_OK;
 }
 
 int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
-              bool glu, int ldo, int oOff, Buf nw, float eps) {
+              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn) {
   if (inDim % QK != 0) return bad(ex, "matmul: a Q4_K weight's rows must be whole blocks (inDim a multiple of 256)");
   if (((uintptr_t)w & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
   const int sbs = inDim / QK;
@@ -319,8 +326,9 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
     const unsigned grid = (unsigned)(chunks * nr);
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * ldo;
-    const int rc = glu ? q4kLaunch<true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps)
-                       : q4kLaunch<false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps);
+    float* xnr = xn && nw.p ? xn + (size_t)r0 * inDim : nullptr;
+    const int rc = glu ? q4kLaunch<true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr)
+                       : q4kLaunch<false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr);
     if (rc) return rc;
     r0 += nr;
   }

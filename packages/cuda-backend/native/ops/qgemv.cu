@@ -377,14 +377,21 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     if (rc != NERVA_BAD_ARGS) return rc;
   }
   const float* xr = x;
-  // A Q4_K matrix alone normalizes its activations itself (one kernel, not two); with a tail of
-  // another type both parts read the workspace's normalized copy.
-  const bool normInQ4k = f.nw.p && w.dt == NV_Q4_K && !f.tail.p;
+  // A Q4_K matrix normalizes its activations itself (one kernel, not two). With a tail of another
+  // type, its first block per row also writes the normalized rows to the workspace, which the
+  // tail's GEMV (launched after it) reads; any other fused norm runs as its own kernel first.
+  const size_t xnBytes = (size_t)rows * inDim * sizeof(float);
+  const uintptr_t wsLo = (uintptr_t)ex->ws, xLo = (uintptr_t)x;
+  const bool apart = xLo + xnBytes <= wsLo || wsLo + xnBytes <= xLo;  // x is not the workspace it would write
+  const bool normInQ4k = f.nw.p && w.dt == NV_Q4_K && (!f.tail.p || (f.tailFrom > 0 && xnBytes <= ex->wsBytes && apart));
+  float* xn = nullptr;
   if (f.nw.p && !normInQ4k) {
-    if ((size_t)rows * inDim * sizeof(float) > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
+    if (xnBytes > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
     int rc = launchRmsnorm(ex, rows, 256, x, f.nw.p, f.nw.dt, (float*)ex->ws, nullptr, inDim, f.eps, nullptr, nullptr);
     if (rc) return rc;
     xr = (const float*)ex->ws;
+  } else if (normInQ4k && f.tail.p) {
+    xn = (float*)ex->ws;
   }
   // Warps enough for a lane a tile (32 elements): a lane holds one tile's activations.
   const int tiles = inDim / 32;
@@ -404,7 +411,9 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
       case NV_Q8_0: QD(NV_Q8_0);
       case NV_Q4_0: QD(NV_Q4_0);
       case NV_Q4_K:
-        return q4kMmaRun(ex, xr, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, normInQ4k ? f.nw : Buf{nullptr, 0}, f.eps);
+        // (Only w's own part normalizes: a tail reads the normalized copy w's part wrote.)
+        if (normInQ4k && wt.p == w.p) return q4kMmaRun(ex, x, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, f.nw, f.eps, xn);
+        return q4kMmaRun(ex, xr, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, Buf{nullptr, 0}, f.eps);
       case NV_Q6_K: QD(NV_Q6_K);
       default: return bad(ex, "matmul: unknown quantized weight dtype");
     }
@@ -416,7 +425,9 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   if (f.tail.dt == NV_Q4_K && ((uintptr_t)f.tail.p & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
   if (((uintptr_t)f.tail.p & 1) != 0) return bad(ex, "matmul: a quantized weight must be 2-byte aligned");
   const int rc = part(w, 0, f.tailFrom);
-  return rc ? rc : part(f.tail, f.tailFrom, outDim);
+  if (rc) return rc;
+  if (xn) xr = xn;
+  return part(f.tail, f.tailFrom, outDim);
 }
 
 }  // namespace nerva::ops
