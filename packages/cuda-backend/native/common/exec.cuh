@@ -83,6 +83,24 @@ cudaError_t launchKernel(NervaExec* ex, void (*kernel)(KArgs...), dim3 grid, dim
     if (_rc) return _rc;                                                        \
   } while (0)
 
+cudaError_t allowKernelAttributeImpl(const void* fn, cudaFuncAttribute attr, int value);
+
+// Set a kernel attribute that only grows (a shared-memory size, a cluster opt-in) to at least
+// `value`. Attributes are per function and per device, so the grant is remembered per (function,
+// attribute, device): set once, not on every launch, and never assumed for a second device of
+// the same process (a launcher's own static cache would be).
+template <typename... KArgs>
+cudaError_t allowKernelAttribute(void (*kernel)(KArgs...), cudaFuncAttribute attr, int value) {
+  return allowKernelAttributeImpl(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+// Opt a kernel into `bytes` of dynamic shared memory (a block needs it above 48 KiB).
+template <typename... KArgs>
+cudaError_t allowDynamicSmem(void (*kernel)(KArgs...), size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return allowKernelAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
 inline unsigned gridFor(size_t n, int block, int smCount) {
   size_t g = (n + block - 1) / block;
   size_t cap = (size_t)smCount * 16;

@@ -284,11 +284,8 @@ int biLaunch(NervaExec* ex, const float* x, const uint16_t* w, float* out, int n
   while (nwn > 1 && (tiles + nwn - 1) / nwn < 2 * ex->smCount) nwn /= 2;
   const unsigned grid = (unsigned)((tiles + nwn - 1) / nwn);
   const size_t smem = (size_t)(ks - 1) * nwn * (biTiles(GLU) * NT * 4) * 32 * sizeof(float);
-  if (smem > 48 * 1024) {
-    // Above 48 KiB a block must opt in (per function, per device: set on every such launch).
-    cudaError_t e = cudaFuncSetAttribute(k_gemm_bi<NT, GLU, TERMS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return check(ex, "k_gemm_bi (shared memory opt-in)", e);
-  }
+  cudaError_t e = allowDynamicSmem(k_gemm_bi<NT, GLU, TERMS>, smem);
+  if (e != cudaSuccess) return check(ex, "k_gemm_bi (shared memory opt-in)", e);
   LAUNCH((k_gemm_bi<NT, GLU, TERMS>), grid, 32 * ks * nwn, smem, x, w, out, nr, inDim, outDim, ks, bias.p, bias.dt, acc, bfa,
          trig);
   return NERVA_OK;

@@ -283,12 +283,10 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
 template <bool GLU>
 static int q4kLaunch(NervaExec* ex, unsigned grid, int ks, size_t smem, const float* x, const uint8_t* w, float* out, int rows,
                      int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, Buf nw, float eps, float* xn) {
-  static int raised = 48 * 1024;
   auto fn = k_q4k_mma<GLU>;
-  if ((int)smem > raised) {
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
-      return bad(ex, "matmul: the Q4_K GEMV's shared memory could not be raised");
-    raised = (int)smem;
+  if (allowDynamicSmem(fn, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return bad(ex, "matmul: the Q4_K GEMV's shared memory could not be raised");
   }
   LAUNCH(fn, grid, 32 * ks, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff, (const void*)nw.p, nw.dt, eps, xn);
   return NERVA_OK;

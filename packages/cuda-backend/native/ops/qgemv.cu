@@ -289,17 +289,14 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff);
 }
 
-// Launches k_qgemv<DT, KS, GLU, CB> with `smem` dynamic bytes (raising the kernel's limit the
-// first time it needs more than the default 48 KiB).
+// Launches k_qgemv<DT, KS, GLU, CB> with `smem` dynamic bytes (opted in above 48 KiB).
 template <int DT, int KS, bool GLU, int CB>
 int qgemvKernel(NervaExec* ex, unsigned grid, size_t smem, const float* x, const uint8_t* w, float* out, int rows, int inDim,
                 int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, int stages) {
-  static int raised = 48 * 1024;
   auto fn = k_qgemv<DT, KS, GLU, CB>;
-  if ((int)smem > raised) {
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
-      return bad(ex, "matmul: the quantized GEMV's shared memory could not be raised");
-    raised = (int)smem;
+  if (allowDynamicSmem(fn, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return bad(ex, "matmul: the quantized GEMV's shared memory could not be raised");
   }
   LAUNCH(fn, grid, 32 * KS, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff, stages);
   return NERVA_OK;

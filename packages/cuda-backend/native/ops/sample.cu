@@ -640,8 +640,8 @@ int sampleClusterSize() {
     int clusters = 0;
     // (k_sample_cluster<true> has the same launch shape and bounds: what holds for one holds for both.)
     const auto big = cudaFuncAttributeNonPortableClusterSizeAllowed;
-    if ((c > 8 && (cudaFuncSetAttribute(k_sample_cluster<false>, big, 1) != cudaSuccess ||
-                   cudaFuncSetAttribute(k_sample_cluster<true>, big, 1) != cudaSuccess)) ||
+    if ((c > 8 && (allowKernelAttribute(k_sample_cluster<false>, big, 1) != cudaSuccess ||
+                   allowKernelAttribute(k_sample_cluster<true>, big, 1) != cudaSuccess)) ||
         cudaOccupancyMaxActiveClusters(&clusters, k_sample_cluster<false>, &L.cfg) != cudaSuccess) {
       cudaGetLastError();
       clusters = 0;

@@ -253,7 +253,7 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
   }
   if ((size_t)rowChunk * H * S * perSplit > ex->wsBytes) return bad(ex, "attention: workspace too small");
   constexpr size_t smem = dgSmemBytes<KT>();
-  cudaError_t e = cudaFuncSetAttribute(k_attn_decode_gqa<KT, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaError_t e = allowDynamicSmem(k_attn_decode_gqa<KT, G>, smem);
   if (e != cudaSuccess) return check(ex, "k_attn_decode_gqa (shared memory opt-in)", e);
   float* part = (float*)ex->ws;
   // The output's bf16 split for the o projection's GEMM (emit), at the workspace's end: only where

@@ -472,13 +472,9 @@ cudaError_t attnShortLaunch(NervaExec* ex, int C, int cap, int rows, const float
 #endif
   auto fn = k_attn_decode_short<KT, G>;
   const size_t smem = saSmemBytes<KT>(cap);
-  static size_t granted = 0;
-  if (smem > granted) {
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    if (C > 8 && (e = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) != cudaSuccess) return e;
-    granted = smem;
-  }
+  cudaError_t e = allowDynamicSmem(fn, smem);
+  if (e != cudaSuccess) return e;
+  if (C > 8 && (e = allowKernelAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) != cudaSuccess) return e;
   ClusterLaunch L(dim3((unsigned)C, (unsigned)KVH, (unsigned)rows), SA_THREADS, smem, C, ex->stream, ex->pdl);
   return cudaLaunchKernelEx(&L.cfg, fn, q, kc, vc, bt, rowSeq, pos, out, H, KVH, bs, mbps, qStride, qOff, scale, cap, rf, markAt);
 }
@@ -494,8 +490,8 @@ bool attnShortFits(NervaExec* ex, int C) {
   const size_t smem = saSmemBytes<KT>((SA_MAX_KEYS + C - 1) / C);
   ClusterLaunch L(dim3((unsigned)C, 1, 1), SA_THREADS, smem, C, nullptr, false);
   int clusters = 0;
-  if (ex->smemOptin < (int)smem || cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
-      (C > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
+  if (ex->smemOptin < (int)smem || allowDynamicSmem(fn, smem) != cudaSuccess ||
+      (C > 8 && allowKernelAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
       cudaOccupancyMaxActiveClusters(&clusters, fn, &L.cfg) != cudaSuccess) {
     cudaGetLastError();
     clusters = 0;

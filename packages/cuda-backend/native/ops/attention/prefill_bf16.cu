@@ -296,7 +296,7 @@ int attnPrefill3Run(NervaExec* ex, const float* q, const uint16_t* kc, const uin
                     Buf rowSeq, Buf pos, float* out, int rows, int H, int KVH, int bs, int qStride, int qOff, float scale,
                     int window, float* lse, int oneSeq) {
   constexpr size_t smem = attnPrefill3Smem<HD>();
-  cudaError_t e = cudaFuncSetAttribute(k_attn_prefill3<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaError_t e = allowDynamicSmem(k_attn_prefill3<HD>, smem);
   if (e != cudaSuccess) return check(ex, "k_attn_prefill3 (shared memory opt-in)", e);
   dim3 grid((unsigned)((rows + PF_ROWS - 1) / PF_ROWS), (unsigned)(H / 2));
   LAUNCH(k_attn_prefill3<HD>, grid, 128, smem, q, kc, vc, bt, btStride, (const int*)rowSeq.p, (const int*)pos.p, out, rows, H,

@@ -374,8 +374,7 @@ int attnPrefill2Run(NervaExec* ex, const float* q, Buf kc, Buf vc, Buf bt, Buf r
                     int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse,
                     int oneSeq) {
   constexpr size_t smem = attnPrefill2Smem<HD, SPLIT, KT>();
-  // Above 48 KiB a block must opt in (per function, per device: set on every launch).
-  cudaError_t e = cudaFuncSetAttribute(k_attn_prefill2<HD, SPLIT, KT, HPB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaError_t e = allowDynamicSmem(k_attn_prefill2<HD, SPLIT, KT, HPB>, smem);
   if (e != cudaSuccess) return check(ex, "k_attn_prefill2 (shared memory opt-in)", e);
   dim3 grid((unsigned)((rows + PF_ROWS - 1) / PF_ROWS), (unsigned)(H / HPB));
   LAUNCH((k_attn_prefill2<HD, SPLIT, KT, HPB>), grid, 128 * HPB, smem, q, (const KT*)kc.p, (const KT*)vc.p, (const int*)bt.p,
