@@ -56,9 +56,10 @@
 #   NERVA_QUANT_TYPES (default "Q4_K_M Q8_0"; llama.cpp's type rules, random blocks) decoded by bench.mjs -> $OUT/bench.jsonl,
 #   with the file's bytes and the fraction of the quantized-bytes roofline; then `nerva-bench prefill` at NERVA_QUANT_PREFILL tokens
 #   (default 1024, 0: none) on each file and on the bf16 checkpoint -> $OUT/prefill.jsonl; where /tmp/peer/llama-bench
-#   exists (a llama.cpp build for sm_90 made outside the project, never committed: a benchmark peer), llama.cpp's
-#   llama-bench decodes each file too (-p 0 -n 128 -ngl 99) -> $OUT/llamacpp.jsonl. It is ~22 MB xz-compressed and
-#   does not fit one carry beside .device, so it travels first: put it at .device-peer/llama-bench.xz (add
+#   exists (a llama.cpp build for sm_90 made outside the project, never committed: a benchmark peer), `nerva-bench
+#   llama-cpp --llama-bench` decodes each file with both engines (llama.cpp: -p 0 -n 128 -ngl 99) -> $OUT/llamacpp.jsonl
+#   (one line a file, with nerva_over_llama_cpp). The peer (~22 MB xz-compressed) and .device together pass the
+#   64 MiB a call carries with the tree, so it travels first: put it at .device-peer/llama-bench.xz (add
 #   '/.device-peer/' to .git/info/exclude), run `bash tools/gpu/run.sh peer` with carry [".device-peer"] (it only
 #   unpacks it to /tmp/peer, which survives while the machine stays warm), then the quant phases with carry [".device"].
 #   qgemv (not in the default list): the quantized GEMV (Q4_K, Q6_K, Q8_0, Q4_0) on the Qwen3-8B decode projections at 1
@@ -229,11 +230,13 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
       f=/tmp/synth/$size-$t.gguf; mkdir -p /tmp/synth
       [ -f "$f" ] || runjs "synth $size $t" cli.mjs synth --config ".device/configs/$size.json" --out "$f" --gguf "$t"
       runjs "bench $size $t" bench.mjs "$f" 128 256
-      # llama.cpp's decode on the same file where its sm_90 build is here (see the header): 128 tokens
-      # at batch 1, every layer on the GPU.
+      # llama.cpp's decode on the same file where its sm_90 build is here (see the header): nerva-bench's
+      # llama-cpp probe runs both (128 tokens at batch 1, llama.cpp with every layer on the GPU).
       if [ -x /tmp/peer/llama-bench ]; then
-        if LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64 /tmp/peer/llama-bench -m "$f" -p 0 -n 128 -ngl 99 -o jsonl \
-          2>>"$log" | tee -a "$log" >> "$OUT/llamacpp.jsonl"; then say "llama.cpp $size $t ok"; else say "llama.cpp $size $t FAILED"; status=1; fi
+        if LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64 $NODE --enable-source-maps .device/dist/bench_cli.mjs llama-cpp \
+            --model "$f" --backend cuda --llama-bench /tmp/peer/llama-bench --tokens 128 --prompt-len 128 2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/llamacpp.jsonl"; then
+          say "llama.cpp $size $t: $(tail -1 "$OUT/llamacpp.jsonl" | grep -o '"nerva_over_llama_cpp":[0-9.]*\|"reason":"[^"]*"')"
+        else say "llama.cpp $size $t FAILED"; status=1; fi
       fi
       # Prefill over the quantized weights at NERVA_QUANT_PREFILL tokens (default 1024; 0: none), the bf16 checkpoint's below.
       qpl=${NERVA_QUANT_PREFILL:-1024}

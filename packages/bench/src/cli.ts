@@ -249,15 +249,25 @@ const print = (o: unknown): void => {
     .description("llama.cpp's greedy decode of a GGUF file (node-llama-cpp's CPU build) beside NERVA's on the same file, prompt and device class: tok/s of each, file and decode bytes, tokens equal");
   const engine = engineFlags(cmd, ['model', 'backend'], {
     model: { mandatory: true, help: 'a GGUF file (both engines load it)' },
-    backend: { default: 'cpu', help: "NERVA's backend (llama.cpp runs on the CPU: only its CPU build is installed)" },
+    backend: { default: 'cpu', help: "NERVA's backend (llama.cpp runs on the CPU: only its CPU build is installed, unless --llama-bench brings one)" },
   });
   cmd
     .option('--tokens <n>', 'generated tokens of each engine', int('--tokens'), 64)
     .option('--prompt-len <n>', 'prompt tokens (synthetic ids)', int('--prompt-len'), 16)
     .option('--threads <n>', "llama.cpp's CPU threads (NERVA's CPU backend computes on one)", int('--threads'), 1)
+    .option('--llama-bench <path>', "a llama.cpp llama-bench binary to run as the peer (e.g. one built for the GPU; its decode rate from an empty context, every layer on the GPU unless --backend cpu)")
     .action(async (f) => {
       const e = engine(f);
-      print(await llamaCppProbe({ model: e.model!, backend: e.backend, promptLen: f.promptLen, tokens: f.tokens, threads: f.threads }));
+      print(
+        await llamaCppProbe({
+          model: e.model!,
+          backend: e.backend,
+          promptLen: f.promptLen,
+          tokens: f.tokens,
+          threads: f.threads,
+          ...(f.llamaBench !== undefined ? { llamaBench: f.llamaBench as string } : {}),
+        }),
+      );
     });
 }
 

@@ -3,6 +3,7 @@ export { forkProbe, type ForkProbeOptions } from "./probes/fork.js";
 export { generateProbe } from "./probes/generate.js";
 export { llamaCppProbe, type LlamaCppProbeOptions } from "./probes/llama-cpp.js";
 export { openLlamaCpp, LlamaCppRuntime, LlamaCppModel, type LlamaCppOpenResult, type LlamaCppOpenOptions, type LlamaCppGreedyResult } from "./llama-cpp.js";
+export { parseLlamaBench, runLlamaBench, checkLlamaBench, type LlamaBenchResult } from "./llama-bench.js";
 export { quantErrorProbe, QuantErrorStats, logSoftmax, QUANT_ERROR_TYPES, type QuantErrorProbeOptions } from "./probes/quant-error.js";
 export {
   measureCopyBandwidth,

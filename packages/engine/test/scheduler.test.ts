@@ -229,3 +229,48 @@ describe('Scheduler', () => {
     });
   });
 });
+
+describe('Scheduler with a prompt budget', () => {
+  it('a burst of prompts arriving while requests decode takes the prompt budget a step, every decode row served; with no decode row, the whole budget', () => {
+    const kv = new KvCacheManager({ numBlocks: 512, blockSize: 4, enablePrefixCaching: false });
+    const s = new Scheduler({ maxNumBatchedTokens: 64, maxNumSeqs: 16, decodePromptBudget: 10 }, kv);
+    // Four prompts of 12 arrive together: nothing decodes, so the first step takes 48 tokens.
+    const first = [req(12), req(12), req(12), req(12)];
+    for (const r of first) s.add(r);
+    let p = s.schedule();
+    expect(p.numScheduledTokens).toBe(48);
+    finishStep(p);
+    // A burst of six prompts of 7 while the four decode: at most 10 prompt tokens a step.
+    const burst = Array.from({ length: 6 }, () => req(7));
+    for (const r of burst) s.add(r);
+    let steps = 0;
+    while (burst.some((r) => r.outputIds.length === 0)) {
+      p = s.schedule();
+      const rows = new Map(p.scheduled.map((x) => [x.req, x.numTokens]));
+      for (const d of first) expect(rows.get(d)).toBe(1);
+      const prompt = p.scheduled.filter((x) => x.req.numTokens - x.req.numComputedTokens > 1).reduce((n, x) => n + x.numTokens, 0);
+      expect(prompt).toBeLessThanOrEqual(10);
+      finishStep(p);
+      steps++;
+    }
+    // 42 prompt tokens at 10 a step: 5 steps (the last prompt's final token shares a step).
+    expect(steps).toBe(5);
+    // Once nothing decodes, prompts take the whole budget again.
+    for (const r of [...first, ...burst]) s.remove(r);
+    const next = [req(40), req(40)];
+    for (const r of next) s.add(r);
+    expect(s.schedule().numScheduledTokens).toBe(64);
+  });
+
+  it('batch-invariant steps keep their own pace: a prompt chunk alone takes the whole budget while others decode', () => {
+    const kv = new KvCacheManager({ numBlocks: 256, blockSize: 4, enablePrefixCaching: false });
+    const s = new Scheduler({ maxNumBatchedTokens: 32, maxNumSeqs: 8, batchInvariant: true, decodePromptBudget: 4 }, kv);
+    const d = req(3);
+    s.add(d);
+    finishStep(s.schedule());
+    const a = req(20);
+    s.add(a);
+    const p = s.schedule();
+    expect(p.scheduled.map((x) => [x.req.id, x.numTokens])).toEqual([[a.id, 20]]);
+  });
+});

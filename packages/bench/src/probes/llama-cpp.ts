@@ -3,6 +3,7 @@ import { resolve } from 'node:path';
 import { Engine, type BackendChoice } from '@nerva/engine';
 import { GgufFile, isGgufPath, type GgufTensorInfo } from '@nerva/models';
 import { openLlamaCpp, type LlamaCppGreedyResult } from '../llama-cpp.js';
+import { checkLlamaBench, runLlamaBench } from '../llama-bench.js';
 import { syntheticPrompt } from '../measure.js';
 
 export interface LlamaCppProbeOptions {
@@ -15,6 +16,12 @@ export interface LlamaCppProbeOptions {
   tokens: number;
   /** llama.cpp's CPU threads (NERVA's CPU backend computes on one). */
   threads: number;
+  /**
+   * A llama.cpp `llama-bench` binary to run as the peer instead of node-llama-cpp (llama-bench.ts):
+   * how llama.cpp decodes on a GPU, where only a build for that device can. Its rate only (it
+   * prints no tokens), from an empty context.
+   */
+  llamaBench?: string;
 }
 
 /** Weight types both engines compute alike (f32 arithmetic; f16 weights round llama.cpp's activations to f16 only): greedy tokens are expected equal. */
@@ -29,6 +36,7 @@ const EXACT_TYPES: ReadonlySet<string> = new Set(['F32', 'F16']);
 export async function llamaCppProbe(o: LlamaCppProbeOptions): Promise<Record<string, unknown>> {
   const path = resolve(o.model);
   if (!isGgufPath(path)) throw new Error(`--model must be a GGUF file (llama.cpp reads no other format): ${o.model}`);
+  if (o.llamaBench !== undefined) checkLlamaBench(o.llamaBench);
   const file = await GgufFile.open(path);
   let layout: FileLayout;
   try {
@@ -80,10 +88,34 @@ export async function llamaCppProbe(o: LlamaCppProbeOptions): Promise<Record<str
     },
   };
 
+  if (o.llamaBench !== undefined) {
+    try {
+      const b = await runLlamaBench(o.llamaBench, { model: path, tokens: o.tokens, gpu: nerva.backend !== 'cpu', threads: o.threads });
+      line.llama_cpp = {
+        available: true,
+        via: 'llama-bench',
+        build_commit: b.buildCommit,
+        device: b.device,
+        backends: b.backends,
+        gpu_layers: b.gpuLayers,
+        tokens_per_s: Math.round(b.tokensPerS * 100) / 100,
+        stddev_tokens_per_s: Math.round(b.stddevTokensPerS * 100) / 100,
+        new_tokens: b.nGen,
+        // llama-bench decodes from this context; NERVA from prompt_len tokens.
+        context_at_start: b.nDepth,
+      };
+      line.nerva_over_llama_cpp = Math.round((nerva.tokensPerS / b.tokensPerS) * 1000) / 1000;
+      // llama-bench prints rates, not tokens.
+      line.tokens_equal = null;
+    } catch (e) {
+      line.llama_cpp = { available: false, via: 'llama-bench', reason: (e as Error).message };
+    }
+    return line;
+  }
   if (nerva.backend !== 'cpu') {
     line.llama_cpp = {
       available: false,
-      reason: `only node-llama-cpp's CPU build is installed (the workspace leaves its CUDA and Vulkan builds out), so llama.cpp has no ${nerva.backend} peer here; run with --backend cpu`,
+      reason: `only node-llama-cpp's CPU build is installed (the workspace leaves its CUDA and Vulkan builds out), so llama.cpp has no ${nerva.backend} peer here; run with --backend cpu, or bring a llama-bench built for the device (--llama-bench PATH)`,
     };
     return line;
   }
