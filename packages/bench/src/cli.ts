@@ -190,10 +190,12 @@ const print = (o: unknown): void => {
     )
     .option('--prefix-caching', 'enable prefix caching (default off: the forks alone share the prompt blocks, every sequential run prefills it)')
     .option('--profile', 'after the timed runs, a few steps with every op timed by device events: "profile" in the line (a mean step of the n forks and of one request, ms by op class)')
+    .option('--vs-default', 'also run the N requests one by one on the default decode path (decode_speedup_vs_default; on by itself with --batch-invariant)')
     .action(async (f) => {
       const e = engine(f);
       print(
         await forkProbe({
+          ...(f.vsDefault === true ? { vsDefault: true } : {}),
           model: e.model ?? defaultModelDir(),
           backend: e.backend,
           n: f.n,

@@ -13,6 +13,24 @@ const CLI = join(root, 'packages/bench/dist/cli.js');
 const run = promisify(execFile);
 
 describe('nerva-bench fork', () => {
+  it('--vs-default: the same requests one by one on the default decode path, and the speedup against it', async () => {
+    const r = await forkProbe({ model: TINY, backend: 'cpu', n: 3, promptLen: 20, newTokens: 6, temperature: 0.8, seed: 3, vsDefault: true });
+    expect(r.tokens_identical).toBe(true);
+    const d = r.default_sequential_decode_s as number;
+    expect(d).toBeGreaterThan(0);
+    // 3 requests of 6 tokens on the default path. The line's seconds are rounded to the
+    // millisecond (e = 0.0005 s) and these runs take a few, so the figures agree to that rounding:
+    // tok/s = 18 / D and speedup = D / F, each of D and F known to within e.
+    const tokS = r.default_sequential_decode_tok_s as number;
+    expect(Math.abs(18 / tokS - d)).toBeLessThanOrEqual(0.0005 + 1e-9);
+    const f = r.fork_decode_s as number;
+    const speedup = r.decode_speedup_vs_default as number;
+    expect(Math.abs(speedup * f - d)).toBeLessThanOrEqual(0.0005 * (speedup + 1) + 0.0005 * f + 1e-9);
+    // Without batch invariance and not asked: no default-path runs.
+    const plain = await forkProbe({ model: TINY, backend: 'cpu', n: 2, promptLen: 20, newTokens: 4, temperature: 0.8, seed: 3 });
+    expect(plain).not.toHaveProperty('decode_speedup_vs_default');
+  });
+
   it('n sampled forks of one prompt: prefilled once, full blocks shared, tokens equal to the same requests one by one', async () => {
     const r = await forkProbe({ model: TINY, backend: 'cpu', n: 5, promptLen: 37, newTokens: 10, temperature: 0.8, seed: 3 });
     expect(r).toMatchObject({ probe: 'fork', backend: 'cpu', n: 5, prompt_len: 37, new_tokens: 10, prefix_caching: false, tokens_identical: true, mismatches: 0, hot_path_allocations: 0 });
