@@ -74,4 +74,19 @@ describe('nerva-bench serve', () => {
     // The ratio is of the two figures as printed.
     expect(s.itl_p99_over_step).toBe(ratio(s.itl_ms_p99 as number, s.step_interval_ms_mean as number));
   }, 120_000);
+
+  it('--decode-prompt-budget bounds the prompt tokens of every step that carries other rows', async () => {
+    // Prompts of 40 token ids, 4 streams in closed loop: successors arrive while the others decode.
+    const args = [CLI, 'serve', '--backend', 'cpu', '--model', dir, '--concurrency', '4', '--requests', '12', '--max-tokens', '8', '--prompt-len', '40'];
+    const paced = JSON.parse((await run(process.execPath, [...args, '--decode-prompt-budget', '16'], { cwd: root })).stdout.trim()) as Record<string, number | null>;
+    expect(paced.errors).toBe(0);
+    expect(paced.decode_prompt_budget).toBe(16);
+    expect(paced.mixed_steps as number).toBeGreaterThan(0);
+    expect(paced.mixed_step_prompt_tokens_max as number).toBeLessThanOrEqual(16);
+    // The server's default (256) lets a 40-token prompt in whole.
+    const free = JSON.parse((await run(process.execPath, args, { cwd: root })).stdout.trim()) as Record<string, number | null>;
+    expect(free.decode_prompt_budget).toBe(256);
+    expect(free.mixed_step_prompt_tokens_max as number).toBeGreaterThanOrEqual(40);
+    await expect(run(process.execPath, [...args, '--decode-prompt-budget', '0'], { cwd: root })).rejects.toThrow(/--decode-prompt-budget must be a positive integer/);
+  }, 120_000);
 });

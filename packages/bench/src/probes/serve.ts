@@ -39,12 +39,20 @@ const mean = (xs: number[]): number | null => (xs.length === 0 ? null : xs.reduc
  * after a step that left requests running or waiting (the engine loops on at once then), and the
  * mean of the steps' own host time.
  */
-function stepFigures(steps: StepSignals[]): { intervalMs: number | null; stepMs: number | null; steps: number } {
+function stepFigures(steps: StepSignals[]): { intervalMs: number | null; stepMs: number | null; steps: number; mixed: number; mixedPromptMax: number | null } {
   const gaps: number[] = [];
   for (let i = 1; i < steps.length; i++) if (steps[i - 1].running + steps[i - 1].waiting > 0) gaps.push(steps[i].time - steps[i - 1].time);
   const ms = mean(steps.map((s) => s.stepMs));
   const iv = mean(gaps);
-  return { intervalMs: iv === null ? null : round(iv, 1000), stepMs: ms === null ? null : round(ms, 1000), steps: steps.length };
+  // Steps that computed prompt tokens beside other rows: what decodePromptBudget bounds.
+  const mixed = steps.filter((s) => s.promptTokens > 0 && s.scheduledTokens > s.promptTokens);
+  return {
+    intervalMs: iv === null ? null : round(iv, 1000),
+    stepMs: ms === null ? null : round(ms, 1000),
+    steps: steps.length,
+    mixed: mixed.length,
+    mixedPromptMax: mixed.length ? Math.max(...mixed.map((s) => s.promptTokens)) : null,
+  };
 }
 
 /**
@@ -135,6 +143,9 @@ export async function serveProbe(o: ServeProbeOptions): Promise<Record<string, u
       step_interval_ms_mean: step.intervalMs,
       step_ms_mean: step.stepMs,
       itl_p99_over_step: itlP99 !== null && step.intervalMs ? round(itlP99 / step.intervalMs, 1000) : null,
+      // Steps with prompt tokens beside other rows, and the most prompt tokens one of them took.
+      mixed_steps: step.mixed,
+      mixed_step_prompt_tokens_max: step.mixedPromptMax,
       errors: results.filter((r) => !r.ok).length,
       decode_prompt_budget: server.state.config.decodePromptBudget ?? null,
       notes: [...engine.info.notes],
