@@ -11,6 +11,8 @@ cudaError_t allowKernelAttributeImpl(const void* fn, cudaFuncAttribute attr, int
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
+  // One map for the process, under a lock: the attribute is the function's on a device, and a
+  // thread's own cache could lower a size another thread raised.
   static std::mutex m;
   static std::map<std::tuple<const void*, int, int>, int> granted;
   std::lock_guard<std::mutex> lock(m);

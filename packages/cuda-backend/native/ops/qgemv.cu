@@ -399,35 +399,35 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   int ks = 1;
   while (ks * 32 < tiles) ks *= 2;
   const int acc = f.accumulate ? 1 : 0;
-  // Outputs [o0, o1) from w's rows (a tail's rows count from tailFrom).
-  auto part = [&](Buf wt, int o0, int o1) -> int {
+  // Outputs [o0, o1) from w's rows (a tail's rows count from tailFrom), reading activations `in`;
+  // `norm` set (a Q4_K part only): the kernel normalizes `in` itself, writing the result to xn.
+  auto part = [&](Buf wt, int o0, int o1, const float* in, bool norm) -> int {
     if (o1 <= o0) return NERVA_OK;
     const uint8_t* wp = (const uint8_t*)wt.p;
     const int n = o1 - o0;
 #define QD(DT_)                                                                                           \
-  return f.glu ? qgemvLaunch<DT_, true>(ex, ks, xr, wp, out, rows, inDim, n, bias, acc, outDim, o0)         \
-               : qgemvLaunch<DT_, false>(ex, ks, xr, wp, out, rows, inDim, n, bias, acc, outDim, o0)
+  return f.glu ? qgemvLaunch<DT_, true>(ex, ks, in, wp, out, rows, inDim, n, bias, acc, outDim, o0)         \
+               : qgemvLaunch<DT_, false>(ex, ks, in, wp, out, rows, inDim, n, bias, acc, outDim, o0)
     switch (wt.dt) {
       case NV_Q8_0: QD(NV_Q8_0);
       case NV_Q4_0: QD(NV_Q4_0);
       case NV_Q4_K:
-        // (Only w's own part normalizes: a tail reads the normalized copy w's part wrote.)
-        if (normInQ4k && wt.p == w.p) return q4kMmaRun(ex, x, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, f.nw, f.eps, xn);
-        return q4kMmaRun(ex, xr, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, Buf{nullptr, 0}, f.eps);
+        return q4kMmaRun(ex, in, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, norm ? f.nw : Buf{nullptr, 0}, f.eps, norm ? xn : nullptr);
       case NV_Q6_K: QD(NV_Q6_K);
       default: return bad(ex, "matmul: unknown quantized weight dtype");
     }
 #undef QD
   };
-  if (!f.tail.p) return part(w, 0, outDim);
+  // w's part reads x and normalizes it itself (normInQ4k), else the normalized copy xr.
+  const float* wIn = normInQ4k ? x : xr;
+  if (!f.tail.p) return part(w, 0, outDim, wIn, normInQ4k);
   if (f.tailFrom < 0 || f.tailFrom > outDim) return bad(ex, "matmul: tailFrom must be in [0, outDim]");
   if (inDim % nvQuantBlockElems(f.tail.dt) != 0) return bad(ex, "matmul: a quantized weight's rows must be whole blocks (inDim a multiple of the block)");
   if (f.tail.dt == NV_Q4_K && ((uintptr_t)f.tail.p & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
   if (((uintptr_t)f.tail.p & 1) != 0) return bad(ex, "matmul: a quantized weight must be 2-byte aligned");
-  const int rc = part(w, 0, f.tailFrom);
-  if (rc) return rc;
-  if (xn) xr = xn;
-  return part(f.tail, f.tailFrom, outDim);
+  const int rc = part(w, 0, f.tailFrom, wIn, normInQ4k);
+  // The tail reads the rows w's part normalized (xn), or the workspace's normalized copy.
+  return rc ? rc : part(f.tail, f.tailFrom, outDim, xn ? xn : xr, false);
 }
 
 }  // namespace nerva::ops
