@@ -364,12 +364,13 @@ if (process.env.NERVA_INVARIANCE_DEFAULT !== '0') {
   def.dispose();
 }
 // NERVA_INVARIANCE_TIME=1: ms per fused_matmul call of the Qwen3-8B and 0.6B decode shapes at 1..128
-// rows on a batchInvariant backend (the weights' GB/s and the FMA rate), to see where a batched
-// batch-invariant decode step goes. Informational; weights left uninitialized (timing only).
+// rows on a batchInvariant backend (the weights' GB/s and the FMA rate), once per batch-invariant
+// matmul path: cuBLASLt with pinned algorithms (the default) and k_gemm_bi (what runs without
+// cuBLAS: gemm 'gemv'), to see where a batched batch-invariant decode step goes. Informational;
+// weights left uninitialized (timing only).
 let timing: Record<string, unknown>[] | undefined;
 if (process.env.NERVA_INVARIANCE_TIME === '1') {
   timing = [];
-  const be = createCudaBackend({ deviceArenaBytes: 4 * 2 ** 30, batchInvariant: true });
   const shapes: FmShape[] = [
     { name: 'qkv 8B', inDim: 4096, outDim: 6144, norm: true },
     { name: 'o 8B', inDim: 4096, outDim: 4096, accumulate: true },
@@ -380,33 +381,41 @@ if (process.env.NERVA_INVARIANCE_TIME === '1') {
     { name: 'o 0.6B', inDim: 2048, outDim: 1024, accumulate: true },
     { name: 'gate_up 0.6B', inDim: 1024, outDim: 3072, norm: true, glu: true },
     { name: 'down 0.6B', inDim: 3072, outDim: 1024, accumulate: true },
+    { name: 'lm head 0.6B', inDim: 1024, outDim: 151936 },
   ];
-  for (const s of shapes) {
-    const B = new Bufs(be);
-    const nOut = s.glu ? 2 : 1;
-    const w = be.alloc({ dtype: 'bf16', length: nOut * s.outDim * s.inDim, label: 'w' });
-    const x = B.f32(normals(rng(1), 128 * s.inDim), 'x');
-    const nw = s.norm ? B.f32(new Float32Array(s.inDim).fill(1), 'nw') : undefined;
-    const o = B.f32(128 * s.outDim, 'out');
-    for (const rows of [1, 16, 32, 64, 128]) {
-      const call = () =>
-        be.run('fused_matmul', { x, weight: w, out: o, rows, inDim: s.inDim, outDim: s.outDim, ...(nw ? { normWeight: nw, eps: 1e-6 } : {}), ...(s.glu ? { glu: true } : {}), ...(s.accumulate ? { accumulate: true } : {}) });
-      for (let i = 0; i < 3; i++) call();
-      be.synchronize('debug');
-      const reps = 20;
-      const t0 = performance.now();
-      for (let i = 0; i < reps; i++) call();
-      be.synchronize('debug');
-      const ms = (performance.now() - t0) / reps;
-      const wBytes = nOut * s.outDim * s.inDim * 2;
-      const t = { shape: s.name, rows, ms: Math.round(ms * 1000) / 1000, weight_gbps: Math.round(wBytes / (ms * 1e6)), tfma_s: Math.round(((rows * nOut * s.outDim * s.inDim) / (ms * 1e9)) * 100) / 100 };
-      console.log(`[invariance] time ${JSON.stringify(t)}`);
-      timing.push(t);
+  const paths = [
+    { path: 'cublaslt-pinned', opts: {} },
+    { path: 'k_gemm_bi', opts: { gemm: 'gemv' as const } },
+  ];
+  for (const p of paths) {
+    const be = createCudaBackend({ deviceArenaBytes: 4 * 2 ** 30, batchInvariant: true, ...p.opts });
+    for (const s of shapes) {
+      const B = new Bufs(be);
+      const nOut = s.glu ? 2 : 1;
+      const w = be.alloc({ dtype: 'bf16', length: nOut * s.outDim * s.inDim, label: 'w' });
+      const x = B.f32(normals(rng(1), 128 * s.inDim), 'x');
+      const nw = s.norm ? B.f32(new Float32Array(s.inDim).fill(1), 'nw') : undefined;
+      const o = B.f32(128 * s.outDim, 'out');
+      for (const rows of [1, 8, 16, 32, 64, 128]) {
+        const call = () =>
+          be.run('fused_matmul', { x, weight: w, out: o, rows, inDim: s.inDim, outDim: s.outDim, ...(nw ? { normWeight: nw, eps: 1e-6 } : {}), ...(s.glu ? { glu: true } : {}), ...(s.accumulate ? { accumulate: true } : {}) });
+        for (let i = 0; i < 3; i++) call();
+        be.synchronize('debug');
+        const reps = 20;
+        const t0 = performance.now();
+        for (let i = 0; i < reps; i++) call();
+        be.synchronize('debug');
+        const ms = (performance.now() - t0) / reps;
+        const wBytes = nOut * s.outDim * s.inDim * 2;
+        const t = { path: p.path, shape: s.name, rows, ms: Math.round(ms * 1000) / 1000, weight_gbps: Math.round(wBytes / (ms * 1e6)), tfma_s: Math.round(((rows * nOut * s.outDim * s.inDim) / (ms * 1e9)) * 100) / 100 };
+        console.log(`[invariance] time ${JSON.stringify(t)}`);
+        timing.push(t);
+      }
+      be.free(w);
+      B.freeAll();
     }
-    be.free(w);
-    B.freeAll();
+    be.dispose();
   }
-  be.dispose();
 }
 writeFileSync(path.join(out, 'batch_invariance.json'), JSON.stringify({ probe, rowCounts: ROW_COUNTS, invariant, default: byDefault, timing }, null, 1));
 process.exit(invariant.failed === 0 && invariant.capabilities.batchInvariant === true ? 0 : 1);

@@ -23,7 +23,7 @@ for (const dir of readdirSync(path.join(root, 'packages'))) {
 // Subpath exports, from their sources too.
 alias['@nerva/core/conformance'] = path.join(root, 'packages', 'core', 'src', 'conformance', 'index.ts');
 
-const defaults = ['conformance.ts', 'checks.ts', 'parity.ts', 'bench.ts', 'offload.ts', 'cli.ts', 'nccl_check.ts', 'pipeline.ts', 'long_context.ts', 'bench_cli.ts', 'batch_invariance.ts', 'vitest_report.ts', 'contexts.ts', 'qgemv.ts', 'gguf_check.ts', 'embeddings.ts', 'grammar_cost.ts'];
+const defaults = ['conformance.ts', 'checks.ts', 'parity.ts', 'bench.ts', 'offload.ts', 'cli.ts', 'nccl_check.ts', 'pipeline.ts', 'long_context.ts', 'bench_cli.ts', 'batch_invariance.ts', 'vitest_report.ts', 'contexts.ts', 'qgemv.ts', 'gguf_check.ts', 'embeddings.ts', 'grammar_cost.ts', 'fork_kernels.ts'];
 const entries = (process.argv.length > 2 ? process.argv.slice(2) : defaults.filter((f) => existsSync(path.join(here, f)))).map((f) =>
   path.resolve(here, f),
 );

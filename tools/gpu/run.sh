@@ -47,6 +47,8 @@
 #   on each checkpoint, NERVA_FORK_N (32) sampled forks of a NERVA_FORK_PROMPT (512)-token prompt, NERVA_FORK_TOKENS (128)
 #   each, against the same requests one by one, once per KV dtype in NERVA_FORK_KV ("auto bf16") and per environment in NERVA_FORK_ENVS
 #   (';'-separated VAR=value sets) -> $OUT/fork.jsonl; NERVA_FORK_ARGS adds flags (e.g. "--batch-invariant --profile")
+#   ltalgos (not in the default list; bash tools/gpu/run.sh ltalgos): tools/gpu/lt_candidates.cc, built against cublasLt.h: per
+#   decode weight shape, the cuBLASLt algorithms that could pin it, their ms at 2/64/256 rows and row invariance -> $OUT/lt_candidates.jsonl
 #   invariance (not in the default list; bash tools/gpu/run.sh build,invariance): tools/gpu/batch_invariance.ts, the decode
 #   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..256 rows, every row bit for bit,
 #   on a batchInvariant backend (must hold) and on the default one (informational), once with the default kernels
@@ -164,6 +166,19 @@ if has hostmlp; then
     if /tmp/host_mlp_bench > "$OUT/hostmlp.json" 2>>"$log"; then say "hostmlp ok ($(( $(date +%s) - t0 )) s): $(wc -l < "$OUT/hostmlp.json") JSON lines"; else say "hostmlp FAILED"; tail -3 "$OUT/hostmlp.json"; status=1; fi
   else
     say "hostmlp build FAILED"; tail -20 "$log"; status=1
+  fi
+fi
+
+# ltalgos: the cuBLASLt algorithms that could pin each decode matmul (tools/gpu/lt_candidates.cc):
+# per candidate, runs at every row count, ms at n = 2/64/256 and rows bit for bit across n.
+if has ltalgos; then
+  cuda=${CUDA_HOME:-/usr/local/cuda}
+  t0=$(date +%s)
+  if g++ -O2 -std=c++17 -I"$cuda/include" tools/gpu/lt_candidates.cc -o /tmp/lt_candidates -L"$cuda/lib64" \
+      -L"$cuda/targets/x86_64-linux/lib" -lcublasLt -lcudart >>"$log" 2>&1 && /tmp/lt_candidates > "$OUT/lt_candidates.jsonl" 2>>"$log"; then
+    say "ltalgos ok ($(( $(date +%s) - t0 )) s): $(wc -l < "$OUT/lt_candidates.jsonl") candidates"
+  else
+    say "ltalgos FAILED"; tail -20 "$log"; status=1
   fi
 fi
 

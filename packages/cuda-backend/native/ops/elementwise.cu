@@ -35,8 +35,12 @@ __global__ void k_embedding(const void* table, int tdt, const int* ids, float* o
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = bfr(ldf(table, tdt, id * hidden + i), bfa);
 }
 
-// x = hi + lo with both halves bf16 (lo optional): the split of an activation into a bf16
-// tensor-core GEMM's operand, which keeps ~16 bits of its mantissa. Every kernel that writes such
+// Elements of a row a k_rmsnorm thread loads before it uses the first.
+constexpr int RMS_UNROLL = 8;
+
+// RMSNorm, a block a row: with `residual`, x + residual first (written back to residual, the
+// norm's input); then out = norm(x) * w, or with hi (lo optional) that value's bf16 split
+// (storeSplit: x = hi + lo, a tensor-core GEMM's operand keeping ~16 bits of its mantissa).
 __global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, float* residual, int dim, float eps, int bfa,
                           uint16_t* hi, uint16_t* lo) {
   NERVA_TRACE_KERNEL();
@@ -45,8 +49,29 @@ __global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, fl
   int r = blockIdx.x;
   const float* xr = x + (size_t)r * dim;
   float* rr = residual ? residual + (size_t)r * dim : nullptr;
+  // Each thread's elements i = tid, tid + B, ... in ascending order, RMS_UNROLL of them loaded
+  // before any is used: a row of 4096 at 256 threads otherwise waits out 16 load latencies one
+  // after the other (12 us a call). The sum's order, and so every bit, is the one-at-a-time loop's.
+  const int B = blockDim.x;
   float ss = 0.f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+  int i = threadIdx.x;
+  for (; i + (RMS_UNROLL - 1) * B < dim; i += RMS_UNROLL * B) {
+    float v[RMS_UNROLL], q[RMS_UNROLL];
+#pragma unroll
+    for (int u = 0; u < RMS_UNROLL; u++) v[u] = xr[i + u * B];
+    if (rr) {
+#pragma unroll
+      for (int u = 0; u < RMS_UNROLL; u++) q[u] = rr[i + u * B];
+#pragma unroll
+      for (int u = 0; u < RMS_UNROLL; u++) {
+        v[u] = bfr(v[u] + q[u], bfa);
+        rr[i + u * B] = v[u];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < RMS_UNROLL; u++) ss += v[u] * v[u];
+  }
+  for (; i < dim; i += B) {
     float v = xr[i];
     if (rr) {
       v = bfr(v + rr[i], bfa);
@@ -57,13 +82,25 @@ __global__ void k_rmsnorm(const float* x, const void* w, int wdt, float* out, fl
   ss = blockSum(ss, sh);
   float inv = rsqrtf(ss / (float)dim + eps);
   const float* src = rr ? rr : xr;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = bfr(bfr(src[i] * inv, bfa) * ldf(w, wdt, i), bfa);
+  auto put = [&](int j, float s, float wv) {
+    const float v = bfr(bfr(s * inv, bfa) * wv, bfa);
     if (hi)
-      storeSplit(v, hi, lo, (size_t)r * dim + i);
+      storeSplit(v, hi, lo, (size_t)r * dim + j);
     else
-      out[(size_t)r * dim + i] = v;
+      out[(size_t)r * dim + j] = v;
+  };
+  i = threadIdx.x;
+  for (; i + (RMS_UNROLL - 1) * B < dim; i += RMS_UNROLL * B) {
+    float sv[RMS_UNROLL], wv[RMS_UNROLL];
+#pragma unroll
+    for (int u = 0; u < RMS_UNROLL; u++) {
+      sv[u] = src[i + u * B];
+      wv[u] = ldf(w, wdt, i + u * B);
+    }
+#pragma unroll
+    for (int u = 0; u < RMS_UNROLL; u++) put(i + u * B, sv[u], wv[u]);
   }
+  for (; i < dim; i += B) put(i, src[i], ldf(w, wdt, i));
 }
 
 // The NeoX rotation of the pair (a, b) by the float32 angle `ang`. Exact: cos/sin and the

@@ -5,6 +5,7 @@
 #include "common/exec.cuh"
 #include "common/cluster.cuh"
 #include "ops/ops.h"
+#include "ops/sample_row.cuh"
 
 namespace nerva::ops {
 
@@ -59,246 +60,6 @@ __global__ void k_advance_positions(int* positions, int* slots, const int* bt, c
   if (r >= rows) return;
   positions[r] = p;
   slots[r] = sl;
-}
-
-// ---------------------------------------------------------------- sampling
-
-__device__ __forceinline__ uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
-
-// uniformFromSeed of @nerva/core/sampling.ts, bit for bit.
-__device__ __forceinline__ double uniformFromSeed(uint32_t seed, uint32_t counter) {
-  uint32_t h = mix32(seed ^ mix32(counter + 0x9e3779b9u));
-  return (double)(h >> 8) / 16777216.0;
-}
-
-// The sampler's candidate order is (prob descending, index ascending). With prob >= 0 the
-// float64 bit pattern orders like the value, so the composite key (probBits, ~index) orders
-// candidates exactly; selections walk it one byte at a time (a radix select with masses).
-struct SelResult {
-  int index;           // the element found (-1: none)
-  int countBefore;     // candidates before it in the order
-  double massBefore;   // their probability mass
-  double p;            // its own probability
-};
-
-constexpr int SAMPLE_MAX_CLUSTER = 16;
-
-struct SampleShared {
-  int cnt[256];
-  double mass[256];
-  int any[256];
-  uint64_t hiMask, hiVal;
-  uint32_t loMask, loVal;
-  int countBefore;
-  double massBefore;
-  int done, found, chosenIdx;
-  double red[32];
-  int redi[32];
-  float redf[32];
-};
-
-// mode 0: the element at rank `rank`; mode 1: first element with massBefore + p >= thr;
-// mode 2: first element with massBefore + p > thr. Masked: entries below zero (a masked row's
-// disallowed ids, MASKED_OUT) are no candidates at all, not even after the allowed ids of
-// probability zero, so ranks, counts and masses are over the allowed ids alone.
-template <bool Masked>
-__device__ SelResult selectKey(const double* prob, int vocab, int mode, int rank, double thr, SampleShared& S) {
-  if (threadIdx.x == 0) {
-    S.hiMask = 0;
-    S.hiVal = 0;
-    S.loMask = 0;
-    S.loVal = 0;
-    S.countBefore = 0;
-    S.massBefore = 0;
-    S.done = 0;
-    S.found = 1;
-    S.chosenIdx = -1;
-  }
-  __syncthreads();
-  for (int digit = 11; digit >= 0; digit--) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
-      S.cnt[b] = 0;
-      S.mass[b] = 0;
-      S.any[b] = -1;
-    }
-    __syncthreads();
-    uint64_t hm = S.hiMask, hv = S.hiVal;
-    uint32_t lm = S.loMask, lv = S.loVal;
-    // Runs of equal buckets are accumulated in registers before one shared atomic: early digits
-    // (sign/exponent bytes) put nearly every candidate in the same bucket.
-    int runB = -1, runC = 0, runI = -1;
-    double runM = 0;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-      double p = prob[i];
-      if (Masked && p < 0) continue;
-      uint64_t hi = (uint64_t)__double_as_longlong(p);
-      uint32_t lo = ~(uint32_t)i;
-      if ((hi & hm) != hv || (lo & lm) != lv) continue;
-      int b = digit >= 4 ? (int)((hi >> ((digit - 4) * 8)) & 0xff) : (int)((lo >> (digit * 8)) & 0xff);
-      if (b != runB) {
-        if (runB >= 0) {
-          atomicAdd(&S.cnt[runB], runC);
-          atomicAdd(&S.mass[runB], runM);
-          S.any[runB] = runI;
-        }
-        runB = b;
-        runC = 0;
-        runM = 0;
-      }
-      runC++;
-      runM += p;
-      runI = i;
-    }
-    if (runB >= 0) {
-      atomicAdd(&S.cnt[runB], runC);
-      atomicAdd(&S.mass[runB], runM);
-      S.any[runB] = runI;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int chosen = -1;
-      for (int b = 255; b >= 0; b--) {
-        if (S.cnt[b] == 0) continue;
-        bool hit = mode == 0   ? S.countBefore + S.cnt[b] > rank
-                   : mode == 1 ? S.massBefore + S.mass[b] >= thr
-                               : S.massBefore + S.mass[b] > thr;
-        if (hit) {
-          chosen = b;
-          break;
-        }
-        S.countBefore += S.cnt[b];
-        S.massBefore += S.mass[b];
-      }
-      if (chosen < 0) {
-        S.found = 0;
-        S.done = 1;
-      } else {
-        if (digit >= 4) {
-          int sh = (digit - 4) * 8;
-          S.hiMask |= (uint64_t)0xff << sh;
-          S.hiVal |= (uint64_t)chosen << sh;
-        } else {
-          int sh = digit * 8;
-          S.loMask |= 0xffu << sh;
-          S.loVal |= (uint32_t)chosen << sh;
-        }
-        if (S.cnt[chosen] == 1 || digit == 0) {
-          S.chosenIdx = S.any[chosen];
-          S.done = 1;
-        }
-      }
-    }
-    __syncthreads();
-    if (S.done) break;
-  }
-  SelResult res;
-  res.index = S.found ? S.chosenIdx : -1;
-  res.countBefore = S.countBefore;
-  res.massBefore = S.massBefore;
-  res.p = res.index >= 0 ? prob[res.index] : 0.0;
-  __syncthreads();
-  return res;
-}
-
-// A masked row's disallowed ids in the float64 scratch: below every probability, so the
-// selections skip them (selectKey<true>) and a min-p floor (>= 0) never keeps them.
-constexpr double MASKED_OUT = -1.0;
-
-// Bit i of a row's token mask: id i is allowed.
-__device__ __forceinline__ bool maskAllows(const uint32_t* M, int i) { return (M[i >> 5] >> (i & 31)) & 1u; }
-
-// The ids below `limit` a row's mask allows (bits past `limit` in its last word ignored).
-__device__ int maskCount(const uint32_t* M, int limit, SampleShared& S) {
-  int c = 0;
-  const int words = (limit + 31) >> 5;
-  for (int w = threadIdx.x; w < words; w += blockDim.x) {
-    uint32_t b = M[w];
-    const int left = limit - w * 32;
-    if (left < 32) b &= (1u << left) - 1u;
-    c += __popc(b);
-  }
-  return blockSum(c, S.redi);
-}
-
-// A sampled row (temperature > 0) by one block: softmax in float64 into `prob`, then top-k,
-// top-p and min-p by radix selection, and the draw from the counter-based uniform.
-// Masked (M, the row's mask): core's sampleRowMasked, i.e. the same rule over the allowed ids
-// alone. Their max, softmax and masses leave the others out (MASKED_OUT in `prob`), every cut and
-// the fallback candidate count allowed ids only, so a disallowed id is never returned; -1 when
-// the mask allows no id below `vocab`. Unmasked rows run the template without any of it.
-template <bool Masked>
-__device__ __forceinline__ int sampleRow(const float* L, double* prob, int vocab, const uint32_t* M, float temp, float topK,
-                                         float topP, float minP, uint32_t seed, uint32_t counter, SampleShared& S) {
-  double u = uniformFromSeed(seed, counter);
-  long long ids = vocab;  // the candidates: the row's ids, or a masked row's allowed ones
-  if (Masked) {
-    ids = maskCount(M, vocab, S);
-    if (ids == 0) return -1;
-  }
-  float mx = -INFINITY;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-    if (!Masked || maskAllows(M, i)) mx = fmaxf(mx, L[i]);
-  mx = blockMax(mx, S.redf);
-  double t = (double)temp, sum = 0;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    if (Masked && !maskAllows(M, i)) {
-      prob[i] = MASKED_OUT;
-      continue;
-    }
-    double e = exp(((double)L[i] - (double)mx) / t);
-    prob[i] = e;
-    sum += e;
-  }
-  sum = blockSum(sum, S.red);
-  double pmax = 0, total = 0;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    double p = prob[i];
-    if (Masked && p < 0) continue;
-    p /= sum;
-    prob[i] = p;
-    pmax = fmax(pmax, p);
-    total += p;
-  }
-  total = blockSum(total, S.red);
-  // block max of a double via the sum buffer
-  {
-    double v = pmax;
-    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) S.red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    pmax = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) pmax = fmax(pmax, S.red[w]);
-    __syncthreads();
-  }
-  long long n = ids;
-  if (topK > 0.f && (double)topK < (double)n) n = (long long)ceil((double)topK);
-  if (topP < 1.f) {
-    SelResult sp = selectKey<Masked>(prob, vocab, 1, 0, (double)topP, S);
-    long long k = sp.index >= 0 ? (long long)sp.countBefore + 1 : ids;
-    if (k > n) k = n;
-    n = k < 1 ? 1 : k;
-  }
-  if (minP > 0.f) {
-    double floorP = (double)minP * pmax;
-    int c = 0;
-    // (MASKED_OUT is below any floor: minP > 0 and pmax > 0 where an id is allowed.)
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += prob[i] >= floorP ? 1 : 0;
-    c = blockSum(c, S.redi);
-    long long k = c < 1 ? 1 : c;
-    if (k < n) n = k;
-  }
-  SelResult lastKept = selectKey<Masked>(prob, vocab, 0, (int)(n - 1), 0, S);
-  double kept = n == ids ? total : lastKept.massBefore + lastKept.p;
-  SelResult pick = selectKey<Masked>(prob, vocab, 2, 0, u * kept, S);
-  return (pick.index >= 0 && pick.countBefore < n) ? pick.index : lastKept.index;
 }
 
 // blockArgmaxRange over a masked row's allowed ids (every thread gets (value, index)): the
@@ -442,8 +203,9 @@ __global__ void __launch_bounds__(1024) k_sample(const float* logits, const floa
     }
   } else {
     if (blockIdx.x != 0) return;
-    result = Masked && M ? sampleRow<true>(L, prob, limit, M, temp, topK, topP, minP, seed, counter, S)
-                         : sampleRow<false>(L, prob, limit, nullptr, temp, topK, topP, minP, seed, counter, S);
+    BlockSpan g{0, limit};
+    result = Masked && M ? sampleRow<true>(L, prob, g, limit, M, temp, topK, topP, minP, seed, counter, S)
+                         : sampleRow<false>(L, prob, g, limit, nullptr, temp, topK, topP, minP, seed, counter, S);
   }
   if (threadIdx.x == 0) {
     out[r] = result;
@@ -543,8 +305,10 @@ __device__ __forceinline__ void sampleTailWrite(const SampleTail& T, const Sampl
 // (G, 1)): a greedy row's blocks push their (max, index) into block 0's shared memory (st.async,
 // counted by block 0's transaction barrier), instead of a fence, an atomic count and the last
 // block's reads back from L2 (the step's end is a chain of such round trips after the LM head).
-// A sampled row runs in block 0 alone, as in k_sample (the other blocks exit; no barrier on that
-// path). The caller checked: vocab % 4 == 0 and the logits 16-byte aligned (each block's slice
+// A sampled row runs over every block of the cluster, each a slice of the vocabulary, the
+// histograms and sums of its selections merged through the blocks' shared memory (sampleRow with
+// a ClusterSpan: in one block it was a serial scan of the row a dozen times, ~0.8 ms at a vocab
+// of 151,936 on an H200). The caller checked: vocab % 4 == 0 and the logits 16-byte aligned (each block's slice
 // starts on a float4; one past `limit` reads at most 3 logits short of the next multiple of 4,
 // within the row). Only ids below `limit` are candidates, and masked rows (Masked, maskIndex)
 // are sampled, as in k_sample; a masked greedy row's blocks reduce their slices by
@@ -614,9 +378,14 @@ __global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, co
     warpArgmax(bv, bi);
     result = bi < 0 ? (Masked && M ? -1 : 0) : bi;
   } else {
+    // A sampled row over the cluster, each block a slice of whole mask words (sampleRow's
+    // ClusterSpan); the token is block 0's to write.
+    const int chunk = (((limit + C - 1) / C) + 31) & ~31;
+    const int begin = min(limit, rank * chunk);
+    ClusterSpan g{begin, min(limit, begin + chunk), C, 0};
+    result = Masked && M ? sampleRow<true>(L, prob, g, limit, M, temp, topK, topP, minP, seed, counter, S)
+                         : sampleRow<false>(L, prob, g, limit, nullptr, temp, topK, topP, minP, seed, counter, S);
     if (rank != 0) return;
-    result = Masked && M ? sampleRow<true>(L, prob, limit, M, temp, topK, topP, minP, seed, counter, S)
-                         : sampleRow<false>(L, prob, limit, nullptr, temp, topK, topP, minP, seed, counter, S);
   }
   if (threadIdx.x == 0) {
     out[r] = result;
