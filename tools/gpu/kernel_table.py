@@ -1,36 +1,56 @@
 #!/usr/bin/env python3
 """Not a phase: ncu's CSV (--csv --metrics gpu__time_duration.sum) of a run whose last kernels are
 decode steps -> per kernel name, calls and microseconds a step over the last STEPS steps of NODES
-kernels each (the captured graph's node count).
+kernels each (the captured graph's node count, fork_kernels.mjs prints it).
   kernel_table.py FILE.csv NODES [STEPS]"""
 import csv
 import sys
 from collections import defaultdict
 
+UNITS_US = {'ns': 1e-3, 'nsecond': 1e-3, 'us': 1.0, 'usecond': 1.0, 'ms': 1e3, 'msecond': 1e3}
 
-def main() -> None:
-    path, nodes = sys.argv[1], int(sys.argv[2])
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-    rows = []
+
+def kernel_times(path):
+    """(kernel name, microseconds) per profiled kernel, in launch order."""
     with open(path, newline='') as f:
-        lines = [l for l in f if l.startswith('"')]
+        lines = [l for l in f if l.startswith('"')]  # ncu's own log lines start with ==PROF==
+    rows = []
     for r in csv.DictReader(lines):
         if r.get('Metric Name') != 'gpu__time_duration.sum':
             continue
-        v = float(r['Metric Value'].replace(',', ''))
-        unit = r.get('Metric Unit', 'nsecond')
-        us = v / 1000 if unit == 'nsecond' else v * 1000 if unit == 'msecond' else v
-        rows.append((r['Kernel Name'], us))
-    tail = rows[-nodes * steps:]
+        unit = r.get('Metric Unit', 'ns')
+        if unit not in UNITS_US:
+            raise ValueError(f'unknown time unit {unit!r}')
+        rows.append((r['Kernel Name'], float(r['Metric Value'].replace(',', '')) * UNITS_US[unit]))
+    return rows
+
+
+def table(rows, nodes, steps):
+    """Per short kernel name: (calls a step, microseconds a step), largest first, and the step's total."""
+    if len(rows) < nodes * steps:
+        raise ValueError(f'{len(rows)} kernels profiled, fewer than {steps} steps of {nodes}')
     agg = defaultdict(lambda: [0, 0.0])
-    for name, us in tail:
+    for name, us in rows[-nodes * steps:]:
         short = name.split('(')[0].split('<')[0].replace('void ', '')[:60]
         agg[short][0] += 1
         agg[short][1] += us
-    total = sum(a[1] for a in agg.values()) / steps
+    out = sorted(((k, c / steps, us / steps) for k, (c, us) in agg.items()), key=lambda t: -t[2])
+    return out, sum(t[2] for t in out)
+
+
+def main():
+    if len(sys.argv) not in (3, 4) or not all(a.isdigit() and int(a) > 0 for a in sys.argv[2:]):
+        sys.exit('usage: kernel_table.py FILE.csv NODES [STEPS] (NODES, STEPS: positive integers)')
+    nodes, steps = int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    try:
+        rows = kernel_times(sys.argv[1])
+        out, total = table(rows, nodes, steps)
+    except (OSError, ValueError) as e:
+        sys.exit(f'kernel_table.py: {e}')
     print(f'kernels {len(rows)}; last {steps} steps of {nodes}: {total:.1f} us a step (kernels alone, serialized)')
-    for k, (c, us) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
-        print(f'{us / steps:9.1f} us {c / steps:6.1f} calls  {k}')
+    for name, calls, us in out:
+        print(f'{us:9.1f} us {calls:6.1f} calls  {name}')
 
 
-main()
+if __name__ == '__main__':
+    main()
