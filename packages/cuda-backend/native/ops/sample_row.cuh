@@ -110,42 +110,31 @@ struct ClusterSpan {
     return cooperative_groups::this_cluster().map_shared_rank(&S, (unsigned)r);
   }
   __device__ void sync() { cooperative_groups::this_cluster().sync(); }
-  __device__ double sum(double v, SampleShared& S) {
-    v = blockSum(v, S.red);
+  // The blocks' values of `slot` (each block's own, from its block reduction) folded in rank
+  // order by `op` from `init`.
+  template <typename T, typename Op>
+  __device__ T across(T v, T (SampleShared::*slot)[2], SampleShared& S, T init, Op op) {
     const int k = phase++ & 1;
-    if (threadIdx.x == 0) S.xd[k] = v;
+    if (threadIdx.x == 0) (S.*slot)[k] = v;
     sync();
-    double t = 0;
-    for (int r = 0; r < C; r++) t += peer(S, r)->xd[k];
+    T t = init;
+    for (int r = 0; r < C; r++) t = op(t, (peer(S, r)->*slot)[k]);
     return t;
   }
-  __device__ int sumi(int v, SampleShared& S) {
-    v = blockSum(v, S.redi);
-    const int k = phase++ & 1;
-    if (threadIdx.x == 0) S.xi[k] = v;
-    sync();
-    int t = 0;
-    for (int r = 0; r < C; r++) t += peer(S, r)->xi[k];
-    return t;
-  }
-  __device__ float maxf(float v, SampleShared& S) {
-    v = blockMax(v, S.redf);
-    const int k = phase++ & 1;
-    if (threadIdx.x == 0) S.xf[k] = v;
-    sync();
-    float t = -INFINITY;
-    for (int r = 0; r < C; r++) t = fmaxf(t, peer(S, r)->xf[k]);
-    return t;
-  }
-  __device__ double maxd(double v, SampleShared& S) {
-    v = blockMaxD(v, S);
-    const int k = phase++ & 1;
-    if (threadIdx.x == 0) S.xd[k] = v;
-    sync();
-    double t = 0;
-    for (int r = 0; r < C; r++) t = fmax(t, peer(S, r)->xd[k]);
-    return t;
-  }
+  struct Add {
+    template <typename T>
+    __device__ T operator()(T a, T b) const { return a + b; }
+  };
+  struct MaxF {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  };
+  struct MaxD {
+    __device__ double operator()(double a, double b) const { return fmax(a, b); }
+  };
+  __device__ double sum(double v, SampleShared& S) { return across(blockSum(v, S.red), &SampleShared::xd, S, 0.0, Add()); }
+  __device__ int sumi(int v, SampleShared& S) { return across(blockSum(v, S.redi), &SampleShared::xi, S, 0, Add()); }
+  __device__ float maxf(float v, SampleShared& S) { return across(blockMax(v, S.redf), &SampleShared::xf, S, -INFINITY, MaxF()); }
+  __device__ double maxd(double v, SampleShared& S) { return across(blockMaxD(v, S), &SampleShared::xd, S, 0.0, MaxD()); }
   // The digit's histogram: the blocks' sets summed in rank order; `any` from the lowest rank that
   // saw the bucket (it is read only where the bucket holds one candidate).
   __device__ void merge(SampleShared& S, int set) {
