@@ -318,6 +318,23 @@ export const samplingCases: Pick<CaseTable, 'argmax' | 'sample' | 'ring_push' | 
       undefined,
       true,
     ),
+    // A vocabulary of whole float4s with a limit past a whole mask word: where a backend splits a
+    // row over blocks of whole words (the CUDA cluster sampler), the last blocks get no ids at all.
+    sampleCase(
+      'masked: 4 rows (greedy, sampled, top-k/top-p/min-p, free) x 2 draws, vocab 260, limit 257',
+      260,
+      [
+        [0, 0, 1, 0],
+        [0.9, 0, 1, 0],
+        [1.2, 30, 0.95, 0.02],
+        [0.8, 0, 1, 0],
+      ],
+      2,
+      2,
+      undefined,
+      257,
+      true,
+    ),
   ],
   ring_push: [ringPushCase('capacity 8, wraps', 8, 6, [4, 3]), ringPushCase('capacity 5, full pushes', 5, 1000003, [5, 2, 5])],
   advance_positions: [advanceCase('4 sequences, block boundaries, 3 steps', 4, [4, 1, 7, 12], 3), advanceCase('1 sequence, blockSize 16', 16, [31], 2)],

@@ -161,11 +161,13 @@ struct ClusterSpan {
 };
 #endif
 
-// The ids in [begin, end) a row's mask allows (bits past `end` in its last word ignored).
+// The ids in [begin, end) a row's mask allows (bits past `end` in its last word ignored). A
+// span's begin is a multiple of 32 (ClusterSpan's slices are whole words) unless it is empty,
+// at the row's limit: that block counts nothing, not the limit's partial word a second time.
 template <class Span>
 __device__ int maskCount(const uint32_t* M, Span& g, SampleShared& S) {
   int c = 0;
-  const int w0 = g.begin >> 5, w1 = (g.end + 31) >> 5;
+  const int w0 = g.begin >> 5, w1 = g.begin < g.end ? (g.end + 31) >> 5 : w0;
   for (int w = w0 + threadIdx.x; w < w1; w += blockDim.x) {
     uint32_t b = M[w];
     const int left = g.end - w * 32;
