@@ -3,12 +3,17 @@
 // the last kernels of the process, which tools/gpu/kernel_table.py groups by kernel.
 //   ncu --csv --metrics gpu__time_duration.sum node fork_kernels.mjs MODEL_DIR [N] [STEPS] [--default]
 // --default: one request on the default (not batch-invariant) path instead of N forks.
+import { syntheticPrompt } from '@nerva/bench';
 import { Engine } from '@nerva/engine';
 
+const usage = 'usage: fork_kernels.mjs MODEL_DIR [N] [STEPS] [--default] (N, STEPS: positive integers)';
 const [dir, nArg, stepsArg, mode] = process.argv.slice(2);
-if (!dir) throw new Error('usage: fork_kernels.mjs MODEL_DIR [N] [STEPS] [--default]');
 const n = Number(nArg ?? 32);
 const steps = Number(stepsArg ?? 6);
+if (!dir || !Number.isSafeInteger(n) || n < 1 || !Number.isSafeInteger(steps) || steps < 1 || (mode !== undefined && mode !== '--default')) {
+  console.error(usage);
+  process.exit(2);
+}
 const single = mode === '--default';
 const engine = await Engine.create({
   model: dir,
@@ -18,7 +23,8 @@ const engine = await Engine.create({
   kvCacheDtype: 'bf16',
   batchInvariant: !single,
 });
-const prompt = Array.from({ length: 512 }, (_, i) => (i * 7919 + 13) % 10000);
+// The fork probe's prompt (nerva-bench fork: 512 tokens, seed 7).
+const prompt = syntheticPrompt(512, engine.spec.vocabSize, 7);
 const params = { maxTokens: steps, temperature: 0.8, seed: 1, ignoreEos: true };
 for (let round = 0; round < 2; round++) {
   if (single) await engine.submit(prompt, params).done;
