@@ -36,7 +36,7 @@ __global__ void k_embedding(const void* table, int tdt, const int* ids, float* o
 }
 
 // Elements of a row a k_rmsnorm thread loads before it uses the first: 8 at up to 512 threads a
-// block, 4 at 1024. At 1024 the kernel must fit 32 registers for two blocks to share an SM: at 48,
+// block, 4 above. At 1024 the kernel must fit 32 registers for two blocks to share an SM: at 48,
 // one block an SM waited out its loads alone and a 4096-row prefill's residual norm ran at a third
 // of the copy bandwidth (12.3 ms of the 8B's prefill, now 6.1). Every element is still summed in
 // the one-at-a-time loop's order: the unroll changes no bit.
