@@ -192,6 +192,210 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const K
     for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, outHi, loOff);
 }
 
+// k_attn_decode_gqa for bf16 caches on the tensor cores. The same blocks, splits, tiles and online
+// softmax; the two products are bf16 mma.sync m16n8k16 with float32 accumulation, the float32
+// operand (q, then the probabilities) split as hi + lo in bf16 (pfSplit: ~16 bits of its
+// mantissa, the exact numerics' split-bf16 grade, as k_attn_prefill2 and the GEMMs take it). The
+// MMA's 16 rows are the hi (row g) and lo (row 8 + g) parts of the G heads, so a thread's
+// accumulators hold both halves of its head and add them without a shuffle. Scores: warp w takes
+// keys 8w..8w+7 over all 128 dims (K through ldmatrix); output: warp w takes dims 32w..32w+31
+// (V through ldmatrix.trans). The CUDA-core form spent ~575 instructions a warp on a 32-key tile
+// (shared-memory operands for every FMA); this one ~150. (f32 caches keep the CUDA-core form:
+// their keys and values would need splitting too.)
+template <int G>
+__global__ void __launch_bounds__(128) k_attn_decode_gqa_tc(const float* q, const uint16_t* kc, const uint16_t* vc,
+                                                           const int* bt, const int* rowSeq, const int* positions,
+                                                           float* part, int H, int KVH, int bs, int mbps, int qStride,
+                                                           int qOff, float scale, int S, int rowBase, float* out,
+                                                           int* counters, int minChunk, uint16_t* outHi, size_t loOff) {
+  static_assert(G >= 1 && G <= 8, "the MMA's 16 rows hold hi and lo of at most 8 heads");
+  constexpr int LD = DG_HD + 8;  // padded rows: ldmatrix's eight row addresses fall in distinct banks
+  constexpr int TILE = DG_KEYS * LD;
+  constexpr int CPR = DG_HD * 2 / 16;  // 16-byte copies per key row
+  extern __shared__ __align__(16) unsigned char dgsm[];
+  uint16_t* const buf = (uint16_t*)dgsm;  // stage st: K at buf + 2 st TILE, V after it
+  __shared__ __align__(16) float qs[G][DG_HD];
+  __shared__ __align__(16) float sc[G][DG_KEYS];
+  __shared__ float corr[G];
+  __shared__ float mFin[G], lFin[G];
+  __shared__ long long slot[2][DG_KEYS];
+
+  NERVA_TRACE_KERNEL();
+  PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
+  const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, cq = (lane & 3) * 2;  // the MMA fragments' row group and column pair
+  const int last = positions[r];
+  const int chunk = max(minChunk, (last + S) / S);
+  const int nAct = last / chunk + 1;
+  const int start = s * chunk;
+  const size_t stride = (size_t)DG_HD + 2;
+  if (start > last) {
+    if (!counters && tid < G) {
+      float* dst = part + (((size_t)rl * H + kvh * G + tid) * S + s) * stride;
+      dst[0] = -INFINITY;
+      dst[1] = 0.f;
+    }
+    return;
+  }
+  const int end = min(start + chunk - 1, last);
+  const int* btr = bt + (size_t)rowSeq[r] * mbps;
+  const size_t width = (size_t)KVH * DG_HD;
+  for (int i = tid; i < G * DG_HD; i += 128) {
+    const int g = i / DG_HD, d = i % DG_HD;
+    qs[g][d] = q[(size_t)r * qStride + qOff + (size_t)(kvh * G + g) * DG_HD + d] * scale;
+  }
+  auto slotsFor = [&](int k0, long long* sl) {
+    if (tid < DG_KEYS) {
+      const int p = k0 + tid;
+      long long v = -1;
+      if (p <= end) {
+        const int e = btr[p / bs];
+        if (e >= 0) v = (long long)e * bs + p % bs;
+      }
+      sl[tid] = v;
+    }
+  };
+  auto issue = [&](const long long* sl, int st) {
+    uint16_t* kd = buf + (size_t)st * 2 * TILE;
+    uint16_t* vd = kd + TILE;
+    for (int i = tid; i < DG_KEYS * CPR; i += 128) {
+      const int j = i / CPR, c = i % CPR;
+      const long long sv = sl[j];
+      const size_t off = (size_t)max(sv, 0ll) * width + (size_t)kvh * DG_HD;
+      pfCopy16(kd + j * LD + c * 8, kc + off + c * 8, sv >= 0);
+      pfCopy16(vd + j * LD + c * 8, vc + off + c * 8, sv >= 0);
+    }
+  };
+  slotsFor(start, slot[0]);
+  __syncthreads();  // slots and q
+  issue(slot[0], 0);
+  pfCommit();
+  // q as A fragments for the 8 k-steps of 16 dims: rows gq (hi) and 8 + gq (lo) of head gq.
+  uint32_t qa[DG_HD / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < DG_HD / 16; ks++) {
+    const int d = ks * 16 + cq;
+    if (gq < G) {
+      pfSplit(qs[gq][d], qs[gq][d + 1], qa[ks][0], qa[ks][1]);
+      pfSplit(qs[gq][d + 8], qs[gq][d + 9], qa[ks][2], qa[ks][3]);
+    } else {
+      qa[ks][0] = qa[ks][1] = qa[ks][2] = qa[ks][3] = 0u;
+    }
+  }
+  float acc[4][4];  // dims 32 warp + 8 nt + cq + {0, 1}: [0..1] hi rows, [2..3] lo rows of head gq
+#pragma unroll
+  for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // heads warp and warp + 4 (warp-uniform)
+  for (int k0 = start, it = 0; k0 <= end; k0 += DG_KEYS, it++) {
+    const int cur = it & 1;
+    if (k0 + DG_KEYS <= end) {
+      slotsFor(k0 + DG_KEYS, slot[cur ^ 1]);
+      __syncthreads();
+      issue(slot[cur ^ 1], cur ^ 1);
+    }
+    pfCommit();
+    pfWaitPrev();
+    __syncthreads();
+    const uint16_t* K = buf + (size_t)cur * 2 * TILE;
+    const uint16_t* V = K + TILE;
+    // Scores of keys 8 warp .. 8 warp + 7 for every head: four ldmatrix of 32 dims, eight MMAs.
+    float d4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < DG_HD / 32; kk++) {
+      uint32_t b[4];
+      pfLdsm4<false>(b, K + (8 * warp + (lane & 7)) * LD + kk * 32 + (lane >> 3) * 8);
+      pfMma(d4, qa[2 * kk], b[0], b[1]);
+      pfMma(d4, qa[2 * kk + 1], b[2], b[3]);
+    }
+    if (gq < G) {
+      const int key = 8 * warp + cq;
+      sc[gq][key] = slot[cur][key] >= 0 ? d4[0] + d4[2] : -INFINITY;  // (also -inf past `end`)
+      sc[gq][key + 1] = slot[cur][key + 1] >= 0 ? d4[1] + d4[3] : -INFINITY;
+    }
+    __syncthreads();
+    // Online softmax: warp w takes heads w and w + 4, one key per lane.
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int g = warp + 4 * hh;
+      if (g >= G) break;
+      const float x = sc[g][lane];
+      float mx = x;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float mn = fmaxf(m[hh], mx);
+      const float base = mn == -INFINITY ? 0.f : mn;
+      const float p = expf(x - base);
+      float sum = p;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const float c = expf(m[hh] - base);
+      l[hh] = l[hh] * c + sum;
+      m[hh] = mn;
+      sc[g][lane] = p;
+      if (lane == 0) corr[g] = c;
+    }
+    __syncthreads();
+    // out[g][dims of this warp] = corr[g] out + P V: two k-steps of 16 keys, four n-tiles of 8 dims.
+    if (gq < G) {
+      const float c = corr[gq];
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) {
+        acc[nt][0] *= c;
+        acc[nt][1] *= c;
+        acc[nt][2] *= c;
+        acc[nt][3] *= c;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < DG_KEYS / 16; ks++) {
+      uint32_t pa[4] = {0u, 0u, 0u, 0u};
+      if (gq < G) {
+        const float2 p0 = *reinterpret_cast<const float2*>(&sc[gq][16 * ks + cq]);
+        const float2 p1 = *reinterpret_cast<const float2*>(&sc[gq][16 * ks + cq + 8]);
+        pfSplit(p0.x, p0.y, pa[0], pa[1]);
+        pfSplit(p1.x, p1.y, pa[2], pa[3]);
+      }
+      const int mtx = lane >> 3;  // ldmatrix.trans: keys (mtx & 1) * 8 + .., dims (mtx >> 1) * 8 + ..
+#pragma unroll
+      for (int np = 0; np < 2; np++) {
+        uint32_t b[4];
+        pfLdsm4<true>(b, V + (16 * ks + (mtx & 1) * 8 + (lane & 7)) * LD + 32 * warp + 16 * np + (mtx >> 1) * 8);
+        pfMma(acc[2 * np], pa, b[0], b[1]);
+        pfMma(acc[2 * np + 1], pa, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // this stage and sc are reused
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int g = warp + 4 * hh;
+      if (g < G) {
+        mFin[g] = m[hh];
+        lFin[g] = l[hh];
+      }
+    }
+  }
+  __syncthreads();
+  if (gq < G) {
+    float* dst = part + (((size_t)rl * H + kvh * G + gq) * S + s) * stride;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++) {
+      const int d = 32 * warp + 8 * nt + cq;
+      dst[2 + d] = acc[nt][0] + acc[nt][2];
+      dst[3 + d] = acc[nt][1] + acc[nt][3];
+    }
+  }
+  if (tid < G) {
+    float* dst = part + (((size_t)rl * H + kvh * G + tid) * S + s) * stride;
+    dst[0] = mFin[tid];
+    dst[1] = lFin[tid];
+  }
+  if (counters)
+    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, outHi, loOff);
+}
+
 // Decode batches of at least this many rows run k_attn_decode_gqa, which reads each key once for
 // the G q heads of its KV head (fewer rows: the split-KV kernel, which fills the GPU better).
 constexpr int GQA_MIN_ROWS = 16;
@@ -253,7 +457,11 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
   }
   if ((size_t)rowChunk * H * S * perSplit > ex->wsBytes) return bad(ex, "attention: workspace too small");
   constexpr size_t smem = dgSmemBytes<KT>();
-  cudaError_t e = allowDynamicSmem(k_attn_decode_gqa<KT, G>, smem);
+  // bf16 caches of four or more query heads a KV head: k_attn_decode_gqa_tc (two heads fill too
+  // few of an MMA's rows; the CUDA-core kernel measured faster there).
+  constexpr bool tc = sizeof(KT) == 2 && G >= 4;
+  static_assert(!tc || dgRowElems<KT>() == DG_HD + 8, "k_attn_decode_gqa_tc's row stride");
+  cudaError_t e = tc ? allowDynamicSmem(k_attn_decode_gqa_tc<G>, smem) : allowDynamicSmem(k_attn_decode_gqa<KT, G>, smem);
   if (e != cudaSuccess) return check(ex, "k_attn_decode_gqa (shared memory opt-in)", e);
   float* part = (float*)ex->ws;
   // The output's bf16 split for the o projection's GEMM (emit), at the workspace's end: only where
@@ -275,9 +483,14 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     const int nr = std::min(rowChunk, rows - r0);
     int* cnt = ex->counters && (size_t)nr * H <= ex->counterCount ? ex->counters : nullptr;
-    LAUNCH((k_attn_decode_gqa<KT, G>), dim3((unsigned)S, (unsigned)KVH, (unsigned)nr), 128, smem, q, (const KT*)kc.p,
-           (const KT*)vc.p, (const int*)bt.p, (const int*)rowSeq.p, (const int*)pos.p, part, H, KVH, bs, mbps, qStride, qOff,
-           scale, (int)S, r0, out, cnt, minChunk, outHi, loOff);
+    if (tc)
+      LAUNCH((k_attn_decode_gqa_tc<G>), dim3((unsigned)S, (unsigned)KVH, (unsigned)nr), 128, smem, q,
+             (const uint16_t*)kc.p, (const uint16_t*)vc.p, (const int*)bt.p, (const int*)rowSeq.p, (const int*)pos.p, part,
+             H, KVH, bs, mbps, qStride, qOff, scale, (int)S, r0, out, cnt, minChunk, outHi, loOff);
+    else
+      LAUNCH((k_attn_decode_gqa<KT, G>), dim3((unsigned)S, (unsigned)KVH, (unsigned)nr), 128, smem, q, (const KT*)kc.p,
+             (const KT*)vc.p, (const int*)bt.p, (const int*)rowSeq.p, (const int*)pos.p, part, H, KVH, bs, mbps, qStride,
+             qOff, scale, (int)S, r0, out, cnt, minChunk, outHi, loOff);
     if (!cnt) {
       int rc = launchAttnCombine(ex, DG_HD, nr, part, out, H, DG_HD, (int)S, r0, nullptr, (const int*)rowSeq.p, 0);
       if (rc) return rc;
