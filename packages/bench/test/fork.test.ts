@@ -51,6 +51,7 @@ describe('nerva-bench fork', () => {
     expect(r.fork_steps).toBe(10);
     // Different seeds: the forks really sample (not five copies of one sequence).
     expect(r.distinct_fork_outputs as number).toBeGreaterThan(1);
+    expect(r.tokens_sha256).toMatch(/^[0-9a-f]{16}$/);
     for (const k of ['sequential_decode_s', 'fork_decode_s', 'decode_speedup', 'fork_decode_tok_s', 'sequential_total_s', 'fork_total_s', 'total_speedup'])
       expect(r[k] as number, k).toBeGreaterThan(0);
     // The forks decode as one graph replay per step: a fifth of a replay per token.

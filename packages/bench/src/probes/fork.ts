@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { Engine, type GenerateOptions, type PassProfile, type RequestOutcome, type StepSignals, type EngineOptions } from '@nerva/engine';
 import { syntheticPrompt } from '../measure.js';
 
@@ -267,6 +268,8 @@ async function forkRuns(o: ForkProbeOptions, n: number): Promise<{ line: Record<
       mismatches: mismatches.length,
       mismatch_details: mismatches.slice(0, 8),
       distinct_fork_outputs: new Set(forks.map((f) => f.tokenIds.join(','))).size,
+      // Every fork's tokens in fork order: equal digests across builds mean the same bits sampled.
+      tokens_sha256: createHash('sha256').update(forks.map((f) => f.tokenIds.join(',')).join(';')).digest('hex').slice(0, 16),
       // The prompt was prefilled once for all forks (prefill tokens computed during the fork run).
       fork_prefill_tokens: steps.reduce((a, s) => a + s.promptTokens, 0),
       fork_steps: steps.length,
