@@ -14,6 +14,9 @@
 # bench.ts (an engine change against the tree's: .device/dist2/bench.mjs, say). ab_report prints tag, tok/s,
 # fraction of roofline, p50 ms and token digest a line. ab_check NAME: conformance and batch
 # invariance on that addon (DIST=DIR: the bundles of another tree, as BENCH). ab_pack NAME: $OUT/NAME.tgz of everything under $AB.
+# ab_fork TAG NAME [VAR=value...]: 32 batch-invariant forks of checkpoint M (qwen3-8b), bf16 KV, GEN (128) tokens
+# each, the forks alone (nerva-bench fork --no-sequential: seconds, not minutes) on /tmp/NAME.node; the line
+# in $AB/fork.jsonl, and tag, fork step device ms (p50), step interval ms, tokens_sha256 and graph nodes printed.
 # ab_trace TAG TRACE_ADDON [VAR=value...]: one decode probe on a traced addon (built with -DNERVA_TRACE),
 # its timeline in $AB/timeline-TAG.txt (DETAIL=KERNEL: that kernel's block detail in
 # $AB/detail-TAG.txt too); prints the per-kernel summary.
@@ -62,6 +65,15 @@ for l in open(sys.argv[1]):
     print(j['tag'], j.get('tokens_per_s'), j.get('fraction_of_roofline'), j.get('ms_per_token_p50'), (j.get('tokens_sha256') or '')[:16])
 PY
   tail -3 "$AB/err.log" 2> /dev/null
+}
+
+ab_fork() {
+  local tag=$1 name=$2
+  shift 2
+  env NERVA_CUDA_ADDON="/tmp/$name.node" "$@" timeout 150 $AB_NODE .device/dist/bench_cli.mjs fork --model "/tmp/synth/${M:-qwen3-8b}" \
+    --backend cuda --kv-cache-dtype bf16 --batch-invariant --no-sequential --new-tokens "${GEN:-128}" 2>> "$AB/err.log" | tail -1 |
+    sed "s/^{/{\"tag\":\"$tag\",/" >> "$AB/fork.jsonl"
+  python3 -c "import json,sys; j=json.loads(open(sys.argv[1]).readlines()[-1]); print(j['tag'], j.get('fork_step_device_ms_p50'), j.get('fork_step_interval_ms'), j.get('tokens_sha256'), j.get('graph_nodes'))" "$AB/fork.jsonl"
 }
 
 ab_check() {

@@ -46,7 +46,8 @@
 #   fork (not in the default list; NERVA_SIZES="qwen3-0.6b qwen3-8b" bash tools/gpu/run.sh build,synth,fork): nerva-bench fork
 #   on each checkpoint, NERVA_FORK_N (32) sampled forks of a NERVA_FORK_PROMPT (512)-token prompt, NERVA_FORK_TOKENS (128)
 #   each, against the same requests one by one, once per KV dtype in NERVA_FORK_KV ("auto bf16") and per environment in NERVA_FORK_ENVS
-#   (';'-separated VAR=value sets) -> $OUT/fork.jsonl; NERVA_FORK_ARGS adds flags (e.g. "--batch-invariant --profile")
+#   (';'-separated VAR=value sets) -> $OUT/fork.jsonl; NERVA_FORK_ARGS adds flags (e.g. "--batch-invariant --profile";
+#   "--no-sequential": the forks alone, the fork step and tokens_sha256 in seconds, to compare builds)
 #   ltalgos (not in the default list; bash tools/gpu/run.sh ltalgos): tools/gpu/lt_candidates.cc, built against cublasLt.h: per
 #   decode weight shape, the cuBLASLt algorithms that could pin it, their ms at 2/64/256 rows and row invariance -> $OUT/lt_candidates.jsonl
 #   invariance (not in the default list; bash tools/gpu/run.sh build,invariance): tools/gpu/batch_invariance.ts, the decode
@@ -324,7 +325,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
         rm -f /tmp/nerva-fork.json
         if env "${fenv[@]}" $NODE --enable-source-maps .device/dist/bench_cli.mjs fork --model "$dir" --backend cuda --n ${NERVA_FORK_N:-32} --prompt-len ${NERVA_FORK_PROMPT:-512} \
             --new-tokens ${NERVA_FORK_TOKENS:-128} --kv-cache-dtype $kv ${NERVA_FORK_ARGS:-} > /tmp/nerva-fork.json 2>>"$log"; then
-          say "fork $size kv=$kv [$fe] ok ($(( $(date +%s) - t0 )) s): $(tail -1 /tmp/nerva-fork.json | grep -o '"decode_speedup":[0-9.]*\|"tokens_identical":[a-z]*' | tr '\n' ' ')"
+          say "fork $size kv=$kv [$fe] ok ($(( $(date +%s) - t0 )) s): $(tail -1 /tmp/nerva-fork.json | grep -o '"decode_speedup":[0-9.a-z]*\|"tokens_identical":[a-z]*\|"fork_step_device_ms_p50":[0-9.]*\|"tokens_sha256":"[0-9a-f]*"' | tr '\n' ' ')"
         else
           say "fork $size kv=$kv [$fe] FAILED"; status=1
           echo "{\"probe\":\"fork\",\"model\":\"$dir\",\"kv_cache_dtype\":\"$kv\",\"error\":\"exit status non-zero (run.log)\"}" > /tmp/nerva-fork.json

@@ -191,11 +191,13 @@ const print = (o: unknown): void => {
     .option('--prefix-caching', 'enable prefix caching (default off: the forks alone share the prompt blocks, every sequential run prefills it)')
     .option('--profile', 'after the timed runs, a few steps with every op timed by device events: "profile" in the line (a mean step of the n forks and of one request, ms by op class)')
     .option('--vs-default', 'also run the N requests one by one on the default decode path (decode_speedup_vs_default; on by itself with --batch-invariant)')
+    .option('--no-sequential', 'the forks alone (no one-by-one runs): the fork step and tokens_sha256, to compare builds quickly')
     .action(async (f) => {
       const e = engine(f);
       print(
         await forkProbe({
           ...(f.vsDefault === true ? { vsDefault: true } : {}),
+          ...(f.sequential === false ? { sequential: false } : {}),
           model: e.model ?? defaultModelDir(),
           backend: e.backend,
           n: f.n,

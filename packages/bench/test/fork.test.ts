@@ -71,6 +71,23 @@ describe('nerva-bench fork', () => {
     expect(r.kv_blocks_free_after).toBe((r.kv_blocks_total as number) - 1);
   }, 120_000);
 
+  it('--no-sequential: the forks alone give the same tokens (digest) and leave the one-by-one figures null', async () => {
+    const opts = { model: TINY, backend: 'cpu' as const, n: 4, promptLen: 19, newTokens: 7, temperature: 0.8, seed: 3, batchInvariant: true };
+    const full = await forkProbe({ ...opts, vsDefault: true });
+    const fast = await forkProbe({ ...opts, sequential: false });
+    await expect(forkProbe({ ...opts, sequential: false, vsDefault: true })).rejects.toThrow(/--vs-default needs the one-by-one runs/);
+    expect(full.tokens_identical).toBe(true);
+    expect(fast.tokens_sha256).toBe(full.tokens_sha256);
+    expect(fast.distinct_fork_outputs).toBe(full.distinct_fork_outputs);
+    for (const k of ['tokens_identical', 'mismatches', 'sequential_decode_s', 'decode_speedup', 'sequential_decode_tok_s', 'sequential_token_device_ms_p50'])
+      expect(fast[k], k).toBeNull();
+    // The default path's one-by-one runs only come with the line's own.
+    expect(full.decode_speedup_vs_default as number).toBeGreaterThan(0);
+    expect(fast).not.toHaveProperty('decode_speedup_vs_default');
+    expect(fast.fork_step_device_ms_p50 as number).toBeGreaterThan(0);
+    expect(fast.fork_decode_tok_s as number).toBeGreaterThan(0);
+  }, 120_000);
+
   it('greedy forks are identical to each other and to the sequential runs', async () => {
     const r = await forkProbe({ model: TINY, backend: 'cpu', n: 3, promptLen: 20, newTokens: 6, temperature: 0, seed: 0 });
     expect(r).toMatchObject({ tokens_identical: true, distinct_fork_outputs: 1, fork_prefill_tokens: 20 });
@@ -107,6 +124,7 @@ describe('nerva-bench fork', () => {
       [['--n', '0'], '--n'],
       [['--temperature', '-1'], '--temperature must be a number >= 0'],
       [['--seed', 'x'], '--seed must be a non-negative integer'],
+      [['--no-sequential', '--vs-default'], '--vs-default needs the one-by-one runs'],
     ] as [string[], string][]) {
       const err = await run(process.execPath, [CLI, 'fork', '--model', TINY, '--backend', 'cpu', ...args]).then(
         () => undefined,

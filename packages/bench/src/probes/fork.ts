@@ -30,6 +30,12 @@ export interface ForkProbeOptions extends Pick<EngineOptions, 'kvCacheDtype' | '
    * one-by-one runs take the slower batch-invariant one-row path.
    */
   vsDefault?: boolean;
+  /**
+   * Run the n requests one by one (default true). False: the forks alone, for comparing builds
+   * by the fork step and `tokens_sha256` at a fraction of the time; every one-by-one figure
+   * (and `tokens_identical`, `vsDefault`) is then null or left out.
+   */
+  sequential?: boolean;
 }
 
 /** Decode steps a profile averages (after the step that samples the first tokens). */
@@ -110,7 +116,9 @@ export function meanStepProfile(steps: readonly PassProfile[], rows: number): Re
 export async function forkProbe(o: ForkProbeOptions): Promise<Record<string, unknown>> {
   const n = o.n ?? 32;
   if (!Number.isInteger(n) || n < 1) throw new RangeError(`--n must be a positive integer, got ${n}`);
+  if (o.sequential === false && o.vsDefault === true) throw new RangeError('--vs-default needs the one-by-one runs (drop --no-sequential)');
   const { line, forkDecodeMs } = await forkRuns(o, n);
+  if (o.sequential === false) return line;
   // Batch-invariant forks: also the engine's default path one by one at the same context, the
   // baseline a user without the flag has (its one-row decode is faster than the batch-invariant
   // one, so this ratio is the smaller, honest one).
@@ -175,8 +183,9 @@ async function forkRuns(o: ForkProbeOptions, n: number): Promise<{ line: Record<
     await engine.submit(prompt, warm).done;
     await Promise.all(engine.submitFork(prompt, n, warm).map((h) => h.done));
 
+    const runSequential = o.sequential !== false;
     const sequential: RequestOutcome[] = [];
-    for (let i = 0; i < n; i++) sequential.push(await engine.submit(prompt, { ...params, seed: o.seed + i }).done);
+    for (let i = 0; runSequential && i < n; i++) sequential.push(await engine.submit(prompt, { ...params, seed: o.seed + i }).done);
 
     const steps: StepSignals[] = [];
     let peakUsed = 0;
@@ -224,7 +233,9 @@ async function forkRuns(o: ForkProbeOptions, n: number): Promise<{ line: Record<
     const seqTotal = seq.reduce((a, s) => a + s.total, 0);
     const forkDecode = Math.max(...fk.map((s) => s.last)) - Math.min(...fk.map((s) => s.first));
     const forkTotal = Math.max(...fk.map((s) => s.finished)) - Math.min(...fk.map((s) => s.arrival));
-    const mismatches = forks
+    // Without the one-by-one runs: null where a figure needs them.
+    const seqOr = <T>(v: T): T | null => (runSequential ? v : null);
+    const mismatches = (runSequential ? forks : [])
       .map((f, i) => ({ index: i, first_difference: f.tokenIds.findIndex((t, j) => t !== sequential[i].tokenIds[j]), fork_tokens: f.tokenIds.length, sequential_tokens: sequential[i].tokenIds.length }))
       .filter((m) => m.first_difference >= 0 || m.fork_tokens !== m.sequential_tokens);
     const bs = engine.kv.blockSize;
@@ -256,16 +267,16 @@ async function forkRuns(o: ForkProbeOptions, n: number): Promise<{ line: Record<
       temperature: o.temperature,
       seed: o.seed,
       // Decode (first token to last) and total (arrival to end) wall time, sequential vs forks.
-      sequential_decode_s: r3(seqDecode / 1000),
+      sequential_decode_s: seqOr(r3(seqDecode / 1000)),
       fork_decode_s: r3(forkDecode / 1000),
-      decode_speedup: r3(seqDecode / forkDecode),
-      sequential_total_s: r3(seqTotal / 1000),
+      decode_speedup: seqOr(r3(seqDecode / forkDecode)),
+      sequential_total_s: seqOr(r3(seqTotal / 1000)),
       fork_total_s: r3(forkTotal / 1000),
-      total_speedup: r3(seqTotal / forkTotal),
+      total_speedup: seqOr(r3(seqTotal / forkTotal)),
       fork_decode_tok_s: r3(decodeTokens / (forkDecode / 1000)),
-      sequential_decode_tok_s: r3(sequential.reduce((a, f) => a + f.tokenIds.length, 0) / (seqDecode / 1000)),
-      tokens_identical: mismatches.length === 0,
-      mismatches: mismatches.length,
+      sequential_decode_tok_s: seqOr(r3(sequential.reduce((a, f) => a + f.tokenIds.length, 0) / (seqDecode / 1000))),
+      tokens_identical: seqOr(mismatches.length === 0),
+      mismatches: seqOr(mismatches.length),
       mismatch_details: mismatches.slice(0, 8),
       distinct_fork_outputs: new Set(forks.map((f) => f.tokenIds.join(','))).size,
       // Every fork's tokens in fork order: equal digests across builds mean the same bits sampled.
@@ -291,12 +302,12 @@ async function forkRuns(o: ForkProbeOptions, n: number): Promise<{ line: Record<
       fork_step_interval_ms: decodeSteps.length > 0 ? r3(forkDecode / decodeSteps.length) : null,
       fork_step_call_ms_p50: stepCallMs === null ? null : r3(stepCallMs),
       fork_step_device_ms_p50: stepDeviceMs(forks, true),
-      sequential_token_interval_ms: r3(seqDecode / Math.max(1, sequential.reduce((a, f) => a + f.tokenIds.length - 1, 0))),
-      sequential_token_device_ms_p50: stepDeviceMs(sequential, false),
+      sequential_token_interval_ms: seqOr(r3(seqDecode / Math.max(1, sequential.reduce((a, f) => a + f.tokenIds.length - 1, 0)))),
+      sequential_token_device_ms_p50: seqOr(stepDeviceMs(sequential, false)),
       graph_nodes: bucket !== undefined ? nodes[bucket] : null,
       graph_bucket: bucket ?? null,
       graph_replays_per_decode_token: mean(summaries.map((s) => s.graph_replays_per_decode_token)),
-      sequential_graph_replays_per_decode_token: mean(seqSummaries.map((s) => s.graph_replays_per_decode_token)),
+      sequential_graph_replays_per_decode_token: seqOr(mean(seqSummaries.map((s) => s.graph_replays_per_decode_token))),
       syncs_per_decode_token: summaries[0]?.syncs_per_decode_token ?? null,
       hot_path_allocations: [...summaries, ...seqSummaries].reduce((a, s) => a + (s.hot_path_allocations ?? 0), 0),
       kv_blocks_free_after: after.freeBlocks,
