@@ -1,3 +1,5 @@
 import { defineConfig } from 'vitest/config';
 
-export default defineConfig({ test: { include: ['test/**/*.test.ts'] } });
+// The native tests (g++ builds and their programs, child processes of up to 120 s each on a busy
+// two-core machine) are awaited, not run synchronously: their tests need the longer timeout.
+export default defineConfig({ test: { include: ['test/**/*.test.ts'], testTimeout: 150_000 } });

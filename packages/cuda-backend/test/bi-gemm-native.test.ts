@@ -25,8 +25,8 @@ interface Result {
 describe.skipIf(!hasGxx)('k_gemm_bi emulation (test/native/bi_gemm_test.cc, g++, no CUDA)', () => {
   let dispose = () => {};
   let res: Result;
-  beforeAll(() => {
-    ({ result: res, dispose } = runNativeJson<Result>('bi_gemm_test', ['test/native/bi_gemm_test.cc']));
+  beforeAll(async () => {
+    ({ result: res, dispose } = await runNativeJson<Result>('bi_gemm_test', ['test/native/bi_gemm_test.cc']));
   }, 180_000);
   afterAll(() => dispose());
 

@@ -1,6 +1,5 @@
-import { spawnSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildNative, HOST_BASE, hasGxx } from './native-build.js';
+import { buildNative, HOST_BASE, hasGxx, runProcess } from './native-build.js';
 
 // The host attention math (native/host/host_attention.cc: tiered KV's warm partial, computed by the
 // CPU where the pages lie) without CUDA or the addon: test/native/host_attention_test.cc is
@@ -20,8 +19,8 @@ interface Summary {
   spinUs: number;
 }
 
-function runProgram(exe: string, env: Record<string, string>): { cases: CaseLine[]; summary: Summary; failures: string[] } {
-  const r = spawnSync(exe, [], { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 120_000 });
+async function runProgram(exe: string, env: Record<string, string>): Promise<{ cases: CaseLine[]; summary: Summary; failures: string[] }> {
+  const r = await runProcess(exe, [], { env: { ...process.env, ...env }, timeoutMs: 120_000 });
   const lines = r.stdout.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as Record<string, unknown>);
   const summary = lines.find((l) => l.summary) as Summary | undefined;
   if (!summary) throw new Error(`no summary from host_attention_test (status ${r.status}, signal ${r.signal}): ${r.stderr}`);
@@ -38,13 +37,13 @@ describe.skipIf(!hasGxx)('host attention math (native/host/host_attention.cc, g+
 
   // The build compiles the span kernels at three ISA levels with -O3: past two minutes on a busy
   // two-core machine.
-  beforeAll(() => {
-    ({ exe, dispose } = buildNative('host_attention_test', ['-pthread', '-DNERVA_HOST_ATTN_NO_CUDA', 'test/native/host_attention_test.cc', 'native/host/host_attention.cc', ...HOST_BASE]));
+  beforeAll(async () => {
+    ({ exe, dispose } = await buildNative('host_attention_test', ['-pthread', '-DNERVA_HOST_ATTN_NO_CUDA', 'test/native/host_attention_test.cc', 'native/host/host_attention.cc', ...HOST_BASE]));
   }, 300_000);
   afterAll(() => dispose());
 
-  it('matches the float64 reference (dtypes, GQA 1/4/12, windows, missing blocks), thread-count independent, allocation-free', () => {
-    const { cases, summary, failures } = runProgram(exe, {});
+  it('matches the float64 reference (dtypes, GQA 1/4/12, windows, missing blocks), thread-count independent, allocation-free', async () => {
+    const { cases, summary, failures } = await runProgram(exe, {});
     expect(failures).toEqual([]);
     expect(summary.failures).toBe(0);
     expect(cases).toHaveLength(14); // 7 shapes at 1 and 4 threads
@@ -53,16 +52,16 @@ describe.skipIf(!hasGxx)('host attention math (native/host/host_attention.cc, g+
     expect(summary.threadMismatches).toBe(0);
   });
 
-  it('gives the same results when idle workers sleep at once (NERVA_HOST_SPIN_US=0) with a pool of 3 (NERVA_HOST_THREADS)', () => {
-    const { summary, failures } = runProgram(exe, { NERVA_HOST_SPIN_US: '0', NERVA_HOST_THREADS: '3' });
+  it('gives the same results when idle workers sleep at once (NERVA_HOST_SPIN_US=0) with a pool of 3 (NERVA_HOST_THREADS)', async () => {
+    const { summary, failures } = await runProgram(exe, { NERVA_HOST_SPIN_US: '0', NERVA_HOST_THREADS: '3' });
     expect(failures).toEqual([]);
     expect(summary.failures).toBe(0);
     expect(summary.spinUs).toBe(0);
   });
 
-  it('spins NERVA_HOST_SPIN_US before sleeping, 1000 by default, and ignores an invalid value (the pool is shared with the host MLP)', () => {
-    expect(runProgram(exe, { NERVA_HOST_SPIN_US: '' }).summary.spinUs).toBe(1000); // the knob's default
-    expect(runProgram(exe, { NERVA_HOST_SPIN_US: 'x' }).summary.spinUs).toBe(1000); // validateKnobs reports it
-    expect(runProgram(exe, { NERVA_HOST_SPIN_US: '50' }).summary.spinUs).toBe(50);
+  it('spins NERVA_HOST_SPIN_US before sleeping, 1000 by default, and ignores an invalid value (the pool is shared with the host MLP)', async () => {
+    expect((await runProgram(exe, { NERVA_HOST_SPIN_US: '' })).summary.spinUs).toBe(1000); // the knob's default
+    expect((await runProgram(exe, { NERVA_HOST_SPIN_US: 'x' })).summary.spinUs).toBe(1000); // validateKnobs reports it
+    expect((await runProgram(exe, { NERVA_HOST_SPIN_US: '50' })).summary.spinUs).toBe(50);
   }, 60_000);
 });

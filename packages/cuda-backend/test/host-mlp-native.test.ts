@@ -1,7 +1,6 @@
-import { spawnSync } from 'node:child_process';
 import os from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildNative, HOST_BASE, hasGxx } from './native-build.js';
+import { buildNative, HOST_BASE, hasGxx, runProcess } from './native-build.js';
 
 // The host MLP math (native/host/host_mlp.cc) without CUDA or the addon: test/native/host_mlp_test.cc
 // is compiled here with g++ and checks every vector path this CPU has (scalar, AVX2, AVX-512)
@@ -35,8 +34,8 @@ interface Summary {
 }
 
 /** Runs the test program with extra environment; returns its case lines and summary. */
-function runProgram(exe: string, env: Record<string, string>): { cases: CaseLine[]; summary: Summary; failures: string[] } {
-  const r = spawnSync(exe, [], { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 120_000 });
+async function runProgram(exe: string, env: Record<string, string>): Promise<{ cases: CaseLine[]; summary: Summary; failures: string[] }> {
+  const r = await runProcess(exe, [], { env: { ...process.env, ...env }, timeoutMs: 120_000 });
   const lines = r.stdout
     .split('\n')
     .filter((l) => l.startsWith('{'))
@@ -54,13 +53,13 @@ describe.skipIf(!hasGxx)('host MLP math (native/host/host_mlp.cc, g++, no CUDA)'
   let exe = '';
   let dispose = () => {};
 
-  beforeAll(() => {
-    ({ exe, dispose } = buildNative('host_mlp_test', ['-pthread', '-DNERVA_HOST_MLP_NO_CUDA', 'test/native/host_mlp_test.cc', 'native/host/host_mlp.cc', ...HOST_BASE]));
+  beforeAll(async () => {
+    ({ exe, dispose } = await buildNative('host_mlp_test', ['-pthread', '-DNERVA_HOST_MLP_NO_CUDA', 'test/native/host_mlp_test.cc', 'native/host/host_mlp.cc', ...HOST_BASE]));
   }, 120_000);
   afterAll(() => dispose());
 
-  it('matches the float64 reference on every ISA path, 1 and 4 threads, odd sizes, rows 1/3/8/11, c = 0', () => {
-    const { cases, summary, failures } = runProgram(exe, {});
+  it('matches the float64 reference on every ISA path, 1 and 4 threads, odd sizes, rows 1/3/8/11, c = 0', async () => {
+    const { cases, summary, failures } = await runProgram(exe, {});
     expect(failures).toEqual([]);
     expect(summary.failures).toBe(0);
     expect(summary.isas[0]).toBe('scalar');
@@ -78,21 +77,21 @@ describe.skipIf(!hasGxx)('host MLP math (native/host/host_mlp.cc, g++, no CUDA)'
     expect(summary.threadMismatches).toBe(0);
   });
 
-  it('gives the same results when idle workers sleep at once (NERVA_HOST_SPIN_US=0)', () => {
-    const { summary, failures } = runProgram(exe, { NERVA_HOST_SPIN_US: '0' });
+  it('gives the same results when idle workers sleep at once (NERVA_HOST_SPIN_US=0)', async () => {
+    const { summary, failures } = await runProgram(exe, { NERVA_HOST_SPIN_US: '0' });
     expect(failures).toEqual([]);
     expect(summary.failures).toBe(0);
   });
 
-  it('sizes the default pool from NERVA_HOST_THREADS, caps its ISA with NERVA_HOST_ISA, pins with NERVA_HOST_PIN', () => {
-    const dflt = runProgram(exe, {}).summary;
+  it('sizes the default pool from NERVA_HOST_THREADS, caps its ISA with NERVA_HOST_ISA, pins with NERVA_HOST_PIN', async () => {
+    const dflt = (await runProgram(exe, {})).summary;
     // Three CPUs are left to the channel server, the host-function thread and the thread that waits on the GPU (host_pool.cc defaultThreads).
     expect(dflt.initial.threads).toBe(Math.max(1, (os.availableParallelism?.() ?? os.cpus().length) - 3));
     expect(dflt.initial.isa).toBe(dflt.isas[dflt.isas.length - 1]); // the best path by default
     expect(dflt.initial.pinned).toBe(false);
-    const capped = runProgram(exe, { NERVA_HOST_ISA: 'avx2', NERVA_HOST_THREADS: '3', NERVA_HOST_PIN: '1' }).summary;
+    const capped = (await runProgram(exe, { NERVA_HOST_ISA: 'avx2', NERVA_HOST_THREADS: '3', NERVA_HOST_PIN: '1' })).summary;
     expect(capped.failures).toBe(0);
     expect(capped.initial).toEqual({ threads: 3, isa: capped.isas.includes('avx2') ? 'avx2' : 'scalar', pinned: true });
-    expect(runProgram(exe, { NERVA_HOST_ISA: 'scalar' }).summary.initial.isa).toBe('scalar');
+    expect((await runProgram(exe, { NERVA_HOST_ISA: 'scalar' })).summary.initial.isa).toBe('scalar');
   });
 });

@@ -1,6 +1,5 @@
-import { spawnSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildNative, HOST_BASE, hasGxx } from './native-build.js';
+import { buildNative, HOST_BASE, hasGxx, runProcess } from './native-build.js';
 
 // The host pool (native/host/host_pool.cc) under stress, without CUDA: test/native/host_pool_test.cc
 // runs many back-to-back two-phase calls on a pool larger than this machine's CPUs whose idle
@@ -22,8 +21,8 @@ interface Result {
 describe.skipIf(!hasGxx)('host pool (native/host/host_pool.cc, g++, no CUDA)', () => {
   let exe = '';
   let dispose = () => {};
-  beforeAll(() => {
-    ({ exe, dispose } = buildNative('host_pool_test', ['-pthread', 'test/native/host_pool_test.cc', ...HOST_BASE]));
+  beforeAll(async () => {
+    ({ exe, dispose } = await buildNative('host_pool_test', ['-pthread', 'test/native/host_pool_test.cc', ...HOST_BASE]));
   }, 120_000);
   afterAll(() => dispose());
 
@@ -34,11 +33,10 @@ describe.skipIf(!hasGxx)('host pool (native/host/host_pool.cc, g++, no CUDA)', (
     [2, 100],
   ];
   for (const [threads, spinUs] of cases) {
-    it(`${threads} threads, workers spinning ${spinUs} us: every task once per call, barrier kept`, () => {
-      const r = spawnSync(exe, ['20000'], {
-        encoding: 'utf8',
+    it(`${threads} threads, workers spinning ${spinUs} us: every task once per call, barrier kept`, async () => {
+      const r = await runProcess(exe, ['20000'], {
         env: { ...process.env, NERVA_HOST_THREADS: String(threads), NERVA_HOST_SPIN_US: String(spinUs) },
-        timeout: 120_000,
+        timeoutMs: 120_000,
       });
       const line = r.stdout.split('\n').find((l) => l.startsWith('{'));
       expect(line, `no result (status ${r.status}, signal ${r.signal}): ${r.stderr}`).toBeDefined();

@@ -1,4 +1,4 @@
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -16,14 +16,50 @@ export const hasGxx = spawnSync('g++', ['--version'], { stdio: 'ignore' }).statu
  */
 export const HOST_BASE = ['-Inative/host', '-Inative/common', 'native/host/host_pool.cc', 'native/host/isa.cc', 'native/common/knobs.cc'];
 
+/** What a finished child process left: its exit status (null if a signal ended it) and output. */
+export interface ProcessResult {
+  status: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * Runs a program to its end without blocking the event loop (a synchronous child would stall the
+ * test worker's reports to vitest: a two-minute g++ build on a busy two-core machine trips its RPC
+ * timeout). Killed after timeoutMs (status null, signal SIGTERM).
+ */
+export function runProcess(
+  cmd: string,
+  args: readonly string[],
+  opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number } = {},
+): Promise<ProcessResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, args, { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    const timer = opts.timeoutMs ? setTimeout(() => child.kill('SIGTERM'), opts.timeoutMs) : undefined;
+    child.on('error', (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    child.on('close', (status, signal) => {
+      clearTimeout(timer);
+      resolve({ status, signal, stdout, stderr });
+    });
+  });
+}
+
 /**
  * Compiles a native test (`args`: g++ flags and sources, relative to the package) into a fresh
  * temporary folder; a failed build throws with g++'s stderr. dispose() removes the folder.
  */
-export function buildNative(name: string, args: string[]): { exe: string; dispose: () => void } {
+export async function buildNative(name: string, args: string[]): Promise<{ exe: string; dispose: () => void }> {
   const tmp = mkdtempSync(path.join(os.tmpdir(), `nerva-${name}-`));
   const exe = path.join(tmp, name);
-  const r = spawnSync('g++', ['-O2', '-std=c++17', ...args, '-o', exe], { cwd: pkgDir, encoding: 'utf8' });
+  const r = await runProcess('g++', ['-O2', '-std=c++17', ...args, '-o', exe], { cwd: pkgDir });
   if (r.status !== 0) {
     rmSync(tmp, { recursive: true, force: true });
     throw new Error(`g++ failed: ${r.stderr}`);
@@ -35,9 +71,9 @@ export function buildNative(name: string, args: string[]): { exe: string; dispos
  * Builds a native test that prints its result as one JSON line, runs it once and parses that line
  * (an emulation test: no arguments, no environment of its own). dispose() removes the build.
  */
-export function runNativeJson<T>(name: string, args: string[], timeoutMs = 120_000): { result: T; dispose: () => void } {
-  const built = buildNative(name, args);
-  const r = spawnSync(built.exe, [], { encoding: 'utf8', timeout: timeoutMs });
+export async function runNativeJson<T>(name: string, args: string[], timeoutMs = 120_000): Promise<{ result: T; dispose: () => void }> {
+  const built = await buildNative(name, args);
+  const r = await runProcess(built.exe, [], { timeoutMs });
   const line = r.stdout.split('\n').find((l) => l.startsWith('{'));
   if (!line) {
     built.dispose();

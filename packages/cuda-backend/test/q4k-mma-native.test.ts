@@ -20,8 +20,8 @@ interface Result {
 describe.skipIf(!hasGxx)('k_q4k_mma emulation (test/native/q4k_mma_test.cc, g++, no CUDA)', () => {
   let dispose = () => {};
   let res: Result;
-  beforeAll(() => {
-    ({ result: res, dispose } = runNativeJson<Result>('q4k_mma_test', ['test/native/q4k_mma_test.cc']));
+  beforeAll(async () => {
+    ({ result: res, dispose } = await runNativeJson<Result>('q4k_mma_test', ['test/native/q4k_mma_test.cc']));
   }, 180_000);
   afterAll(() => dispose());
 
