@@ -25,6 +25,75 @@ constexpr size_t dgSmemBytes() {
   return (size_t)2 /*stages*/ * 2 /*K, V*/ * DG_KEYS * dgRowElems<KT>() * sizeof(KT);
 }
 
+// What both forms of the kernel (k_attn_decode_gqa, k_attn_decode_gqa_tc) take the same way from
+// their launch: split s's keys [start, end] of row r (chunk keys a split, nAct live splits) and
+// where its pages lie; slots() and issue() stage a 32-key tile of K and V.
+struct DgBlock {
+  int start, end, nAct;
+  const int* btr;
+  size_t width;
+  int bs, kvh, tid;
+  // The cache slot of keys k0 .. k0 + 31 (-1 past `end` or in a missing block).
+  __device__ __forceinline__ void slots(int k0, long long* sl) const {
+    if (tid < DG_KEYS) {
+      const int p = k0 + tid;
+      long long v = -1;
+      if (p <= end) {
+        const int e = btr[p / bs];
+        if (e >= 0) v = (long long)e * bs + p % bs;
+      }
+      sl[tid] = v;
+    }
+  }
+  // The tile's K rows to kd and V rows to kd + DG_KEYS LD, 16 bytes a cp.async (zeros for slot -1).
+  template <typename KT, int LD>
+  __device__ __forceinline__ void issue(const long long* sl, KT* kd, const KT* kc, const KT* vc) const {
+    constexpr int CPR = DG_HD * (int)sizeof(KT) / 16;  // 16-byte copies per key row
+    KT* vd = kd + DG_KEYS * LD;
+    for (int i = tid; i < DG_KEYS * CPR; i += 128) {
+      const int j = i / CPR, c = i % CPR;
+      const long long sv = sl[j];
+      const size_t off = (size_t)max(sv, 0ll) * width + (size_t)kvh * DG_HD;
+      const int e = c * (16 / (int)sizeof(KT));
+      pfCopy16(kd + j * LD + e, kc + off + e, sv >= 0);
+      pfCopy16(vd + j * LD + e, vc + off + e, sv >= 0);
+    }
+  }
+};
+
+// The block's DgBlock, and its G q heads (times scale) in qs. False when split s starts past the
+// row's last key: its partials then say "empty" (where no counters merge, which count only live
+// splits), and the block has nothing more to do.
+template <int G>
+__device__ __forceinline__ bool dgBegin(DgBlock& b, float (*qs)[DG_HD], const float* q, const int* bt, const int* rowSeq,
+                                        const int* positions, float* part, int H, int KVH, int bs, int mbps, int qStride,
+                                        int qOff, float scale, int S, int rowBase, const int* counters, int minChunk) {
+  const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl, tid = threadIdx.x;
+  const int last = positions[r];
+  const int chunk = max(minChunk, (last + S) / S);
+  b.nAct = last / chunk + 1;
+  b.start = s * chunk;
+  if (b.start > last) {
+    if (!counters && tid < G) {
+      float* dst = part + (((size_t)rl * H + kvh * G + tid) * S + s) * ((size_t)DG_HD + 2);
+      dst[0] = -INFINITY;
+      dst[1] = 0.f;
+    }
+    return false;
+  }
+  b.end = min(b.start + chunk - 1, last);
+  b.btr = bt + (size_t)rowSeq[r] * mbps;
+  b.width = (size_t)KVH * DG_HD;
+  b.bs = bs;
+  b.kvh = kvh;
+  b.tid = tid;
+  for (int i = tid; i < G * DG_HD; i += 128) {
+    const int g = i / DG_HD, d = i % DG_HD;
+    qs[g][d] = q[(size_t)r * qStride + qOff + (size_t)(kvh * G + g) * DG_HD + d] * scale;
+  }
+  return true;
+}
+
 __device__ __forceinline__ float dgLoad(const float* p) { return *p; }
 __device__ __forceinline__ float dgLoad(const uint16_t* p) { return bf2f(*p); }
 
@@ -36,7 +105,6 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const K
                                                         uint16_t* outHi, size_t loOff) {
   constexpr int LD = dgRowElems<KT>();
   constexpr int TILE = DG_KEYS * LD;  // elements of one K (or V) tile
-  constexpr int CPR = DG_HD * (int)sizeof(KT) / 16;  // 16-byte copies per key row
   extern __shared__ __align__(16) unsigned char dgsm[];
   KT* const buf = (KT*)dgsm;  // stage st: K at buf + 2 st TILE, V after it
   __shared__ float qs[G][DG_HD];
@@ -49,49 +117,14 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const K
   PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
   const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int last = positions[r];
-  const int chunk = max(minChunk, (last + S) / S);
-  const int nAct = last / chunk + 1;
-  const int start = s * chunk;
-  const size_t stride = (size_t)DG_HD + 2;
-  if (start > last) {
-    if (!counters && tid < G) {
-      float* dst = part + (((size_t)rl * H + kvh * G + tid) * S + s) * stride;
-      dst[0] = -INFINITY;
-      dst[1] = 0.f;
-    }
+  DgBlock blk;
+  if (!dgBegin<G>(blk, qs, q, bt, rowSeq, positions, part, H, KVH, bs, mbps, qStride, qOff, scale, S, rowBase, counters,
+                  minChunk))
     return;
-  }
-  const int end = min(start + chunk - 1, last);
-  const int* btr = bt + (size_t)rowSeq[r] * mbps;
-  const size_t width = (size_t)KVH * DG_HD;
-  for (int i = tid; i < G * DG_HD; i += 128) {
-    const int g = i / DG_HD, d = i % DG_HD;
-    qs[g][d] = q[(size_t)r * qStride + qOff + (size_t)(kvh * G + g) * DG_HD + d] * scale;
-  }
-  auto slotsFor = [&](int k0, long long* sl) {
-    if (tid < DG_KEYS) {
-      const int p = k0 + tid;
-      long long v = -1;
-      if (p <= end) {
-        const int e = btr[p / bs];
-        if (e >= 0) v = (long long)e * bs + p % bs;
-      }
-      sl[tid] = v;
-    }
-  };
-  auto issue = [&](const long long* sl, int st) {
-    KT* kd = buf + (size_t)st * 2 * TILE;
-    KT* vd = kd + TILE;
-    for (int i = tid; i < DG_KEYS * CPR; i += 128) {
-      const int j = i / CPR, c = i % CPR;
-      const long long sv = sl[j];
-      const size_t off = (size_t)max(sv, 0ll) * width + (size_t)kvh * DG_HD;
-      const int e = c * (16 / (int)sizeof(KT));
-      pfCopy16(kd + j * LD + e, kc + off + e, sv >= 0);
-      pfCopy16(vd + j * LD + e, vc + off + e, sv >= 0);
-    }
-  };
+  const int start = blk.start, end = blk.end, nAct = blk.nAct;
+  const size_t stride = (size_t)DG_HD + 2;  // a partial: m, l, then DG_HD sums
+  auto slotsFor = [&](int k0, long long* sl) { blk.slots(k0, sl); };
+  auto issue = [&](const long long* sl, int st) { blk.issue<KT, LD>(sl, buf + (size_t)st * 2 * TILE, kc, vc); };
   float acc[G];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // heads warp and warp + 4 (warp-uniform)
 #pragma unroll
@@ -211,7 +244,6 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa_tc(const float* q, cons
   static_assert(G >= 1 && G <= 8, "the MMA's 16 rows hold hi and lo of at most 8 heads");
   constexpr int LD = DG_HD + 8;  // padded rows: ldmatrix's eight row addresses fall in distinct banks
   constexpr int TILE = DG_KEYS * LD;
-  constexpr int CPR = DG_HD * 2 / 16;  // 16-byte copies per key row
   extern __shared__ __align__(16) unsigned char dgsm[];
   uint16_t* const buf = (uint16_t*)dgsm;  // stage st: K at buf + 2 st TILE, V after it
   __shared__ __align__(16) float qs[G][DG_HD];
@@ -225,48 +257,14 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa_tc(const float* q, cons
   const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, cq = (lane & 3) * 2;  // the MMA fragments' row group and column pair
-  const int last = positions[r];
-  const int chunk = max(minChunk, (last + S) / S);
-  const int nAct = last / chunk + 1;
-  const int start = s * chunk;
-  const size_t stride = (size_t)DG_HD + 2;
-  if (start > last) {
-    if (!counters && tid < G) {
-      float* dst = part + (((size_t)rl * H + kvh * G + tid) * S + s) * stride;
-      dst[0] = -INFINITY;
-      dst[1] = 0.f;
-    }
+  DgBlock blk;
+  if (!dgBegin<G>(blk, qs, q, bt, rowSeq, positions, part, H, KVH, bs, mbps, qStride, qOff, scale, S, rowBase, counters,
+                  minChunk))
     return;
-  }
-  const int end = min(start + chunk - 1, last);
-  const int* btr = bt + (size_t)rowSeq[r] * mbps;
-  const size_t width = (size_t)KVH * DG_HD;
-  for (int i = tid; i < G * DG_HD; i += 128) {
-    const int g = i / DG_HD, d = i % DG_HD;
-    qs[g][d] = q[(size_t)r * qStride + qOff + (size_t)(kvh * G + g) * DG_HD + d] * scale;
-  }
-  auto slotsFor = [&](int k0, long long* sl) {
-    if (tid < DG_KEYS) {
-      const int p = k0 + tid;
-      long long v = -1;
-      if (p <= end) {
-        const int e = btr[p / bs];
-        if (e >= 0) v = (long long)e * bs + p % bs;
-      }
-      sl[tid] = v;
-    }
-  };
-  auto issue = [&](const long long* sl, int st) {
-    uint16_t* kd = buf + (size_t)st * 2 * TILE;
-    uint16_t* vd = kd + TILE;
-    for (int i = tid; i < DG_KEYS * CPR; i += 128) {
-      const int j = i / CPR, c = i % CPR;
-      const long long sv = sl[j];
-      const size_t off = (size_t)max(sv, 0ll) * width + (size_t)kvh * DG_HD;
-      pfCopy16(kd + j * LD + c * 8, kc + off + c * 8, sv >= 0);
-      pfCopy16(vd + j * LD + c * 8, vc + off + c * 8, sv >= 0);
-    }
-  };
+  const int start = blk.start, end = blk.end, nAct = blk.nAct;
+  const size_t stride = (size_t)DG_HD + 2;  // a partial: m, l, then DG_HD sums
+  auto slotsFor = [&](int k0, long long* sl) { blk.slots(k0, sl); };
+  auto issue = [&](const long long* sl, int st) { blk.issue<uint16_t, LD>(sl, buf + (size_t)st * 2 * TILE, kc, vc); };
   slotsFor(start, slot[0]);
   __syncthreads();  // slots and q
   issue(slot[0], 0);
