@@ -325,7 +325,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
         rm -f /tmp/nerva-fork.json
         if env "${fenv[@]}" $NODE --enable-source-maps .device/dist/bench_cli.mjs fork --model "$dir" --backend cuda --n ${NERVA_FORK_N:-32} --prompt-len ${NERVA_FORK_PROMPT:-512} \
             --new-tokens ${NERVA_FORK_TOKENS:-128} --kv-cache-dtype $kv ${NERVA_FORK_ARGS:-} > /tmp/nerva-fork.json 2>>"$log"; then
-          say "fork $size kv=$kv [$fe] ok ($(( $(date +%s) - t0 )) s): $(tail -1 /tmp/nerva-fork.json | grep -o '"decode_speedup":[0-9.a-z]*\|"tokens_identical":[a-z]*\|"fork_step_device_ms_p50":[0-9.]*\|"tokens_sha256":"[0-9a-f]*"' | tr '\n' ' ')"
+          say "fork $size kv=$kv [$fe] ok ($(( $(date +%s) - t0 )) s): $(tail -1 /tmp/nerva-fork.json | grep -o '"decode_speedup":[0-9.a-z]*\|"decode_speedup_vs_default":[0-9.]*\|"tokens_identical":[a-z]*\|"fork_step_device_ms_p50":[0-9.]*\|"tokens_sha256":"[0-9a-f]*"' | tr '\n' ' ')"
         else
           say "fork $size kv=$kv [$fe] FAILED"; status=1
           echo "{\"probe\":\"fork\",\"model\":\"$dir\",\"kv_cache_dtype\":\"$kv\",\"error\":\"exit status non-zero (run.log)\"}" > /tmp/nerva-fork.json
