@@ -94,6 +94,34 @@ __device__ __forceinline__ bool dgBegin(DgBlock& b, float (*qs)[DG_HD], const fl
   return true;
 }
 
+// The online softmax of one tile, the same in both kernels: sc[g][k] holds the scores of the
+// tile's keys for head g and gets their probabilities; warp w takes heads w and w + 4, one key a
+// lane; m and l are those heads' running max and sum, corr[g] the factor the head's output so far
+// is scaled by.
+template <int G>
+__device__ __forceinline__ void dgSoftmaxTile(float (*sc)[DG_KEYS], float* corr, float* m, float* l, int warp, int lane) {
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int g = warp + 4 * hh;
+    if (g >= G) break;
+    const float x = sc[g][lane];
+    float mx = x;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float mn = fmaxf(m[hh], mx);
+    const float base = mn == -INFINITY ? 0.f : mn;
+    const float p = expf(x - base);
+    float sum = p;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float c = expf(m[hh] - base);
+    l[hh] = l[hh] * c + sum;
+    m[hh] = mn;
+    sc[g][lane] = p;
+    if (lane == 0) corr[g] = c;
+  }
+}
+
 __device__ __forceinline__ float dgLoad(const float* p) { return *p; }
 __device__ __forceinline__ float dgLoad(const uint16_t* p) { return bf2f(*p); }
 
@@ -168,27 +196,7 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const K
       for (int g = 0; g < G; g++) sc[g][key] = ok ? d[g] : -INFINITY;
     }
     __syncthreads();
-    // Online softmax: warp w takes heads w and w + 4, one key per lane.
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int g = warp + 4 * hh;
-      if (g >= G) break;
-      const float x = sc[g][lane];
-      float mx = x;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float mn = fmaxf(m[hh], mx);
-      const float base = mn == -INFINITY ? 0.f : mn;
-      const float p = expf(x - base);
-      float sum = p;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      const float c = expf(m[hh] - base);
-      l[hh] = l[hh] * c + sum;
-      m[hh] = mn;
-      sc[g][lane] = p;
-      if (lane == 0) corr[g] = c;
-    }
+    dgSoftmaxTile<G>(sc, corr, m, l, warp, lane);
     __syncthreads();
     // out[., tid] += sum_k p[g][k] v[k][tid]
 #pragma unroll
@@ -312,27 +320,7 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa_tc(const float* q, cons
       sc[gq][key + 1] = slot[cur][key + 1] >= 0 ? d4[1] + d4[3] : -INFINITY;
     }
     __syncthreads();
-    // Online softmax: warp w takes heads w and w + 4, one key per lane.
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int g = warp + 4 * hh;
-      if (g >= G) break;
-      const float x = sc[g][lane];
-      float mx = x;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float mn = fmaxf(m[hh], mx);
-      const float base = mn == -INFINITY ? 0.f : mn;
-      const float p = expf(x - base);
-      float sum = p;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      const float c = expf(m[hh] - base);
-      l[hh] = l[hh] * c + sum;
-      m[hh] = mn;
-      sc[g][lane] = p;
-      if (lane == 0) corr[g] = c;
-    }
+    dgSoftmaxTile<G>(sc, corr, m, l, warp, lane);
     __syncthreads();
     // out[g][dims of this warp] = corr[g] out + P V: two k-steps of 16 keys, four n-tiles of 8 dims.
     if (gq < G) {
