@@ -1,4 +1,4 @@
-import { spawn, spawnSync } from 'node:child_process';
+import { execFile, spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -27,27 +27,18 @@ export interface ProcessResult {
 /**
  * Runs a program to its end without blocking the event loop (a synchronous child would stall the
  * test worker's reports to vitest: a two-minute g++ build on a busy two-core machine trips its RPC
- * timeout). Killed after timeoutMs (status null, signal SIGTERM).
+ * timeout). Killed after timeoutMs (status null, signal SIGTERM); a program that cannot start
+ * gives status null too.
  */
 export function runProcess(
   cmd: string,
   args: readonly string[],
   opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number } = {},
 ): Promise<ProcessResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-    const timer = opts.timeoutMs ? setTimeout(() => child.kill('SIGTERM'), opts.timeoutMs) : undefined;
-    child.on('error', (e) => {
-      clearTimeout(timer);
-      reject(e);
-    });
-    child.on('close', (status, signal) => {
-      clearTimeout(timer);
-      resolve({ status, signal, stdout, stderr });
+  return new Promise((resolve) => {
+    execFile(cmd, args, { cwd: opts.cwd, env: opts.env, timeout: opts.timeoutMs ?? 0, encoding: 'utf8', maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
+      const status = err ? (typeof err.code === 'number' ? err.code : null) : 0;
+      resolve({ status, signal: err?.signal ?? null, stdout, stderr });
     });
   });
 }
