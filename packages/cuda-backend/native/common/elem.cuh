@@ -189,7 +189,31 @@ __device__ __forceinline__ void storeSplit(float v, uint16_t* hi, uint16_t* lo, 
   if (lo) lo[i] = f2bf(v - bf2f(h));
 }
 
-// hi (and lo): the normalized rows go there as their bf16 split (storeSplit) instead of to `out`,
-// the operand of a cuBLAS(Lt) GEMM (gemmRowsBlas): norm and split in one launch.
+// Rows of floats, `stride` apart: value(r, j) is row r's element j. An input of k_rmsnorm and
+// k_rope_append beside GemmOut.
+struct FloatRows {
+  const float* x;
+  int stride;
+  __device__ __forceinline__ float value(int r, int j) const { return x[(size_t)r * stride + j]; }
+};
+
+// A many-row GEMM's output before its epilogue (gemmRowsBlas): t holds x.W^T as [rows, wOut] and,
+// split, the lo half's product as rows more, loOff floats on. raw(): hi + lo of element (r, o);
+// value(): the epilogue's y = R(hi + lo + bias). The one formula of k_gemm_epilogue and of a norm
+// that takes over a deferred epilogue (k_rmsnorm over a GemmOut), so both give the same bits.
+struct GemmOut {
+  const float* t;
+  size_t loOff;
+  int wOut, split;
+  const void* bias;
+  int bdt, bfa;
+  __device__ __forceinline__ float raw(int r, int o) const {
+    const float* tr = t + (size_t)r * wOut;
+    return tr[o] + (split ? tr[loOff + o] : 0.f);
+  }
+  __device__ __forceinline__ float value(int r, int o) const {
+    return bfr(raw(r, o) + (bias ? ldf(bias, bdt, o) : 0.f), bfa);
+  }
+};
 
 }  // namespace nerva

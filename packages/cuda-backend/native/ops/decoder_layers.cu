@@ -66,8 +66,12 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   const int qkvOut = (nq + 2 * nkv) * hd, qw = nq * hd;
 
   // Per layer: the per-op path (fused_matmul, rope_append, attention), as separate kernels.
+  // Many rows on cuBLAS(Lt): o's and down's accumulate into x is left to the norm of the matmul
+  // after it (gate_up's, the next layer's qkv), one kernel fewer each (DeferredEpilogue).
+  DeferredEpilogue downEpi;
   for (auto& l : Ls) {
     Fuse fq;
+    fq.pending = &downEpi;
     fq.nw = l.attnNorm;
     fq.eps = eps;
     fq.tail = l.qkvTail;
@@ -79,9 +83,12 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
       fq.embDt = etab.dt;
       fq.embIds = (const int*)eids.p;
     }
-    int rc = matmulRows(ex, (const float*)x.p, l.qkv, (float*)qkv.p, rows, hidden, qkvOut, l.qkvBias, fq);
-    // Many rows: the GQA kernel (each key read once for its q heads), after rope_append.
+    // Many rows: the GQA kernel (each key read once for its q heads), after rope_append, which
+    // takes over qkv's epilogue where the GEMM leaves it (the attention then reads only q there).
     const bool gqa = attnDecodeGqaFits(ex, rows, nq, nkv, hd, l.kc.dt, l.vc.dt);
+    DeferredEpilogue qkvEpi;
+    if (gqa) fq.defer = &qkvEpi;
+    int rc = matmulRows(ex, (const float*)x.p, l.qkv, (float*)qkv.p, rows, hidden, qkvOut, l.qkvBias, fq);
     // Decode rows with headDim 128: rope_append's work is fused into the attention kernel.
     const bool fuseRope = !gqa && hd == 128 && !ex->bf16act && l.kc.dt == l.vc.dt &&
                           (!l.qNorm.p || !l.kNorm.p || l.qNorm.dt == l.kNorm.dt) && ex->counters &&
@@ -94,6 +101,8 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
       rf.ndt = l.qNorm.p ? l.qNorm.dt : l.kNorm.dt;
       rf.slots = (const int*)slots.p;
       rf.eps = eps;
+    } else if (!rc && qkvEpi.g.t) {
+      rc = ropeAppendAfter(ex, &qkvEpi, pos, inv, slots, l.kc, l.vc, l.qNorm, l.kNorm, rows, nq, nkv, hd, eps);
     } else if (!rc) {
       rc = ropeAppendRun(ex, (float*)qkv.p, pos, inv, slots, l.kc, l.vc, l.qNorm, l.kNorm, rows, nq, nkv, hd, qkvOut, eps);
     }
@@ -116,6 +125,8 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     // starts after gate_up's wait, when o is complete.
     fo.early = true;
     fo.take = &attnSplit;
+    DeferredEpilogue oEpi;
+    fo.defer = &oEpi;
     if (!rc) rc = matmulRows(ex, (const float*)attn.p, l.o, (float*)x.p, rows, qw, hidden, l.oBias, fo);
     // Many rows on cuBLAS(Lt): gate_up's epilogue also splits its output into down's bf16 operand.
     SplitHandoff mlpSplit;
@@ -124,6 +135,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     fg.eps = eps;
     fg.glu = true;
     fg.emit = &mlpSplit;
+    fg.pending = &oEpi;
     if (!rc) rc = matmulRows(ex, (const float*)x.p, l.gateUp, (float*)mlp.p, rows, hidden, inter, Buf{nullptr, 0}, fg);
     Fuse fd;
     fd.accumulate = true;
@@ -132,10 +144,11 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     // before its wait, and triggers the attention only after it).
     fd.early = true;
     fd.take = &mlpSplit;
+    fd.defer = &downEpi;
     if (!rc) rc = matmulRows(ex, (const float*)mlp.p, l.down, (float*)x.p, rows, inter, hidden, Buf{nullptr, 0}, fd);
     if (rc) return rc;
   }
-  return NERVA_OK;
+  return flushEpilogue(ex, &downEpi);
 }
 
 }  // namespace nerva::ops

@@ -47,17 +47,16 @@ constexpr int rmsMaxThreads() {
 
 // RMSNorm, a block a row: with `residual`, x + residual first (written back to residual, the
 // norm's input); then out = norm(x) * w, or with hi (lo optional) that value's bf16 split
-// (storeSplit: x = hi + lo, a tensor-core GEMM's operand keeping ~16 bits of its mantissa).
-template <int RMS_UNROLL>
-__global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(const float* x, const void* w, int wdt,
-                                                                             float* out, float* residual, int dim,
-                                                                             float eps, int bfa, uint16_t* hi,
-                                                                             uint16_t* lo) {
+// (storeSplit: x = hi + lo, a tensor-core GEMM's operand keeping ~16 bits of its mantissa). x is
+// In's rows: FloatRows, or a GemmOut (with residual: a deferred accumulate epilogue applied here).
+template <int RMS_UNROLL, class In>
+__global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(In x, const void* w, int wdt, float* out,
+                                                                             float* residual, int dim, float eps, int bfa,
+                                                                             uint16_t* hi, uint16_t* lo) {
   NERVA_TRACE_KERNEL();
   PDL_ENTER();
   __shared__ float sh[32];
   int r = blockIdx.x;
-  const float* xr = x + (size_t)r * dim;
   float* rr = residual ? residual + (size_t)r * dim : nullptr;
   // Each thread's elements i = tid, tid + B, ... in ascending order, RMS_UNROLL of them loaded
   // before any is used: a row of 4096 at 256 threads otherwise waits out 16 load latencies one
@@ -68,7 +67,7 @@ __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(cons
   for (; i + (RMS_UNROLL - 1) * B < dim; i += RMS_UNROLL * B) {
     float v[RMS_UNROLL], q[RMS_UNROLL];
 #pragma unroll
-    for (int u = 0; u < RMS_UNROLL; u++) v[u] = xr[i + u * B];
+    for (int u = 0; u < RMS_UNROLL; u++) v[u] = x.value(r, i + u * B);
     if (rr) {
 #pragma unroll
       for (int u = 0; u < RMS_UNROLL; u++) q[u] = rr[i + u * B];
@@ -86,7 +85,7 @@ __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(cons
   if (i < dim) {
     float v[RMS_UNROLL], q[RMS_UNROLL];
 #pragma unroll
-    for (int u = 0; u < RMS_UNROLL; u++) v[u] = i + u * B < dim ? xr[i + u * B] : 0.f;
+    for (int u = 0; u < RMS_UNROLL; u++) v[u] = i + u * B < dim ? x.value(r, i + u * B) : 0.f;
     if (rr) {
 #pragma unroll
       for (int u = 0; u < RMS_UNROLL; u++) q[u] = i + u * B < dim ? rr[i + u * B] : 0.f;
@@ -103,7 +102,7 @@ __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(cons
   }
   ss = blockSum(ss, sh);
   float inv = rsqrtf(ss / (float)dim + eps);
-  const float* src = rr ? rr : xr;
+  auto src = [&](int j) { return rr ? rr[j] : x.value(r, j); };
   auto put = [&](int j, float s, float wv) {
     const float v = bfr(bfr(s * inv, bfa) * wv, bfa);
     if (hi)
@@ -116,7 +115,7 @@ __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(cons
     float sv[RMS_UNROLL], wv[RMS_UNROLL];
 #pragma unroll
     for (int u = 0; u < RMS_UNROLL; u++) {
-      sv[u] = src[i + u * B];
+      sv[u] = src(i + u * B);
       wv[u] = ldf(w, wdt, i + u * B);
     }
 #pragma unroll
@@ -127,7 +126,7 @@ __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(cons
 #pragma unroll
     for (int u = 0; u < RMS_UNROLL; u++)
       if (i + u * B < dim) {
-        sv[u] = src[i + u * B];
+        sv[u] = src(i + u * B);
         wv[u] = ldf(w, wdt, i + u * B);
       }
 #pragma unroll
@@ -179,8 +178,11 @@ __global__ void k_rope(float* x, const int* positions, const float* invFreq, con
 }
 
 // Op rope_append: one block per (row, head) over the q heads then the k heads of a packed qkv
-// row; a k-head block also stores its rotated key and the matching value head in the cache.
-__global__ void k_rope_append(float* x, const int* positions, const float* invFreq, const void* qn, const void* kn,
+// row; a k-head block also stores its rotated key and the matching value head in the cache. The
+// row's values come from In: x itself (FloatRows), or the GEMM output whose epilogue would have
+// written x (GemmOut; x then gets the rotated q and k, not the values).
+template <class In>
+__global__ void k_rope_append(In src, float* x, const int* positions, const float* invFreq, const void* qn, const void* kn,
                               int ndt, int nq, int headDim, int rowStride, float eps, const int* slots, void* kc, void* vc,
                               int cdt, int nkv, int bfa) {
   NERVA_TRACE_KERNEL();
@@ -190,8 +192,9 @@ __global__ void k_rope_append(float* x, const int* positions, const float* invFr
   bool isK = h >= nq;
   const void* nw = isK ? kn : qn;
   bool act = i < half;
-  float* base = x + (size_t)r * rowStride + (size_t)h * headDim;  // k heads follow the q heads
-  float a = act ? base[i] : 0.f, b = act ? base[i + half] : 0.f;
+  const int col = h * headDim;  // k heads follow the q heads
+  float* base = x + (size_t)r * rowStride + col;
+  float a = act ? src.value(r, col + i) : 0.f, b = act ? src.value(r, col + i + half) : 0.f;
   if (nw) {
     float ss = blockSum(a * a + b * b, sh);
     float inv = rsqrtf(ss / (float)headDim + eps);
@@ -212,9 +215,9 @@ __global__ void k_rope_append(float* x, const int* positions, const float* invFr
   size_t width = (size_t)nkv * headDim, c0 = (size_t)slot * width + (size_t)kh * headDim;
   stf(kc, cdt, c0 + i, ra);
   stf(kc, cdt, c0 + i + half, rb);
-  const float* v = base + (size_t)nkv * headDim;  // value head kh sits nkv heads after key head kh
-  stf(vc, cdt, c0 + i, v[i]);
-  stf(vc, cdt, c0 + i + half, v[i + half]);
+  const int vcol = col + nkv * headDim;  // value head kh sits nkv heads after key head kh
+  stf(vc, cdt, c0 + i, src.value(r, vcol + i));
+  stf(vc, cdt, c0 + i + half, src.value(r, vcol + i + half));
 }
 
 __global__ void k_kv_append(const float* src, void* kc, void* vc, int cdt, const int* slots, int width, int rowStride,
@@ -442,13 +445,26 @@ int launchEmbedding(NervaExec* ex, const void* table, int tdt, const int* ids, f
   return NERVA_OK;
 }
 
+template <class In>
+static int launchRmsnormOf(NervaExec* ex, int rows, int threads, const In& x, const void* w, int wdt, float* out,
+                           float* residual, int dim, float eps, uint16_t* hi, uint16_t* lo) {
+  if (threads > 512)
+    LAUNCH((k_rmsnorm<4, In>), rows, threads, 0, x, w, wdt, out, residual, dim, eps, ex->bf16act ? 1 : 0, hi, lo);
+  else
+    LAUNCH((k_rmsnorm<8, In>), rows, threads, 0, x, w, wdt, out, residual, dim, eps, ex->bf16act ? 1 : 0, hi, lo);
+  return NERVA_OK;
+}
+
 int launchRmsnorm(NervaExec* ex, int rows, int threads, const float* x, const void* w, int wdt, float* out, float* residual,
                   int dim, float eps, uint16_t* hi, uint16_t* lo) {
-  if (threads > 512)
-    LAUNCH(k_rmsnorm<4>, rows, threads, 0, x, w, wdt, out, residual, dim, eps, ex->bf16act ? 1 : 0, hi, lo);
-  else
-    LAUNCH(k_rmsnorm<8>, rows, threads, 0, x, w, wdt, out, residual, dim, eps, ex->bf16act ? 1 : 0, hi, lo);
-  return NERVA_OK;
+  return launchRmsnormOf(ex, rows, threads, FloatRows{x, dim}, w, wdt, out, residual, dim, eps, hi, lo);
+}
+
+int launchRmsnormAfter(NervaExec* ex, int rows, int threads, const GemmOut& g, float* residual, const void* w, int wdt,
+                       int dim, float eps, uint16_t* hi, uint16_t* lo) {
+  // The residual add is the epilogue's accumulate, out + y, here y + out: the same sum.
+  if (!residual) return bad(ex, "rmsnorm: a GEMM output needs the residual it accumulates into");
+  return launchRmsnormOf(ex, rows, threads, g, w, wdt, nullptr, residual, dim, eps, hi, lo);
 }
 
 int kernelsPtxVersion() {
@@ -460,16 +476,36 @@ int kernelsPtxVersion() {
   return a.ptxVersion;
 }
 
-int ropeAppendRun(NervaExec* ex, float* qkv, Buf pos, Buf inv, Buf slots, Buf kc, Buf vc, Buf qn, Buf kn, int rows, int nq,
-                  int nkv, int hd, int rowStride, float eps) {
+template <class In>
+static int ropeAppendOf(NervaExec* ex, const In& src, float* qkv, Buf pos, Buf inv, Buf slots, Buf kc, Buf vc, Buf qn, Buf kn,
+                        int rows, int nq, int nkv, int hd, int rowStride, float eps) {
   if (hd % 2 != 0 || hd > 2048) return bad(ex, "rope_append: headDim must be even and at most 2048");
   if (kc.dt != vc.dt) return bad(ex, "rope_append: kCache and vCache dtypes differ");
   if (qn.p && kn.p && qn.dt != kn.dt) return bad(ex, "rope_append: qNorm and kNorm dtypes differ");
   if (rows <= 0) return NERVA_OK;
   int ndt = qn.p ? qn.dt : kn.dt;
-  LAUNCH(k_rope_append, dim3(rows, nq + nkv), ((hd / 2 + 31) / 32) * 32, 0, qkv, (const int*)pos.p, (const float*)inv.p,
-         qn.p, kn.p, ndt, nq, hd, rowStride, eps, (const int*)slots.p, kc.p, vc.p, kc.dt, nkv, ex->bf16act ? 1 : 0);
+  LAUNCH(k_rope_append<In>, dim3(rows, nq + nkv), ((hd / 2 + 31) / 32) * 32, 0, src, qkv, (const int*)pos.p,
+         (const float*)inv.p, qn.p, kn.p, ndt, nq, hd, rowStride, eps, (const int*)slots.p, kc.p, vc.p, kc.dt, nkv,
+         ex->bf16act ? 1 : 0);
   return NERVA_OK;
+}
+
+int ropeAppendRun(NervaExec* ex, float* qkv, Buf pos, Buf inv, Buf slots, Buf kc, Buf vc, Buf qn, Buf kn, int rows, int nq,
+                  int nkv, int hd, int rowStride, float eps) {
+  return ropeAppendOf(ex, FloatRows{qkv, rowStride}, qkv, pos, inv, slots, kc, vc, qn, kn, rows, nq, nkv, hd, rowStride, eps);
+}
+
+int ropeAppendAfter(NervaExec* ex, DeferredEpilogue* d, Buf pos, Buf inv, Buf slots, Buf kc, Buf vc, Buf qn, Buf kn, int rows,
+                    int nq, int nkv, int hd, float eps) {
+  float* qkv = d->out;
+  const int rowStride = d->dim;
+  if (!d->g.t || d->accumulate || d->rows != rows || rowStride < (nq + 2 * nkv) * hd) {
+    int rc = flushEpilogue(ex, d);
+    return rc ? rc : ropeAppendRun(ex, qkv, pos, inv, slots, kc, vc, qn, kn, rows, nq, nkv, hd, rowStride, eps);
+  }
+  const GemmOut g = d->g;
+  d->g.t = nullptr;
+  return ropeAppendOf(ex, g, qkv, pos, inv, slots, kc, vc, qn, kn, rows, nq, nkv, hd, rowStride, eps);
 }
 int opEmbedding(NervaExec* ex, Args& A) {
   Buf table = buf(A), ids = buf(A), out = buf(A);

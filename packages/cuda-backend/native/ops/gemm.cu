@@ -22,30 +22,40 @@ __global__ void k_bias_add(float* out, const void* bias, int bdt, int rows, int 
     out[t] = bfr(bias ? out[t] + ldf(bias, bdt, t % outDim) : out[t], bfa);
 }
 
-// Epilogue of fused_matmul's many-row GEMM (gemmRowsBlas): t holds x.W^T as [rows, wOut] (and,
-// split, the lo half's product as rows more), wOut = outDim (2 outDim with glu: gate then up).
-// The same formulas as k_gemv_generic: y = R(g + bias); glu: R(R(silu(y)) * R(u)); accumulate.
-// nextHi (and nextLo): out's values also as their bf16 split (storeSplit), the next GEMM's operand.
-__global__ void k_gemm_epilogue(const float* t, int split, float* out, const void* bias, int bdt, int rows, int outDim,
-                                int glu, int accumulate, int bfa, uint16_t* nextHi, uint16_t* nextLo) {
+// Epilogue of fused_matmul's many-row GEMM (gemmRowsBlas): G's t holds x.W^T as [rows, wOut]
+// (GemmOut), wOut = outDim (2 outDim with glu: gate then up). The same formulas as k_gemv_generic:
+// y = R(g + bias); glu: R(R(silu(y)) * R(u)); accumulate. nextHi (and nextLo): out's values also as
+// their bf16 split (storeSplit), the next GEMM's operand.
+__global__ void k_gemm_epilogue(GemmOut G, float* out, int rows, int outDim, int glu, int accumulate, uint16_t* nextHi,
+                                uint16_t* nextLo) {
   NERVA_TRACE_KERNEL();
   PDL_ENTER();
   size_t n = (size_t)rows * outDim;
-  int wOut = glu ? 2 * outDim : outDim;
-  size_t loOff = (size_t)rows * wOut;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    size_t r = i / outDim, o = i % outDim;
-    const float* tr = t + r * wOut;
-    float g = tr[o] + (split ? tr[loOff + o] : 0.f);
-    float y = bfr(g + (bias ? ldf(bias, bdt, o) : 0.f), bfa);
+    const int r = (int)(i / outDim), o = (int)(i % outDim);
+    float y = G.value(r, o);
     if (glu) {
-      float u = tr[outDim + o] + (split ? tr[loOff + outDim + o] : 0.f);
-      y = bfr(bfr(y / (1.f + expf(-y)), bfa) * bfr(u, bfa), bfa);
+      const float u = G.raw(r, outDim + o);
+      y = bfr(bfr(y / (1.f + expf(-y)), G.bfa) * bfr(u, G.bfa), G.bfa);
     }
-    const float v = accumulate ? bfr(out[i] + y, bfa) : y;
+    const float v = accumulate ? bfr(out[i] + y, G.bfa) : y;
     out[i] = v;
     if (nextHi) storeSplit(v, nextHi, nextLo, i);
   }
+}
+
+static int launchGemmEpilogue(NervaExec* ex, const GemmOut& G, float* out, int rows, int outDim, bool glu, bool accumulate,
+                              uint16_t* nextHi, uint16_t* nextLo) {
+  LAUNCH(k_gemm_epilogue, gridFor((size_t)rows * outDim, 256, ex->smCount), 256, 0, G, out, rows, outDim, glu ? 1 : 0,
+         accumulate ? 1 : 0, nextHi, nextLo);
+  return NERVA_OK;
+}
+
+int flushEpilogue(NervaExec* ex, DeferredEpilogue* d) {
+  if (!d || !d->g.t) return NERVA_OK;
+  const GemmOut g = d->g;
+  d->g.t = nullptr;
+  return launchGemmEpilogue(ex, g, d->out, d->rows, d->dim, false, d->accumulate, nullptr, nullptr);
 }
 
 // x = hi + lo with both halves bf16: the split lets a bf16 tensor-core GEMM keep ~16 bits of
@@ -105,7 +115,10 @@ int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
 // the kernel per row count) or, in a batch-invariant context, cuBLASLt's with a pinned algorithm
 // (nerva_lt_gemm): every step here is then row-independent, so a row's bits are the same at any
 // row count (`pinned`: the caller found the shape pinned). Returns NERVA_BAD_ARGS, having enqueued
-// nothing, when one row does not fit.
+// nothing, when one row does not fit. Fuse::defer: an epilogue without glu is left to whatever
+// reads out next (DeferredEpilogue); Fuse::pending: such an epilogue whose out is our x, applied
+// by our norm as its residual add (k_rmsnorm over the GemmOut) where it accumulates and the norm
+// runs here over all rows clear of the pending GEMM output, else launched first.
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
                  const Fuse& f, bool pinned) {
   const CublasApi* api = ex->api;
@@ -128,6 +141,18 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
                     ((const char*)tk->hi >= ex->ws + tAll || (const char*)tk->hi + xAll <= ex->ws);
   const bool emit = f.emit && !direct && chunk == rows && tAll + xAll + nextAll <= ex->wsBytes;
   if (f.emit) *f.emit = SplitHandoff();
+  if (f.defer) *f.defer = DeferredEpilogue();
+  DeferredEpilogue* pend = f.pending && f.pending->g.t ? f.pending : nullptr;
+  if (pend) {
+    const bool ours = f.nw.p && !take && chunk == rows && pend->accumulate && pend->out == x && pend->rows == rows &&
+                      pend->dim == inDim && tAll >= pend->tEnd;
+    if (!ours) {
+      int rc = flushEpilogue(ex, pend);
+      if (rc) return rc;
+      pend = nullptr;
+    }
+  }
+  const bool defer = f.defer && !f.glu && !direct && !emit && chunk == rows;
   if (!pinned && api->setStream(ex->cublas, ex->stream) != 0) {
     snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
     return NERVA_CUBLAS_FAILED;
@@ -146,6 +171,11 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
     // a handed-off operand (the GEMM before split its output, which is our x) needs neither.
     if (take) {
       xh = const_cast<uint16_t*>(tk->hi);
+    } else if (pend) {
+      int rc = launchRmsnormAfter(ex, nr, 256, pend->g, pend->out, f.nw.p, f.nw.dt, inDim, f.eps, xh,
+                                  split ? xh + n : (uint16_t*)nullptr);
+      if (rc) return rc;
+      pend->g.t = nullptr;
     } else if (f.nw.p) {
       int rc = launchRmsnorm(ex, nr, 256, xin, f.nw.p, f.nw.dt, (float*)nullptr, (float*)nullptr, inDim, f.eps, xh,
                              split ? xh + n : (uint16_t*)nullptr);
@@ -168,9 +198,14 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
       }
     }
     uint16_t* nextHi = emit ? (uint16_t*)(ws + tAll + xAll) : nullptr;
-    if (!direct)
-      LAUNCH(k_gemm_epilogue, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, t, split ? 1 : 0, o, bias.p, bias.dt, nr,
-             outDim, f.glu ? 1 : 0, f.accumulate ? 1 : 0, bfa, nextHi, split && emit ? nextHi + (size_t)nr * outDim : nullptr);
+    const GemmOut G{t, (size_t)nr * wOut, wOut, split ? 1 : 0, bias.p, bias.dt, bfa};
+    if (defer) {
+      *f.defer = DeferredEpilogue{G, o, nr, outDim, f.accumulate, tBytes};
+    } else if (!direct) {
+      int rc = launchGemmEpilogue(ex, G, o, nr, outDim, f.glu, f.accumulate, nextHi,
+                                  split && emit ? nextHi + (size_t)nr * outDim : nullptr);
+      if (rc) return rc;
+    }
     if (emit) *f.emit = SplitHandoff{nextHi, rows, outDim, split};
   }
   return NERVA_OK;
@@ -266,8 +301,9 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
       if (rc) return rc;
       o0 += mm;  // (a chunk cut at tailFrom resumes there)
     }
-    LAUNCH(k_gemm_epilogue, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, t, split ? 1 : 0, out + (size_t)r0 * outDim,
-           bias.p, bias.dt, nr, outDim, f.glu ? 1 : 0, f.accumulate ? 1 : 0, 0, (uint16_t*)nullptr, (uint16_t*)nullptr);
+    const GemmOut G{t, (size_t)nr * wOut, wOut, split ? 1 : 0, bias.p, bias.dt, 0};
+    int rc = launchGemmEpilogue(ex, G, out + (size_t)r0 * outDim, nr, outDim, f.glu, f.accumulate, nullptr, nullptr);
+    if (rc) return rc;
   }
   return NERVA_OK;
 }

@@ -18,7 +18,11 @@ int matmulRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
   // embed: gathered by the lean kernel, or by k_embedding into x before whatever runs the call.
   Fuse f = fIn;
   bool gather = false;
+  // A deferred epilogue whose out is x: every path but gemmRowsBlas's norm needs it applied first.
+  auto flush = [&]() { return flushEpilogue(ex, f.pending); };
   if (f.embTable) {
+    int rc = flush();
+    if (rc) return rc;
     gather = f.embDt == NV_BF16 && ((uintptr_t)f.embTable & 7) == 0 && gemvLeanNormOneRow(ex, x, w, rows, inDim, outDim, f);
     if (!gather) {
       int rc = launchEmbedding(ex, f.embTable, f.embDt, f.embIds, (float*)x, rows, inDim);
@@ -28,7 +32,10 @@ int matmulRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
   }
   if (f.tail.p && !(nvIsQuant(w.dt) && nvIsQuant(f.tail.dt)))
     return bad(ex, "matmul: a weightTail needs both parts block-quantized");
-  if (nvIsQuant(w.dt)) return qgemvRun(ex, x, w, out, rows, inDim, outDim, bias, f);
+  if (nvIsQuant(w.dt)) {
+    int rc = flush();
+    return rc ? rc : qgemvRun(ex, x, w, out, rows, inDim, outDim, bias, f);
+  }
   bool pinned = false;
   if (ex->batchInv && ex->lt && ex->cublas && ex->gemmMode != GEMM_GEMV && w.dt == NV_BF16) {
     const int pin = nerva_lt_pinned(ex, outDim * (f.glu ? 2 : 1), inDim);
@@ -41,6 +48,7 @@ int matmulRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
     // batch-invariant row still takes one path), the kernels below take it.
     if (rc != NERVA_BAD_ARGS) return rc;
   }
+  if (int rc = flush()) return rc;
   const bool nwOk = !f.nw.p || ((f.nw.dt == NV_BF16 || f.nw.dt == NV_F32) && ((uintptr_t)f.nw.p & 15) == 0);
   const bool fast = w.dt == NV_BF16 && inDim % 8 == 0 && ((uintptr_t)w.p & 15) == 0 && ((uintptr_t)x & 15) == 0 && nwOk;
   if (ex->batchInv && fast && inDim % 16 == 0 && (!f.nw.p || (size_t)inDim * sizeof(float) <= ex->wsBytes))

@@ -3,6 +3,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "common/elem.cuh"
 #include "common/exec.cuh"
 #include "nerva.h"
 
@@ -15,6 +16,19 @@ struct SplitHandoff {
   const uint16_t* hi = nullptr;
   int rows = 0, dim = 0;
   bool lo = false;
+};
+
+// A many-row GEMM's epilogue left undone (Fuse::defer): g's values written (or, accumulate, added)
+// to out (rows x dim) and nothing else, for the kernel that next reads out to take them from g
+// itself (Fuse::pending: the next matmul's norm adds them as its residual; ropeAppendAfter):
+// the same bits, one kernel fewer. g.t, in the workspace's first tEnd bytes, must stay untouched
+// until then. g.t null: nothing pending.
+struct DeferredEpilogue {
+  GemmOut g{};
+  float* out = nullptr;
+  int rows = 0, dim = 0;
+  bool accumulate = false;
+  size_t tEnd = 0;
 };
 
 // What fused_matmul adds to a matmul (all off for op matmul).
@@ -36,6 +50,12 @@ struct Fuse {
   // this call its x already split there, so it launches no split of its own.
   SplitHandoff* emit = nullptr;
   const SplitHandoff* take = nullptr;
+  // Epilogue hand-off (DeferredEpilogue): `defer` lets gemmRowsBlas leave its epilogue there
+  // when it has no glu, bias-free or not; `pending` is one whose out is this call's x, applied
+  // before x is read (by gemmRowsBlas's norm where it accumulates, else launched first). Only op
+  // decoder_layers sets them.
+  DeferredEpilogue* defer = nullptr;
+  DeferredEpilogue* pending = nullptr;
   // embed (op decoder_layers' first qkv): x := table[ids] first, the rows gathered by the GEMV
   // itself where it takes one row on k_gemv_bf16_lean (gemvLeanNormOneRow), else by k_embedding
   // launched first. table: embTable (dtype embDt), x is written either way.
@@ -80,8 +100,17 @@ int launchEmbedding(NervaExec* ex, const void* table, int tdt, const int* ids, f
 // k_rmsnorm over `rows` rows, `threads` a block: out (f32) and/or its bf16 split (hi, lo).
 int launchRmsnorm(NervaExec* ex, int rows, int threads, const float* x, const void* w, int wdt, float* out, float* residual,
                   int dim, float eps, uint16_t* hi, uint16_t* lo);
+// The same norm over x = a GEMM's output after its epilogue (g.value), added into residual (written
+// back) first: the bits of k_gemm_epilogue's accumulate followed by launchRmsnorm on residual.
+int launchRmsnormAfter(NervaExec* ex, int rows, int threads, const GemmOut& g, float* residual, const void* w, int wdt,
+                       int dim, float eps, uint16_t* hi, uint16_t* lo);
 int ropeAppendRun(NervaExec* ex, float* qkv, Buf pos, Buf inv, Buf slots, Buf kc, Buf vc, Buf qn, Buf kn, int rows, int nq,
                   int nkv, int hd, int rowStride, float eps);
+// ropeAppendRun over d's rows (qkv = d->out, rowStride = d->dim) still in the GEMM's output: the
+// epilogue's values read there, the rotated q and k written to qkv, k and v to the caches (v is
+// not written to qkv). d is cleared; anything but a pending write of those rows is flushed first.
+int ropeAppendAfter(NervaExec* ex, DeferredEpilogue* d, Buf pos, Buf inv, Buf slots, Buf kc, Buf vc, Buf qn, Buf kn, int rows,
+                    int nq, int nkv, int hd, float eps);
 // The PTX version of this build's kernels for the current device (0 when unknown).
 int kernelsPtxVersion();
 
@@ -119,6 +148,8 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
 int gemmCublasBf16x(NervaExec* ex, const uint16_t* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f,
                  bool pinned);
+// A deferred epilogue launched (k_gemm_epilogue) and cleared; nothing when none is pending.
+int flushEpilogue(NervaExec* ex, DeferredEpilogue* d);
 int gemmBiRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f);
 
 // ---------------------------------------------------------------- attention/
