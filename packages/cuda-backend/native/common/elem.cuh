@@ -189,31 +189,47 @@ __device__ __forceinline__ void storeSplit(float v, uint16_t* hi, uint16_t* lo, 
   if (lo) lo[i] = f2bf(v - bf2f(h));
 }
 
-// Rows of floats, `stride` apart: value(r, j) is row r's element j. An input of k_rmsnorm and
-// k_rope_append beside GemmOut.
+// Rows of floats, `stride` apart: row r's element j. An input of k_rmsnorm and k_rope_append
+// beside GemmSum; both inputs are read as load() (the memory reads, several issued before any
+// result is used) then finish() (the arithmetic on them).
 struct FloatRows {
+  using Raw = float;
   const float* x;
   int stride;
-  __device__ __forceinline__ float value(int r, int j) const { return x[(size_t)r * stride + j]; }
+  __device__ __forceinline__ Raw load(int r, int j) const { return x[(size_t)r * stride + j]; }
+  __device__ __forceinline__ float finish(Raw v, int) const { return v; }
 };
 
 // A many-row GEMM's output before its epilogue (gemmRowsBlas): t holds x.W^T as [rows, wOut] and,
 // split, the lo half's product as rows more, loOff floats on. raw(): hi + lo of element (r, o);
-// value(): the epilogue's y = R(hi + lo + bias). The one formula of k_gemm_epilogue and of a norm
-// that takes over a deferred epilogue (k_rmsnorm over a GemmOut), so both give the same bits.
-struct GemmOut {
+// value(): the epilogue's y = R(hi + lo + bias), the bias a zero when BIAS is false (GemmSum: a
+// compile-time zero, so a kernel's loads of several elements are not split by the bias's dtype
+// switch). The one formula of k_gemm_epilogue and of the kernels that take over a deferred
+// epilogue (k_rmsnorm, k_rope_append over a GemmSum), so all give the same bits.
+template <bool BIAS>
+struct GemmOutT {
   const float* t;
   size_t loOff;
   int wOut, split;
   const void* bias;
   int bdt, bfa;
-  __device__ __forceinline__ float raw(int r, int o) const {
+  struct Raw {
+    float hi, lo;
+  };
+  __device__ __forceinline__ Raw load(int r, int o) const {
     const float* tr = t + (size_t)r * wOut;
-    return tr[o] + (split ? tr[loOff + o] : 0.f);
+    return Raw{tr[o], split ? tr[loOff + o] : 0.f};
   }
-  __device__ __forceinline__ float value(int r, int o) const {
-    return bfr(raw(r, o) + (bias ? ldf(bias, bdt, o) : 0.f), bfa);
+  __device__ __forceinline__ float finish(Raw a, int o) const {
+    return bfr(a.hi + a.lo + (BIAS && bias ? ldf(bias, bdt, o) : 0.f), bfa);
   }
+  __device__ __forceinline__ float raw(int r, int o) const {
+    const Raw a = load(r, o);
+    return a.hi + a.lo;
+  }
+  __device__ __forceinline__ float value(int r, int o) const { return finish(load(r, o), o); }
 };
+using GemmOut = GemmOutT<true>;
+using GemmSum = GemmOutT<false>;
 
 }  // namespace nerva

@@ -48,7 +48,7 @@ constexpr int rmsMaxThreads() {
 // RMSNorm, a block a row: with `residual`, x + residual first (written back to residual, the
 // norm's input); then out = norm(x) * w, or with hi (lo optional) that value's bf16 split
 // (storeSplit: x = hi + lo, a tensor-core GEMM's operand keeping ~16 bits of its mantissa). x is
-// In's rows: FloatRows, or a GemmOut (with residual: a deferred accumulate epilogue applied here).
+// In's rows: FloatRows, or a GemmSum (with residual: a deferred accumulate epilogue applied here).
 template <int RMS_UNROLL, class In>
 __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(In x, const void* w, int wdt, float* out,
                                                                              float* residual, int dim, float eps, int bfa,
@@ -59,18 +59,23 @@ __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(In x
   int r = blockIdx.x;
   float* rr = residual ? residual + (size_t)r * dim : nullptr;
   // Each thread's elements i = tid, tid + B, ... in ascending order, RMS_UNROLL of them loaded
-  // before any is used: a row of 4096 at 256 threads otherwise waits out 16 load latencies one
+  // (x's and the residual's) before any is used: a row of 4096 at 256 threads otherwise waits out 16 load latencies one
   // after the other (12 us a call). The sum's order, and so every bit, is the one-at-a-time loop's.
   const int B = blockDim.x;
   float ss = 0.f;
   int i = threadIdx.x;
   for (; i + (RMS_UNROLL - 1) * B < dim; i += RMS_UNROLL * B) {
     float v[RMS_UNROLL], q[RMS_UNROLL];
+    typename In::Raw a[RMS_UNROLL];
 #pragma unroll
-    for (int u = 0; u < RMS_UNROLL; u++) v[u] = x.value(r, i + u * B);
+    for (int u = 0; u < RMS_UNROLL; u++) a[u] = x.load(r, i + u * B);
     if (rr) {
 #pragma unroll
       for (int u = 0; u < RMS_UNROLL; u++) q[u] = rr[i + u * B];
+    }
+#pragma unroll
+    for (int u = 0; u < RMS_UNROLL; u++) v[u] = x.finish(a[u], i + u * B);
+    if (rr) {
 #pragma unroll
       for (int u = 0; u < RMS_UNROLL; u++) {
         v[u] = bfr(v[u] + q[u], bfa);
@@ -84,11 +89,17 @@ __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(In x
   // residual store before it, which it may alias).
   if (i < dim) {
     float v[RMS_UNROLL], q[RMS_UNROLL];
+    typename In::Raw a[RMS_UNROLL];
 #pragma unroll
-    for (int u = 0; u < RMS_UNROLL; u++) v[u] = i + u * B < dim ? x.value(r, i + u * B) : 0.f;
+    for (int u = 0; u < RMS_UNROLL; u++)
+      if (i + u * B < dim) a[u] = x.load(r, i + u * B);
     if (rr) {
 #pragma unroll
       for (int u = 0; u < RMS_UNROLL; u++) q[u] = i + u * B < dim ? rr[i + u * B] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < RMS_UNROLL; u++) v[u] = i + u * B < dim ? x.finish(a[u], i + u * B) : 0.f;
+    if (rr) {
 #pragma unroll
       for (int u = 0; u < RMS_UNROLL; u++)
         if (i + u * B < dim) {
@@ -102,7 +113,7 @@ __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(In x
   }
   ss = blockSum(ss, sh);
   float inv = rsqrtf(ss / (float)dim + eps);
-  auto src = [&](int j) { return rr ? rr[j] : x.value(r, j); };
+  auto src = [&](int j) { return rr ? rr[j] : x.finish(x.load(r, j), j); };
   auto put = [&](int j, float s, float wv) {
     const float v = bfr(bfr(s * inv, bfa) * wv, bfa);
     if (hi)
@@ -180,7 +191,7 @@ __global__ void k_rope(float* x, const int* positions, const float* invFreq, con
 // Op rope_append: one block per (row, head) over the q heads then the k heads of a packed qkv
 // row; a k-head block also stores its rotated key and the matching value head in the cache. The
 // row's values come from In: x itself (FloatRows), or the GEMM output whose epilogue would have
-// written x (GemmOut; x then gets the rotated q and k, not the values).
+// written x (GemmSum; x then gets the rotated q and k, not the values).
 template <class In>
 __global__ void k_rope_append(In src, float* x, const int* positions, const float* invFreq, const void* qn, const void* kn,
                               int ndt, int nq, int headDim, int rowStride, float eps, const int* slots, void* kc, void* vc,
@@ -194,7 +205,12 @@ __global__ void k_rope_append(In src, float* x, const int* positions, const floa
   bool act = i < half;
   const int col = h * headDim;  // k heads follow the q heads
   float* base = x + (size_t)r * rowStride + col;
-  float a = act ? src.value(r, col + i) : 0.f, b = act ? src.value(r, col + i + half) : 0.f;
+  typename In::Raw la{}, lb{};
+  if (act) {
+    la = src.load(r, col + i);
+    lb = src.load(r, col + i + half);
+  }
+  float a = act ? src.finish(la, col + i) : 0.f, b = act ? src.finish(lb, col + i + half) : 0.f;
   if (nw) {
     float ss = blockSum(a * a + b * b, sh);
     float inv = rsqrtf(ss / (float)headDim + eps);
@@ -216,8 +232,9 @@ __global__ void k_rope_append(In src, float* x, const int* positions, const floa
   stf(kc, cdt, c0 + i, ra);
   stf(kc, cdt, c0 + i + half, rb);
   const int vcol = col + nkv * headDim;  // value head kh sits nkv heads after key head kh
-  stf(vc, cdt, c0 + i, src.value(r, vcol + i));
-  stf(vc, cdt, c0 + i + half, src.value(r, vcol + i + half));
+  const typename In::Raw v0 = src.load(r, vcol + i), v1 = src.load(r, vcol + i + half);
+  stf(vc, cdt, c0 + i, src.finish(v0, vcol + i));
+  stf(vc, cdt, c0 + i + half, src.finish(v1, vcol + i + half));
 }
 
 __global__ void k_kv_append(const float* src, void* kc, void* vc, int cdt, const int* slots, int width, int rowStride,
@@ -460,11 +477,14 @@ int launchRmsnorm(NervaExec* ex, int rows, int threads, const float* x, const vo
   return launchRmsnormOf(ex, rows, threads, FloatRows{x, dim}, w, wdt, out, residual, dim, eps, hi, lo);
 }
 
-int launchRmsnormAfter(NervaExec* ex, int rows, int threads, const GemmOut& g, float* residual, const void* w, int wdt,
+int launchRmsnormAfter(NervaExec* ex, int rows, int threads, const GemmSum& g, float* residual, const void* w, int wdt,
                        int dim, float eps, uint16_t* hi, uint16_t* lo) {
   // The residual add is the epilogue's accumulate, out + y, here y + out: the same sum.
+  // (Up to 512 threads: at 1024 the four-ahead form's 32 registers cannot hold the GEMM's halves.)
   if (!residual) return bad(ex, "rmsnorm: a GEMM output needs the residual it accumulates into");
-  return launchRmsnormOf(ex, rows, threads, g, w, wdt, nullptr, residual, dim, eps, hi, lo);
+  if (threads > rmsMaxThreads<8>()) return bad(ex, "rmsnorm: at most 512 threads over a GEMM output");
+  LAUNCH((k_rmsnorm<8, GemmSum>), rows, threads, 0, g, w, wdt, nullptr, residual, dim, eps, ex->bf16act ? 1 : 0, hi, lo);
+  return NERVA_OK;
 }
 
 int kernelsPtxVersion() {
@@ -503,7 +523,7 @@ int ropeAppendAfter(NervaExec* ex, DeferredEpilogue* d, Buf pos, Buf inv, Buf sl
     int rc = flushEpilogue(ex, d);
     return rc ? rc : ropeAppendRun(ex, qkv, pos, inv, slots, kc, vc, qn, kn, rows, nq, nkv, hd, rowStride, eps);
   }
-  const GemmOut g = d->g;
+  const GemmSum g = d->g;
   d->g.t = nullptr;
   return ropeAppendOf(ex, g, qkv, pos, inv, slots, kc, vc, qn, kn, rows, nq, nkv, hd, rowStride, eps);
 }

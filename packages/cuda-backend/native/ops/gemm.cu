@@ -53,7 +53,7 @@ static int launchGemmEpilogue(NervaExec* ex, const GemmOut& G, float* out, int r
 
 int flushEpilogue(NervaExec* ex, DeferredEpilogue* d) {
   if (!d || !d->g.t) return NERVA_OK;
-  const GemmOut g = d->g;
+  const GemmOut g{d->g.t, d->g.loOff, d->g.wOut, d->g.split, nullptr, 0, d->g.bfa};
   d->g.t = nullptr;
   return launchGemmEpilogue(ex, g, d->out, d->rows, d->dim, false, d->accumulate, nullptr, nullptr);
 }
@@ -115,9 +115,9 @@ int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
 // the kernel per row count) or, in a batch-invariant context, cuBLASLt's with a pinned algorithm
 // (nerva_lt_gemm): every step here is then row-independent, so a row's bits are the same at any
 // row count (`pinned`: the caller found the shape pinned). Returns NERVA_BAD_ARGS, having enqueued
-// nothing, when one row does not fit. Fuse::defer: an epilogue without glu is left to whatever
+// nothing, when one row does not fit. Fuse::defer: an epilogue without glu or bias is left to whatever
 // reads out next (DeferredEpilogue); Fuse::pending: such an epilogue whose out is our x, applied
-// by our norm as its residual add (k_rmsnorm over the GemmOut) where it accumulates and the norm
+// by our norm as its residual add (k_rmsnorm over the GemmSum) where it accumulates and the norm
 // runs here over all rows clear of the pending GEMM output, else launched first.
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
                  const Fuse& f, bool pinned) {
@@ -152,7 +152,7 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
       pend = nullptr;
     }
   }
-  const bool defer = f.defer && !f.glu && !direct && !emit && chunk == rows;
+  const bool defer = f.defer && !f.glu && !bias.p && !direct && !emit && chunk == rows;
   if (!pinned && api->setStream(ex->cublas, ex->stream) != 0) {
     snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
     return NERVA_CUBLAS_FAILED;
@@ -200,7 +200,7 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
     uint16_t* nextHi = emit ? (uint16_t*)(ws + tAll + xAll) : nullptr;
     const GemmOut G{t, (size_t)nr * wOut, wOut, split ? 1 : 0, bias.p, bias.dt, bfa};
     if (defer) {
-      *f.defer = DeferredEpilogue{G, o, nr, outDim, f.accumulate, tBytes};
+      *f.defer = DeferredEpilogue{GemmSum{t, G.loOff, wOut, G.split, nullptr, 0, bfa}, o, nr, outDim, f.accumulate, tBytes};
     } else if (!direct) {
       int rc = launchGemmEpilogue(ex, G, o, nr, outDim, f.glu, f.accumulate, nextHi,
                                   split && emit ? nextHi + (size_t)nr * outDim : nullptr);

@@ -18,13 +18,13 @@ struct SplitHandoff {
   bool lo = false;
 };
 
-// A many-row GEMM's epilogue left undone (Fuse::defer): g's values written (or, accumulate, added)
+// A bias-free many-row GEMM's epilogue left undone (Fuse::defer): g's values written (or, accumulate, added)
 // to out (rows x dim) and nothing else, for the kernel that next reads out to take them from g
 // itself (Fuse::pending: the next matmul's norm adds them as its residual; ropeAppendAfter):
 // the same bits, one kernel fewer. g.t, in the workspace's first tEnd bytes, must stay untouched
 // until then. g.t null: nothing pending.
 struct DeferredEpilogue {
-  GemmOut g{};
+  GemmSum g{};
   float* out = nullptr;
   int rows = 0, dim = 0;
   bool accumulate = false;
@@ -102,7 +102,7 @@ int launchRmsnorm(NervaExec* ex, int rows, int threads, const float* x, const vo
                   int dim, float eps, uint16_t* hi, uint16_t* lo);
 // The same norm over x = a GEMM's output after its epilogue (g.value), added into residual (written
 // back) first: the bits of k_gemm_epilogue's accumulate followed by launchRmsnorm on residual.
-int launchRmsnormAfter(NervaExec* ex, int rows, int threads, const GemmOut& g, float* residual, const void* w, int wdt,
+int launchRmsnormAfter(NervaExec* ex, int rows, int threads, const GemmSum& g, float* residual, const void* w, int wdt,
                        int dim, float eps, uint16_t* hi, uint16_t* lo);
 int ropeAppendRun(NervaExec* ex, float* qkv, Buf pos, Buf inv, Buf slots, Buf kc, Buf vc, Buf qn, Buf kn, int rows, int nq,
                   int nkv, int hd, int rowStride, float eps);
