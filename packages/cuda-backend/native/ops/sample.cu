@@ -301,6 +301,10 @@ __device__ __forceinline__ void sampleTailWrite(const SampleTail& T, const Sampl
 }
 #endif
 
+// Threads a block of k_sample_cluster: 512, two blocks an SM, so that 32 rows' clusters of 8 run
+// as one wave (at 1024 threads, one block an SM by registers, they ran in two).
+constexpr int SAMPLE_CLUSTER_THREADS = 512;
+
 // k_sample with the G blocks of a row as one thread block cluster (grid (G, rows), cluster
 // (G, 1)): a greedy row's blocks push their (max, index) into block 0's shared memory (st.async,
 // counted by block 0's transaction barrier), instead of a fence, an atomic count and the last
@@ -314,7 +318,7 @@ __device__ __forceinline__ void sampleTailWrite(const SampleTail& T, const Sampl
 // are sampled, as in k_sample; a masked greedy row's blocks reduce their slices by
 // blockArgmaxRangeMasked (any alignment).
 template <bool Masked>
-__global__ void __launch_bounds__(1024) k_sample_cluster(const float* logits, const float* params, int* rng, int* out,
+__global__ void __launch_bounds__(SAMPLE_CLUSTER_THREADS, 2) k_sample_cluster(const float* logits, const float* params, int* rng, int* out,
                                                          int vocab, int limit, double* probScratch, size_t probStride,
                                                          int rowBase, SampleTail tail, const uint32_t* maskBits,
                                                          const int* maskIndex, int maskWords, int masks) {
@@ -405,7 +409,7 @@ int sampleClusterSize() {
   if (v >= 0) return v;
   int c = SAMPLE_CLUSTER;
   {
-    ClusterLaunch L(dim3((unsigned)c, 1, 1), 1024, 0, c, nullptr, false);
+    ClusterLaunch L(dim3((unsigned)c, 1, 1), SAMPLE_CLUSTER_THREADS, 0, c, nullptr, false);
     int clusters = 0;
     // (k_sample_cluster<true> has the same launch shape and bounds: what holds for one holds for both.)
     const auto big = cudaFuncAttributeNonPortableClusterSizeAllowed;
@@ -510,7 +514,7 @@ int opSample(NervaExec* ex, Args& A) {
   for (int r0 = 0; r0 < rows; r0 += rowChunk) {
     int nr = std::min(rowChunk, rows - r0);
     if (C > 0) {
-      ClusterLaunch L(dim3((unsigned)C, (unsigned)nr, 1), 1024, 0, C, ex->stream, ex->pdl);
+      ClusterLaunch L(dim3((unsigned)C, (unsigned)nr, 1), SAMPLE_CLUSTER_THREADS, 0, C, ex->stream, ex->pdl);
       cudaError_t e = cudaLaunchKernelEx(&L.cfg, hasMask ? k_sample_cluster<true> : k_sample_cluster<false>,
                                          (const float*)logits.p, (const float*)params.p, (int*)rng.p, (int*)out.p, vocab,
                                          limit, (double*)ex->ws, perRow / sizeof(double), r0, tail, maskBits, maskIndex,
