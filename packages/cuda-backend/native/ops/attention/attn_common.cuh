@@ -159,10 +159,17 @@ __device__ __forceinline__ void ldk2(const __half* p, bool in, float& a, float& 
 constexpr int ATT_WIDE_MIN = 17;    // fewer splits: attnArrive's own loop (one or two rounds)
 constexpr int ATT_WIDE_MAX = 256;   // more: attnArrive's own loop (sW's size)
 constexpr int ATT_WIDE_UNROLL = 32;
+// attnMergeWide's shared memory, given by the caller: a kernel whose tiles are done by then lends
+// it from their buffer, so a static array does not count against every block's occupancy.
+struct AttnWideScratch {
+  float w[ATT_WIDE_MAX], red[32], a[128];
+};
 __device__ inline void attnMergeWide(const float* base, size_t stride, float* out, int r, int h, int H, int nAct, float* lse,
-                              uint16_t* outHi, size_t loOff) {
+                              uint16_t* outHi, size_t loOff, AttnWideScratch& sm) {
   constexpr int hd = 128;
-  __shared__ float sW[ATT_WIDE_MAX], sRed[32], sA[hd];
+  float* const sW = sm.w;
+  float* const sRed = sm.red;
+  float* const sA = sm.a;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nW = blockDim.x >> 5;
   // (m, l) of every split in one round trip: blockDim >= 128 and nAct <= 256, so at most two a thread.
   float mj[2], lj[2], mx = -INFINITY;
@@ -242,8 +249,9 @@ __device__ inline void attnMergeWide(const float* base, size_t stride, float* ou
 // (Measured without gain on the 0.6B shape: sixteen splits a load round; the fences of thread 0
 // alone around the counter; merging in thread block clusters over distributed shared memory, and
 // the last split polling for the others.)
+// wide: attnMergeWide's shared memory (used past ATT_WIDE_MIN live splits).
 __device__ inline void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
-                           int nAct, float* lse, uint16_t* outHi = nullptr, size_t loOff = 0) {
+                           int nAct, float* lse, AttnWideScratch& wide, uint16_t* outHi = nullptr, size_t loOff = 0) {
   NERVA_TRACE_MARK();  // the split's partial is written
   __shared__ int lastFlag;
   int* c = counters + (size_t)rl * H + h;
@@ -264,7 +272,7 @@ __device__ inline void attnArrive(const float* part, float* out, int* counters, 
   const size_t stride = (size_t)hd + 2;
   const float* base = part + ((size_t)rl * H + h) * S * stride;
   if (hd == 128 && blockDim.x >= 128 && nAct >= ATT_WIDE_MIN && nAct <= ATT_WIDE_MAX) {
-    attnMergeWide(base, stride, out, r, h, H, nAct, lse, outHi, loOff);
+    attnMergeWide(base, stride, out, r, h, H, nAct, lse, outHi, loOff, wide);
     return;
   }
   for (int t = threadIdx.x; t < hd; t += blockDim.x) {

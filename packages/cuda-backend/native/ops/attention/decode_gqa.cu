@@ -24,6 +24,11 @@ template <typename KT>
 constexpr size_t dgSmemBytes() {
   return (size_t)2 /*stages*/ * 2 /*K, V*/ * DG_KEYS * dgRowElems<KT>() * sizeof(KT);
 }
+static_assert(sizeof(AttnWideScratch) <= dgSmemBytes<uint16_t>(), "attnArrive's merge borrows the tile buffer");
+// Blocks an SM of the bf16-cache kernels (registers and shared memory sized for it): a 32-row batch-invariant step's grid
+// of 3 splits x 8 KV heads x 32 rows is 768 blocks, one wave at six blocks on 132 SMs; at five
+// (91 registers, a static q and merge scratch) 108 blocks ran in a second wave.
+constexpr int DG_BLOCKS_PER_SM = 6;
 
 // What both forms of the kernel (k_attn_decode_gqa, k_attn_decode_gqa_tc) take the same way from
 // their launch: split s's keys [start, end] of row r (chunk keys a split, nAct live splits) and
@@ -126,7 +131,7 @@ __device__ __forceinline__ float dgLoad(const float* p) { return *p; }
 __device__ __forceinline__ float dgLoad(const uint16_t* p) { return bf2f(*p); }
 
 template <typename KT, int G>
-__global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const KT* kc, const KT* vc, const int* bt,
+__global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k_attn_decode_gqa(const float* q, const KT* kc, const KT* vc, const int* bt,
                                                         const int* rowSeq, const int* positions, float* part, int H,
                                                         int KVH, int bs, int mbps, int qStride, int qOff, float scale,
                                                         int S, int rowBase, float* out, int* counters, int minChunk,
@@ -229,8 +234,11 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const K
       dst[1] = lFin[g];
     }
   }
-  if (counters)
-    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, outHi, loOff);
+  if (counters) {
+    // The merge's shared memory is the tile buffer's: every copy into it landed and was read.
+    AttnWideScratch& wide = *reinterpret_cast<AttnWideScratch*>(dgsm);
+    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, wide, outHi, loOff);
+  }
 }
 
 // k_attn_decode_gqa for bf16 caches on the tensor cores. The same blocks, splits, tiles and online
@@ -244,7 +252,7 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa(const float* q, const K
 // (shared-memory operands for every FMA); this one ~150. (f32 caches keep the CUDA-core form:
 // their keys and values would need splitting too.)
 template <int G>
-__global__ void __launch_bounds__(128) k_attn_decode_gqa_tc(const float* q, const uint16_t* kc, const uint16_t* vc,
+__global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(const float* q, const uint16_t* kc, const uint16_t* vc,
                                                            const int* bt, const int* rowSeq, const int* positions,
                                                            float* part, int H, int KVH, int bs, int mbps, int qStride,
                                                            int qOff, float scale, int S, int rowBase, float* out,
@@ -254,7 +262,10 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa_tc(const float* q, cons
   constexpr int TILE = DG_KEYS * LD;
   extern __shared__ __align__(16) unsigned char dgsm[];
   uint16_t* const buf = (uint16_t*)dgsm;  // stage st: K at buf + 2 st TILE, V after it
-  __shared__ __align__(16) float qs[G][DG_HD];
+  // q (times scale) lies in stage 1 until its fragments are in registers: the first copy into
+  // stage 1 comes after the loop's first barrier.
+  float(*const qs)[DG_HD] = reinterpret_cast<float(*)[DG_HD]>(buf + 2 * TILE);
+  static_assert(G * DG_HD * sizeof(float) <= 2 * TILE * sizeof(uint16_t), "q fits a stage");
   __shared__ __align__(16) float sc[G][DG_KEYS];
   __shared__ float corr[G];
   __shared__ float mFin[G], lFin[G];
@@ -378,8 +389,11 @@ __global__ void __launch_bounds__(128) k_attn_decode_gqa_tc(const float* q, cons
     dst[0] = mFin[tid];
     dst[1] = lFin[tid];
   }
-  if (counters)
-    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, outHi, loOff);
+  if (counters) {
+    // The merge's shared memory is the tile buffer's: every copy into it landed and was read.
+    AttnWideScratch& wide = *reinterpret_cast<AttnWideScratch*>(dgsm);
+    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, wide, outHi, loOff);
+  }
 }
 
 // Decode batches of at least this many rows run k_attn_decode_gqa, which reads each key once for
@@ -448,6 +462,10 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
   constexpr bool tc = sizeof(KT) == 2 && G >= 4;
   static_assert(!tc || dgRowElems<KT>() == DG_HD + 8, "k_attn_decode_gqa_tc's row stride");
   cudaError_t e = tc ? allowDynamicSmem(k_attn_decode_gqa_tc<G>, smem) : allowDynamicSmem(k_attn_decode_gqa<KT, G>, smem);
+  // The most shared memory an SM has, so that DG_BLOCKS_PER_SM blocks fit it.
+  if (e == cudaSuccess)
+    e = tc ? allowKernelAttribute(k_attn_decode_gqa_tc<G>, cudaFuncAttributePreferredSharedMemoryCarveout, 100)
+           : allowKernelAttribute(k_attn_decode_gqa<KT, G>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
   if (e != cudaSuccess) return check(ex, "k_attn_decode_gqa (shared memory opt-in)", e);
   float* part = (float*)ex->ws;
   // The output's bf16 split for the o projection's GEMM (emit), at the workspace's end: only where

@@ -286,7 +286,8 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS) {
     dst[1] = L;
   }
   if (counters) {
-    attnArrive(part, out, counters, rl, r, h, H, hd, S, nAct, lse);
+    __shared__ AttnWideScratch wide;
+    attnArrive(part, out, counters, rl, r, h, H, hd, S, nAct, lse, wide);
   }
   }
 }
