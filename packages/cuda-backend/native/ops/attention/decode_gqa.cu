@@ -128,6 +128,23 @@ __device__ __forceinline__ void dgSoftmaxTile(float (*sc)[DG_KEYS], float* corr,
   }
 }
 
+// The split's final (m, l) of each head, from the warp that ran its softmax (heads warp and
+// warp + 4) to mFin / lFin, for the threads that write the partials.
+template <int G>
+__device__ __forceinline__ void dgPublishStats(const float* m, const float* l, float* mFin, float* lFin, int warp, int lane) {
+  if (lane == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int g = warp + 4 * hh;
+      if (g < G) {
+        mFin[g] = m[hh];
+        lFin[g] = l[hh];
+      }
+    }
+  }
+  __syncthreads();
+}
+
 __device__ __forceinline__ float dgLoad(const float* p) { return *p; }
 __device__ __forceinline__ float dgLoad(const uint16_t* p) { return bf2f(*p); }
 
@@ -215,17 +232,7 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
     }
     __syncthreads();  // this stage and sc are reused
   }
-  if (lane == 0) {
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int g = warp + 4 * hh;
-      if (g < G) {
-        mFin[g] = m[hh];
-        lFin[g] = l[hh];
-      }
-    }
-  }
-  __syncthreads();
+  dgPublishStats<G>(m, l, mFin, lFin, warp, lane);
 #pragma unroll
   for (int g = 0; g < G; g++) {
     float* dst = part + (((size_t)rl * H + kvh * G + g) * S + s) * stride;
@@ -365,17 +372,7 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
     }
     __syncthreads();  // this stage and sc are reused
   }
-  if (lane == 0) {
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int g = warp + 4 * hh;
-      if (g < G) {
-        mFin[g] = m[hh];
-        lFin[g] = l[hh];
-      }
-    }
-  }
-  __syncthreads();
+  dgPublishStats<G>(m, l, mFin, lFin, warp, lane);
   if (gq < G) {
     float* dst = part + (((size_t)rl * H + kvh * G + gq) * S + s) * stride;
 #pragma unroll
