@@ -65,6 +65,22 @@ struct DgBlock {
       pfCopy16(vd + j * LD + e, vc + off + e, sv >= 0);
     }
   }
+  // The tile loop's pipeline at tile k0, iteration it (stage it & 1, `buf` holding both stages):
+  // the next tile's slots and copies go to the other stage, then this tile's copies are waited
+  // for. Returns this tile's stage.
+  template <typename KT, int LD>
+  __device__ __forceinline__ int advance(int k0, int it, long long (*sl)[DG_KEYS], KT* buf, const KT* kc, const KT* vc) const {
+    const int cur = it & 1;
+    if (k0 + DG_KEYS <= end) {
+      slots(k0 + DG_KEYS, sl[cur ^ 1]);
+      __syncthreads();
+      issue<KT, LD>(sl[cur ^ 1], buf + (size_t)(cur ^ 1) * 2 * DG_KEYS * LD, kc, vc);
+    }
+    pfCommit();
+    pfWaitPrev();
+    __syncthreads();
+    return cur;
+  }
 };
 
 // The block's DgBlock, and its G q heads (times scale) in qs. False when split s starts past the
@@ -174,27 +190,17 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
     return;
   const int start = blk.start, end = blk.end, nAct = blk.nAct;
   const size_t stride = (size_t)DG_HD + 2;  // a partial: m, l, then DG_HD sums
-  auto slotsFor = [&](int k0, long long* sl) { blk.slots(k0, sl); };
-  auto issue = [&](const long long* sl, int st) { blk.issue<KT, LD>(sl, buf + (size_t)st * 2 * TILE, kc, vc); };
   float acc[G];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // heads warp and warp + 4 (warp-uniform)
 #pragma unroll
   for (int g = 0; g < G; g++) acc[g] = 0.f;
-  slotsFor(start, slot[0]);
+  blk.slots(start, slot[0]);
   __syncthreads();  // slots and q
-  issue(slot[0], 0);
+  blk.issue<KT, LD>(slot[0], buf, kc, vc);
   pfCommit();
   const int key = tid >> 2, qtr = tid & 3;  // scoring: 4 threads per key, dims qtr, qtr + 4, ...
   for (int k0 = start, it = 0; k0 <= end; k0 += DG_KEYS, it++) {
-    const int cur = it & 1;
-    if (k0 + DG_KEYS <= end) {
-      slotsFor(k0 + DG_KEYS, slot[cur ^ 1]);
-      __syncthreads();
-      issue(slot[cur ^ 1], cur ^ 1);
-    }
-    pfCommit();
-    pfWaitPrev();
-    __syncthreads();
+    const int cur = blk.advance<KT, LD>(k0, it, slot, buf, kc, vc);
     const KT* K = buf + (size_t)cur * 2 * TILE;
     const KT* V = K + TILE;
     // Scores of this thread's key over its quarter of the dims, for every head.
@@ -290,11 +296,9 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
     return;
   const int start = blk.start, end = blk.end, nAct = blk.nAct;
   const size_t stride = (size_t)DG_HD + 2;  // a partial: m, l, then DG_HD sums
-  auto slotsFor = [&](int k0, long long* sl) { blk.slots(k0, sl); };
-  auto issue = [&](const long long* sl, int st) { blk.issue<uint16_t, LD>(sl, buf + (size_t)st * 2 * TILE, kc, vc); };
-  slotsFor(start, slot[0]);
+  blk.slots(start, slot[0]);
   __syncthreads();  // slots and q
-  issue(slot[0], 0);
+  blk.issue<uint16_t, LD>(slot[0], buf, kc, vc);
   pfCommit();
   // q as A fragments for the 8 k-steps of 16 dims: rows gq (hi) and 8 + gq (lo) of head gq.
   uint32_t qa[DG_HD / 16][4];
@@ -313,15 +317,7 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
   for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // heads warp and warp + 4 (warp-uniform)
   for (int k0 = start, it = 0; k0 <= end; k0 += DG_KEYS, it++) {
-    const int cur = it & 1;
-    if (k0 + DG_KEYS <= end) {
-      slotsFor(k0 + DG_KEYS, slot[cur ^ 1]);
-      __syncthreads();
-      issue(slot[cur ^ 1], cur ^ 1);
-    }
-    pfCommit();
-    pfWaitPrev();
-    __syncthreads();
+    const int cur = blk.advance<uint16_t, LD>(k0, it, slot, buf, kc, vc);
     const uint16_t* K = buf + (size_t)cur * 2 * TILE;
     const uint16_t* V = K + TILE;
     // Scores of keys 8 warp .. 8 warp + 7 for every head: four ldmatrix of 32 dims, eight MMAs.
