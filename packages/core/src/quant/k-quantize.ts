@@ -5,7 +5,7 @@
  */
 import { makeQ3Quants, makeQkx2Quants, makeQxQuants, GROUP_MAX_EPS, qkx2 } from './k-search.js';
 import { scaleK3, scaleMinK4 } from './k-dequant.js';
-import { fr, nearestInt, putHalf } from './scalars.js';
+import { fr, nearestInt, putHalf, signedAbsMax } from './scalars.js';
 
 // Scratch for one super-block; the codecs are synchronous, so module-level buffers are safe.
 const L = new Uint8Array(256);
@@ -96,17 +96,9 @@ export function encodeQ5_K(x: Float32Array, blocks: number, out: Uint8Array): vo
 
 export function encodeQ6_K(x: Float32Array, blocks: number, out: Uint8Array): void {
   for (let b = 0, o = 0, xo = 0; b < blocks; b++, o += 210, xo += 256) {
-    let maxScale = 0;
-    let maxAbsScale = 0;
-    for (let g = 0; g < 16; g++) {
-      const scale = makeQxQuants(16, 32, x, xo + 16 * g, L, 16 * g);
-      scales[g] = scale;
-      if (Math.abs(scale) > maxAbsScale) {
-        maxAbsScale = Math.abs(scale);
-        maxScale = scale;
-      }
-    }
-    if (maxAbsScale < GROUP_MAX_EPS) {
+    for (let g = 0; g < 16; g++) scales[g] = makeQxQuants(16, 32, x, xo + 16 * g, L, 16 * g);
+    const maxScale = signedAbsMax(scales, 0, 16);
+    if (Math.abs(maxScale) < GROUP_MAX_EPS) {
       out.fill(0, o, o + 210);
       continue;
     }
@@ -191,15 +183,8 @@ export function encodeQ2_K(x: Float32Array, blocks: number, out: Uint8Array): vo
 
 export function encodeQ3_K(x: Float32Array, blocks: number, out: Uint8Array): void {
   for (let b = 0, o = 0, xo = 0; b < blocks; b++, o += 110, xo += 256) {
-    let maxScale = 0;
-    let amax = 0;
-    for (let g = 0; g < 16; g++) {
-      scales[g] = makeQ3Quants(16, 4, x, xo + 16 * g, L, 16 * g);
-      if (Math.abs(scales[g]) > amax) {
-        amax = Math.abs(scales[g]);
-        maxScale = scales[g];
-      }
-    }
+    for (let g = 0; g < 16; g++) scales[g] = makeQ3Quants(16, 4, x, xo + 16 * g, L, 16 * g);
+    const maxScale = signedAbsMax(scales, 0, 16);
     const so = o + 96;
     out.fill(0, so, so + 12);
     let d = 0;

@@ -4,7 +4,7 @@
  * order), because a search that compares errors picks a different candidate on the slightest
  * difference, and then the bytes differ.
  */
-import { fr, nearestInt } from './scalars.js';
+import { fr, nearestInt, signedAbsMax } from './scalars.js';
 
 /** ggml's GROUP_MAX_EPS: a group whose largest magnitude is below this counts as all zero. */
 export const GROUP_MAX_EPS = fr(1e-15);
@@ -142,54 +142,51 @@ export function makeQkx2Quants(
  * -nmax..nmax-1 stored biased by nmax into L[lo..lo+n); returns the signed scale.
  */
 export function makeQxQuants(n: number, nmax: number, x: Float32Array, xo: number, L: Uint8Array, lo: number): number {
-  let max = 0;
-  let amax = 0;
-  for (let i = 0; i < n; i++) {
-    const ax = Math.abs(x[xo + i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[xo + i];
-    }
-  }
-  if (amax < GROUP_MAX_EPS) {
+  const max = signedAbsMax(x, xo, n);
+  if (Math.abs(max) < GROUP_MAX_EPS) {
     L.fill(0, lo, lo + n);
     return 0;
   }
   let iscale = fr(-nmax / max);
-  let sumlx = 0;
-  let suml2 = 0;
-  for (let i = 0; i < n; i++) {
-    const v = x[xo + i];
-    const l = Math.max(-nmax, Math.min(nmax - 1, nearestInt(fr(iscale * v))));
-    L[lo + i] = l + nmax;
-    const w = fr(v * v);
-    sumlx = fr(sumlx + fr(fr(w * v) * l));
-    suml2 = fr(suml2 + fr(fr(w * l) * l));
-  }
-  let scale = suml2 ? fr(sumlx / suml2) : 0;
-  let best = fr(scale * sumlx);
+  qxSums(n, nmax, x, xo, iscale);
+  for (let i = 0; i < n; i++) L[lo + i] = nmax + qxLevel(x[xo + i], iscale, nmax);
+  let scale = qx[1] ? fr(qx[0] / qx[1]) : 0;
+  let best = fr(scale * qx[0]);
   const tenth = fr(0.1);
   for (let is = -9; is <= 9; is++) {
     if (is === 0) continue;
     iscale = fr(-fr(nmax + fr(tenth * is)) / max);
-    sumlx = 0;
-    suml2 = 0;
-    for (let i = 0; i < n; i++) {
-      const v = x[xo + i];
-      const l = Math.max(-nmax, Math.min(nmax - 1, nearestInt(fr(iscale * v))));
-      const w = fr(v * v);
-      sumlx = fr(sumlx + fr(fr(w * v) * l));
-      suml2 = fr(suml2 + fr(fr(w * l) * l));
-    }
+    qxSums(n, nmax, x, xo, iscale);
+    const sumlx = qx[0];
+    const suml2 = qx[1];
     if (suml2 > 0 && fr(sumlx * sumlx) > fr(best * suml2)) {
-      for (let i = 0; i < n; i++) {
-        L[lo + i] = nmax + Math.max(-nmax, Math.min(nmax - 1, nearestInt(fr(iscale * x[xo + i]))));
-      }
+      for (let i = 0; i < n; i++) L[lo + i] = nmax + qxLevel(x[xo + i], iscale, nmax);
       scale = fr(sumlx / suml2);
       best = fr(scale * sumlx);
     }
   }
   return scale;
+}
+
+/** A symmetric level -nmax..nmax-1 of v at iscale (make_qx_quants' clamp of nearest_int). */
+function qxLevel(v: number, iscale: number, nmax: number): number {
+  return Math.max(-nmax, Math.min(nmax - 1, nearestInt(fr(iscale * v))));
+}
+
+/** makeQxQuants' x²-weighted sums at iscale, in ggml's float32 order: qx[0] = Σ w·x·l, qx[1] = Σ w·l². */
+const qx = new Float64Array(2);
+function qxSums(n: number, nmax: number, x: Float32Array, xo: number, iscale: number): void {
+  let sumlx = 0;
+  let suml2 = 0;
+  for (let i = 0; i < n; i++) {
+    const v = x[xo + i];
+    const l = qxLevel(v, iscale, nmax);
+    const w = fr(v * v);
+    sumlx = fr(sumlx + fr(fr(w * v) * l));
+    suml2 = fr(suml2 + fr(fr(w * l) * l));
+  }
+  qx[0] = sumlx;
+  qx[1] = suml2;
 }
 
 /**
@@ -198,16 +195,8 @@ export function makeQxQuants(n: number, nmax: number, x: Float32Array, xo: numbe
  * stored biased by nmax into L[lo..lo+n) (an Int8Array is not needed: biased levels are >= 0).
  */
 export function makeQ3Quants(n: number, nmax: number, x: Float32Array, xo: number, L: Uint8Array, lo: number): number {
-  let max = 0;
-  let amax = 0;
-  for (let i = 0; i < n; i++) {
-    const ax = Math.abs(x[xo + i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[xo + i];
-    }
-  }
-  if (amax < GROUP_MAX_EPS) {
+  const max = signedAbsMax(x, xo, n);
+  if (Math.abs(max) < GROUP_MAX_EPS) {
     L.fill(0, lo, lo + n);
     return 0;
   }

@@ -12,7 +12,7 @@
  * Every product and sum is rounded to f32 once, as ggml's C does: the Float32Array store rounds a
  * single exact double result, `fr` rounds the intermediate ones.
  */
-import { fr, halfAt, putHalf, roundAway } from './scalars.js';
+import { fr, halfAt, putHalf, roundAway, signedAbsMax } from './scalars.js';
 
 export function decodeQ4_0(src: Uint8Array, blocks: number, dst: Float32Array): void {
   for (let b = 0, o = 0, y = 0; b < blocks; b++, o += 18, y += 32) {
@@ -73,24 +73,10 @@ export function decodeQ8_0(src: Uint8Array, blocks: number, dst: Float32Array): 
   }
 }
 
-/** The value of largest magnitude in x[o..o+32) (the first of equal magnitudes), as ggml picks it. */
-function signedAbsMax(x: Float32Array, o: number): number {
-  let amax = 0;
-  let max = 0;
-  for (let j = o; j < o + 32; j++) {
-    const a = Math.abs(x[j]);
-    if (amax < a) {
-      amax = a;
-      max = x[j];
-    }
-  }
-  return max;
-}
-
 /** Symmetric 4-bit: d = max / -8 so the extreme value maps to level 0 exactly. */
 export function encodeQ4_0(x: Float32Array, blocks: number, out: Uint8Array): void {
   for (let b = 0, o = 0, xo = 0; b < blocks; b++, o += 18, xo += 32) {
-    const d = fr(signedAbsMax(x, xo) / -8);
+    const d = fr(signedAbsMax(x, xo, 32) / -8);
     const id = d ? fr(1 / d) : 0;
     putHalf(out, o, d);
     for (let j = 0; j < 16; j++) {
@@ -136,7 +122,7 @@ function putU32(out: Uint8Array, o: number, v: number): void {
 
 export function encodeQ5_0(x: Float32Array, blocks: number, out: Uint8Array): void {
   for (let b = 0, o = 0, xo = 0; b < blocks; b++, o += 22, xo += 32) {
-    const d = fr(signedAbsMax(x, xo) / -16);
+    const d = fr(signedAbsMax(x, xo, 32) / -16);
     const id = d ? fr(1 / d) : 0;
     putHalf(out, o, d);
     let qh = 0;

@@ -55,3 +55,20 @@ export function nearestInt(v: number): number {
 export function roundAway(v: number): number {
   return v < 0 ? -Math.floor(0.5 - v) : Math.floor(v + 0.5);
 }
+
+/**
+ * The value of largest magnitude in x[o..o+n) (the first of equal magnitudes), as ggml picks a
+ * block's or a group's extreme value: its sign sets the sign of the scale.
+ */
+export function signedAbsMax(x: Float32Array, o: number, n: number): number {
+  let amax = 0;
+  let max = 0;
+  for (let j = o; j < o + n; j++) {
+    const a = Math.abs(x[j]);
+    if (amax < a) {
+      amax = a;
+      max = x[j];
+    }
+  }
+  return max;
+}
