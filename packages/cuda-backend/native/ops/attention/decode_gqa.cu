@@ -35,10 +35,24 @@ constexpr int DG_BLOCKS_PER_SM = 6;
 // their launch: split s's keys [start, end] of row r (chunk keys a split, nAct live splits) and
 // where its pages lie; slots() and issue() stage a 32-key tile of K and V.
 struct DgBlock {
+  int s, kvh, rl, r;  // split, KV head, row of the launch, row
   int start, end, nAct;
   const int* btr;
   size_t width;
-  int bs, kvh, tid;
+  int bs, tid;
+  // Split s's partial of q head kvh G + g: m, l, then DG_HD sums.
+  template <int G>
+  __device__ __forceinline__ float* partial(float* part, int H, int S, int g) const {
+    return part + (((size_t)rl * H + kvh * G + g) * S + s) * ((size_t)DG_HD + 2);
+  }
+  // The split's partials counted (attnArrive): the last live split of each head merges them.
+  // wide: the merge's shared memory, the tile buffer's (every copy into it landed and was read).
+  template <int G>
+  __device__ __forceinline__ void arrive(float* part, float* out, int* counters, int H, int S, AttnWideScratch& wide,
+                                         uint16_t* outHi, size_t loOff) const {
+    if (!counters) return;
+    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, wide, outHi, loOff);
+  }
   // The cache slot of keys k0 .. k0 + 31 (-1 past `end` or in a missing block).
   __device__ __forceinline__ void slots(int k0, long long* sl) const {
     if (tid < DG_KEYS) {
@@ -91,13 +105,17 @@ __device__ __forceinline__ bool dgBegin(DgBlock& b, float (*qs)[DG_HD], const fl
                                         const int* positions, float* part, int H, int KVH, int bs, int mbps, int qStride,
                                         int qOff, float scale, int S, int rowBase, const int* counters, int minChunk) {
   const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl, tid = threadIdx.x;
+  b.s = s;
+  b.kvh = kvh;
+  b.rl = rl;
+  b.r = r;
   const int last = positions[r];
   const int chunk = max(minChunk, (last + S) / S);
   b.nAct = last / chunk + 1;
   b.start = s * chunk;
   if (b.start > last) {
     if (!counters && tid < G) {
-      float* dst = part + (((size_t)rl * H + kvh * G + tid) * S + s) * ((size_t)DG_HD + 2);
+      float* dst = b.partial<G>(part, H, S, tid);
       dst[0] = -INFINITY;
       dst[1] = 0.f;
     }
@@ -107,7 +125,6 @@ __device__ __forceinline__ bool dgBegin(DgBlock& b, float (*qs)[DG_HD], const fl
   b.btr = bt + (size_t)rowSeq[r] * mbps;
   b.width = (size_t)KVH * DG_HD;
   b.bs = bs;
-  b.kvh = kvh;
   b.tid = tid;
   for (int i = tid; i < G * DG_HD; i += 128) {
     const int g = i / DG_HD, d = i % DG_HD;
@@ -182,14 +199,12 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
 
   NERVA_TRACE_KERNEL_AT(200000);  // trace_timeline.py: decode_gqa.cu:200000
   PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
-  const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   DgBlock blk;
   if (!dgBegin<G>(blk, qs, q, bt, rowSeq, positions, part, H, KVH, bs, mbps, qStride, qOff, scale, S, rowBase, counters,
                   minChunk))
     return;
-  const int start = blk.start, end = blk.end, nAct = blk.nAct;
-  const size_t stride = (size_t)DG_HD + 2;  // a partial: m, l, then DG_HD sums
+  const int start = blk.start, end = blk.end;
   float acc[G];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // heads warp and warp + 4 (warp-uniform)
 #pragma unroll
@@ -241,18 +256,14 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
   dgPublishStats<G>(m, l, mFin, lFin, warp, lane);
 #pragma unroll
   for (int g = 0; g < G; g++) {
-    float* dst = part + (((size_t)rl * H + kvh * G + g) * S + s) * stride;
+    float* dst = blk.partial<G>(part, H, S, g);
     dst[2 + tid] = acc[g];
     if (tid == 0) {
       dst[0] = mFin[g];
       dst[1] = lFin[g];
     }
   }
-  if (counters) {
-    // The merge's shared memory is the tile buffer's: every copy into it landed and was read.
-    AttnWideScratch& wide = *reinterpret_cast<AttnWideScratch*>(dgsm);
-    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, wide, outHi, loOff);
-  }
+  blk.arrive<G>(part, out, counters, H, S, *reinterpret_cast<AttnWideScratch*>(dgsm), outHi, loOff);
 }
 
 // k_attn_decode_gqa for bf16 caches on the tensor cores. The same blocks, splits, tiles and online
@@ -287,15 +298,13 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
 
   NERVA_TRACE_KERNEL();
   PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
-  const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, cq = (lane & 3) * 2;  // the MMA fragments' row group and column pair
   DgBlock blk;
   if (!dgBegin<G>(blk, qs, q, bt, rowSeq, positions, part, H, KVH, bs, mbps, qStride, qOff, scale, S, rowBase, counters,
                   minChunk))
     return;
-  const int start = blk.start, end = blk.end, nAct = blk.nAct;
-  const size_t stride = (size_t)DG_HD + 2;  // a partial: m, l, then DG_HD sums
+  const int start = blk.start, end = blk.end;
   blk.slots(start, slot[0]);
   __syncthreads();  // slots and q
   blk.issue<uint16_t, LD>(slot[0], buf, kc, vc);
@@ -370,7 +379,7 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
   }
   dgPublishStats<G>(m, l, mFin, lFin, warp, lane);
   if (gq < G) {
-    float* dst = part + (((size_t)rl * H + kvh * G + gq) * S + s) * stride;
+    float* dst = blk.partial<G>(part, H, S, gq);
 #pragma unroll
     for (int nt = 0; nt < 4; nt++) {
       const int d = 32 * warp + 8 * nt + cq;
@@ -379,15 +388,11 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
     }
   }
   if (tid < G) {
-    float* dst = part + (((size_t)rl * H + kvh * G + tid) * S + s) * stride;
+    float* dst = blk.partial<G>(part, H, S, tid);
     dst[0] = mFin[tid];
     dst[1] = lFin[tid];
   }
-  if (counters) {
-    // The merge's shared memory is the tile buffer's: every copy into it landed and was read.
-    AttnWideScratch& wide = *reinterpret_cast<AttnWideScratch*>(dgsm);
-    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, wide, outHi, loOff);
-  }
+  blk.arrive<G>(part, out, counters, H, S, *reinterpret_cast<AttnWideScratch*>(dgsm), outHi, loOff);
 }
 
 // Decode batches of at least this many rows run k_attn_decode_gqa, which reads each key once for
