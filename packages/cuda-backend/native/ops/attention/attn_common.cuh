@@ -250,11 +250,11 @@ __device__ inline void attnMergeWide(const float* base, size_t stride, float* ou
 // alone around the counter; merging in thread block clusters over distributed shared memory, and
 // the last split polling for the others.)
 // wide: attnMergeWide's shared memory (used past ATT_WIDE_MIN live splits).
-__device__ inline void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
-                           int nAct, float* lse, AttnWideScratch& wide, uint16_t* outHi = nullptr, size_t loOff = 0) {
+// The split's partials counted at counter c: true in the block that arrives last of the nAct
+// (which re-arms the counter), whose reads of the others' partials follow.
+__device__ inline bool attnCount(int* c, int nAct) {
   NERVA_TRACE_MARK();  // the split's partial is written
   __shared__ int lastFlag;
-  int* c = counters + (size_t)rl * H + h;
   __threadfence();  // this block's partial is visible before it is counted
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -263,8 +263,14 @@ __device__ inline void attnArrive(const float* part, float* out, int* counters, 
     if (lastFlag) *c = 0;
   }
   __syncthreads();
-  if (!lastFlag) return;
+  if (!lastFlag) return false;
   __threadfence();
+  return true;
+}
+
+// The nAct live splits' partials of (row, head h) merged into out (the last arriving block's).
+__device__ inline void attnMergeSplits(const float* part, float* out, int rl, int r, int h, int H, int hd, int S, int nAct,
+                                       float* lse, AttnWideScratch& wide, uint16_t* outHi, size_t loOff) {
   // Each thread merges its output columns on its own: (m, l, acc) of eight splits are loaded
   // at once and folded in with an online rescale, so the merge is one L2 round trip per eight
   // splits with no block reductions between the loads. (Loading every (m, l) first, reducing M
@@ -312,6 +318,26 @@ __device__ inline void attnArrive(const float* part, float* out, int* counters, 
   }
 }
 
+
+__device__ inline void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
+                                  int nAct, float* lse, AttnWideScratch& wide, uint16_t* outHi = nullptr, size_t loOff = 0) {
+  if (attnCount(counters + (size_t)rl * H + h, nAct))
+    attnMergeSplits(part, out, rl, r, h, H, hd, S, nAct, lse, wide, outHi, loOff);
+}
+
+// attnArrive for a block holding the partials of G heads h0 .. h0 + G - 1 (a KV head's): one
+// fence and one count for all of them, on head h0's counter, and the last block merges every
+// head, each as attnArrive would (the same merge, so the same bits). Counting each head apart
+// cost G fenced round trips to L2 in a row at the end of every block.
+__device__ inline void attnArriveGroup(const float* part, float* out, int* counters, int rl, int r, int h0, int G, int H,
+                                       int hd, int S, int nAct, float* lse, AttnWideScratch& wide, uint16_t* outHi,
+                                       size_t loOff) {
+  if (!attnCount(counters + (size_t)rl * H + h0, nAct)) return;
+  for (int g = 0; g < G; g++) {
+    if (g > 0) __syncthreads();  // the wide merge's shared memory is reused
+    attnMergeSplits(part, out, rl, r, h0 + g, H, hd, S, nAct, lse, wide, outHi, loOff);
+  }
+}
 
 // Which head element lane `lane` holds as its j-th. PAIR (headDim a multiple of 64): lanes hold
 // adjacent pairs, (2 lane, 2 lane + 1) then the same 64 elements on, so a lane loads its keys and

@@ -45,13 +45,14 @@ struct DgBlock {
   __device__ __forceinline__ float* partial(float* part, int H, int S, int g) const {
     return part + (((size_t)rl * H + kvh * G + g) * S + s) * ((size_t)DG_HD + 2);
   }
-  // The split's partials counted (attnArrive): the last live split of each head merges them.
-  // wide: the merge's shared memory, the tile buffer's (every copy into it landed and was read).
+  // The split's partials of its G heads counted once (attnArriveGroup): the last live split of
+  // the KV head merges every head's. wide: the merge's shared memory, the tile buffer's (every
+  // copy into it landed and was read).
   template <int G>
   __device__ __forceinline__ void arrive(float* part, float* out, int* counters, int H, int S, AttnWideScratch& wide,
                                          uint16_t* outHi, size_t loOff) const {
     if (!counters) return;
-    for (int g = 0; g < G; g++) attnArrive(part, out, counters, rl, r, kvh * G + g, H, DG_HD, S, nAct, nullptr, wide, outHi, loOff);
+    attnArriveGroup(part, out, counters, rl, r, kvh * G, G, H, DG_HD, S, nAct, nullptr, wide, outHi, loOff);
   }
   // The cache slot of keys k0 .. k0 + 31 (-1 past `end` or in a missing block).
   __device__ __forceinline__ void slots(int k0, long long* sl) const {
