@@ -17,6 +17,9 @@
 # ab_fork TAG NAME [VAR=value...]: 32 batch-invariant forks of checkpoint M (qwen3-8b), bf16 KV, GEN (128) tokens
 # each, the forks alone (nerva-bench fork --no-sequential: seconds, not minutes) on /tmp/NAME.node; the line
 # in $AB/fork.jsonl, and tag, fork step device ms (p50), step interval ms, tokens_sha256 and graph nodes printed.
+# ab_kernels TAG NAME: ncu times each kernel of 32 forks of checkpoint M (qwen3-8b) on /tmp/NAME.node
+# (fork_kernels.mjs, 6 tokens); kernel_table.py then sums the last 3 decode steps (the 32-row graph's
+# node count read from the run's output) -> $AB/kernels-TAG.txt, printed.
 # ab_trace TAG TRACE_ADDON [VAR=value...]: one decode probe on a traced addon (built with -DNERVA_TRACE),
 # its timeline in $AB/timeline-TAG.txt (DETAIL=KERNEL: that kernel's block detail in
 # $AB/detail-TAG.txt too); prints the per-kernel summary.
@@ -74,6 +77,14 @@ ab_fork() {
     --backend cuda --kv-cache-dtype bf16 --batch-invariant --no-sequential --new-tokens "${GEN:-128}" 2>> "$AB/err.log" | tail -1 |
     sed "s/^{/{\"tag\":\"$tag\",/" >> "$AB/fork.jsonl"
   python3 -c "import json,sys; j=json.loads(open(sys.argv[1]).readlines()[-1]); print(j['tag'], j.get('fork_step_device_ms_p50'), j.get('fork_step_interval_ms'), j.get('tokens_sha256'), j.get('graph_nodes'))" "$AB/fork.jsonl"
+}
+
+ab_kernels() {
+  local tag=$1 name=$2 n
+  NERVA_CUDA_ADDON="/tmp/$name.node" timeout 300 ncu --csv --metrics gpu__time_duration.sum $AB_NODE .device/dist/fork_kernels.mjs \
+    "/tmp/synth/${M:-qwen3-8b}" 32 6 > "$AB/kernels-$tag.csv" 2>> "$AB/err.log"
+  n=$(python3 tools/gpu/kernel_table.py --nodes "$AB/kernels-$tag.csv") || return 1
+  python3 tools/gpu/kernel_table.py "$AB/kernels-$tag.csv" "$n" > "$AB/kernels-$tag.txt" && cat "$AB/kernels-$tag.txt"
 }
 
 ab_check() {

@@ -2,8 +2,12 @@
 """Not a phase: ncu's CSV (--csv --metrics gpu__time_duration.sum) of a run whose last kernels are
 decode steps -> per kernel name, calls and microseconds a step over the last STEPS steps of NODES
 kernels each (the captured graph's node count, fork_kernels.mjs prints it).
-  kernel_table.py FILE.csv NODES [STEPS]"""
+  kernel_table.py FILE.csv NODES [STEPS]
+  kernel_table.py --nodes FILE.csv   (the forks' decode graph's node count, from the same output)
+STEPS (3) must stay below the run's decode steps: fork_kernels.mjs 32 6 makes 5 after its prefill,
+whose kernels a window of 6 steps would count."""
 import csv
+import json
 import sys
 from collections import defaultdict
 
@@ -38,7 +42,27 @@ def table(rows, nodes, steps):
     return out, sum(t[2] for t in out)
 
 
+def graph_nodes(path):
+    """The largest decode graph's node count that fork_kernels.mjs printed into the run's output
+    ({"graph_nodes": {bucket: nodes}}): the 32-row graph of the forks."""
+    found = None
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith('{"graph_nodes"'):
+                found = json.loads(line)['graph_nodes']
+    if not found:
+        raise ValueError('no graph_nodes line (fork_kernels.mjs prints one at its end)')
+    return max(found.values())
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == '--nodes':
+        try:
+            print(graph_nodes(sys.argv[2]))
+        except (OSError, ValueError) as e:
+            sys.exit(f'kernel_table.py: {e}')
+        return
     if len(sys.argv) not in (3, 4) or not all(a.isdigit() and int(a) > 0 for a in sys.argv[2:]):
         sys.exit('usage: kernel_table.py FILE.csv NODES [STEPS] (NODES, STEPS: positive integers)')
     nodes, steps = int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 3
