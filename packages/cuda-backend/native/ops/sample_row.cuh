@@ -93,27 +93,27 @@ constexpr double MASKED_OUT = -1.0;
 // Bit i of a row's token mask: id i is allowed.
 __device__ __forceinline__ bool maskAllows(const uint32_t* M, int i) { return (M[i >> 5] >> (i & 31)) & 1u; }
 
-__device__ __forceinline__ double blockMaxD(double v, SampleShared& S) {
-  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) S.red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  double t = 0;
-  for (int w = 0; w < (int)(blockDim.x >> 5); w++) t = fmax(t, S.red[w]);
-  __syncthreads();
-  return t;
-}
+struct MaxD {
+  __device__ double operator()(double a, double b) const { return fmax(a, b); }
+};
+struct MinD {
+  __device__ double operator()(double a, double b) const { return fmin(a, b); }
+};
 
-__device__ __forceinline__ double blockMinD(double v, SampleShared& S) {
-  for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_xor_sync(0xffffffffu, v, o));
+// A float64 max or min over the block (op from init); every thread gets the result.
+template <typename Op>
+__device__ __forceinline__ double blockFoldD(double v, double init, Op op, SampleShared& S) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   __syncthreads();
   if ((threadIdx.x & 31) == 0) S.red[threadIdx.x >> 5] = v;
   __syncthreads();
-  double t = HUGE_VAL;
-  for (int w = 0; w < (int)(blockDim.x >> 5); w++) t = fmin(t, S.red[w]);
+  double t = init;
+  for (int w = 0; w < (int)(blockDim.x >> 5); w++) t = op(t, S.red[w]);
   __syncthreads();
   return t;
 }
+__device__ __forceinline__ double blockMaxD(double v, SampleShared& S) { return blockFoldD(v, 0.0, MaxD(), S); }
+__device__ __forceinline__ double blockMinD(double v, SampleShared& S) { return blockFoldD(v, HUGE_VAL, MinD(), S); }
 
 // One block over the whole row [0, end).
 struct BlockSpan {
@@ -166,12 +166,6 @@ struct ClusterSpan {
   };
   struct MaxF {
     __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-  };
-  struct MaxD {
-    __device__ double operator()(double a, double b) const { return fmax(a, b); }
-  };
-  struct MinD {
-    __device__ double operator()(double a, double b) const { return fmin(a, b); }
   };
   __device__ double sum(double v, SampleShared& S) { return across(blockSum(v, S.red), &SampleShared::xd, S, 0.0, Add()); }
   __device__ int sumi(int v, SampleShared& S) { return across(blockSum(v, S.redi), &SampleShared::xi, S, 0, Add()); }
