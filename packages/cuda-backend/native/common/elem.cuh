@@ -228,6 +228,11 @@ struct GemmOutT {
     return a.hi + a.lo;
   }
   __device__ __forceinline__ float value(int r, int o) const { return finish(load(r, o), o); }
+  // The same output read with (B = true) or without (B = false) the bias.
+  template <bool B>
+  __host__ __device__ GemmOutT<B> as() const {
+    return GemmOutT<B>{t, loOff, wOut, split, bias, bdt, bfa};
+  }
 };
 using GemmOut = GemmOutT<true>;
 using GemmSum = GemmOutT<false>;

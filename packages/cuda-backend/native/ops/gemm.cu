@@ -53,7 +53,7 @@ static int launchGemmEpilogue(NervaExec* ex, const GemmOut& G, float* out, int r
 
 int flushEpilogue(NervaExec* ex, DeferredEpilogue* d) {
   if (!d || !d->g.t) return NERVA_OK;
-  const GemmOut g{d->g.t, d->g.loOff, d->g.wOut, d->g.split, nullptr, 0, d->g.bfa};
+  const GemmOut g = d->g.as<true>();  // (a deferred epilogue has no bias)
   d->g.t = nullptr;
   return launchGemmEpilogue(ex, g, d->out, d->rows, d->dim, false, d->accumulate, nullptr, nullptr);
 }
@@ -200,7 +200,7 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
     uint16_t* nextHi = emit ? (uint16_t*)(ws + tAll + xAll) : nullptr;
     const GemmOut G{t, (size_t)nr * wOut, wOut, split ? 1 : 0, bias.p, bias.dt, bfa};
     if (defer) {
-      *f.defer = DeferredEpilogue{GemmSum{t, G.loOff, wOut, G.split, nullptr, 0, bfa}, o, nr, outDim, f.accumulate, tBytes};
+      *f.defer = DeferredEpilogue{G.as<false>(), o, nr, outDim, f.accumulate, tBytes};
     } else if (!direct) {
       int rc = launchGemmEpilogue(ex, G, o, nr, outDim, f.glu, f.accumulate, nextHi,
                                   split && emit ? nextHi + (size_t)nr * outDim : nullptr);

@@ -51,7 +51,7 @@ struct Fuse {
   SplitHandoff* emit = nullptr;
   const SplitHandoff* take = nullptr;
   // Epilogue hand-off (DeferredEpilogue): `defer` lets gemmRowsBlas leave its epilogue there
-  // when it has no glu, bias-free or not; `pending` is one whose out is this call's x, applied
+  // when it has neither glu nor bias; `pending` is one whose out is this call's x, applied
   // before x is read (by gemmRowsBlas's norm where it accumulates, else launched first). Only op
   // decoder_layers sets them.
   DeferredEpilogue* defer = nullptr;

@@ -240,16 +240,6 @@ __device__ inline void attnMergeWide(const float* base, size_t stride, float* ou
   }
 }
 
-// The block that arrives last of the nAct live splits of its (row, head) merges their partials
-// into out and re-arms the counter: the combine needs no kernel (node) of its own. Splits past
-// the live length do not arrive at all (every block derives the same nAct from positions[r]),
-// so a short context pays no fence or atomic for the idle splits of the grid.
-// outHi (a many-row GEMM's operand hand-off, see SplitHandoff): the merged values also as their
-// bf16 split (storeSplit), the lo halves loOff elements on (loOff 0: none).
-// (Measured without gain on the 0.6B shape: sixteen splits a load round; the fences of thread 0
-// alone around the counter; merging in thread block clusters over distributed shared memory, and
-// the last split polling for the others.)
-// wide: attnMergeWide's shared memory (used past ATT_WIDE_MIN live splits).
 // The split's partials counted at counter c: true in the block that arrives last of the nAct
 // (which re-arms the counter), whose reads of the others' partials follow.
 __device__ inline bool attnCount(int* c, int nAct) {
@@ -319,6 +309,16 @@ __device__ inline void attnMergeSplits(const float* part, float* out, int rl, in
 }
 
 
+// The block that arrives last of the nAct live splits of its (row, head) merges their partials
+// into out and re-arms the counter: the combine needs no kernel (node) of its own. Splits past
+// the live length do not arrive at all (every block derives the same nAct from positions[r]),
+// so a short context pays no fence or atomic for the idle splits of the grid.
+// outHi (a many-row GEMM's operand hand-off, see SplitHandoff): the merged values also as their
+// bf16 split (storeSplit), the lo halves loOff elements on (loOff 0: none).
+// (Measured without gain on the 0.6B shape: sixteen splits a load round; the fences of thread 0
+// alone around the counter; merging in thread block clusters over distributed shared memory, and
+// the last split polling for the others.)
+// wide: attnMergeWide's shared memory (used past ATT_WIDE_MIN live splits).
 __device__ inline void attnArrive(const float* part, float* out, int* counters, int rl, int r, int h, int H, int hd, int S,
                                   int nAct, float* lse, AttnWideScratch& wide, uint16_t* outHi = nullptr, size_t loOff = 0) {
   if (attnCount(counters + (size_t)rl * H + h, nAct))

@@ -4,8 +4,9 @@
 // keys are copied from the paged cache with cp.async, 16 bytes a copy, into a double buffer while
 // the previous tile is used; the block's four warps then score the tile for every head, run the
 // online softmax (warp w owns heads w and w + 4), and each thread accumulates one output column
-// of every head. Partials go through attnArrive like the split-KV kernel's: the last live split
-// of a (row, head) merges them. headDim 128, exact numerics, f32 or bf16 caches, no window.
+// of every head. Partials go through attnArriveGroup (the split-KV kernel's attnArrive, one count
+// for the G heads): the last live split of a (row, KV head) merges them. headDim 128, exact
+// numerics, f32 or bf16 caches, no window.
 #include "common/elem.cuh"
 #include "common/exec.cuh"
 #include "ops/attention/attn_common.cuh"
