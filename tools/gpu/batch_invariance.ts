@@ -226,28 +226,33 @@ function fusedMatmulCase(be: DeviceBackend, s: FmShape, seed: number): CaseResul
   }
 }
 
-function decoderLayersCase(be: DeviceBackend, kv: 'f32' | 'bf16', seed: number): CaseResult {
-  const name = `decoder_layers/Qwen3-0.6B-like 2 layers, ${kv} KV, contexts 1..~700`;
+// sharedBlocks > 0: every sequence's first sharedBlocks blocks are the same cache blocks (a shared
+// prefix, as forks and prefix-cache hits have; the attention then serves rows that read the same
+// keys in one block) and its context runs past them into blocks of its own.
+function decoderLayersCase(be: DeviceBackend, kv: 'f32' | 'bf16', seed: number, nq = 16, sharedBlocks = 0): CaseResult {
+  const bs = 16, shared = sharedBlocks * bs;
+  const name = `decoder_layers/Qwen3-0.6B-like 2 layers, ${nq} q heads, ${kv} KV, ${shared ? `a ${shared}-key shared prefix, contexts ${shared + 1}..${shared + 300}` : 'contexts 1..~700'}`;
   const r = rng(seed);
   const B = new Bufs(be);
-  const H = 1024, nq = 16, nkv = 8, hd = 128, I = 3072, layers = 2, bs = 16;
+  const H = 1024, nkv = 8, hd = 128, I = 3072, layers = 2;
   const qkvOut = (nq + 2 * nkv) * hd, kvw = nkv * hd;
-  const lens = Array.from({ length: MAX_ROWS }, (_, i) => 1 + ((i * 37 + 11) % 700));
+  const lens = Array.from({ length: MAX_ROWS }, (_, i) => (shared ? shared + 1 + ((i * 37 + 11) % 300) : 1 + ((i * 37 + 11) % 700)));
   const mbps = Math.ceil(Math.max(...lens) / bs) + 1;
-  // Sequence q owns the blocks its context needs, from first[q] on (any layout works: each row
-  // reads its own); the rest of its table row points at block 0, never read.
-  const own = lens.map((n) => Math.ceil(n / bs));
+  // Sequence q owns the blocks its context needs past the shared ones, from first[q] on (any
+  // layout works: each row reads its own); the rest of its table row points at block 0, never read.
+  const own = lens.map((n) => Math.ceil(n / bs) - sharedBlocks);
   const first: number[] = [];
-  let numBlocks = 0;
+  let numBlocks = sharedBlocks;
   for (const n of own) {
     first.push(numBlocks);
     numBlocks += n;
   }
+  const blockOf = (q: number, j: number) => (j < sharedBlocks ? j : first[q] + j - sharedBlocks);
   const tables = Array.from({ length: MAX_ROWS * mbps }, (_, i) => {
     const q = Math.floor(i / mbps), j = i % mbps;
-    return j < own[q] ? first[q] + j : 0;
+    return j < sharedBlocks + own[q] ? blockOf(q, j) : 0;
   });
-  const slotOf = (q: number, p: number) => (first[q] + Math.floor(p / bs)) * bs + (p % bs);
+  const slotOf = (q: number, p: number) => blockOf(q, Math.floor(p / bs)) * bs + (p % bs);
   try {
     const norm = (n: number) => normals(r, n, 0.1).map((v) => 1 + v);
     const L: DecoderLayerWeights[] = [];
@@ -338,6 +343,9 @@ function suite(be: DeviceBackend): { passed: number; failed: number; results: Ca
   FM.forEach((s, i) => results.push(fusedMatmulCase(be, s, 100 + i)));
   results.push(decoderLayersCase(be, 'f32', 7));
   results.push(decoderLayersCase(be, 'bf16', 8));
+  // Rows reading a shared prefix, two and four q heads a KV head (the 0.6B's and the 8B's groups).
+  results.push(decoderLayersCase(be, 'bf16', 9, 16, 40));
+  results.push(decoderLayersCase(be, 'bf16', 10, 32, 40));
   for (const c of results) {
     const acc = c.maxScaledErr === undefined ? '' : `, max error ${c.maxScaledErr.toExponential(2)} of sum |terms|${c.maxScaledErr > ACC_TOL ? ` (> ${ACC_TOL})` : ''}`;
     console.log(`[invariance] ${c.ok ? 'ok  ' : 'FAIL'} ${c.case}: ${c.mismatchedRows} rows differ${acc}${c.error ? ` (${c.error})` : ''}`);

@@ -37,14 +37,19 @@ constexpr int DG_BLOCKS_PER_SM = 6;
 // where its pages lie; slots() and issue() stage a 32-key tile of K and V.
 struct DgBlock {
   int s, kvh, rl, r;  // split, KV head, row of the launch, row
-  int start, end, nAct;
+  int start, end, nAct, chunk;
   const int* btr;
   size_t width;
   int bs, tid;
   // Split s's partial of q head kvh G + g: m, l, then DG_HD sums.
   template <int G>
   __device__ __forceinline__ float* partial(float* part, int H, int S, int g) const {
-    return part + (((size_t)rl * H + kvh * G + g) * S + s) * ((size_t)DG_HD + 2);
+    return partialOf<G>(part, H, S, rl, g);
+  }
+  // The same for launch row `row` (a row this block serves beside its own, dgMates).
+  template <int G>
+  __device__ __forceinline__ float* partialOf(float* part, int H, int S, int row, int g) const {
+    return part + (((size_t)row * H + kvh * G + g) * S + s) * ((size_t)DG_HD + 2);
   }
   // The split's partials of its G heads counted once (attnArriveGroup): the last live split of
   // the KV head merges every head's. wide: the merge's shared memory, the tile buffer's (every
@@ -55,30 +60,36 @@ struct DgBlock {
     if (!counters) return;
     attnArriveGroup(part, out, counters, rl, r, kvh * G, G, H, DG_HD, S, nAct, nullptr, wide, outHi, loOff);
   }
-  // The cache slot of keys k0 .. k0 + 31 (-1 past `end` or in a missing block).
+  // Where keys k0 .. k0 + 31 of this KV head start in the cache, in elements (-1 past `end` or in
+  // a missing block): the address math done once a key here, not once a 16-byte copy in issue().
   __device__ __forceinline__ void slots(int k0, long long* sl) const {
     if (tid < DG_KEYS) {
       const int p = k0 + tid;
       long long v = -1;
       if (p <= end) {
         const int e = btr[p / bs];
-        if (e >= 0) v = (long long)e * bs + p % bs;
+        if (e >= 0) v = ((long long)e * bs + p % bs) * (long long)width + (long long)kvh * DG_HD;
       }
       sl[tid] = v;
     }
   }
-  // The tile's K rows to kd and V rows to kd + DG_KEYS LD, 16 bytes a cp.async (zeros for slot -1).
+  // The tile's K rows to kd and V rows to kd + DG_KEYS LD, 16 bytes a cp.async (zeros where the
+  // offset is -1): each thread copies one 16-byte column c of every RPI-th key row.
   template <typename KT, int LD>
   __device__ __forceinline__ void issue(const long long* sl, KT* kd, const KT* kc, const KT* vc) const {
     constexpr int CPR = DG_HD * (int)sizeof(KT) / 16;  // 16-byte copies per key row
+    constexpr int RPI = 128 / CPR;                       // key rows a pass of the block's threads
+    constexpr int EPC = 16 / (int)sizeof(KT);            // elements a copy
     KT* vd = kd + DG_KEYS * LD;
-    for (int i = tid; i < DG_KEYS * CPR; i += 128) {
-      const int j = i / CPR, c = i % CPR;
-      const long long sv = sl[j];
-      const size_t off = (size_t)max(sv, 0ll) * width + (size_t)kvh * DG_HD;
-      const int e = c * (16 / (int)sizeof(KT));
-      pfCopy16(kd + j * LD + e, kc + off + e, sv >= 0);
-      pfCopy16(vd + j * LD + e, vc + off + e, sv >= 0);
+    const int e = tid % CPR * EPC, j0 = tid / CPR;
+#pragma unroll
+    for (int it = 0; it < DG_KEYS / RPI; it++) {
+      const int j = j0 + it * RPI;
+      const long long off = sl[j];
+      const bool ok = off >= 0;
+      const size_t o = (size_t)(ok ? off : 0ll) + (size_t)e;
+      pfCopy16(kd + j * LD + e, kc + o, ok);
+      pfCopy16(vd + j * LD + e, vc + o, ok);
     }
   }
   // The tile loop's pipeline at tile k0, iteration it (stage it & 1, `buf` holding both stages):
@@ -113,6 +124,7 @@ __device__ __forceinline__ bool dgBegin(DgBlock& b, float (*qs)[DG_HD], const fl
   b.r = r;
   const int last = positions[r];
   const int chunk = max(minChunk, (last + S) / S);
+  b.chunk = chunk;
   b.nAct = last / chunk + 1;
   b.start = s * chunk;
   if (b.start > last) {
@@ -135,16 +147,58 @@ __device__ __forceinline__ bool dgBegin(DgBlock& b, float (*qs)[DG_HD], const fl
   return true;
 }
 
+// Rows of a launch that read split s's keys exactly as another row does (the same key range over
+// the same cache pages: shared-prefix forks, prefix-cache hits) are served by one block, the
+// first row's of their group of 8 / G launch rows, their q heads side by side in the MMA's rows
+// (k_attn_decode_gqa_tc): the group's keys are copied and multiplied once. An MMA row's sums do
+// not depend on the other rows, and each head's softmax and merge are the same code whichever
+// block runs them, so a row's bits do not depend on whether it was served alone.
+//
+// dgMates: bit c (cLo <= c <= cHi, 1 <= c) set where launch row L + c reads split s's keys as
+// launch row L does. Every block that asks about a pair computes the same answer from the same
+// data (positions, block tables), so the group's first row's block and row L + c's agree on who
+// serves it without talking. Called by every thread of the block (it has barriers).
+__device__ __forceinline__ unsigned dgMates(int L, int cLo, int cHi, int s, const int* bt, const int* rowSeq,
+                                            const int* positions, int mbps, int bs, int S, int minChunk, int rowBase) {
+  const int nr = (int)gridDim.z;
+  const int lastL = positions[rowBase + L];
+  const int chunk = max(minChunk, (lastL + S) / S);
+  const int start = s * chunk, endL = min(start + chunk - 1, lastL);
+  unsigned bad = 0;
+  for (int c = cLo; c <= cHi; c++) {
+    bool ok = L + c < nr && start <= lastL;
+    if (ok) {
+      const int lastC = positions[rowBase + L + c];
+      ok = max(minChunk, (lastC + S) / S) == chunk && start <= lastC && min(start + chunk - 1, lastC) == endL;
+    }
+    if (!ok) bad |= 1u << c;
+  }
+  if (start <= lastL) {
+    const int p0 = start / bs, np = endL / bs - p0 + 1, nc = cHi - cLo + 1;
+    const int* btL = bt + (size_t)rowSeq[rowBase + L] * mbps + p0;
+    for (int i = threadIdx.x; i < nc * np; i += blockDim.x) {
+      const int c = cLo + i / np, pg = i % np;
+      if (bad >> c & 1u) continue;
+      if (bt[(size_t)rowSeq[rowBase + L + c] * mbps + p0 + pg] != btL[pg]) bad |= 1u << c;
+    }
+  }
+  unsigned mask = 0;
+  for (int c = cLo; c <= cHi; c++)
+    if (!__syncthreads_or((int)(bad >> c & 1u))) mask |= 1u << c;
+  return mask;
+}
+
 // The online softmax of one tile, the same in both kernels: sc[g][k] holds the scores of the
 // tile's keys for head g and gets their probabilities; warp w takes heads w and w + 4, one key a
 // lane; m and l are those heads' running max and sum, corr[g] the factor the head's output so far
 // is scaled by.
 template <int G>
-__device__ __forceinline__ void dgSoftmaxTile(float (*sc)[DG_KEYS], float* corr, float* m, float* l, int warp, int lane) {
+__device__ __forceinline__ void dgSoftmaxTile(float (*sc)[DG_KEYS], float* corr, float* m, float* l, int warp, int lane,
+                                              int nh = G) {
 #pragma unroll
   for (int hh = 0; hh < 2; hh++) {
     const int g = warp + 4 * hh;
-    if (g >= G) break;
+    if (g >= nh) break;
     const float x = sc[g][lane];
     float mx = x;
 #pragma unroll
@@ -166,12 +220,13 @@ __device__ __forceinline__ void dgSoftmaxTile(float (*sc)[DG_KEYS], float* corr,
 // The split's final (m, l) of each head, from the warp that ran its softmax (heads warp and
 // warp + 4) to mFin / lFin, for the threads that write the partials.
 template <int G>
-__device__ __forceinline__ void dgPublishStats(const float* m, const float* l, float* mFin, float* lFin, int warp, int lane) {
+__device__ __forceinline__ void dgPublishStats(const float* m, const float* l, float* mFin, float* lFin, int warp, int lane,
+                                               int nh = G) {
   if (lane == 0) {
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       const int g = warp + 4 * hh;
-      if (g < G) {
+      if (g < nh) {
         mFin[g] = m[hh];
         lFin[g] = l[hh];
       }
@@ -270,13 +325,14 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
 
 // k_attn_decode_gqa for bf16 caches on the tensor cores. The same blocks, splits, tiles and online
 // softmax; the two products are bf16 mma.sync m16n8k16 with float32 accumulation, the float32
-// operand (q, then the probabilities) split as hi + lo in bf16 (pfSplit: ~16 bits of its
+// operand (q, then the probabilities) split as hi + lo in bf16 (pa2Split: ~16 bits of its
 // mantissa, the exact numerics' split-bf16 grade, as k_attn_prefill2 and the GEMMs take it). The
-// MMA's 16 rows are the hi (row g) and lo (row 8 + g) parts of the G heads, so a thread's
-// accumulators hold both halves of its head and add them without a shuffle. Scores: warp w takes
-// keys 8w..8w+7 over all 128 dims (K through ldmatrix); output: warp w takes dims 32w..32w+31
-// (V through ldmatrix.trans). The CUDA-core form spent ~575 instructions a warp on a 32-key tile
-// (shared-memory operands for every FMA); this one ~150. (f32 caches keep the CUDA-core form:
+// MMA's 16 rows are the hi (row j) and lo (row 8 + j) parts of up to 8 heads: the G heads of this
+// block's row and, where other rows of its group read the same keys (dgMates), theirs after them,
+// so a thread's accumulators hold both halves of its head and add them without a shuffle.
+// Scores: warp w takes keys 8w..8w+7 over all 128 dims (K through ldmatrix); output: warp w takes
+// dims 32w..32w+31 (V through ldmatrix.trans). The CUDA-core form spent ~575 instructions a warp
+// on a 32-key tile (shared-memory operands for every FMA). (f32 caches keep the CUDA-core form:
 // their keys and values would need splitting too.)
 template <int G>
 __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(const float* q, const uint16_t* kc, const uint16_t* vc,
@@ -284,7 +340,9 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
                                                            float* part, int H, int KVH, int bs, int mbps, int qStride,
                                                            int qOff, float scale, int S, int rowBase, float* out,
                                                            int* counters, int minChunk, uint16_t* outHi, size_t loOff) {
-  static_assert(G >= 1 && G <= 8, "the MMA's 16 rows hold hi and lo of at most 8 heads");
+  static_assert(G >= 1 && G <= 8 && 8 % G == 0, "the MMA's 16 rows hold hi and lo of at most 8 heads");
+  constexpr int RPG = 8 / G;  // launch rows a block may serve (its group)
+  constexpr int NH = 8;       // heads of the MMA's rows
   constexpr int LD = DG_HD + 8;  // padded rows: ldmatrix's eight row addresses fall in distinct banks
   constexpr int TILE = DG_KEYS * LD;
   extern __shared__ __align__(16) unsigned char dgsm[];
@@ -292,11 +350,12 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
   // q (times scale) lies in stage 1 until its fragments are in registers: the first copy into
   // stage 1 comes after the loop's first barrier.
   float(*const qs)[DG_HD] = reinterpret_cast<float(*)[DG_HD]>(buf + 2 * TILE);
-  static_assert(G * DG_HD * sizeof(float) <= 2 * TILE * sizeof(uint16_t), "q fits a stage");
-  __shared__ __align__(16) float sc[G][DG_KEYS];
-  __shared__ float corr[G];
-  __shared__ float mFin[G], lFin[G];
+  static_assert(NH * DG_HD * sizeof(float) <= 2 * TILE * sizeof(uint16_t), "q fits a stage");
+  __shared__ __align__(16) float sc[NH][DG_KEYS];
+  __shared__ float corr[NH];
+  __shared__ float mFin[NH], lFin[NH];
   __shared__ long long slot[2][DG_KEYS];
+  __shared__ int mateRl[RPG], mateAct[RPG];  // the launch row and live splits of each row served
 
   NERVA_TRACE_KERNEL();
   PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
@@ -308,7 +367,32 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
     return;
   const int start = blk.start, end = blk.end;
   blk.slots(start, slot[0]);
-  __syncthreads();  // slots and q
+  if (tid == 0) {
+    mateRl[0] = blk.rl;
+    mateAct[0] = blk.nAct;
+  }
+  int nRows = 1;
+  if (RPG > 1) {
+    const int c = blk.rl % RPG, L = blk.rl - c;
+    // (its barriers also publish the slots)
+    const unsigned mates = dgMates(L, c ? c : 1, c ? c : RPG - 1, blk.s, bt, rowSeq, positions, mbps, bs, S, minChunk, rowBase);
+    if (c && mates) return;  // row L's block serves this row's split
+    for (int m = 1; !c && m < RPG; m++) {
+      if (!(mates >> m & 1u)) continue;
+      const int rl = L + m, r = rowBase + rl;
+      if (tid == 0) {
+        mateRl[nRows] = rl;
+        mateAct[nRows] = positions[r] / blk.chunk + 1;
+      }
+      for (int i = tid; i < G * DG_HD; i += 128) {
+        const int g = i / DG_HD, d = i % DG_HD;
+        qs[nRows * G + g][d] = q[(size_t)r * qStride + qOff + (size_t)(blk.kvh * G + g) * DG_HD + d] * scale;
+      }
+      nRows++;
+    }
+  }
+  const int nh = nRows * G;
+  __syncthreads();  // slots, q and the rows served
   blk.issue<uint16_t, LD>(slot[0], buf, kc, vc);
   pfCommit();
   // q as A fragments for the 8 k-steps of 16 dims: rows gq (hi) and 8 + gq (lo) of head gq.
@@ -316,9 +400,9 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
 #pragma unroll
   for (int ks = 0; ks < DG_HD / 16; ks++) {
     const int d = ks * 16 + cq;
-    if (gq < G) {
-      pfSplit(qs[gq][d], qs[gq][d + 1], qa[ks][0], qa[ks][1]);
-      pfSplit(qs[gq][d + 8], qs[gq][d + 9], qa[ks][2], qa[ks][3]);
+    if (gq < nh) {
+      pa2Split(qs[gq][d], qs[gq][d + 1], qa[ks][0], qa[ks][1]);
+      pa2Split(qs[gq][d + 8], qs[gq][d + 9], qa[ks][2], qa[ks][3]);
     } else {
       qa[ks][0] = qa[ks][1] = qa[ks][2] = qa[ks][3] = 0u;
     }
@@ -340,16 +424,16 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
       pfMma(d4, qa[2 * kk], b[0], b[1]);
       pfMma(d4, qa[2 * kk + 1], b[2], b[3]);
     }
-    if (gq < G) {
+    if (gq < nh) {
       const int key = 8 * warp + cq;
       sc[gq][key] = slot[cur][key] >= 0 ? d4[0] + d4[2] : -INFINITY;  // (also -inf past `end`)
       sc[gq][key + 1] = slot[cur][key + 1] >= 0 ? d4[1] + d4[3] : -INFINITY;
     }
     __syncthreads();
-    dgSoftmaxTile<G>(sc, corr, m, l, warp, lane);
+    dgSoftmaxTile<NH>(sc, corr, m, l, warp, lane, nh);
     __syncthreads();
-    // out[g][dims of this warp] = corr[g] out + P V: two k-steps of 16 keys, four n-tiles of 8 dims.
-    if (gq < G) {
+    // out[j][dims of this warp] = corr[j] out + P V: two k-steps of 16 keys, four n-tiles of 8 dims.
+    if (gq < nh) {
       const float c = corr[gq];
 #pragma unroll
       for (int nt = 0; nt < 4; nt++) {
@@ -362,11 +446,11 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
 #pragma unroll
     for (int ks = 0; ks < DG_KEYS / 16; ks++) {
       uint32_t pa[4] = {0u, 0u, 0u, 0u};
-      if (gq < G) {
+      if (gq < nh) {
         const float2 p0 = *reinterpret_cast<const float2*>(&sc[gq][16 * ks + cq]);
         const float2 p1 = *reinterpret_cast<const float2*>(&sc[gq][16 * ks + cq + 8]);
-        pfSplit(p0.x, p0.y, pa[0], pa[1]);
-        pfSplit(p1.x, p1.y, pa[2], pa[3]);
+        pa2Split(p0.x, p0.y, pa[0], pa[1]);
+        pa2Split(p1.x, p1.y, pa[2], pa[3]);
       }
       const int mtx = lane >> 3;  // ldmatrix.trans: keys (mtx & 1) * 8 + .., dims (mtx >> 1) * 8 + ..
 #pragma unroll
@@ -379,9 +463,9 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
     }
     __syncthreads();  // this stage and sc are reused
   }
-  dgPublishStats<G>(m, l, mFin, lFin, warp, lane);
-  if (gq < G) {
-    float* dst = blk.partial<G>(part, H, S, gq);
+  dgPublishStats<NH>(m, l, mFin, lFin, warp, lane, nh);
+  if (gq < nh) {
+    float* dst = blk.partialOf<G>(part, H, S, mateRl[gq / G], gq % G);
 #pragma unroll
     for (int nt = 0; nt < 4; nt++) {
       const int d = 32 * warp + 8 * nt + cq;
@@ -389,12 +473,19 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
       dst[3 + d] = acc[nt][1] + acc[nt][3];
     }
   }
-  if (tid < G) {
-    float* dst = blk.partial<G>(part, H, S, tid);
+  if (tid < nh) {
+    float* dst = blk.partialOf<G>(part, H, S, mateRl[tid / G], tid % G);
     dst[0] = mFin[tid];
     dst[1] = lFin[tid];
   }
-  blk.arrive<G>(part, out, counters, H, S, *reinterpret_cast<AttnWideScratch*>(dgsm), outHi, loOff);
+  // Each row's partials counted and, by the last live split of the row's KV head, merged.
+  if (counters) {
+    for (int j = 0; j < nRows; j++) {
+      const int rl = mateRl[j];
+      attnArriveGroup(part, out, counters, rl, rowBase + rl, blk.kvh * G, G, H, DG_HD, S, mateAct[j], nullptr,
+                      *reinterpret_cast<AttnWideScratch*>(dgsm), outHi, loOff);
+    }
+  }
 }
 
 // Decode batches of at least this many rows run k_attn_decode_gqa, which reads each key once for
@@ -460,7 +551,7 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
   constexpr size_t smem = dgSmemBytes<KT>();
   // bf16 caches of four or more query heads a KV head: k_attn_decode_gqa_tc (two heads fill too
   // few of an MMA's rows; the CUDA-core kernel measured faster there).
-  constexpr bool tc = sizeof(KT) == 2 && G >= 4;
+  constexpr bool tc = sizeof(KT) == 2 && G >= 2;
   static_assert(!tc || dgRowElems<KT>() == DG_HD + 8, "k_attn_decode_gqa_tc's row stride");
   cudaError_t e = tc ? allowDynamicSmem(k_attn_decode_gqa_tc<G>, smem) : allowDynamicSmem(k_attn_decode_gqa<KT, G>, smem);
   // The most shared memory an SM has, so that DG_BLOCKS_PER_SM blocks fit it.
