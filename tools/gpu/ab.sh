@@ -91,7 +91,7 @@ ab_check() {
   NERVA_CUDA_ADDON="/tmp/$1.node" OUT=$AB timeout 150 $AB_NODE ${DIST:-.device/dist}/conformance.mjs > "$AB/conf.log" 2>&1
   echo "conformance rc $?"
   tail -4 "$AB/conf.log"
-  NERVA_CUDA_ADDON="/tmp/$1.node" OUT=$AB timeout 200 $AB_NODE ${DIST:-.device/dist}/batch_invariance.mjs > "$AB/inv.log" 2>&1
+  NERVA_CUDA_ADDON="/tmp/$1.node" OUT=$AB timeout 300 $AB_NODE ${DIST:-.device/dist}/batch_invariance.mjs > "$AB/inv.log" 2>&1
   echo "invariance rc $?, $(grep -c '\] ok' "$AB/inv.log") ok"
   sed -n '/batchInvariant: true/,/default backend/p' "$AB/inv.log" | grep -i fail | head -5
 }

@@ -227,8 +227,8 @@ function fusedMatmulCase(be: DeviceBackend, s: FmShape, seed: number): CaseResul
 }
 
 // sharedBlocks > 0: every sequence's first sharedBlocks blocks are the same cache blocks (a shared
-// prefix, as forks and prefix-cache hits have; the attention then serves rows that read the same
-// keys in one block) and its context runs past them into blocks of its own.
+// prefix, as forks and prefix-cache hits have: a kernel that reads such keys once for several rows
+// must still give each row its bits alone) and its context runs past them into blocks of its own.
 function decoderLayersCase(be: DeviceBackend, kv: 'f32' | 'bf16', seed: number, nq = 16, sharedBlocks = 0): CaseResult {
   const bs = 16, shared = sharedBlocks * bs;
   const name = `decoder_layers/Qwen3-0.6B-like 2 layers, ${nq} q heads, ${kv} KV, ${shared ? `a ${shared}-key shared prefix, contexts ${shared + 1}..${shared + 300}` : 'contexts 1..~700'}`;

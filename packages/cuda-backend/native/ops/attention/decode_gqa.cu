@@ -37,19 +37,14 @@ constexpr int DG_BLOCKS_PER_SM = 6;
 // where its pages lie; slots() and issue() stage a 32-key tile of K and V.
 struct DgBlock {
   int s, kvh, rl, r;  // split, KV head, row of the launch, row
-  int start, end, nAct, chunk;
+  int start, end, nAct;
   const int* btr;
   size_t width;
   int bs, tid;
   // Split s's partial of q head kvh G + g: m, l, then DG_HD sums.
   template <int G>
   __device__ __forceinline__ float* partial(float* part, int H, int S, int g) const {
-    return partialOf<G>(part, H, S, rl, g);
-  }
-  // The same for launch row `row` (a row this block serves beside its own, dgMates).
-  template <int G>
-  __device__ __forceinline__ float* partialOf(float* part, int H, int S, int row, int g) const {
-    return part + (((size_t)row * H + kvh * G + g) * S + s) * ((size_t)DG_HD + 2);
+    return part + (((size_t)rl * H + kvh * G + g) * S + s) * ((size_t)DG_HD + 2);
   }
   // The split's partials of its G heads counted once (attnArriveGroup): the last live split of
   // the KV head merges every head's. wide: the merge's shared memory, the tile buffer's (every
@@ -124,7 +119,6 @@ __device__ __forceinline__ bool dgBegin(DgBlock& b, float (*qs)[DG_HD], const fl
   b.r = r;
   const int last = positions[r];
   const int chunk = max(minChunk, (last + S) / S);
-  b.chunk = chunk;
   b.nAct = last / chunk + 1;
   b.start = s * chunk;
   if (b.start > last) {
@@ -147,58 +141,16 @@ __device__ __forceinline__ bool dgBegin(DgBlock& b, float (*qs)[DG_HD], const fl
   return true;
 }
 
-// Rows of a launch that read split s's keys exactly as another row does (the same key range over
-// the same cache pages: shared-prefix forks, prefix-cache hits) are served by one block, the
-// first row's of their group of 8 / G launch rows, their q heads side by side in the MMA's rows
-// (k_attn_decode_gqa_tc): the group's keys are copied and multiplied once. An MMA row's sums do
-// not depend on the other rows, and each head's softmax and merge are the same code whichever
-// block runs them, so a row's bits do not depend on whether it was served alone.
-//
-// dgMates: bit c (cLo <= c <= cHi, 1 <= c) set where launch row L + c reads split s's keys as
-// launch row L does. Every block that asks about a pair computes the same answer from the same
-// data (positions, block tables), so the group's first row's block and row L + c's agree on who
-// serves it without talking. Called by every thread of the block (it has barriers).
-__device__ __forceinline__ unsigned dgMates(int L, int cLo, int cHi, int s, const int* bt, const int* rowSeq,
-                                            const int* positions, int mbps, int bs, int S, int minChunk, int rowBase) {
-  const int nr = (int)gridDim.z;
-  const int lastL = positions[rowBase + L];
-  const int chunk = max(minChunk, (lastL + S) / S);
-  const int start = s * chunk, endL = min(start + chunk - 1, lastL);
-  unsigned bad = 0;
-  for (int c = cLo; c <= cHi; c++) {
-    bool ok = L + c < nr && start <= lastL;
-    if (ok) {
-      const int lastC = positions[rowBase + L + c];
-      ok = max(minChunk, (lastC + S) / S) == chunk && start <= lastC && min(start + chunk - 1, lastC) == endL;
-    }
-    if (!ok) bad |= 1u << c;
-  }
-  if (start <= lastL) {
-    const int p0 = start / bs, np = endL / bs - p0 + 1, nc = cHi - cLo + 1;
-    const int* btL = bt + (size_t)rowSeq[rowBase + L] * mbps + p0;
-    for (int i = threadIdx.x; i < nc * np; i += blockDim.x) {
-      const int c = cLo + i / np, pg = i % np;
-      if (bad >> c & 1u) continue;
-      if (bt[(size_t)rowSeq[rowBase + L + c] * mbps + p0 + pg] != btL[pg]) bad |= 1u << c;
-    }
-  }
-  unsigned mask = 0;
-  for (int c = cLo; c <= cHi; c++)
-    if (!__syncthreads_or((int)(bad >> c & 1u))) mask |= 1u << c;
-  return mask;
-}
-
 // The online softmax of one tile, the same in both kernels: sc[g][k] holds the scores of the
 // tile's keys for head g and gets their probabilities; warp w takes heads w and w + 4, one key a
 // lane; m and l are those heads' running max and sum, corr[g] the factor the head's output so far
 // is scaled by.
 template <int G>
-__device__ __forceinline__ void dgSoftmaxTile(float (*sc)[DG_KEYS], float* corr, float* m, float* l, int warp, int lane,
-                                              int nh = G) {
+__device__ __forceinline__ void dgSoftmaxTile(float (*sc)[DG_KEYS], float* corr, float* m, float* l, int warp, int lane) {
 #pragma unroll
   for (int hh = 0; hh < 2; hh++) {
     const int g = warp + 4 * hh;
-    if (g >= nh) break;
+    if (g >= G) break;
     const float x = sc[g][lane];
     float mx = x;
 #pragma unroll
@@ -220,13 +172,12 @@ __device__ __forceinline__ void dgSoftmaxTile(float (*sc)[DG_KEYS], float* corr,
 // The split's final (m, l) of each head, from the warp that ran its softmax (heads warp and
 // warp + 4) to mFin / lFin, for the threads that write the partials.
 template <int G>
-__device__ __forceinline__ void dgPublishStats(const float* m, const float* l, float* mFin, float* lFin, int warp, int lane,
-                                               int nh = G) {
+__device__ __forceinline__ void dgPublishStats(const float* m, const float* l, float* mFin, float* lFin, int warp, int lane) {
   if (lane == 0) {
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       const int g = warp + 4 * hh;
-      if (g < nh) {
+      if (g < G) {
         mFin[g] = m[hh];
         lFin[g] = l[hh];
       }
@@ -326,13 +277,13 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
 // k_attn_decode_gqa for bf16 caches on the tensor cores. The same blocks, splits, tiles and online
 // softmax; the two products are bf16 mma.sync m16n8k16 with float32 accumulation, the float32
 // operand (q, then the probabilities) split as hi + lo in bf16 (pa2Split: ~16 bits of its
-// mantissa, the exact numerics' split-bf16 grade, as k_attn_prefill2 and the GEMMs take it). The
-// MMA's 16 rows are the hi (row j) and lo (row 8 + j) parts of up to 8 heads: the G heads of this
-// block's row and, where other rows of its group read the same keys (dgMates), theirs after them,
-// so a thread's accumulators hold both halves of its head and add them without a shuffle.
-// Scores: warp w takes keys 8w..8w+7 over all 128 dims (K through ldmatrix); output: warp w takes
-// dims 32w..32w+31 (V through ldmatrix.trans). The CUDA-core form spent ~575 instructions a warp
-// on a 32-key tile (shared-memory operands for every FMA). (f32 caches keep the CUDA-core form:
+// mantissa, the exact numerics' split-bf16 grade, as k_attn_prefill2 and the GEMMs take it; one
+// cvt for two values where pfSplit's software rounding took ~50 instructions a pair). The
+// MMA's 16 rows are the hi (row g) and lo (row 8 + g) parts of the G heads, so a thread's
+// accumulators hold both halves of its head and add them without a shuffle. Scores: warp w takes
+// keys 8w..8w+7 over all 128 dims (K through ldmatrix); output: warp w takes dims 32w..32w+31
+// (V through ldmatrix.trans). The CUDA-core form spent ~575 instructions a warp on a 32-key tile
+// (shared-memory operands for every FMA); this one ~150. (f32 caches keep the CUDA-core form:
 // their keys and values would need splitting too.)
 template <int G>
 __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(const float* q, const uint16_t* kc, const uint16_t* vc,
@@ -340,9 +291,7 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
                                                            float* part, int H, int KVH, int bs, int mbps, int qStride,
                                                            int qOff, float scale, int S, int rowBase, float* out,
                                                            int* counters, int minChunk, uint16_t* outHi, size_t loOff) {
-  static_assert(G >= 1 && G <= 8 && 8 % G == 0, "the MMA's 16 rows hold hi and lo of at most 8 heads");
-  constexpr int RPG = 8 / G;  // launch rows a block may serve (its group)
-  constexpr int NH = 8;       // heads of the MMA's rows
+  static_assert(G >= 1 && G <= 8, "the MMA's 16 rows hold hi and lo of at most 8 heads");
   constexpr int LD = DG_HD + 8;  // padded rows: ldmatrix's eight row addresses fall in distinct banks
   constexpr int TILE = DG_KEYS * LD;
   extern __shared__ __align__(16) unsigned char dgsm[];
@@ -350,12 +299,11 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
   // q (times scale) lies in stage 1 until its fragments are in registers: the first copy into
   // stage 1 comes after the loop's first barrier.
   float(*const qs)[DG_HD] = reinterpret_cast<float(*)[DG_HD]>(buf + 2 * TILE);
-  static_assert(NH * DG_HD * sizeof(float) <= 2 * TILE * sizeof(uint16_t), "q fits a stage");
-  __shared__ __align__(16) float sc[NH][DG_KEYS];
-  __shared__ float corr[NH];
-  __shared__ float mFin[NH], lFin[NH];
+  static_assert(G * DG_HD * sizeof(float) <= 2 * TILE * sizeof(uint16_t), "q fits a stage");
+  __shared__ __align__(16) float sc[G][DG_KEYS];
+  __shared__ float corr[G];
+  __shared__ float mFin[G], lFin[G];
   __shared__ long long slot[2][DG_KEYS];
-  __shared__ int mateRl[RPG], mateAct[RPG];  // the launch row and live splits of each row served
 
   NERVA_TRACE_KERNEL();
   PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
@@ -367,32 +315,7 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
     return;
   const int start = blk.start, end = blk.end;
   blk.slots(start, slot[0]);
-  if (tid == 0) {
-    mateRl[0] = blk.rl;
-    mateAct[0] = blk.nAct;
-  }
-  int nRows = 1;
-  if (RPG > 1) {
-    const int c = blk.rl % RPG, L = blk.rl - c;
-    // (its barriers also publish the slots)
-    const unsigned mates = dgMates(L, c ? c : 1, c ? c : RPG - 1, blk.s, bt, rowSeq, positions, mbps, bs, S, minChunk, rowBase);
-    if (c && mates) return;  // row L's block serves this row's split
-    for (int m = 1; !c && m < RPG; m++) {
-      if (!(mates >> m & 1u)) continue;
-      const int rl = L + m, r = rowBase + rl;
-      if (tid == 0) {
-        mateRl[nRows] = rl;
-        mateAct[nRows] = positions[r] / blk.chunk + 1;
-      }
-      for (int i = tid; i < G * DG_HD; i += 128) {
-        const int g = i / DG_HD, d = i % DG_HD;
-        qs[nRows * G + g][d] = q[(size_t)r * qStride + qOff + (size_t)(blk.kvh * G + g) * DG_HD + d] * scale;
-      }
-      nRows++;
-    }
-  }
-  const int nh = nRows * G;
-  __syncthreads();  // slots, q and the rows served
+  __syncthreads();  // slots and q
   blk.issue<uint16_t, LD>(slot[0], buf, kc, vc);
   pfCommit();
   // q as A fragments for the 8 k-steps of 16 dims: rows gq (hi) and 8 + gq (lo) of head gq.
@@ -400,7 +323,7 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
 #pragma unroll
   for (int ks = 0; ks < DG_HD / 16; ks++) {
     const int d = ks * 16 + cq;
-    if (gq < nh) {
+    if (gq < G) {
       pa2Split(qs[gq][d], qs[gq][d + 1], qa[ks][0], qa[ks][1]);
       pa2Split(qs[gq][d + 8], qs[gq][d + 9], qa[ks][2], qa[ks][3]);
     } else {
@@ -424,16 +347,16 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
       pfMma(d4, qa[2 * kk], b[0], b[1]);
       pfMma(d4, qa[2 * kk + 1], b[2], b[3]);
     }
-    if (gq < nh) {
+    if (gq < G) {
       const int key = 8 * warp + cq;
       sc[gq][key] = slot[cur][key] >= 0 ? d4[0] + d4[2] : -INFINITY;  // (also -inf past `end`)
       sc[gq][key + 1] = slot[cur][key + 1] >= 0 ? d4[1] + d4[3] : -INFINITY;
     }
     __syncthreads();
-    dgSoftmaxTile<NH>(sc, corr, m, l, warp, lane, nh);
+    dgSoftmaxTile<G>(sc, corr, m, l, warp, lane);
     __syncthreads();
-    // out[j][dims of this warp] = corr[j] out + P V: two k-steps of 16 keys, four n-tiles of 8 dims.
-    if (gq < nh) {
+    // out[g][dims of this warp] = corr[g] out + P V: two k-steps of 16 keys, four n-tiles of 8 dims.
+    if (gq < G) {
       const float c = corr[gq];
 #pragma unroll
       for (int nt = 0; nt < 4; nt++) {
@@ -446,7 +369,7 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
 #pragma unroll
     for (int ks = 0; ks < DG_KEYS / 16; ks++) {
       uint32_t pa[4] = {0u, 0u, 0u, 0u};
-      if (gq < nh) {
+      if (gq < G) {
         const float2 p0 = *reinterpret_cast<const float2*>(&sc[gq][16 * ks + cq]);
         const float2 p1 = *reinterpret_cast<const float2*>(&sc[gq][16 * ks + cq + 8]);
         pa2Split(p0.x, p0.y, pa[0], pa[1]);
@@ -463,9 +386,9 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
     }
     __syncthreads();  // this stage and sc are reused
   }
-  dgPublishStats<NH>(m, l, mFin, lFin, warp, lane, nh);
-  if (gq < nh) {
-    float* dst = blk.partialOf<G>(part, H, S, mateRl[gq / G], gq % G);
+  dgPublishStats<G>(m, l, mFin, lFin, warp, lane);
+  if (gq < G) {
+    float* dst = blk.partial<G>(part, H, S, gq);
 #pragma unroll
     for (int nt = 0; nt < 4; nt++) {
       const int d = 32 * warp + 8 * nt + cq;
@@ -473,19 +396,12 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
       dst[3 + d] = acc[nt][1] + acc[nt][3];
     }
   }
-  if (tid < nh) {
-    float* dst = blk.partialOf<G>(part, H, S, mateRl[tid / G], tid % G);
+  if (tid < G) {
+    float* dst = blk.partial<G>(part, H, S, tid);
     dst[0] = mFin[tid];
     dst[1] = lFin[tid];
   }
-  // Each row's partials counted and, by the last live split of the row's KV head, merged.
-  if (counters) {
-    for (int j = 0; j < nRows; j++) {
-      const int rl = mateRl[j];
-      attnArriveGroup(part, out, counters, rl, rowBase + rl, blk.kvh * G, G, H, DG_HD, S, mateAct[j], nullptr,
-                      *reinterpret_cast<AttnWideScratch*>(dgsm), outHi, loOff);
-    }
-  }
+  blk.arrive<G>(part, out, counters, H, S, *reinterpret_cast<AttnWideScratch*>(dgsm), outHi, loOff);
 }
 
 // Decode batches of at least this many rows run k_attn_decode_gqa, which reads each key once for
@@ -549,8 +465,9 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
   }
   if ((size_t)rowChunk * H * S * perSplit > ex->wsBytes) return bad(ex, "attention: workspace too small");
   constexpr size_t smem = dgSmemBytes<KT>();
-  // bf16 caches of four or more query heads a KV head: k_attn_decode_gqa_tc (two heads fill too
-  // few of an MMA's rows; the CUDA-core kernel measured faster there).
+  // bf16 caches of two or more query heads a KV head: k_attn_decode_gqa_tc. (With two, 4 of the
+  // MMA's 16 rows hold heads; still, on the H200 a 32-row 0.6B step's attention took 37.2 us on
+  // it against 44.4 on the CUDA-core kernel. One head: the CUDA-core kernel.)
   constexpr bool tc = sizeof(KT) == 2 && G >= 2;
   static_assert(!tc || dgRowElems<KT>() == DG_HD + 8, "k_attn_decode_gqa_tc's row stride");
   cudaError_t e = tc ? allowDynamicSmem(k_attn_decode_gqa_tc<G>, smem) : allowDynamicSmem(k_attn_decode_gqa<KT, G>, smem);
