@@ -31,12 +31,6 @@ __device__ __forceinline__ bool attnTileUniform(const int* rowSeq, int rows, int
 __device__ __forceinline__ uint32_t pfPack(float lo, float hi) {
   return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
 }
-// hi and lo halves of the pair (a, b), packed as mma operands (a in the low 16 bits).
-__device__ __forceinline__ void pfSplit(float a, float b, uint32_t& hi, uint32_t& lo) {
-  uint16_t ha = f2bf(a), hb = f2bf(b);
-  hi = (uint32_t)ha | ((uint32_t)hb << 16);
-  lo = pfPack(a - bf2f(ha), b - bf2f(hb));
-}
 
 __device__ __forceinline__ void pfMma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -99,7 +93,7 @@ __device__ __forceinline__ uint32_t pa2Pack(float lo, float hi) {
   return pfPack(lo, hi);
 #endif
 }
-// pfSplit with pa2Pack: hi and lo halves of (a, b).
+// hi and lo halves of the pair (a, b), packed as mma operands (a in the low 16 bits).
 __device__ __forceinline__ void pa2Split(float a, float b, uint32_t& hi, uint32_t& lo) {
   hi = pa2Pack(a, b);
   lo = pa2Pack(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));

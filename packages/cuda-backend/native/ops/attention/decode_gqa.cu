@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
 // softmax; the two products are bf16 mma.sync m16n8k16 with float32 accumulation, the float32
 // operand (q, then the probabilities) split as hi + lo in bf16 (pa2Split: ~16 bits of its
 // mantissa, the exact numerics' split-bf16 grade, as k_attn_prefill2 and the GEMMs take it; one
-// cvt for two values where pfSplit's software rounding took ~50 instructions a pair). The
+// cvt for two values where the software rounding before it took ~50 instructions a pair). The
 // MMA's 16 rows are the hi (row g) and lo (row 8 + g) parts of the G heads, so a thread's
 // accumulators hold both halves of its head and add them without a shuffle. Scores: warp w takes
 // keys 8w..8w+7 over all 128 dims (K through ldmatrix); output: warp w takes dims 32w..32w+31

@@ -2,7 +2,7 @@
 // blocks of 64 query rows of one sequence (4 warps of 16 rows each hold their q fragments, the
 // scores and the output in registers), keys and values in tiles of 64 converted to bf16 in shared
 // memory, mma.sync m16n8k16 (bf16 in, fp32 accumulate), online softmax per row. Helpers in
-// attn_common.cuh (PF_ROWS, PF_KEYS, attnTileUniform, pfSplit, pfMma, pfLdsm4, pfCopy16,
+// attn_common.cuh (PF_ROWS, PF_KEYS, attnTileUniform, pa2Split, pfMma, pfLdsm4, pfCopy16,
 // pfCommit, pfWaitPrev, pfKvLo, pa2Pack).
 //
 // SPLIT (exact numerics): q, k, p and v are each split into a bf16 high part and a bf16 low part
