@@ -26,7 +26,7 @@ def mma(d, a, b0, b1):
     for t in range(32):
         g, c = t // 4, t % 4
         d[t] += [D[g, 2*c], D[g, 2*c+1], D[g+8, 2*c], D[g+8, 2*c+1]]
-def split(x):  # stand-in for pfSplit: hi = x, lo = 0 (layout check only)
+def split(x):  # stand-in for pa2Split: hi = x, lo = 0 (layout check only)
     return x, 0.0
 for G in (1, 2, 4, 8):
     q = rng.standard_normal((G, HD)); K = rng.standard_normal((KEYS, HD)); V = rng.standard_normal((KEYS, HD))
