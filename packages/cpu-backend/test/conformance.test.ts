@@ -3,17 +3,22 @@ import { runConformance } from '@nerva/core/conformance';
 import { describe, expect, it } from 'vitest';
 import { CpuBackend } from '../src/index.js';
 
+// One test an op, so a failure names its op. The model-sized shapes of every op took ~45 s
+// together on CI's two cores, decoder_layers ~30 s of it alone, and CI runs another package's
+// tests beside them: a limit of three minutes a test, not the package's one (a limit on time,
+// not a speed target: none of these asserts a speed).
 describe('conformance: CpuBackend against a second CpuBackend', () => {
-  it('passes every case of every op with no leaks (small and large shapes)', async () => {
+  it.each(OP_NAMES.map((op) => [op]))('%s: every case passes with no leaks (small and large shapes)', async (op) => {
     const be = new CpuBackend({ name: 'cpu-under-test' });
     const ref = new CpuBackend({ name: 'cpu-reference' });
-    const report = await runConformance(be, ref, { sizes: 'large' });
+    const report = await runConformance(be, ref, { sizes: 'large', ops: [op] });
     const failures = report.results.filter((r) => !r.ok).map((r) => `${r.op}/${r.name}: ${r.error}`);
     expect(failures).toEqual([]);
     expect(report.backend).toBe('cpu-under-test');
+    expect(report.results.length).toBeGreaterThan(0);
     expect(report.failed).toBe(0);
     expect(report.passed).toBe(report.results.length);
-    expect(new Set(report.results.map((r) => r.op))).toEqual(new Set(OP_NAMES));
+    expect(new Set(report.results.map((r) => r.op))).toEqual(new Set([op]));
     for (const r of report.results) {
       expect(r.leakedBuffers).toBe(0);
       // Two instances of the same deterministic backend agree bit for bit.
@@ -21,7 +26,7 @@ describe('conformance: CpuBackend against a second CpuBackend', () => {
     }
     expect(be.stats().liveBuffers).toBe(0);
     expect(ref.stats().liveBuffers).toBe(0);
-  }, 60_000);
+  }, 180_000);
 });
 
 describe('bf16 numerics', () => {
