@@ -26,7 +26,8 @@
 # ab_marks TRACE_ADDON KERNEL "MARKS" [VAR=value...]: ab_trace for each mark value (NERVA_SA_MARK, tag
 # markN, KERNEL's detail kept), and one line a mark: the medians over the step's launches of the
 # blocks' release, mark and exit (µs after a launch's first release).
-# Build the addons here first: NERVA_CUDA_ARCHITECTURES=90 bash tools/gpu/build-addon.sh DIR, then
+# Build the addons here first: NERVA_CUDA_ARCHITECTURES=90 bash tools/gpu/build-addon.sh DIR (a variant of one
+# kernel file: cp -r DIR VAR && bash tools/gpu/build-addon.sh VAR ops/attention/decode_gqa.cu), then
 # xz -c DIR/nerva_cuda.node > .device/addon/nerva_cuda.node.xz (carry ".device"; the run tool's 64 MiB
 # limit counts the tracked tree too, ~20 MiB, and .device's Node, bundles and fixtures ~30 MiB: room
 # for about ten addons of ~1.4 MiB xz-compressed, two of ~6 MiB built with NERVA_LINEINFO=1).

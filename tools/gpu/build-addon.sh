@@ -4,8 +4,14 @@
 # nvcc and g++ directly. Node-API headers come from .device/include (copied there by
 # tools/gpu/prepare.sh from the npm packages node-api-headers and node-addon-api).
 #   tools/gpu/build-addon.sh OUT_DIR      -> OUT_DIR/nerva_cuda.node
+#   tools/gpu/build-addon.sh OUT_DIR ops/attention/decode_gqa.cu ...
+# With kernel sources named (paths under packages/cuda-backend/native), OUT_DIR holds a full build
+# already (a copy of one, for an A/B variant): only the named files are compiled again, every other
+# object is kept, and the addon is linked anew (seconds instead of minutes).
 set -euo pipefail
 out=${1:?output directory}
+shift
+only=" $* "
 mkdir -p "$out"
 pkg=packages/cuda-backend
 cuda=${CUDA_HOME:-/usr/local/cuda}
@@ -31,10 +37,11 @@ kobjs=()
 kpids=()
 for src in $(cd $pkg/native && find common ops -name '*.cu' | sort); do
   o="$kdir/$(echo "${src%.cu}" | tr / _).o"
+  kobjs+=("$o")
+  [ "$only" != "  " ] && [ -f "$o" ] && [ "${only/ $src /}" = "$only" ] && continue
   nvcc -c "$pkg/native/$src" -o "$o" -O3 -std=c++17 -Xcompiler -fPIC "${lineinfo[@]}" -I$pkg/native -I$pkg/native/common -I$pkg/native/host \
     -I"$cuda/include" "${gencode[@]}" ${NERVA_NVCC_FLAGS:-} &
   kpids+=($!)
-  kobjs+=("$o")
 done
 flags=(-c -fPIC -O2 -std=c++17 -fexceptions -DNAPI_VERSION=8 -DNAPI_CPP_EXCEPTIONS -DBUILDING_NODE_EXTENSION
   -I"$inc/node-api-headers" -I"$inc/node-addon-api" -I"$cuda/include")
@@ -44,8 +51,9 @@ cc_sources=(addon/module addon/context addon/memory addon/streams addon/host_com
 objs=()
 for src in "${cc_sources[@]}"; do
   o="$out/$(basename "$src").o"
-  g++ "${flags[@]}" -I$pkg/native -I$pkg/native/common -I$pkg/native/host -I$pkg/native/addon $pkg/native/$src.cc -o "$o"
   objs+=("$o")
+  [ "$only" != "  " ] && [ -f "$o" ] && continue
+  g++ "${flags[@]}" -I$pkg/native -I$pkg/native/common -I$pkg/native/host -I$pkg/native/addon $pkg/native/$src.cc -o "$o"
 done
 # The hand-declared cuBLASLt ABI against the real header, where the machine has it.
 if [ -f "$cuda/include/cublasLt.h" ]; then
@@ -54,7 +62,7 @@ if [ -f "$cuda/include/cublasLt.h" ]; then
 else
   echo "[build-addon] no cublasLt.h here: the cuBLASLt ABI check is skipped"
 fi
-for p in "${kpids[@]}"; do wait "$p"; done
+for p in ${kpids[@]+"${kpids[@]}"}; do wait "$p"; done
 rm -f "$out/kernels.a"
 ar rcs "$out/kernels.a" "${kobjs[@]}"
 g++ -shared -o "$out/nerva_cuda.node" "${objs[@]}" "$out/kernels.a" \
