@@ -12,6 +12,14 @@ set -euo pipefail
 out=${1:?output directory}
 shift
 only=" $* "
+# A named source that is not a kernel file would otherwise be skipped without a word.
+for src in "$@"; do
+  case "$src" in
+    *.cu) [ -f "packages/cuda-backend/native/$src" ] || { echo "[build-addon] no kernel file packages/cuda-backend/native/$src" >&2; exit 2; } ;;
+    *) echo "[build-addon] $src: name kernel files (.cu) under packages/cuda-backend/native" >&2; exit 2 ;;
+  esac
+  [ -d "$out/kernels" ] || { echo "[build-addon] $out holds no full build to recompile $src into" >&2; exit 2; }
+done
 mkdir -p "$out"
 pkg=packages/cuda-backend
 cuda=${CUDA_HOME:-/usr/local/cuda}
