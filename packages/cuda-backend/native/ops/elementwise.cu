@@ -146,6 +146,66 @@ __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(In x
   }
 }
 
+// k_rmsnorm for a row of at most U elements a thread (decode rows: up to 256 threads) with f32
+// or bf16 weights: the row stays in registers between the sum and the scaling (no second read of
+// the residual or of x), and with wFirst (w is a weight, written by no kernel of the stream) the
+// thread's norm weights are loaded before the PDL wait, under the previous kernel's tail. The
+// same arithmetic in the same order as k_rmsnorm (the same thread owns the same elements): the
+// same bits.
+template <int U, class In>
+__global__ void __launch_bounds__(256, 2) k_rmsnorm_row(In x, const void* w, int wbf, float* out, float* residual, int dim,
+                                                        float eps, int bfa, uint16_t* hi, uint16_t* lo, int wFirst) {
+  NERVA_TRACE_KERNEL();
+  __shared__ float sh[32];
+  const int r = blockIdx.x, B = blockDim.x, i = threadIdx.x;
+  float* rr = residual ? residual + (size_t)r * dim : nullptr;
+  auto ldw = [&](int j) { return wbf ? bf2f(((const uint16_t*)w)[j]) : ((const float*)w)[j]; };
+  float wv[U];
+  if (wFirst) {
+#pragma unroll
+    for (int u = 0; u < U; u++) wv[u] = i + u * B < dim ? ldw(i + u * B) : 0.f;
+  }
+  PDL_ENTER();
+  float v[U], q[U];
+  typename In::Raw a[U];
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    if (i + u * B < dim) a[u] = x.load(r, i + u * B);
+  if (rr) {
+#pragma unroll
+    for (int u = 0; u < U; u++) q[u] = i + u * B < dim ? rr[i + u * B] : 0.f;
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) v[u] = i + u * B < dim ? x.finish(a[u], i + u * B) : 0.f;
+  if (rr) {
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (i + u * B < dim) {
+        v[u] = bfr(v[u] + q[u], bfa);
+        rr[i + u * B] = v[u];
+      }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    if (i + u * B < dim) ss += v[u] * v[u];
+  ss = blockSum(ss, sh);
+  const float inv = rsqrtf(ss / (float)dim + eps);
+  if (!wFirst) {
+#pragma unroll
+    for (int u = 0; u < U; u++) wv[u] = i + u * B < dim ? ldw(i + u * B) : 0.f;
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    if (i + u * B < dim) {
+      const float o = bfr(bfr(v[u] * inv, bfa) * wv[u], bfa);
+      if (hi)
+        storeSplit(o, hi, lo, (size_t)r * dim + i + u * B);
+      else
+        out[(size_t)r * dim + i + u * B] = o;
+    }
+}
+
 // The NeoX rotation of the pair (a, b) by the float32 angle `ang`. Exact: cos/sin and the
 // products in float64. bf16 numerics: cos/sin rounded to bf16 and each product and sum rounded,
 // as transformers computes (q * cos) + (rotate_half(q) * sin) on bf16 tensors.
@@ -462,9 +522,28 @@ int launchEmbedding(NervaExec* ex, const void* table, int tdt, const int* ids, f
   return NERVA_OK;
 }
 
+// k_rmsnorm_row where the row fits 16 elements a thread of at most 256, the weights are f32 or
+// bf16, and the rows are a decode batch's (at most two blocks an SM: the kernel's registers would
+// cost a many-row norm its occupancy, where the second pass is no latency anyway).
+static bool rmsnormRowFits(const NervaExec* ex, int rows, int threads, int dim, int wdt) {
+  return threads <= 256 && dim <= 16 * threads && (wdt == NV_F32 || wdt == NV_BF16) && rows <= 2 * ex->smCount;
+}
+
+template <class In>
+static int launchRmsnormRow(NervaExec* ex, int rows, int threads, const In& x, const void* w, int wdt, float* out,
+                            float* residual, int dim, float eps, uint16_t* hi, uint16_t* lo, int wFirst) {
+  const int bfa = ex->bf16act ? 1 : 0, wbf = wdt == NV_BF16 ? 1 : 0;
+  if (dim <= 8 * threads)
+    LAUNCH((k_rmsnorm_row<8, In>), rows, threads, 0, x, w, wbf, out, residual, dim, eps, bfa, hi, lo, wFirst);
+  else
+    LAUNCH((k_rmsnorm_row<16, In>), rows, threads, 0, x, w, wbf, out, residual, dim, eps, bfa, hi, lo, wFirst);
+  return NERVA_OK;
+}
+
 template <class In>
 static int launchRmsnormOf(NervaExec* ex, int rows, int threads, const In& x, const void* w, int wdt, float* out,
-                           float* residual, int dim, float eps, uint16_t* hi, uint16_t* lo) {
+                           float* residual, int dim, float eps, uint16_t* hi, uint16_t* lo, int wFirst) {
+  if (rmsnormRowFits(ex, rows, threads, dim, wdt)) return launchRmsnormRow(ex, rows, threads, x, w, wdt, out, residual, dim, eps, hi, lo, wFirst);
   if (threads > 512)
     LAUNCH((k_rmsnorm<4, In>), rows, threads, 0, x, w, wdt, out, residual, dim, eps, ex->bf16act ? 1 : 0, hi, lo);
   else
@@ -473,8 +552,8 @@ static int launchRmsnormOf(NervaExec* ex, int rows, int threads, const In& x, co
 }
 
 int launchRmsnorm(NervaExec* ex, int rows, int threads, const float* x, const void* w, int wdt, float* out, float* residual,
-                  int dim, float eps, uint16_t* hi, uint16_t* lo) {
-  return launchRmsnormOf(ex, rows, threads, FloatRows{x, dim}, w, wdt, out, residual, dim, eps, hi, lo);
+                  int dim, float eps, uint16_t* hi, uint16_t* lo, bool wIsWeight) {
+  return launchRmsnormOf(ex, rows, threads, FloatRows{x, dim}, w, wdt, out, residual, dim, eps, hi, lo, wIsWeight ? 1 : 0);
 }
 
 int launchRmsnormAfter(NervaExec* ex, int rows, int threads, const GemmSum& g, float* residual, const void* w, int wdt,
@@ -483,6 +562,8 @@ int launchRmsnormAfter(NervaExec* ex, int rows, int threads, const GemmSum& g, f
   // (Up to 512 threads: at 1024 the four-ahead form's 32 registers cannot hold the GEMM's halves.)
   if (!residual) return bad(ex, "rmsnorm: a GEMM output needs the residual it accumulates into");
   if (threads > rmsMaxThreads<8>()) return bad(ex, "rmsnorm: at most 512 threads over a GEMM output");
+  if (rmsnormRowFits(ex, rows, threads, dim, wdt))  // (w: fused_matmul's norm weight)
+    return launchRmsnormRow(ex, rows, threads, g, w, wdt, (float*)nullptr, residual, dim, eps, hi, lo, 1);
   LAUNCH((k_rmsnorm<8, GemmSum>), rows, threads, 0, g, w, wdt, nullptr, residual, dim, eps, ex->bf16act ? 1 : 0, hi, lo);
   return NERVA_OK;
 }

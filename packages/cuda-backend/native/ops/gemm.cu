@@ -178,7 +178,7 @@ int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int
       pend->g.t = nullptr;
     } else if (f.nw.p) {
       int rc = launchRmsnorm(ex, nr, 256, xin, f.nw.p, f.nw.dt, (float*)nullptr, (float*)nullptr, inDim, f.eps, xh,
-                             split ? xh + n : (uint16_t*)nullptr);
+                             split ? xh + n : (uint16_t*)nullptr, true);
       if (rc) return rc;
     } else {
       LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, xin, xh, split ? xh + n : (uint16_t*)nullptr, n);
@@ -280,7 +280,7 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
     const float* xin = x + (size_t)r0 * inDim;
     if (f.nw.p) {
       int rc = launchRmsnorm(ex, nr, 256, xin, f.nw.p, f.nw.dt, (float*)nullptr, (float*)nullptr, inDim, f.eps, xh,
-                             split ? xh + n : (uint16_t*)nullptr);
+                             split ? xh + n : (uint16_t*)nullptr, true);
       if (rc) return rc;
     } else {
       LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, xin, xh, split ? xh + n : (uint16_t*)nullptr, n);

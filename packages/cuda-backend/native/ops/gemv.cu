@@ -649,7 +649,7 @@ int gemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDi
         // The generic kernel folds the norm into its dot product; bf16 numerics rounds the
         // normalized input first, so the norm runs as its own (rounding) kernel.
         if ((size_t)nr * inDim * sizeof(float) > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
-        int rc = launchRmsnorm(ex, nr, 256, xr, nw.p, nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, nullptr, nullptr);
+        int rc = launchRmsnorm(ex, nr, 256, xr, nw.p, nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, nullptr, nullptr, true);
         if (rc) return rc;
         xr = (const float*)ex->ws;
         nw = Buf{nullptr, 0};
@@ -707,7 +707,7 @@ int gemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDi
         // The block size of the GEMV that would have staged it (split: KS = 4; else 1).
         LAUNCH(k_rmsnorm_gemv, nr, 32 * gemvWarps(split ? 4 : 1), 0, xr, f.nw.p, nwbf, (float*)ex->ws, inDim, f.eps, bfa);
       } else {
-        int rc = launchRmsnorm(ex, nr, 256, xr, f.nw.p, f.nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, nullptr, nullptr);
+        int rc = launchRmsnorm(ex, nr, 256, xr, f.nw.p, f.nw.dt, (float*)ex->ws, (float*)nullptr, inDim, f.eps, nullptr, nullptr, true);
         if (rc) return rc;
       }
       xr = (const float*)ex->ws;

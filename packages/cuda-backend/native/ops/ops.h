@@ -98,8 +98,10 @@ int opGatherRows(NervaExec* ex, Args& A);
 // x := table[ids] (k_embedding), one block a row.
 int launchEmbedding(NervaExec* ex, const void* table, int tdt, const int* ids, float* out, int rows, int hidden);
 // k_rmsnorm over `rows` rows, `threads` a block: out (f32) and/or its bf16 split (hi, lo).
+// wIsWeight: w is a model weight (no kernel of the stream writes it), so it may be read before
+// the PDL wait; a caller that cannot promise that leaves it false.
 int launchRmsnorm(NervaExec* ex, int rows, int threads, const float* x, const void* w, int wdt, float* out, float* residual,
-                  int dim, float eps, uint16_t* hi, uint16_t* lo);
+                  int dim, float eps, uint16_t* hi, uint16_t* lo, bool wIsWeight = false);
 // The same norm over x = a GEMM's output after its epilogue (g.value), added into residual (written
 // back) first: the bits of k_gemm_epilogue's accumulate followed by launchRmsnorm on residual.
 int launchRmsnormAfter(NervaExec* ex, int rows, int threads, const GemmSum& g, float* residual, const void* w, int wdt,

@@ -387,7 +387,7 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     // A thread per 4 elements (up to 1024): each thread's loop is a few loads long, not 16 loads
     // waited for one by one (256 threads took 12.5 us a 4096-element row on the H200).
     const int threads = std::min(1024, std::max(32, (inDim / 4 + 31) / 32 * 32));
-    int rc = launchRmsnorm(ex, rows, threads, x, f.nw.p, f.nw.dt, (float*)ex->ws, nullptr, inDim, f.eps, nullptr, nullptr);
+    int rc = launchRmsnorm(ex, rows, threads, x, f.nw.p, f.nw.dt, (float*)ex->ws, nullptr, inDim, f.eps, nullptr, nullptr, true);
     if (rc) return rc;
     xr = (const float*)ex->ws;
   } else if (normInQ4k && f.tail.p) {
