@@ -362,6 +362,9 @@ if (!probe.available) {
 const inv = createCudaBackend({ deviceArenaBytes: 4 * 2 ** 30, batchInvariant: true });
 console.log('[invariance] batchInvariant: true');
 const invariant = { capabilities: { batchInvariant: inv.capabilities.batchInvariant, matmulPrecision: inv.capabilities.matmulPrecision }, ...suite(inv) };
+// The cuBLASLt algorithm pinned per weight shape (its split-K and reduction scheme among them).
+const pins = inv.pinnedGemms();
+console.log(`[invariance] pins: ${pins || '(none)'}`);
 inv.dispose();
 // NERVA_INVARIANCE_DEFAULT=0 skips the informational run on the default backend.
 let byDefault: ReturnType<typeof suite> | undefined;
@@ -425,5 +428,5 @@ if (process.env.NERVA_INVARIANCE_TIME === '1') {
     be.dispose();
   }
 }
-writeFileSync(path.join(out, 'batch_invariance.json'), JSON.stringify({ probe, rowCounts: ROW_COUNTS, invariant, default: byDefault, timing }, null, 1));
+writeFileSync(path.join(out, 'batch_invariance.json'), JSON.stringify({ probe, rowCounts: ROW_COUNTS, invariant, pins, default: byDefault, timing }, null, 1));
 process.exit(invariant.failed === 0 && invariant.capabilities.batchInvariant === true ? 0 : 1);

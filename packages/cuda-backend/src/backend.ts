@@ -228,6 +228,16 @@ export class CudaBackend implements DeviceBackend {
     return this.native;
   }
 
+  /**
+   * Batch-invariant contexts: the cuBLASLt algorithm pinned for each weight shape met so far
+   * (`4096x1024: algo 66 tile 92 stages 35; ...`); '' without pins or without
+   * batch invariance. Pins fix the bits of every batch-invariant matmul of the process.
+   */
+  pinnedGemms(): string {
+    this.live();
+    return this.ctx.info().biGemmPins ?? '';
+  }
+
   private live(): void {
     if (this.disposed) throw new CudaDisposedError();
   }

@@ -33,6 +33,14 @@ export interface NativeInfo {
   numerics: string;
   /** Batch-invariant decode; absent from addons built before it existed. */
   batchInvariant?: boolean;
+  /** Batch-invariant decode's matmul: 'cublaslt-pinned' or 'k_gemm_bi' (batchInvariant only). */
+  biGemm?: string;
+  /**
+   * The cuBLASLt algorithm pinned per weight shape so far, `MxK: algo .. tile .. stages ..`
+   * joined by '; ' (batchInvariant only; read it from CudaBackend.pinnedGemms(), which
+   * asks the context now: pins are made at a shape's first matmul).
+   */
+  biGemmPins?: string;
   cublas: string;
   cublasNote: string;
   /**

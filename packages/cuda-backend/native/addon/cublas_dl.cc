@@ -43,6 +43,7 @@ bool nerva_load_cublas(CublasApi* api, char* why, size_t whyLen) {
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -155,11 +156,15 @@ int pinShape(NervaExec* ex, LtState* s, LtPin& p, int m, int k) {
       int32_t splitK = 1;
       size_t wr = 0;
       if (a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof splitK, &wr) != 0 || splitK > 1) continue;
-      nlt::Heuristic chk{};
-      if (a.algoCheck(s->handle, p.desc, p.aLayout, one.first, one.second, one.second, &res[i].algo, &chk) != 0) continue;
-      if (a.algoCheck(s->handle, p.desc, p.aLayout, big.first, big.second, big.second, &res[i].algo, &chk) != 0) continue;
+      nlt::Heuristic chk1{}, chkBig{};
+      if (a.algoCheck(s->handle, p.desc, p.aLayout, one.first, one.second, one.second, &res[i].algo, &chk1) != 0) continue;
+      if (a.algoCheck(s->handle, p.desc, p.aLayout, big.first, big.second, big.second, &res[i].algo, &chkBig) != 0) continue;
+      // The workspace an algorithm asks may grow with the columns: every call up to the largest
+      // must fit what the context has (a pin sized for the hint failed larger calls).
+      const size_t need = std::max({res[i].workspaceSize, chk1.workspaceSize, chkBig.workspaceSize});
+      if (need > wsMax) continue;
       p.algo = res[i].algo;
-      p.wsBytes = res[i].workspaceSize;
+      p.wsBytes = need;
       a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_ID, &p.id, sizeof p.id, &wr);
       a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_TILE_ID, &p.tile, sizeof p.tile, &wr);
       a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_STAGES_ID, &p.stages, sizeof p.stages, &wr);
