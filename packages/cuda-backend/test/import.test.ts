@@ -3,7 +3,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { NervaError } from '@nerva/core';
-import { createCudaBackend, CudaArgumentError, CudaUnavailableError, GEMM_FOR_MATMUL_PRECISION, probeCuda, type CudaBackendOptions } from '../src/index.js';
+import { createCudaBackend, CudaArgumentError, CudaDisposedError, CudaUnavailableError, GEMM_FOR_MATMUL_PRECISION, probeCuda, type CudaBackendOptions } from '../src/index.js';
 import { addon, gpuTestsRequired, gpuUnavailableReason, hasGpu } from './gpu-world.js';
 
 // CI has no GPU (and usually no built addon): the package must import, report why it is
@@ -131,5 +131,16 @@ describe('@nerva/cuda-backend with and without a GPU', () => {
       expectPastOptionCheck({ addonPath: missing });
     });
     expect(GEMM_FOR_MATMUL_PRECISION).toEqual({ exact: 'split-bf16', bf16: 'bf16' });
+  });
+
+  // Pins are made at a shape's first batch-invariant matmul (the invariance probe, tools/gpu,
+  // prints them after its matmuls); a fresh context has none, a default one never any.
+  it.runIf(hasGpu)('pinnedGemms: none before a matmul, and a disposed backend refuses the call', () => {
+    for (const batchInvariant of [true, false]) {
+      const b = createCudaBackend({ deviceArenaBytes: 2 ** 24, pinnedArenaBytes: 2 ** 20, batchInvariant });
+      expect(b.pinnedGemms()).toBe('');
+      b.dispose();
+      expect(() => b.pinnedGemms()).toThrow(CudaDisposedError);
+    }
   });
 });
