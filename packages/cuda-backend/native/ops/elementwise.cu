@@ -45,6 +45,37 @@ constexpr int rmsMaxThreads() {
   return U <= 4 ? 1024 : 512;
 }
 
+// A thread's remaining elements of row r, i, i + B, ... (those of U below dim), loaded together
+// (one at a time, each load would wait for the residual store before it, which it may alias), x +
+// residual written back to the residual, into v (zero past dim); each square added to ss in
+// ascending order, as the one-at-a-time loop adds them.
+template <int U, class In>
+__device__ __forceinline__ void rmsGatherTail(const In& x, float* rr, int r, int i, int B, int dim, int bfa, float (&v)[U],
+                                              float& ss) {
+  float q[U];
+  typename In::Raw a[U];
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    if (i + u * B < dim) a[u] = x.load(r, i + u * B);
+  if (rr) {
+#pragma unroll
+    for (int u = 0; u < U; u++) q[u] = i + u * B < dim ? rr[i + u * B] : 0.f;
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) v[u] = i + u * B < dim ? x.finish(a[u], i + u * B) : 0.f;
+  if (rr) {
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (i + u * B < dim) {
+        v[u] = bfr(v[u] + q[u], bfa);
+        rr[i + u * B] = v[u];
+      }
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    if (i + u * B < dim) ss += v[u] * v[u];
+}
+
 // RMSNorm, a block a row: with `residual`, x + residual first (written back to residual, the
 // norm's input); then out = norm(x) * w, or with hi (lo optional) that value's bf16 split
 // (storeSplit: x = hi + lo, a tensor-core GEMM's operand keeping ~16 bits of its mantissa). x is
@@ -85,31 +116,10 @@ __global__ void __launch_bounds__(rmsMaxThreads<RMS_UNROLL>(), 2) k_rmsnorm(In x
 #pragma unroll
     for (int u = 0; u < RMS_UNROLL; u++) ss += v[u] * v[u];
   }
-  // Fewer than RMS_UNROLL left: loaded together too (one at a time, each load would wait for the
-  // residual store before it, which it may alias).
+  // Fewer than RMS_UNROLL left: loaded together too.
   if (i < dim) {
-    float v[RMS_UNROLL], q[RMS_UNROLL];
-    typename In::Raw a[RMS_UNROLL];
-#pragma unroll
-    for (int u = 0; u < RMS_UNROLL; u++)
-      if (i + u * B < dim) a[u] = x.load(r, i + u * B);
-    if (rr) {
-#pragma unroll
-      for (int u = 0; u < RMS_UNROLL; u++) q[u] = i + u * B < dim ? rr[i + u * B] : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < RMS_UNROLL; u++) v[u] = i + u * B < dim ? x.finish(a[u], i + u * B) : 0.f;
-    if (rr) {
-#pragma unroll
-      for (int u = 0; u < RMS_UNROLL; u++)
-        if (i + u * B < dim) {
-          v[u] = bfr(v[u] + q[u], bfa);
-          rr[i + u * B] = v[u];
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < RMS_UNROLL; u++)
-      if (i + u * B < dim) ss += v[u] * v[u];
+    float v[RMS_UNROLL];
+    rmsGatherTail(x, rr, r, i, B, dim, bfa, v, ss);
   }
   ss = blockSum(ss, sh);
   float inv = rsqrtf(ss / (float)dim + eps);
@@ -166,29 +176,8 @@ __global__ void __launch_bounds__(256, 2) k_rmsnorm_row(In x, const void* w, int
     for (int u = 0; u < U; u++) wv[u] = i + u * B < dim ? ldw(i + u * B) : 0.f;
   }
   PDL_ENTER();
-  float v[U], q[U];
-  typename In::Raw a[U];
-#pragma unroll
-  for (int u = 0; u < U; u++)
-    if (i + u * B < dim) a[u] = x.load(r, i + u * B);
-  if (rr) {
-#pragma unroll
-    for (int u = 0; u < U; u++) q[u] = i + u * B < dim ? rr[i + u * B] : 0.f;
-  }
-#pragma unroll
-  for (int u = 0; u < U; u++) v[u] = i + u * B < dim ? x.finish(a[u], i + u * B) : 0.f;
-  if (rr) {
-#pragma unroll
-    for (int u = 0; u < U; u++)
-      if (i + u * B < dim) {
-        v[u] = bfr(v[u] + q[u], bfa);
-        rr[i + u * B] = v[u];
-      }
-  }
-  float ss = 0.f;
-#pragma unroll
-  for (int u = 0; u < U; u++)
-    if (i + u * B < dim) ss += v[u] * v[u];
+  float v[U], ss = 0.f;
+  rmsGatherTail(x, rr, r, i, B, dim, bfa, v, ss);
   ss = blockSum(ss, sh);
   const float inv = rsqrtf(ss / (float)dim + eps);
   if (!wFirst) {
