@@ -43,12 +43,9 @@ bool nerva_load_cublas(CublasApi* api, char* why, size_t whyLen) {
 
 #include <stdlib.h>
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <map>
 #include <utility>
-#include <vector>
 
 #include "cublaslt_abi.h"
 
@@ -81,13 +78,6 @@ struct LtPin {
   nlt::Algo algo{};
   size_t wsBytes = 0;
   int id = -1, tile = -1, stages = -1;
-  // The heuristic's offer for LT_SMALL_COLS columns (a decode batch's hi and lo halves), where it
-  // differs from the pin: calls of at most that many columns take it once it gave the pin's bits
-  // on the shape's own weights (small: 1 to check at the first call outside capture, 2 equal,
-  // 3 different or not checkable: never used).
-  nlt::Algo smallAlgo{};
-  size_t smallWs = 0;
-  int small = 0, smallId = -1, smallTile = -1, smallStages = -1;
   std::map<int, std::pair<void*, void*>> rowLayouts;  // n -> (x layout, out layout)
 };
 
@@ -102,10 +92,6 @@ struct LtState {
 // the bits of batch-invariant matmuls (the same for every row count of the process).
 constexpr int LT_HINT_ROWS = 128;
 int ltHintRows() { return LT_HINT_ROWS; }
-// Columns up to which a verified small-batch algorithm takes the call (32 rows' hi and lo halves).
-constexpr int LT_SMALL_COLS = 64;
-// Columns of the first call the small algorithm is checked on against the pin.
-constexpr int LT_CHECK_COLS = 8;
 
 template <typename F>
 bool sym(void* lib, const char* name, F* out) {
@@ -187,67 +173,8 @@ int pinShape(NervaExec* ex, LtState* s, LtPin& p, int m, int k) {
     }
     if (p.ok) break;
   }
-  // The offer for a small batch: used only where it computes the pin's bits (checked at the
-  // shape's first call, see verifySmall), so a row's bits stay those of any row count.
-  std::pair<void*, void*> small;
-  if (p.ok && rowLayouts(s, p, m, LT_SMALL_COLS, k, &small)) {
-    nlt::Heuristic res[16];
-    int got = 0;
-    if (a.heuristic(s->handle, p.desc, p.aLayout, small.first, small.second, small.second, pref, 16, res, &got) == 0) {
-      for (int i = 0; i < got; i++) {
-        if (res[i].state != 0) continue;
-        int32_t splitK = 1, id = -1, tile = -1, stages = -1;
-        size_t wr = 0;
-        if (a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof splitK, &wr) != 0 || splitK > 1) continue;
-        nlt::Heuristic chk1{};
-        if (a.algoCheck(s->handle, p.desc, p.aLayout, one.first, one.second, one.second, &res[i].algo, &chk1) != 0) continue;
-        const size_t need = std::max(res[i].workspaceSize, chk1.workspaceSize);
-        if (need > wsMax) continue;
-        a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_ID, &id, sizeof id, &wr);
-        a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &wr);
-        a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &wr);
-        if (id != p.id || tile != p.tile || stages != p.stages) {
-          p.smallAlgo = res[i].algo;
-          p.smallWs = need;
-          p.smallId = id;
-          p.smallTile = tile;
-          p.smallStages = stages;
-          p.small = 1;
-        }
-        break;
-      }
-    }
-  }
   a.prefDestroy(pref);
   return NERVA_OK;
-}
-
-// The small-batch algorithm against the pin on this call's weights and first LT_CHECK_COLS
-// columns of x: the pin's output (already in out, ld m) and the small one's (into the cuBLAS
-// workspace past what either algorithm uses) compared bit for bit on the host, once. Needs a
-// call outside capture that does not accumulate (out then holds the product alone).
-void verifySmall(NervaExec* ex, LtState* s, LtPin& p, int m, int n, int k, const void* w, const void* x, const float* out) {
-  const int cols = std::min(n, LT_CHECK_COLS);
-  const size_t off = (std::max(p.wsBytes, p.smallWs) + 255) & ~(size_t)255;
-  const size_t bytes = (size_t)m * cols * sizeof(float);
-  std::pair<void*, void*> lay;
-  if (off + bytes > ex->cublasWsBytes || !rowLayouts(s, p, m, cols, k, &lay)) {
-    p.small = 3;
-    return;
-  }
-  float* scratch = (float*)((char*)ex->cublasWs + off);
-  const float one = 1.f, zero = 0.f;
-  int st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, &zero, scratch, lay.second, scratch, lay.second,
-                         &p.smallAlgo, ex->cublasWs, p.smallWs, ex->stream);
-  std::vector<float> a((size_t)m * cols), b((size_t)m * cols);
-  if (st != 0 || cudaMemcpyAsync(a.data(), out, bytes, cudaMemcpyDeviceToHost, ex->stream) != cudaSuccess ||
-      cudaMemcpyAsync(b.data(), scratch, bytes, cudaMemcpyDeviceToHost, ex->stream) != cudaSuccess ||
-      cudaStreamSynchronize(ex->stream) != cudaSuccess) {
-    cudaGetLastError();
-    p.small = 3;
-    return;
-  }
-  p.small = memcmp(a.data(), b.data(), bytes) == 0 ? 2 : 3;
 }
 
 void dropPin(LtState* s, LtPin& p) {
@@ -344,13 +271,10 @@ int nerva_lt_gemm(NervaExec* ex, int m, int n, int k, const void* w, const void*
   std::pair<void*, void*> lay;
   if (!rowLayouts(s, p, m, n, k, &lay)) return fail(ex, "cublasLtMatrixLayoutCreate", -1);
   const float one = 1.f, zero = 0.f;
-  const bool small = p.small == 2 && n <= LT_SMALL_COLS;
   int st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, accumulate ? &one : &zero, out, lay.second, out,
-                         lay.second, small ? &p.smallAlgo : &p.algo, ex->cublasWs, small ? p.smallWs : p.wsBytes, ex->stream);
+                         lay.second, &p.algo, ex->cublasWs, p.wsBytes, ex->stream);
   if (!ex->capturing) ex->launches++;
-  if (st != 0) return fail(ex, "cublasLtMatmul", st);
-  if (p.small == 1 && !ex->capturing && !accumulate) verifySmall(ex, s, p, m, n, k, w, x, out);
-  return NERVA_OK;
+  return st == 0 ? NERVA_OK : fail(ex, "cublasLtMatmul", st);
 }
 
 void nerva_lt_describe(const NervaExec* ex, char* buf, size_t bytes) {
@@ -360,12 +284,8 @@ void nerva_lt_describe(const NervaExec* ex, char* buf, size_t bytes) {
   size_t used = 0;
   for (const auto& kv : s->pins) {
     if (used + 1 >= bytes) break;
-    const LtPin& p = kv.second;
-    static const char* const smallState[4] = {"", " (small: pending)", " (small: same bits)", " (small: not used)"};
-    char smallDesc[96] = "";
-    if (p.small) snprintf(smallDesc, sizeof smallDesc, ", <=%d cols tile %d stages %d%s", LT_SMALL_COLS, p.smallTile, p.smallStages, smallState[p.small]);
-    int w = kv.second.ok ? snprintf(buf + used, bytes - used, "%s%dx%d: algo %d tile %d stages %d%s", used ? "; " : "", kv.first.first,
-                                    kv.first.second, p.id, p.tile, p.stages, smallDesc)
+    int w = kv.second.ok ? snprintf(buf + used, bytes - used, "%s%dx%d: algo %d tile %d stages %d", used ? "; " : "", kv.first.first,
+                                    kv.first.second, kv.second.id, kv.second.tile, kv.second.stages)
                          : snprintf(buf + used, bytes - used, "%s%dx%d: none (k_gemm_bi)", used ? "; " : "", kv.first.first,
                                     kv.first.second);
     if (w < 0) break;
