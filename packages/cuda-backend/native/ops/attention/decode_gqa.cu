@@ -274,37 +274,36 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
   blk.arrive<G>(part, out, counters, H, S, *reinterpret_cast<AttnWideScratch*>(dgsm), outHi, loOff);
 }
 
-// k_attn_decode_gqa for bf16 caches on the tensor cores: the same blocks, splits and partials,
-// but each of the block's four warps runs its own keys with no block barrier until the end. Warp
-// w takes the split's 16-key sub-tiles w, w + 4, ... through a two-stage cp.async buffer of its
-// own, keeps its own online softmax and output, and the four warps' (m, l, output) merge once in
-// shared memory, in warp order. (The block-wide form this replaces took four barriers a 32-key
-// tile; a split's keys then ran one tile after another at the speed of one round trip each: a
-// 128-row 0.6B step spent 95 us a layer in it.)
-//   Scores S = Q K^T, one m16n8k16 bf16 MMA per 16 dims and 8 keys: A holds q split hi + lo (the
-// exact numerics' split-bf16 grade) as rows g and 8 + g of head g, K enters through ldmatrix. A
-// lane's accumulators then hold head (lane / 4)'s full scores of keys c, c + 1, c + 8, c + 9
-// (c = 2 (lane % 4)): the quad of a head runs its softmax with two shuffles, no shared memory.
-// Output O^T = V^T P^T: those same four probabilities, split hi + lo, are the B fragments of head
-// lane / 4 (two MMAs, hi then lo, into one accumulator), V^T's A fragments come from
-// ldmatrix.trans; the accumulators hold dims 16 t + lane / 4 (+ 8) of heads c and c + 1.
-constexpr int DT_SUB = 16;           // keys a warp's sub-tile
-constexpr int DT_LD = DG_HD + 8;     // padded rows: ldmatrix's eight row addresses fall in distinct banks
-constexpr int DT_STAGE = 2 * DT_SUB * DT_LD;  // elements of a stage: K rows, then V rows
-constexpr size_t DT_SMEM = (size_t)4 /*warps*/ * 2 /*stages*/ * DT_STAGE * sizeof(uint16_t);
-static_assert(sizeof(AttnWideScratch) <= DT_SMEM, "attnArrive's merge borrows the warps' buffers");
-// Blocks an SM: 68 KiB of buffers a block.
-constexpr int DT_BLOCKS_PER_SM = 3;
-
+// k_attn_decode_gqa for bf16 caches on the tensor cores. The same blocks, splits, tiles and online
+// softmax; the two products are bf16 mma.sync m16n8k16 with float32 accumulation, the float32
+// operand (q, then the probabilities) split as hi + lo in bf16 (pa2Split: ~16 bits of its
+// mantissa, the exact numerics' split-bf16 grade, as k_attn_prefill2 and the GEMMs take it; one
+// cvt for two values where the software rounding before it took ~50 instructions a pair). The
+// MMA's 16 rows are the hi (row g) and lo (row 8 + g) parts of the G heads, so a thread's
+// accumulators hold both halves of its head and add them without a shuffle. Scores: warp w takes
+// keys 8w..8w+7 over all 128 dims (K through ldmatrix); output: warp w takes dims 32w..32w+31
+// (V through ldmatrix.trans). The CUDA-core form spent ~575 instructions a warp on a 32-key tile
+// (shared-memory operands for every FMA); this one ~150. (f32 caches keep the CUDA-core form:
+// their keys and values would need splitting too.)
 template <int G>
-__global__ void __launch_bounds__(128, DT_BLOCKS_PER_SM) k_attn_decode_gqa_tc(const float* q, const uint16_t* kc, const uint16_t* vc,
+__global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(const float* q, const uint16_t* kc, const uint16_t* vc,
                                                            const int* bt, const int* rowSeq, const int* positions,
                                                            float* part, int H, int KVH, int bs, int mbps, int qStride,
                                                            int qOff, float scale, int S, int rowBase, float* out,
                                                            int* counters, int minChunk, uint16_t* outHi, size_t loOff) {
   static_assert(G >= 1 && G <= 8, "the MMA's 16 rows hold hi and lo of at most 8 heads");
+  constexpr int LD = DG_HD + 8;  // padded rows: ldmatrix's eight row addresses fall in distinct banks
+  constexpr int TILE = DG_KEYS * LD;
   extern __shared__ __align__(16) unsigned char dgsm[];
-  __shared__ float qs[G][DG_HD];
+  uint16_t* const buf = (uint16_t*)dgsm;  // stage st: K at buf + 2 st TILE, V after it
+  // q (times scale) lies in stage 1 until its fragments are in registers: the first copy into
+  // stage 1 comes after the loop's first barrier.
+  float(*const qs)[DG_HD] = reinterpret_cast<float(*)[DG_HD]>(buf + 2 * TILE);
+  static_assert(G * DG_HD * sizeof(float) <= 2 * TILE * sizeof(uint16_t), "q fits a stage");
+  __shared__ __align__(16) float sc[G][DG_KEYS];
+  __shared__ float corr[G];
+  __shared__ float mFin[G], lFin[G];
+  __shared__ long long slot[2][DG_KEYS];
 
   NERVA_TRACE_KERNEL();
   PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
@@ -315,36 +314,10 @@ __global__ void __launch_bounds__(128, DT_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
                   minChunk))
     return;
   const int start = blk.start, end = blk.end;
-  const int nSub = (end - start) / DT_SUB + 1;
-  uint16_t* const wbuf = reinterpret_cast<uint16_t*>(dgsm) + (size_t)warp * 2 * DT_STAGE;
-  // Sub-tile j into stage st: lane l finds key l % 16's cache row (-1: past `end` or a missing
-  // block), then each copy instruction moves two whole 256-byte rows (lanes 0-15 and 16-31, a
-  // 16-byte column each) of K and of V. Returns the sub-tile's live keys, bit k for key k.
-  auto issueSub = [&](int j, int st) -> uint32_t {
-    const int p = start + j * DT_SUB + (lane & 15);
-    long long off = -1;
-    if (p <= end) {
-      const int e = blk.btr[p / bs];
-      if (e >= 0) off = ((long long)e * bs + p % bs) * (long long)blk.width + (long long)blk.kvh * DG_HD;
-    }
-    uint16_t* const kd = wbuf + (size_t)st * DT_STAGE;
-    const int col = (lane & 15) * 8;
-#pragma unroll
-    for (int i = 0; i < DT_SUB / 2; i++) {
-      const int key = 2 * i + (lane >> 4);
-      const long long o = __shfl_sync(0xffffffffu, off, key);
-      const bool ok = o >= 0;
-      const size_t src = (size_t)(ok ? o : 0ll) + (size_t)col;
-      pfCopy16(kd + key * DT_LD + col, kc + src, ok);
-      pfCopy16(kd + (DT_SUB + key) * DT_LD + col, vc + src, ok);
-    }
-    return __ballot_sync(0xffffffffu, off >= 0) & 0xFFFFu;
-  };
-  int j = warp, st = 0;
-  uint32_t mk0 = 0, mk1 = 0;
-  if (j < nSub) mk0 = issueSub(j, 0);
+  blk.slots(start, slot[0]);
+  __syncthreads();  // slots and q
+  blk.issue<uint16_t, LD>(slot[0], buf, kc, vc);
   pfCommit();
-  __syncthreads();  // q
   // q as A fragments for the 8 k-steps of 16 dims: rows gq (hi) and 8 + gq (lo) of head gq.
   uint32_t qa[DG_HD / 16][4];
 #pragma unroll
@@ -357,119 +330,76 @@ __global__ void __launch_bounds__(128, DT_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
       qa[ks][0] = qa[ks][1] = qa[ks][2] = qa[ks][3] = 0u;
     }
   }
-  // acc[t]: dims 16 t + gq ([0], [1]) and 16 t + gq + 8 ([2], [3]) of heads cq ([0], [2]) and cq + 1.
-  float acc[DG_HD / 16][4];
+  float acc[4][4];  // dims 32 warp + 8 nt + cq + {0, 1}: [0..1] hi rows, [2..3] lo rows of head gq
 #pragma unroll
-  for (int t = 0; t < DG_HD / 16; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-  float m = -INFINITY, l = 0.f;  // head gq's running max and sum (the same in its quad)
-  for (; j < nSub; j += 4, st ^= 1) {
-    if (j + 4 < nSub) {
-      const uint32_t nm = issueSub(j + 4, st ^ 1);
-      if (st) mk0 = nm;
-      else mk1 = nm;
-    }
-    pfCommit();
-    pfWaitPrev();
-    __syncwarp();  // every lane's copies into this stage landed
-    const uint32_t live = st ? mk1 : mk0;
-    const uint16_t* K = wbuf + (size_t)st * DT_STAGE;
-    const uint16_t* V = K + DT_SUB * DT_LD;
-    // Scores: n-tile nt holds keys 8 nt .. 8 nt + 7.
-    float d[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // heads warp and warp + 4 (warp-uniform)
+  for (int k0 = start, it = 0; k0 <= end; k0 += DG_KEYS, it++) {
+    const int cur = blk.advance<uint16_t, LD>(k0, it, slot, buf, kc, vc);
+    const uint16_t* K = buf + (size_t)cur * 2 * TILE;
+    const uint16_t* V = K + TILE;
+    // Scores of keys 8 warp .. 8 warp + 7 for every head: four ldmatrix of 32 dims, eight MMAs.
+    float d4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int kk = 0; kk < DG_HD / 32; kk++) {
+      uint32_t b[4];
+      pfLdsm4<false>(b, K + (8 * warp + (lane & 7)) * LD + kk * 32 + (lane >> 3) * 8);
+      pfMma(d4, qa[2 * kk], b[0], b[1]);
+      pfMma(d4, qa[2 * kk + 1], b[2], b[3]);
+    }
+    if (gq < G) {
+      const int key = 8 * warp + cq;
+      sc[gq][key] = slot[cur][key] >= 0 ? d4[0] + d4[2] : -INFINITY;  // (also -inf past `end`)
+      sc[gq][key + 1] = slot[cur][key + 1] >= 0 ? d4[1] + d4[3] : -INFINITY;
+    }
+    __syncthreads();
+    dgSoftmaxTile<G>(sc, corr, m, l, warp, lane);
+    __syncthreads();
+    // out[g][dims of this warp] = corr[g] out + P V: two k-steps of 16 keys, four n-tiles of 8 dims.
+    if (gq < G) {
+      const float c = corr[gq];
 #pragma unroll
-      for (int nt = 0; nt < 2; nt++) {
-        uint32_t b[4];
-        pfLdsm4<false>(b, K + (8 * nt + (lane & 7)) * DT_LD + kk * 32 + (lane >> 3) * 8);
-        pfMma(d[nt], qa[2 * kk], b[0], b[1]);
-        pfMma(d[nt], qa[2 * kk + 1], b[2], b[3]);
+      for (int nt = 0; nt < 4; nt++) {
+        acc[nt][0] *= c;
+        acc[nt][1] *= c;
+        acc[nt][2] *= c;
+        acc[nt][3] *= c;
       }
     }
-    // Head gq's scores of keys cq, cq + 1, cq + 8, cq + 9 (hi row plus lo row).
-    float sc[4] = {d[0][0] + d[0][2], d[0][1] + d[0][3], d[1][0] + d[1][2], d[1][1] + d[1][3]};
-    const int kIdx[4] = {cq, cq + 1, cq + 8, cq + 9};
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-      if (!((live >> kIdx[i]) & 1u)) sc[i] = -INFINITY;
-    float mx = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mn = fmaxf(m, mx);
-    const float base = mn == -INFINITY ? 0.f : mn;
-    float pr[4];
+    for (int ks = 0; ks < DG_KEYS / 16; ks++) {
+      uint32_t pa[4] = {0u, 0u, 0u, 0u};
+      if (gq < G) {
+        const float2 p0 = *reinterpret_cast<const float2*>(&sc[gq][16 * ks + cq]);
+        const float2 p1 = *reinterpret_cast<const float2*>(&sc[gq][16 * ks + cq + 8]);
+        pa2Split(p0.x, p0.y, pa[0], pa[1]);
+        pa2Split(p1.x, p1.y, pa[2], pa[3]);
+      }
+      const int mtx = lane >> 3;  // ldmatrix.trans: keys (mtx & 1) * 8 + .., dims (mtx >> 1) * 8 + ..
 #pragma unroll
-    for (int i = 0; i < 4; i++) pr[i] = gq < G ? expf(sc[i] - base) : 0.f;
-    float sum = (pr[0] + pr[1]) + (pr[2] + pr[3]);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float c = expf(m - base);
-    l = l * c + sum;
-    m = mn;
-    // Each accumulator's head (cq, cq + 1) takes its factor from that head's quad.
-    const float c0 = __shfl_sync(0xffffffffu, c, 4 * cq), c1 = __shfl_sync(0xffffffffu, c, 4 * cq + 4);
-#pragma unroll
-    for (int t = 0; t < DG_HD / 16; t++) {
-      acc[t][0] *= c0;
-      acc[t][1] *= c1;
-      acc[t][2] *= c0;
-      acc[t][3] *= c1;
+      for (int np = 0; np < 2; np++) {
+        uint32_t b[4];
+        pfLdsm4<true>(b, V + (16 * ks + (mtx & 1) * 8 + (lane & 7)) * LD + 32 * warp + 16 * np + (mtx >> 1) * 8);
+        pfMma(acc[2 * np], pa, b[0], b[1]);
+        pfMma(acc[2 * np + 1], pa, b[2], b[3]);
+      }
     }
-    uint32_t bh0, bl0, bh1, bl1;
-    pa2Split(pr[0], pr[1], bh0, bl0);
-    pa2Split(pr[2], pr[3], bh1, bl1);
-    const int mtx = lane >> 3;  // ldmatrix.trans: keys (mtx >> 1) * 8 + .., dims (mtx & 1) * 8 + ..
-#pragma unroll
-    for (int t = 0; t < DG_HD / 16; t++) {
-      uint32_t a[4];
-      pfLdsm4<true>(a, V + ((mtx >> 1) * 8 + (lane & 7)) * DT_LD + 16 * t + (mtx & 1) * 8);
-      pfMma(acc[t], a, bh0, bh1);
-      pfMma(acc[t], a, bl0, bl1);
-    }
-    __syncwarp();  // the stage is refilled next round
+    __syncthreads();  // this stage and sc are reused
   }
-  // The warps' (m, l) and outputs meet in shared memory (the buffers: every copy landed and was
-  // read once the block is past this barrier), then each thread merges one dim of every head.
-  __syncthreads();
-  float* const wm = reinterpret_cast<float*>(dgsm);  // [4][G]
-  float* const wl = wm + 4 * G;                      // [4][G]
-  float* const wo = wl + 4 * G;                      // [4][G][DG_HD]
-  if ((lane & 3) == 0 && gq < G) {
-    wm[warp * G + gq] = m;
-    wl[warp * G + gq] = l;
-  }
+  dgPublishStats<G>(m, l, mFin, lFin, warp, lane);
+  if (gq < G) {
+    float* dst = blk.partial<G>(part, H, S, gq);
 #pragma unroll
-  for (int t = 0; t < DG_HD / 16; t++) {
-    const int d0 = 16 * t + gq;
-    if (cq < G) {
-      wo[(warp * G + cq) * DG_HD + d0] = acc[t][0];
-      wo[(warp * G + cq) * DG_HD + d0 + 8] = acc[t][2];
-    }
-    if (cq + 1 < G) {
-      wo[(warp * G + cq + 1) * DG_HD + d0] = acc[t][1];
-      wo[(warp * G + cq + 1) * DG_HD + d0 + 8] = acc[t][3];
+    for (int nt = 0; nt < 4; nt++) {
+      const int d = 32 * warp + 8 * nt + cq;
+      dst[2 + d] = acc[nt][0] + acc[nt][2];
+      dst[3 + d] = acc[nt][1] + acc[nt][3];
     }
   }
-  __syncthreads();
-#pragma unroll
-  for (int g = 0; g < G; g++) {
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < 4; w++) M = fmaxf(M, wm[w * G + g]);
-    const float base = M == -INFINITY ? 0.f : M;
-    float L = 0.f, o = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-      const float f = expf(wm[w * G + g] - base);
-      L += wl[w * G + g] * f;
-      o += wo[(w * G + g) * DG_HD + tid] * f;
-    }
-    float* dst = blk.partial<G>(part, H, S, g);
-    dst[2 + tid] = o;
-    if (tid == 0) {
-      dst[0] = M;
-      dst[1] = L;
-    }
+  if (tid < G) {
+    float* dst = blk.partial<G>(part, H, S, tid);
+    dst[0] = mFin[tid];
+    dst[1] = lFin[tid];
   }
   blk.arrive<G>(part, out, counters, H, S, *reinterpret_cast<AttnWideScratch*>(dgsm), outHi, loOff);
 }
@@ -534,11 +464,12 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
     else rowChunk = (rowChunk + 1) / 2;
   }
   if ((size_t)rowChunk * H * S * perSplit > ex->wsBytes) return bad(ex, "attention: workspace too small");
+  constexpr size_t smem = dgSmemBytes<KT>();
   // bf16 caches of two or more query heads a KV head: k_attn_decode_gqa_tc. (With two, 4 of the
   // MMA's 16 rows hold heads; still, on the H200 a 32-row 0.6B step's attention took 37.2 us on
   // it against 44.4 on the CUDA-core kernel. One head: the CUDA-core kernel.)
   constexpr bool tc = sizeof(KT) == 2 && G >= 2;
-  constexpr size_t smem = tc ? DT_SMEM : dgSmemBytes<KT>();
+  static_assert(!tc || dgRowElems<KT>() == DG_HD + 8, "k_attn_decode_gqa_tc's row stride");
   cudaError_t e = tc ? allowDynamicSmem(k_attn_decode_gqa_tc<G>, smem) : allowDynamicSmem(k_attn_decode_gqa<KT, G>, smem);
   // The most shared memory an SM has, so that DG_BLOCKS_PER_SM blocks fit it.
   if (e == cudaSuccess)
