@@ -199,6 +199,19 @@ describe('nerva-bench throughput', () => {
     // Continuous batching: more than one sequence ran in a step.
     expect(r.max_running as number).toBeGreaterThan(1);
     expect(r.kv_cache_bytes as number).toBeGreaterThanOrEqual(r.kv_needed_bytes as number);
+    // Where the time went: every step is a prompt step or a decode-only one, and the two sums of
+    // step time fit inside the run (steps run one after another).
+    const n = (k: string) => r[k] as number;
+    expect(n('prompt_steps')).toBeGreaterThanOrEqual(1);
+    expect(n('decode_steps')).toBeGreaterThanOrEqual(1);
+    expect(n('prompt_steps') + n('decode_steps')).toBe(n('steps'));
+    expect(n('prompt_step_s')).toBeGreaterThan(0);
+    expect(n('decode_step_s')).toBeGreaterThan(0);
+    expect(n('prompt_step_s') + n('decode_step_s')).toBeLessThanOrEqual(n('total_s') + 0.002);
+    expect(n('decode_step_ms_p50')).toBeGreaterThan(0);
+    expect(n('decode_rows_mean')).toBeGreaterThanOrEqual(1);
+    expect(n('decode_rows_mean')).toBeLessThanOrEqual(n('max_running'));
+    expect(n('decode_rows_mean') * n('decode_steps')).toBeLessThanOrEqual(n('decode_tokens') + 0.01 * n('decode_steps'));
     const toks = JSON.parse(readFileSync(tokensOut, 'utf8')) as { workload_sha256: string; tokens: number[][] };
     expect(toks.workload_sha256).toBe(r.workload_sha256);
     expect(toks.tokens.map((t) => t.length)).toEqual(w.requests.map((q) => q.max_tokens));

@@ -216,11 +216,24 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
     let maxRunning = 0;
     let steps = 0;
     let runningSum = 0;
+    // Where the run's time went: steps that computed prompt tokens (with any decode rows beside
+    // them) against decode-only steps, by the steps' own wall time.
+    let promptSteps = 0;
+    let promptStepMs = 0;
+    const decodeStepMs: number[] = [];
+    let decodeRows = 0;
     const off = e.onStep((s) => {
       lastPreemptions = s.preemptions;
       if (!counting) return;
       steps++;
       runningSum += s.running;
+      if (s.promptTokens > 0) {
+        promptSteps++;
+        promptStepMs += s.stepMs;
+      } else {
+        decodeStepMs.push(s.stepMs);
+        decodeRows += s.generationTokens;
+      }
       if (s.running > maxRunning) maxRunning = s.running;
     });
     const t0Warm = performance.now();
@@ -322,6 +335,12 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       steps,
       max_running: maxRunning,
       mean_running: steps > 0 ? r2(runningSum / steps) : 0,
+      prompt_steps: promptSteps,
+      prompt_step_s: r3(promptStepMs / 1000),
+      decode_steps: decodeStepMs.length,
+      decode_step_s: r3(decodeStepMs.reduce((a, v) => a + v, 0) / 1000),
+      decode_step_ms_p50: percentile(decodeStepMs, 50),
+      decode_rows_mean: decodeStepMs.length > 0 ? r2(decodeRows / decodeStepMs.length) : 0,
       preemptions,
       graph_replays: replays,
       hot_path_allocations: hot,
