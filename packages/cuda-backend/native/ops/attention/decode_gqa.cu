@@ -55,13 +55,18 @@ struct DgBlock {
     if (!counters) return;
     attnArriveGroup(part, out, counters, rl, r, kvh * G, G, H, DG_HD, S, nAct, nullptr, wide, outHi, loOff);
   }
-  // Key p's block-table entry (a global load; -1 past `end`), and where the key's row of this KV
-  // head starts in the cache, in elements (-1 past `end` or in a missing block). The pipeline
-  // below loads a tile's entries an iteration before it turns them into rows, so the block
-  // table's latency is off the tile's path.
-  __device__ __forceinline__ int entryOf(int p) const { return p <= end ? btr[p / bs] : -1; }
-  __device__ __forceinline__ long long rowAt(int p, int e) const {
-    return p <= end && e >= 0 ? ((long long)e * bs + p % bs) * (long long)width + (long long)kvh * DG_HD : -1ll;
+  // Where keys k0 .. k0 + 31 of this KV head start in the cache, in elements (-1 past `end` or in
+  // a missing block): the address math done once a key here, not once a 16-byte copy in issue().
+  __device__ __forceinline__ void slots(int k0, long long* sl) const {
+    if (tid < DG_KEYS) {
+      const int p = k0 + tid;
+      long long v = -1;
+      if (p <= end) {
+        const int e = btr[p / bs];
+        if (e >= 0) v = ((long long)e * bs + p % bs) * (long long)width + (long long)kvh * DG_HD;
+      }
+      sl[tid] = v;
+    }
   }
   // The tile's K rows to kd and V rows to kd + DG_KEYS LD, 16 bytes a cp.async (zeros where the
   // offset is -1): each thread copies one 16-byte column c of every RPI-th key row.
@@ -82,80 +87,58 @@ struct DgBlock {
       pfCopy16(vd + j * LD + e, vc + o, ok);
     }
   }
-  // The tile loop's pipeline, iteration it at tile k0 (stage it & 1 of `buf`; slot ring index it % 3
-  // holds this tile's rows, (it + 1) % 3 the next tile's): the tile's copies are waited for, then,
-  // past the barrier (every thread is done with the last tile), the next tile's copies go to the
-  // other stage. Returns this tile's stage. The caller's loop ends with nextSlots().
+  // The tile loop's pipeline at tile k0, iteration it (stage it & 1, `buf` holding both stages):
+  // the next tile's slots and copies go to the other stage, then this tile's copies are waited
+  // for. Returns this tile's stage.
   template <typename KT, int LD>
   __device__ __forceinline__ int advance(int k0, int it, long long (*sl)[DG_KEYS], KT* buf, const KT* kc, const KT* vc) const {
     const int cur = it & 1;
-    pa2WaitAll();
-    __syncthreads();
-    if (k0 + DG_KEYS <= end) issue<KT, LD>(sl[(it + 1) % 3], buf + (size_t)(cur ^ 1) * 2 * DG_KEYS * LD, kc, vc);
+    if (k0 + DG_KEYS <= end) {
+      slots(k0 + DG_KEYS, sl[cur ^ 1]);
+      __syncthreads();
+      issue<KT, LD>(sl[cur ^ 1], buf + (size_t)(cur ^ 1) * 2 * DG_KEYS * LD, kc, vc);
+    }
     pfCommit();
+    pfWaitPrev();
+    __syncthreads();
     return cur;
-  }
-  // The end of iteration it: the rows of tile it + 2 into the ring from the entries loaded an
-  // iteration ago (pend), and tile it + 3's entries asked for.
-  __device__ __forceinline__ void nextSlots(int k0, int it, long long (*sl)[DG_KEYS], int& pend) const {
-    if (tid < DG_KEYS) {
-      const int p = k0 + 2 * DG_KEYS + tid;
-      sl[(it + 2) % 3][tid] = rowAt(p, pend);
-      pend = entryOf(p + DG_KEYS);
-    }
-  }
-  // Before the loop: tiles 0 and 1's rows, tile 2's entries asked for (pend).
-  __device__ __forceinline__ void firstSlots(long long (*sl)[DG_KEYS], int& pend) const {
-    if (tid < DG_KEYS) {
-      const int p = start + tid;
-      const int e0 = entryOf(p), e1 = entryOf(p + DG_KEYS);
-      pend = entryOf(p + 2 * DG_KEYS);
-      sl[0][tid] = rowAt(p, e0);
-      sl[1][tid] = rowAt(p + DG_KEYS, e1);
-    }
   }
 };
 
-// The block's DgBlock: false when split s starts past the row's last key. It reads only the step's
-// inputs (positions, the rows' sequences and block tables), which no kernel of the step writes
-// before the attention (the positions advance at the step's end), so it runs before the
-// dependency wait, with the first tiles' block-table entries.
-__device__ __forceinline__ bool dgSplit(DgBlock& b, const int* bt, const int* rowSeq, const int* positions, int KVH, int bs,
-                                        int mbps, int S, int rowBase, int minChunk) {
-  const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
+// The block's DgBlock, and its G q heads (times scale) in qs. False when split s starts past the
+// row's last key: its partials then say "empty" (where no counters merge, which count only live
+// splits), and the block has nothing more to do.
+template <int G>
+__device__ __forceinline__ bool dgBegin(DgBlock& b, float (*qs)[DG_HD], const float* q, const int* bt, const int* rowSeq,
+                                        const int* positions, float* part, int H, int KVH, int bs, int mbps, int qStride,
+                                        int qOff, float scale, int S, int rowBase, const int* counters, int minChunk) {
+  const int s = blockIdx.x, kvh = blockIdx.y, rl = blockIdx.z, r = rowBase + rl, tid = threadIdx.x;
   b.s = s;
   b.kvh = kvh;
   b.rl = rl;
   b.r = r;
-  b.tid = threadIdx.x;
   const int last = positions[r];
   const int chunk = max(minChunk, (last + S) / S);
   b.nAct = last / chunk + 1;
   b.start = s * chunk;
-  if (b.start > last) return false;
+  if (b.start > last) {
+    if (!counters && tid < G) {
+      float* dst = b.partial<G>(part, H, S, tid);
+      dst[0] = -INFINITY;
+      dst[1] = 0.f;
+    }
+    return false;
+  }
   b.end = min(b.start + chunk - 1, last);
   b.btr = bt + (size_t)rowSeq[r] * mbps;
   b.width = (size_t)KVH * DG_HD;
   b.bs = bs;
-  return true;
-}
-
-// After the dependency wait: an empty split's partials say "empty" (where no counters merge,
-// which count only live splits); a live one's G q heads (times scale) go to qs.
-template <int G>
-__device__ __forceinline__ void dgEmpty(const DgBlock& b, float* part, int H, int S, const int* counters) {
-  if (!counters && b.tid < G) {
-    float* dst = b.partial<G>(part, H, S, b.tid);
-    dst[0] = -INFINITY;
-    dst[1] = 0.f;
-  }
-}
-template <int G>
-__device__ __forceinline__ void dgLoadQ(const DgBlock& b, float (*qs)[DG_HD], const float* q, int qStride, int qOff, float scale) {
-  for (int i = b.tid; i < G * DG_HD; i += 128) {
+  b.tid = tid;
+  for (int i = tid; i < G * DG_HD; i += 128) {
     const int g = i / DG_HD, d = i % DG_HD;
-    qs[g][d] = q[(size_t)b.r * qStride + qOff + (size_t)(b.kvh * G + g) * DG_HD + d] * scale;
+    qs[g][d] = q[(size_t)r * qStride + qOff + (size_t)(kvh * G + g) * DG_HD + d] * scale;
   }
+  return true;
 }
 
 // The online softmax of one tile, the same in both kernels: sc[g][k] holds the scores of the
@@ -220,25 +203,21 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
   __shared__ float sc[G][DG_KEYS];
   __shared__ float corr[G];
   __shared__ float mFin[G], lFin[G];
-  __shared__ long long slot[3][DG_KEYS];  // rows of tiles it, it + 1, it + 2 (a ring)
+  __shared__ long long slot[2][DG_KEYS];
 
   NERVA_TRACE_KERNEL_AT(200000);  // trace_timeline.py: decode_gqa.cu:200000
+  PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   DgBlock blk;
-  const bool live = dgSplit(blk, bt, rowSeq, positions, KVH, bs, mbps, S, rowBase, minChunk);
-  int pend = -1;
-  if (live) blk.firstSlots(slot, pend);
-  PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
-  if (!live) {
-    dgEmpty<G>(blk, part, H, S, counters);
+  if (!dgBegin<G>(blk, qs, q, bt, rowSeq, positions, part, H, KVH, bs, mbps, qStride, qOff, scale, S, rowBase, counters,
+                  minChunk))
     return;
-  }
-  dgLoadQ<G>(blk, qs, q, qStride, qOff, scale);
   const int start = blk.start, end = blk.end;
   float acc[G];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // heads warp and warp + 4 (warp-uniform)
 #pragma unroll
   for (int g = 0; g < G; g++) acc[g] = 0.f;
+  blk.slots(start, slot[0]);
   __syncthreads();  // slots and q
   blk.issue<KT, LD>(slot[0], buf, kc, vc);
   pfCommit();
@@ -264,7 +243,7 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
       d[g] += __shfl_xor_sync(0xffffffffu, d[g], 2);
     }
     if (qtr == 0) {
-      const bool ok = slot[it % 3][key] >= 0;  // also false past `end`
+      const bool ok = slot[cur][key] >= 0;  // also false past `end`
 #pragma unroll
       for (int g = 0; g < G; g++) sc[g][key] = ok ? d[g] : -INFINITY;
     }
@@ -280,7 +259,7 @@ __global__ void __launch_bounds__(128, sizeof(KT) == 2 ? DG_BLOCKS_PER_SM : 1) k
 #pragma unroll
       for (int g = 0; g < G; g++) acc[g] += sc[g][k] * v;
     }
-    blk.nextSlots(k0, it, slot, pend);  // (the next advance's barrier guards this stage and sc)
+    __syncthreads();  // this stage and sc are reused
   }
   dgPublishStats<G>(m, l, mFin, lFin, warp, lane);
 #pragma unroll
@@ -324,22 +303,18 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
   __shared__ __align__(16) float sc[G][DG_KEYS];
   __shared__ float corr[G];
   __shared__ float mFin[G], lFin[G];
-  __shared__ long long slot[3][DG_KEYS];  // rows of tiles it, it + 1, it + 2 (a ring)
+  __shared__ long long slot[2][DG_KEYS];
 
   NERVA_TRACE_KERNEL();
+  PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, cq = (lane & 3) * 2;  // the MMA fragments' row group and column pair
   DgBlock blk;
-  const bool live = dgSplit(blk, bt, rowSeq, positions, KVH, bs, mbps, S, rowBase, minChunk);
-  int pend = -1;
-  if (live) blk.firstSlots(slot, pend);
-  PDL_ENTER();  // q and the new key were written by rope_append, the kernel before
-  if (!live) {
-    dgEmpty<G>(blk, part, H, S, counters);
+  if (!dgBegin<G>(blk, qs, q, bt, rowSeq, positions, part, H, KVH, bs, mbps, qStride, qOff, scale, S, rowBase, counters,
+                  minChunk))
     return;
-  }
-  dgLoadQ<G>(blk, qs, q, qStride, qOff, scale);
   const int start = blk.start, end = blk.end;
+  blk.slots(start, slot[0]);
   __syncthreads();  // slots and q
   blk.issue<uint16_t, LD>(slot[0], buf, kc, vc);
   pfCommit();
@@ -374,8 +349,8 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
     }
     if (gq < G) {
       const int key = 8 * warp + cq;
-      sc[gq][key] = slot[it % 3][key] >= 0 ? d4[0] + d4[2] : -INFINITY;  // (also -inf past `end`)
-      sc[gq][key + 1] = slot[it % 3][key + 1] >= 0 ? d4[1] + d4[3] : -INFINITY;
+      sc[gq][key] = slot[cur][key] >= 0 ? d4[0] + d4[2] : -INFINITY;  // (also -inf past `end`)
+      sc[gq][key + 1] = slot[cur][key + 1] >= 0 ? d4[1] + d4[3] : -INFINITY;
     }
     __syncthreads();
     dgSoftmaxTile<G>(sc, corr, m, l, warp, lane);
@@ -409,7 +384,7 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
         pfMma(acc[2 * np + 1], pa, b[2], b[3]);
       }
     }
-    blk.nextSlots(k0, it, slot, pend);  // (the next advance's barrier guards this stage and sc)
+    __syncthreads();  // this stage and sc are reused
   }
   dgPublishStats<G>(m, l, mFin, lFin, warp, lane);
   if (gq < G) {
