@@ -212,6 +212,8 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
     // sizes on the way down are captured here rather than in the timed run.
     // Step signals: the engine's preemption count is cumulative (warm-up included).
     let lastPreemptions = 0;
+    // Decode steps enqueued ahead and dropped (cumulative, like the preemptions).
+    let lastDropped = 0;
     let counting = false;
     let maxRunning = 0;
     let steps = 0;
@@ -224,6 +226,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
     let decodeRows = 0;
     const off = e.onStep((s) => {
       lastPreemptions = s.preemptions;
+      lastDropped = s.droppedSteps;
       if (!counting) return;
       steps++;
       runningSum += s.running;
@@ -250,6 +253,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
     const warmupS = (performance.now() - t0Warm) / 1000;
 
     const preemptions0 = lastPreemptions;
+    const dropped0 = lastDropped;
     counting = true;
     const t0 = performance.now();
     const handles = workload.requests.map((r) => e.submit(r.prompt_ids, { maxTokens: r.max_tokens, temperature: 0, ignoreEos: true }));
@@ -257,6 +261,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
     const totalS = (performance.now() - t0) / 1000;
     counting = false;
     const preemptions = lastPreemptions - preemptions0;
+    const droppedSteps = lastDropped - dropped0;
     off();
 
     const outputTokens = outcomes.reduce((a, x) => a + x.tokenIds.length, 0);
@@ -341,6 +346,9 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       decode_step_s: r3(decodeStepMs.reduce((a, v) => a + v, 0) / 1000),
       decode_step_ms_p50: percentile(decodeStepMs, 50),
       decode_rows_mean: decodeStepMs.length > 0 ? r2(decodeRows / decodeStepMs.length) : 0,
+      // Decode steps the engine enqueued ahead of the host and then dropped (a request ended, a
+      // prompt step came between): device time spent on tokens no request took.
+      dropped_steps: droppedSteps,
       preemptions,
       graph_replays: replays,
       hot_path_allocations: hot,
