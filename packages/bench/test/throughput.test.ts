@@ -211,6 +211,9 @@ describe('nerva-bench throughput', () => {
     expect(n('decode_step_ms_p50')).toBeGreaterThan(0);
     expect(n('decode_rows_mean')).toBeGreaterThanOrEqual(1);
     expect(n('decode_rows_mean')).toBeLessThanOrEqual(n('max_running'));
+    // The steps' device time (the CPU backend's events time its compute) lies within the run.
+    expect(n('device_active_s')).toBeGreaterThan(0);
+    expect(n('device_active_s')).toBeLessThanOrEqual(n('total_s') + 0.002);
     // The CPU backend enqueues nothing ahead.
     expect(r.dropped_steps).toBe(0);
     expect(n('decode_rows_mean') * n('decode_steps')).toBeLessThanOrEqual(n('decode_tokens') + 0.01 * n('decode_steps'));

@@ -273,12 +273,16 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
     let hot = 0;
     let replays = 0;
     let decodeTokens = 0;
+    // The device time of the steps that sampled tokens (each step's share in its tokens' ledgers):
+    // against total_s, how long the device waited for the host.
+    let deviceMs: number | null = null;
     const notes = [...backendNotes];
     for (const x of outcomes) {
       const s = x.ledger.summary();
       hot += s.hot_path_allocations;
       replays += s.graph_replays;
       decodeTokens += s.decode_tokens;
+      if (s.device_active_ms_total !== undefined) deviceMs = (deviceMs ?? 0) + s.device_active_ms_total;
       for (const n of s.notes) if (!notes.includes(n)) notes.push(n);
     }
     const ttft = outcomes.flatMap((x) => (x.times.firstToken !== undefined ? [x.times.firstToken - x.times.arrival] : []));
@@ -349,6 +353,7 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       // Decode steps the engine enqueued ahead of the host and then dropped (a request ended, a
       // prompt step came between): device time spent on tokens no request took.
       dropped_steps: droppedSteps,
+      device_active_s: deviceMs === null ? null : r3(deviceMs / 1000),
       preemptions,
       graph_replays: replays,
       hot_path_allocations: hot,
