@@ -21,7 +21,7 @@
 # (fork_kernels.mjs, 6 tokens); kernel_table.py then sums the last 3 decode steps (the 32-row graph's
 # node count read from the run's output) -> $AB/kernels-TAG.txt, printed.
 # ab_profile TAG NAME KERNEL [ROWS] [SKIP]: ncu --set full on one launch of KERNEL (a regex on kernel names) in
-# ROWS (32) batch-invariant forks of checkpoint M (qwen3-0.6b) on /tmp/NAME.node, after SKIP (200) launches of it
+# ROWS (32) batch-invariant forks (12 tokens each, two rounds) of checkpoint M (qwen3-0.6b) on /tmp/NAME.node, after SKIP (200) launches of it
 # (past the first round's, so a replayed decode graph's) -> $AB/profile-TAG.txt (ncu's details page), key lines printed.
 # ab_trace TAG TRACE_ADDON [VAR=value...]: one decode probe on a traced addon (built with -DNERVA_TRACE),
 # its timeline in $AB/timeline-TAG.txt (DETAIL=KERNEL: that kernel's block detail in
@@ -94,7 +94,7 @@ ab_kernels() {
 ab_profile() {
   local tag=$1 name=$2 kernel=$3 rows=${4:-32} skip=${5:-200}
   NERVA_CUDA_ADDON="/tmp/$name.node" timeout 300 ncu --set full -k "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
-    $AB_NODE .device/dist/fork_kernels.mjs "/tmp/synth/${M:-qwen3-0.6b}" "$rows" 6 > "$AB/profile-$tag.txt" 2>> "$AB/err.log"
+    $AB_NODE .device/dist/fork_kernels.mjs "/tmp/synth/${M:-qwen3-0.6b}" "$rows" 12 > "$AB/profile-$tag.txt" 2>> "$AB/err.log"
   echo "== $tag ($kernel, $rows rows)"
   grep -E "Duration|Registers Per Thread|Occupancy|Issue Slots Busy|Warp Cycles Per Issued|Memory Throughput|L2 Hit Rate|Stall|Block Limit" \
     "$AB/profile-$tag.txt" | head -40
