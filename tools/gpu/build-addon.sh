@@ -75,4 +75,12 @@ rm -f "$out/kernels.a"
 ar rcs "$out/kernels.a" "${kobjs[@]}"
 g++ -shared -o "$out/nerva_cuda.node" "${objs[@]}" "$out/kernels.a" \
   -L"$cuda/lib64" -L"$cuda/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread
+# A kept object built against older headers links (Node-API symbols stay undefined in any addon)
+# but fails at load with "symbol lookup error": name it here instead.
+missing=$(nm -D --undefined-only "$out/nerva_cuda.node" | awk '$2 ~ /^_ZN5nerva/ {print $2}')
+if [ -n "$missing" ]; then
+  echo "[build-addon] $out/nerva_cuda.node leaves NERVA symbols undefined (objects from an older tree? rebuild it in full):" >&2
+  echo "$missing" | sed 's/^/  /' >&2
+  exit 1
+fi
 echo "[build-addon] $out/nerva_cuda.node"
