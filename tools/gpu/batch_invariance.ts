@@ -5,7 +5,8 @@
 // Ops: fused_matmul (norm, norm + glu, accumulate on the split path, the 8B qkv shape whose staged
 // norm does not fit shared memory past 2 rows, an LM-head shape, an inDim that is no multiple of
 // 64 with a bias and a partial output tile) and decoder_layers (Qwen3-0.6B-like layers, f32 and
-// bf16 KV caches, contexts 1..~700). fused_matmul's first rows (alone) are also checked against a
+// bf16 KV caches, contexts 1..~700), and op attention over prompt chunks of several sequences
+// against each chunk alone. fused_matmul's first rows (alone) are also checked against a
 // float64 reference (|err| <= 1e-5 of the sum of |terms|): a kernel wrong the same way at every row
 // count would pass the bit comparison. Writes $OUT/batch_invariance.json.
 import { writeFileSync } from 'node:fs';
@@ -327,6 +328,92 @@ function decoderLayersCase(be: DeviceBackend, kv: 'f32' | 'bf16', seed: number, 
   }
 }
 
+// Prompt chunks of several sequences in one op attention call (a batch-invariant prompt step of
+// several prompts) against each chunk alone (oneSequence, as a step of one prompt passes it):
+// every row's bits must be its bits alone. Chunks of at least 64 rows start anywhere in the call
+// (the tile kernels cut each from its own first row); shorter ones and single rows take the
+// split-KV kernel, as alone. Some chunks follow a cached prefix.
+function promptAttentionCase(be: DeviceBackend, kv: 'f32' | 'bf16', seed: number): CaseResult {
+  const name = `attention/prompt chunks of 9 sequences in one call vs alone, 16 q heads, 8 KV heads, ${kv} cache`;
+  const r = rng(seed);
+  const B = new Bufs(be);
+  const nq = 16, nkv = 8, hd = 128, bs = 16;
+  // [cached prefix, chunk rows] per sequence.
+  const chunks: Array<[number, number]> = [[0, 65], [0, 64], [0, 10], [20, 130], [0, 1], [0, 200], [7, 63], [100, 300], [33, 129]];
+  const lens = chunks.map(([c, n]) => c + n);
+  const mbps = Math.ceil(Math.max(...lens) / bs);
+  const first: number[] = [];
+  let numBlocks = 0;
+  for (const n of lens) {
+    first.push(numBlocks);
+    numBlocks += Math.ceil(n / bs);
+  }
+  const tables = Array.from({ length: chunks.length * mbps }, (_, i) => {
+    const q = Math.floor(i / mbps), j = i % mbps;
+    return j < Math.ceil(lens[q] / bs) ? first[q] + j : 0;
+  });
+  const rowsAll = chunks.reduce((a, [, n]) => a + n, 0);
+  const qw = nq * hd;
+  try {
+    const cache = (label: string) => (kv === 'f32' ? B.f32(normals(r, numBlocks * bs * nkv * hd), label) : B.bf16(normals(r, numBlocks * bs * nkv * hd), label));
+    const kCache = cache('k'), vCache = cache('v');
+    const qHost = normals(r, rowsAll * qw);
+    const q = B.f32(rowsAll * qw, 'q');
+    const o = B.f32(rowsAll * qw, 'out');
+    const positions = B.i32(new Int32Array(rowsAll), 'positions');
+    const rowSeq = B.i32(new Int32Array(rowsAll), 'rowSeq');
+    const blockTables = B.i32(tables, 'blockTables');
+    const rowStart: number[] = [];
+    let acc = 0;
+    for (const [, n] of chunks) {
+      rowStart.push(acc);
+      acc += n;
+    }
+    const run = (seqs: number[], oneSequence: boolean): Float32Array => {
+      const ps: number[] = [], ss: number[] = [];
+      const qs = new Float32Array(rowsAll * qw);
+      for (const s of seqs) {
+        const [c, n] = chunks[s];
+        qs.set(qHost.subarray(rowStart[s] * qw, (rowStart[s] + n) * qw), ps.length * qw);
+        for (let i = 0; i < n; i++) {
+          ps.push(c + i);
+          ss.push(s);
+        }
+      }
+      const rows = ps.length;
+      be.write(q, qs.subarray(0, rows * qw));
+      be.write(positions, Int32Array.from(ps));
+      be.write(rowSeq, Int32Array.from(ss));
+      be.run('attention', { q, kCache, vCache, out: o, blockTables, rowSeq, positions, rows, numHeads: nq, numKvHeads: nkv, headDim: hd, blockSize: bs, maxBlocksPerSeq: mbps, qRowStride: qw, qOffset: 0, scale: 1 / Math.sqrt(hd), ...(oneSequence ? { oneSequence: true } : {}) });
+      return be.read(o, 0, rows * qw) as Float32Array;
+    };
+    const alone = chunks.map((_, s) => run([s], true));
+    // Together in the listed order, then reversed (every chunk at another row offset).
+    let bad = 0;
+    const firstBad: Mismatch[] = [];
+    for (const order of [chunks.map((_, s) => s), chunks.map((_, s) => chunks.length - 1 - s)]) {
+      const got = run(order, false);
+      let at = 0;
+      for (const s of order) {
+        const n = chunks[s][1];
+        for (let i = 0; i < n; i++) {
+          const d = bitsEqual(got.subarray((at + i) * qw, (at + i + 1) * qw), alone[s].subarray(i * qw, (i + 1) * qw));
+          if (d > 0) {
+            bad++;
+            if (firstBad.length < 4) firstBad.push({ rows: rowsAll, row: at + i, differing: d });
+          }
+        }
+        at += n;
+      }
+    }
+    return { case: name, ok: bad === 0, rowCounts: [rowsAll], mismatchedRows: bad, ...(firstBad.length ? { first: firstBad } : {}) };
+  } catch (e) {
+    return { case: name, ok: false, rowCounts: [rowsAll], mismatchedRows: -1, error: (e as Error).message };
+  } finally {
+    B.freeAll();
+  }
+}
+
 const FM: FmShape[] = [
   { name: 'qkv 0.6B (norm) 1024->4096', inDim: 1024, outDim: 4096, norm: true },
   { name: 'gate_up 0.6B (norm, glu) 1024->2x3072', inDim: 1024, outDim: 3072, norm: true, glu: true },
@@ -346,6 +433,8 @@ function suite(be: DeviceBackend): { passed: number; failed: number; results: Ca
   // Rows reading a shared prefix, two and four q heads a KV head (the 0.6B's and the 8B's groups).
   results.push(decoderLayersCase(be, 'bf16', 9, 16, 40));
   results.push(decoderLayersCase(be, 'bf16', 10, 32, 40));
+  results.push(promptAttentionCase(be, 'f32', 11));
+  results.push(promptAttentionCase(be, 'bf16', 12));
   for (const c of results) {
     const acc = c.maxScaledErr === undefined ? '' : `, max error ${c.maxScaledErr.toExponential(2)} of sum |terms|${c.maxScaledErr > ACC_TOL ? ` (> ${ACC_TOL})` : ''}`;
     console.log(`[invariance] ${c.ok ? 'ok  ' : 'FAIL'} ${c.case}: ${c.mismatchedRows} rows differ${acc}${c.error ? ` (${c.error})` : ''}`);

@@ -91,6 +91,9 @@ enum NervaGemmMode {
   GEMM_GEMV = 2,        // no cuBLAS: the multi-row GEMV kernel in chunks of 8 rows
 };
 
+// Rows a prefill tile plan covers (NervaExec::tiles).
+#define NERVA_TILE_PLAN_ROWS 65536
+
 // Per-call execution state handed to nerva_launch.
 struct NervaExec {
   cudaStream_t stream = nullptr;
@@ -115,6 +118,13 @@ struct NervaExec {
   // by the last block of each head; every user leaves them zero again.
   int* counters = nullptr;
   size_t counterCount = 0;
+  // Prefill tile plan of an attention call over several sequences (k_attn_tile_plan): the tiles
+  // (first row, end row), their count, and which rows they cover. Calls of more rows than
+  // planRows run every row on the split-KV kernel.
+  int2* tiles = nullptr;
+  int* tileCount = nullptr;
+  unsigned char* tileCovered = nullptr;
+  int planRows = 0;
   // Largest dynamic shared memory a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin).
   int smemOptin = 48 * 1024;
   // L2 cache size (cudaDeviceProp::l2CacheSize).

@@ -171,7 +171,7 @@ export class ModelContext {
           // A prefill chunk writes its pages hot: at most what the hot pool has beside the window.
           ...(tiers ? { longPrefillTokenThreshold: (tiers.hotSlots - 1 - 2) * blockSize, kvFits: (held: number, written: number) => tiers.fits(held, written) } : {}),
           ...(this.kvWindow > 0 ? { kvReadWindow: this.kvWindow } : {}),
-          // A batch-invariant backend: steps of decode rows only, or one prompt chunk alone.
+          // A batch-invariant backend: steps of decode rows only, or of prompt chunks each as alone.
           ...(this.backend.capabilities.batchInvariant === true ? { batchInvariant: true } : {}),
           ...(o.decodePromptBudget !== undefined ? { decodePromptBudget: Math.min(o.decodePromptBudget, maxRows) } : {}),
         },

@@ -22,14 +22,17 @@ export interface SchedulerConfig {
   kvReadWindow?: number;
   /**
    * Batch-invariant steps (EngineOptions.batchInvariant): a step is either decode rows only (one
-   * row per running request with a single token left to compute) or one request's prompt chunk
-   * alone, sized from the whole budget as it would be alone. Every row then goes through the ops
-   * it would take in a run of its request alone: a decode row through the backend's
-   * batch-invariant decode path, a prompt chunk through the same kernels at the same row count.
-   * While both are pending, prompt steps run until they have computed maxNumBatchedTokens tokens
-   * since the last decode step (the prompt tokens one mixed step would have taken), then a
-   * decode step runs: prompts enter the batch at the mixed schedule's pace, not one per decode
-   * step.
+   * row per running request with a single token left to compute) or prompt chunks only, each
+   * sized from the whole budget as it would be alone (min(tokens left, maxNumBatchedTokens,
+   * longPrefillTokenThreshold)): requests still in their prompt (oldest first), then waiting
+   * ones, as long as their whole chunks fit the step's budget together; the first always does.
+   * Every row then goes through the ops it would take in a run of its request alone: a decode
+   * row through the backend's batch-invariant decode path, a prompt chunk through the same
+   * kernels over the same rows (a batch-invariant backend's matmuls are row-independent, and its
+   * attention cuts each chunk into the tiles it gets alone). While both are pending, prompt steps
+   * run until they have computed maxNumBatchedTokens tokens since the last decode step (the
+   * prompt tokens one mixed step would have taken), then a decode step runs: prompts enter the
+   * batch at the mixed schedule's pace.
    */
   batchInvariant?: boolean;
   /**
@@ -149,10 +152,11 @@ export class Scheduler {
     if (!this.config.batchInvariant) return this.scheduleMixed(undefined, admit ? Infinity : 0);
     const decoding = (r: Request) => r.numTokens - r.numComputedTokens === 1;
     const anyDecode = this.running.some(decoding);
-    const inPrompt = this.running.find((r) => r.numTokens - r.numComputedTokens > 1);
-    if ((inPrompt !== undefined || (admit && this.waiting.length > 0)) && (!anyDecode || this.promptTokensSinceDecode < this.config.maxNumBatchedTokens)) {
-      // One prompt alone: the oldest running one still in its prompt, else the next waiting one.
-      const out = this.scheduleMixed(inPrompt ? [inPrompt] : [], inPrompt ? 0 : 1);
+    const inPrompt = this.running.filter((r) => r.numTokens - r.numComputedTokens > 1);
+    if ((inPrompt.length > 0 || (admit && this.waiting.length > 0)) && (!anyDecode || this.promptTokensSinceDecode < this.config.maxNumBatchedTokens)) {
+      // Prompt chunks only, each whole as alone: the running ones still in their prompt, then
+      // waiting ones.
+      const out = this.scheduleMixed(inPrompt, admit ? Infinity : 0, true);
       if (out.scheduled.length > 0 || out.preempted.length > 0 || !anyDecode) {
         this.promptTokensSinceDecode += out.numScheduledTokens;
         return out;
@@ -164,11 +168,14 @@ export class Scheduler {
 
   /**
    * The token-budget loop. `only`: serve only these running requests (others are skipped, though
-   * they may still be preempted); `maxAdmit`: admit at most this many waiting requests.
+   * they may still be preempted); `maxAdmit`: admit at most this many waiting requests. `whole`:
+   * every chunk is the one its request would get in a step of its own (whole budget); the first
+   * chunk that does not fit what is left ends the step.
    */
-  private scheduleMixed(only?: readonly Request[], maxAdmit = Infinity): SchedulerOutput {
+  private scheduleMixed(only?: readonly Request[], maxAdmit = Infinity, whole = false): SchedulerOutput {
     let budget = this.config.maxNumBatchedTokens;
     const chunkCap = this.config.longPrefillTokenThreshold ?? Infinity;
+    const alone = (left: number) => Math.min(left, this.config.maxNumBatchedTokens, chunkCap);
     // Prompt work (a request with more than one token to compute) shares its own budget, smaller
     // while requests decode, so a burst of arriving prompts does not stall the running streams.
     const paced = only === undefined && this.config.decodePromptBudget !== undefined && this.running.some((r) => r.numTokens - r.numComputedTokens === 1);
@@ -190,11 +197,12 @@ export class Scheduler {
     for (let i = 0; i < this.running.length && budget > 0; ) {
       const req = this.running[i];
       const left = req.numTokens - req.numComputedTokens;
-      const n = Math.min(left, budget, chunkCap, left > 1 ? promptBudget : Infinity);
+      const n = whole ? alone(left) : Math.min(left, budget, chunkCap, left > 1 ? promptBudget : Infinity);
       if (n <= 0 || (only !== undefined && !only.includes(req))) {
         i++;
         continue;
       }
+      if (n > budget) break;
       // Rows from position p read back to p - W + 1 at most; earlier blocks are never read again.
       if (W > 0) freedBlocks += this.kv.releaseBlocksBefore(req.id, req.numComputedTokens - W + 1);
       let ok = false;
@@ -236,13 +244,16 @@ export class Scheduler {
       while (admitted < maxAdmit && this.waiting.length > 0 && budget > 0 && promptBudget > 0 && seats + this.waiting[0].forkWidth <= this.config.maxNumSeqs) {
         const req = this.waiting[0];
         let hit = this.kv.getComputedBlocks(req.id, req.allIds, req.cacheSalt ? { cacheSalt: req.cacheSalt } : undefined);
-        let n = Math.min(req.numTokens - hit.numComputedTokens, budget, chunkCap, promptBudget);
+        const size = (left: number) => (whole ? alone(left) : Math.min(left, budget, chunkCap, promptBudget));
+        let n = size(req.numTokens - hit.numComputedTokens);
+        if (n > budget) break;
         let got = this.kv.allocateSlots(req.id, req.allIds, n, hit);
         if (got === null && W > 0 && hit.numComputedTokens > 0) {
           // Freeing behind the window bounds what a sequence holds, but a cached prefix is held
           // whole at admission: when it does not fit beside the chunk, compute from scratch.
           hit = { ...hit, blocks: [], hashes: [], stamps: [], numComputedTokens: 0 };
-          n = Math.min(req.numTokens, budget, chunkCap, promptBudget);
+          n = size(req.numTokens);
+          if (n > budget) break;
           got = this.kv.allocateSlots(req.id, req.allIds, n, hit);
         }
         if (got === null) break;

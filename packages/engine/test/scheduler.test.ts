@@ -185,7 +185,44 @@ describe('Scheduler', () => {
     });
   });
 
-  describe('batchInvariant: decode-only steps and one prompt chunk alone', () => {
+  describe('batchInvariant: decode-only steps and prompt chunks each whole as alone', () => {
+    it("gives every request the prompt chunks it gets alone, several prompts a step within the budget", () => {
+      // Deterministic lengths from 1 to 40 around a budget of 16 (and a chunk cap of 12): short
+      // prompts share steps, long ones are chunked.
+      const lens = Array.from({ length: 24 }, (_, i) => 1 + ((i * 37 + 11) % 40));
+      const run = (ls: number[], cap?: number) => {
+        const kv = new KvCacheManager({ numBlocks: 4096, blockSize: 4, enablePrefixCaching: false });
+        const s = new Scheduler({ maxNumBatchedTokens: 16, maxNumSeqs: 64, batchInvariant: true, ...(cap ? { longPrefillTokenThreshold: cap } : {}) }, kv);
+        const rs = ls.map((l) => req(l));
+        for (const r of rs) s.add(r);
+        const chunks = new Map<Request, number[]>(rs.map((r) => [r, []]));
+        let multi = 0;
+        for (let i = 0; i < 400 && rs.some((r) => r.outputIds.length === 0); i++) {
+          const p = s.schedule();
+          // Rows still in their prompt (a last chunk of one token runs with the decode rows, as alone).
+          const prompt = p.scheduled.filter((x) => x.req.outputIds.length === 0);
+          expect(p.numScheduledTokens).toBeLessThanOrEqual(16);
+          if (p.scheduled.some((x) => x.numTokens > 1)) {
+            // A step with a chunk of several tokens holds no decode row.
+            expect(p.scheduled.every((x) => x.req.outputIds.length === 0)).toBe(true);
+            if (prompt.length > 1) multi++;
+          }
+          for (const x of prompt) chunks.get(x.req)!.push(x.numTokens);
+          finishStep(p);
+        }
+        return { rs, chunks, multi };
+      };
+      for (const cap of [undefined, 12]) {
+        const together = run(lens, cap);
+        expect(together.multi).toBeGreaterThan(0);
+        together.rs.forEach((r, i) => {
+          expect(r.outputIds.length).toBeGreaterThan(0);
+          const alone = run([lens[i]], cap);
+          expect(together.chunks.get(r)).toEqual(alone.chunks.get(alone.rs[0]));
+        });
+      }
+    });
+
     it('never mixes prompt rows with decode rows, chunks a prompt as alone, and paces prompts by the token budget', () => {
       const kv = new KvCacheManager({ numBlocks: 64, blockSize: 4, enablePrefixCaching: false });
       const s = new Scheduler({ maxNumBatchedTokens: 10, maxNumSeqs: 4, batchInvariant: true }, kv);
@@ -204,15 +241,22 @@ describe('Scheduler', () => {
         finishStep(p);
       }
       for (const st of steps) {
-        // A step is one prompt chunk alone, or only rows of one token each.
-        if (st.some(([, n]) => n > 1)) expect(st.length).toBe(1);
+        // A step is prompt chunks only, or only rows of one token each.
+        if (st.some(([, n]) => n > 1)) expect(st.every(([, n]) => n > 1)).toBe(true);
       }
       expect(steps.slice(0, 8)).toEqual([
-        [[a.id, 6]], // a's prompt alone: 6 of the budget's 10 prompt tokens
+        [[a.id, 6]], // a's prompt: 6 of the budget's 10; b's chunk alone (10) does not fit the 4 left
         [[b.id, 10]], // b's first chunk, the whole budget, as alone (16 >= 10: a decode step is due)
         [[a.id, 1]], // a decodes
-        [[b.id, 3]], // b's last chunk (3 since the decode step)
-        [[c.id, 3]], // c's prompt (6): no prompt is left, so the three decode together
+        [
+          [b.id, 3], // b's last chunk, as alone
+          [c.id, 3], // c's whole prompt fits beside it: one step for both
+        ],
+        [
+          [a.id, 1],
+          [b.id, 1],
+          [c.id, 1],
+        ],
         [
           [a.id, 1],
           [b.id, 1],

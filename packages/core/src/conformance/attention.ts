@@ -385,6 +385,26 @@ export const attentionCases: Pick<CaseTable, 'attention' | 'attention_merge' | '
       },
       true,
     ),
+    // Prompt chunks of several sequences in one pass, each starting anywhere (a step of several
+    // prompts): runs of 65 and 64 rows, a short one, a chunk after a cached prefix, a decode row.
+    attentionCase(
+      'prefill tiles: prompt chunks of five sequences in one pass, GQA 4, 128 dim',
+      {
+        numHeads: 16,
+        numKvHeads: 4,
+        headDim: 128,
+        blockSize: 16,
+        seqLens: [65, 64, 10, 150, 90],
+        rows: [
+          ...Array.from({ length: 65 }, (_, p): [number, number] => [0, p]),
+          ...Array.from({ length: 64 }, (_, p): [number, number] => [1, p]),
+          ...Array.from({ length: 10 }, (_, p): [number, number] => [2, p]),
+          ...Array.from({ length: 130 }, (_, i): [number, number] => [3, 20 + i]),
+          [4, 89],
+        ],
+      },
+      true,
+    ),
     // A pass of one sequence (oneSequence): every tile, the partial last one too, on the prefill kernel.
     attentionCase(
       'prefill tiles, one sequence: a 150-row chunk after 40 cached, 32 heads, 8 kv heads, 128 dim',

@@ -93,7 +93,10 @@ Context::Context(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Context>(inf
   CU(cudaSetDevice(device_));
   CU(cudaGetDeviceProperties(&prop_, device_));
   // One reservation holds the arena, the op workspace and cuBLAS's workspace.
-  size_t total = devBytes_ + wsBytes + cbWs + kCounterCount * sizeof(int);
+  // The prefill tile plan's tiles (at most one per 32 rows), count and row flags follow the counters.
+  const size_t planTiles = NERVA_TILE_PLAN_ROWS / 32;
+  const size_t planBytes = planTiles * sizeof(int2) + 256 + NERVA_TILE_PLAN_ROWS;
+  size_t total = devBytes_ + wsBytes + cbWs + kCounterCount * sizeof(int) + planBytes;
   cudaError_t e = cudaMalloc((void**)&devBase_, total);
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -122,6 +125,13 @@ Context::Context(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Context>(inf
   ex_.counters = (int*)(devBase_ + devBytes_ + wsBytes + cbWs);
   ex_.counterCount = kCounterCount;
   CU(cudaMemset(ex_.counters, 0, kCounterCount * sizeof(int)));
+  {
+    char* plan = (char*)(ex_.counters + kCounterCount);
+    ex_.tiles = (int2*)plan;
+    ex_.tileCount = (int*)(plan + planTiles * sizeof(int2));
+    ex_.tileCovered = (unsigned char*)(plan + planTiles * sizeof(int2) + 256);
+    ex_.planRows = NERVA_TILE_PLAN_ROWS;
+  }
   CU(cudaDeviceSynchronize());  // the streams are non-blocking: the zeroes land before any launch
   cudaStream_t s0;
   CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));

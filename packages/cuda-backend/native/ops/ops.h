@@ -167,20 +167,23 @@ int attnEager(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, B
 int attnShortTry(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows,
                  int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly,
                  const RopeFuse* rope, int maxKeys);
-// Prefill tiles on tensor cores (the rows of uniform 64-row tiles); the split-KV kernel skips them.
+// The tile plan of a many-sequence call (tile_plan.cu) into NervaExec::tiles, before its tiles run.
+int attnTilePlan(NervaExec* ex, const int* rowSeq, int rows);
+// Prefill tiles on tensor cores (every 64 rows under oneSeq, else the plan's tiles); the split-KV
+// kernel skips the rows they cover.
 int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows,
                      int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse, int oneSeq);
 int attnPrefillGqa(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows,
                    int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse, int oneSeq);
 int attnSplitKv(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
                 int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly, const RopeFuse* rope,
-                int window, float* lse, int flashRows);
+                int window, float* lse, const unsigned char* covered);
 bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, int kdt, int vdt);
 int attnDecodeGqa(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
                   int KVH, int bs, int mbps, int qStride, int qOff, float scale, SplitHandoff* emit = nullptr);
 // k_attn_combine: the split partials of `rows` rows merged (when no counters did it).
 int launchAttnCombine(NervaExec* ex, int threads, int rows, const float* part, float* out, int H, int hd, int S, int rowBase,
-                      float* lse, const int* rowSeq, int flashRows);
+                      float* lse, const unsigned char* covered);
 // Batch-invariant decode attention: rows a launch for S splits a row (see decode_gqa.cu).
 int invRowChunk(const NervaExec* ex, int rows, int H, long long S, size_t perSplit);
 

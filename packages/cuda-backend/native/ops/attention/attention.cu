@@ -26,21 +26,27 @@ int attentionRun(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr
                               decodeOnly, rope, maxKeys);
   if (sa >= 0) return sa;
   // Tiles of 64 rows of one sequence (prefill chunks) run on tensor cores; the split-KV kernel
-  // below skips their rows. It then needs no splits for long contexts: the rows left are few.
-  // The tile kernels read q in pairs of floats: even q strides and offsets (every q the engine
-  // lays out); others take the split-KV kernel for every row.
-  int flashRows = 0;
+  // below skips their rows. One sequence (the caller's promise): every 64 rows are a tile, the
+  // partial last one too, and no row is left. Several: the tile plan cuts each run of at least 64
+  // rows of one sequence into tiles from its first row (what the run gets alone), and the rows
+  // of shorter runs go to the split-KV kernel (as they do alone). The tile kernels read q in
+  // pairs of floats: even q strides and offsets (every q the engine lays out); others take the
+  // split-KV kernel for every row, as do calls past the plan's rows.
+  const unsigned char* covered = nullptr;
   if (!decodeOnly && !rope && rows >= PF_ROWS && (kc.dt == NV_F32 || kc.dt == NV_BF16) && (hd == 64 || hd == 128) &&
-      qStride % 2 == 0 && qOff % 2 == 0) {
+      qStride % 2 == 0 && qOff % 2 == 0 && (oneSeq || rows <= ex->planRows)) {
+    if (!oneSeq) {
+      int rc = attnTilePlan(ex, (const int*)rowSeq.p, rows);
+      if (rc) return rc;
+    }
     int rc = attnPrefillTiles(ex, hd, qPtr, kc, vc, bt, rowSeq, pos, outPtr, rows, H, KVH, bs, mbps, qStride, qOff, scale,
                               window, lse, oneSeq);
     if (rc) return rc;
-    flashRows = rows;
-    // One sequence (the caller's promise): every tile was uniform and taken; no seam rows remain.
     if (oneSeq) return NERVA_OK;
+    covered = ex->tileCovered;
   }
   return attnSplitKv(ex, qPtr, kc, vc, outPtr, bt, rowSeq, pos, rows, H, KVH, hd, bs, mbps, qStride, qOff, scale, decodeOnly,
-                     rope, window, lse, flashRows);
+                     rope, window, lse, covered);
 }
 
 int opAttention(NervaExec* ex, Args& A) {

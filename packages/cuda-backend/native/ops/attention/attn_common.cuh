@@ -17,15 +17,11 @@ constexpr int ATT_KB = 4;       // keys each warp has in flight
 constexpr int PF_ROWS = 64;  // query rows per block (4 warps x 16)
 constexpr int PF_KEYS = 64;  // keys per shared-memory tile
 
-// Whether every row of tile `tile` (rows [64 tile, min(rows, 64 tile + 64))) has one sequence.
-// Called by whole warps; every warp of a block gets the same answer.
-__device__ __forceinline__ bool attnTileUniform(const int* rowSeq, int rows, int tile) {
-  int lane = threadIdx.x & 31;
-  int r0 = tile * PF_ROWS;
-  int s0 = rowSeq[r0];
-  int ra = r0 + lane, rb = r0 + 32 + lane;
-  bool ok = (ra >= rows || rowSeq[ra] == s0) && (rb >= rows || rowSeq[rb] == s0);
-  return __all_sync(0xffffffffu, ok);
+// Blocks along x of a prefill tile launch: one per 64-row tile of a one-sequence call, else the
+// most tiles a plan can hold (a run of L >= 64 rows has at most 2L/64 tiles); the blocks past the
+// plan's count return at once.
+inline int pfTileBlocks(int rows, int oneSeq) {
+  return oneSeq ? (rows + PF_ROWS - 1) / PF_ROWS : (rows + PF_ROWS / 2 - 1) / (PF_ROWS / 2);
 }
 
 __device__ __forceinline__ uint32_t pfPack(float lo, float hi) {

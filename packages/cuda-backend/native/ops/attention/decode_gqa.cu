@@ -505,7 +505,7 @@ int attnDecodeGqaRun(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, 
              (const KT*)vc.p, (const int*)bt.p, (const int*)rowSeq.p, (const int*)pos.p, part, H, KVH, bs, mbps, qStride,
              qOff, scale, (int)S, r0, out, cnt, minChunk, outHi, loOff);
     if (!cnt) {
-      int rc = launchAttnCombine(ex, DG_HD, nr, part, out, H, DG_HD, (int)S, r0, nullptr, (const int*)rowSeq.p, 0);
+      int rc = launchAttnCombine(ex, DG_HD, nr, part, out, H, DG_HD, (int)S, r0, nullptr, nullptr);
       if (rc) return rc;
     }
   }

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(128) k_attn_prefill3(const float* q, const uin
                                                       const int* bt, int btStride, const int* rowSeq,
                                                       const int* positions, float* out, int rows, int H, int KVH, int bs,
                                                       int qStride, int qOff, float scale, int window, float* lse,
-                                                      int oneSeq) {
+                                                      const int2* tiles, const int* tileCount) {
   PDL_ENTER();
   constexpr int LD = HD + 8;
   constexpr int KS = HD / 16;
@@ -38,11 +38,16 @@ __global__ void __launch_bounds__(128) k_attn_prefill3(const float* q, const uin
   __shared__ long long slotSt[2][PF_KEYS];
   __shared__ int sLo, sHi;
 
-  const int tile = gridDim.x - 1 - blockIdx.x;
+  int tile = gridDim.x - 1 - blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h0 = blockIdx.y * 2;
-  const int r0 = tile * PF_ROWS;
-  if (!oneSeq && !attnTileUniform(rowSeq, rows, tile)) return;  // the split-KV kernel takes these rows
+  int r0 = tile * PF_ROWS;
+  if (tiles) {  // a planned tile (k_attn_tile_plan): rows [r0, end) of one sequence, end as `rows`
+    if ((int)blockIdx.x >= *tileCount) return;
+    const int2 t = tiles[blockIdx.x];
+    r0 = t.x;
+    rows = t.y;
+  }
   if (threadIdx.x == 0) {
     sLo = INT_MAX;
     sHi = -1;
@@ -298,9 +303,9 @@ int attnPrefill3Run(NervaExec* ex, const float* q, const uint16_t* kc, const uin
   constexpr size_t smem = attnPrefill3Smem<HD>();
   cudaError_t e = allowDynamicSmem(k_attn_prefill3<HD>, smem);
   if (e != cudaSuccess) return check(ex, "k_attn_prefill3 (shared memory opt-in)", e);
-  dim3 grid((unsigned)((rows + PF_ROWS - 1) / PF_ROWS), (unsigned)(H / 2));
+  dim3 grid((unsigned)pfTileBlocks(rows, oneSeq), (unsigned)(H / 2));
   LAUNCH(k_attn_prefill3<HD>, grid, 128, smem, q, kc, vc, bt, btStride, (const int*)rowSeq.p, (const int*)pos.p, out, rows, H,
-         KVH, bs, qStride, qOff, scale, window, lse, oneSeq);
+         KVH, bs, qStride, qOff, scale, window, lse, oneSeq ? nullptr : (const int2*)ex->tiles, (const int*)ex->tileCount);
   return NERVA_OK;
 }
 
@@ -319,10 +324,12 @@ int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf 
       return attnPrefill3Run<64>(ex, q, (const uint16_t*)kc.p, (const uint16_t*)vc.p, (const int*)bt.p, mbps, rowSeq, pos, out,
                                  rows, H, KVH, bs, qStride, qOff, scale, window, lse, oneSeq);
     }
-    // An f32 cache: the sequence's keys and values gathered to bf16 in the workspace first.
+    // An f32 cache: the sequence's keys and values gathered to bf16 in the workspace first. Not
+    // under batch invariance: a chunk in a call of several sequences takes the second form, so it
+    // takes that form alone too.
     const size_t maxLen = (size_t)mbps * bs, width = (size_t)KVH * hd;
     const size_t kvBytes = align256(maxLen * width * sizeof(uint16_t));
-    if (oneSeq && !lse && 2 * kvBytes + align256((size_t)mbps * sizeof(int)) <= ex->wsBytes) {
+    if (oneSeq && !lse && !ex->batchInv && 2 * kvBytes + align256((size_t)mbps * sizeof(int)) <= ex->wsBytes) {
       uint16_t* dk = (uint16_t*)ex->ws;
       uint16_t* dv = (uint16_t*)(ex->ws + kvBytes);
       int* idt = (int*)(ex->ws + 2 * kvBytes);

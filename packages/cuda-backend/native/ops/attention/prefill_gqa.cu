@@ -2,7 +2,7 @@
 // blocks of 64 query rows of one sequence (4 warps of 16 rows each hold their q fragments, the
 // scores and the output in registers), keys and values in tiles of 64 converted to bf16 in shared
 // memory, mma.sync m16n8k16 (bf16 in, fp32 accumulate), online softmax per row. Helpers in
-// attn_common.cuh (PF_ROWS, PF_KEYS, attnTileUniform, pa2Split, pfMma, pfLdsm4, pfCopy16,
+// attn_common.cuh (PF_ROWS, PF_KEYS, pa2Split, pfMma, pfLdsm4, pfCopy16,
 // pfCommit, pfWaitPrev, pfKvLo, pa2Pack).
 //
 // SPLIT (exact numerics): q, k, p and v are each split into a bf16 high part and a bf16 low part
@@ -11,8 +11,9 @@
 // (the same split the many-row GEMMs use). Without SPLIT (matmul precision 'bf16') the operands
 // are rounded to bf16 once, as PyTorch's bf16 sdpa does.
 //
-// A tile takes this path only when all its rows belong to one sequence (attnTileUniform); the
-// split-KV kernel skips exactly those rows and handles the rest (decode rows, sequence seams).
+// A tile holds rows of one sequence: every 64 rows of a one-sequence call, else the tiles of
+// k_attn_tile_plan (runs of at least 64 rows of one sequence, cut from their first row); the
+// split-KV kernel skips exactly the rows they cover and handles the rest (decode rows, short runs).
 // Organized for throughput:
 // - HPB q heads of one KV head per block (GQA): warps 4i..4i+3 take head HPB*blockIdx.y + i, 16
 //   rows each, and share every K/V tile the block loads (the L2 and shared-memory traffic of a
@@ -26,7 +27,7 @@
 // - f32 caches: the next tile's rows are copied raw with cp.async into a staging area while this
 //   tile is used, then converted to bf16 (and lo halves under SPLIT) once for the whole block;
 //   bf16 caches: two cp.async stages.
-// oneSeq (the caller says every row has one sequence): no uniformity test, every tile is taken.
+// oneSeq (the caller says every row has one sequence): every 64-row tile of the call, no plan.
 #include "common/elem.cuh"
 #include "common/exec.cuh"
 #include "ops/attention/attn_common.cuh"
@@ -47,7 +48,7 @@ template <int HD, bool SPLIT, typename KT, int HPB>
 __global__ void __launch_bounds__(128 * HPB) k_attn_prefill2(const float* q, const KT* kc, const KT* vc, const int* bt,
                                                            const int* rowSeq, const int* positions, float* out,
                                                            int rows, int H, int KVH, int bs, int mbps, int qStride,
-                                                           int qOff, float scale, int window, float* lse, int oneSeq) {
+                                                           int qOff, float scale, int window, float* lse, const int2* tiles, const int* tileCount) {
   PDL_ENTER();
   constexpr int NTH = 128 * HPB;
   constexpr int LD = HD + 8;
@@ -66,11 +67,16 @@ __global__ void __launch_bounds__(128 * HPB) k_attn_prefill2(const float* q, con
   __shared__ int sLo, sHi;
 
   // Heaviest tiles (latest positions) first: the grid's tail is then short tiles.
-  const int tile = gridDim.x - 1 - blockIdx.x;
+  int tile = gridDim.x - 1 - blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = blockIdx.y * HPB + (warp >> 2);
-  const int r0 = tile * PF_ROWS;
-  if (!oneSeq && !attnTileUniform(rowSeq, rows, tile)) return;  // the split-KV kernel takes these rows
+  int r0 = tile * PF_ROWS;
+  if (tiles) {  // a planned tile (k_attn_tile_plan): rows [r0, end) of one sequence, end as `rows`
+    if ((int)blockIdx.x >= *tileCount) return;
+    const int2 t = tiles[blockIdx.x];
+    r0 = t.x;
+    rows = t.y;
+  }
   if (threadIdx.x == 0) {
     sLo = INT_MAX;
     sHi = -1;
@@ -376,9 +382,10 @@ int attnPrefill2Run(NervaExec* ex, const float* q, Buf kc, Buf vc, Buf bt, Buf r
   constexpr size_t smem = attnPrefill2Smem<HD, SPLIT, KT>();
   cudaError_t e = allowDynamicSmem(k_attn_prefill2<HD, SPLIT, KT, HPB>, smem);
   if (e != cudaSuccess) return check(ex, "k_attn_prefill2 (shared memory opt-in)", e);
-  dim3 grid((unsigned)((rows + PF_ROWS - 1) / PF_ROWS), (unsigned)(H / HPB));
+  dim3 grid((unsigned)pfTileBlocks(rows, oneSeq), (unsigned)(H / HPB));
   LAUNCH((k_attn_prefill2<HD, SPLIT, KT, HPB>), grid, 128 * HPB, smem, q, (const KT*)kc.p, (const KT*)vc.p, (const int*)bt.p,
-         (const int*)rowSeq.p, (const int*)pos.p, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse, oneSeq);
+         (const int*)rowSeq.p, (const int*)pos.p, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse,
+         oneSeq ? nullptr : (const int2*)ex->tiles, (const int*)ex->tileCount);
   return NERVA_OK;
 }
 

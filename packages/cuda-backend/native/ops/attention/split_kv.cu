@@ -10,10 +10,10 @@ namespace nerva::ops {
 #define ATT_PARTIAL_PARAMS                                                                                  \
   const float* q, const KT* kc, const KT* vc, const int* bt, const int* rowSeq, const int* positions,   \
       float* part, int H, int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int minChunk, int S, \
-      int rowBase, float* out, int* counters, int decodeOnly, RopeFuse rf, int window, float* lse, int flashRows
+      int rowBase, float* out, int* counters, int decodeOnly, RopeFuse rf, int window, float* lse, const unsigned char* covered
 #define ATT_PARTIAL_ARGS                                                                                    \
   q, kc, vc, bt, rowSeq, positions, part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, S, rowBase, out, \
-      counters, decodeOnly, rf, window, lse, flashRows
+      counters, decodeOnly, rf, window, lse, covered
 template <typename KT, int W, int EPL, bool ROPE, bool PAIR>
 __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS) {
   // decodeOnly (op decoder_layers: every row its own sequence): the keys before a row's own
@@ -25,8 +25,8 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS) {
   // appends key and value to the cache. The angles' cos/sin only need the position, so they are
   // taken before the wait as well.
   if (!decodeOnly) PDL_ENTER();
-  // Rows of tiles the prefill tile kernels took (flashRows: the row count they saw; 0: none ran).
-  if (flashRows && attnTileUniform(rowSeq, flashRows, (rowBase + (int)blockIdx.z) / PF_ROWS)) return;
+  // Rows the prefill tile kernels took (covered: the tile plan's row flags; null: none ran).
+  if (covered && covered[rowBase + (int)blockIdx.z]) return;
   __shared__ float shm[W], shl[W];
   __shared__ float sha[W][EPL * 32];
   const int h = blockIdx.y, rl = blockIdx.z, r = rowBase + rl;
@@ -311,12 +311,12 @@ __global__ void __maxnreg__(112) k_attn_partial_rope(ATT_PARTIAL_PARAMS) {
 #undef ATT_PARTIAL_ARGS
 
 // Exact merge of the split partials (online-softmax combine), one block per (head, row).
-__global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase, float* lse, const int* rowSeq,
-                               int flashRows) {
+__global__ void k_attn_combine(const float* part, float* out, int H, int hd, int S, int rowBase, float* lse,
+                               const unsigned char* covered) {
   NERVA_TRACE_KERNEL();
   PDL_ENTER();
   int h = blockIdx.x, rl = blockIdx.y, r = rowBase + rl;
-  if (flashRows && attnTileUniform(rowSeq, flashRows, r / PF_ROWS)) return;
+  if (covered && covered[r]) return;
   const float* base = part + ((size_t)rl * H + h) * S * (hd + 2);
   float M = -INFINITY;
   for (int s = 0; s < S; s++) M = fmaxf(M, base[(size_t)s * (hd + 2)]);
@@ -337,8 +337,8 @@ __global__ void k_attn_combine(const float* part, float* out, int H, int hd, int
 }
 
 int launchAttnCombine(NervaExec* ex, int threads, int rows, const float* part, float* out, int H, int hd, int S, int rowBase,
-                      float* lse, const int* rowSeq, int flashRows) {
-  LAUNCH(k_attn_combine, dim3(H, rows), threads, 0, part, out, H, hd, S, rowBase, lse, rowSeq, flashRows);
+                      float* lse, const unsigned char* covered) {
+  LAUNCH(k_attn_combine, dim3(H, rows), threads, 0, part, out, H, hd, S, rowBase, lse, covered);
   return NERVA_OK;
 }
 
@@ -374,11 +374,11 @@ int attnResident(bool rope, int hd, bool pair) {
 constexpr int ATTN_WAVES = 1;
 constexpr int ATTN_MIN_CHUNK = 32;
 
-// The split-KV kernel over `rows` (flashRows: the rows the prefill tiles saw; their tiles' rows
-// are skipped). decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
+// The split-KV kernel over `rows` (covered: the tile plan's row flags, rows the prefill tiles took
+// are skipped; null: none ran). decodeOnly: every row is its own sequence (op decoder_layers), see k_attn_partial.
 int attnSplitKv(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
                 int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly, const RopeFuse* rope,
-                int window, float* lse, int flashRows) {
+                int window, float* lse, const unsigned char* covered) {
   long long maxLen = (long long)mbps * bs;
   size_t perSplit = (size_t)(hd + 2) * sizeof(float);
   const bool pair = hd % 64 == 0;  // lanes hold adjacent element pairs (attnElem)
@@ -405,7 +405,9 @@ int attnSplitKv(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr,
   const long long sRows = inv ? 1 : rows;
   const long long perWave = std::max<long long>(1, slots / (sRows * H));
   long long S = perWave * ATTN_WAVES;
-  if (!flashRows) {
+  // With prefill tiles the rows left are few (decode rows, short runs) and need no more splits,
+  // except under batch invariance, where a row's splits are the ones it takes alone.
+  if (!covered || inv) {
     const long long sMin = (maxLen + 1023) / 1024;  // long contexts: at most 1024 keys per block
     if (sMin > S) S = (sMin + perWave - 1) / perWave * perWave;
   }
@@ -444,12 +446,12 @@ int attnSplitKv(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr,
 #define ATT_KP(KT, E, RP, PR)                                                                                          \
   LAUNCH((k_attn_partial<KT, ATT_WARPS, E, RP, PR>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, rsp, pp, \
          part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf, window, lse, \
-         flashRows)
+         covered)
 #define ATT_KR(KT)                                                                                                     \
   if (pair) {                                                                                                          \
     LAUNCH((k_attn_partial_rope<KT, ATT_WARPS, true>), grid, 32 * ATT_WARPS, 0, qp, (const KT*)kc.p, (const KT*)vc.p, btp, \
            rsp, pp, part, H, KVH, hd, bs, mbps, qStride, qOff, scale, minChunk, (int)S, r0, outPtr, cnt, decodeOnly, rf,   \
-           window, lse, flashRows);                                                                                    \
+           window, lse, covered);                                                                                    \
   } else {                                                                                                             \
     return bad(ex, "attention: the fused rope needs headDim 128");                                                     \
   }
@@ -472,7 +474,7 @@ int attnSplitKv(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr,
 #undef ATT_K
 #undef ATT_KP
     if (!cnt) {
-      int rc = launchAttnCombine(ex, ((std::min(hd, 256) + 31) / 32) * 32, nr, part, outPtr, H, hd, (int)S, r0, lse, rsp, flashRows);
+      int rc = launchAttnCombine(ex, ((std::min(hd, 256) + 31) / 32) * 32, nr, part, outPtr, H, hd, (int)S, r0, lse, covered);
       if (rc) return rc;
     }
   }
