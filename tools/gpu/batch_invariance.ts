@@ -1,6 +1,7 @@
 // GPU machine (phase `invariance`): batch invariance of the decode ops on the CUDA backend. Each
-// decode-shaped op runs once per row alone (1 row) and then over 2..256 rows at once; every row of
-// a many-row call must be bit for bit the row alone. Backends: batchInvariant true (must hold:
+// decode-shaped op runs once per row alone (1 row) and then over 2..256 rows at once (fused_matmul
+// also over 1000 and 4096, prompt-step sizes); every row of a many-row call must be bit for bit the
+// row alone. Backends: batchInvariant true (must hold:
 // exit 1 otherwise) and the default (informational: how many rows differ without it).
 // Ops: fused_matmul (norm, norm + glu, accumulate on the split path, the 8B qkv shape whose staged
 // norm does not fit shared memory past 2 rows, an LM-head shape, an inDim that is no multiple of
@@ -93,14 +94,15 @@ class Bufs {
 }
 
 /** Runs `many(n)` (rows 0..n-1 at once) and `one(i)` (row i alone); compares every row's bits. */
-function compareRows(name: string, rowLen: number, one: (i: number) => Float32Array, many: (n: number) => Float32Array): CaseResult {
+function compareRows(name: string, rowLen: number, one: (i: number) => Float32Array, many: (n: number) => Float32Array, counts: readonly number[] = ROW_COUNTS): CaseResult {
   const alone: Float32Array[] = [];
   for (let i = 0; i < MAX_ROWS; i++) alone.push(one(i).slice(0, rowLen));
   let bad = 0;
   const first: Mismatch[] = [];
-  for (const n of ROW_COUNTS) {
+  for (const n of counts) {
     const got = many(n);
-    for (let i = 0; i < n; i++) {
+    // Calls past MAX_ROWS rows (prompt steps' GEMMs): their first MAX_ROWS rows are compared.
+    for (let i = 0; i < Math.min(n, MAX_ROWS); i++) {
       const d = bitsEqual(got.subarray(i * rowLen, (i + 1) * rowLen), alone[i]);
       if (d > 0) {
         bad++;
@@ -108,8 +110,13 @@ function compareRows(name: string, rowLen: number, one: (i: number) => Float32Ar
       }
     }
   }
-  return { case: name, ok: bad === 0, rowCounts: ROW_COUNTS, mismatchedRows: bad, ...(first.length ? { first } : {}) };
+  return { case: name, ok: bad === 0, rowCounts: [...counts], mismatchedRows: bad, ...(first.length ? { first } : {}) };
 }
+
+// fused_matmul also at prompt-step sizes: a batch-invariant prompt step of several prompts runs
+// every projection as fused_matmul over all their rows.
+const FM_ROW_COUNTS = [...ROW_COUNTS, 1000, 4096];
+const FM_MAX_ROWS = 4096;
 
 interface FmShape {
   name: string;
@@ -190,10 +197,10 @@ function fusedMatmulCase(be: DeviceBackend, s: FmShape, seed: number): CaseResul
     const nw = nwHost ? B.f32(nwHost, 'nw') : undefined;
     const biasHost = s.bias ? normals(r, s.outDim, 0.5) : undefined;
     const bias = biasHost ? B.f32(biasHost, 'bias') : undefined;
-    const xHost = normals(r, MAX_ROWS * s.inDim);
-    const outInit = normals(r, MAX_ROWS * s.outDim);
-    const x = B.f32(MAX_ROWS * s.inDim, 'x');
-    const o = B.f32(MAX_ROWS * s.outDim, 'out');
+    const xHost = normals(r, FM_MAX_ROWS * s.inDim);
+    const outInit = normals(r, FM_MAX_ROWS * s.outDim);
+    const x = B.f32(FM_MAX_ROWS * s.inDim, 'x');
+    const o = B.f32(FM_MAX_ROWS * s.outDim, 'out');
     const run = (rows: number, xs: Float32Array, init: Float32Array): Float32Array => {
       be.write(x, xs);
       be.write(o, init);
@@ -212,7 +219,7 @@ function fusedMatmulCase(be: DeviceBackend, s: FmShape, seed: number): CaseResul
       return be.read(o, 0, rows * s.outDim) as Float32Array;
     };
     const alone = (i: number) => run(1, xHost.slice(i * s.inDim, (i + 1) * s.inDim), outInit.slice(i * s.outDim, (i + 1) * s.outDim));
-    const res = compareRows(`fused_matmul/${s.name}`, s.outDim, alone, (n) => run(n, xHost.slice(0, n * s.inDim), outInit.slice(0, n * s.outDim)));
+    const res = compareRows(`fused_matmul/${s.name}`, s.outDim, alone, (n) => run(n, xHost.slice(0, n * s.inDim), outInit.slice(0, n * s.outDim)), FM_ROW_COUNTS);
     const wv = bf16Values(wHost);
     let maxScaledErr = 0;
     for (let i = 0; i < ACC_ROWS; i++) {

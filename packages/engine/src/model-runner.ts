@@ -84,7 +84,11 @@ export * from './runner-base.js';
         ? { table: this.need(w.embed, 'embedding'), ids: m.ids }
         : undefined;
     if (this.first && !embed) this.op('embedding', 'embedding', { table: this.need(w.embed, 'embedding'), ids: m.ids, out: a.residual, rows, hidden: H });
-    if (wholeStack || (rows <= FUSED_MAX_ROWS && this.fusedOps)) {
+    // A batch-invariant backend computes a fused_matmul row the same way at any row count; op
+    // matmul may pick its GEMM by the row count, so a prompt chunk in a step of several prompts
+    // would not get its bits alone: every pass takes the fused layers there.
+    const bi = this.backend.capabilities.batchInvariant === true;
+    if (wholeStack || ((rows <= FUSED_MAX_ROWS || bi) && this.fusedOps)) {
       if (wholeStack) this.forwardStack(rows, embed);
       else this.forwardFusedLayers(rows);
       if (head) {

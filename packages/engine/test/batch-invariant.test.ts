@@ -23,6 +23,27 @@ describe('batchInvariant (engine side, CPU)', () => {
     }
   });
 
+  it('prompt steps of several prompts run every matmul as fused_matmul, with the tokens of each request alone', async () => {
+    const { backend, calls: ops } = recordingBackend([], { batchInvariant: true });
+    const e = await Engine.create({ model: MODEL, backend, maxNumSeqs: 8, maxNumBatchedTokens: 64, enablePrefixCaching: false, batchInvariant: true });
+    try {
+      const prompts = [PROMPT, PROMPT.slice(0, 9).map((t) => t + 1), PROMPT.slice(3, 17), PROMPT.slice(0, 30)];
+      const o = { temperature: 0, maxTokens: 5, ignoreEos: true };
+      const alone = [];
+      for (const p of prompts) alone.push(await e.submit(p, o).done);
+      ops.length = 0;
+      const together = await Promise.all(prompts.map((p) => e.submit(p, o).done));
+      for (let i = 0; i < prompts.length; i++) expect(together[i].tokenIds, `request ${i}`).toEqual(alone[i].tokenIds);
+      // The four prompts (21 + 9 + 14 + 30 = 74 tokens) took steps of more than one prompt (the
+      // budget of 64 holds the first three together), and no matmul ran as op matmul.
+      expect(ops.filter((c) => c.op === 'fused_matmul' && (c.rows ?? 0) >= 21 + 9).length).toBeGreaterThan(0);
+      expect(ops.some((c) => c.op === 'matmul')).toBe(false);
+    } finally {
+      e.dispose();
+      backend.dispose();
+    }
+  });
+
   it('the LM head runs as fused_matmul, and forks still equal runs one by one', async () => {
     // The CPU backend claiming batchInvariant (its rows never depend on each other).
     const { backend, calls: ops } = recordingBackend([], { batchInvariant: true });
