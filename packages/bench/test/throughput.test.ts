@@ -216,6 +216,9 @@ describe('nerva-bench throughput', () => {
     expect(n('device_active_s')).toBeLessThanOrEqual(n('total_s') + 0.002);
     // The CPU backend enqueues nothing ahead.
     expect(r.dropped_steps).toBe(0);
+    // The CPU backend runs nothing ahead: every decode step was issued after the host's schedule.
+    expect(r.decode_steps_ahead).toBe(0);
+    expect(n('decode_fresh_step_s')).toBeCloseTo(n('decode_step_s'), 2);
     expect(n('decode_rows_mean') * n('decode_steps')).toBeLessThanOrEqual(n('decode_tokens') + 0.01 * n('decode_steps'));
     const toks = JSON.parse(readFileSync(tokensOut, 'utf8')) as { workload_sha256: string; tokens: number[][] };
     expect(toks.workload_sha256).toBe(r.workload_sha256);

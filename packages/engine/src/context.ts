@@ -698,6 +698,7 @@ export class ModelContext {
       sharedBlocks: shared.blocks,
       sharedBlockReads: shared.reads,
       droppedSteps: ra.dropped,
+      enqueuedAhead: adopt || adoptForward,
     });
     for (const f of this.stepListeners) f(sig);
   }

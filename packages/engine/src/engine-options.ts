@@ -253,6 +253,12 @@ export interface StepSignals {
    * device time spent on tokens no request took (a request that stopped on a token, an abort).
    */
   droppedSteps: number;
+  /**
+   * Whether this step was enqueued on the device ahead of the host (EngineOptions.runAhead): the
+   * device had it before the host took the tokens of the step before. False: it was issued once
+   * the host had scheduled it, and the device may have idled meanwhile.
+   */
+  enqueuedAhead: boolean;
 }
 
 export interface RequestOutcome {

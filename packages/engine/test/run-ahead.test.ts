@@ -182,6 +182,15 @@ describe('replays of several decode steps (EngineOptions.runAheadSteps)', () => 
   const reset = s.reset;
 
   it('runs four steps a replay, computes each step once and decodes the same tokens', async () => {
+    // StepSignals.enqueuedAhead: steps the device had before the host scheduled them.
+    const ahead = { plain: 0, ahead: 0, steps: 0 };
+    const offs = [
+      s.plain.engine.onStep((g) => (ahead.plain += g.enqueuedAhead ? 1 : 0)),
+      s.ahead.engine.onStep((g) => {
+        ahead.ahead += g.enqueuedAhead ? 1 : 0;
+        ahead.steps++;
+      }),
+    ];
     for (const prompts of [PROMPTS.slice(0, 1), PROMPTS]) {
       reset();
       const sampled = { temperature: 0.8, topK: 40, seed: 77, maxTokens: 40, ignoreEos: true };
@@ -196,6 +205,11 @@ describe('replays of several decode steps (EngineOptions.runAheadSteps)', () => 
       // A step's device time is its replay's over its steps: positive, finite, in every token's ledger.
       for (const o of got) expect(o.ledger.all().every((r) => (r.deviceActiveMs ?? 0) > 0 && Number.isFinite(r.deviceActiveMs))).toBe(true);
     }
+    for (const off of offs) off();
+    expect(ahead.plain).toBe(0);
+    // Most decode steps came from a replay enqueued ahead; prompt steps and the first decode step never do.
+    expect(ahead.ahead).toBeGreaterThan(ahead.steps / 2);
+    expect(ahead.ahead).toBeLessThan(ahead.steps);
     // The 4-step graph is the step's graph four times over.
     const nodes = s.ahead.engine.graphNodes();
     for (const b of ['1', '4']) expect(nodes[`${b}x4`]).toBe(4 * nodes[b]);

@@ -20,6 +20,7 @@ const sig = (time: number): StepSignals => ({
   sharedBlocks: 0,
   sharedBlockReads: 0,
   droppedSteps: 0,
+  enqueuedAhead: false,
 });
 const outcome = (requestId: number) => ({ requestId, finishReason: 'length' }) as unknown as WorkerOutcome;
 

@@ -224,6 +224,10 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
     let promptStepMs = 0;
     const decodeStepMs: number[] = [];
     let decodeRows = 0;
+    // Decode-only steps the device had before the host scheduled them (run-ahead), and the wall
+    // time of the others, each of which began with the device waiting for the host.
+    let decodeAhead = 0;
+    let decodeFreshMs = 0;
     const off = e.onStep((s) => {
       lastPreemptions = s.preemptions;
       lastDropped = s.droppedSteps;
@@ -236,6 +240,8 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       } else {
         decodeStepMs.push(s.stepMs);
         decodeRows += s.generationTokens;
+        if (s.enqueuedAhead) decodeAhead++;
+        else decodeFreshMs += s.stepMs;
       }
       if (s.running > maxRunning) maxRunning = s.running;
     });
@@ -350,6 +356,9 @@ export async function throughputProbe(o: ThroughputProbeOptions): Promise<Record
       decode_step_s: r3(decodeStepMs.reduce((a, v) => a + v, 0) / 1000),
       decode_step_ms_p50: percentile(decodeStepMs, 50),
       decode_rows_mean: decodeStepMs.length > 0 ? r2(decodeRows / decodeStepMs.length) : 0,
+      // Decode-only steps enqueued ahead of the host (run-ahead), and the wall time of the others.
+      decode_steps_ahead: decodeAhead,
+      decode_fresh_step_s: r3(decodeFreshMs / 1000),
       // Decode steps the engine enqueued ahead of the host and then dropped (a request ended, a
       // prompt step came between): device time spent on tokens no request took.
       dropped_steps: droppedSteps,
