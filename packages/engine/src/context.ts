@@ -554,6 +554,9 @@ export class ModelContext {
     // hidden state is read after the pass: no step run ahead over it either.
     const graphPath = this.useGraphs && !this.profiles.on && decodeOnly && deviceSample && (!anyGrammar || this.constrained.deviceArgs !== undefined) && !this.embeddings.inStep(plan.scheduled) && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
     const bucket = graphPath ? (BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq) : 0;
+    // A decode step: each row's block for its next position first (RunAhead.reserveNext; a step
+    // enqueued ahead has it already), so the key counts it.
+    if (graphPath && !tiered) this.ahead.reserveNext(plan.scheduled);
     const key = graphPath ? DecodeGraphs.passKey(this.kv, bucket, tiered, plan.scheduled) : '';
     // The step enqueued ahead is this one when the pass is the same and nothing reset the
     // device's step state since; otherwise the steps enqueued are dropped before anything is written.

@@ -146,6 +146,28 @@ export class RunAhead {
     return true;
   }
 
+  /** Whether a row computes `after` steps past the current one (before its last token, the model's length and its table's end). */
+  private goesOn(req: Request, after: number): boolean {
+    return (
+      req.outputIds.length + after < req.params.maxTokens &&
+      req.numTokens + after < this.host.maxModelLen &&
+      Math.floor((req.numComputedTokens + after) / this.host.kv.blockSize) < this.runner.limits.maxBlocksPerSeq
+    );
+  }
+
+  /**
+   * Before a decode step the host issues itself (not one enqueued ahead): each row that goes on
+   * gets the block of its next position now, so the step's advance finds that position's slot and
+   * the step after it can be enqueued ahead. A replay enqueued ahead reserves its successor's
+   * blocks itself (enqueueSteps); a step issued by the host had none, and with many rows one of
+   * them starts a new block at nearly every step, so run-ahead did not start again until the
+   * batch shrank. Stream-ordered table writes; the pass key then counts the blocks.
+   */
+  reserveNext(scheduled: SchedulerOutput['scheduled']): void {
+    if (!this.enabled) return;
+    this.reserveThrough(scheduled, (req) => (this.goesOn(req, 1) ? req.numComputedTokens + 1 : undefined));
+  }
+
   /**
    * Reserve each row's blocks through position `last(req)` (KvCacheManager.reserveBlocks; the
    * scheduler's allocation for those positions takes them) and write their device table entries,
@@ -208,11 +230,7 @@ export class RunAhead {
       if (s > 1 && !this.reserveThrough(scheduled, (req) => req.numComputedTokens + d + s)) s = 1;
       if (s === 1 && !this.fits(scheduled, bucket, d, 1)) return;
       const after = d + s + 1;
-      this.reserveThrough(scheduled, (req) =>
-        req.outputIds.length + after < req.params.maxTokens && req.numTokens + after < this.host.maxModelLen && Math.floor((req.numComputedTokens + after) / this.host.kv.blockSize) < this.runner.limits.maxBlocksPerSeq
-          ? req.numComputedTokens + after
-          : undefined,
-      );
+      this.reserveThrough(scheduled, (req) => (this.goesOn(req, after) ? req.numComputedTokens + after : undefined));
       // Every step in flight is the same pass: the next schedules count the blocks reserved now.
       const key = DecodeGraphs.passKey(this.host.kv, bucket, false, scheduled);
       for (const a of this.queue) a.key = key;

@@ -161,6 +161,25 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
     expect((await s.ahead.engine.submit(PROMPTS[2], greedy(20)).done).tokenIds).toEqual(want.tokenIds);
   });
 
+  it('keeps running ahead while a wide batch crosses into new blocks (a row does at nearly every step)', async () => {
+    // 24 rows at staggered positions: some row starts a new KV block at most steps. Every decode
+    // step but the first (issued by the host) and those near the rows' common last token is
+    // enqueued ahead (none was before each step issued by the host reserved its rows' next blocks).
+    const prompts = Array.from({ length: 24 }, (_, i) => Array.from({ length: 3 + i }, (_, j) => 1 + ((i * 31 + j * 7) % 400)));
+    const want = await Promise.all(prompts.map((p) => s.plain.engine.submit(p, greedy(24)).done));
+    const steps = { decode: 0, ahead: 0 };
+    const off = s.ahead.engine.onStep((g) => {
+      if (g.promptTokens > 0) return;
+      steps.decode++;
+      if (g.enqueuedAhead) steps.ahead++;
+    });
+    const got = await Promise.all(prompts.map((p) => s.ahead.engine.submit(p, greedy(24)).done));
+    off();
+    expect(got.map((o) => o.tokenIds)).toEqual(want.map((o) => o.tokenIds));
+    expect(steps.decode).toBeGreaterThanOrEqual(20);
+    expect(steps.ahead).toBeGreaterThanOrEqual(steps.decode - 4);
+  });
+
   it('is off by default where the host computes (the CPU backend: nothing to overlap)', async () => {
     const c = await counted(undefined);
     try {
