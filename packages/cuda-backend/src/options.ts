@@ -50,8 +50,10 @@ export interface CudaBackendOptions {
    * tensor-core kernel of ours, activations split into three bf16 terms; latency-bound past 64
    * rows) takes them. Decode attention sizes its key splits as for one row (at least 256 keys) and runs the
    * GQA kernel, which reads each key once for the q heads sharing it, at every row count where the
-   * shapes allow (other shapes: the split-KV kernel). Prefill matmuls (op matmul past 8 rows) keep their GEMMs: the engine runs a
-   * prompt chunk alone, as its request alone would.
+   * shapes allow (other shapes: the split-KV kernel). Op matmul past 8 rows keeps cuBLAS's GEMMs,
+   * so the engine runs every projection of a batch-invariant pass as fused_matmul; prefill
+   * attention cuts each sequence's run of at least 64 rows into tiles from its own first row, so a
+   * prompt chunk gets its bits alone beside other chunks.
    * Reported as capabilities.batchInvariant.
    */
   batchInvariant?: boolean;
