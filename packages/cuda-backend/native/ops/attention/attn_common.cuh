@@ -24,6 +24,21 @@ inline int pfTileBlocks(int rows, int oneSeq) {
   return oneSeq ? (rows + PF_ROWS - 1) / PF_ROWS : (rows + PF_ROWS / 2 - 1) / (PF_ROWS / 2);
 }
 
+// A prefill tile block's rows [r0, rows): without a plan (tiles null, a one-sequence call) every 64
+// rows, heaviest (latest positions) first so the grid's tail is short tiles; else the plan's tile
+// blockIdx.x (k_attn_tile_plan), its end as `rows`. False: a block past the plan's count.
+__device__ __forceinline__ bool pfTileRows(const int2* tiles, const int* tileCount, int& r0, int& rows) {
+  if (!tiles) {
+    r0 = (int)(gridDim.x - 1 - blockIdx.x) * PF_ROWS;
+    return true;
+  }
+  if ((int)blockIdx.x >= *tileCount) return false;
+  const int2 t = tiles[blockIdx.x];
+  r0 = t.x;
+  rows = t.y;
+  return true;
+}
+
 __device__ __forceinline__ uint32_t pfPack(float lo, float hi) {
   return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
 }

@@ -38,16 +38,10 @@ __global__ void __launch_bounds__(128) k_attn_prefill3(const float* q, const uin
   __shared__ long long slotSt[2][PF_KEYS];
   __shared__ int sLo, sHi;
 
-  int tile = gridDim.x - 1 - blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h0 = blockIdx.y * 2;
-  int r0 = tile * PF_ROWS;
-  if (tiles) {  // a planned tile (k_attn_tile_plan): rows [r0, end) of one sequence, end as `rows`
-    if ((int)blockIdx.x >= *tileCount) return;
-    const int2 t = tiles[blockIdx.x];
-    r0 = t.x;
-    rows = t.y;
-  }
+  int r0;
+  if (!pfTileRows(tiles, tileCount, r0, rows)) return;
   if (threadIdx.x == 0) {
     sLo = INT_MAX;
     sHi = -1;
