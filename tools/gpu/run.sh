@@ -34,7 +34,8 @@
 #   it batched in PyTorch (bf16, static padded KV, CUDA graphs, torch.compile; NERVA_TORCH_ARGS adds
 #   flags, NERVA_TORCH_TIMEOUT s limit, default 300; --check-tokens NERVA_TORCH_CHECK_TOKENS, default 2),
 #   then `nerva-bench throughput --workload FILE --baseline LINE` once per NERVA_THROUGHPUT_VARIANTS
-#   entry (';'-separated flag sets, default "--kv-cache-dtype bf16;--kv-cache-dtype bf16 --matmul-precision bf16;default"; --verify
+#   entry (';'-separated flag sets, default "--batch-invariant --kv-cache-dtype bf16 --matmul-precision bf16
+#   --max-num-batched-tokens 8192;--kv-cache-dtype bf16;--kv-cache-dtype bf16 --matmul-precision bf16;default"; --verify
 #   NERVA_THROUGHPUT_VERIFY, default 8; NERVA_THROUGHPUT_BACKEND, default cuda) -> the baseline's line, then NERVA's lines (each with
 #   speedup_vs_torch) appended to $OUT/throughput.jsonl. ~4 minutes for the 0.6B on an H100.
 #   prefill (not in the default list; bash tools/gpu/run.sh build,prefill): `nerva-bench prefill` on each
@@ -352,7 +353,7 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
       fi
       [ -f "$tb" ] || echo "{\"probe\":\"torch_throughput\",\"model\":\"$dir\",\"output_tok_s\":null,\"error\":\"no result: timed out after ${NERVA_TORCH_TIMEOUT:-300} s or crashed (run.log)\"}" > "$tb"
       cat "$tb" >> "$OUT/throughput.jsonl"
-      IFS=';' read -ra variants <<< "${NERVA_THROUGHPUT_VARIANTS:---kv-cache-dtype bf16;--kv-cache-dtype bf16 --matmul-precision bf16;default}"
+      IFS=';' read -ra variants <<< "${NERVA_THROUGHPUT_VARIANTS:---batch-invariant --kv-cache-dtype bf16 --matmul-precision bf16 --max-num-batched-tokens 8192;--kv-cache-dtype bf16;--kv-cache-dtype bf16 --matmul-precision bf16;default}"
       for v in "${variants[@]}"; do
         # A variant's leading VAR=value words are its environment (e.g. "NERVA_BI_GEMM=0 --batch-invariant").
         args=()
