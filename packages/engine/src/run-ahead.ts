@@ -136,12 +136,10 @@ export class RunAhead {
   private fits(scheduled: SchedulerOutput['scheduled'], bucket: number, d: number, s: number): boolean {
     if ((1 + d + s) * bucket > this.runner.limits.ringCapacity) return false;
     const bs = this.host.kv.blockSize;
-    const mb = this.runner.limits.maxBlocksPerSeq;
     for (const { req } of scheduled) {
       const c = req.numComputedTokens;
       if (Math.floor((c + d + 1) / bs) >= this.host.kv.blockTable(req.id).length) return false;
-      if (req.outputIds.length + d + s >= req.params.maxTokens || req.numTokens + d + s >= this.host.maxModelLen) return false;
-      if (Math.floor((c + d + s) / bs) >= mb) return false;
+      if (!this.goesOn(req, d + s)) return false;
     }
     return true;
   }

@@ -175,11 +175,13 @@ export class Scheduler {
   private scheduleMixed(only?: readonly Request[], maxAdmit = Infinity, whole = false): SchedulerOutput {
     let budget = this.config.maxNumBatchedTokens;
     const chunkCap = this.config.longPrefillTokenThreshold ?? Infinity;
-    const alone = (left: number) => Math.min(left, this.config.maxNumBatchedTokens, chunkCap);
     // Prompt work (a request with more than one token to compute) shares its own budget, smaller
     // while requests decode, so a burst of arriving prompts does not stall the running streams.
     const paced = only === undefined && this.config.decodePromptBudget !== undefined && this.running.some((r) => r.numTokens - r.numComputedTokens === 1);
     let promptBudget = paced ? this.config.decodePromptBudget! : Infinity;
+    const alone = (left: number) => Math.min(left, this.config.maxNumBatchedTokens, chunkCap);
+    // A prompt chunk's size: as alone (whole), else what the budgets leave.
+    const size = (left: number) => (whole ? alone(left) : Math.min(left, budget, chunkCap, promptBudget));
     const promptRows = new Set<Request>();
     const scheduled: ScheduledRequest[] = [];
     const preempted: Request[] = [];
@@ -244,7 +246,6 @@ export class Scheduler {
       while (admitted < maxAdmit && this.waiting.length > 0 && budget > 0 && promptBudget > 0 && seats + this.waiting[0].forkWidth <= this.config.maxNumSeqs) {
         const req = this.waiting[0];
         let hit = this.kv.getComputedBlocks(req.id, req.allIds, req.cacheSalt ? { cacheSalt: req.cacheSalt } : undefined);
-        const size = (left: number) => (whole ? alone(left) : Math.min(left, budget, chunkCap, promptBudget));
         let n = size(req.numTokens - hit.numComputedTokens);
         if (n > budget) break;
         let got = this.kv.allocateSlots(req.id, req.allIds, n, hit);
