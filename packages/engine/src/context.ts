@@ -5,7 +5,7 @@ import type { ImportanceCache, MemoryReport, WeightPager } from '@nerva/memos';
 import { calibrateImportance } from './calibration.js';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
 import { kvReadWindow } from '@nerva/models';
-import { BUCKETS, DecodeGraphs } from './decode-graphs.js';
+import { BUCKETS, bucketFor, DecodeGraphs } from './decode-graphs.js';
 import { type EngineOptions, EngineError, type GenerateOptions, type RequestHandle, type RequestOutcome, type StepSignals } from './engine-options.js';
 import type { EmbedOptions, EmbedResult, EmbeddingConfig } from './embedding.js';
 import { EmbeddingJobs } from './embedding-jobs.js';
@@ -15,7 +15,7 @@ import { defaultGrammarThreads } from './grammar/grammar-pool.js';
 import type { GrammarState } from './grammar/grammar-state.js';
 import { grammarOf, type GrammarSpec } from './grammar/spec.js';
 import { HostSampler, type SampledToken } from './host-sampler.js';
-import { contextMemoryReport, stageSpan, TieredKv } from './kv-tiering.js';
+import { contextMemoryReport, stageSpan, TieredKv, tierPlanNote } from './kv-tiering.js';
 import { contextLimits, runnerShape } from './memory-plan.js';
 import type { GenerationDefaults, NervaModel } from './model.js';
 import { ModelRunner } from './model-runner.js';
@@ -27,6 +27,7 @@ import { type PassProfile, StepProfiles } from './profiling.js';
 import type { MeasuredRates } from './rates.js';
 import { type FinishReason, Request, type TokenEvent } from './request.js';
 import { type RequestLimits, validateForkCount, validateRequest } from './request-validation.js';
+import { passKey } from './row-layout.js';
 import { RunAhead } from './run-ahead.js';
 import { isDeviceSamplable } from './sampling-params.js';
 import { Scheduler } from './scheduler.js';
@@ -149,7 +150,7 @@ export class ModelContext {
       // A checkpoint may have more embedding rows than its tokenizer has ids (Qwen pads to a
       // multiple of 128): ids past the tokenizer's are never sampled, on the device or the host.
       const sampleLimit = Math.min(s.vocabSize, this.tokenizer?.vocabSize ?? s.vocabSize);
-      for (const r of this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) r.sampleLimit = sampleLimit;
+      for (const r of this.runners) r.sampleLimit = sampleLimit;
       // With tiers, the manager's pages are every tier's slots; KvTiers maps each to its tier.
       const pages = tierPlan ? tierPlan.hotSlots + tierPlan.warmSlots + tierPlan.coldSlots : numBlocks;
       this.kv = new KvCacheManager({ numBlocks: pages, blockSize, enablePrefixCaching: o.enablePrefixCaching ?? true, maxBlocksPerSeq });
@@ -177,12 +178,7 @@ export class ModelContext {
         },
         this.kv,
       );
-      if (tierPlan) {
-        this.notes.push(
-          `tiered KV: ${tierPlan.hotSlots - 1} hot pages, ${tierPlan.warmSlots} warm (pinned host), ${tierPlan.coldSlots} cold (disk) of ${blockSize} tokens; attention over warm pages runs on the host and is merged exactly` +
-            (tierPlan.linkShare > 0 ? ` (the device reads ${+tierPlan.linkShare.toFixed(3)} of the warm pool itself over the link)` : ''),
-        );
-      }
+      if (tierPlan) this.notes.push(tierPlanNote(tierPlan, blockSize));
       this.sampler = new HostSampler(s.vocabSize, sampleLimit);
       this.embeddings = new EmbeddingJobs(this, {
         scheduler: this.scheduler,
@@ -506,30 +502,26 @@ export class ModelContext {
     const st = this.stage;
     const mb = this.runner.limits.maxBlocksPerSeq;
     const kt = this.kvTiers;
-    const bs = this.kv.blockSize;
     // Blocks two or more of this step's sequences read (forks, prefix hits): marked per step.
     const shared = this.blockReads;
     shared.begin();
-    if (kt) {
-      // Page moves first (demotions, cold pages up to warm): the step reads the tables after them.
-      const epoch = kt.tiers.epoch;
-      if (plan.preempted.length) kt.swappedOut += plan.preempted.length;
-      kt.prepare(
-        plan.scheduled.map(({ req }) => ({ pages: this.kv.blockTable(req.id), firstWritten: Math.floor(req.numComputedTokens / bs), firstFresh: Math.ceil(req.numComputedTokens / bs) })),
-        this.runner as ModelRunner,
-      );
-      if (kt.tiers.epoch !== epoch) this.graphs.stateKey = undefined;
-    }
+    // Page moves first (demotions, cold pages up to warm): the step reads the tables after them.
+    if (kt?.prepareStep(plan, this.kv, this.runner as ModelRunner)) this.graphs.stateKey = undefined;
     // Warm slots [0, linkPages) are the device's (staged over the link), those above the host's;
     // the step copies the leading slots up to the highest one its tables read.
     const linkPages = this.runner.limits.linkPages ?? 0;
-    const { rows, promptTokens, sampling, forks, linkUsed } = stageBatch(st, plan.scheduled, this.kv, kt?.tiers, mb, linkPages, shared, t0);
+    // A decode step over the device's own rows keeps each in its place (finished ones as holes).
+    const order =
+      this.profiles.on || this.embeddings.inStep(plan.scheduled)
+        ? plan.scheduled
+        : this.ahead.order(plan.scheduled, ({ req }) => !this.live.get(req.id)?.grammar && isDeviceSamplable(req.params) && !this.needsLogits(req));
+    const { rows, promptTokens, sampling, forks, linkUsed } = stageBatch(st, order, this.kv, kt?.tiers, mb, linkPages, shared, t0);
     const span = stageSpan(linkUsed, linkPages);
     if (linkPages > 0) (this.runner as ModelRunner).linkSpan = span;
     if (kt && span > 0) kt.noteStaged(span);
     const nSeq = plan.scheduled.length;
     const nl = sampling.length;
-    const decodeOnly = nl === nSeq && rows === nSeq && !forks;
+    const decodeOnly = nl === nSeq && rows === order.length && !forks;
     // Grammar rows (constrained decoding): each with its mask for this token.
     const grammars: (GrammarState | undefined)[] = sampling.map((r) => this.live.get(r.id)?.grammar);
     // Rows that need the host sampler (penalties, logprobs, min_tokens, logit bias, logits kept,
@@ -552,17 +544,17 @@ export class ModelContext {
     // Grammar rows sampled on the device keep the captured step (a variant with masks), but a grammar
     // row's next mask depends on this step's token: nothing is run ahead over one. An embedding row's
     // hidden state is read after the pass: no step run ahead over it either.
-    const graphPath = this.useGraphs && !this.profiles.on && decodeOnly && deviceSample && (!anyGrammar || this.constrained.deviceArgs !== undefined) && !this.embeddings.inStep(plan.scheduled) && nSeq <= BUCKETS[BUCKETS.length - 1] && nSeq <= this.runner.limits.maxSeqs;
-    const bucket = graphPath ? (BUCKETS.find((b) => b >= nSeq && b <= this.runner.limits.maxSeqs) ?? nSeq) : 0;
+    const graphPath = this.useGraphs && !this.profiles.on && decodeOnly && deviceSample && (!anyGrammar || this.constrained.deviceArgs !== undefined) && !this.embeddings.inStep(plan.scheduled) && rows <= BUCKETS[BUCKETS.length - 1] && rows <= this.runner.limits.maxSeqs;
+    const bucket = graphPath ? bucketFor(rows, this.runner.limits.maxSeqs) : 0;
     // A decode step: each row's block for its next position first (RunAhead.reserveNext; a step
     // enqueued ahead has it already), so the key counts it.
-    if (graphPath && !tiered) this.ahead.reserveNext(plan.scheduled);
-    const key = graphPath ? DecodeGraphs.passKey(this.kv, bucket, tiered, plan.scheduled) : '';
+    if (graphPath && !tiered) this.ahead.reserveNext(order);
+    const key = graphPath ? passKey(this.kv, bucket, tiered, order) : '';
     // The step enqueued ahead is this one when the pass is the same and nothing reset the
     // device's step state since; otherwise the steps enqueued are dropped before anything is written.
     const ra = this.ahead;
     const head = ra.queue[0];
-    const same = head !== undefined && graphPath && head.key === key && this.graphs.stateKey === key;
+    const same = head !== undefined && graphPath && head.key === key && this.graphs.stateKey !== undefined;
     // A step with grammar rows adopts only a forward enqueued ahead (its sampling waits for the masks).
     const adopt = same && head.sampled && !anyGrammar;
     const adoptForward = same && !head.sampled && anyGrammar;
@@ -571,9 +563,11 @@ export class ModelContext {
     else ra.begin();
     if (graphPath) {
       if (!adopt && key !== this.graphs.stateKey) {
-        padBucket(st, nSeq, bucket, mb);
+        padBucket(st, rows, bucket, mb);
         this.writeMeta(bucket, bucket, true);
       }
+      // The device's rows are this step's now, its holes pad rows (written, or equal keys say so).
+      ra.layout.place(order, bucket);
       // A replay whose last step is `last` steps after this one: the short-keys graph where every
       // row's keys stay within the backend's bound through that step.
       const shortKeys = this.backend.capabilities.shortContextKeys ?? 0;
@@ -585,22 +579,24 @@ export class ModelContext {
       else if (!adopt) this.graphs.replay(bucket, 1, tiered, span, short(0), masks);
       if (!adopt) be.record(ra.endEv);
       this.graphs.stateKey = key;
-      if (anyGrammar) ra.enqueueForward(plan.scheduled, bucket, short);
-      else ra.enqueue(plan.scheduled, bucket, short);
+      if (anyGrammar) ra.enqueueForward(order, bucket, short);
+      else ra.enqueue(order, bucket, short);
       if (ra.queue.length > 0) be.synchronizeEvent!(ra.endEv, 'policy');
       else be.synchronize('policy');
-      tokens = this.ring.read(bucket).slice(0, nSeq);
+      const ring = this.ring.read(bucket);
+      // Row k's token is ring[k]; sampling lists the rows in order, holes left out.
+      tokens = rows === nSeq ? ring.slice(0, nSeq) : order.flatMap((row, k) => (row ? [ring[k]] : []));
       replayed = true;
     } else {
       this.graphs.stateKey = undefined;
+      ra.layout.clear();
       this.writeMeta(rows, nl, deviceSample || mixed);
       // A prompt's last row sampled once per fork: logit rows repeat (see ModelRunner.repeatedLogitRows).
-      const runners = forks ? (this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner]) : [];
+      const runners = forks ? this.runners : [];
       for (const r of runners) r.repeatedLogitRows = true;
       // A pass of one sequence (a prompt chunk): op attention may skip what sequence seams need.
       // (Every shard of a tensor-parallel group too: each runs one device's attention over its heads.)
-      const single: ModelRunner[] =
-        plan.scheduled.length !== 1 || this.pipeline instanceof StagePipeline ? [] : this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner];
+      const single = plan.scheduled.length !== 1 || this.pipeline instanceof StagePipeline ? [] : this.runners;
       for (const r of single) r.oneSequence = true;
       try {
         if (tiered) (this.runner as ModelRunner).forward(rows, nl, undefined, undefined, true);
@@ -694,7 +690,7 @@ export class ModelContext {
       }
     });
     const sig = stepSignals(now, this.scheduler, this.kv, this.totalPreemptions, {
-      scheduledTokens: rows,
+      scheduledTokens: rows - (order.length - nSeq),
       promptTokens,
       generationTokens: nl - embedded,
       stepMs: now - t0,
@@ -704,6 +700,11 @@ export class ModelContext {
       enqueuedAhead: adopt || adoptForward,
     });
     for (const f of this.stepListeners) f(sig);
+  }
+
+  /** The model runners of each pass: the one runner, or every stage's or shard's. */
+  private get runners(): ModelRunner[] {
+    return this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner];
   }
 
   /** Requests whose logits the host must see (so their sampling runs on the host). */
@@ -728,7 +729,7 @@ export class ModelContext {
 
   /** A prompt with forks finished its prefill: the forks take over its KV and its seat. */
   private forkOut(parent: Request): void {
-    const runners = this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner];
+    const runners = this.runners;
     forkOut(parent, { kv: this.kv, tiered: this.kvTiers !== undefined, scheduler: this.scheduler, graphs: this.graphs, runners });
   }
 

@@ -1,9 +1,7 @@
 import type { DeviceBackend, GraphHandle } from '@nerva/core';
 import type { WeightPager } from '@nerva/memos';
-import type { SchedulerOutput } from './scheduler.js';
 import type { ModelRunner } from './model-runner.js';
 import type { PassRunner } from './stages/pipeline.js';
-import type { KvCacheManager } from '@nerva/kv';
 import type { DeviceMaskArgs } from './grammar/constrained.js';
 
 /** A decode step's token masks (constrained decoding): the buffers op sample reads, and how the host fills them. */
@@ -15,6 +13,11 @@ export interface MaskedSampling {
 
 /** Batch-size buckets decode graphs are captured for: a step of n rows replays the first bucket >= n. */
 export const BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
+
+/** The bucket a step of n rows replays: the first of BUCKETS >= n within the context's maxSeqs (n where none is). */
+export function bucketFor(n: number, maxSeqs: number): number {
+  return BUCKETS.find((b) => b >= n && b <= maxSeqs) ?? n;
+}
 
 /**
  * A context's captured decode graphs (a decode step: forward, sampling, advance) and which pass
@@ -36,11 +39,6 @@ export class DecodeGraphs {
     private readonly runner: PassRunner,
     private readonly pager: WeightPager | undefined,
   ) {}
-
-  /** The identity of a graph pass: its bucket, whether tiered, and each row's request and table length. */
-  static passKey(kv: KvCacheManager, bucket: number, tiered: boolean, scheduled: SchedulerOutput['scheduled']): string {
-    return `${bucket}|${tiered}|` + scheduled.map(({ req }) => `${req.id}:${kv.blockTable(req.id).length}`).join(',');
-  }
 
 
   /**

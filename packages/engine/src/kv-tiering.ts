@@ -2,11 +2,12 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import type { DeviceBackend } from '@nerva/core';
-import { type BlockPool, KvTiers, type KvPageMove, type KvStepNeed } from '@nerva/kv';
+import { type BlockPool, type KvCacheManager, KvTiers, type KvPageMove, type KvStepNeed } from '@nerva/kv';
 import { checkOffloadDir, type KvMemoryReport, type MemoryReport, type PathTraffic, unlinkOpen } from '@nerva/memos';
 import type { ModelInternals } from './model.js';
 import { memoryReport } from './weight-residency.js';
 import type { ModelRunner } from './model-runner.js';
+import type { SchedulerOutput } from './scheduler.js';
 
 /** Options of tiered KV (EngineOptions' kv* fields). */
 export interface KvTierOptions {
@@ -89,6 +90,14 @@ export interface KvTierPlan {
  */
 export const DEFAULT_STAGING_FRACTION = 0.25;
 
+/** The ledger's note on a tier plan: pages per tier and where warm attention runs. */
+export function tierPlanNote(plan: KvTierPlan, blockSize: number): string {
+  return (
+    `tiered KV: ${plan.hotSlots - 1} hot pages, ${plan.warmSlots} warm (pinned host), ${plan.coldSlots} cold (disk) of ${blockSize} tokens; attention over warm pages runs on the host and is merged exactly` +
+    (plan.linkShare > 0 ? ` (the device reads ${+plan.linkShare.toFixed(3)} of the warm pool itself over the link)` : '')
+  );
+}
+
 /**
  * Pages per tier for the budgets. The hot pool must hold the sinks, the recent window and a page
  * written past it (what one decode step of one sequence touches); a smaller budget is refused
@@ -169,6 +178,21 @@ export class TieredKv {
 
   private get backendKvBytes(): number {
     return this.backend.capabilities.numerics === 'bf16' ? 2 : 4;
+  }
+
+  /**
+   * Before a step: its sequences' pages addressable, the moves executed (preempted requests
+   * counted as swapped out). True where a page moved tier: staged tables changed.
+   */
+  prepareStep(plan: SchedulerOutput, kv: KvCacheManager, runner: ModelRunner): boolean {
+    const epoch = this.tiers.epoch;
+    const bs = kv.blockSize;
+    this.swappedOut += plan.preempted.length;
+    this.prepare(
+      plan.scheduled.map(({ req }) => ({ pages: kv.blockTable(req.id), firstWritten: Math.floor(req.numComputedTokens / bs), firstFresh: Math.ceil(req.numComputedTokens / bs) })),
+      runner,
+    );
+    return this.tiers.epoch !== epoch;
   }
 
   /** Make the step's pages addressable and execute the moves, in order. */

@@ -1,10 +1,11 @@
 import type { DeviceBackend, EventHandle } from '@nerva/core';
 import type { KvCacheManager } from '@nerva/kv';
-import { DecodeGraphs } from './decode-graphs.js';
+import { bucketFor, type DecodeGraphs } from './decode-graphs.js';
 import type { PassRunner } from './stages/pipeline.js';
 import type { Request } from './request.js';
-import type { SchedulerOutput } from './scheduler.js';
-import type { StepBuffers } from './step-batch.js';
+import { passKey, RowLayout, type RowOrder } from './row-layout.js';
+import type { ScheduledRequest } from './scheduler.js';
+import { padRow, type StepBuffers } from './step-batch.js';
 
 /** A decode step enqueued ahead: the pass it is (its schedule's key) and the events that time it. */
 export interface AheadStep {
@@ -54,6 +55,8 @@ export class RunAhead {
   queue: AheadStep[] = [];
   /** StepSignals.droppedSteps. */
   dropped = 0;
+  /** The places of the device's decode rows (finished ones as pad rows until the bucket shrinks). */
+  readonly layout = new RowLayout();
 
   constructor(
     private readonly backend: DeviceBackend,
@@ -68,6 +71,21 @@ export class RunAhead {
   ) {
     this.events = [0, 1].map(() => backend.createEvent());
     [this.startEv, this.endEv] = this.events;
+  }
+
+  /**
+   * A decode step's rows in the places the device holds them (a finished row a hole: RowLayout),
+   * where the step replays a graph over the device's own state: run-ahead on, the state known,
+   * every row one decode token sampled on the device without masks (`sampled`). Else the
+   * scheduled rows as they are (a step that writes its state afresh compacts them).
+   */
+  order(scheduled: readonly ScheduledRequest[], sampled: (row: ScheduledRequest) => boolean): RowOrder {
+    if (!this.enabled || this.graphs.stateKey === undefined) return scheduled;
+    for (const row of scheduled) {
+      const { req, numTokens } = row;
+      if (numTokens !== 1 || req.numComputedTokens + 1 !== req.numTokens || req.forkChildren || !sampled(row)) return scheduled;
+    }
+    return this.layout.arrange(scheduled, bucketFor(scheduled.length, this.runner.limits.maxSeqs)) ?? scheduled;
   }
 
   /** The next step is the head of the queue (same pass, state untouched): it takes that step's events. */
@@ -128,29 +146,75 @@ export class RunAhead {
   }
 
   /**
-   * Whether steps d+1..d+s after the current one (d already enqueued) may be enqueued now for
-   * these rows: each row's first of them computes a position in a block it holds (the advance of
-   * the step before it, already enqueued, found its slot in the table), none runs past its last
-   * token, the model's length or its block table, and the ring holds every step in flight.
+   * Whether steps d+1..d+s after the current one (d already enqueued) may be enqueued now as one
+   * replay: each row computing step d+1 holds the block of its position there (the advance of the
+   * step before, already enqueued, found its slot in the table) and computes all s steps (a row
+   * whose last step is d or earlier is a pad row by then: padEnded), some rows are left and still
+   * need the layout's bucket (else the host compacts them), and the ring holds every step in flight.
    */
-  private fits(scheduled: SchedulerOutput['scheduled'], bucket: number, d: number, s: number): boolean {
+  private fits(order: RowOrder, bucket: number, d: number, s: number): boolean {
     if ((1 + d + s) * bucket > this.runner.limits.ringCapacity) return false;
     const bs = this.host.kv.blockSize;
-    for (const { req } of scheduled) {
-      const c = req.numComputedTokens;
-      if (Math.floor((c + d + 1) / bs) >= this.host.kv.blockTable(req.id).length) return false;
-      if (!this.goesOn(req, d + s)) return false;
+    let live = 0;
+    for (const row of order) {
+      if (row === undefined) continue;
+      const { req } = row;
+      const last = this.lastStep(req);
+      if (last <= d) continue;
+      if (last < d + s) return false;
+      if (Math.floor((req.numComputedTokens + d + 1) / bs) >= this.host.kv.blockTable(req.id).length) return false;
+      live++;
     }
-    return true;
+    return live > 0 && bucketFor(live, this.runner.limits.maxSeqs) === bucket;
   }
 
-  /** Whether a row computes `after` steps past the current one (before its last token, the model's length and its table's end). */
-  private goesOn(req: Request, after: number): boolean {
-    return (
-      req.outputIds.length + after < req.params.maxTokens &&
-      req.numTokens + after < this.host.maxModelLen &&
-      Math.floor((req.numComputedTokens + after) / this.host.kv.blockSize) < this.runner.limits.maxBlocksPerSeq
+  /**
+   * The last step after the current one (0) that computes this row: the one sampling its last
+   * token, or the last before the model's length or its table's end.
+   */
+  private lastStep(req: Request): number {
+    return Math.min(
+      req.params.maxTokens - 1 - req.outputIds.length,
+      this.host.maxModelLen - 1 - req.numTokens,
+      this.runner.limits.maxBlocksPerSeq * this.host.kv.blockSize - 1 - req.numComputedTokens,
     );
+  }
+
+  /** Whether a row computes `after` steps past the current one. */
+  private goesOn(req: Request, after: number): boolean {
+    return after <= this.lastStep(req);
+  }
+
+  /**
+   * The key the host will compute for step `j` after the current one: a row whose last step comes
+   * before it is a hole there (a pad row on the device from the step after its last).
+   */
+  private keyAt(order: RowOrder, bucket: number, j: number): string {
+    return passKey(this.host.kv, bucket, false, order, (k) => this.lastStep(order[k]!.req) < j);
+  }
+
+  /**
+   * Rows whose last step is d at the latest become pad rows before step d + 1 (stream-ordered
+   * writes after the steps enqueued: position 0, no KV slot, the null block in every table entry),
+   * so the steps after their last token run without them and write nothing into their blocks,
+   * which the host frees once it has read the last token. True where a row changed.
+   */
+  private padEnded(order: RowOrder, d: number): boolean {
+    const st = this.host.stage;
+    const mb = this.runner.limits.maxBlocksPerSeq;
+    const m = this.runner.meta;
+    let any = false;
+    for (let k = 0; k < order.length; k++) {
+      const row = order[k];
+      if (row === undefined || this.layout.isPad(k) || this.lastStep(row.req) > d) continue;
+      padRow(st, k, k, mb);
+      this.backend.write(m.positions, st.pos.subarray(k, k + 1), k);
+      this.backend.write(m.slots, st.slots.subarray(k, k + 1), k);
+      this.backend.write(m.blockTables, st.tables.subarray(k * mb, (k + 1) * mb), k * mb);
+      this.layout.setPad(k);
+      any = true;
+    }
+    return any;
   }
 
   /**
@@ -161,9 +225,9 @@ export class RunAhead {
    * them starts a new block at nearly every step, so run-ahead did not start again until the
    * batch shrank. Stream-ordered table writes; the pass key then counts the blocks.
    */
-  reserveNext(scheduled: SchedulerOutput['scheduled']): void {
+  reserveNext(order: RowOrder): void {
     if (!this.enabled) return;
-    this.reserveThrough(scheduled, (req) => (this.goesOn(req, 1) ? req.numComputedTokens + 1 : undefined));
+    this.reserveThrough(order, (req) => (this.goesOn(req, 1) ? req.numComputedTokens + 1 : undefined));
   }
 
   /**
@@ -172,12 +236,13 @@ export class RunAhead {
    * in stream order before the replay whose advances read them. False where the pool is short
    * for some row (what the others reserved stays theirs, entries written).
    */
-  private reserveThrough(scheduled: SchedulerOutput['scheduled'], last: (req: Request) => number | undefined): boolean {
+  private reserveThrough(order: RowOrder, last: (req: Request) => number | undefined): boolean {
     const mb = this.runner.limits.maxBlocksPerSeq;
     const st = this.host.stage;
     let ok = true;
-    for (let k = 0; k < scheduled.length; k++) {
-      const req = scheduled[k].req;
+    for (let k = 0; k < order.length; k++) {
+      const req = order[k]?.req;
+      if (req === undefined) continue;
       const p = last(req);
       if (p === undefined) continue;
       const had = this.host.kv.blockTable(req.id).length;
@@ -195,7 +260,8 @@ export class RunAhead {
 
   /**
    * Enqueue decode steps after this decode-only graph step while the same rows will be
-   * scheduled (nothing waiting, no row reaching its last token), up to aheadSteps() - 1 beyond
+   * scheduled in the same places (nothing waiting; a row past its last token a pad row, the rows
+   * left still needing the bucket), up to aheadSteps() - 1 beyond
    * the one replay that keeps the device busy while the host takes the current one's tokens: a
    * replay of k = aheadSteps() steps where they fit, else of one. The device reads their ids,
    * positions and slots from what the step before leaves (the host writes nothing for them but
@@ -203,8 +269,8 @@ export class RunAhead {
    * replay starts a new block gets it now when the pool has it, so crossing into a block does not
    * stop the replay after from running ahead.
    */
-  enqueue(scheduled: SchedulerOutput['scheduled'], bucket: number, short: (last: number) => boolean): void {
-    this.enqueueSteps(scheduled, bucket, short, false);
+  enqueue(order: RowOrder, bucket: number, short: (last: number) => boolean): void {
+    this.enqueueSteps(order, bucket, short, false);
   }
 
   /**
@@ -215,25 +281,27 @@ export class RunAhead {
    * next step then waits for its masks and enqueues its sampling (graphs.replaySample). A step's
    * sampling cannot go ahead of the host: its masks need this step's tokens.
    */
-  enqueueForward(scheduled: SchedulerOutput['scheduled'], bucket: number, short: (last: number) => boolean): void {
-    this.enqueueSteps(scheduled, bucket, short, true);
+  enqueueForward(order: RowOrder, bucket: number, short: (last: number) => boolean): void {
+    this.enqueueSteps(order, bucket, short, true);
   }
 
-  private enqueueSteps(scheduled: SchedulerOutput['scheduled'], bucket: number, short: (last: number) => boolean, forwardOnly: boolean): void {
+  private enqueueSteps(order: RowOrder, bucket: number, short: (last: number) => boolean, forwardOnly: boolean): void {
     if (!this.enabled || this.host.waiting() > 0) return;
     const K = forwardOnly ? 1 : this.aheadSteps();
     while (this.queue.length < K) {
       const d = this.queue.length;
-      let s = K > 1 && this.fits(scheduled, bucket, d, K) ? K : 1;
-      if (s > 1 && !this.reserveThrough(scheduled, (req) => req.numComputedTokens + d + s)) s = 1;
-      if (s === 1 && !this.fits(scheduled, bucket, d, 1)) return;
+      // The device's state is step d + 1's from here, its pad rows included.
+      if (this.padEnded(order, d)) this.graphs.stateKey = this.keyAt(order, bucket, d + 1);
+      let s = K > 1 && this.fits(order, bucket, d, K) ? K : 1;
+      if (s > 1 && !this.reserveThrough(order, (req) => (this.goesOn(req, d + s) ? req.numComputedTokens + d + s : undefined))) s = 1;
+      if (s === 1 && !this.fits(order, bucket, d, 1)) return;
       const after = d + s + 1;
-      this.reserveThrough(scheduled, (req) => (this.goesOn(req, after) ? req.numComputedTokens + after : undefined));
-      // Every step in flight is the same pass: the next schedules count the blocks reserved now.
-      const key = DecodeGraphs.passKey(this.host.kv, bucket, false, scheduled);
-      for (const a of this.queue) a.key = key;
-      // Nothing runs between the step before and this replay in the stream, so the replay starts
-      // at that step's end event instead of an event of its own: a timed event record holds the
+      this.reserveThrough(order, (req) => (this.goesOn(req, after) ? req.numComputedTokens + after : undefined));
+      // The next schedules count the blocks reserved now: each step in flight gets its key again.
+      for (let i = 0; i < d; i++) this.queue[i].key = this.keyAt(order, bucket, i + 1);
+      const key = this.keyAt(order, bucket, d + 1);
+      // Nothing runs between the step before and this replay in the stream (but pad rows' few
+      // bytes), so the replay starts at that step's end event instead of an event of its own: a timed event record holds the
       // GPU about 1.5 us between two graph replays (an untimed one costs nothing; measured with
       // tools/gpu/graphgap.cu).
       const start = d > 0 ? this.queue[d - 1].end : this.endEv;

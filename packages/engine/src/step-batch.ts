@@ -3,7 +3,7 @@ import type { KvCacheManager } from '@nerva/kv';
 import type { TieredKv } from './kv-tiering.js';
 import type { ModelRunner } from './model-runner.js';
 import type { Request } from './request.js';
-import type { SchedulerOutput } from './scheduler.js';
+import type { RowOrder } from './row-layout.js';
 import type { SharedBlockReads } from './step-stats.js';
 
 /** The host side of one step's metadata: what writeStepMeta copies to the runner's buffers. */
@@ -57,21 +57,27 @@ export function writeStepMeta(be: DeviceBackend, runner: ModelRunner, st: StepBu
   }
 }
 
+/**
+ * Stage row r as padding, sequence k (its logit row and sampling parameters at k: a decode
+ * graph samples every row). A slot of -1 is skipped by kv_append; its sequence has only the null
+ * block, so the positions the device advances it to stay in that block's table.
+ */
+export function padRow(st: StepBuffers, r: number, k: number, mb: number): void {
+  st.ids[r] = 0;
+  st.pos[r] = 0;
+  st.seq[r] = k;
+  st.slots[r] = -1;
+  st.tables.fill(0, k * mb, (k + 1) * mb);
+  st.warmTables?.fill(-1, k * mb, (k + 1) * mb);
+  st.linkTables?.fill(-1, k * mb, (k + 1) * mb);
+  st.params[k * 4] = 0;
+  st.rng[k * 2] = 0;
+  st.rng[k * 2 + 1] = 0;
+}
+
 /** Fill a graph bucket's rows past the step's `nSeq` with padding, and logit row r = r. */
 export function padBucket(st: StepBuffers, nSeq: number, bucket: number, mb: number): void {
-  for (let r = nSeq; r < bucket; r++) {
-    // Padding rows: a slot of -1 is skipped by kv_append; their own sequence row has only the null block.
-    st.ids[r] = 0;
-    st.pos[r] = 0;
-    st.seq[r] = r;
-    st.slots[r] = -1;
-    st.tables.fill(0, r * mb, (r + 1) * mb);
-    st.warmTables?.fill(-1, r * mb, (r + 1) * mb);
-    st.linkTables?.fill(-1, r * mb, (r + 1) * mb);
-    st.params[r * 4] = 0;
-    st.rng[r * 2] = 0;
-    st.rng[r * 2 + 1] = 0;
-  }
+  for (let r = nSeq; r < bucket; r++) padRow(st, r, r, mb);
   for (let r = 0; r < bucket; r++) st.logitRows[r] = r;
 }
 
@@ -89,15 +95,24 @@ export interface StagedBatch {
  * slot, each sequence's block table (under tiered KV, its views per tier: hot slots for the
  * device, warm slots for the host, staging indexes for the link's warm slots [0, linkPages)),
  * and a logit row with sampling parameters for each request whose last row is in the step.
+ * A hole (a decode layout's finished row, RowLayout) is staged as a pad row at its place, its
+ * sampling parameters at its place too: holes come only in decode graph steps, where every row
+ * is sampled and logit row r is row r.
  */
-export function stageBatch(st: StepBuffers, scheduled: SchedulerOutput['scheduled'], kv: KvCacheManager, tiers: TieredKv['tiers'] | undefined, mb: number, linkPages: number, shared: SharedBlockReads, t0: number): StagedBatch {
+export function stageBatch(st: StepBuffers, scheduled: RowOrder, kv: KvCacheManager, tiers: TieredKv['tiers'] | undefined, mb: number, linkPages: number, shared: SharedBlockReads, t0: number): StagedBatch {
   const bs = kv.blockSize;
   const sampling: Request[] = [];
   let rows = 0;
   let promptTokens = 0;
   let forks = false;
   let linkUsed = 0;
-  scheduled.forEach(({ req, numTokens }, k) => {
+  const holes = scheduled.includes(undefined);
+  scheduled.forEach((row, k) => {
+    if (row === undefined) {
+      padRow(st, rows++, k, mb);
+      return;
+    }
+    const { req, numTokens } = row;
     const start = req.numComputedTokens;
     if (req.times.firstScheduled === undefined) req.times.firstScheduled = t0;
     const table = kv.blockTable(req.id);
@@ -133,7 +148,7 @@ export function stageBatch(st: StepBuffers, scheduled: SchedulerOutput['schedule
       const samplers = req.forkChildren ?? [req];
       if (req.forkChildren) forks = true;
       for (const r of samplers) {
-        const i = sampling.length;
+        const i = holes ? k : sampling.length;
         st.logitRows[i] = rows - 1;
         const p = r.params;
         st.params[i * 4] = p.temperature;

@@ -180,6 +180,43 @@ describe('run-ahead decode (EngineOptions.runAhead)', () => {
     expect(steps.ahead).toBeGreaterThanOrEqual(steps.decode - 4);
   });
 
+  it('keeps running ahead past rows that finish: a finished row stays a pad row in its place until the bucket shrinks', async () => {
+    // 16 rows ending one a step (maxTokens 8..23), half of them sampled with seeds (their
+    // parameters must follow their places). Compacting at every finish made each step after one
+    // a step the host issued (15 of them); with holes only the first decode step and the steps
+    // where the live rows fit a smaller bucket (16 -> 8 -> 4 -> 2 -> 1) are.
+    const prompts = Array.from({ length: 16 }, (_, i) => Array.from({ length: 4 + (i % 5) }, (_, j) => 1 + ((i * 37 + j * 11) % 400)));
+    const params = (i: number) => (i % 2 ? greedy(8 + i) : { temperature: 0.8, seed: 100 + i, maxTokens: 8 + i, ignoreEos: true });
+    const want = await Promise.all(prompts.map((p, i) => s.plain.engine.submit(p, params(i)).done));
+    const steps = { decode: 0, ahead: 0, dropped: -1, dropped0: -1 };
+    const off = s.ahead.engine.onStep((g) => {
+      if (steps.dropped0 < 0) steps.dropped0 = g.droppedSteps;
+      steps.dropped = g.droppedSteps;
+      if (g.promptTokens > 0) return;
+      steps.decode++;
+      if (g.enqueuedAhead) steps.ahead++;
+    });
+    const got = await Promise.all(prompts.map((p, i) => s.ahead.engine.submit(p, params(i)).done));
+    off();
+    expect(got.map((o) => o.tokenIds)).toEqual(want.map((o) => o.tokenIds));
+    expect(got.map((o) => o.tokenIds.length)).toEqual(prompts.map((_, i) => 8 + i));
+    expect(steps.decode).toBeGreaterThanOrEqual(22);
+    expect(steps.decode - steps.ahead).toBeLessThanOrEqual(6);
+    // A finish known ahead (maxTokens) drops nothing.
+    expect(steps.dropped).toBe(steps.dropped0);
+  });
+
+  it('a row that stops on a token mid-batch (not known ahead) drops the steps ahead; the rows in place decode on', async () => {
+    const prompts = Array.from({ length: 6 }, (_, i) => Array.from({ length: 5 + i }, (_, j) => 1 + ((i * 53 + j * 13) % 400)));
+    const base = await s.plain.engine.submit(prompts[2], greedy(30)).done;
+    const params = (i: number) => (i === 2 ? greedy(30, { stopTokenIds: [base.tokenIds[9]] }) : greedy(12 + 3 * i));
+    const want = await Promise.all(prompts.map((p, i) => s.plain.engine.submit(p, params(i)).done));
+    const got = await Promise.all(prompts.map((p, i) => s.ahead.engine.submit(p, params(i)).done));
+    expect(got.map((o) => o.tokenIds)).toEqual(want.map((o) => o.tokenIds));
+    expect(got[2].finishReason).toBe('stop');
+    expect(got[2].tokenIds.length).toBeLessThanOrEqual(10);
+  });
+
   it('is off by default where the host computes (the CPU backend: nothing to overlap)', async () => {
     const c = await counted(undefined);
     try {
