@@ -122,7 +122,7 @@ const print = (o: unknown): void => {
   const cmd = program
     .command('prefill')
     .description('prefill tokens/s and MFU against the bf16 GEMM rate measured in the same run (one chunk, prefix caching off)');
-  const engine = engineFlags(cmd, ['model', 'backend', 'matmulPrecision', 'numerics', 'kvCacheDtype', 'vramBudget']);
+  const engine = engineFlags(cmd, ['model', 'backend', 'matmulPrecision', 'numerics', 'kvCacheDtype', 'vramBudget', 'batchInvariant']);
   cmd
     .option('--prompt-len <n>', 'prompt tokens of each prefill', int('--prompt-len'), 4096)
     .option('--repeats <n>', 'timed prefills (after a warm-up), each of a distinct prompt', int('--repeats'), 3)
@@ -150,6 +150,7 @@ const print = (o: unknown): void => {
           numerics: e.numerics,
           kvCacheDtype: e.kvCacheDtype,
           vramBudget: e.vramBudget,
+          batchInvariant: e.batchInvariant,
           gemmShapes: f.gemmShapes,
           gemmMinMs: f.gemmMinMs,
         }),

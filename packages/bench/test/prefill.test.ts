@@ -184,7 +184,7 @@ describe('measureGemmRate', () => {
 
 describe('nerva-bench prefill', () => {
   it('prints one JSON line: tokens/s, FLOPs by kind, the GEMM rate of the run, MFU, precision, and no hot-path allocations', async () => {
-    const { stdout } = await bench(['prefill', '--backend', 'cpu', '--model', QWEN3, '--prompt-len', '64', '--repeats', '2', '--gemm-min-ms', '30']);
+    const { stdout } = await bench(['prefill', '--backend', 'cpu', '--model', QWEN3, '--prompt-len', '64', '--repeats', '2', '--gemm-min-ms', '30', '--batch-invariant']);
     const lines = stdout.trim().split('\n');
     expect(lines).toHaveLength(1);
     const j = JSON.parse(lines[0]);
@@ -193,6 +193,8 @@ describe('nerva-bench prefill', () => {
     expect(j.matmul_precision).toBe('exact');
     expect(j.gemm_matmul_precision).toBe('exact');
     expect(j.numerics).toBe('exact');
+    // The backend's own capability (the CPU backend has no batch-invariant mode: it ignores the flag).
+    expect(j.batch_invariant).toBe(false);
     expect(typeof j.device).toBe('string');
     expect(j.prompt_len).toBe(64);
     expect(j.chunk).toBe(64);

@@ -3,7 +3,7 @@ import type { ModelSpec } from '@nerva/models';
 import { prefillFlops, prefillFlopsByClass } from '../flops.js';
 import { type GemmRate, type GemmShape, measureGemmRate, syntheticPrompt, withScratchBackend } from '../measure.js';
 
-export interface PrefillProbeOptions extends Pick<EngineOptions, 'matmulPrecision' | 'numerics' | 'kvCacheDtype' | 'vramBudget'> {
+export interface PrefillProbeOptions extends Pick<EngineOptions, 'matmulPrecision' | 'numerics' | 'kvCacheDtype' | 'vramBudget' | 'batchInvariant'> {
   model: string;
   backend: 'cpu' | 'cuda' | 'auto';
   /** Prompt tokens of each timed prefill. */
@@ -121,6 +121,7 @@ export async function prefillProbe(o: PrefillProbeOptions): Promise<Record<strin
     maxModelLen: o.promptLen + 8,
     enablePrefixCaching: false,
     ...(budgeted ? { vramBudget: o.vramBudget } : {}),
+    ...(o.batchInvariant !== undefined ? { batchInvariant: o.batchInvariant } : {}),
   });
   try {
     if (o.promptLen + 1 > engine.maxModelLen)
@@ -164,6 +165,7 @@ export async function prefillProbe(o: PrefillProbeOptions): Promise<Record<strin
       backend: engine.backend.name,
       device: caps.deviceName,
       matmul_precision: engine.matmulPrecision,
+      batch_invariant: engine.backend.capabilities.batchInvariant === true,
       numerics: caps.numerics ?? 'exact',
       kv_cache_dtype: engine.kvDtype,
       prompt_len: o.promptLen,
