@@ -46,6 +46,7 @@ bool nerva_load_cublas(CublasApi* api, char* why, size_t whyLen) {
 #include <algorithm>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "cublaslt_abi.h"
 
@@ -69,6 +70,10 @@ struct LtApi {
   nlt::matmul_t matmul = nullptr;
 };
 
+// A pinned shape's algorithm for many rows (prompt chunks): the heuristic's own for LT_BIG_HINT
+// rows, taken for calls of at least LT_BIG_MIN rows only once it gave the pin's bits.
+enum class Big { none, unchecked, same, differs };
+
 // One pinned GEMM shape: the weight operand's layout, the algorithm, and the layouts of x and out
 // per row count met so far (a few: the decode batch buckets).
 struct LtPin {
@@ -78,6 +83,10 @@ struct LtPin {
   nlt::Algo algo{};
   size_t wsBytes = 0;
   int id = -1, tile = -1, stages = -1;
+  Big big = Big::none;
+  nlt::Algo bigAlgo{};
+  size_t bigWsBytes = 0;
+  int bigId = -1, bigTile = -1, bigStages = -1;
   std::map<int, std::pair<void*, void*>> rowLayouts;  // n -> (x layout, out layout)
 };
 
@@ -92,6 +101,12 @@ struct LtState {
 // the bits of batch-invariant matmuls (the same for every row count of the process).
 constexpr int LT_HINT_ROWS = 128;
 int ltHintRows() { return LT_HINT_ROWS; }
+// The many-row algorithm: chosen for LT_BIG_HINT rows, run from LT_BIG_MIN rows once it gave the
+// pin's bits on LT_BIG_CHECK rows of the shape's first call of that size (the pin for 128 rows ran
+// prompt chunks at 0.5-0.7 of cuBLAS's heuristic rate on the H200).
+constexpr int LT_BIG_HINT = 4096;
+constexpr int LT_BIG_MIN = 512;
+constexpr int LT_BIG_CHECK = 64;
 
 template <typename F>
 bool sym(void* lib, const char* name, F* out) {
@@ -173,7 +188,73 @@ int pinShape(NervaExec* ex, LtState* s, LtPin& p, int m, int k) {
     }
     if (p.ok) break;
   }
+  // The heuristic's first offer for many rows without split-K that runs every row count up to the
+  // largest: a candidate where it is not the pin itself (checkBig decides whether it is taken).
+  if (p.ok) {
+    std::pair<void*, void*> hint;
+    nlt::Heuristic res[8];
+    int got = 0;
+    if (rowLayouts(s, p, m, LT_BIG_HINT, k, &hint) &&
+        a.heuristic(s->handle, p.desc, p.aLayout, hint.first, hint.second, hint.second, pref, 8, res, &got) == 0) {
+      for (int i = 0; i < got; i++) {
+        if (res[i].state != 0) continue;
+        int32_t splitK = 1;
+        size_t wr = 0;
+        if (a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof splitK, &wr) != 0 || splitK > 1) continue;
+        nlt::Heuristic chkMin{}, chkBig{};
+        std::pair<void*, void*> lo;
+        if (!rowLayouts(s, p, m, LT_BIG_CHECK, k, &lo)) break;
+        if (a.algoCheck(s->handle, p.desc, p.aLayout, lo.first, lo.second, lo.second, &res[i].algo, &chkMin) != 0) continue;
+        if (a.algoCheck(s->handle, p.desc, p.aLayout, big.first, big.second, big.second, &res[i].algo, &chkBig) != 0) continue;
+        const size_t need = std::max({res[i].workspaceSize, chkMin.workspaceSize, chkBig.workspaceSize});
+        if (need > wsMax) continue;
+        if (memcmp(&res[i].algo, &p.algo, sizeof p.algo) == 0) break;  // the pin is the heuristic's choice here too
+        p.bigAlgo = res[i].algo;
+        p.bigWsBytes = need;
+        a.algoConfigGet(&p.bigAlgo, nlt::ALGO_CONFIG_ID, &p.bigId, sizeof p.bigId, &wr);
+        a.algoConfigGet(&p.bigAlgo, nlt::ALGO_CONFIG_TILE_ID, &p.bigTile, sizeof p.bigTile, &wr);
+        a.algoConfigGet(&p.bigAlgo, nlt::ALGO_CONFIG_STAGES_ID, &p.bigStages, sizeof p.bigStages, &wr);
+        p.big = Big::unchecked;
+        break;
+      }
+    }
+  }
   a.prefDestroy(pref);
+  return NERVA_OK;
+}
+
+// Whether the many-row algorithm gives the pin's bits: both run on the call's first LT_BIG_CHECK
+// rows (its own weights and activations) into the cuBLASLt workspace, compared bit for bit on the
+// host. Once per shape, outside graph capture (it synchronizes). Neither splits K, so each output
+// is one sum over K whatever the row count; a kernel that sums in another order (another MMA
+// shape, sliced K) gives other bits on nearly every output, and is refused. A shape whose two
+// outputs do not fit the workspace is refused unchecked.
+int checkBig(NervaExec* ex, LtState* s, LtPin& p, int m, int k, const void* w, const void* x) {
+  p.big = Big::differs;
+  auto align256 = [](size_t v) { return (v + 255) & ~(size_t)255; };
+  const size_t ws = align256(std::max(p.wsBytes, p.bigWsBytes));
+  const size_t outBytes = (size_t)LT_BIG_CHECK * m * sizeof(float);
+  if (ws + 2 * align256(outBytes) > ex->cublasWsBytes) return NERVA_OK;
+  std::pair<void*, void*> lay;
+  if (!rowLayouts(s, p, m, LT_BIG_CHECK, k, &lay)) return fail(ex, "cublasLtMatrixLayoutCreate", -1);
+  float* o1 = (float*)(ex->cublasWs + ws);
+  float* o2 = (float*)(ex->cublasWs + ws + align256(outBytes));
+  const float one = 1.f, zero = 0.f;
+  int st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, &zero, o1, lay.second, o1, lay.second, &p.algo,
+                         ex->cublasWs, p.wsBytes, ex->stream);
+  if (st != 0) return fail(ex, "cublasLtMatmul", st);
+  st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, &zero, o2, lay.second, o2, lay.second, &p.bigAlgo,
+                     ex->cublasWs, p.bigWsBytes, ex->stream);
+  if (st != 0) return fail(ex, "cublasLtMatmul", st);
+  std::vector<uint32_t> h1(outBytes / 4), h2(outBytes / 4);
+  cudaError_t e = cudaMemcpyAsync(h1.data(), o1, outBytes, cudaMemcpyDeviceToHost, ex->stream);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(h2.data(), o2, outBytes, cudaMemcpyDeviceToHost, ex->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(ex->stream);
+  if (e != cudaSuccess) {
+    snprintf(ex->errCall, sizeof ex->errCall, "cuBLASLt many-row check: %s", cudaGetErrorString(e));
+    return (int)e;
+  }
+  if (memcmp(h1.data(), h2.data(), outBytes) == 0) p.big = Big::same;
   return NERVA_OK;
 }
 
@@ -268,11 +349,16 @@ int nerva_lt_gemm(NervaExec* ex, int m, int n, int k, const void* w, const void*
     return NERVA_CUBLAS_FAILED;
   }
   LtPin& p = *pp;
+  if (n >= LT_BIG_MIN && p.big == Big::unchecked && !ex->capturing) {
+    int rc = checkBig(ex, s, p, m, k, w, x);
+    if (rc) return rc;
+  }
+  const bool big = n >= LT_BIG_MIN && p.big == Big::same;
   std::pair<void*, void*> lay;
   if (!rowLayouts(s, p, m, n, k, &lay)) return fail(ex, "cublasLtMatrixLayoutCreate", -1);
   const float one = 1.f, zero = 0.f;
   int st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, accumulate ? &one : &zero, out, lay.second, out,
-                         lay.second, &p.algo, ex->cublasWs, p.wsBytes, ex->stream);
+                         lay.second, big ? &p.bigAlgo : &p.algo, ex->cublasWs, big ? p.bigWsBytes : p.wsBytes, ex->stream);
   if (!ex->capturing) ex->launches++;
   return st == 0 ? NERVA_OK : fail(ex, "cublasLtMatmul", st);
 }
@@ -284,11 +370,18 @@ void nerva_lt_describe(const NervaExec* ex, char* buf, size_t bytes) {
   size_t used = 0;
   for (const auto& kv : s->pins) {
     if (used + 1 >= bytes) break;
-    int w = kv.second.ok ? snprintf(buf + used, bytes - used, "%s%dx%d: algo %d tile %d stages %d", used ? "; " : "", kv.first.first,
-                                    kv.first.second, kv.second.id, kv.second.tile, kv.second.stages)
-                         : snprintf(buf + used, bytes - used, "%s%dx%d: none (k_gemm_bi)", used ? "; " : "", kv.first.first,
-                                    kv.first.second);
+    const LtPin& p = kv.second;
+    int w = p.ok ? snprintf(buf + used, bytes - used, "%s%dx%d: algo %d tile %d stages %d", used ? "; " : "", kv.first.first,
+                            kv.first.second, p.id, p.tile, p.stages)
+                 : snprintf(buf + used, bytes - used, "%s%dx%d: none (k_gemm_bi)", used ? "; " : "", kv.first.first, kv.first.second);
     if (w < 0) break;
     used += (size_t)w;
+    if (p.big != Big::none && used + 1 < bytes) {
+      const char* verdict = p.big == Big::same ? "same bits, taken" : p.big == Big::differs ? "other bits, not taken" : "unchecked";
+      w = snprintf(buf + used, bytes - used, ", from %d rows algo %d tile %d stages %d (%s)", LT_BIG_MIN, p.bigId, p.bigTile,
+                   p.bigStages, verdict);
+      if (w < 0) break;
+      used += (size_t)w;
+    }
   }
 }
