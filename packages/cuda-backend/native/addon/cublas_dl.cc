@@ -74,19 +74,22 @@ struct LtApi {
 // rows, taken for calls of at least LT_BIG_MIN rows only once it gave the pin's bits.
 enum class Big { none, unchecked, same, differs };
 
-// One pinned GEMM shape: the weight operand's layout, the algorithm, and the layouts of x and out
-// per row count met so far (a few: the decode batch buckets).
+// An algorithm, the workspace its calls need, and its configuration (what nerva_lt_describe names).
+struct LtChoice {
+  nlt::Algo algo{};
+  size_t wsBytes = 0;
+  int id = -1, tile = -1, stages = -1;
+};
+
+// One pinned GEMM shape: the weight operand's layout, the algorithm (and the many-row one), and
+// the layouts of x and out per row count met so far (a few: the decode batch buckets).
 struct LtPin {
   bool ok = false;  // false: no algorithm qualified; the shape's matmuls take our kernels
   void* desc = nullptr;
   void* aLayout = nullptr;
-  nlt::Algo algo{};
-  size_t wsBytes = 0;
-  int id = -1, tile = -1, stages = -1;
+  LtChoice pin;
   Big big = Big::none;
-  nlt::Algo bigAlgo{};
-  size_t bigWsBytes = 0;
-  int bigId = -1, bigTile = -1, bigStages = -1;
+  LtChoice many;
   std::map<int, std::pair<void*, void*>> rowLayouts;  // n -> (x layout, out layout)
 };
 
@@ -138,9 +141,42 @@ bool rowLayouts(LtState* s, LtPin& p, int m, int n, int k, std::pair<void*, void
   return true;
 }
 
-// Chooses the shape's algorithm once: the heuristic's best for ltHintRows() rows among those with
-// no split-K (a split's partial sums and their reduction would depend on the launch) that also
-// run one row and the largest row count a call is likely to see.
+// The heuristic's first offer for `hintRows` rows with no split-K (a split's partial sums and their
+// reduction would depend on the launch) that also runs `fewRows` and 4096 rows within the
+// context's cuBLAS workspace: the workspace an algorithm asks may grow with the rows, and every
+// call up to the largest must fit (a pin sized for the hint failed larger calls). False: none.
+bool firstOffer(LtState* s, LtPin& p, int m, int k, int hintRows, int fewRows, void* pref, size_t wsMax, LtChoice* out) {
+  const LtApi& a = s->api;
+  std::pair<void*, void*> hint, few, big;
+  if (!rowLayouts(s, p, m, hintRows, k, &hint) || !rowLayouts(s, p, m, fewRows, k, &few) || !rowLayouts(s, p, m, 4096, k, &big))
+    return false;
+  nlt::Heuristic res[16];
+  int got = 0;
+  if (a.heuristic(s->handle, p.desc, p.aLayout, hint.first, hint.second, hint.second, pref, 16, res, &got) != 0) return false;
+  for (int i = 0; i < got; i++) {
+    if (res[i].state != 0) continue;
+    int32_t splitK = 1;
+    size_t wr = 0;
+    if (a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof splitK, &wr) != 0 || splitK > 1) continue;
+    nlt::Heuristic chkFew{}, chkBig{};
+    if (a.algoCheck(s->handle, p.desc, p.aLayout, few.first, few.second, few.second, &res[i].algo, &chkFew) != 0) continue;
+    if (a.algoCheck(s->handle, p.desc, p.aLayout, big.first, big.second, big.second, &res[i].algo, &chkBig) != 0) continue;
+    const size_t need = std::max({res[i].workspaceSize, chkFew.workspaceSize, chkBig.workspaceSize});
+    if (need > wsMax) continue;
+    out->algo = res[i].algo;
+    out->wsBytes = need;
+    a.algoConfigGet(&out->algo, nlt::ALGO_CONFIG_ID, &out->id, sizeof out->id, &wr);
+    a.algoConfigGet(&out->algo, nlt::ALGO_CONFIG_TILE_ID, &out->tile, sizeof out->tile, &wr);
+    a.algoConfigGet(&out->algo, nlt::ALGO_CONFIG_STAGES_ID, &out->stages, sizeof out->stages, &wr);
+    return true;
+  }
+  return false;
+}
+
+// Chooses the shape's algorithms once: the pin, the first offer for ltHintRows() rows (else for
+// 1024) that qualifies down to one row (firstOffer); then the first for LT_BIG_HINT rows that
+// qualifies down to LT_BIG_CHECK rows, a many-row candidate where it is not the pin itself
+// (checkBig decides whether it is taken).
 int pinShape(NervaExec* ex, LtState* s, LtPin& p, int m, int k) {
   const LtApi& a = s->api;
   int st = a.descCreate(&p.desc, nlt::COMPUTE_32F, nlt::R_32F);
@@ -159,66 +195,12 @@ int pinShape(NervaExec* ex, LtState* s, LtPin& p, int m, int k) {
   a.prefSetAttr(pref, nlt::PREF_MAX_WORKSPACE_BYTES, &wsMax, sizeof wsMax);
   // The hint's offers first; for few rows the heuristic may offer split-K only, so then those
   // for 1024 rows (a fixed sequence: the same process state always pins the same algorithm).
-  const int hints[2] = {ltHintRows(), 1024};
-  for (int h : hints) {
-    std::pair<void*, void*> hint;
-    if (!rowLayouts(s, p, m, h, k, &hint)) break;
-    nlt::Heuristic res[16];
-    int got = 0;
-    if (a.heuristic(s->handle, p.desc, p.aLayout, hint.first, hint.second, hint.second, pref, 16, res, &got) != 0) continue;
-    for (int i = 0; i < got; i++) {
-      if (res[i].state != 0) continue;
-      int32_t splitK = 1;
-      size_t wr = 0;
-      if (a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof splitK, &wr) != 0 || splitK > 1) continue;
-      nlt::Heuristic chk1{}, chkBig{};
-      if (a.algoCheck(s->handle, p.desc, p.aLayout, one.first, one.second, one.second, &res[i].algo, &chk1) != 0) continue;
-      if (a.algoCheck(s->handle, p.desc, p.aLayout, big.first, big.second, big.second, &res[i].algo, &chkBig) != 0) continue;
-      // The workspace an algorithm asks may grow with the columns: every call up to the largest
-      // must fit what the context has (a pin sized for the hint failed larger calls).
-      const size_t need = std::max({res[i].workspaceSize, chk1.workspaceSize, chkBig.workspaceSize});
-      if (need > wsMax) continue;
-      p.algo = res[i].algo;
-      p.wsBytes = need;
-      a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_ID, &p.id, sizeof p.id, &wr);
-      a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_TILE_ID, &p.tile, sizeof p.tile, &wr);
-      a.algoConfigGet(&p.algo, nlt::ALGO_CONFIG_STAGES_ID, &p.stages, sizeof p.stages, &wr);
-      p.ok = true;
-      break;
-    }
-    if (p.ok) break;
+  for (int h : {ltHintRows(), 1024}) {
+    if ((p.ok = firstOffer(s, p, m, k, h, 1, pref, wsMax, &p.pin))) break;
   }
-  // The heuristic's first offer for many rows without split-K that runs every row count up to the
-  // largest: a candidate where it is not the pin itself (checkBig decides whether it is taken).
-  if (p.ok) {
-    std::pair<void*, void*> hint;
-    nlt::Heuristic res[8];
-    int got = 0;
-    if (rowLayouts(s, p, m, LT_BIG_HINT, k, &hint) &&
-        a.heuristic(s->handle, p.desc, p.aLayout, hint.first, hint.second, hint.second, pref, 8, res, &got) == 0) {
-      for (int i = 0; i < got; i++) {
-        if (res[i].state != 0) continue;
-        int32_t splitK = 1;
-        size_t wr = 0;
-        if (a.algoConfigGet(&res[i].algo, nlt::ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof splitK, &wr) != 0 || splitK > 1) continue;
-        nlt::Heuristic chkMin{}, chkBig{};
-        std::pair<void*, void*> lo;
-        if (!rowLayouts(s, p, m, LT_BIG_CHECK, k, &lo)) break;
-        if (a.algoCheck(s->handle, p.desc, p.aLayout, lo.first, lo.second, lo.second, &res[i].algo, &chkMin) != 0) continue;
-        if (a.algoCheck(s->handle, p.desc, p.aLayout, big.first, big.second, big.second, &res[i].algo, &chkBig) != 0) continue;
-        const size_t need = std::max({res[i].workspaceSize, chkMin.workspaceSize, chkBig.workspaceSize});
-        if (need > wsMax) continue;
-        if (memcmp(&res[i].algo, &p.algo, sizeof p.algo) == 0) break;  // the pin is the heuristic's choice here too
-        p.bigAlgo = res[i].algo;
-        p.bigWsBytes = need;
-        a.algoConfigGet(&p.bigAlgo, nlt::ALGO_CONFIG_ID, &p.bigId, sizeof p.bigId, &wr);
-        a.algoConfigGet(&p.bigAlgo, nlt::ALGO_CONFIG_TILE_ID, &p.bigTile, sizeof p.bigTile, &wr);
-        a.algoConfigGet(&p.bigAlgo, nlt::ALGO_CONFIG_STAGES_ID, &p.bigStages, sizeof p.bigStages, &wr);
-        p.big = Big::unchecked;
-        break;
-      }
-    }
-  }
+  if (p.ok && firstOffer(s, p, m, k, LT_BIG_HINT, LT_BIG_CHECK, pref, wsMax, &p.many) &&
+      memcmp(&p.many.algo, &p.pin.algo, sizeof p.pin.algo) != 0)
+    p.big = Big::unchecked;
   a.prefDestroy(pref);
   return NERVA_OK;
 }
@@ -232,7 +214,7 @@ int pinShape(NervaExec* ex, LtState* s, LtPin& p, int m, int k) {
 int checkBig(NervaExec* ex, LtState* s, LtPin& p, int m, int k, const void* w, const void* x) {
   p.big = Big::differs;
   auto align256 = [](size_t v) { return (v + 255) & ~(size_t)255; };
-  const size_t ws = align256(std::max(p.wsBytes, p.bigWsBytes));
+  const size_t ws = align256(std::max(p.pin.wsBytes, p.many.wsBytes));
   const size_t outBytes = (size_t)LT_BIG_CHECK * m * sizeof(float);
   if (ws + 2 * align256(outBytes) > ex->cublasWsBytes) return NERVA_OK;
   std::pair<void*, void*> lay;
@@ -240,11 +222,11 @@ int checkBig(NervaExec* ex, LtState* s, LtPin& p, int m, int k, const void* w, c
   float* o1 = (float*)(ex->cublasWs + ws);
   float* o2 = (float*)(ex->cublasWs + ws + align256(outBytes));
   const float one = 1.f, zero = 0.f;
-  int st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, &zero, o1, lay.second, o1, lay.second, &p.algo,
-                         ex->cublasWs, p.wsBytes, ex->stream);
+  int st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, &zero, o1, lay.second, o1, lay.second, &p.pin.algo,
+                         ex->cublasWs, p.pin.wsBytes, ex->stream);
   if (st != 0) return fail(ex, "cublasLtMatmul", st);
-  st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, &zero, o2, lay.second, o2, lay.second, &p.bigAlgo,
-                     ex->cublasWs, p.bigWsBytes, ex->stream);
+  st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, &zero, o2, lay.second, o2, lay.second, &p.many.algo,
+                     ex->cublasWs, p.many.wsBytes, ex->stream);
   if (st != 0) return fail(ex, "cublasLtMatmul", st);
   std::vector<uint32_t> h1(outBytes / 4), h2(outBytes / 4);
   cudaError_t e = cudaMemcpyAsync(h1.data(), o1, outBytes, cudaMemcpyDeviceToHost, ex->stream);
@@ -353,12 +335,12 @@ int nerva_lt_gemm(NervaExec* ex, int m, int n, int k, const void* w, const void*
     int rc = checkBig(ex, s, p, m, k, w, x);
     if (rc) return rc;
   }
-  const bool big = n >= LT_BIG_MIN && p.big == Big::same;
+  const LtChoice& c = n >= LT_BIG_MIN && p.big == Big::same ? p.many : p.pin;
   std::pair<void*, void*> lay;
   if (!rowLayouts(s, p, m, n, k, &lay)) return fail(ex, "cublasLtMatrixLayoutCreate", -1);
   const float one = 1.f, zero = 0.f;
   int st = s->api.matmul(s->handle, p.desc, &one, w, p.aLayout, x, lay.first, accumulate ? &one : &zero, out, lay.second, out,
-                         lay.second, big ? &p.bigAlgo : &p.algo, ex->cublasWs, big ? p.bigWsBytes : p.wsBytes, ex->stream);
+                         lay.second, &c.algo, ex->cublasWs, c.wsBytes, ex->stream);
   if (!ex->capturing) ex->launches++;
   return st == 0 ? NERVA_OK : fail(ex, "cublasLtMatmul", st);
 }
@@ -372,14 +354,14 @@ void nerva_lt_describe(const NervaExec* ex, char* buf, size_t bytes) {
     if (used + 1 >= bytes) break;
     const LtPin& p = kv.second;
     int w = p.ok ? snprintf(buf + used, bytes - used, "%s%dx%d: algo %d tile %d stages %d", used ? "; " : "", kv.first.first,
-                            kv.first.second, p.id, p.tile, p.stages)
+                            kv.first.second, p.pin.id, p.pin.tile, p.pin.stages)
                  : snprintf(buf + used, bytes - used, "%s%dx%d: none (k_gemm_bi)", used ? "; " : "", kv.first.first, kv.first.second);
     if (w < 0) break;
     used += (size_t)w;
     if (p.big != Big::none && used + 1 < bytes) {
       const char* verdict = p.big == Big::same ? "same bits, taken" : p.big == Big::differs ? "other bits, not taken" : "unchecked";
-      w = snprintf(buf + used, bytes - used, ", from %d rows algo %d tile %d stages %d (%s)", LT_BIG_MIN, p.bigId, p.bigTile,
-                   p.bigStages, verdict);
+      w = snprintf(buf + used, bytes - used, ", from %d rows algo %d tile %d stages %d (%s)", LT_BIG_MIN, p.many.id, p.many.tile,
+                   p.many.stages, verdict);
       if (w < 0) break;
       used += (size_t)w;
     }
