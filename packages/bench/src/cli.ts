@@ -323,7 +323,7 @@ const print = (o: unknown): void => {
     .option('--verify <k>', 'rerun K requests alone (evenly spread, the longest included) and compare their tokens', nonNegInt('--verify'), 8)
     .option('--baseline <file>', 'a JSON line from tools/gpu/torch_throughput.py on the same workload: adds the ratio to it')
     .option('--tokens-out <file>', "write every request's batched tokens as JSON")
-    .option('--profile', 'after the timed run, a few decode steps of the first --max-num-seqs requests with every op timed by device events: "profile" in the line (a mean step, ms by op class)')
+    .option('--profile', 'after the timed run, a few decode steps of the first --max-num-seqs requests with every op timed by device events: "profile" in the line (a mean step, ms by op class; the layers op by op, not the captured step of the timed run)')
     .action(async (f) => {
       const generated = ['requests', 'minLen', 'maxInputLen', 'maxOutputLen', 'seed'].filter((k) => f[k] !== undefined);
       if (f.workload !== undefined && generated.length > 0) {

@@ -45,7 +45,9 @@ export interface ThroughputProbeOptions
   /**
    * After the timed run and the verification: the first maxNumSeqs requests again (a salt of
    * their own, short outputs) with every op timed by device events (eager); `profile` in the
-   * line is the mean decode step with all of them running, ms by op class.
+   * line is the mean decode step with all of them running, ms by op class. Profiling runs the
+   * layers op by op (op attention, not the captured decoder_layers step of the timed run), so the
+   * split is that path's: on the H200 a 256-row 0.6B step took 41 ms so, against ~6 ms captured.
    */
   profile?: boolean;
   /**
