@@ -119,7 +119,8 @@ export class RunAhead {
    * Wait for the steps enqueued ahead and drop them: their tokens are skipped in the ring, and
    * the step state they advanced on the device (ids, positions, slots, RNG counters) is rewritten
    * by the next replay (graphs.stateKey reset). Their KV writes are at positions no accepted token has
-   * (rewritten by the step that computes them) or in blocks of finished requests.
+   * (rewritten by the step that computes them), in blocks of finished requests, or in the null
+   * block (pad rows).
    */
   retire(): void {
     const q = this.queue;
