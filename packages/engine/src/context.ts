@@ -514,7 +514,7 @@ export class ModelContext {
     const order =
       this.profiles.on || this.embeddings.inStep(plan.scheduled)
         ? plan.scheduled
-        : this.ahead.order(plan.scheduled, ({ req }) => !this.live.get(req.id)?.grammar && isDeviceSamplable(req.params) && !this.needsLogits(req));
+        : this.ahead.order(plan.scheduled, ({ req }) => !this.live.get(req.id)?.grammar && this.deviceSamples(req));
     const { rows, promptTokens, sampling, forks, linkUsed } = stageBatch(st, order, this.kv, kt?.tiers, mb, linkPages, shared, t0);
     const span = stageSpan(linkUsed, linkPages);
     if (linkPages > 0) (this.runner as ModelRunner).linkSpan = span;
@@ -528,7 +528,7 @@ export class ModelContext {
     // a grammar where the device takes no mask): only they are read and sampled on the host; the
     // device samples the rest (a mixed step).
     const hostRows =
-      nl > 0 ? sampling.flatMap((r, i) => (isDeviceSamplable(r.params) && !this.needsLogits(r) && (grammars[i] === undefined || this.constrained.onDevice) ? [] : [i])) : [];
+      nl > 0 ? sampling.flatMap((r, i) => (this.deviceSamples(r) && (grammars[i] === undefined || this.constrained.onDevice) ? [] : [i])) : [];
     const deviceSample = nl > 0 && hostRows.length === 0;
     const gs = new GrammarStep(this.constrained, grammars, hostRows);
     const anyGrammar = gs.any;
@@ -539,7 +539,6 @@ export class ModelContext {
     let tokens: number[] = [];
     const host: Map<Request, ReturnType<HostSampler['sample']>> = new Map();
     let sampleMs = 0;
-
     const tiered = kt?.tiered ?? false;
     // Grammar rows sampled on the device keep the captured step (a variant with masks), but a grammar
     // row's next mask depends on this step's token: nothing is run ahead over one. An embedding row's
@@ -707,10 +706,14 @@ export class ModelContext {
     return this.pipeline ? this.pipeline.runners : [this.runner as ModelRunner];
   }
 
-  /** Requests whose logits the host must see (so their sampling runs on the host). */
-  private needsLogits(r: Request): boolean {
+  /**
+   * Whether the device's sampler can take this request's row (its grammar aside): its parameters
+   * allow it and the host need not see its logits (forced tokens, logits kept, prompt logits).
+   */
+  private deviceSamples(r: Request): boolean {
     const l = this.live.get(r.id);
-    return !!l && (l.forced !== undefined || l.stepLogits !== undefined || (l.wantPromptLogits && r.outputIds.length === 0));
+    const logits = !!l && (l.forced !== undefined || l.stepLogits !== undefined || (l.wantPromptLogits && r.outputIds.length === 0));
+    return isDeviceSamplable(r.params) && !logits;
   }
 
   private writeMeta(rows: number, nl: number, withSampling: boolean): void {

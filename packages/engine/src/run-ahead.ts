@@ -198,13 +198,12 @@ export class RunAhead {
    * Rows whose last step is d at the latest become pad rows before step d + 1 (stream-ordered
    * writes after the steps enqueued: position 0, no KV slot, the null block in every table entry),
    * so the steps after their last token run without them and write nothing into their blocks,
-   * which the host frees once it has read the last token. True where a row changed.
+   * which the host frees once it has read the last token.
    */
-  private padEnded(order: RowOrder, d: number): boolean {
+  private padEnded(order: RowOrder, d: number): void {
     const st = this.host.stage;
     const mb = this.runner.limits.maxBlocksPerSeq;
     const m = this.runner.meta;
-    let any = false;
     for (let k = 0; k < order.length; k++) {
       const row = order[k];
       if (row === undefined || this.layout.isPad(k) || this.lastStep(row.req) > d) continue;
@@ -213,9 +212,7 @@ export class RunAhead {
       this.backend.write(m.slots, st.slots.subarray(k, k + 1), k);
       this.backend.write(m.blockTables, st.tables.subarray(k * mb, (k + 1) * mb), k * mb);
       this.layout.setPad(k);
-      any = true;
     }
-    return any;
   }
 
   /**
@@ -292,27 +289,28 @@ export class RunAhead {
     while (this.queue.length < K) {
       const d = this.queue.length;
       // The device's state is step d + 1's from here, its pad rows included.
-      if (this.padEnded(order, d)) this.graphs.stateKey = this.keyAt(order, bucket, d + 1);
+      this.padEnded(order, d);
       let s = K > 1 && this.fits(order, bucket, d, K) ? K : 1;
       if (s > 1 && !this.reserveThrough(order, (req) => (this.goesOn(req, d + s) ? req.numComputedTokens + d + s : undefined))) s = 1;
-      if (s === 1 && !this.fits(order, bucket, d, 1)) return;
+      if (s === 1 && !this.fits(order, bucket, d, 1)) break;
       const after = d + s + 1;
       this.reserveThrough(order, (req) => (this.goesOn(req, after) ? req.numComputedTokens + after : undefined));
-      // The next schedules count the blocks reserved now: each step in flight gets its key again.
-      for (let i = 0; i < d; i++) this.queue[i].key = this.keyAt(order, bucket, i + 1);
-      const key = this.keyAt(order, bucket, d + 1);
       // Nothing runs between the step before and this replay in the stream (but pad rows' few
-      // bytes), so the replay starts at that step's end event instead of an event of its own: a timed event record holds the
-      // GPU about 1.5 us between two graph replays (an untimed one costs nothing; measured with
-      // tools/gpu/graphgap.cu).
+      // bytes), so the replay starts at that step's end event instead of an event of its own: a
+      // timed event record holds the GPU about 1.5 us between two graph replays (an untimed one
+      // costs nothing; measured with tools/gpu/graphgap.cu).
       const start = d > 0 ? this.queue[d - 1].end : this.endEv;
       const end = this.freeEvent();
       if (forwardOnly) this.graphs.replayForward(bucket, false, 0, short(d + s));
       else this.graphs.replay(bucket, s, false, 0, short(d + s));
       this.backend.record(end);
-      for (let j = 0; j < s; j++) this.queue.push({ key, bucket, start, end, share: s, sampled: !forwardOnly });
-      this.graphs.stateKey = key;
+      for (let j = 0; j < s; j++) this.queue.push({ key: '', bucket, start, end, share: s, sampled: !forwardOnly });
     }
+    // Keys once the tables are final (the next schedules count every block reserved above): each
+    // step in flight gets the key the host will compute for it, and the device's state is named by
+    // its rows as they are now, the ones padded '-'.
+    for (let i = 0; i < this.queue.length; i++) this.queue[i].key = this.keyAt(order, bucket, i + 1);
+    this.graphs.stateKey = passKey(this.host.kv, bucket, false, order, (k) => this.layout.isPad(k));
   }
 
   /** An event no step in flight uses (the current one's, those enqueued ahead). */
