@@ -59,7 +59,7 @@
 #   quant (not in the default list; bash tools/gpu/run.sh build,synth,bench,quant): per NERVA_SIZES, synthetic GGUF files at each of
 #   NERVA_QUANT_TYPES (default "Q4_K_M Q8_0"; llama.cpp's type rules, random blocks) decoded by bench.mjs -> $OUT/bench.jsonl,
 #   with the file's bytes and the fraction of the quantized-bytes roofline; then `nerva-bench prefill` at NERVA_QUANT_PREFILL tokens
-#   (default 1024, 0: none) on each file and on the bf16 checkpoint -> $OUT/prefill.jsonl; where /tmp/peer/llama-bench
+#   (default 1024, 0: none) on each file and on the bf16 checkpoint, once per NERVA_PREFILL_PRECISIONS -> $OUT/prefill.jsonl; where /tmp/peer/llama-bench
 #   exists (a llama.cpp build for sm_90 made outside the project, never committed: a benchmark peer), `nerva-bench
 #   llama-cpp --llama-bench` decodes each file with both engines (llama.cpp: -p 0 -n 128 -ngl 99) -> $OUT/llamacpp.jsonl
 #   (one line a file, with nerva_over_llama_cpp). The peer (~22 MB xz-compressed) and .device together pass the
@@ -256,15 +256,20 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
         else say "llama.cpp $size $t FAILED"; status=1; fi
       fi
       # Prefill over the quantized weights at NERVA_QUANT_PREFILL tokens (default 1024; 0: none), the bf16 checkpoint's below.
+      # Once per matmul precision of NERVA_PREFILL_PRECISIONS (default "exact bf16"), as the bf16 checkpoint's.
       qpl=${NERVA_QUANT_PREFILL:-1024}
-      [ "$qpl" != 0 ] && { $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$f" --backend cuda --prompt-len "$qpl" --repeats 3 \
-        2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/prefill.jsonl" || { say "prefill $size $t FAILED"; status=1; }; }
+      if [ "$qpl" != 0 ]; then for prec in ${NERVA_PREFILL_PRECISIONS:-exact bf16}; do
+        $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$f" --backend cuda --prompt-len "$qpl" --matmul-precision "$prec" --repeats 3 \
+          2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/prefill.jsonl" || { say "prefill $size $t $prec FAILED"; status=1; }
+      done; fi
       # Under a VRAM budget (NERVA_QUANT_BUDGET, e.g. 4GiB): the same file through the memory OS, and the bf16 checkpoint beside it.
       [ -n "${NERVA_QUANT_BUDGET:-}" ] && runjs "offload $size $t" offload.mjs "$f" "$NERVA_QUANT_BUDGET" 16 32
     done
     [ -n "${NERVA_QUANT_BUDGET:-}" ] && [ -d "$dir" ] && runjs "offload $size bf16" offload.mjs "$dir" "$NERVA_QUANT_BUDGET" 16 32
-    [ "${NERVA_QUANT_PREFILL:-1024}" != 0 ] && { $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$dir" --backend cuda \
-      --prompt-len "${NERVA_QUANT_PREFILL:-1024}" --repeats 3 2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/prefill.jsonl" || { say "prefill $size bf16 FAILED"; status=1; }; }
+    if [ "${NERVA_QUANT_PREFILL:-1024}" != 0 ]; then for prec in ${NERVA_PREFILL_PRECISIONS:-exact bf16}; do
+      $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$dir" --backend cuda --prompt-len "${NERVA_QUANT_PREFILL:-1024}" \
+        --matmul-precision "$prec" --repeats 3 2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/prefill.jsonl" || { say "prefill $size bf16 $prec FAILED"; status=1; }
+    done; fi
   fi
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
   if has grammar || has soak; then

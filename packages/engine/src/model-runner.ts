@@ -1,4 +1,4 @@
-import type { DeviceBackend, DeviceBuffer, StreamHandle } from '@nerva/core';
+import { type DeviceBackend, type DeviceBuffer, isQuantDType, type StreamHandle } from '@nerva/core';
 import type { ModelSpec } from '@nerva/models';
 import { isMoeLayer } from '@nerva/models';
 import type { LayerWeights, ModelWeights } from './model-weights.js';
@@ -106,13 +106,14 @@ export * from './runner-base.js';
       w.pager?.endPass(this.stream);
       return;
     }
-    // The projections' inputs in bf16 (see bf16Act): a bf16 x is for more than 8 rows.
+    // The projections' inputs in bf16 (see bf16Act): a bf16 x is for more than 8 rows over float
+    // weights (a block-quantized weight reads f32 activations and rounds them itself).
     const bfa = this.bf16Act && rows > FUSED_MAX_ROWS;
-    const normed = bfa ? a.normedBf16 : a.normed;
-    const mlpAct = bfa ? a.mlpActBf16 : a.mlpAct;
+    const bf16In = (...ws: (DeviceBuffer | undefined)[]) => bfa && ws.every((w) => w === undefined || !isQuantDType(w.dtype));
     for (let l = this.firstLayer; l < this.endLayer; l++) {
       this.layerProbe?.(l, rows);
       const lw = this.acquireLayer(l);
+      const normed = bf16In(lw.qkv, lw.qkvTail) ? a.normedBf16 : a.normed;
       // The first layer of a runner finds the residual stream complete (embedding, or a stage's handoff).
       if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
       else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
@@ -120,7 +121,9 @@ export * from './runner-base.js';
       this.ropeAppend(l, lw, rows);
       this.attend(l, rows);
       this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.o, rows, inDim: nq * hd, outDim: H }, 'gemm_o');
-      this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: normed, rows, dim: H, eps });
+      const mlpNormed = bf16In(lw.gateUp) ? a.normedBf16 : a.normed;
+      const mlpAct = bf16In(lw.down) ? a.mlpActBf16 : a.mlpAct;
+      this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: mlpNormed, rows, dim: H, eps });
       if (s.moe && isMoeLayer(s, l)) {
         this.moeMlp(rows, lw);
       } else {
@@ -134,7 +137,7 @@ export * from './runner-base.js';
           this.op('mlp', 'silu_mul', { x: a.gateUp, out: a.mlpAct, rows, dim: c });
           this.op('mlp', 'matmul', { x: a.mlpAct, weight: hp.down, out: a.hostOut, rows, inDim: c, outDim: H }, 'gemm_host_mlp');
         }
-        this.op('mlp', 'matmul', { x: normed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I }, 'gemm_gate_up');
+        this.op('mlp', 'matmul', { x: mlpNormed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I }, 'gemm_gate_up');
         this.op('mlp', 'silu_mul', { x: a.gateUp, out: mlpAct, rows, dim: I });
         this.op('mlp', 'matmul', { x: mlpAct, weight: lw.down!, out: a.mlpOut, rows, inDim: I, outDim: H }, 'gemm_down');
         if (hp) this.op('mlp', 'add', { a: a.mlpOut, b: a.hostOut, out: a.mlpOut, length: rows * H });

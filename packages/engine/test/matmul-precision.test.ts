@@ -1,4 +1,7 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { convertToGguf } from '@nerva/models';
 import { CpuBackend } from '@nerva/cpu-backend';
 import { afterEach, describe, expect, it } from 'vitest';
 import { Engine, resolveMatmulPrecision, selectBackend } from '../src/index.js';
@@ -82,6 +85,51 @@ describe('matmulPrecision', () => {
     } finally {
       on.dispose();
       off.dispose();
+    }
+  });
+
+  it("'bf16' keeps f32 inputs for block-quantized weights, which round their activations themselves", async () => {
+    // A quantized weight's many-row matmul (CUDA: dequantized tiles into GEMMs) reads f32 x; a
+    // bf16 x is for float weights only (CUDA refuses it over blocks). Q8_0 of the fixture: every
+    // projection is blocks, so no projection may read bf16, and the logits equal a backend
+    // without bf16 activations.
+    const tmp = mkdtempSync(join(tmpdir(), 'nerva-mp-'));
+    try {
+      const gguf = join(tmp, 'q8.gguf');
+      await convertToGguf({ source: dir, out: gguf, type: 'Q8_0' });
+      const seen: Record<string, string[]> = {};
+      const make = (bf16Act: boolean) => {
+        const inner = new CpuBackend({ matmulPrecision: 'bf16' });
+        const caps = Object.freeze({ ...inner.capabilities, activationDtypes: bf16Act ? ['bf16'] : [] });
+        const log: string[] = [];
+        seen[String(bf16Act)] = log;
+        return new Proxy(inner, {
+          get(target, prop, receiver) {
+            if (prop === 'capabilities') return caps;
+            if (prop === 'run') {
+              return (op: string, args: Record<string, unknown>, stream?: unknown) => {
+                if (op === 'matmul') log.push(`${(args.weight as { dtype: string }).dtype}<-${(args.x as { dtype: string }).dtype}:${String(args.rows)}`);
+                return (target.run as (...x: unknown[]) => void)(op, args, stream);
+              };
+            }
+            const v = Reflect.get(target, prop, receiver) as unknown;
+            return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
+          },
+        }) as unknown as CpuBackend;
+      };
+      const on = await Engine.create({ model: gguf, backend: make(true), maxNumBatchedTokens: 64 });
+      const off = await Engine.create({ model: gguf, backend: make(false), maxNumBatchedTokens: 64 });
+      try {
+        expect(await promptLogits(on)).toEqual(await promptLogits(off));
+        const many = seen.true.filter((c) => c.endsWith(':24'));
+        expect(many.filter((c) => c.startsWith('q8_0<-f32'))).toHaveLength(8); // qkv, o, gate_up, down of each layer
+        expect(many.filter((c) => c.includes('<-bf16'))).toEqual([]);
+      } finally {
+        on.dispose();
+        off.dispose();
+      }
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
     }
   });
 

@@ -133,6 +133,7 @@ export async function prefillProbe(o: PrefillProbeOptions): Promise<Record<strin
     const run = async (seed: number) => {
       const out = await engine.submit(syntheticPrompt(o.promptLen, V, seed), { maxTokens: 1, temperature: 0, ignoreEos: true }).done;
       const rec = out.ledger.all().find((r) => r.phase === 'prefill');
+      if (out.error) throw new Error(`prefill: the request failed: ${out.error.message}`);
       if (!rec || out.times.firstToken === undefined) throw new Error('prefill: the request produced no prefill token');
       return { wallMs: out.times.firstToken - out.times.arrival, deviceMs: rec.deviceActiveMs, allocs: rec.allocatorCalls + rec.hotPathAllocations, notes: out.ledger.summary().notes };
     };
