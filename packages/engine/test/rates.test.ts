@@ -1,7 +1,7 @@
 import type { DeviceBackend } from '@nerva/core';
 import { CpuBackend } from '@nerva/cpu-backend';
 import { describe, expect, it } from 'vitest';
-import { hostChannels, measureRates } from '../src/rates.js';
+import { HOST_RATE_BYTES, HOST_RATE_SLICE_BYTES, hostChannels, measureRates } from '../src/rates.js';
 
 describe('compute near data: start-up rates and the split', () => {
   it('hostChannels balances the host against the link, in steps of 128 channels', () => {
@@ -41,14 +41,65 @@ describe('compute near data: start-up rates and the split', () => {
     const live0 = cpu.stats().liveBuffers;
     try {
       const hidden = 256;
-      const r = measureRates(backend, hidden, true);
-      // One warm-up call, then 8 timed ones.
-      expect(calls).toBe(9);
-      const inter = Math.floor((24 * 2 ** 20) / (3 * hidden)) * 2;
+      // Slices of at most 1 MiB (whole blocks of 64 channels) covering 8 MiB: each read once to
+      // warm up, then once timed.
+      const r = measureRates(backend, hidden, true, 8 * 2 ** 20);
+      const inter = Math.floor(2 ** 20 / (6 * hidden) / 64) * 64;
       const bytes = 3 * inter * hidden * 2;
-      expect(r.hostMlpGBs).toBeCloseTo((8 * bytes) / (8 * 2) / 1e6, 6);
+      const n = Math.round((8 * 2 ** 20) / bytes);
+      expect(n).toBe(9);
+      expect(calls).toBe(2 * n);
+      expect(r.hostMlpGBs).toBeCloseTo((n * bytes) / (n * 2) / 1e6, 6);
       expect(r.h2dGBs).toBeGreaterThan(0);
       // Nothing left allocated.
+      expect(cpu.stats().liveBuffers).toBe(live0);
+    } finally {
+      cpu.dispose();
+    }
+  });
+
+  it('reads more distinct weights than a last-level cache holds, fewer when the pinned tier is full', () => {
+    // A CPU backend whose pinned tier holds three slices' weights (and the small buffers): the
+    // measurement runs over the three, each read once timed.
+    const cpu = new CpuBackend();
+    let calls = 0;
+    const slices = new Set<unknown>();
+    let pinnedBf16 = 0;
+    let copySource = true;
+    const backend = new Proxy(cpu, {
+      get(target, prop, recv) {
+        if (prop === 'alloc')
+          return (d: { dtype: string; length: number; tier?: string }) => {
+            // (The first pinned bf16 buffer is the copies' source.)
+            if (d.tier === 'pinned' && d.dtype === 'bf16' && !(copySource && !(copySource = false))) {
+              pinnedBf16 += d.length * 2;
+              if (pinnedBf16 > 3 * HOST_RATE_SLICE_BYTES) throw new RangeError('pinned arena full');
+            }
+            return target.alloc(d as never);
+          };
+        if (prop === 'run')
+          return (op: string, args: { gateUp?: unknown }, stream?: unknown) => {
+            if (op === 'mlp_slice') {
+              calls++;
+              slices.add(args.gateUp);
+              return;
+            }
+            return (target.run as (o: string, a: unknown, s?: unknown) => void)(op, args, stream);
+          };
+        if (prop === 'stats') return () => ({ ...target.stats(), hostComputeMs: calls });
+        const v = Reflect.get(target, prop, recv);
+        return typeof v === 'function' ? v.bind(target) : v;
+      },
+    }) as unknown as DeviceBackend;
+    const live0 = cpu.stats().liveBuffers;
+    try {
+      expect(HOST_RATE_BYTES).toBeGreaterThanOrEqual(512 * 2 ** 20);
+      const hidden = 4096;
+      const r = measureRates(backend, hidden, true);
+      expect(slices.size).toBe(3);
+      expect(calls).toBe(6);
+      const bytes = 3 * (HOST_RATE_SLICE_BYTES / (6 * hidden)) * hidden * 2;
+      expect(r.hostMlpGBs).toBeCloseTo((3 * bytes) / 3 / 1e6, 6);
       expect(cpu.stats().liveBuffers).toBe(live0);
     } finally {
       cpu.dispose();
