@@ -122,6 +122,8 @@ export async function offloadProbe(o: OffloadProbeOptions): Promise<Record<strin
     } else {
       limit = h2d.bytesPerS / h2dPerToken;
       if (cpuPerToken > 0 && hostRate !== undefined && hostRate > 0) limitBoth = (h2d.bytesPerS + hostRate * 1e9) / (h2dPerToken + cpuPerToken);
+      else if (cpuPerToken > 0)
+        notes.push('the host computed part of each streamed layer at a forced split (no start-up rates measured): the limit is the link alone, for this split');
       if (after.moved.diskRead.bytes > before.moved.diskRead.bytes) notes.push('disk reads also feed the streamed blocks; the limit counts the host-to-device link alone');
     }
     const tokS = s.decode_tokens_per_s;

@@ -232,38 +232,56 @@ __global__ void k_dequant_split(const void* w, int wdt, size_t n, uint16_t* hi, 
   }
 }
 
-// Many rows over a block-quantized weight (prefill): chunks of the weight's rows dequantized into
-// the workspace as a bf16 split W = Whi + Wlo (~16 bits of each value), the activations split
-// likewise (x = xhi + xlo), then tensor-core GEMMs with fp32 accumulation: Whi.[xhi; xlo] (one GEMM
-// over the stacked rows, as gemmRowsBlas) plus Wlo.xhi into the hi half (the lo.lo term, ~2^-16
-// of the others, is left out), and gemmRowsBlas's epilogue. f32-grade like the split-bf16 prefill
-// of bf16 weights; under gemm 'bf16' one term each (Whi.xhi). Returns NERVA_BAD_ARGS, having
-// enqueued nothing, when the workspace cannot hold one row and one weight chunk (the caller then
+// Many rows over a block-quantized weight (prefill): chunks of the weight's rows (a multiple of
+// 128) dequantized into the workspace as a bf16 split W = Whi + Wlo (~16 bits of each value), the
+// activations split likewise (x = xhi + xlo), then tensor-core GEMMs with fp32 accumulation:
+// Whi.xhi, Whi.xlo and Wlo.xhi (the lo.lo term, ~2^-16 of the others, is left out). f32-grade like
+// the split-bf16 prefill of bf16 weights; under gemm 'bf16' one term (Whi.xhi).
+//
+// Direct (no glu, no bias: every prefill projection): the GEMMs write out's columns themselves,
+// adding into them after the first (or from the first, with accumulate). The activations' split
+// takes what every row needs, the weight chunks the rest of the workspace, so the weight is
+// dequantized once a pass and each GEMM spans as many of its rows as fit. (Chunks of 2048 weight
+// rows a 1024-row prompt gave GEMMs of 2048 x 1024 outputs, half the SMs' tiles, each followed by
+// an epilogue pass: the 8B's Q4_K_M prefill under bf16 matmuls ran at 0.60 of the bf16 model's.)
+// Else (glu or bias: batched decode's fused projections) the GEMMs write the workspace, the hi and
+// lo halves stacked, and gemmRowsBlas's epilogue applies the rest. Returns NERVA_BAD_ARGS, having
+// enqueued nothing, when the workspace cannot hold one row and 128 weight rows (the caller then
 // runs the GEMV).
 int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f) {
   const CublasApi* api = ex->api;
   const bool split = ex->gemmMode == GEMM_SPLIT_BF16;
   const int halves = split ? 2 : 1;
   const int wOut = outDim * (f.glu ? 2 : 1);
-  // The weight chunk: at most 2048 rows (16 MiB a split 4096-wide chunk), fewer for wide rows.
-  // A multiple of 128 rows: each chunk's GEMM then writes at a 512-byte-aligned column of t (a
-  // misaligned one sent cuBLAS to a kernel ~6x slower: the 8B's down projection, 1170-row chunks).
-  const int ocMax = (int)std::min<size_t>(2048, ((size_t)64 << 20) / ((size_t)inDim * 2 * halves));
-  const int oc = std::min(wOut, std::max(128, ocMax / 128 * 128));
-  const size_t wBytes = align256((size_t)halves * oc * inDim * sizeof(uint16_t));
-  const size_t perRow = (size_t)halves * wOut * sizeof(float) + (size_t)halves * inDim * sizeof(uint16_t);
+  const bool direct = !f.glu && !bias.p;
+  const size_t wRow = (size_t)halves * inDim * sizeof(uint16_t);  // a dequantized weight row
+  const size_t perRow = (direct ? 0 : (size_t)halves * wOut * sizeof(float)) + (size_t)halves * inDim * sizeof(uint16_t);
   const size_t slack = 3 * 256;
-  if (ex->wsBytes < wBytes + perRow + slack) return NERVA_BAD_ARGS;
-  const int chunk = (int)std::min<size_t>((size_t)rows, (ex->wsBytes - wBytes - slack) / perRow);
+  if (ex->wsBytes < 128 * wRow + perRow + slack) return NERVA_BAD_ARGS;
+  int chunk, oc;
+  if (direct) {
+    chunk = (int)std::min<size_t>((size_t)rows, (ex->wsBytes - slack - 128 * wRow) / perRow);
+    const size_t left = ex->wsBytes - slack - align256((size_t)chunk * perRow);
+    oc = std::min(wOut, (int)std::min<size_t>(1 << 20, left / wRow / 128 * 128));
+  } else {
+    // At most 2048 weight rows (16 MiB a split 4096-wide chunk), fewer for wide rows; the rows of
+    // x in chunks of what the rest holds. A multiple of 128 weight rows: each chunk's GEMM then
+    // writes at a 512-byte-aligned column of t (a misaligned one sent cuBLAS to a kernel ~6x
+    // slower: the 8B's down projection, 1170-row chunks).
+    const int ocMax = (int)std::min<size_t>(2048, ((size_t)64 << 20) / wRow);
+    oc = std::min(wOut, std::max(128, ocMax / 128 * 128));
+    chunk = (int)std::min<size_t>((size_t)rows, (ex->wsBytes - align256((size_t)oc * wRow) - slack) / perRow);
+  }
+  const size_t wBytes = align256((size_t)oc * wRow);
   if (f.emit) *f.emit = SplitHandoff();  // (no operand hand-off from here)
   if (api->setStream(ex->cublas, ex->stream) != 0) {
     snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
     return NERVA_CUBLAS_FAILED;
   }
-  auto gemm = [&](int m, int nn, const uint16_t* a, const uint16_t* b, float* c, bool acc) -> int {
+  auto gemm = [&](int m, int nn, const uint16_t* a, const uint16_t* b, float* c, int ldc, bool acc) -> int {
     float one = 1.f, zero = 0.f;
     int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, inDim, &one, a, CUDA_R_16BF_, inDim, b, CUDA_R_16BF_, inDim,
-                         acc ? &one : &zero, c, CUDA_R_32F_, wOut, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+                         acc ? &one : &zero, c, CUDA_R_32F_, ldc, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
     if (!ex->capturing) ex->launches++;
     if (st != 0) {
       snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
@@ -276,8 +294,9 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
     const size_t n = (size_t)nr * inDim;
     uint16_t* wd = (uint16_t*)ex->ws;
     float* t = (float*)(ex->ws + wBytes);
-    uint16_t* xh = (uint16_t*)(ex->ws + wBytes + align256((size_t)halves * nr * wOut * sizeof(float)));
+    uint16_t* xh = (uint16_t*)(ex->ws + wBytes + (direct ? 0 : align256((size_t)halves * nr * wOut * sizeof(float))));
     const float* xin = x + (size_t)r0 * inDim;
+    float* o = out + (size_t)r0 * outDim;
     if (f.nw.p) {
       int rc = launchRmsnorm(ex, nr, 256, xin, f.nw.p, f.nw.dt, (float*)nullptr, (float*)nullptr, inDim, f.eps, xh,
                              split ? xh + n : (uint16_t*)nullptr, true);
@@ -296,14 +315,23 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
       const char* base = (const char*)src.p + nvBytes(src.dt, first);
       LAUNCH(k_dequant_split, gridFor(ne / 8, 256, ex->smCount), 256, 0, (const void*)base, src.dt, ne, wd,
              split ? wd + ne : (uint16_t*)nullptr);
-      int rc = gemm(mm, halves * nr, wd, xh, t + o0, false);
-      if (!rc && split) rc = gemm(mm, nr, wd + ne, xh, t + o0, true);
+      int rc;
+      if (direct) {
+        rc = gemm(mm, nr, wd, xh, o + o0, outDim, f.accumulate);
+        if (!rc && split) rc = gemm(mm, nr, wd + ne, xh, o + o0, outDim, true);
+        if (!rc && split) rc = gemm(mm, nr, wd, xh + n, o + o0, outDim, true);
+      } else {
+        rc = gemm(mm, halves * nr, wd, xh, t + o0, wOut, false);
+        if (!rc && split) rc = gemm(mm, nr, wd + ne, xh, t + o0, wOut, true);
+      }
       if (rc) return rc;
       o0 += mm;  // (a chunk cut at tailFrom resumes there)
     }
-    const GemmOut G{t, (size_t)nr * wOut, wOut, split ? 1 : 0, bias.p, bias.dt, 0};
-    int rc = launchGemmEpilogue(ex, G, out + (size_t)r0 * outDim, nr, outDim, f.glu, f.accumulate, nullptr, nullptr);
-    if (rc) return rc;
+    if (!direct) {
+      const GemmOut G{t, (size_t)nr * wOut, wOut, split ? 1 : 0, bias.p, bias.dt, 0};
+      int rc = launchGemmEpilogue(ex, G, o, nr, outDim, f.glu, f.accumulate, nullptr, nullptr);
+      if (rc) return rc;
+    }
   }
   return NERVA_OK;
 }
