@@ -232,43 +232,6 @@ __global__ void k_dequant_split(const void* w, int wdt, size_t n, uint16_t* hi, 
   }
 }
 
-// Q4_K elements [0, n) (n a multiple of 256, w 16-byte aligned) as k_dequant_split writes them,
-// a thread per 32 (one sub-block: one scale and min decoded, its 32 quant bytes in two 16-byte
-// loads, 64 bytes of hi and of lo stored 16 at a time): the same float operations as qElem8, so the
-// same bits.
-__global__ void k_dequant_q4k_split(const uint8_t* w, size_t n, uint16_t* hi, uint16_t* lo) {
-  NERVA_TRACE_KERNEL();
-  PDL_ENTER();
-  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n / 32; t += (size_t)gridDim.x * blockDim.x) {
-    const uint8_t* b = w + (t / 8) * 144;
-    const int j = (int)(t % 8), shift = (j & 1) * 4;
-    int sc, m;
-    q4kScaleMin(b + 4, j, sc, m);
-    const float ds = __fmul_rn(h2f(b), (float)sc), dm = __fmul_rn(h2f(b + 2), (float)m);
-    const uint4 q0 = *reinterpret_cast<const uint4*>(b + 16 + 32 * (j / 2));
-    const uint4 q1 = *reinterpret_cast<const uint4*>(b + 32 + 32 * (j / 2));
-    const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-    uint32_t h[16], l[16];
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-      const uint32_t word = qw[i / 2] >> (16 * (i & 1));
-      const float v0 = __fsub_rn(__fmul_rn(ds, (float)((word >> shift) & 0xF)), dm);
-      const float v1 = __fsub_rn(__fmul_rn(ds, (float)((word >> (8 + shift)) & 0xF)), dm);
-      const uint16_t h0 = f2bf(v0), h1 = f2bf(v1);
-      h[i] = h0 | ((uint32_t)h1 << 16);
-      l[i] = f2bf(v0 - bf2f(h0)) | ((uint32_t)f2bf(v1 - bf2f(h1)) << 16);
-    }
-    uint4* dh = reinterpret_cast<uint4*>(hi + t * 32);
-#pragma unroll
-    for (int k = 0; k < 4; k++) dh[k] = make_uint4(h[4 * k], h[4 * k + 1], h[4 * k + 2], h[4 * k + 3]);
-    if (lo) {
-      uint4* dl = reinterpret_cast<uint4*>(lo + t * 32);
-#pragma unroll
-      for (int k = 0; k < 4; k++) dl[k] = make_uint4(l[4 * k], l[4 * k + 1], l[4 * k + 2], l[4 * k + 3]);
-    }
-  }
-}
-
 // Many rows over a block-quantized weight (prefill): chunks of the weight's rows (a multiple of
 // 128) dequantized into the workspace as a bf16 split W = Whi + Wlo (~16 bits of each value), the
 // activations split likewise (x = xhi + xlo), then tensor-core GEMMs with fp32 accumulation:
@@ -350,12 +313,8 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
       const size_t first = (size_t)(inTail ? o0 - f.tailFrom : o0) * inDim;
       const size_t ne = (size_t)mm * inDim;
       const char* base = (const char*)src.p + nvBytes(src.dt, first);
-      if (src.dt == NV_Q4_K && ((uintptr_t)base & 15) == 0 && ne % 256 == 0)
-        LAUNCH(k_dequant_q4k_split, gridFor(ne / 32, 256, ex->smCount), 256, 0, (const uint8_t*)base, ne, wd,
-               split ? wd + ne : (uint16_t*)nullptr);
-      else
-        LAUNCH(k_dequant_split, gridFor(ne / 8, 256, ex->smCount), 256, 0, (const void*)base, src.dt, ne, wd,
-               split ? wd + ne : (uint16_t*)nullptr);
+      LAUNCH(k_dequant_split, gridFor(ne / 8, 256, ex->smCount), 256, 0, (const void*)base, src.dt, ne, wd,
+             split ? wd + ne : (uint16_t*)nullptr);
       int rc;
       if (direct) {
         rc = gemm(mm, nr, wd, xh, o + o0, outDim, f.accumulate);
