@@ -15,6 +15,29 @@ async function promptLogits(engine: Engine): Promise<Float32Array> {
   return out.promptLogits!;
 }
 
+/**
+ * A CPU backend at matmul precision bf16 that claims bf16 activations (or not) and logs a line a
+ * run of the ops `describe` names (undefined: not logged).
+ */
+function recordingBackend(bf16Act: boolean, log: string[], describe: (op: string, args: Record<string, unknown>) => string | undefined): CpuBackend {
+  const inner = new CpuBackend({ matmulPrecision: 'bf16' });
+  const caps = Object.freeze({ ...inner.capabilities, activationDtypes: bf16Act ? ['bf16'] : [] });
+  return new Proxy(inner, {
+    get(target, prop, receiver) {
+      if (prop === 'capabilities') return caps;
+      if (prop === 'run') {
+        return (op: string, args: Record<string, unknown>, stream?: unknown) => {
+          const line = describe(op, args);
+          if (line !== undefined) log.push(line);
+          return (target.run as (...x: unknown[]) => void)(op, args, stream);
+        };
+      }
+      const v = Reflect.get(target, prop, receiver) as unknown;
+      return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
+    },
+  }) as unknown as CpuBackend;
+}
+
 describe('matmulPrecision', () => {
   const saved = process.env.NERVA_MATMUL;
   afterEach(() => {
@@ -51,27 +74,12 @@ describe('matmulPrecision', () => {
   });
 
   it("'bf16' hands the prefill projections bf16 inputs (activationDtypes bf16): the same logits as rounding in each matmul", async () => {
-    const outs: Record<string, string[]> = {};
-    const make = (bf16Act: boolean) => {
-      const inner = new CpuBackend({ matmulPrecision: 'bf16' });
-      const caps = Object.freeze({ ...inner.capabilities, activationDtypes: bf16Act ? ['bf16'] : [] });
-      const seen: string[] = [];
-      outs[String(bf16Act)] = seen;
-      return new Proxy(inner, {
-        get(target, prop, receiver) {
-          if (prop === 'capabilities') return caps;
-          if (prop === 'run') {
-            return (op: string, args: Record<string, unknown>, stream?: unknown) => {
-              const b = (op === 'matmul' ? args.x : op === 'rmsnorm' || op === 'silu_mul' ? args.out : undefined) as { dtype: string } | undefined;
-              if (b) seen.push(`${op}:${b.dtype}:${String(args.rows)}`);
-              return (target.run as (...x: unknown[]) => void)(op, args, stream);
-            };
-          }
-          const v = Reflect.get(target, prop, receiver) as unknown;
-          return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
-        },
-      }) as unknown as CpuBackend;
-    };
+    const outs: Record<string, string[]> = { true: [], false: [] };
+    const make = (bf16Act: boolean) =>
+      recordingBackend(bf16Act, outs[String(bf16Act)], (op, args) => {
+        const b = (op === 'matmul' ? args.x : op === 'rmsnorm' || op === 'silu_mul' ? args.out : undefined) as { dtype: string } | undefined;
+        return b ? `${op}:${b.dtype}:${String(args.rows)}` : undefined;
+      });
     const on = await Engine.create({ model: dir, backend: make(true), maxNumBatchedTokens: 64 });
     const off = await Engine.create({ model: dir, backend: make(false), maxNumBatchedTokens: 64 });
     try {
@@ -97,26 +105,11 @@ describe('matmulPrecision', () => {
     try {
       const gguf = join(tmp, 'q8.gguf');
       await convertToGguf({ source: dir, out: gguf, type: 'Q8_0' });
-      const seen: Record<string, string[]> = {};
-      const make = (bf16Act: boolean) => {
-        const inner = new CpuBackend({ matmulPrecision: 'bf16' });
-        const caps = Object.freeze({ ...inner.capabilities, activationDtypes: bf16Act ? ['bf16'] : [] });
-        const log: string[] = [];
-        seen[String(bf16Act)] = log;
-        return new Proxy(inner, {
-          get(target, prop, receiver) {
-            if (prop === 'capabilities') return caps;
-            if (prop === 'run') {
-              return (op: string, args: Record<string, unknown>, stream?: unknown) => {
-                if (op === 'matmul') log.push(`${(args.weight as { dtype: string }).dtype}<-${(args.x as { dtype: string }).dtype}:${String(args.rows)}`);
-                return (target.run as (...x: unknown[]) => void)(op, args, stream);
-              };
-            }
-            const v = Reflect.get(target, prop, receiver) as unknown;
-            return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
-          },
-        }) as unknown as CpuBackend;
-      };
+      const seen: Record<string, string[]> = { true: [], false: [] };
+      const make = (bf16Act: boolean) =>
+        recordingBackend(bf16Act, seen[String(bf16Act)], (op, args) =>
+          op === 'matmul' ? `${(args.weight as { dtype: string }).dtype}<-${(args.x as { dtype: string }).dtype}:${String(args.rows)}` : undefined,
+        );
       const on = await Engine.create({ model: gguf, backend: make(true), maxNumBatchedTokens: 64 });
       const off = await Engine.create({ model: gguf, backend: make(false), maxNumBatchedTokens: 64 });
       try {

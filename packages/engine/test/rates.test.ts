@@ -3,6 +3,41 @@ import { CpuBackend } from '@nerva/cpu-backend';
 import { describe, expect, it } from 'vitest';
 import { HOST_RATE_BYTES, HOST_RATE_SLICE_BYTES, hostChannels, measureRates } from '../src/rates.js';
 
+/**
+ * A CPU backend whose mlp_slice calls are skipped (the tests stay fast) and counted, each adding
+ * `msPerCall` to the host compute time its stats report (as the CUDA backend's host MLP counters
+ * do). `pinnedWeightBytes`: the pinned bf16 bytes it grants after the copies' source (the first
+ * such buffer) before alloc throws, as a full pinned arena does.
+ */
+function fakeHostMlp(cpu: CpuBackend, msPerCall: number, pinnedWeightBytes = Number.POSITIVE_INFINITY) {
+  const state = { calls: 0, hostMs: 0, slices: new Set<unknown>() };
+  let pinned = 0;
+  let copySource = true;
+  const backend = new Proxy(cpu, {
+    get(target, prop, recv) {
+      if (prop === 'alloc')
+        return (d: { dtype: string; length: number; tier?: string }) => {
+          if (d.tier === 'pinned' && d.dtype === 'bf16') {
+            if (copySource) copySource = false;
+            else if ((pinned += d.length * 2) > pinnedWeightBytes) throw new RangeError('pinned arena full');
+          }
+          return target.alloc(d as never);
+        };
+      if (prop === 'run')
+        return (op: string, args: { gateUp?: unknown }, stream?: unknown) => {
+          if (op !== 'mlp_slice') return (target.run as (o: string, a: unknown, s?: unknown) => void)(op, args, stream);
+          state.calls++;
+          state.hostMs += msPerCall;
+          state.slices.add(args.gateUp);
+        };
+      if (prop === 'stats') return () => ({ ...target.stats(), hostComputeMs: state.hostMs });
+      const v = Reflect.get(target, prop, recv);
+      return typeof v === 'function' ? v.bind(target) : v;
+    },
+  }) as unknown as DeviceBackend;
+  return { backend, state };
+}
+
 describe('compute near data: start-up rates and the split', () => {
   it('hostChannels balances the host against the link, in steps of 128 channels', () => {
     // No host rate, or no MLP: nothing computed on the host.
@@ -17,27 +52,9 @@ describe('compute near data: start-up rates and the split', () => {
   });
 
   it("the host rate is the host's own compute time, not the stream time around its calls", () => {
-    // A CPU backend whose stats report 2 ms of host compute per mlp_slice call (as the CUDA
-    // backend's host MLP counters do); the calls themselves are skipped to keep the test fast.
+    // 2 ms of host compute a call.
     const cpu = new CpuBackend();
-    let hostMs = 0;
-    let calls = 0;
-    const backend = new Proxy(cpu, {
-      get(target, prop, recv) {
-        if (prop === 'run')
-          return (op: string, args: unknown, stream?: unknown) => {
-            if (op === 'mlp_slice') {
-              calls++;
-              hostMs += 2;
-              return;
-            }
-            return (target.run as (o: string, a: unknown, s?: unknown) => void)(op, args, stream);
-          };
-        if (prop === 'stats') return () => ({ ...target.stats(), hostComputeMs: hostMs });
-        const v = Reflect.get(target, prop, recv);
-        return typeof v === 'function' ? v.bind(target) : v;
-      },
-    }) as unknown as DeviceBackend;
+    const { backend, state } = fakeHostMlp(cpu, 2);
     const live0 = cpu.stats().liveBuffers;
     try {
       const hidden = 256;
@@ -48,7 +65,7 @@ describe('compute near data: start-up rates and the split', () => {
       const bytes = 3 * inter * hidden * 2;
       const n = Math.round((8 * 2 ** 20) / bytes);
       expect(n).toBe(9);
-      expect(calls).toBe(2 * n);
+      expect(state.calls).toBe(2 * n);
       expect(r.hostMlpGBs).toBeCloseTo((n * bytes) / (n * 2) / 1e6, 6);
       expect(r.h2dGBs).toBeGreaterThan(0);
       // Nothing left allocated.
@@ -59,45 +76,17 @@ describe('compute near data: start-up rates and the split', () => {
   });
 
   it('reads more distinct weights than a last-level cache holds, fewer when the pinned tier is full', () => {
-    // A CPU backend whose pinned tier holds three slices' weights (and the small buffers): the
-    // measurement runs over the three, each read once timed.
+    // A pinned tier that holds three slices' weights: the measurement runs over the three, each
+    // read once timed (1 ms a call).
     const cpu = new CpuBackend();
-    let calls = 0;
-    const slices = new Set<unknown>();
-    let pinnedBf16 = 0;
-    let copySource = true;
-    const backend = new Proxy(cpu, {
-      get(target, prop, recv) {
-        if (prop === 'alloc')
-          return (d: { dtype: string; length: number; tier?: string }) => {
-            // (The first pinned bf16 buffer is the copies' source.)
-            if (d.tier === 'pinned' && d.dtype === 'bf16' && !(copySource && !(copySource = false))) {
-              pinnedBf16 += d.length * 2;
-              if (pinnedBf16 > 3 * HOST_RATE_SLICE_BYTES) throw new RangeError('pinned arena full');
-            }
-            return target.alloc(d as never);
-          };
-        if (prop === 'run')
-          return (op: string, args: { gateUp?: unknown }, stream?: unknown) => {
-            if (op === 'mlp_slice') {
-              calls++;
-              slices.add(args.gateUp);
-              return;
-            }
-            return (target.run as (o: string, a: unknown, s?: unknown) => void)(op, args, stream);
-          };
-        if (prop === 'stats') return () => ({ ...target.stats(), hostComputeMs: calls });
-        const v = Reflect.get(target, prop, recv);
-        return typeof v === 'function' ? v.bind(target) : v;
-      },
-    }) as unknown as DeviceBackend;
+    const { backend, state } = fakeHostMlp(cpu, 1, 3 * HOST_RATE_SLICE_BYTES);
     const live0 = cpu.stats().liveBuffers;
     try {
       expect(HOST_RATE_BYTES).toBeGreaterThanOrEqual(512 * 2 ** 20);
       const hidden = 4096;
       const r = measureRates(backend, hidden, true);
-      expect(slices.size).toBe(3);
-      expect(calls).toBe(6);
+      expect(state.slices.size).toBe(3);
+      expect(state.calls).toBe(6);
       const bytes = 3 * (HOST_RATE_SLICE_BYTES / (6 * hidden)) * hidden * 2;
       expect(r.hostMlpGBs).toBeCloseTo((3 * bytes) / 3 / 1e6, 6);
       expect(cpu.stats().liveBuffers).toBe(live0);
