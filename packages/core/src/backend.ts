@@ -116,7 +116,8 @@ export interface BackendCapabilities {
   matmulPrecision?: MatmulPrecision;
   /**
    * Element types besides f32 that the activations of ops `rmsnorm` and `silu_mul` (their `out`)
-   * and op `matmul` over more than 8 rows (its `x`) may have. With 'bf16' each value is rounded to
+   * and op `matmul` over more than 8 rows of float (not block-quantized) weights (its `x`) may have.
+   * With 'bf16' each value is rounded to
    * bf16 (nearest even) as it is stored and read as it is; under matmul precision 'bf16' the
    * engine's prefill layers then hand the projections their inputs in bf16, which those matmuls
    * round to anyway: the same results without a rounding pass per matmul. Absent: f32 only.

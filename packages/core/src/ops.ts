@@ -83,7 +83,8 @@ export interface OpCatalogue {
   /**
    * out[r, o] = sum_i x[r, i] * weight[weightOffset + o*inDim + i] (+ bias[o]).
    * One op for one row (GEMV) and for many (GEMM); the backend picks the kernel. `x` may be bf16
-   * over more than 8 rows on a backend with capabilities.activationDtypes including 'bf16'.
+   * over more than 8 rows of a float weight on a backend with capabilities.activationDtypes
+   * including 'bf16' (a block-quantized weight reads f32 x and rounds it itself).
    */
   matmul: { x: Buf; weight: Buf; out: Buf; rows: number; inDim: number; outDim: number; bias?: Buf; weightOffset?: number } & WeightTail;
   /**
