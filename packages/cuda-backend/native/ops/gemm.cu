@@ -257,10 +257,13 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
   const size_t wRow = (size_t)halves * inDim * sizeof(uint16_t);  // a dequantized weight row
   const size_t perRow = (direct ? 0 : (size_t)halves * wOut * sizeof(float)) + (size_t)halves * inDim * sizeof(uint16_t);
   const size_t slack = 3 * 256;
-  if (ex->wsBytes < 128 * wRow + perRow + slack) return NERVA_BAD_ARGS;
+  // (128 weight rows and the 256 bytes aligning the split after them: a direct chunk always
+  // leaves room for at least 128 weight rows.)
+  const size_t minW = 128 * wRow + 256;
+  if (ex->wsBytes < minW + perRow + slack) return NERVA_BAD_ARGS;
   int chunk, oc;
   if (direct) {
-    chunk = (int)std::min<size_t>((size_t)rows, (ex->wsBytes - slack - 128 * wRow) / perRow);
+    chunk = (int)std::min<size_t>((size_t)rows, (ex->wsBytes - slack - minW) / perRow);
     const size_t left = ex->wsBytes - slack - align256((size_t)chunk * perRow);
     oc = std::min(wOut, (int)std::min<size_t>(1 << 20, left / wRow / 128 * 128));
   } else {
@@ -270,6 +273,7 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
     // slower: the 8B's down projection, 1170-row chunks).
     const int ocMax = (int)std::min<size_t>(2048, ((size_t)64 << 20) / wRow);
     oc = std::min(wOut, std::max(128, ocMax / 128 * 128));
+    if (ex->wsBytes < align256((size_t)oc * wRow) + perRow + slack) return NERVA_BAD_ARGS;
     chunk = (int)std::min<size_t>((size_t)rows, (ex->wsBytes - align256((size_t)oc * wRow) - slack) / perRow);
   }
   const size_t wBytes = align256((size_t)oc * wRow);
