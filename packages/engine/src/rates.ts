@@ -91,11 +91,10 @@ export function measureRates(backend: DeviceBackend, hidden: number, withHostMlp
     const hostMs0 = backend.stats().hostComputeMs;
     backend.record(c0, cs);
     if (mlp) backend.record(mlp.e0, mlp.stream);
-    for (let i = 0; i < copies; i++) {
-      backend.copy(dst, src, copyElems, 0, 0, cs);
+    for (let i = 0; i < Math.max(copies, mlp?.calls.length ?? 0); i++) {
+      if (i < copies) backend.copy(dst, src, copyElems, 0, 0, cs);
       mlp?.calls[i]?.();
     }
-    if (mlp) for (let i = copies; i < mlp.calls.length; i++) mlp.calls[i]();
     backend.record(c1, cs);
     if (mlp) backend.record(mlp.e1, mlp.stream);
     backend.synchronize('debug');
