@@ -90,21 +90,7 @@ __device__ __forceinline__ void qElem8(const void* base, int dt, size_t i0, floa
       const int k = (int)(i0 % 256), g = k / 64, w = k % 64;
       int sc, m;
       q4kScaleMin(b + 4, 2 * g + (w >= 32), sc, m);
-      float ds, dm;
-      if (((uintptr_t)b & 15) == 0) {
-        // A 16-byte-aligned block (every Q4_K weight the backend holds): d and dmin in one 4-byte
-        // load, the eight quant bytes in one 8-byte load (i0 is a multiple of 8).
-        const uint32_t dd = *reinterpret_cast<const uint32_t*>(b);
-        ds = __fmul_rn(__half2float(__ushort_as_half((uint16_t)dd)), (float)sc);
-        dm = __fmul_rn(__half2float(__ushort_as_half((uint16_t)(dd >> 16))), (float)m);
-        const uint2 q = *reinterpret_cast<const uint2*>(b + 16 + 32 * g + w % 32);
-        const int sh = w < 32 ? 0 : 4;
-#pragma unroll
-        for (int j = 0; j < 8; j++) v[j] = __fsub_rn(__fmul_rn(ds, (float)(((j < 4 ? q.x : q.y) >> (8 * (j % 4) + sh)) & 0xF)), dm);
-        return;
-      }
-      ds = __fmul_rn(h2f(b), (float)sc);
-      dm = __fmul_rn(h2f(b + 2), (float)m);
+      const float ds = __fmul_rn(h2f(b), (float)sc), dm = __fmul_rn(h2f(b + 2), (float)m);
       const uint8_t* q = b + 16 + 32 * g + w % 32;
 #pragma unroll
       for (int j = 0; j < 8; j++) v[j] = __fsub_rn(__fmul_rn(ds, (float)(w < 32 ? (q[j] & 0xF) : (q[j] >> 4))), dm);
