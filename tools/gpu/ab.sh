@@ -25,7 +25,7 @@
 # (past the first round's, so a replayed decode graph's) -> $AB/profile-TAG.txt (ncu's details page), key lines printed.
 # ab_trace TAG TRACE_ADDON [VAR=value...]: one decode probe on a traced addon (built with -DNERVA_TRACE),
 # its timeline in $AB/timeline-TAG.txt (DETAIL=KERNEL: that kernel's block detail in
-# $AB/detail-TAG.txt too); prints the per-kernel summary.
+# $AB/detail-TAG.txt too; KEEP_TRACE=1: the trace itself, $AB/trace-TAG.bin.xz); prints the per-kernel summary.
 # ab_marks TRACE_ADDON KERNEL "MARKS" [VAR=value...]: ab_trace for each mark value (NERVA_SA_MARK, tag
 # markN, KERNEL's detail kept), and one line a mark: the medians over the step's launches of the
 # blocks' release, mark and exit (µs after a launch's first release).
@@ -118,6 +118,7 @@ ab_trace() {
   if [ -n "${DETAIL:-}" ]; then
     python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 --detail "$DETAIL" > "$AB/detail-$tag.txt" 2>&1
   fi
+  if [ "${KEEP_TRACE:-0}" = 1 ]; then xz -T0 -c "$AB/trace.bin" > "$AB/trace-$tag.bin.xz"; fi
   rm -f "$AB/trace.bin"
   echo "== $tag"
   grep -A10 "per kernel" "$AB/timeline-$tag.txt"

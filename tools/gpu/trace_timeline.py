@@ -16,6 +16,7 @@ complete), `crit` the time to the next launch's release (this kernel's share of 
 path), `work` the last block exit minus the release, `pre` how early the first block was resident.
 """
 import argparse
+import glob
 import json
 import re
 import struct
@@ -28,23 +29,26 @@ GAP_NS = 3000
 
 
 def kernel_names(sources):
-    # A source 'PATH:BASE' holds kernels traced with NERVA_TRACE_KERNEL_AT(BASE): tag BASE + line.
-    names = {}
-    for src in sources:
-        path, _, base = src.partition(':')
-        if base and not base.isdigit():
-            sys.exit('trace_timeline: --src %r: BASE after the colon must be a whole number' % src)
-        base = int(base or 0)
+    # A kernel's tag is its NERVA_TRACE_KERNEL line, plus N where it is NERVA_TRACE_KERNEL_AT(N)
+    # (files whose lines would meet another file's take a base of their own).
+    names, where = {}, {}
+    for path in sources:
         try:
             lines = open(path).read().split('\n')
         except OSError:
             continue
         for i, l in enumerate(lines):
-            if re.search(r'NERVA_TRACE_KERNEL(\(\)|_AT\(\w+\));', l) and '#define' not in l:
+            m = re.search(r'NERVA_TRACE_KERNEL(?:\(\)|_AT\((\d+)\));', l)
+            if m and '#define' not in l:
                 for j in range(i, max(0, i - 40), -1):
-                    m = re.search(r'\b(k_\w+)\(', lines[j])
-                    if m:
-                        names.setdefault(base + i + 1, m.group(1))
+                    k = re.search(r'\b(k_\w+)\(', lines[j])
+                    if k:
+                        tag = int(m.group(1) or 0) + i + 1
+                        if tag in names and where[tag] != path:
+                            print('trace_timeline: tag %d is %s (%s) and %s (%s): give one a NERVA_TRACE_KERNEL_AT base' %
+                                  (tag, names[tag], where[tag], k.group(1), path), file=sys.stderr)
+                        names.setdefault(tag, k.group(1))
+                        where.setdefault(tag, path)
                         break
     return names
 
@@ -116,11 +120,10 @@ def main():
     ap.add_argument('--tokens', type=int, default=4)
     ap.add_argument('--json')
     ap.add_argument('--detail', help='a kernel name: its blocks in the last step')
-    # Kernels are tagged by their line in their file (each op family is its own file, so two
-    # files' tags can meet: pass the files of the kernels being traced, the later winning).
-    ap.add_argument('--src', nargs='*', default=['packages/cuda-backend/native/ops/gemv.cu', 'packages/cuda-backend/native/ops/attention/split_kv.cu',
-                                                 'packages/cuda-backend/native/ops/attention/decode_short.cu:300000',
-                                                 'packages/cuda-backend/native/ops/attention/decode_gqa.cu:200000'])
+    # Kernels are tagged by their line in their file (plus a base where NERVA_TRACE_KERNEL_AT
+    # gives one); a tag two files share is reported.
+    ap.add_argument('--src', nargs='*', default=sorted(glob.glob('packages/cuda-backend/native/ops/**/*.cu', recursive=True)),
+                    help='kernel sources (default: every file of native/ops)')
     a = ap.parse_args()
     names = kernel_names(a.src)
     recs, counts, cap = load(a.file)
