@@ -24,16 +24,23 @@ inline int pfTileBlocks(int rows, int oneSeq) {
   return oneSeq ? (rows + PF_ROWS - 1) / PF_ROWS : (rows + PF_ROWS / 2 - 1) / (PF_ROWS / 2);
 }
 
-// A prefill tile block's rows [r0, rows): without a plan (tiles null, a one-sequence call) every 64
-// rows, heaviest (latest positions) first so the grid's tail is short tiles; else the plan's tile
-// blockIdx.x (k_attn_tile_plan), its end as `rows`. False: a block past the plan's count.
-__device__ __forceinline__ bool pfTileRows(const int2* tiles, const int* tileCount, int& r0, int& rows) {
+// A prefill tile block's rows [r0, rows) and its head group: without a plan (tiles null, a
+// one-sequence call) every 64 rows, else the plan's tile (k_attn_tile_plan), its end as `rows`.
+// False: a block past the plan's count. The grid is (tile slots, head groups); blocks are
+// dispatched about in linear order, so the linear index takes tile ranks slowest and groups
+// fastest: a one-sequence call runs its latest (heaviest, causal) tiles of every group first and
+// the grid's last wave is every group's short tiles, not all of the last groups' tiles (an 8B
+// prompt of 4096 tokens: 1024 blocks of 1..64 key tiles in ~4 waves).
+__device__ __forceinline__ bool pfTileRows(const int2* tiles, const int* tileCount, int& r0, int& rows, int& group) {
+  const int b = (int)(blockIdx.x + blockIdx.y * gridDim.x);
+  const int rank = b / (int)gridDim.y;
+  group = b - rank * (int)gridDim.y;
   if (!tiles) {
-    r0 = (int)(gridDim.x - 1 - blockIdx.x) * PF_ROWS;
+    r0 = (int)(gridDim.x - 1 - rank) * PF_ROWS;
     return true;
   }
-  if ((int)blockIdx.x >= *tileCount) return false;
-  const int2 t = tiles[blockIdx.x];
+  if (rank >= *tileCount) return false;
+  const int2 t = tiles[rank];
   r0 = t.x;
   rows = t.y;
   return true;

@@ -39,9 +39,9 @@ __global__ void __launch_bounds__(128) k_attn_prefill3(const float* q, const uin
   __shared__ int sLo, sHi;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int h0 = blockIdx.y * 2;
-  int r0;
-  if (!pfTileRows(tiles, tileCount, r0, rows)) return;
+  int r0, pair;
+  if (!pfTileRows(tiles, tileCount, r0, rows, pair)) return;
+  const int h0 = pair * 2;
   if (threadIdx.x == 0) {
     sLo = INT_MAX;
     sHi = -1;
@@ -88,26 +88,31 @@ __global__ void __launch_bounds__(128) k_attn_prefill3(const float* q, const uin
     const int p = k0 + (int)threadIdx.x;
     return threadIdx.x < PF_KEYS && p >= kLo && p <= kHi ? btr[p / bs] : -1;
   };
+  // Each key's element offset in the cache (its KV head's row), computed once by one thread; -1
+  // where the key has no slot.
   auto slotsFrom = [&](int k0, int e, long long* sl) -> bool {
     bool ok = true;
     if (threadIdx.x < PF_KEYS) {
       const int p = k0 + (int)threadIdx.x;
-      const long long v = e >= 0 ? (long long)e * bs + p % bs : -1;
+      const long long v = e >= 0 ? ((long long)e * bs + p % bs) * (long long)width + (long long)kvh * HD : -1;
       sl[threadIdx.x] = v;
       ok = v >= 0;
     }
     return __syncthreads_and(ok) != 0;
   };
+  // A thread copies one fixed 16-byte column of every (128 / F8)-th key row.
   auto issue = [&](const long long* sl, int st) {
-    constexpr int F8 = HD / 8;
+    constexpr int F8 = HD / 8, KEYS_A_PASS = 128 / F8;
     uint16_t* kd = KV + (size_t)st * 2 * TILE;
     uint16_t* vd = kd + TILE;
-    for (int i = threadIdx.x; i < PF_KEYS * F8; i += 128) {
-      int j = i / F8, f = i - j * F8;
-      long long sv = sl[j];
-      size_t off = (size_t)max(sv, 0ll) * width + (size_t)kvh * HD + f * 8;
-      pfCopy16(kd + j * LD + f * 8, kc + off, sv >= 0);
-      pfCopy16(vd + j * LD + f * 8, vc + off, sv >= 0);
+    const int f8 = (threadIdx.x % F8) * 8, j0 = threadIdx.x / F8;
+#pragma unroll
+    for (int it = 0; it < PF_KEYS / KEYS_A_PASS; it++) {
+      const int j = j0 + it * KEYS_A_PASS;
+      const long long sv = sl[j];
+      const size_t off = (size_t)max(sv, 0ll) + f8;
+      pfCopy16(kd + j * LD + f8, kc + off, sv >= 0);
+      pfCopy16(vd + j * LD + f8, vc + off, sv >= 0);
     }
   };
 

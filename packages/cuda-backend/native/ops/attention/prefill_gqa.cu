@@ -15,7 +15,7 @@
 // k_attn_tile_plan (runs of at least 64 rows of one sequence, cut from their first row); the
 // split-KV kernel skips exactly the rows they cover and handles the rest (decode rows, short runs).
 // Organized for throughput:
-// - HPB q heads of one KV head per block (GQA): warps 4i..4i+3 take head HPB*blockIdx.y + i, 16
+// - HPB q heads of one KV head per block (GQA): warps 4i..4i+3 take head HPB*group + i, 16
 //   rows each, and share every K/V tile the block loads (the L2 and shared-memory traffic of a
 //   tile is paid once for HPB heads);
 // - scores in log2 units (q scaled by scale*log2(e) before it is rounded or split), ex2.approx;
@@ -67,9 +67,9 @@ __global__ void __launch_bounds__(128 * HPB) k_attn_prefill2(const float* q, con
   __shared__ int sLo, sHi;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int h = blockIdx.y * HPB + (warp >> 2);
-  int r0;
-  if (!pfTileRows(tiles, tileCount, r0, rows)) return;
+  int r0, grp;
+  if (!pfTileRows(tiles, tileCount, r0, rows, grp)) return;
+  const int h = grp * HPB + (warp >> 2);
   if (threadIdx.x == 0) {
     sLo = INT_MAX;
     sHi = -1;
