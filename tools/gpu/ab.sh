@@ -17,6 +17,12 @@
 # ab_fork TAG NAME [VAR=value...]: 32 batch-invariant forks of checkpoint M (qwen3-8b), bf16 KV, GEN (128) tokens
 # each, the forks alone (nerva-bench fork --no-sequential: seconds, not minutes) on /tmp/NAME.node; the line
 # in $AB/fork.jsonl, and tag, fork step device ms (p50), step interval ms, tokens_sha256 and graph nodes printed.
+# ab_prefill TAG NAME MODEL [nerva-bench prefill flags...]: --repeats 3 timed prefills of MODEL (a checkpoint folder
+# or a GGUF file) on /tmp/NAME.node, e.g. --prompt-len 4096 --matmul-precision bf16 [--profile]; the line in
+# $AB/prefill.jsonl, and tag, prompt, precision, ms median, tok/s, MFU against the run's GEMM rate and against the
+# peak (and --profile's ms by op class) printed.
+# ab_gguf M TYPE: a synthetic GGUF file of checkpoint config M at TYPE (Q4_K_M, Q8_0, ...) as /tmp/synth/M-TYPE.gguf
+# (once: an existing file is kept), for ab_run / ab_prefill (M=M-TYPE.gguf).
 # ab_kernels TAG NAME: ncu times each kernel of 32 forks of checkpoint M (qwen3-8b) on /tmp/NAME.node
 # (fork_kernels.mjs, 6 tokens); kernel_table.py then sums the last 3 decode steps (the 32-row graph's
 # node count read from the run's output) -> $AB/kernels-TAG.txt, printed.
@@ -81,6 +87,30 @@ ab_fork() {
     --backend cuda --kv-cache-dtype bf16 --batch-invariant --no-sequential --new-tokens "${GEN:-128}" 2>> "$AB/err.log" | tail -1 |
     sed "s/^{/{\"tag\":\"$tag\",/" >> "$AB/fork.jsonl"
   python3 -c "import json,sys; j=json.loads(open(sys.argv[1]).readlines()[-1]); print(j['tag'], j.get('fork_step_device_ms_p50'), j.get('fork_step_interval_ms'), j.get('tokens_sha256'), j.get('graph_nodes'))" "$AB/fork.jsonl"
+}
+
+ab_prefill() {
+  local tag=$1 name=$2 model=$3
+  shift 3
+  NERVA_CUDA_ADDON="/tmp/$name.node" timeout 150 $AB_NODE .device/dist/bench_cli.mjs prefill --model "$model" --backend cuda \
+    --repeats 3 "$@" 2>> "$AB/err.log" | tail -1 | sed "s/^{/{\"tag\":\"$tag\",/" >> "$AB/prefill.jsonl"
+  python3 - "$AB/prefill.jsonl" <<'PY'
+import json, sys
+j = json.loads(open(sys.argv[1]).readlines()[-1])
+print(j['tag'], {k: j.get(k) for k in ['prompt_len', 'matmul_precision', 'ms_median', 'tokens_per_s', 'mfu', 'mfu_vs_peak', 'error']})
+p = j.get('profile')
+if p:
+    print('  profile', json.dumps(p.get('ms'))[:700])
+PY
+}
+
+ab_gguf() {
+  local m=$1 type=$2 f t0
+  f=/tmp/synth/$m-$type.gguf
+  [ -f "$f" ] && return 0
+  t0=$(date +%s)
+  timeout 240 $AB_NODE .device/dist/cli.mjs synth --config ".device/configs/$m.json" --out "$f" --gguf "$type" > "$AB/synth-$m-$type.log" 2>&1
+  echo "gguf synth $m $type rc $? $(( $(date +%s) - t0 )) s"
 }
 
 ab_kernels() {
