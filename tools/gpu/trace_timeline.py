@@ -40,7 +40,7 @@ def kernel_names(sources):
         for i, l in enumerate(lines):
             m = re.search(r'NERVA_TRACE_KERNEL(?:\(\)|_AT\((\d+)\));', l)
             if m and '#define' not in l:
-                for j in range(i, max(0, i - 40), -1):
+                for j in range(i, max(-1, i - 41), -1):
                     k = re.search(r'\b(k_\w+)\(', lines[j])
                     if k:
                         tag = int(m.group(1) or 0) + i + 1
