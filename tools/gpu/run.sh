@@ -148,6 +148,16 @@ if has build; then
   else say "cuBLASLt ABI check FAILED"; tail -20 "$log"; exit 1; fi
 fi
 
+# The quant phase's prefill of MODEL at NERVA_QUANT_PREFILL tokens (default 1024; 0: none), once per
+# matmul precision of NERVA_PREFILL_PRECISIONS (default "exact bf16") -> $OUT/prefill.jsonl.
+quant_prefill() { # label model
+  local prec
+  [ "${NERVA_QUANT_PREFILL:-1024}" = 0 ] && return 0
+  for prec in ${NERVA_PREFILL_PRECISIONS:-exact bf16}; do
+    $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$2" --backend cuda --prompt-len "${NERVA_QUANT_PREFILL:-1024}" \
+      --matmul-precision "$prec" --repeats 3 2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/prefill.jsonl" || { say "prefill $1 $prec FAILED"; status=1; }
+  done
+}
 runjs() { # name bundle args...
   local name=$1; shift
   local f=.device/dist/$1; shift
@@ -255,21 +265,13 @@ for size in ${NERVA_SIZES:-qwen3-0.6b}; do
           say "llama.cpp $size $t: $(tail -1 "$OUT/llamacpp.jsonl" | grep -o '"nerva_over_llama_cpp":[0-9.]*\|"reason":"[^"]*"')"
         else say "llama.cpp $size $t FAILED"; status=1; fi
       fi
-      # Prefill over the quantized weights at NERVA_QUANT_PREFILL tokens (default 1024; 0: none), the bf16 checkpoint's below.
-      # Once per matmul precision of NERVA_PREFILL_PRECISIONS (default "exact bf16"), as the bf16 checkpoint's.
-      qpl=${NERVA_QUANT_PREFILL:-1024}
-      if [ "$qpl" != 0 ]; then for prec in ${NERVA_PREFILL_PRECISIONS:-exact bf16}; do
-        $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$f" --backend cuda --prompt-len "$qpl" --matmul-precision "$prec" --repeats 3 \
-          2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/prefill.jsonl" || { say "prefill $size $t $prec FAILED"; status=1; }
-      done; fi
+      # Prefill over the quantized weights (the bf16 checkpoint's below).
+      quant_prefill "$size $t" "$f"
       # Under a VRAM budget (NERVA_QUANT_BUDGET, e.g. 4GiB): the same file through the memory OS, and the bf16 checkpoint beside it.
       [ -n "${NERVA_QUANT_BUDGET:-}" ] && runjs "offload $size $t" offload.mjs "$f" "$NERVA_QUANT_BUDGET" 16 32
     done
     [ -n "${NERVA_QUANT_BUDGET:-}" ] && [ -d "$dir" ] && runjs "offload $size bf16" offload.mjs "$dir" "$NERVA_QUANT_BUDGET" 16 32
-    if [ "${NERVA_QUANT_PREFILL:-1024}" != 0 ]; then for prec in ${NERVA_PREFILL_PRECISIONS:-exact bf16}; do
-      $NODE --enable-source-maps .device/dist/bench_cli.mjs prefill --model "$dir" --backend cuda --prompt-len "${NERVA_QUANT_PREFILL:-1024}" \
-        --matmul-precision "$prec" --repeats 3 2>>"$log" | tail -1 | tee -a "$log" >> "$OUT/prefill.jsonl" || { say "prefill $size bf16 $prec FAILED"; status=1; }
-    done; fi
+    quant_prefill "$size bf16" "$dir"
   fi
   has profile && runjs "profile $size" bench.mjs "$dir" 128 32 --profile
   if has grammar || has soak; then
