@@ -85,6 +85,24 @@ __device__ __forceinline__ void pfCopy16(void* dst, const void* src, bool valid)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n) : "memory");
 #endif
 }
+// A tile of PF_KEYS keys' K and V rows (ROW elements of T each) into shared rows of stride LD,
+// from each key's element offset in the cache (`off`, -1: no slot, the row zero-filled), NTH
+// threads each copying one fixed 16-byte column of every (NTH / columns)-th key, unrolled: the
+// offsets are computed once a key (one thread each) instead of an address a copy.
+template <typename T, int ROW, int LD, int NTH>
+__device__ __forceinline__ void pfCopyTile(T* kd, T* vd, const T* kc, const T* vc, const long long* off) {
+  constexpr int E = 16 / sizeof(T), COLS = ROW / E, KEYS_A_PASS = NTH / COLS;
+  static_assert(NTH % COLS == 0 && PF_KEYS % KEYS_A_PASS == 0, "pfCopyTile: threads must split the tile evenly");
+  const int e = (threadIdx.x % COLS) * E, j0 = threadIdx.x / COLS;
+#pragma unroll
+  for (int it = 0; it < PF_KEYS / KEYS_A_PASS; it++) {
+    const int j = j0 + it * KEYS_A_PASS;
+    const long long sv = off[j];
+    const size_t o = (size_t)max(sv, 0ll) + e;
+    pfCopy16(kd + j * LD + e, kc + o, sv >= 0);
+    pfCopy16(vd + j * LD + e, vc + o, sv >= 0);
+  }
+}
 __device__ __forceinline__ void pfCommit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;" ::: "memory");

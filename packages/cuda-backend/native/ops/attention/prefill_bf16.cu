@@ -100,20 +100,9 @@ __global__ void __launch_bounds__(128) k_attn_prefill3(const float* q, const uin
     }
     return __syncthreads_and(ok) != 0;
   };
-  // A thread copies one fixed 16-byte column of every (128 / F8)-th key row.
   auto issue = [&](const long long* sl, int st) {
-    constexpr int F8 = HD / 8, KEYS_A_PASS = 128 / F8;
     uint16_t* kd = KV + (size_t)st * 2 * TILE;
-    uint16_t* vd = kd + TILE;
-    const int f8 = (threadIdx.x % F8) * 8, j0 = threadIdx.x / F8;
-#pragma unroll
-    for (int it = 0; it < PF_KEYS / KEYS_A_PASS; it++) {
-      const int j = j0 + it * KEYS_A_PASS;
-      const long long sv = sl[j];
-      const size_t off = (size_t)max(sv, 0ll) + f8;
-      pfCopy16(kd + j * LD + f8, kc + off, sv >= 0);
-      pfCopy16(vd + j * LD + f8, vc + off, sv >= 0);
-    }
+    pfCopyTile<uint16_t, HD, LD, 128>(kd, kd + TILE, kc, vc, sl);
   };
 
   const int kBeg = kLo & ~(PF_KEYS - 1);

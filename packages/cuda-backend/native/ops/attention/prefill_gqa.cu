@@ -137,42 +137,25 @@ __global__ void __launch_bounds__(128 * HPB) k_attn_prefill2(const float* q, con
     const int p = k0 + (int)threadIdx.x;
     return threadIdx.x < PF_KEYS && p >= kLo && p <= kHi ? btr[p / bs] : -1;
   };
-  // The cache slots of the 64 keys of the tile at k0 from their entries (-1: none, or the block
-  // lives in another cache); returns, to every thread, whether all 64 are present.
+  // Each key's element offset in the cache (its KV head's row) from its entry (-1: none, or the
+  // block lives in another cache); returns, to every thread, whether all 64 are present.
   auto slotsFrom = [&](int k0, int e, long long* sl) -> bool {
     bool ok = true;
     if (threadIdx.x < PF_KEYS) {
       const int p = k0 + (int)threadIdx.x;
-      const long long v = e >= 0 ? (long long)e * bs + p % bs : -1;
+      const long long v = e >= 0 ? ((long long)e * bs + p % bs) * (long long)width + (long long)kvh * HD : -1;
       sl[threadIdx.x] = v;
       ok = v >= 0;
     }
     return __syncthreads_and(ok) != 0;
   };
-  // bf16: the tile's rows as they are, 16 bytes per cp.async, into stage st.
+  // bf16: the tile's rows as they are, into stage st.
   auto issueBf = [&](const long long* sl, int st) {
-    constexpr int F8 = HD / 8;
     uint16_t* kd = pa2sm + (size_t)st * 2 * TILE;
-    uint16_t* vd = kd + TILE;
-    for (int i = threadIdx.x; i < PF_KEYS * F8; i += NTH) {
-      int j = i / F8, f = i - j * F8;
-      long long sv = sl[j];
-      size_t off = (size_t)max(sv, 0ll) * width + (size_t)kvh * HD + f * 8;
-      pfCopy16(kd + j * LD + f * 8, (const uint16_t*)kc + off, sv >= 0);
-      pfCopy16(vd + j * LD + f * 8, (const uint16_t*)vc + off, sv >= 0);
-    }
+    pfCopyTile<uint16_t, HD, LD, NTH>(kd, kd + TILE, (const uint16_t*)kc, (const uint16_t*)vc, sl);
   };
   // f32: the tile's rows raw into the staging area.
-  auto issueF32 = [&](const long long* sl) {
-    constexpr int F4 = HD / 4;
-    for (int i = threadIdx.x; i < PF_KEYS * F4; i += NTH) {
-      int j = i / F4, f = i - j * F4;
-      long long sv = sl[j];
-      size_t off = (size_t)max(sv, 0ll) * width + (size_t)kvh * HD + f * 4;
-      pfCopy16(Fk + j * HD + f * 4, (const float*)kc + off, sv >= 0);
-      pfCopy16(Fv + j * HD + f * 4, (const float*)vc + off, sv >= 0);
-    }
-  };
+  auto issueF32 = [&](const long long* sl) { pfCopyTile<float, HD, HD, NTH>(Fk, Fv, (const float*)kc, (const float*)vc, sl); };
   // f32: staging -> bf16 tiles (hi, and lo under SPLIT).
   auto convert = [&]() {
     constexpr int F4 = HD / 4;
