@@ -30,7 +30,8 @@ if [ -z "$archs" ]; then
 fi
 archs=${archs:-90}
 gencode=()
-for a in ${archs//;/ }; do a=${a#sm_}; a=${a//./}; gencode+=("-gencode=arch=compute_$a,code=sm_$a"); done
+# Hopper as sm_90a (wgmma), as packages/cuda-backend/scripts/archs.mjs builds it.
+for a in ${archs//;/ }; do a=${a#sm_}; a=${a//./}; [ "$a" = 90 ] && a=90a; gencode+=("-gencode=arch=compute_$a,code=sm_$a"); done
 echo "[build-addon] CUDA $cuda, archs $archs"
 # NERVA_LINEINFO=1 adds -lineinfo (source lines for nvdisasm -g or a profiler). Off, as in
 # binding.gyp: the addon then xz-compresses to ~1.4 MiB instead of ~6, so several fit the run

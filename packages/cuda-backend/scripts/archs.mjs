@@ -51,11 +51,22 @@ export function selectArchitectures(env, localComputeCap) {
   return { archs: [...DEFAULT_ARCHS], source: 'default' };
 }
 
-/** nvcc -gencode flags: SASS for every arch, plus PTX of the newest for forward compatibility. */
+/**
+ * nvcc -gencode flags: SASS for every arch, plus PTX of the newest for forward compatibility.
+ * Hopper's SASS is built for sm_90a: it loads on the same devices as sm_90 (compute capability 9.0
+ * is the only 9.x), and only that target has wgmma, which the prefill attention uses. Arch-specific
+ * PTX does not carry forward, so the PTX is the plain target of the newest arch.
+ */
 export function gencodeFlags(archs) {
   const flags = [];
-  for (const a of archs) flags.push(`-gencode=arch=compute_${a},code=sm_${a}`);
+  for (const a of archs) {
+    const sass = a === '90' ? '90a' : a;
+    flags.push(`-gencode=arch=compute_${sass},code=sm_${sass}`);
+  }
   const newest = [...archs].sort((a, b) => parseInt(a, 10) - parseInt(b, 10)).at(-1);
-  if (newest) flags.push(`-gencode=arch=compute_${newest},code=compute_${newest}`);
+  if (newest) {
+    const ptx = newest.replace(/[af]$/, '');
+    flags.push(`-gencode=arch=compute_${ptx},code=compute_${ptx}`);
+  }
   return flags;
 }

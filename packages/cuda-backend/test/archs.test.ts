@@ -34,10 +34,15 @@ describe('CUDA architecture selection', () => {
     expect(() => selectArchitectures({ CUDAARCHS: '80;x' }, null)).toThrow(/invalid/);
   });
 
-  it('emits SASS per arch and PTX for the newest', () => {
+  it('emits SASS per arch (Hopper as sm_90a, for wgmma) and plain PTX for the newest', () => {
     expect(gencodeFlags(['90', '80'])).toEqual([
-      '-gencode=arch=compute_90,code=sm_90',
+      '-gencode=arch=compute_90a,code=sm_90a',
       '-gencode=arch=compute_80,code=sm_80',
+      '-gencode=arch=compute_90,code=compute_90',
+    ]);
+    expect(gencodeFlags(['86', '90a'])).toEqual([
+      '-gencode=arch=compute_86,code=sm_86',
+      '-gencode=arch=compute_90a,code=sm_90a',
       '-gencode=arch=compute_90,code=compute_90',
     ]);
   });

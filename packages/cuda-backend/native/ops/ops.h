@@ -173,6 +173,11 @@ int attnTilePlan(NervaExec* ex, const int* rowSeq, int rows);
 // kernel skips the rows they cover.
 int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows,
                      int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse, int oneSeq);
+// k_attn_prefill3's call (head dim 128, bf16 cache) on Hopper warpgroup MMA (prefill_wgmma.cu):
+// -1 where the device or the binary has no sm_90a body, else the status.
+int attnPrefillWgmmaRun(NervaExec* ex, const float* q, const uint16_t* kc, const uint16_t* vc, const int* bt, int btStride,
+                        Buf rowSeq, Buf pos, float* out, int rows, int H, int KVH, int bs, int qStride, int qOff,
+                        float scale, int window, float* lse, int oneSeq);
 int attnPrefillGqa(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out, int rows,
                    int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window, float* lse, int oneSeq);
 int attnSplitKv(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows, int H,

@@ -298,7 +298,8 @@ int attnPrefill3Run(NervaExec* ex, const float* q, const uint16_t* kc, const uin
 }
 
 // Prefill tiles of op attention, by case: the third form (above) for plain bf16 operands where
-// two q heads share a KV head, the second (k_attn_prefill2) otherwise. Both read q in pairs of
+// two q heads share a KV head (head dim 128 on an sm_90a image: its wgmma form, prefill_wgmma.cu),
+// the second (k_attn_prefill2) otherwise. Both read q in pairs of
 // floats: the caller passes even q strides and offsets only. Returns an error code, 0 when done.
 int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt, Buf rowSeq, Buf pos, float* out,
                      int rows, int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window,
@@ -306,9 +307,13 @@ int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf 
   const bool plain = ex->gemmMode == GEMM_BF16, twoHeads = (H / KVH) % 2 == 0;
   if (plain && twoHeads) {
     if (kc.dt == NV_BF16) {
-      if (hd == 128)
+      if (hd == 128) {
+        const int rc = attnPrefillWgmmaRun(ex, q, (const uint16_t*)kc.p, (const uint16_t*)vc.p, (const int*)bt.p, mbps, rowSeq,
+                                           pos, out, rows, H, KVH, bs, qStride, qOff, scale, window, lse, oneSeq);
+        if (rc >= 0) return rc;
         return attnPrefill3Run<128>(ex, q, (const uint16_t*)kc.p, (const uint16_t*)vc.p, (const int*)bt.p, mbps, rowSeq, pos, out,
                                     rows, H, KVH, bs, qStride, qOff, scale, window, lse, oneSeq);
+      }
       return attnPrefill3Run<64>(ex, q, (const uint16_t*)kc.p, (const uint16_t*)vc.p, (const int*)bt.p, mbps, rowSeq, pos, out,
                                  rows, H, KVH, bs, qStride, qOff, scale, window, lse, oneSeq);
     }
@@ -323,9 +328,13 @@ int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf 
       int* idt = (int*)(ex->ws + 2 * kvBytes);
       LAUNCH(k_kv_gather_bf16, gridFor(maxLen * width / 4, 256, ex->smCount), 256, 0, (const float*)kc.p, (const float*)vc.p,
              (const int*)bt.p, (const int*)rowSeq.p, (const int*)pos.p, rows, (int)width, bs, mbps, window, dk, dv, idt);
-      if (hd == 128)
+      if (hd == 128) {
+        const int rc = attnPrefillWgmmaRun(ex, q, dk, dv, idt, 0, rowSeq, pos, out, rows, H, KVH, bs, qStride, qOff, scale, window,
+                                           lse, oneSeq);
+        if (rc >= 0) return rc;
         return attnPrefill3Run<128>(ex, q, dk, dv, idt, 0, rowSeq, pos, out, rows, H, KVH, bs, qStride, qOff, scale, window, lse,
                                     oneSeq);
+      }
       return attnPrefill3Run<64>(ex, q, dk, dv, idt, 0, rowSeq, pos, out, rows, H, KVH, bs, qStride, qOff, scale, window, lse,
                                  oneSeq);
     }
