@@ -26,7 +26,7 @@ node tools/gpu/bundle.mjs
 rm -rf .device/dist .device/dist.tar.xz && tar -C tools/gpu -cf - dist | xz -T0 -6 > .device/dist.tar.xz
 # vitest for run.sh's vitest phase (~5.5 MiB), packed again when the lockfile changes.
 [ .device/vitest.tar.xz -nt pnpm-lock.yaml ] || node tools/gpu/pack_vitest.mjs .device/vitest.tar.xz
-# --addon: build the addon here too (nvcc targets sm_90 unless NERVA_CUDA_ARCHITECTURES says
+# --addon: build the addon here too (nvcc targets sm_90a unless NERVA_CUDA_ARCHITECTURES says
 # otherwise), so run.sh's build phase copies it instead of compiling on the device (~60 s saved).
 if [ "${1:-}" = --addon ]; then
   rm -rf .device/addon
