@@ -275,6 +275,10 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
       matmulCase(`12 rows 768 -> 20, ${q}, weightOffset`, { rows: 12, inDim: 768, outDim: 20, weight: q, weightOffset: 768 * 3 }),
       matmulCase(`1 row 4096 -> 1024, ${q}`, { rows: 1, inDim: 4096, outDim: 1024, weight: q }, true),
     ]),
+    // The Q6_K tensor-core GEMV's shapes: 17 SBs (16 warps, one with two), 2-byte-aligned blocks
+    // at every offset (odd row lengths, a weight offset), several 16-row groups with a partial one.
+    matmulCase('4 rows 4352 -> 72, q6_k, weightOffset', { rows: 4, inDim: 4352, outDim: 72, weight: 'q6_k', weightOffset: 4352 * 3 }),
+    matmulCase('8 rows 1280 -> 100, q6_k, bias', { rows: 8, inDim: 1280, outDim: 100, weight: 'q6_k', bias: true }),
     matmulCase('3 rows 512 -> 40, q4_k rows then a q6_k tail from 24, bias', { rows: 3, inDim: 512, outDim: 40, weight: 'q4_k', tail: { from: 24, dtype: 'q6_k' }, bias: true }),
     matmulCase('12 rows 256 -> 20, q8_0 rows then a q4_0 tail from 16', { rows: 12, inDim: 256, outDim: 20, weight: 'q8_0', tail: { from: 16, dtype: 'q4_0' } }),
     matmulCase('70 rows 1024 -> 768, bf16 x, bf16 weights, weightOffset', { rows: 70, inDim: 1024, outDim: 768, weight: 'bf16', weightOffset: 1024 * 5, x: 'bf16' }, true),
@@ -306,6 +310,9 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
     // Decode's qkv projection of a Q4_K_M file: q and k in Q4_K, v in Q6_K, the norm fused.
     fusedMatmulCase('1 row 1024 -> 1536, q4_k then a q6_k tail from 1280, rmsnorm input', { rows: 1, inDim: 1024, outDim: 1536, weight: 'q4_k', tail: { from: 1280, dtype: 'q6_k' }, norm: true }, true),
     fusedMatmulCase('2 rows 256 -> 48, q4_k then a q6_k tail from 32, rmsnorm, bias', { rows: 2, inDim: 256, outDim: 48, weight: 'q4_k', tail: { from: 32, dtype: 'q6_k' }, norm: true, bias: true }),
+    // A Q6_K head normalizes x itself and hands the normalized rows to a tail of another type.
+    fusedMatmulCase('2 rows 768 -> 56, q6_k then a q4_k tail from 40, rmsnorm, accumulate', { rows: 2, inDim: 768, outDim: 56, weight: 'q6_k', tail: { from: 40, dtype: 'q4_k' }, norm: true, accumulate: true }),
+    fusedMatmulCase('5 rows 1280 -> 40, q6_k, rmsnorm, glu', { rows: 5, inDim: 1280, outDim: 40, norm: true, glu: true, weight: 'q6_k' }),
     fusedMatmulCase('3 rows 512 -> 24, q6_k then a q8_0 tail from 8, accumulate', { rows: 3, inDim: 512, outDim: 24, weight: 'q6_k', tail: { from: 8, dtype: 'q8_0' }, accumulate: true }),
   ],
   mlp_slice: [
