@@ -143,13 +143,6 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
 int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
               bool glu, int ldo, int oOff, Buf nw, float eps, float* xn = nullptr);
 
-// ---------------------------------------------------------------- q6k_mma.cu
-// Q6_K rows on the integer tensor cores, as q4kMmaRun (w 2-byte aligned); q6kMmaFits: whether
-// rows of inDim fit its shared memory (else qgemvRun keeps them on the float GEMV).
-bool q6kMmaFits(const NervaExec* ex, int inDim);
-int q6kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
-              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn = nullptr);
-
 // ---------------------------------------------------------------- gemm.cu, gemm_bi.cu
 int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);
 // Many rows over a block-quantized weight (and f.tail): dequantized bf16-split chunks into cuBLAS GEMMs.

@@ -18,7 +18,6 @@
 // conformance block cases hold it to the f32 bound (relTol 1e-4) like every other matmul.
 #include "common/elem.cuh"
 #include "common/exec.cuh"
-#include "ops/kmma.cuh"
 #include "ops/ops.h"
 #include "ops/qepilogue.cuh"
 
@@ -26,8 +25,21 @@ namespace nerva::ops {
 
 namespace {
 
-constexpr int QK = KMMA_QK, QK_BYTES = 144;
-constexpr int XT_SB = KMMA_XT_SB;
+constexpr int QK = 256, QK_BYTES = 144;
+constexpr int XT_SB = 8 * 4 * 32;  // an SB's activation terms in shared memory: [sub-block][term][32 bytes]
+
+// D = A * B + D: m16n8k32, A unsigned bytes (row-major), B signed bytes (column-major), int32.
+__device__ __forceinline__ void immaU8S8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Byte 0 of a, b, c, d packed into one word.
+__device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
+  return __byte_perm(__byte_perm((uint32_t)a, (uint32_t)b, 0x0040), __byte_perm((uint32_t)c, (uint32_t)d, 0x0040), 0x5410);
+}
 
 // One work item's weights as a lane holds them: 16 weight rows (the mma's A rows; this lane's are
 // g and g + 8) of one SB. Per row: the 16-byte head (d, dmin, 12 scale
@@ -106,8 +118,78 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   pdlWait();
   pdlTrigger();
 
-  // The activations' terms (and the fused norm).
-  kmmaSplitRow<32>(x + (size_t)r * inDim, sbs, nw, nwdt, eps, bfa, o0 == 0 ? xn : nullptr, r, xt, sx, xsc);
+  const float* xr = x + (size_t)r * inDim;
+  // A fused RMSNorm (nw set): the row's sum of squares, each warp over its SBs, the warps' sums in
+  // order (every block computes the same inverse), then each activation as k_rmsnorm writes it.
+  float inv = 1.f;
+  if (nw) {
+    __shared__ float ssw[16];
+    float ss = 0.f;
+    for (int sb = warp; sb < sbs; sb += KS) {
+      const float4 v0 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
+      const float4 v1 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
+      ss += v0.x * v0.x + v0.y * v0.y + v0.z * v0.z + v0.w * v0.w + v1.x * v1.x + v1.y * v1.y + v1.z * v1.z + v1.w * v1.w;
+    }
+    ss = warpSum(ss);
+    if (lane == 0) ssw[warp] = ss;
+    __syncthreads();
+    ss = 0.f;
+    for (int k = 0; k < KS; k++) ss += ssw[k];
+    inv = rsqrtf(ss / (float)inDim + eps);
+  }
+  // The activations' terms: a warp an SB, a lane 8 consecutive elements (a quarter sub-block).
+  for (int sb = warp; sb < sbs; sb += KS) {
+    const float4 v0 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
+    const float4 v1 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
+    float e[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    if (nw) {
+#pragma unroll
+      for (int i = 0; i < 8; i++) e[i] = bfr(bfr(e[i] * inv, bfa) * ldf(nw, nwdt, (size_t)sb * QK + 8 * lane + i), bfa);
+      // The normalized row for a tail of another type (xn): written by the row's first block.
+      if (xn && o0 == 0) {
+        float4* d = reinterpret_cast<float4*>(xn + (size_t)r * inDim + sb * QK + 8 * lane);
+        d[0] = make_float4(e[0], e[1], e[2], e[3]);
+        d[1] = make_float4(e[4], e[5], e[6], e[7]);
+      }
+    }
+    float m = 0.f, s8 = 0.f;
+    bool finite = true;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      m = fmaxf(m, fabsf(e[i]));
+      s8 += e[i];
+      finite = finite && isfinite(e[i]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    finite = __all_sync(0xffffffffu, finite);
+    // max|x| < 2^E (E from m's exponent field; zero and subnormal SBs take the smallest E, whose
+    // scale 2^126 still maps every subnormal below 1).
+    int E = (int)((__float_as_uint(m) >> 23) & 0xFF) - 126;
+    E = max(E, -96);
+    const float up = __uint_as_float((uint32_t)(157 - E) << 23);  // 2^(30-E)
+    int d0[8], d1[8], d2[8], d3[8];  // digits, least significant first: X = d3 2^24 + d2 2^16 + d1 2^8 + d0
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      const int X = finite ? __float2int_rn(e[i] * up) : 0;
+      // Balanced bytes: the low byte read as signed, the rest carried (arithmetic shifts).
+      d0[i] = X;
+      d1[i] = (X + 128) >> 8;
+      d2[i] = (d1[i] + 128) >> 8;
+      d3[i] = (d2[i] + 128) >> 8;
+    }
+    const int sub = lane >> 2, q8 = 8 * (lane & 3);
+    uint8_t* dst = xt + (size_t)sb * XT_SB + sub * 128 + q8;
+    // Term 0 is the most significant (t0 = d3).
+    *reinterpret_cast<uint2*>(dst + 0 * 32) = make_uint2(pack4(d3[0], d3[1], d3[2], d3[3]), pack4(d3[4], d3[5], d3[6], d3[7]));
+    *reinterpret_cast<uint2*>(dst + 1 * 32) = make_uint2(pack4(d2[0], d2[1], d2[2], d2[3]), pack4(d2[4], d2[5], d2[6], d2[7]));
+    *reinterpret_cast<uint2*>(dst + 2 * 32) = make_uint2(pack4(d1[0], d1[1], d1[2], d1[3]), pack4(d1[4], d1[5], d1[6], d1[7]));
+    *reinterpret_cast<uint2*>(dst + 3 * 32) = make_uint2(pack4(d0[0], d0[1], d0[2], d0[3]), pack4(d0[4], d0[5], d0[6], d0[7]));
+    s8 += __shfl_xor_sync(0xffffffffu, s8, 1);
+    s8 += __shfl_xor_sync(0xffffffffu, s8, 2);
+    if ((lane & 3) == 0) sx[sb * 8 + sub] = s8;
+    if (lane == 0) xsc[sb] = finite ? __uint_as_float((uint32_t)(97 + E) << 23) : __uint_as_float(0x7fc00000u);
+  }
   __syncthreads();
 
   // The computed item's group and SB index, and the SB's activations as this lane holds them:
@@ -215,8 +297,22 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
   if (inDim % QK != 0) return bad(ex, "matmul: a Q4_K weight's rows must be whole blocks (inDim a multiple of 256)");
   if (((uintptr_t)w & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
   const int sbs = inDim / QK;
-  const int ks = kmmaWarps(sbs);
-  const int per = kmmaPer(ex, outDim, glu);
+  // Warps a block: one an SB up to 16; past that a divisor of the SB count in [8, 16] where there
+  // is one (every warp the same number of SBs), else 16.
+  int ks = std::min(sbs, 16);
+  if (sbs > 16) {
+    for (int d = 16; d >= 8; d--)
+      if (sbs % d == 0) {
+        ks = d;
+        break;
+      }
+  }
+  // Outputs a block: whole groups of 16 weight rows, about one block an SM (in as many waves as
+  // keep a block's partial sums within 16 groups a warp).
+  const long long groups = ((long long)outDim * (glu ? 2 : 1) + 15) / 16;
+  long long gpb = std::max<long long>(1, (groups + ex->smCount - 1) / ex->smCount);
+  if (gpb > 16) gpb = (groups + ex->smCount * ((gpb + 15) / 16) - 1) / (ex->smCount * ((gpb + 15) / 16));
+  const int per = (int)std::min<long long>(outDim, gpb * (glu ? 8 : 16));
   const size_t chunks = (size_t)(outDim + per - 1) / per;
   const int stride = per * (glu ? 2 : 1);
   const size_t smem = (((size_t)ks * stride * sizeof(float) + 15) & ~(size_t)15) + (size_t)sbs * (XT_SB + 9 * sizeof(float));

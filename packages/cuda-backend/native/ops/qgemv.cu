@@ -1,5 +1,4 @@
-// Matmuls over ggml block-quantized weights (Q8_0, Q4_0, and Q6_K rows too long for q6k_mma.cu's
-// shared memory; Q4_K rows go to q4k_mma.cu, other Q6_K rows to q6k_mma.cu): a GEMV
+// Matmuls over ggml block-quantized weights (Q8_0, Q4_0, Q6_K; Q4_K rows go to q4k_mma.cu): a GEMV
 // that streams each weight block once from memory and dequantizes it in registers against float32
 // activations.
 // Exact with respect to the dequantized weights up to float32 summation order: the activations
@@ -375,17 +374,15 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     if (rc != NERVA_BAD_ARGS) return rc;
   }
   const float* xr = x;
-  // A Q4_K or (tensor-core) Q6_K matrix normalizes its activations itself (one kernel, not two).
-  // Q6_K rows take the tensor cores where they fit their shared memory. With a tail of another
+  // A Q4_K matrix normalizes its activations itself (one kernel, not two). With a tail of another
   // type, its first block per row also writes the normalized rows to the workspace, which the
   // tail's GEMV (launched after it) reads; any other fused norm runs as its own kernel first.
   const size_t xnBytes = (size_t)rows * inDim * sizeof(float);
   const uintptr_t wsLo = (uintptr_t)ex->ws, xLo = (uintptr_t)x;
   const bool apart = xLo + xnBytes <= wsLo || wsLo + xnBytes <= xLo;  // x is not the workspace it would write
-  const bool q6kMma = q6kMmaFits(ex, inDim);
-  const bool normInKernel = f.nw.p && (w.dt == NV_Q4_K || (w.dt == NV_Q6_K && q6kMma)) && (!f.tail.p || (f.tailFrom > 0 && xnBytes <= ex->wsBytes && apart));
+  const bool normInQ4k = f.nw.p && w.dt == NV_Q4_K && (!f.tail.p || (f.tailFrom > 0 && xnBytes <= ex->wsBytes && apart));
   float* xn = nullptr;
-  if (f.nw.p && !normInKernel) {
+  if (f.nw.p && !normInQ4k) {
     if (xnBytes > ex->wsBytes) return bad(ex, "fused_matmul: workspace too small");
     // A thread per 4 elements (up to 1024): each thread's loop is a few loads long, not 16 loads
     // waited for one by one (256 threads took 12.5 us a 4096-element row on the H200).
@@ -393,7 +390,7 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     int rc = launchRmsnorm(ex, rows, threads, x, f.nw.p, f.nw.dt, (float*)ex->ws, nullptr, inDim, f.eps, nullptr, nullptr, true);
     if (rc) return rc;
     xr = (const float*)ex->ws;
-  } else if (normInKernel && f.tail.p) {
+  } else if (normInQ4k && f.tail.p) {
     xn = (float*)ex->ws;
   }
   // Warps enough for a lane a tile (32 elements): a lane holds one tile's activations.
@@ -403,8 +400,7 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   while (ks * 32 < tiles) ks *= 2;
   const int acc = f.accumulate ? 1 : 0;
   // Outputs [o0, o1) from w's rows (a tail's rows count from tailFrom), reading activations `in`;
-  // `norm` set (a Q4_K or tensor-core Q6_K part only): the kernel normalizes `in` itself, writing
-  // the result to xn.
+  // `norm` set (a Q4_K part only): the kernel normalizes `in` itself, writing the result to xn.
   auto part = [&](Buf wt, int o0, int o1, const float* in, bool norm) -> int {
     if (o1 <= o0) return NERVA_OK;
     const uint8_t* wp = (const uint8_t*)wt.p;
@@ -417,22 +413,19 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
       case NV_Q4_0: QD(NV_Q4_0);
       case NV_Q4_K:
         return q4kMmaRun(ex, in, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, norm ? f.nw : Buf{nullptr, 0}, f.eps, norm ? xn : nullptr);
-      case NV_Q6_K:
-        if (q6kMma)
-          return q6kMmaRun(ex, in, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, norm ? f.nw : Buf{nullptr, 0}, f.eps, norm ? xn : nullptr);
-        QD(NV_Q6_K);
+      case NV_Q6_K: QD(NV_Q6_K);
       default: return bad(ex, "matmul: unknown quantized weight dtype");
     }
 #undef QD
   };
-  // w's part reads x and normalizes it itself (normInKernel), else the normalized copy xr.
-  const float* wIn = normInKernel ? x : xr;
-  if (!f.tail.p) return part(w, 0, outDim, wIn, normInKernel);
+  // w's part reads x and normalizes it itself (normInQ4k), else the normalized copy xr.
+  const float* wIn = normInQ4k ? x : xr;
+  if (!f.tail.p) return part(w, 0, outDim, wIn, normInQ4k);
   if (f.tailFrom < 0 || f.tailFrom > outDim) return bad(ex, "matmul: tailFrom must be in [0, outDim]");
   if (inDim % nvQuantBlockElems(f.tail.dt) != 0) return bad(ex, "matmul: a quantized weight's rows must be whole blocks (inDim a multiple of the block)");
   if (f.tail.dt == NV_Q4_K && ((uintptr_t)f.tail.p & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
   if (((uintptr_t)f.tail.p & 1) != 0) return bad(ex, "matmul: a quantized weight must be 2-byte aligned");
-  const int rc = part(w, 0, f.tailFrom, wIn, normInKernel);
+  const int rc = part(w, 0, f.tailFrom, wIn, normInQ4k);
   // The tail reads the rows w's part normalized (xn), or the workspace's normalized copy.
   return rc ? rc : part(f.tail, f.tailFrom, outDim, xn ? xn : xr, false);
 }

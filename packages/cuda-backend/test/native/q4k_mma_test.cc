@@ -30,11 +30,99 @@
 #include <random>
 #include <vector>
 
-#include "kmma_emul.h"
+#include "float_bits.h"
 
 namespace {
 
-constexpr int QK = KMMA_QK, QK_BYTES = 144;
+constexpr int QK = 256, QK_BYTES = 144;
+
+float h2f(uint16_t h) {
+  const uint32_t s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
+  float v = e == 0 ? std::ldexp((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((float)(m | 1024), (int)e - 25);
+  return s ? -v : v;
+}
+
+struct Stats {
+  long long splitChecked = 0, splitBad = 0, digitRangeBad = 0, overflow = 0;
+  double maxErrScaled = 0, maxErrScaledF32 = 0;
+  long long rows = 0;
+};
+
+// One SB's activations as the kernel's lanes leave them: for each sub-block and term, 32 bytes;
+// the sub-block sums; the SB's scale 2^(E-30).
+struct SbTerms {
+  int8_t t[8][4][32];
+  float sx[8];
+  float xsc;
+};
+
+SbTerms splitSb(const float* x, Stats& st) {
+  SbTerms o{};
+  float m = 0.f;
+  bool finite = true;
+  for (int i = 0; i < QK; i++) {
+    m = std::fmax(m, std::fabs(x[i]));
+    finite = finite && std::isfinite(x[i]);
+  }
+  int E = (int)((f2u(m) >> 23) & 0xFF) - 126;
+  if (E < -96) E = -96;
+  const float up = u2f((uint32_t)(157 - E) << 23);
+  for (int lane = 0; lane < 32; lane++) {
+    for (int i = 0; i < 8; i++) {
+      const float e = x[8 * lane + i];
+      const int X = finite ? (int)std::nearbyint(e * up) : 0;
+      const int d0 = X, d1 = (X + 128) >> 8, d2 = (d1 + 128) >> 8, d3 = (d2 + 128) >> 8;
+      const int8_t b[4] = {(int8_t)d3, (int8_t)d2, (int8_t)d1, (int8_t)d0};  // terms 0..3, most significant first
+      if (d3 < -128 || d3 > 127) st.digitRangeBad++;
+      const long long back = (long long)b[0] * (1 << 24) + (long long)b[1] * 65536 + (long long)b[2] * 256 + b[3];
+      st.splitChecked++;
+      if (back != X) st.splitBad++;
+      if (finite && std::fabs((double)X * std::ldexp(1.0, E - 30) - (double)e) > std::ldexp(1.0, E - 31)) st.splitBad++;
+      for (int k = 0; k < 4; k++) o.t[lane >> 2][k][8 * (lane & 3) + i] = b[k];
+    }
+  }
+  // Each sub-block's sum: a lane's 8 in order, then the quad's shuffles ((l0 + l1) + (l2 + l3)).
+  for (int sub = 0; sub < 8; sub++) {
+    float q[4];
+    for (int l = 0; l < 4; l++) {
+      float s8 = 0.f;
+      for (int i = 0; i < 8; i++) s8 += x[32 * sub + 8 * l + i];
+      q[l] = s8;
+    }
+    o.sx[sub] = (q[0] + q[1]) + (q[2] + q[3]);
+  }
+  o.xsc = finite ? u2f((uint32_t)(97 + E) << 23) : NAN;
+  return o;
+}
+
+// m16n8k32 by definition from the lanes' fragments: A u8 [lane][4 words], B s8 [lane][2 words].
+void mma(const uint32_t (&a)[32][4], const uint32_t (&b)[32][2], long long (&c)[32][4]) {
+  uint8_t A[16][32];
+  int8_t B[32][8];
+  for (int lane = 0; lane < 32; lane++) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 16; i++) {
+      const int row = (i < 4 || (i >= 8 && i < 12)) ? g : g + 8;
+      const int col = t * 4 + (i & 3) + (i >= 8 ? 16 : 0);
+      A[row][col] = (uint8_t)(a[lane][i / 4] >> (8 * (i & 3)));
+    }
+    for (int i = 0; i < 8; i++) B[t * 4 + (i & 3) + (i >= 4 ? 16 : 0)][g] = (int8_t)(b[lane][i / 4] >> (8 * (i & 3)));
+  }
+  for (int lane = 0; lane < 32; lane++) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; i++) {
+      const int row = i < 2 ? g : g + 8, col = 2 * t + (i & 1);
+      long long s = 0;
+      for (int k = 0; k < 32; k++) s += (long long)A[row][k] * B[k][col];
+      c[lane][i] = s;
+    }
+  }
+}
+
+int fit(long long v, Stats& st) {
+  if (v > INT32_MAX || v < INT32_MIN) st.overflow++;
+  return (int)v;
+}
 
 // One SB of 16 weight rows (row pointers at that SB) against its terms: each row's float sum as
 // the quad's lane 0 leaves it.
@@ -100,6 +188,15 @@ void item(const uint8_t* const* rowsAt, const SbTerms& xt, float* y, Stats& st) 
     }
 }
 
+// q4kMmaRun's warp count.
+int warpsFor(int sbs) {
+  int ks = sbs < 16 ? sbs : 16;
+  if (sbs > 16)
+    for (int d = 16; d >= 8; d--)
+      if (sbs % d == 0) return d;
+  return ks;
+}
+
 // A random Q4_K row: random qs and scale bytes, d and dmin small positive f16 values.
 void randomRow(std::mt19937& rng, uint8_t* row, int sbs) {
   std::uniform_int_distribution<int> byte(0, 255);
@@ -148,15 +245,44 @@ void dequant(const uint8_t* row, int sbs, std::vector<float>& w, std::vector<flo
 int main() {
   Stats st;
   std::mt19937 rng(2024);
+  std::normal_distribution<float> nd(0.f, 1.f);
   const int dims[] = {256, 768, 1024, 4096, 12288};
   for (int inDim : dims) {
-    const int sbs = inDim / QK, ks = kmmaWarpsEmul(sbs), R = 48;
+    const int sbs = inDim / QK, ks = warpsFor(sbs), R = 48;
     std::vector<uint8_t> W((size_t)R * sbs * QK_BYTES);
     for (int r = 0; r < R; r++) randomRow(rng, &W[(size_t)r * sbs * QK_BYTES], sbs);
     for (int variant = 0; variant < 8; variant++) {
       std::vector<float> x(inDim);
-      std::vector<double> xref;
-      makeActivations(rng, variant, ks, x, xref);
+      for (auto& v : x) v = nd(rng);
+      if (variant % 4 >= 1) x[rng() % inDim] = 3000.f;  // an outlier
+      if (variant % 4 >= 2 && sbs > 1)
+        for (int i = QK; i < 2 * QK; i++) x[i] = 0.f;  // a zero SB
+      if (variant % 4 == 3) {
+        x[rng() % inDim] = 1e-40f;  // a subnormal
+        x[rng() % inDim] = -3e6f;  // a million times the rest
+      }
+      // Variants 4..7: the fused RMSNorm (eps 1e-6, a norm weight around 1), as k_q4k_mma applies
+      // it: the warps' sums of squares over their SBs added in warp order, then x * inv * nw.
+      std::vector<double> xref(x.begin(), x.end());
+      if (variant >= 4) {
+        std::vector<float> nw(inDim);
+        for (auto& v : nw) v = 1.f + 0.1f * nd(rng);
+        float ss = 0.f;
+        double ssd = 0;
+        for (int w = 0; w < ks; w++) {
+          float sw = 0.f;
+          for (int sb = w; sb < sbs; sb += ks)
+            for (int i = 0; i < QK; i++) sw += x[(size_t)sb * QK + i] * x[(size_t)sb * QK + i];
+          ss += sw;
+        }
+        for (float v : x) ssd += (double)v * v;
+        const float inv = 1.f / std::sqrt(ss / (float)inDim + 1e-6f);
+        const double invd = 1.0 / std::sqrt(ssd / inDim + 1e-6);
+        for (int i = 0; i < inDim; i++) {
+          xref[i] = (double)x[i] * invd * nw[i];
+          x[i] = x[i] * inv * nw[i];
+        }
+      }
       std::vector<SbTerms> terms(sbs);
       for (int s = 0; s < sbs; s++) terms[s] = splitSb(&x[(size_t)s * QK], st);
       // Blocks of 16 rows (one group), the warps' SBs as the kernel assigns them.
@@ -177,7 +303,19 @@ int main() {
           for (int w = 0; w < ks; w++) got += part[w][k];
           std::vector<float> wd, parts;
           dequant(&W[(size_t)(g0 + k) * sbs * QK_BYTES], sbs, wd, parts);
-          score(got, wd, parts, x, xref, st);
+          double ref = 0, mag = 0, magParts = 0;
+          float seq = 0.f;
+          for (int i = 0; i < inDim; i++) {
+            ref += (double)wd[i] * xref[i];
+            mag += std::fabs((double)wd[i] * xref[i]);
+            magParts += (double)parts[i] * std::fabs(xref[i]);
+            seq += wd[i] * x[i];
+          }
+          st.rows++;
+          if (mag > 0) {
+            st.maxErrScaled = std::fmax(st.maxErrScaled, std::fabs(got - ref) / magParts);
+            st.maxErrScaledF32 = std::fmax(st.maxErrScaledF32, std::fabs(seq - ref) / mag);
+          }
         }
       }
     }
