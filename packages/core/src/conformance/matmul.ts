@@ -275,8 +275,8 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
       matmulCase(`12 rows 768 -> 20, ${q}, weightOffset`, { rows: 12, inDim: 768, outDim: 20, weight: q, weightOffset: 768 * 3 }),
       matmulCase(`1 row 4096 -> 1024, ${q}`, { rows: 1, inDim: 4096, outDim: 1024, weight: q }, true),
     ]),
-    // The Q6_K tensor-core GEMV's shapes: 17 SBs (16 warps, one with two), 2-byte-aligned blocks
-    // at every offset (odd row lengths, a weight offset), several 16-row groups with a partial one.
+    // Q6_K at 17 super-blocks a row, its 210-byte (2-byte-aligned) blocks at every offset (odd
+    // super-block counts, a weight offset), several 16-row groups with a partial one.
     matmulCase('4 rows 4352 -> 72, q6_k, weightOffset', { rows: 4, inDim: 4352, outDim: 72, weight: 'q6_k', weightOffset: 4352 * 3 }),
     matmulCase('8 rows 1280 -> 100, q6_k, bias', { rows: 8, inDim: 1280, outDim: 100, weight: 'q6_k', bias: true }),
     matmulCase('3 rows 512 -> 40, q4_k rows then a q6_k tail from 24, bias', { rows: 3, inDim: 512, outDim: 40, weight: 'q4_k', tail: { from: 24, dtype: 'q6_k' }, bias: true }),
