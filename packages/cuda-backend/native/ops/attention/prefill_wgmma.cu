@@ -24,22 +24,17 @@
 
 namespace nerva::ops {
 
+constexpr int PW_THREADS = 256;           // two warpgroups
 constexpr int PW_PANEL = PF_KEYS * 128;   // bytes: 64 rows of one 64-dim half (128 bytes a row)
 constexpr int PW_MAT = 2 * PW_PANEL;      // bytes: 64 rows x 128 dims of bf16
 // Two stages (the next tile's copies in flight during this one's products) and the registers capped
 // at 128, so that two blocks share an SM: one block's softmax runs while the other's products do.
 // A pipelined form (each warpgroup's softmax overlapping its own next S product, one block a SM at
 // ~190 registers, five stages) measured slower: docs/results/prefill.md.
-// G q heads of one KV head a block, a warpgroup each: G = 4 loads each K/V tile once for four
-// heads (half the L2 traffic and copies a product of G = 2), at one 512-thread block an SM.
 constexpr int PW_STAGES = 2;
-template <int G>
-__host__ __device__ constexpr int pwThreads() { return 128 * G; }
-template <int G>
-__host__ __device__ constexpr int pwMinBlocks() { return G == 2 ? 2 : 1; }
-// q of G heads, the K/V stages, and 1 KiB of slack to align the base to the swizzle's 1024 bytes.
-template <int G>
-constexpr size_t pwSmem() { return (size_t)(G + 2 * PW_STAGES) * PW_MAT + 1024; }
+constexpr int PW_MIN_BLOCKS = 2;
+// q of two heads, the K/V stages, and 1 KiB of slack to align the base to the swizzle's 1024 bytes.
+constexpr size_t PW_SMEM = (size_t)(2 + 2 * PW_STAGES) * PW_MAT + 1024;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Byte offset of 16-byte chunk ch (dims 8 ch .. 8 ch + 7) of row r in a swizzled 64 x 128 matrix.
@@ -117,8 +112,7 @@ __device__ __forceinline__ void pwMmaPV(float (&d)[64], const uint32_t (&a)[4], 
 
 // `btStride`: the block-table row stride of sequences (0: every sequence reads row 0, the identity
 // table of gathered keys), as k_attn_prefill3.
-template <int G>
-__global__ void __launch_bounds__(pwThreads<G>(), pwMinBlocks<G>())
+__global__ void __launch_bounds__(PW_THREADS, PW_MIN_BLOCKS)
     k_attn_prefill_wgmma(const float* q, const uint16_t* kc, const uint16_t* vc, const int* bt, int btStride,
                          const int* rowSeq, const int* positions, float* out, int rows, int H, int KVH, int bs,
                          int qStride, int qOff, float scale, int window, float* lse, const int2* tiles,
@@ -135,14 +129,13 @@ __global__ void __launch_bounds__(pwThreads<G>(), pwMinBlocks<G>())
   const uint32_t base = (dynAddr + 1023u) & ~1023u;
   unsigned char* const sm = pwDyn + (base - dynAddr);
   const uint32_t qBase = base;              // head i at + i * PW_MAT
-  const uint32_t kvBase = base + G * PW_MAT;  // stage s: K at + 2 s PW_MAT, V PW_MAT on
-  constexpr int PW_THREADS = pwThreads<G>();
+  const uint32_t kvBase = base + 2 * PW_MAT;  // stage s: K at + 2 s PW_MAT, V PW_MAT on
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wg = warp >> 2, wq = warp & 3;
-  int r0, group;
-  if (!pfTileRows(tiles, tileCount, r0, rows, group)) return;
-  const int h0 = group * G;
+  int r0, pair;
+  if (!pfTileRows(tiles, tileCount, r0, rows, pair)) return;
+  const int h0 = pair * 2;
   if (tid == 0) {
     sLo = INT_MAX;
     sHi = -1;
@@ -151,7 +144,7 @@ __global__ void __launch_bounds__(pwThreads<G>(), pwMinBlocks<G>())
   // 16-byte chunk a step. The caller guarantees float pairs only, so q is read two floats at a time.
   {
     const float qs = scale * PA2_LOG2E;
-    for (int i = tid; i < G * PF_ROWS * (HD / 8); i += PW_THREADS) {
+    for (int i = tid; i < 2 * PF_ROWS * (HD / 8); i += PW_THREADS) {
       const int hh = i / (PF_ROWS * (HD / 8)), rr = (i / (HD / 8)) % PF_ROWS, ch = i % (HD / 8);
       uint32_t w[4] = {0u, 0u, 0u, 0u};
       if (r0 + rr < rows) {
@@ -207,13 +200,13 @@ __global__ void __launch_bounds__(pwThreads<G>(), pwMinBlocks<G>())
     }
     return __syncthreads_and(ok) != 0;
   };
-  // A thread copies one fixed 16-byte column of every (threads / 16)th key row, K and V.
+  // A thread copies one fixed 16-byte column of every 16th key row, K and V.
   auto issue = [&](const long long* sl, int st) {
     const uint32_t kd = kvBase + (uint32_t)st * 2 * PW_MAT, vd = kd + PW_MAT;
     const int ch = tid & 15, j0 = tid >> 4;
 #pragma unroll
-    for (int it = 0; it < PF_KEYS / (PW_THREADS / 16); it++) {
-      const int j = j0 + it * (PW_THREADS / 16);
+    for (int it = 0; it < PF_KEYS / 16; it++) {
+      const int j = j0 + it * 16;
       const long long sv = sl[j];
       const size_t off = (size_t)max(sv, 0ll) + ch * 8;
       const uint32_t at = pwSwz(j, ch);
@@ -380,7 +373,7 @@ static bool attnPrefillWgmmaLoaded() {
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
   if (!known[dev]) {
     cudaFuncAttributes a;
-    const cudaError_t e = cudaFuncGetAttributes(&a, k_attn_prefill_wgmma<2>);
+    const cudaError_t e = cudaFuncGetAttributes(&a, k_attn_prefill_wgmma);
     if (e != cudaSuccess) cudaGetLastError();  // no image for this device: not an error of the call
     known[dev] = e == cudaSuccess && a.binaryVersion == 90 && a.sharedSizeBytes > 0 ? 1 : -1;
   }
@@ -394,22 +387,12 @@ int attnPrefillWgmmaRun(NervaExec* ex, const float* q, const uint16_t* kc, const
                         Buf rowSeq, Buf pos, float* out, int rows, int H, int KVH, int bs, int qStride, int qOff,
                         float scale, int window, float* lse, int oneSeq) {
   if (!attnPrefillWgmmaLoaded()) return -1;
-  const int2* plan = oneSeq ? nullptr : (const int2*)ex->tiles;
-  const unsigned tiles = (unsigned)pfTileBlocks(rows, oneSeq);
-  cudaError_t e;
-  if ((H / KVH) % 4 == 0) {
-    if ((e = allowDynamicSmem(k_attn_prefill_wgmma<4>, pwSmem<4>())) != cudaSuccess)
-      return check(ex, "k_attn_prefill_wgmma (shared memory opt-in)", e);
-    LAUNCH(k_attn_prefill_wgmma<4>, dim3(tiles, (unsigned)(H / 4)), pwThreads<4>(), pwSmem<4>(), q, kc, vc, bt, btStride,
-           (const int*)rowSeq.p, (const int*)pos.p, out, rows, H, KVH, bs, qStride, qOff, scale, window, lse, plan,
-           (const int*)ex->tileCount);
-  } else {
-    if ((e = allowDynamicSmem(k_attn_prefill_wgmma<2>, pwSmem<2>())) != cudaSuccess)
-      return check(ex, "k_attn_prefill_wgmma (shared memory opt-in)", e);
-    LAUNCH(k_attn_prefill_wgmma<2>, dim3(tiles, (unsigned)(H / 2)), pwThreads<2>(), pwSmem<2>(), q, kc, vc, bt, btStride,
-           (const int*)rowSeq.p, (const int*)pos.p, out, rows, H, KVH, bs, qStride, qOff, scale, window, lse, plan,
-           (const int*)ex->tileCount);
-  }
+  cudaError_t e = allowDynamicSmem(k_attn_prefill_wgmma, PW_SMEM);
+  if (e != cudaSuccess) return check(ex, "k_attn_prefill_wgmma (shared memory opt-in)", e);
+  dim3 grid((unsigned)pfTileBlocks(rows, oneSeq), (unsigned)(H / 2));
+  LAUNCH(k_attn_prefill_wgmma, grid, PW_THREADS, PW_SMEM, q, kc, vc, bt, btStride, (const int*)rowSeq.p, (const int*)pos.p,
+         out, rows, H, KVH, bs, qStride, qOff, scale, window, lse, oneSeq ? nullptr : (const int2*)ex->tiles,
+         (const int*)ex->tileCount);
   return NERVA_OK;
 }
 
