@@ -46,6 +46,19 @@ __device__ __forceinline__ bool pfTileRows(const int2* tiles, const int* tileCou
   return true;
 }
 
+// The keys any row of a tile [r0, rows) sees, {first, last}: the rows' window starts and
+// positions reduced in shared memory `lo` and `hi`, which the block set to INT_MAX and -1 behind
+// a barrier before the call. Ends with a barrier, so every thread reads both.
+__device__ __forceinline__ int2 pfTileKeys(const int* positions, int r0, int rows, int window, int& lo, int& hi) {
+  if (threadIdx.x < PF_ROWS && r0 + (int)threadIdx.x < rows) {
+    const int p = positions[r0 + threadIdx.x];
+    atomicMin(&lo, window > 0 ? max(0, p - window + 1) : 0);
+    atomicMax(&hi, p);
+  }
+  __syncthreads();
+  return make_int2(lo, hi);
+}
+
 __device__ __forceinline__ uint32_t pfPack(float lo, float hi) {
   return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
 }

@@ -58,13 +58,8 @@ __global__ void __launch_bounds__(128) k_attn_prefill3(const float* q, const uin
     }
   }
   __syncthreads();
-  if (threadIdx.x < PF_ROWS && r0 + (int)threadIdx.x < rows) {
-    int p = positions[r0 + threadIdx.x];
-    atomicMin(&sLo, window > 0 ? max(0, p - window + 1) : 0);
-    atomicMax(&sHi, p);
-  }
-  __syncthreads();
-  const int kLo = sLo, kHi = sHi;
+  const int2 keys = pfTileKeys(positions, r0, rows, window, sLo, sHi);
+  const int kLo = keys.x, kHi = keys.y;
   const int seq = rowSeq[r0];
   const int kvh = h0 / (H / KVH);
   const int* btr = bt + (size_t)seq * btStride;

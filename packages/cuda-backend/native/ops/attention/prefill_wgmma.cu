@@ -160,13 +160,8 @@ __global__ void __launch_bounds__(PW_THREADS, PW_MIN_BLOCKS)
   }
   pwProxyFence();
   __syncthreads();
-  if (tid < PF_ROWS && r0 + tid < rows) {
-    int p = positions[r0 + tid];
-    atomicMin(&sLo, window > 0 ? max(0, p - window + 1) : 0);
-    atomicMax(&sHi, p);
-  }
-  __syncthreads();
-  const int kLo = sLo, kHi = sHi;
+  const int2 keys = pfTileKeys(positions, r0, rows, window, sLo, sHi);
+  const int kLo = keys.x, kHi = keys.y;
   const int seq = rowSeq[r0];
   const int kvh = h0 / (H / KVH);
   const int* btr = bt + (size_t)seq * btStride;
