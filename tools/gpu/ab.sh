@@ -29,6 +29,10 @@
 # ab_profile TAG NAME KERNEL [ROWS] [SKIP]: ncu --set full on one launch of KERNEL (a regex on kernel names) in
 # ROWS (32) batch-invariant forks (12 tokens each, two rounds) of checkpoint M (qwen3-0.6b) on /tmp/NAME.node, after SKIP (200) launches of it
 # (past the first round's, so a replayed decode graph's) -> $AB/profile-TAG.txt (ncu's details page), key lines printed.
+# ab_profile_prefill TAG NAME KERNEL MODEL [SKIP] [nerva-bench prefill flags...]: ncu --set full on one launch of KERNEL in
+# a prefill of MODEL (--repeats 1) on /tmp/NAME.node, after SKIP (36: the warm-up prefill's launches of a 36-layer
+# model) launches of it -> $AB/profile-TAG.txt, key lines printed; e.g. ab_profile_prefill wg cand k_attn_prefill_wgmma
+# /tmp/synth/qwen3-8b 36 --prompt-len 4096 --matmul-precision bf16.
 # ab_trace TAG TRACE_ADDON [VAR=value...]: one decode probe on a traced addon (built with -DNERVA_TRACE),
 # its timeline in $AB/timeline-TAG.txt (DETAIL=KERNEL: that kernel's block detail in
 # $AB/detail-TAG.txt too; KEEP_TRACE=1: the trace itself, $AB/trace-TAG.bin.xz); prints the per-kernel summary.
@@ -128,6 +132,16 @@ ab_profile() {
   echo "== $tag ($kernel, $rows rows)"
   grep -E "Duration|Registers Per Thread|Occupancy|Issue Slots Busy|Warp Cycles Per Issued|Memory Throughput|L2 Hit Rate|Stall|Block Limit" \
     "$AB/profile-$tag.txt" | head -40
+}
+
+ab_profile_prefill() {
+  local tag=$1 name=$2 kernel=$3 model=$4 skip=${5:-36}
+  shift 5 2> /dev/null || shift $#
+  NERVA_CUDA_ADDON="/tmp/$name.node" timeout 300 ncu --set full -k "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
+    $AB_NODE .device/dist/bench_cli.mjs prefill --model "$model" --backend cuda --repeats 1 "$@" > "$AB/profile-$tag.txt" 2>> "$AB/err.log"
+  echo "== $tag ($kernel)"
+  grep -E "Duration|Registers Per Thread|Occupancy|Issue Slots Busy|Warp Cycles Per Issued|Memory Throughput|L2 Hit Rate|Stall|Block Limit|Tensor" \
+    "$AB/profile-$tag.txt" | head -50
 }
 
 ab_check() {
