@@ -300,18 +300,21 @@ int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf 
                      int rows, int H, int KVH, int bs, int mbps, int qStride, int qOff, float scale, int window,
                      float* lse, int oneSeq) {
   const bool plain = ex->gemmMode == GEMM_BF16, twoHeads = (H / KVH) % 2 == 0;
-  if (plain && twoHeads) {
-    if (kc.dt == NV_BF16) {
-      if (hd == 128) {
-        const int rc = attnPrefillWgmmaRun(ex, q, (const uint16_t*)kc.p, (const uint16_t*)vc.p, (const int*)bt.p, mbps, rowSeq,
-                                           pos, out, rows, H, KVH, bs, qStride, qOff, scale, window, lse, oneSeq);
-        if (rc >= 0) return rc;
-        return attnPrefill3Run<128>(ex, q, (const uint16_t*)kc.p, (const uint16_t*)vc.p, (const int*)bt.p, mbps, rowSeq, pos, out,
-                                    rows, H, KVH, bs, qStride, qOff, scale, window, lse, oneSeq);
-      }
-      return attnPrefill3Run<64>(ex, q, (const uint16_t*)kc.p, (const uint16_t*)vc.p, (const int*)bt.p, mbps, rowSeq, pos, out,
-                                 rows, H, KVH, bs, qStride, qOff, scale, window, lse, oneSeq);
+  // The bf16-operand forms over bf16 keys k and values v through block table `table` (row stride
+  // `stride`): the wgmma form where the image has it (head dim 128), else k_attn_prefill3.
+  auto bf16Tiles = [&](const uint16_t* k, const uint16_t* v, const int* table, int stride) -> int {
+    if (hd == 128) {
+      const int rc = attnPrefillWgmmaRun(ex, q, k, v, table, stride, rowSeq, pos, out, rows, H, KVH, bs, qStride, qOff, scale,
+                                         window, lse, oneSeq);
+      if (rc >= 0) return rc;
+      return attnPrefill3Run<128>(ex, q, k, v, table, stride, rowSeq, pos, out, rows, H, KVH, bs, qStride, qOff, scale, window,
+                                  lse, oneSeq);
     }
+    return attnPrefill3Run<64>(ex, q, k, v, table, stride, rowSeq, pos, out, rows, H, KVH, bs, qStride, qOff, scale, window, lse,
+                               oneSeq);
+  };
+  if (plain && twoHeads) {
+    if (kc.dt == NV_BF16) return bf16Tiles((const uint16_t*)kc.p, (const uint16_t*)vc.p, (const int*)bt.p, mbps);
     // An f32 cache: the sequence's keys and values gathered to bf16 in the workspace first. Not
     // under batch invariance: a chunk in a call of several sequences takes the second form, so it
     // takes that form alone too.
@@ -323,15 +326,7 @@ int attnPrefillTiles(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf 
       int* idt = (int*)(ex->ws + 2 * kvBytes);
       LAUNCH(k_kv_gather_bf16, gridFor(maxLen * width / 4, 256, ex->smCount), 256, 0, (const float*)kc.p, (const float*)vc.p,
              (const int*)bt.p, (const int*)rowSeq.p, (const int*)pos.p, rows, (int)width, bs, mbps, window, dk, dv, idt);
-      if (hd == 128) {
-        const int rc = attnPrefillWgmmaRun(ex, q, dk, dv, idt, 0, rowSeq, pos, out, rows, H, KVH, bs, qStride, qOff, scale, window,
-                                           lse, oneSeq);
-        if (rc >= 0) return rc;
-        return attnPrefill3Run<128>(ex, q, dk, dv, idt, 0, rowSeq, pos, out, rows, H, KVH, bs, qStride, qOff, scale, window, lse,
-                                    oneSeq);
-      }
-      return attnPrefill3Run<64>(ex, q, dk, dv, idt, 0, rowSeq, pos, out, rows, H, KVH, bs, qStride, qOff, scale, window, lse,
-                                 oneSeq);
+      return bf16Tiles(dk, dv, idt, 0);
     }
   }
   return attnPrefillGqa(ex, hd, q, kc, vc, bt, rowSeq, pos, out, rows, H, KVH, bs, mbps, qStride, qOff, scale, window, lse,
