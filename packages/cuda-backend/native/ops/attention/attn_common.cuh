@@ -59,6 +59,20 @@ __device__ __forceinline__ int2 pfTileKeys(const int* positions, int r0, int row
   return make_int2(lo, hi);
 }
 
+// Each key's element offset in the cache (its KV head's row, `head` elements in) for the tile of
+// PF_KEYS keys at k0, one thread a key, from its block-table entry e (-1: none, or the block lives
+// in another cache: -1). Returns, to every thread, whether all the tile's keys are present.
+__device__ __forceinline__ bool pfKeyOffsets(int k0, int e, int bs, size_t width, long long head, long long* sl) {
+  bool ok = true;
+  if (threadIdx.x < PF_KEYS) {
+    const int p = k0 + (int)threadIdx.x;
+    const long long v = e >= 0 ? ((long long)e * bs + p % bs) * (long long)width + head : -1;
+    sl[threadIdx.x] = v;
+    ok = v >= 0;
+  }
+  return __syncthreads_and(ok) != 0;
+}
+
 __device__ __forceinline__ uint32_t pfPack(float lo, float hi) {
   return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
 }

@@ -132,18 +132,8 @@ __global__ void __launch_bounds__(128 * HPB) k_attn_prefill2(const float* q, con
     const int p = k0 + (int)threadIdx.x;
     return threadIdx.x < PF_KEYS && p >= kLo && p <= kHi ? btr[p / bs] : -1;
   };
-  // Each key's element offset in the cache (its KV head's row) from its entry (-1: none, or the
-  // block lives in another cache); returns, to every thread, whether all 64 are present.
-  auto slotsFrom = [&](int k0, int e, long long* sl) -> bool {
-    bool ok = true;
-    if (threadIdx.x < PF_KEYS) {
-      const int p = k0 + (int)threadIdx.x;
-      const long long v = e >= 0 ? ((long long)e * bs + p % bs) * (long long)width + (long long)kvh * HD : -1;
-      sl[threadIdx.x] = v;
-      ok = v >= 0;
-    }
-    return __syncthreads_and(ok) != 0;
-  };
+  // The tile's key offsets in this block's KV head (pfKeyOffsets).
+  auto slotsFrom = [&](int k0, int e, long long* sl) { return pfKeyOffsets(k0, e, bs, width, (long long)kvh * HD, sl); };
   // bf16: the tile's rows as they are, into stage st.
   auto issueBf = [&](const long long* sl, int st) {
     uint16_t* kd = pa2sm + (size_t)st * 2 * TILE;

@@ -183,18 +183,8 @@ __global__ void __launch_bounds__(PW_THREADS, PW_MIN_BLOCKS)
     const int p = k0 + tid;
     return tid < PF_KEYS && p >= kLo && p <= kHi ? btr[p / bs] : -1;
   };
-  // Each key's element offset in the cache (its KV head's row), computed once by one thread; -1
-  // where the key has no slot.
-  auto slotsFrom = [&](int k0, int e, long long* sl) -> bool {
-    bool ok = true;
-    if (tid < PF_KEYS) {
-      const int p = k0 + tid;
-      const long long v = e >= 0 ? ((long long)e * bs + p % bs) * (long long)width + (long long)kvh * HD : -1;
-      sl[tid] = v;
-      ok = v >= 0;
-    }
-    return __syncthreads_and(ok) != 0;
-  };
+  // The tile's key offsets in this block's KV head (pfKeyOffsets).
+  auto slotsFrom = [&](int k0, int e, long long* sl) { return pfKeyOffsets(k0, e, bs, width, (long long)kvh * HD, sl); };
   // A thread copies one fixed 16-byte column of every 16th key row, K and V.
   auto issue = [&](const long long* sl, int st) {
     const uint32_t kd = kvBase + (uint32_t)st * 2 * PW_MAT, vd = kd + PW_MAT;
