@@ -11,8 +11,9 @@
  * bf16 numerics (a backend created with numerics 'bf16'): every value an op stores is rounded to
  * bfloat16 (nearest even, through float32) where transformers' bf16 eager forward rounds it, and
  * nowhere else. R(v) below is that rounding; sums and dot products accumulate in float32 or wider.
- * - embedding: R(table row). add: R(a + b). matmul: R(x.w + bias). rmsnorm: residual =
- *   R(residual + x), out = R(R(x * inv) * weight), inv = 1/sqrt(mean(x^2) + eps) in float32.
+ * - embedding: R(table row). add: R(a + b). matmul: y = R(x.w + bias); accumulate: out = R(out + y).
+ *   rmsnorm: residual = R(residual + x), out = R(R(x * inv) * weight), inv = 1/sqrt(mean(x^2) + eps)
+ *   in float32.
  * - fused_matmul: the normalized input as rmsnorm's out; y = R(x.w + bias); glu: g = R(x.wg),
  *   u = R(x.wu), y = R(R(silu(g)) * u); accumulate: out = R(out + y). silu_mul likewise.
  * - rope / rope_append: QK-norm as rmsnorm; c = R(cos a), s = R(sin a) with the float32 angle
@@ -85,8 +86,13 @@ export interface OpCatalogue {
    * One op for one row (GEMV) and for many (GEMM); the backend picks the kernel. `x` may be bf16
    * over more than 8 rows of a float weight on a backend with capabilities.activationDtypes
    * including 'bf16' (a block-quantized weight reads f32 x and rounds it itself).
+   * With `accumulate`, that value y is added to out in place: out[r, o] = R(out[r, o] + y), the
+   * residual stream's update (op rmsnorm's residual add) done by the projection that makes it, so
+   * a prompt's residual rows are not written and read once more between the two. (A backend whose
+   * y is a sum of float32 products, as a split-bf16 GEMM's hi and lo halves, may add them to out
+   * one at a time: the same float32 grade, not the same bits.)
    */
-  matmul: { x: Buf; weight: Buf; out: Buf; rows: number; inDim: number; outDim: number; bias?: Buf; weightOffset?: number } & WeightTail;
+  matmul: { x: Buf; weight: Buf; out: Buf; rows: number; inDim: number; outDim: number; bias?: Buf; weightOffset?: number; accumulate?: boolean } & WeightTail;
   /**
    * In place on `numHeads` heads of size headDim starting at element `headOffset` of each row
    * of x (row stride `rowStride`): optional per-head RMSNorm with `normWeight` [headDim]

@@ -50,6 +50,21 @@ describe('CpuBackend against float64 formulas', () => {
     }
   });
 
+  it('matmul with accumulate adds the float32 product into out (the residual update of rmsnorm)', () => {
+    const r = rng(11);
+    const [rows, inDim, outDim] = [5, 96, 24];
+    const x = randn(r, rows * inDim);
+    const wHost = randn(r, inDim * outDim, 0.1);
+    const bias = randn(r, outDim);
+    const start = randn(r, rows * outDim, 4);
+    const out = upload(be, start);
+    be.run('matmul', { x: upload(be, x), weight: upload(be, wHost), bias: upload(be, bias), out, rows, inDim, outDim, accumulate: true });
+    // R(out + R(y)): the product rounded to float32 as the op stores it, then one float32 sum.
+    const y = matmulF64(x, wHost, rows, inDim, outDim, bias, 0);
+    const want = Float64Array.from(start, (v, i) => Math.fround(v + Math.fround(y[i])));
+    expect(Array.from(be.read(out) as Float32Array)).toEqual(Array.from(want));
+  });
+
   it('rmsnorm without and with the fused residual', () => {
     const r = rng(2);
     const rows = 3;

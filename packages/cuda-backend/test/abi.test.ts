@@ -33,7 +33,10 @@ describe('OpEncoder', () => {
       0, 0, // no bias
       2, 64, 32, 100,
       0, 0, 0, // no weightTail, tailFrom 0
+      0, // accumulate off
     ]);
+    enc.encode('matmul', { x, weight: w, out, rows: 2, inDim: 64, outDim: 32, weightOffset: 100, accumulate: true });
+    expect(enc.args[enc.n - 1]).toBe(1);
   });
 
   it('packs a weightTail (q and k in one block type, v in another) after the attributes, and checks it', () => {
@@ -43,7 +46,7 @@ describe('OpEncoder', () => {
     expect(a[3]).toBe(6); // the head's dtype code: q4_k
     expect(a.slice(enc.n - 3)).toEqual([resolved.get(tail.id)!.addr, 7, 24]);
     enc.encode('matmul', { x, weight: head, weightTail: tail, tailFrom: 24, out, rows: 1, inDim: 256, outDim: 32 });
-    expect(Array.from(enc.args.subarray(enc.n - 3, enc.n))).toEqual([resolved.get(tail.id)!.addr, 7, 24]);
+    expect(Array.from(enc.args.subarray(enc.n - 4, enc.n))).toEqual([resolved.get(tail.id)!.addr, 7, 24, 0]);
     const base = { x, weight: head, out, rows: 1, inDim: 256, outDim: 32 };
     expect(() => enc.encode('fused_matmul', { ...base, weightTail: buf('q6_k', 7 * 256), tailFrom: 24 })).toThrow(/weightTail needs 2048 elements/);
     expect(() => enc.encode('fused_matmul', { ...base, weightTail: tail, tailFrom: 33 })).toThrow(/tailFrom must be <= outDim/);

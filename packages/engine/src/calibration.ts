@@ -22,13 +22,10 @@ export async function calibrateImportance(
   const meter = new ImportanceMeter(s.numLayers);
   const H = s.hiddenSize;
   let prev: Float32Array | undefined;
+  // The probe runs before each layer of a per-layer pass, where the residual stream is complete.
   runner.layerProbe = (l: number, rows: number) => {
     const cur = backend.read(runner.hidden, 0, rows * H) as Float32Array;
-    if (prev !== undefined) {
-      const mlp = backend.read(runner.mlpOut, 0, rows * H) as Float32Array;
-      for (let i = 0; i < cur.length; i++) cur[i] += mlp[i];
-      meter.add(l - 1, prev, cur, rows, H);
-    }
+    if (prev !== undefined) meter.add(l - 1, prev, cur, rows, H);
     prev = cur;
   };
   try {

@@ -20,8 +20,8 @@ export * from './runner-base.js';
 
   /**
    * Calibration hook: called with l and rows at the start of each decoder layer of an unfused
-   * pass, and with l = the end layer after the last, when the stream is complete in
-   * `hidden` (+ `mlpOut` after the first layer). Reads there synchronize: calibration only.
+   * pass, and with l = the end layer after the last, when the stream is complete in `hidden`.
+   * Reads there synchronize: calibration only.
    */
   layerProbe: ((l: number, rows: number) => void) | undefined;
   /** Weight bytes of host slices enqueued through op mlp_slice (computed near the data). */
@@ -114,18 +114,19 @@ export * from './runner-base.js';
       this.layerProbe?.(l, rows);
       const lw = this.acquireLayer(l);
       const normed = bf16In(lw.qkv, lw.qkvTail) ? a.normedBf16 : a.normed;
-      // The first layer of a runner finds the residual stream complete (embedding, or a stage's handoff).
-      if (l === this.firstLayer) this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
-      else this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
+      // The residual stream is complete between sublayers: the o and down projections add into it
+      // (matmul's accumulate), so the norms read it alone.
+      this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.attnNorm, out: normed, rows, dim: H, eps });
       this.op('projection', 'matmul', { x: normed, weight: lw.qkv, ...this.qkvTail(lw), bias: lw.qkvBias, out: a.qkv, rows, inDim: H, outDim: qkvOut }, 'gemm_qkv');
       this.ropeAppend(l, lw, rows);
       this.attend(l, rows);
-      this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.o, rows, inDim: nq * hd, outDim: H }, 'gemm_o');
+      this.op('projection', 'matmul', { x: a.attn, weight: lw.o, bias: lw.oBias, out: a.residual, rows, inDim: nq * hd, outDim: H, accumulate: true }, 'gemm_o');
       const mlpNormed = bf16In(lw.gateUp) ? a.normedBf16 : a.normed;
       const mlpAct = bf16In(lw.down) ? a.mlpActBf16 : a.mlpAct;
-      this.op('norm', 'rmsnorm', { x: a.o, residual: a.residual, weight: lw.mlpNorm, out: mlpNormed, rows, dim: H, eps });
+      this.op('norm', 'rmsnorm', { x: a.residual, weight: lw.mlpNorm, out: mlpNormed, rows, dim: H, eps });
       if (s.moe && isMoeLayer(s, l)) {
         this.moeMlp(rows, lw);
+        this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H }, 'residual_add');
       } else {
         const hp = w.hostParts?.[l];
         const I = s.intermediateSize - (hp?.inter ?? 0);
@@ -139,19 +140,17 @@ export * from './runner-base.js';
         }
         this.op('mlp', 'matmul', { x: mlpNormed, weight: lw.gateUp!, out: a.gateUp, rows, inDim: H, outDim: 2 * I }, 'gemm_gate_up');
         this.op('mlp', 'silu_mul', { x: a.gateUp, out: mlpAct, rows, dim: I });
-        this.op('mlp', 'matmul', { x: mlpAct, weight: lw.down!, out: a.mlpOut, rows, inDim: I, outDim: H }, 'gemm_down');
-        if (hp) this.op('mlp', 'add', { a: a.mlpOut, b: a.hostOut, out: a.mlpOut, length: rows * H });
+        this.op('mlp', 'matmul', { x: mlpAct, weight: lw.down!, out: a.residual, rows, inDim: I, outDim: H, accumulate: true }, 'gemm_down');
+        // The host slice's sum after the device's, as the fused layers add them.
+        if (hp) this.op('mlp', 'add', { a: a.residual, b: a.hostOut, out: a.residual, length: rows * H });
       }
       this.releaseLayer(l);
     }
     this.layerProbe?.(this.endLayer, rows);
+    // The stream is complete here, a later stage's input as it is.
     if (head) {
-      this.op('norm', 'rmsnorm', { x: a.mlpOut, residual: a.residual, weight: this.need(w.finalNorm, 'final norm'), out: a.normed, rows, dim: H, eps });
+      this.op('norm', 'rmsnorm', { x: a.residual, weight: this.need(w.finalNorm, 'final norm'), out: a.normed, rows, dim: H, eps });
       this.lmHead(nLogits);
-    } else {
-      // The handoff carries the complete stream: the last layer's MLP output is added here, as the
-      // next layer's fused norm would (the same float32 sum, R(residual + x)).
-      this.op('mlp', 'add', { a: a.residual, b: a.mlpOut, out: a.residual, length: rows * H }, 'residual_add');
     }
     w.pager?.endPass(this.stream);
   }

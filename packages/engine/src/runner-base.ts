@@ -338,11 +338,6 @@ export abstract class RunnerBase {
     if (this.weights.layers[l] === undefined) this.weights.pager!.release(layerBlockId(l), this.stream);
   }
 
-  /** The last layer's MLP output, not yet added to `hidden` in an unfused pass. */
-  get mlpOut(): DeviceBuffer {
-    return this.act.mlpOut;
-  }
-
   /** The residual stream [maxRows, hidden]: a stage's output, and a later stage's input. */
   get hidden(): DeviceBuffer {
     return this.act.residual;

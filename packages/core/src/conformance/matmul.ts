@@ -33,6 +33,8 @@ interface MatmulShape {
   /** A bf16 x (capabilities.activationDtypes; more than 8 rows). */
   x?: 'bf16';
   tail?: WeightTailShape;
+  /** Added to out (random values) instead of written. */
+  accumulate?: boolean;
 }
 
 function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
@@ -65,6 +67,7 @@ function matmulCase(name: string, s: MatmulShape, large = false): CaseDef {
             outDim: s.outDim,
             ...(s.bias ? { bias: b.bias } : {}),
             ...(s.weightOffset !== undefined ? { weightOffset: s.weightOffset } : {}),
+            ...(s.accumulate ? { accumulate: true } : {}),
           })),
         ],
         outputs: [floatOut('out')],
@@ -282,6 +285,17 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
     matmulCase('3 rows 512 -> 40, q4_k rows then a q6_k tail from 24, bias', { rows: 3, inDim: 512, outDim: 40, weight: 'q4_k', tail: { from: 24, dtype: 'q6_k' }, bias: true }),
     matmulCase('12 rows 256 -> 20, q8_0 rows then a q4_0 tail from 16', { rows: 12, inDim: 256, outDim: 20, weight: 'q8_0', tail: { from: 16, dtype: 'q4_0' } }),
     matmulCase('70 rows 1024 -> 768, bf16 x, bf16 weights, weightOffset', { rows: 70, inDim: 1024, outDim: 768, weight: 'bf16', weightOffset: 1024 * 5, x: 'bf16' }, true),
+    // accumulate (the prefill's o and down projections adding into the residual stream): the GEMV,
+    // the GEMM over an f32 and a bf16 x, with a bias and over block-quantized weights.
+    matmulCase('3 rows 96 -> 40, accumulate', { rows: 3, inDim: 96, outDim: 40, accumulate: true }),
+    matmulCase('4 rows 128 -> 64, bf16 weights, bias, accumulate', { rows: 4, inDim: 128, outDim: 64, weight: 'bf16', bias: true, accumulate: true }),
+    matmulCase('40 rows 512 -> 256, bf16 weights, accumulate', { rows: 40, inDim: 512, outDim: 256, weight: 'bf16', accumulate: true }, true),
+    matmulCase('24 rows 256 -> 96, bf16 weights, bias, accumulate', { rows: 24, inDim: 256, outDim: 96, weight: 'bf16', bias: true, accumulate: true }),
+    matmulCase('36 rows 768 -> 512, bf16 x, bf16 weights, accumulate', { rows: 36, inDim: 768, outDim: 512, weight: 'bf16', x: 'bf16', accumulate: true }, true),
+    matmulCase('20 rows 64 -> 40, bf16 x, bf16 weights, bias, accumulate', { rows: 20, inDim: 64, outDim: 40, weight: 'bf16', x: 'bf16', bias: true, accumulate: true }),
+    matmulCase('2 rows 512 -> 40, q4_k, accumulate', { rows: 2, inDim: 512, outDim: 40, weight: 'q4_k', accumulate: true }),
+    matmulCase('33 rows 1024 -> 256, q4_k, accumulate', { rows: 33, inDim: 1024, outDim: 256, weight: 'q4_k', accumulate: true }, true),
+    matmulCase('18 rows 768 -> 48, q6_k, bias, accumulate', { rows: 18, inDim: 768, outDim: 48, weight: 'q6_k', bias: true, accumulate: true }),
   ],
   fused_matmul: [
     fusedMatmulCase('1 row 64 -> 40, rmsnorm input', { rows: 1, inDim: 64, outDim: 40, norm: true }),

@@ -5,7 +5,7 @@ import { weightRows } from './weight-rows.js';
 
 /**
  * out[r, o] = x[r, :] . weight[weightOffset + o*inDim, +inDim] (+ bias[o]); rows past tailFrom from
- * weightTail. The weight row is the
+ * weightTail; with accumulate, added to out instead. The weight row is the
  * outer loop so each row of a (large) weight matrix is streamed from memory once for all rows.
  * Under matmul precision 'bf16', x is rounded to bf16 first when rows > 8 (OpContext.matmulInput).
  */
@@ -27,6 +27,11 @@ export function matmul(ctx: OpContext, a: OpArgs<'matmul'>): void {
   for (let o = 0; o < outDim; o++) {
     const [wa, wo] = w(o);
     const b = bias === undefined ? 0 : bias[o];
-    for (let r = 0; r < rows; r++) out[r * outDim + o] = R(dot(xin, r * inDim, wa, wo, inDim) + b);
+    if (a.accumulate === true) {
+      // y as the float32 the op would store, then the float32 sum (core ops.ts: R(out + y)).
+      for (let r = 0; r < rows; r++) out[r * outDim + o] = R(out[r * outDim + o] + Math.fround(R(dot(xin, r * inDim, wa, wo, inDim) + b)));
+    } else {
+      for (let r = 0; r < rows; r++) out[r * outDim + o] = R(dot(xin, r * inDim, wa, wo, inDim) + b);
+    }
   }
 }

@@ -69,12 +69,21 @@ __global__ void k_split_bf16(const float* x, uint16_t* hi, uint16_t* lo, size_t 
 }
 
 
-int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias) {
+// Op matmul past 8 rows over bf16 weights. An f32 x is split (exact) or rounded (bf16) into the
+// workspace first; a bf16 x is the GEMM's operand as it is (its values are bf16 already, so under
+// 'split-bf16' the lo half would be zero). Then the epilogue: bias, bf16 numerics, and with
+// `accumulate` the add into out. Without a bias or bf16 numerics the GEMMs add into out
+// themselves (beta = 1: under 'split-bf16' the hi product, then the lo one, as qgemmRows adds its
+// terms; one f32 add each); else y goes to the workspace first and the epilogue adds R(y).
+int gemmCublas(NervaExec* ex, const void* x, bool xBf16, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
+               bool accumulate) {
   const CublasApi* api = ex->api;
   // Under bf16 numerics the activations are bf16 values already: the low half would be zero.
-  bool split = ex->gemmMode == GEMM_SPLIT_BF16 && !ex->bf16act;
-  size_t perRow = (size_t)inDim * 2 * (split ? 2 : 1);
-  size_t maxRows = ex->wsBytes / (perRow + 512);
+  const bool split = ex->gemmMode == GEMM_SPLIT_BF16 && !ex->bf16act && !xBf16;
+  const bool direct = !bias.p && !ex->bf16act;
+  const bool staged = accumulate && !direct;  // y into the workspace, then out = R(out + y)
+  const size_t perRow = (xBf16 ? 0 : (size_t)inDim * 2 * (split ? 2 : 1)) + (staged ? (size_t)outDim * 4 : 0);
+  const size_t maxRows = perRow ? ex->wsBytes / (perRow + 512) : (size_t)rows;
   if (maxRows < 1) return bad(ex, "matmul: workspace too small for one row (raise workspaceBytes)");
   if (api->setStream(ex->cublas, ex->stream) != 0) {
     snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
@@ -82,27 +91,36 @@ int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int i
   }
   float one = 1.f, zero = 0.f;
   for (int r0 = 0; r0 < rows; r0 += (int)maxRows) {
-    int nr = (int)std::min<size_t>(maxRows, (size_t)(rows - r0));
-    size_t n = (size_t)nr * inDim;
-    uint16_t* hi = (uint16_t*)ex->ws;
+    const int nr = (int)std::min<size_t>(maxRows, (size_t)(rows - r0));
+    const size_t n = (size_t)nr * inDim;
+    const uint16_t* hi = xBf16 ? (const uint16_t*)x + (size_t)r0 * inDim : (const uint16_t*)ex->ws;
     uint16_t* lo = split ? (uint16_t*)(ex->ws + align256(n * 2)) : nullptr;
-    LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, x + (size_t)r0 * inDim, hi, lo, n);
+    const size_t xBytes = xBf16 ? 0 : align256(n * 2) * (split ? 2 : 1);
+    if (!xBf16)
+      LAUNCH(k_split_bf16, gridFor(n, 256, ex->smCount), 256, 0, (const float*)x + (size_t)r0 * inDim, (uint16_t*)hi, lo, n);
     float* o = out + (size_t)r0 * outDim;
+    float* y = staged ? (float*)(ex->ws + xBytes) : o;
+    const float* beta = accumulate && direct ? &one : &zero;
     // Row-major out[nr, outDim] = x[nr, K] . W[outDim, K]^T  <=>  column-major out^T = W^T(op T) . x^T
     int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, outDim, nr, inDim, &one, w.p, CUDA_R_16BF_, inDim, hi,
-                         CUDA_R_16BF_, inDim, &zero, o, CUDA_R_32F_, outDim, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+                         CUDA_R_16BF_, inDim, beta, y, CUDA_R_32F_, outDim, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
     if (!ex->capturing) ex->launches++;
     if (st == 0 && split) {
       st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, outDim, nr, inDim, &one, w.p, CUDA_R_16BF_, inDim, lo,
-                       CUDA_R_16BF_, inDim, &one, o, CUDA_R_32F_, outDim, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+                       CUDA_R_16BF_, inDim, &one, y, CUDA_R_32F_, outDim, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
       if (!ex->capturing) ex->launches++;
     }
     if (st != 0) {
       snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
       return NERVA_CUBLAS_FAILED;
     }
-    if (bias.p || ex->bf16act)
+    if (staged) {
+      const GemmOut G{y, 0, outDim, 0, bias.p, bias.dt, ex->bf16act ? 1 : 0};
+      int rc = launchGemmEpilogue(ex, G, o, nr, outDim, false, true, nullptr, nullptr);
+      if (rc) return rc;
+    } else if (!direct) {
       LAUNCH(k_bias_add, gridFor((size_t)nr * outDim, 256, ex->smCount), 256, 0, o, bias.p, bias.dt, nr, outDim, ex->bf16act ? 1 : 0);
+    }
   }
   return NERVA_OK;
 }
@@ -337,28 +355,6 @@ int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int in
       if (rc) return rc;
     }
   }
-  return NERVA_OK;
-}
-
-// Op matmul with a bf16 x over more than 8 rows: the GEMM on x as it is (no rounding pass: its
-// values are bf16 already, so under 'split-bf16' the lo half would be zero), then op matmul's
-// epilogue (bias, bf16 numerics).
-int gemmCublasBf16x(NervaExec* ex, const uint16_t* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias) {
-  const CublasApi* api = ex->api;
-  if (api->setStream(ex->cublas, ex->stream) != 0) {
-    snprintf(ex->errCall, sizeof ex->errCall, "cublasSetStream");
-    return NERVA_CUBLAS_FAILED;
-  }
-  float one = 1.f, zero = 0.f;
-  int st = api->gemmEx(ex->cublas, CUBLAS_OP_T, CUBLAS_OP_N, outDim, rows, inDim, &one, w.p, CUDA_R_16BF_, inDim, x, CUDA_R_16BF_,
-                       inDim, &zero, out, CUDA_R_32F_, outDim, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
-  if (!ex->capturing) ex->launches++;
-  if (st != 0) {
-    snprintf(ex->errCall, sizeof ex->errCall, "cublasGemmEx (status %d)", st);
-    return NERVA_CUBLAS_FAILED;
-  }
-  if (bias.p || ex->bf16act)
-    LAUNCH(k_bias_add, gridFor((size_t)rows * outDim, 256, ex->smCount), 256, 0, out, bias.p, bias.dt, rows, outDim, ex->bf16act ? 1 : 0);
   return NERVA_OK;
 }
 

@@ -63,17 +63,15 @@ int opMatmul(NervaExec* ex, Args& A) {
   Fuse f;
   f.tail = buf(A);
   f.tailFrom = A.num();
+  f.accumulate = A.num() != 0;
   if (!A.ok) return bad(ex, "matmul: argument count");
   if (f.tail.p && wOff != 0) return bad(ex, "matmul: weightTail is not allowed with weightOffset");
   if (nvIsQuant(w.dt) && (size_t)wOff % nvQuantBlockElems(w.dt) != 0) return bad(ex, "matmul: weightOffset must be whole blocks");
   w.p = (char*)w.p + nvBytes(w.dt, (size_t)wOff);
   if (rows <= 0 || outDim <= 0) return NERVA_OK;
   bool useBlas = rows > 8 && ex->gemmMode != GEMM_GEMV && ex->cublas && w.dt == NV_BF16 && !f.tail.p;
-  if (x.dt == NV_BF16) {
-    if (!useBlas) return bad(ex, "matmul: a bf16 x needs the GEMM path (more than 8 rows, cuBLAS, bf16 weights)");
-    return gemmCublasBf16x(ex, (const uint16_t*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
-  }
-  if (useBlas) return gemmCublas(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias);
+  if (x.dt == NV_BF16 && !useBlas) return bad(ex, "matmul: a bf16 x needs the GEMM path (more than 8 rows, cuBLAS, bf16 weights)");
+  if (useBlas) return gemmCublas(ex, x.p, x.dt == NV_BF16, w, (float*)out.p, rows, inDim, outDim, bias, f.accumulate);
   return matmulRows(ex, (const float*)x.p, w, (float*)out.p, rows, inDim, outDim, bias, f);
 }
 

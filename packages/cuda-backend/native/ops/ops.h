@@ -144,10 +144,11 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
               bool glu, int ldo, int oOff, Buf nw, float eps, float* xn = nullptr);
 
 // ---------------------------------------------------------------- gemm.cu, gemm_bi.cu
-int gemmCublas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);
+// Op matmul past 8 rows over bf16 weights: x f32 (split or rounded to bf16 first) or bf16 (xBf16).
+int gemmCublas(NervaExec* ex, const void* x, bool xBf16, Buf w, float* out, int rows, int inDim, int outDim, Buf bias,
+               bool accumulate);
 // Many rows over a block-quantized weight (and f.tail): dequantized bf16-split chunks into cuBLAS GEMMs.
 int qgemmRows(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f);
-int gemmCublasBf16x(NervaExec* ex, const uint16_t* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias);
 int gemmRowsBlas(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inDim, int outDim, Buf bias, const Fuse& f,
                  bool pinned);
 // A deferred epilogue launched (k_gemm_epilogue) and cleared; nothing when none is pending.

@@ -13,5 +13,6 @@ export const GEMM_ENCODERS: OpEncoders<'matmul'> = {
     e.optBuf('bias', B('bias'), outDim, WEIGHT);
     e.num(rows); e.num(inDim); e.num(outDim); e.num(wOff);
     tail();
+    e.num(x.accumulate === true ? 1 : 0);
   },
 };

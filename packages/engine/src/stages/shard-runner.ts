@@ -64,9 +64,14 @@ export class ShardRunner extends ModelRunner {
     return this.act.mlpAct;
   }
 
-  /** The per-layer path's o output and MLP output ([rows, hidden], gathered). */
+  /** The per-layer path's o output ([rows, hidden], gathered). */
   get oFull(): DeviceBuffer {
     return this.act.o;
+  }
+
+  /** The per-layer path's MLP output ([rows, hidden], gathered), not yet added to `hidden`. */
+  get mlpOut(): DeviceBuffer {
+    return this.act.mlpOut;
   }
 
   /**
