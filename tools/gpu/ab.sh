@@ -20,7 +20,7 @@
 # ab_prefill TAG NAME MODEL [nerva-bench prefill flags...]: --repeats 3 timed prefills of MODEL (a checkpoint folder
 # or a GGUF file) on /tmp/NAME.node, e.g. --prompt-len 4096 --matmul-precision bf16 [--profile]; the line in
 # $AB/prefill.jsonl, and tag, prompt, precision, ms median, tok/s, MFU against the run's GEMM rate and against the
-# peak (and --profile's ms by op class) printed.
+# peak (and --profile's ms by op class) printed (DIST=DIR: the bundles of another tree, as ab_check).
 # ab_gguf M TYPE: a synthetic GGUF file of checkpoint config M at TYPE (Q4_K_M, Q8_0, ...) as /tmp/synth/M-TYPE.gguf
 # (once: an existing file is kept), for ab_run / ab_prefill (M=M-TYPE.gguf).
 # ab_kernels TAG NAME: ncu times each kernel of 32 forks of checkpoint M (qwen3-8b) on /tmp/NAME.node
@@ -96,7 +96,7 @@ ab_fork() {
 ab_prefill() {
   local tag=$1 name=$2 model=$3
   shift 3
-  NERVA_CUDA_ADDON="/tmp/$name.node" timeout 150 $AB_NODE .device/dist/bench_cli.mjs prefill --model "$model" --backend cuda \
+  NERVA_CUDA_ADDON="/tmp/$name.node" timeout 150 $AB_NODE ${DIST:-.device/dist}/bench_cli.mjs prefill --model "$model" --backend cuda \
     --repeats 3 "$@" 2>> "$AB/err.log" | tail -1 | sed "s/^{/{\"tag\":\"$tag\",/" >> "$AB/prefill.jsonl"
   python3 - "$AB/prefill.jsonl" <<'PY'
 import json, sys
