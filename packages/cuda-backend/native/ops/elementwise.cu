@@ -195,50 +195,48 @@ __global__ void __launch_bounds__(256, 2) k_rmsnorm_row(In x, const void* w, int
     }
 }
 
-// k_rmsnorm's 1024-thread form (rows of more than 992 elements: op rmsnorm over a prompt) with a
+// k_rmsnorm's 1024-thread form over rows of U * 1024 elements (op rmsnorm over a prompt) with a
 // row in 256 threads: lane l of warp w holds the elements of k_rmsnorm's threads (4w + k) * 32 + l,
 // k < 4, so each of those threads' sums runs in its order, the four butterflies are its warps', and
 // the 32 warp sums meet in blockSum's order: the same bits. The row stays in registers (no second
-// read), and eight rows share an SM instead of two: k_rmsnorm's blocks waited out a row's loads,
-// sum and stores one after another (a 4096-row norm of the 8B ran at ~0.4 of the copy bandwidth).
+// read), every element at a constant offset from the lane's first: 40 registers, six rows an SM.
+// k_rmsnorm's blocks, two an SM, waited out a row's loads, sum and stores one after another (a
+// 4096-row norm of the 8B ran at ~0.4 of the copy bandwidth).
 template <int U, bool RES>
-__global__ void __launch_bounds__(256, 4) k_rmsnorm_rows(const float* x, const void* w, int wdt, float* out, float* residual,
-                                                         int dim, float eps, int bfa, uint16_t* hi, uint16_t* lo) {
+__global__ void __launch_bounds__(256, 6) k_rmsnorm_rows(const float* x, const void* w, int wdt, float* out, float* residual,
+                                                         float eps, int bfa, uint16_t* hi, uint16_t* lo) {
   NERVA_TRACE_KERNEL();
   PDL_ENTER();
-  constexpr int E = 4, B = 1024;
+  constexpr int E = 4, B = 1024, dim = U * B;
   __shared__ float sh[32];
-  const int r = blockIdx.x, lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-  const float* xr = x + (size_t)r * dim;
-  float* rr = RES ? residual + (size_t)r * dim : nullptr;
-  auto at = [&](int k, int u) { return (wp * E + k) * 32 + lane + u * B; };
+  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  const int first = wp * E * 32 + lane;  // element (k, u) of this lane: first + k * 32 + u * B
+  const size_t row = (size_t)blockIdx.x * dim + first;
   float v[E][U];
 #pragma unroll
   for (int k = 0; k < E; k++)
 #pragma unroll
-    for (int u = 0; u < U; u++) v[k][u] = at(k, u) < dim ? xr[at(k, u)] : 0.f;
+    for (int u = 0; u < U; u++) v[k][u] = x[row + k * 32 + u * B];
   if (RES) {
     float q[E][U];
 #pragma unroll
     for (int k = 0; k < E; k++)
 #pragma unroll
-      for (int u = 0; u < U; u++) q[k][u] = at(k, u) < dim ? rr[at(k, u)] : 0.f;
+      for (int u = 0; u < U; u++) q[k][u] = residual[row + k * 32 + u * B];
 #pragma unroll
     for (int k = 0; k < E; k++)
 #pragma unroll
-      for (int u = 0; u < U; u++)
-        if (at(k, u) < dim) {
-          v[k][u] = bfr(v[k][u] + q[k][u], bfa);
-          rr[at(k, u)] = v[k][u];
-        }
+      for (int u = 0; u < U; u++) {
+        v[k][u] = bfr(v[k][u] + q[k][u], bfa);
+        residual[row + k * 32 + u * B] = v[k][u];
+      }
   }
   float ss[E];
 #pragma unroll
   for (int k = 0; k < E; k++) {
     ss[k] = 0.f;
 #pragma unroll
-    for (int u = 0; u < U; u++)
-      if (at(k, u) < dim) ss[k] += v[k][u] * v[k][u];
+    for (int u = 0; u < U; u++) ss[k] += v[k][u] * v[k][u];
   }
 #pragma unroll
   for (int k = 0; k < E; k++)
@@ -254,14 +252,13 @@ __global__ void __launch_bounds__(256, 4) k_rmsnorm_rows(const float* x, const v
 #pragma unroll
   for (int k = 0; k < E; k++)
 #pragma unroll
-    for (int u = 0; u < U; u++)
-      if (at(k, u) < dim) {
-        const float o = bfr(bfr(v[k][u] * inv, bfa) * ldf(w, wdt, at(k, u)), bfa);
-        if (hi)
-          storeSplit(o, hi, lo, (size_t)r * dim + at(k, u));
-        else
-          out[(size_t)r * dim + at(k, u)] = o;
-      }
+    for (int u = 0; u < U; u++) {
+      const float o = bfr(bfr(v[k][u] * inv, bfa) * ldf(w, wdt, first + k * 32 + u * B), bfa);
+      if (hi)
+        storeSplit(o, hi, lo, row + k * 32 + u * B);
+      else
+        out[row + k * 32 + u * B] = o;
+    }
 }
 
 // The NeoX rotation of the pair (a, b) by the float32 angle `ang`. Exact: cos/sin and the
@@ -611,28 +608,31 @@ static int launchRmsnormOf(NervaExec* ex, int rows, int threads, const In& x, co
 
 template <int U>
 static int launchRmsnormRows(NervaExec* ex, int rows, const float* x, const void* w, int wdt, float* out, float* residual,
-                             int dim, float eps, uint16_t* hi, uint16_t* lo) {
+                             float eps, uint16_t* hi, uint16_t* lo) {
   const int bfa = ex->bf16act ? 1 : 0;
   if constexpr (U <= 4) {
     if (residual) {
-      LAUNCH((k_rmsnorm_rows<U, true>), rows, 256, 0, x, w, wdt, out, residual, dim, eps, bfa, hi, lo);
+      LAUNCH((k_rmsnorm_rows<U, true>), rows, 256, 0, x, w, wdt, out, residual, eps, bfa, hi, lo);
       return NERVA_OK;
     }
   }
-  LAUNCH((k_rmsnorm_rows<U, false>), rows, 256, 0, x, w, wdt, out, residual, dim, eps, bfa, hi, lo);
+  LAUNCH((k_rmsnorm_rows<U, false>), rows, 256, 0, x, w, wdt, out, residual, eps, bfa, hi, lo);
   return NERVA_OK;
 }
 
 int launchRmsnorm(NervaExec* ex, int rows, int threads, const float* x, const void* w, int wdt, float* out, float* residual,
                   int dim, float eps, uint16_t* hi, uint16_t* lo, bool wIsWeight) {
-  // k_rmsnorm's 1024-thread blocks as k_rmsnorm_rows (the same bits), up to 8 elements a thread
-  // (4 with a residual, whose second row of registers would spill past that).
-  if (threads == 1024 && dim <= (residual ? 4 : 8) * 1024) {
-    const int u = (dim + 1023) / 1024;
-    if (u == 1) return launchRmsnormRows<1>(ex, rows, x, w, wdt, out, residual, dim, eps, hi, lo);
-    if (u == 2) return launchRmsnormRows<2>(ex, rows, x, w, wdt, out, residual, dim, eps, hi, lo);
-    if (u <= 4) return launchRmsnormRows<4>(ex, rows, x, w, wdt, out, residual, dim, eps, hi, lo);
-    return launchRmsnormRows<8>(ex, rows, x, w, wdt, out, residual, dim, eps, hi, lo);
+  // k_rmsnorm's 1024-thread blocks as k_rmsnorm_rows (the same bits) for rows of 1, 2, 4, 5 or 8
+  // times 1024 elements (4 at most with a residual, whose second row of registers would spill).
+  if (threads == 1024 && dim % 1024 == 0) {
+    switch (dim / 1024 * (residual ? -1 : 1)) {
+      case 1: case -1: return launchRmsnormRows<1>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      case 2: case -2: return launchRmsnormRows<2>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      case 4: case -4: return launchRmsnormRows<4>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      case 5: return launchRmsnormRows<5>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      case 8: return launchRmsnormRows<8>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      default: break;
+    }
   }
   return launchRmsnormOf(ex, rows, threads, FloatRows{x, dim}, w, wdt, out, residual, dim, eps, hi, lo, wIsWeight ? 1 : 0);
 }
