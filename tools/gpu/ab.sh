@@ -21,6 +21,9 @@
 # or a GGUF file) on /tmp/NAME.node, e.g. --prompt-len 4096 --matmul-precision bf16 [--profile]; the line in
 # $AB/prefill.jsonl, and tag, prompt, precision, ms median, tok/s, MFU against the run's GEMM rate and against the
 # peak (and --profile's ms by op class) printed (DIST=DIR: the bundles of another tree, as ab_check).
+# ab_tokens TAG NAME MODEL [nerva run flags...]: the greedy tokens of a 2000-token prompt (ids from Python's
+# random.Random(7), 1..149999) on /tmp/NAME.node, 12 new, printed with the first step's top 3 logits: the check that
+# a kernel change keeps a long prompt's outputs (e.g. --matmul-precision bf16; DIST=DIR: another tree's bundles).
 # ab_gguf M TYPE: a synthetic GGUF file of checkpoint config M at TYPE (Q4_K_M, Q8_0, ...) as /tmp/synth/M-TYPE.gguf
 # (once: an existing file is kept), for ab_run / ab_prefill (M=M-TYPE.gguf).
 # ab_kernels TAG NAME: ncu times each kernel of 32 forks of checkpoint M (qwen3-8b) on /tmp/NAME.node
@@ -105,6 +108,22 @@ print(j['tag'], {k: j.get(k) for k in ['prompt_len', 'matmul_precision', 'ms_med
 p = j.get('profile')
 if p:
     print('  profile', json.dumps(p.get('ms'))[:700])
+PY
+}
+
+ab_tokens() {
+  local tag=$1 name=$2 model=$3 ids
+  shift 3
+  ids=$(python3 -c "import random; r = random.Random(7); print(','.join(str(r.randrange(1, 150000)) for _ in range(2000)))")
+  NERVA_CUDA_ADDON="/tmp/$name.node" timeout 90 $AB_NODE ${DIST:-.device/dist}/cli.mjs run --model "$model" --backend cuda \
+    --prompt-ids "$ids" --max-tokens 12 --temperature 0 --json "$@" 2>> "$AB/err.log" | tail -1 > "$AB/tokens-$tag.json"
+  python3 - "$AB/tokens-$tag.json" "$tag" <<'PY'
+import json, sys
+try:
+    j = json.loads(open(sys.argv[1]).read())
+    print(sys.argv[2], j['token_ids'], [(i, round(v, 5)) for i, v in j['first_logits_top5'][:3]])
+except Exception as e:
+    print(sys.argv[2], 'no result:', e)
 PY
 }
 
