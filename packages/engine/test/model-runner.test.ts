@@ -3,6 +3,36 @@ import { Engine } from '../src/index.js';
 import { DEFAULT_MODEL } from './fixtures.js';
 import { passes, recordingBackend } from './recording-backend.js';
 
+describe('ModelRunner per-layer pass', () => {
+  it('keeps the residual stream complete: o and down add into it, every norm reads it alone, no add after the last layer', async () => {
+    const { backend, calls } = recordingBackend();
+    const engine = await Engine.create({ model: DEFAULT_MODEL, backend });
+    try {
+      const layers = engine.spec.numLayers;
+      const prompt = engine.encode('ROMEO:\nBut soft, what light through yonder window breaks?');
+      // More than 8 rows: the prompt pass takes the per-layer ops, not the fused decode ones.
+      expect(prompt.length).toBeGreaterThan(8);
+      calls.length = 0;
+      await engine.submit(prompt, { temperature: 0, maxTokens: 1, ignoreEos: true }).done;
+      const p = passes(calls)[0];
+      expect(p[0].rows).toBe(prompt.length);
+      const stream = p.find((c) => c.op === 'embedding')!.args.out;
+      const norms = p.filter((c) => c.op === 'rmsnorm');
+      expect(norms).toHaveLength(2 * layers + 1);
+      for (const n of norms) {
+        expect(n.args.residual).toBeUndefined();
+        expect(n.args.x).toBe(stream);
+      }
+      const adding = p.filter((c) => c.op === 'matmul' && c.args.accumulate === true);
+      expect(adding).toHaveLength(2 * layers);
+      for (const c of adding) expect(c.args.out).toBe(stream);
+      expect(p.some((c) => c.op === 'add')).toBe(false);
+    } finally {
+      engine.dispose();
+    }
+  });
+});
+
 describe('ModelRunner fused decode pass', () => {
   it('folds every norm into a GEMV: no rmsnorm in a decode step (the final one rides in the LM head)', async () => {
     // Without decoder_layers, decode steps run the per-layer fused ops.
