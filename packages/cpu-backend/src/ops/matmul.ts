@@ -24,14 +24,14 @@ export function matmul(ctx: OpContext, a: OpArgs<'matmul'>): void {
   if (ctx.dry) return;
   const xin = ctx.matmulInput(x, rows, inDim);
   const R = ctx.round;
+  const acc = a.accumulate === true;
   for (let o = 0; o < outDim; o++) {
     const [wa, wo] = w(o);
     const b = bias === undefined ? 0 : bias[o];
-    if (a.accumulate === true) {
-      // y as the float32 the op would store, then the float32 sum (core ops.ts: R(out + y)).
-      for (let r = 0; r < rows; r++) out[r * outDim + o] = R(out[r * outDim + o] + Math.fround(R(dot(xin, r * inDim, wa, wo, inDim) + b)));
-    } else {
-      for (let r = 0; r < rows; r++) out[r * outDim + o] = R(dot(xin, r * inDim, wa, wo, inDim) + b);
+    for (let r = 0; r < rows; r++) {
+      const y = R(dot(xin, r * inDim, wa, wo, inDim) + b);
+      // accumulate: y as the float32 the op would store, then the float32 sum (core ops.ts: R(out + y)).
+      out[r * outDim + o] = acc ? R(out[r * outDim + o] + Math.fround(y)) : y;
     }
   }
 }

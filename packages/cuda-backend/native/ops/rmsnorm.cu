@@ -264,17 +264,10 @@ static int launchRmsnormOf(NervaExec* ex, int rows, int threads, const In& x, co
   return NERVA_OK;
 }
 
-template <int U>
+template <int U, bool RES>
 static int launchRmsnormRows(NervaExec* ex, int rows, const float* x, const void* w, int wdt, float* out, float* residual,
                              float eps, uint16_t* hi, uint16_t* lo) {
-  const int bfa = ex->bf16act ? 1 : 0;
-  if constexpr (U <= 4) {
-    if (residual) {
-      LAUNCH((k_rmsnorm_rows<U, true>), rows, 256, 0, x, w, wdt, out, residual, eps, bfa, hi, lo);
-      return NERVA_OK;
-    }
-  }
-  LAUNCH((k_rmsnorm_rows<U, false>), rows, 256, 0, x, w, wdt, out, residual, eps, bfa, hi, lo);
+  LAUNCH((k_rmsnorm_rows<U, RES>), rows, 256, 0, x, w, wdt, out, residual, eps, ex->bf16act ? 1 : 0, hi, lo);
   return NERVA_OK;
 }
 
@@ -283,13 +276,17 @@ int launchRmsnorm(NervaExec* ex, int rows, int threads, const float* x, const vo
   // k_rmsnorm's 1024-thread blocks as k_rmsnorm_rows (the same bits) for rows of 1, 2, 4, 5 or 8
   // times 1024 elements (4 at most with a residual, whose second row of registers would spill).
   if (threads == 1024 && dim % 1024 == 0) {
-    switch (dim / 1024 * (residual ? -1 : 1)) {
-      case 1: case -1: return launchRmsnormRows<1>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
-      case 2: case -2: return launchRmsnormRows<2>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
-      case 4: case -4: return launchRmsnormRows<4>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
-      case 5: return launchRmsnormRows<5>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
-      case 8: return launchRmsnormRows<8>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
-      default: break;
+    const int u = dim / 1024;
+    if (residual) {
+      if (u == 1) return launchRmsnormRows<1, true>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      if (u == 2) return launchRmsnormRows<2, true>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      if (u == 4) return launchRmsnormRows<4, true>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+    } else {
+      if (u == 1) return launchRmsnormRows<1, false>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      if (u == 2) return launchRmsnormRows<2, false>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      if (u == 4) return launchRmsnormRows<4, false>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      if (u == 5) return launchRmsnormRows<5, false>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
+      if (u == 8) return launchRmsnormRows<8, false>(ex, rows, x, w, wdt, out, residual, eps, hi, lo);
     }
   }
   return launchRmsnormOf(ex, rows, threads, FloatRows{x, dim}, w, wdt, out, residual, dim, eps, hi, lo, wIsWeight ? 1 : 0);
