@@ -16,7 +16,9 @@ export function runnerShape(backend: DeviceBackend, s: ModelSpec, o: Partial<Eng
   const maxRows = Math.max(o.maxNumBatchedTokens ?? (cpu ? 256 : budgeted ? 512 : 2048), maxNumSeqs);
   const inter = s.moe ? Math.max(s.intermediateSize, s.moe.moeIntermediateSize) : s.intermediateSize;
   const qkvOut = (s.numHeads + 2 * s.numKvHeads) * s.headDim;
-  const activationBytes = 4 * (maxRows * (4 * s.hiddenSize + qkvOut + s.numHeads * s.headDim + 3 * inter) + maxNumSeqs * (s.vocabSize + s.hiddenSize));
+  // Per row: the residual stream and its norm (and a sparse MLP's sum), qkv, the attention, gate_up and the MLP activation.
+  const hiddenRows = s.moe ? 3 : 2;
+  const activationBytes = 4 * (maxRows * (hiddenRows * s.hiddenSize + qkvOut + s.numHeads * s.headDim + 3 * inter) + maxNumSeqs * (s.vocabSize + s.hiddenSize));
   return { maxRows, maxNumSeqs, activationBytes, kvBytesPerToken: kvBytesPerToken(backend, s, kvDtypeOf(backend, o.kvCacheDtype)) };
 }
 

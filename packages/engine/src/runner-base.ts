@@ -206,10 +206,11 @@ export abstract class RunnerBase {
       this.act.normed = f32(maxRows * H, 'act.normed');
       this.act.qkv = f32(maxRows * this.qkvOut, 'act.qkv');
       this.act.attn = f32(maxRows * s.numHeads * hd, 'act.attn');
-      this.act.o = f32(maxRows * H, 'act.o');
       this.act.gateUp = f32(maxRows * 2 * inter, 'act.gate_up');
       this.act.mlpAct = f32(maxRows * inter, 'act.mlp');
-      this.act.mlpOut = f32(maxRows * H, 'act.mlp_out');
+      // The o and down projections add into the residual stream; only a sparse MLP's sum lands
+      // apart first (a tensor-parallel shard allocates its gathered outputs itself).
+      if (s.moe) this.act.mlpOut = f32(maxRows * H, 'act.mlp_out');
       this.bf16Act = backend.capabilities.activationDtypes?.includes('bf16') === true && backend.capabilities.matmulPrecision === 'bf16' && !s.moe && !weights.hostParts && maxRows > FUSED_MAX_ROWS;
       if (this.bf16Act) {
         this.act.normedBf16 = this.own(backend.alloc({ dtype: 'bf16', length: maxRows * H, usage: 'activations', label: 'act.normed_bf16' }));

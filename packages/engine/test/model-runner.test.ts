@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { Engine } from '../src/index.js';
-import { DEFAULT_MODEL } from './fixtures.js';
+import { join } from 'node:path';
+import { DEFAULT_MODEL, MODELS } from './fixtures.js';
 import { passes, recordingBackend } from './recording-backend.js';
 
 describe('ModelRunner per-layer pass', () => {
@@ -29,6 +30,30 @@ describe('ModelRunner per-layer pass', () => {
       expect(p.some((c) => c.op === 'add')).toBe(false);
     } finally {
       engine.dispose();
+    }
+  });
+});
+
+describe('ModelRunner activations', () => {
+  it('holds no sublayer output apart from the residual stream in a dense model; a sparse MLP keeps its sum buffer', async () => {
+    const dense = recordingBackend();
+    const engine = await Engine.create({ model: DEFAULT_MODEL, backend: dense.backend });
+    try {
+      expect(dense.allocs).toContain('act.residual');
+      expect(dense.allocs).not.toContain('act.o');
+      expect(dense.allocs).not.toContain('act.mlp_out');
+      const out = await engine.submit(engine.encode('ROMEO:\n'), { temperature: 0, maxTokens: 2, ignoreEos: true }).done;
+      expect(out.tokenIds).toHaveLength(2);
+    } finally {
+      engine.dispose();
+    }
+    const sparse = recordingBackend();
+    const moe = await Engine.create({ model: join(MODELS, 'tiny-random-qwen3-moe'), backend: sparse.backend });
+    try {
+      expect(sparse.allocs).toContain('act.mlp_out');
+      expect(sparse.allocs).not.toContain('act.o');
+    } finally {
+      moe.dispose();
     }
   });
 });

@@ -19,7 +19,8 @@ export interface RecordedCopy {
 }
 
 /**
- * The CPU backend with every op call (and every copy) recorded (name, rows, whether a norm weight rode along).
+ * The CPU backend with every op call (and every copy) recorded (name, rows, whether a norm weight rode along),
+ * and every allocation's label.
  * Ops listed in `without` are left out of its capabilities, as on a backend that lacks them, so
  * the engine takes the path it would take there; `claim` adds capabilities (e.g. batchInvariant,
  * which the CPU backend's rows satisfy: they never depend on each other).
@@ -27,10 +28,11 @@ export interface RecordedCopy {
 export function recordingBackend(
   without: readonly OpName[] = [],
   claim: Partial<DeviceBackend['capabilities']> = {},
-): { backend: DeviceBackend; calls: Recorded[]; copies: RecordedCopy[] } {
+): { backend: DeviceBackend; calls: Recorded[]; copies: RecordedCopy[]; allocs: string[] } {
   const inner = createCpuBackend();
   const calls: Recorded[] = [];
   const copies: RecordedCopy[] = [];
+  const allocs: string[] = [];
   const capabilities = Object.freeze({ ...inner.capabilities, ...claim, ops: inner.capabilities.ops.filter((op) => !without.includes(op)) });
   const backend = new Proxy(inner, {
     get(target, prop, receiver) {
@@ -43,6 +45,12 @@ export function recordingBackend(
           return target.run(op, args, stream);
         };
       }
+      if (prop === 'alloc') {
+        return (spec: Parameters<DeviceBackend['alloc']>[0]) => {
+          allocs.push(spec.label ?? '');
+          return target.alloc(spec);
+        };
+      }
       if (prop === 'copy') {
         return (dst: DeviceBuffer, src: DeviceBuffer, length: number, dstOffset = 0, srcOffset = 0, stream?: Parameters<DeviceBackend['copy']>[5]) => {
           copies.push({ dst, src, length, dstOffset, srcOffset });
@@ -53,7 +61,7 @@ export function recordingBackend(
       return typeof v === 'function' ? (v as (...x: unknown[]) => unknown).bind(target) : v;
     },
   }) as DeviceBackend;
-  return { backend, calls, copies };
+  return { backend, calls, copies, allocs };
 }
 
 /**

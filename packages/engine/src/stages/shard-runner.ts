@@ -48,6 +48,10 @@ export class ShardRunner extends ModelRunner {
       this.mlpFull = f32(limits.maxRows * full.intermediateSize, 'mlp_full');
       this.hiddenPart = f32(limits.maxRows * geometry.hidden.width, 'hidden_part');
       this.headPart = f32(limits.maxSeqs * geometry.vocab.width, 'head_part');
+      // The per-layer path's gathered o and MLP outputs, added to the stream after the gathers
+      // (one device adds them inside its projections; a sparse MLP's sum has a buffer already).
+      this.act.o = f32(limits.maxRows * full.hiddenSize, 'o');
+      this.act.mlpOut ??= f32(limits.maxRows * full.hiddenSize, 'mlp_out');
     } catch (e) {
       this.dispose();
       throw e;

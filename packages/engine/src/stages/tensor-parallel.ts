@@ -153,7 +153,8 @@ export async function prepareShards(a: PrepareShardsArgs): Promise<PreparedShard
   // Under budgets: each shard's fixed bytes (its runner's activations, the gathers' staging, the
   // embedding on a first stage, the gathered logits on the sampling shard), checked before any upload.
   const buffersOf = (i: number): number => {
-    const staging = a.maxRows * 4 * (spec.numHeads * spec.headDim + 2 * spec.hiddenSize + 2 * spec.intermediateSize);
+    // (+ the shard's gathered o and MLP outputs: one H-wide buffer of them is the runner's under a sparse MLP.)
+    const staging = a.maxRows * 4 * (spec.numHeads * spec.headDim + (spec.moe ? 3 : 4) * spec.hiddenSize + 2 * spec.intermediateSize);
     const logits = Math.floor(i / n) === S - 1 && i % n === 0 ? a.maxNumSeqs * spec.vocabSize * 4 : 0;
     return a.activationBytes + staging + logits;
   };
