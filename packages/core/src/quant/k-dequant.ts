@@ -68,29 +68,22 @@ export function decodeQ3_K(src: Uint8Array, blocks: number, dst: Float32Array): 
 }
 
 export function decodeQ4_K(src: Uint8Array, blocks: number, dst: Float32Array): void {
-  for (let b = 0, o = 0, y = 0; b < blocks; b++, o += 144, y += 256) {
-    const d = halfAt(src, o);
-    const dmin = halfAt(src, o + 2);
-    for (let j = 0; j < 4; j++) {
-      const [s1, m1] = scaleMinK4(src, o + 4, 2 * j);
-      const [s2, m2] = scaleMinK4(src, o + 4, 2 * j + 1);
-      const d1 = fr(d * s1);
-      const n1 = fr(dmin * m1);
-      const d2 = fr(d * s2);
-      const n2 = fr(dmin * m2);
-      const qo = o + 16 + 32 * j;
-      const yo = y + 64 * j;
-      for (let l = 0; l < 32; l++) {
-        const q = src[qo + l];
-        dst[yo + l] = fr(d1 * (q & 15)) - n1;
-        dst[yo + 32 + l] = fr(d2 * (q >> 4)) - n2;
-      }
-    }
-  }
+  decodeK45(src, blocks, dst, false);
 }
 
 export function decodeQ5_K(src: Uint8Array, blocks: number, dst: Float32Array): void {
-  for (let b = 0, o = 0, y = 0; b < blocks; b++, o += 176, y += 256) {
+  decodeK45(src, blocks, dst, true);
+}
+
+/**
+ * Q4_K and Q5_K share a layout (d, dmin, 12 bytes of 6-bit scales and mins, then the quants):
+ * Q5_K adds 32 bytes of high bits (bit j of byte l: element l of sub-block j) before its 4-bit
+ * quants. Each element is fr(d_j * q) - fr(dmin * m_j), ggml's float arithmetic.
+ */
+function decodeK45(src: Uint8Array, blocks: number, dst: Float32Array, five: boolean): void {
+  const bytes = five ? 176 : 144;
+  const qs = five ? 48 : 16;
+  for (let b = 0, o = 0, y = 0; b < blocks; b++, o += bytes, y += 256) {
     const d = halfAt(src, o);
     const dmin = halfAt(src, o + 2);
     for (let j = 0; j < 4; j++) {
@@ -100,11 +93,11 @@ export function decodeQ5_K(src: Uint8Array, blocks: number, dst: Float32Array): 
       const n1 = fr(dmin * m1);
       const d2 = fr(d * s2);
       const n2 = fr(dmin * m2);
-      const qo = o + 48 + 32 * j;
+      const qo = o + qs + 32 * j;
       const yo = y + 64 * j;
       for (let l = 0; l < 32; l++) {
         const q = src[qo + l];
-        const h = src[o + 16 + l] >> (2 * j);
+        const h = five ? src[o + 16 + l] >> (2 * j) : 0;
         dst[yo + l] = fr(d1 * ((q & 15) | ((h & 1) << 4))) - n1;
         dst[yo + 32 + l] = fr(d2 * ((q >> 4) | ((h & 2) << 3))) - n2;
       }
