@@ -38,7 +38,9 @@
 # /tmp/synth/qwen3-8b 36 --prompt-len 4096 --matmul-precision bf16.
 # ab_trace TAG TRACE_ADDON [VAR=value...]: one decode probe on a traced addon (built with -DNERVA_TRACE),
 # its timeline in $AB/timeline-TAG.txt (DETAIL=KERNEL: that kernel's block detail in
-# $AB/detail-TAG.txt too; KEEP_TRACE=1: the trace itself, $AB/trace-TAG.bin.xz); prints the per-kernel summary.
+# $AB/detail-TAG.txt too; LAYER=KERNEL: one layer's blocks around a launch of KERNEL, each kernel's residency,
+# release and exit, in $AB/layer-TAG.txt; KEEP_TRACE=1: the trace itself, $AB/trace-TAG.bin.xz); prints the
+# per-kernel summary.
 # ab_marks TRACE_ADDON KERNEL "MARKS" [VAR=value...]: ab_trace for each mark value (NERVA_SA_MARK, tag
 # markN, KERNEL's detail kept), and one line a mark: the medians over the step's launches of the
 # blocks' release, mark and exit (µs after a launch's first release).
@@ -180,6 +182,9 @@ ab_trace() {
   python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 > "$AB/timeline-$tag.txt" 2>&1
   if [ -n "${DETAIL:-}" ]; then
     python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --tokens 6 --detail "$DETAIL" > "$AB/detail-$tag.txt" 2>&1
+  fi
+  if [ -n "${LAYER:-}" ]; then
+    python3 tools/gpu/trace_timeline.py "$AB/trace.bin" --layer "$LAYER" > "$AB/layer-$tag.txt" 2>&1
   fi
   if [ "${KEEP_TRACE:-0}" = 1 ]; then xz -T0 -c "$AB/trace.bin" > "$AB/trace-$tag.bin.xz"; fi
   rm -f "$AB/trace.bin"

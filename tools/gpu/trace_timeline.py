@@ -3,6 +3,7 @@
 and prints where the last decode steps' time goes, kernel by kernel.
 
   python3 tools/gpu/trace_timeline.py FILE [--tokens N] [--json OUT]
+  python3 tools/gpu/trace_timeline.py FILE --layer k_attn_partial_rope [--span 130]
 
 Each traced block's thread 0 recorded {kernel tag (source line), SM, block, entry, wait release,
 exit} on the GPU's %globaltimer (ns). Blocks are grouped into kernel launches by (tag, grid size)
@@ -114,12 +115,56 @@ def launches(recs):
     return res
 
 
+def clusters(values, gap=3.0):
+    """Sorted values (us) cut where consecutive ones are more than `gap` apart: (first, last, count)."""
+    out = []
+    for v in sorted(values):
+        if out and v - out[-1][1] <= gap:
+            out[-1] = (out[-1][0], v, out[-1][2] + 1)
+        else:
+            out.append((v, v, 1))
+    return out
+
+
+def layer_view(recs, names, kernel, span_us):
+    """One layer's blocks around the middle launch of `kernel`: when each kernel's blocks became
+    resident (entry), were released from griddepcontrol.wait and exited, in us from the anchor's
+    first release. Launches of a grid larger than the GPU holds at once show as several clusters."""
+    anchor = sorted((r for r in recs if names.get(r[0]) == kernel), key=lambda r: r[3])
+    if not anchor:
+        sys.exit('trace_timeline: no blocks of %s in the trace' % kernel)
+    groups, cur = [], []
+    for r in anchor:
+        if cur and r[3] - cur[-1][3] > GAP_NS:
+            groups.append(cur)
+            cur = []
+        cur.append(r)
+    groups.append(cur)
+    g = groups[len(groups) // 2]
+    t0 = min(r[4] for r in g if r[4]) if any(r[4] for r in g) else min(r[3] for r in g)
+    win = [r for r in recs if -span_us * 0.1e3 < r[3] - t0 < span_us * 1e3]
+    by = defaultdict(list)
+    for r in win:
+        by[(names.get(r[0], 'line%d' % r[0]), r[6])].append(r)
+    fmt = lambda cs: ' '.join('%.1f..%.1f (%d)' % c for c in cs[:5])
+    print('%s launch %d of %d; us from its first release:' % (kernel, len(groups) // 2, len(groups)))
+    for (name, grid), rs in sorted(by.items(), key=lambda kv: min(r[3] for r in kv[1])):
+        print('  %s grid %d: %d blocks' % (name, grid, len(rs)))
+        print('    entry  ' + fmt(clusters((r[3] - t0) / 1e3 for r in rs)))
+        print('    wait   ' + fmt(clusters((r[4] - t0) / 1e3 for r in rs if r[4])))
+        print('    exit   ' + fmt(clusters((r[5] - t0) / 1e3 for r in rs)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('file')
     ap.add_argument('--tokens', type=int, default=4)
     ap.add_argument('--json')
     ap.add_argument('--detail', help='a kernel name: its blocks in the last step')
+    ap.add_argument('--layer', help='a kernel name (e.g. the attention): from its middle launch\'s release, every '
+                    'block that starts within --span us, grouped by kernel and grid, with when blocks became resident, '
+                    'were released and exited (clusters of blocks within 3 us of each other)')
+    ap.add_argument('--span', type=float, default=130.0, help='--layer: us after the anchor release (default 130)')
     # Kernels are tagged by their line in their file (plus a base where NERVA_TRACE_KERNEL_AT
     # gives one); a tag two files share is reported.
     ap.add_argument('--src', nargs='*', default=sorted(glob.glob('packages/cuda-backend/native/ops/**/*.cu', recursive=True)),
@@ -127,6 +172,9 @@ def main():
     a = ap.parse_args()
     names = kernel_names(a.src)
     recs, counts, cap = load(a.file)
+    if a.layer:
+        layer_view(recs, names, a.layer, a.span)
+        return
     ls = launches(recs)
     ls.sort(key=lambda l: (l['wait'] if l['wait'] is not None else l['start']))
     for l in ls:
