@@ -130,24 +130,18 @@ def layer_view(recs, names, kernel, span_us):
     """One layer's blocks around the middle launch of `kernel`: when each kernel's blocks became
     resident (entry), were released from griddepcontrol.wait and exited, in us from the anchor's
     first release. Launches of a grid larger than the GPU holds at once show as several clusters."""
-    anchor = sorted((r for r in recs if names.get(r[0]) == kernel), key=lambda r: r[3])
+    anchor = sorted((l for l in launches(recs) if names.get(l['tag']) == kernel), key=lambda l: l['start'])
     if not anchor:
         sys.exit('trace_timeline: no blocks of %s in the trace' % kernel)
-    groups, cur = [], []
-    for r in anchor:
-        if cur and r[3] - cur[-1][3] > GAP_NS:
-            groups.append(cur)
-            cur = []
-        cur.append(r)
-    groups.append(cur)
-    g = groups[len(groups) // 2]
-    t0 = min(r[4] for r in g if r[4]) if any(r[4] for r in g) else min(r[3] for r in g)
-    win = [r for r in recs if -span_us * 0.1e3 < r[3] - t0 < span_us * 1e3]
+    mid = anchor[len(anchor) // 2]
+    t0 = mid['wait'] if mid['wait'] is not None else mid['start']
+    # From a tenth of the span before the release (the blocks already resident) to the span after.
+    win = [r for r in recs if -0.1 * span_us * 1e3 < r[3] - t0 < span_us * 1e3]
     by = defaultdict(list)
     for r in win:
         by[(names.get(r[0], 'line%d' % r[0]), r[6])].append(r)
     fmt = lambda cs: ' '.join('%.1f..%.1f (%d)' % c for c in cs[:5])
-    print('%s launch %d of %d; us from its first release:' % (kernel, len(groups) // 2, len(groups)))
+    print('%s launch %d of %d; us from its first release:' % (kernel, len(anchor) // 2, len(anchor)))
     for (name, grid), rs in sorted(by.items(), key=lambda kv: min(r[3] for r in kv[1])):
         print('  %s grid %d: %d blocks' % (name, grid, len(rs)))
         print('    entry  ' + fmt(clusters((r[3] - t0) / 1e3 for r in rs)))
