@@ -113,11 +113,42 @@ int main() {
   CK(cudaHostGetDevicePointer(&fD, f, 0));
   std::thread spin(responder, f, qHost, outHost);
 
-  const char* names[] = {"busy_only", "hostfunc_noop", "hostfunc_with_copies", "mapped_spin", "mapped_spin_kernels_only_16"};
-  for (int v = 0; v < 5; v++) {
+  // 5: the round trip on a side stream beside a 10 us kernel (tiered attention's shape: the host
+  // partial beside the device's own); 6: the same plus a host function forked before it and
+  // joined after (the server's arm); 7: the 10 us kernel alone.
+  const char* names[] = {"busy_only", "hostfunc_noop", "hostfunc_with_copies", "mapped_spin", "mapped_spin_kernels_only_16",
+                         "mapped_spin_beside", "mapped_spin_beside_armed", "busy10_only"};
+  const long long busy10 = (long long)clk * 10 / 1000;
+  cudaStream_t side, armS;
+  cudaEvent_t evs[4 * kLayers];
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&armS, cudaStreamNonBlocking));
+  for (auto& e : evs) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (int v = 0; v < 8; v++) {
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     for (int l = 0; l < kLayers; l++) {
+      if (v == 5 || v == 6) {
+        cudaEvent_t* e = evs + 4 * l;
+        CK(cudaEventRecord(e[0], s));
+        CK(cudaStreamWaitEvent(side, e[0], 0));
+        if (v == 6) {
+          CK(cudaStreamWaitEvent(armS, e[0], 0));
+          CK(cudaLaunchHostFunc(armS, noop, nullptr));
+          CK(cudaEventRecord(e[2], armS));
+        }
+        k_signal<<<1, 256, 0, side>>>(q, qHostD, ctr, fD);
+        k_wait<<<1, 256, 0, side>>>(outHostD, out, ctr, fD, timedOut);
+        if (v == 6) CK(cudaStreamWaitEvent(side, e[2], 0));
+        CK(cudaEventRecord(e[1], side));
+        k_busy<<<1, 32, 0, s>>>(busy10);
+        CK(cudaStreamWaitEvent(s, e[1], 0));
+        continue;
+      }
+      if (v == 7) {
+        k_busy<<<1, 32, 0, s>>>(busy10);
+        continue;
+      }
       if (v == 4) {
         for (int k = 0; k < 16; k++) k_busy<<<1, 32, 0, s>>>(busy / 16);
       } else {

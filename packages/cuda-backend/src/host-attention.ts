@@ -28,9 +28,8 @@ export interface HostAttnNative {
     channelServed?: number;
     /** Channel waits that gave up (their outputs are NaN): a stuck host. */
     channelTimeouts?: number;
-    /** Host functions that woke the channel server, and the wake-ups that found it asleep. */
-    channelArms?: number;
-    channelWakeups?: number;
+    /** Idle polls of the channel server in naps (nothing came for 3 ms). */
+    channelNaps?: number;
   };
 }
 

@@ -11,6 +11,12 @@ export interface MaskedSampling {
   stage(): void;
 }
 
+/** A tiered pass's graph variant: the staging span its copies were captured with, and whether it has host partials. */
+export interface TierPass {
+  span: number;
+  hostPages: boolean;
+}
+
 /** Batch-size buckets decode graphs are captured for: a step of n rows replays the first bucket >= n. */
 export const BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 
@@ -43,9 +49,9 @@ export class DecodeGraphs {
 
   /**
    * Replay the decode graph of `steps` steps of this bucket (captured on first use: forward,
-   * sampling, advance, `steps` times). Passes with host partials (some page warm) and without
-   * are different graphs; tiered graphs also differ by the staging span their copies were
-   * captured with. One-row steps whose row stays within the backend's shortContextKeys (`short`)
+   * sampling, advance, `steps` times). Tiered passes (`tier`: some page warm) and others are
+   * different graphs; tiered graphs also differ by the staging span their copies were captured
+   * with and by whether the host attends over warm pages. One-row steps whose row stays within the backend's shortContextKeys (`short`)
    * replay a graph of their own ("s" suffix), captured with that bound as op decoder_layers'
    * maxKeys. Several steps: "x<steps>" suffix.
    *
@@ -56,14 +62,15 @@ export class DecodeGraphs {
    * while the masks are finished; free rows have mask index -1. Steps without grammar rows keep
    * the graph without masks and pay nothing for them.
    */
-  replay(bucket: number, steps: number, tiered: boolean, span: number, short: boolean, masks?: MaskedSampling): void {
+  replay(bucket: number, steps: number, tier: TierPass | undefined, short: boolean, masks?: MaskedSampling): void {
+    const tiered = tier !== undefined;
     if (masks) {
       if (steps !== 1) throw new RangeError('a decode step with token masks replays one step');
-      this.replayForward(bucket, tiered, span, short);
+      this.replayForward(bucket, tier, short);
       this.replaySample(bucket, masks);
       return;
     }
-    const gk = this.key(bucket, steps, tiered, span, short);
+    const gk = this.key(bucket, steps, tier, short);
     const g = this.graph(gk, short, true, () => {
       for (let j = 0; j < steps; j++) {
         this.forward(bucket, tiered);
@@ -74,9 +81,9 @@ export class DecodeGraphs {
   }
 
   /** The forward of a step with token masks (its graph captured on first use): the first half of `replay` with masks. */
-  replayForward(bucket: number, tiered: boolean, span: number, short: boolean): void {
-    const fk = `${this.key(bucket, 1, tiered, span, short)}m`;
-    this.run(fk, this.graph(fk, short, true, () => this.forward(bucket, tiered)), tiered, true);
+  replayForward(bucket: number, tier: TierPass | undefined, short: boolean): void {
+    const fk = `${this.key(bucket, 1, tier, short)}m`;
+    this.run(fk, this.graph(fk, short, true, () => this.forward(bucket, tier !== undefined)), tier !== undefined, true);
   }
 
   /** The sampling of a step with token masks, after its forward: stages the masks, then replays op sample reading them. */
@@ -95,8 +102,8 @@ export class DecodeGraphs {
     this.run(sk, g, false, false);
   }
 
-  private key(bucket: number, steps: number, tiered: boolean, span: number, short: boolean): string {
-    return (tiered ? `t${bucket}:${span}` : `${bucket}`) + (short ? 's' : '') + (steps > 1 ? `x${steps}` : '');
+  private key(bucket: number, steps: number, tier: TierPass | undefined, short: boolean): string {
+    return (tier ? `t${bucket}:${tier.span}${tier.hostPages ? 'h' : ''}` : `${bucket}`) + (short ? 's' : '') + (steps > 1 ? `x${steps}` : '');
   }
 
   private forward(bucket: number, tiered: boolean): void {

@@ -301,8 +301,8 @@ export class RunAhead {
       // costs nothing; measured with tools/gpu/graphgap.cu).
       const start = d > 0 ? this.queue[d - 1].end : this.endEv;
       const end = this.freeEvent();
-      if (forwardOnly) this.graphs.replayForward(bucket, false, 0, short(d + s));
-      else this.graphs.replay(bucket, s, false, 0, short(d + s));
+      if (forwardOnly) this.graphs.replayForward(bucket, undefined, short(d + s));
+      else this.graphs.replay(bucket, s, undefined, short(d + s));
       this.backend.record(end);
       for (let j = 0; j < s; j++) this.queue.push({ key: '', bucket, start, end, share: s, sampled: !forwardOnly });
     }

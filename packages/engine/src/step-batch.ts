@@ -81,13 +81,14 @@ export function padBucket(st: StepBuffers, nSeq: number, bucket: number, mb: num
   for (let r = 0; r < bucket; r++) st.logitRows[r] = r;
 }
 
-/** What stageBatch wrote: rows, prompt tokens among them, the requests sampled (logit row i: sampling[i]), whether a prompt with forks finished, and the warm slots the link stages ([0, linkUsed)). */
+/** What stageBatch wrote: rows, prompt tokens among them, the requests sampled (logit row i: sampling[i]), whether a prompt with forks finished, the warm slots the link stages ([0, linkUsed)) and whether the host attends over any warm page. */
 export interface StagedBatch {
   rows: number;
   promptTokens: number;
   sampling: Request[];
   forks: boolean;
   linkUsed: number;
+  hostPages: boolean;
 }
 
 /**
@@ -106,6 +107,7 @@ export function stageBatch(st: StepBuffers, scheduled: RowOrder, kv: KvCacheMana
   let promptTokens = 0;
   let forks = false;
   let linkUsed = 0;
+  let hostPages = false;
   const holes = scheduled.includes(undefined);
   scheduled.forEach((row, k) => {
     if (row === undefined) {
@@ -139,7 +141,10 @@ export function stageBatch(st: StepBuffers, scheduled: RowOrder, kv: KvCacheMana
         if (w >= 0 && lt && w < linkPages) {
           lt[k * mb + b] = w;
           if (w >= linkUsed) linkUsed = w + 1;
-        } else wt[k * mb + b] = w;
+        } else {
+          wt[k * mb + b] = w;
+          if (w >= 0) hostPages = true;
+        }
       }
     } else for (let b = 0; b < table.length; b++) st.tables[k * mb + b] = table[b];
     shared.add(table);
@@ -161,5 +166,5 @@ export function stageBatch(st: StepBuffers, scheduled: RowOrder, kv: KvCacheMana
       }
     }
   });
-  return { rows, promptTokens, sampling, forks, linkUsed };
+  return { rows, promptTokens, sampling, forks, linkUsed, hostPages };
 }

@@ -15,6 +15,11 @@ export abstract class AttentionRunner extends RunnerBase {
    * the engine before forward; a captured graph keeps the value it was captured with).
    */
   linkSpan = 0;
+  /**
+   * Tiered KV: whether this pass's tables give the host any warm page (set by the engine before
+   * forward, like linkSpan). Without one the pass runs no host partial.
+   */
+  hostPages = true;
   /** Forward passes run with host partials over warm pages. */
   tieredPasses = 0;
   /**
@@ -77,7 +82,7 @@ export abstract class AttentionRunner extends RunnerBase {
     const a = this.act;
     const be = this.backend;
     const common = this.queryArgs(l, rows);
-    const hostPartial = !this.limits.linkOnly;
+    const hostPartial = !this.limits.linkOnly && this.hostPages;
     const main = this.stream;
     if (hostPartial) {
       const side = this.sideStream!;

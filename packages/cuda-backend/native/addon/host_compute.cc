@@ -213,8 +213,7 @@ Napi::Value Context::HostAttnStats(const Napi::CallbackInfo& info) {
   o.Set("channel", true);
   o.Set("channelServed", (double)cs.served);
   o.Set("channelTimeouts", (double)cs.timeouts);
-  o.Set("channelArms", (double)cs.arms);
-  o.Set("channelWakeups", (double)cs.wakeups);
+  o.Set("channelNaps", (double)cs.naps);
   return o;
 }
 

@@ -20,9 +20,10 @@ using Clock = std::chrono::steady_clock;
 
 using nerva_host::cpuRelax;
 
-// How long the server spins after its last request before it sleeps, and how long a device wait
-// gives up after (its outputs then NaN): measured defaults, not settings.
+// How long the server spins after its last request before it polls in naps, the nap, and how
+// long a device wait gives up after (its outputs then NaN): measured defaults, not settings.
 constexpr int64_t kServerSpinNs = 3000 * 1000;
+constexpr int kIdleNapUs = 20;
 constexpr unsigned long long kWaitTimeoutMs = 30000;
 
 // The words the GPU and the host share, in mapped pinned memory, each on its own cache line.
@@ -43,8 +44,6 @@ struct HostChannel {
   Words* words = nullptr;      // host view
   Words* wordsDev = nullptr;   // device alias
   uint32_t* counter = nullptr;  // device memory: [0] the last request number, [1] the stage kernel's block count
-  cudaStream_t armStream = nullptr;
-  cudaEvent_t fork = nullptr, join = nullptr;
   uint32_t served = 0;  // the last request number answered (server thread only)
   uint64_t servedCount = 0;
   unsigned long long timeoutCycles = 0;
@@ -57,25 +56,13 @@ struct Server {
   std::condition_variable cv;
   std::vector<HostChannel*> channels;
   std::atomic<int64_t> lastActivityNs{0};
-  std::atomic<uint64_t> arms{0}, wakeups{0}, servedRetired{0}, timeoutsRetired{0};
-  std::atomic<bool> sleeping{false};
+  std::atomic<uint64_t> naps{0}, servedRetired{0}, timeoutsRetired{0};
   int64_t spinNs = kServerSpinNs;
   std::thread thread;
 
   Server() { thread = std::thread([this] { loop(); }); thread.detach(); }
 
   static int64_t now() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
-
-  void arm() {
-    arms.fetch_add(1, std::memory_order_relaxed);
-    lastActivityNs.store(now());
-    // Only a sleeping server needs the lock (a serving one holds it for a whole request): it
-    // re-reads lastActivityNs under the lock before it sleeps, so this store is never missed.
-    if (sleeping.load()) {
-      std::lock_guard<std::mutex> g(mu);
-      cv.notify_one();
-    }
-  }
 
   void loop() {
     std::unique_lock<std::mutex> lk(mu);
@@ -96,17 +83,20 @@ struct Server {
         lastActivityNs.store(now(), std::memory_order_relaxed);
         continue;
       }
-      if (now() - lastActivityNs.load(std::memory_order_acquire) > spinNs) {
-        // Idle: sleep until an arm. One more sweep after waking (an arm precedes its request).
-        sleeping.store(true);
-        cv.wait(lk, [this] { return now() - lastActivityNs.load() <= spinNs; });
-        sleeping.store(false);
-        wakeups.fetch_add(1, std::memory_order_relaxed);
+      if (channels.empty()) {
+        // No channel to serve: sleep until one is created.
+        cv.wait(lk, [this] { return !channels.empty(); });
         continue;
       }
-      // Spin with the lock released now and then, so create/destroy get in.
+      // Spin with the lock released now and then, so create/destroy get in; past the spin
+      // window, poll in short naps (a request then waits at most one nap).
+      const bool idle = now() - lastActivityNs.load(std::memory_order_relaxed) > spinNs;
       lk.unlock();
-      for (int i = 0; i < 32; i++) cpuRelax();
+      if (idle) {
+        naps.fetch_add(1, std::memory_order_relaxed);
+        std::this_thread::sleep_for(std::chrono::microseconds(kIdleNapUs));
+      } else
+        for (int i = 0; i < 32; i++) cpuRelax();
       lk.lock();
     }
   }
@@ -116,8 +106,6 @@ Server& server() {
   static Server* s = new Server();  // never destroyed: the thread may be mid-sweep at exit
   return *s;
 }
-
-void CUDART_CB armFn(void*) { server().arm(); }
 
 }  // namespace
 
@@ -136,9 +124,6 @@ HostChannel* nerva_host_channel_create(void (*fn)(void*), void* arg, int* err) {
   }
   if (e == cudaSuccess) e = cudaMalloc((void**)&ch->counter, 2 * sizeof(uint32_t));
   if (e == cudaSuccess) e = cudaMemset(ch->counter, 0, 2 * sizeof(uint32_t));
-  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&ch->armStream, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ch->fork, cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ch->join, cudaEventDisableTiming);
   if (e == cudaSuccess) {
     int dev = 0, khz = 0;
     cudaGetDevice(&dev);
@@ -152,8 +137,11 @@ HostChannel* nerva_host_channel_create(void (*fn)(void*), void* arg, int* err) {
     return nullptr;
   }
   Server& s = server();
-  std::lock_guard<std::mutex> g(s.mu);
-  s.channels.push_back(ch);
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    s.channels.push_back(ch);
+  }
+  s.cv.notify_one();
   return ch;
 }
 
@@ -170,9 +158,6 @@ void nerva_host_channel_destroy(HostChannel* ch) {
         break;
       }
   }
-  if (ch->join) cudaEventDestroy(ch->join);
-  if (ch->fork) cudaEventDestroy(ch->fork);
-  if (ch->armStream) cudaStreamDestroy(ch->armStream);
   if (ch->counter) cudaFree(ch->counter);
   if (ch->words) cudaFreeHost((void*)ch->words);
   delete ch;
@@ -181,18 +166,9 @@ void nerva_host_channel_destroy(HostChannel* ch) {
 int nerva_host_channel_enqueue(CUstream_st* s, HostChannel* ch, const HostChannelCopy* in, int nIn, const HostChannelCopy* out,
                                int nOut) {
   if (!ch || nIn < 0 || nOut < 0 || nIn > kHostChannelMaxCopies || nOut > kHostChannelMaxCopies) return (int)cudaErrorInvalidValue;
-  cudaStream_t st = (cudaStream_t)s;
-  // The arm, forked so the stream never waits on a host function before its wait kernel.
-  cudaError_t e = cudaEventRecord(ch->fork, st);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(ch->armStream, ch->fork, 0);
-  if (e == cudaSuccess) e = cudaLaunchHostFunc(ch->armStream, armFn, nullptr);
-  if (e == cudaSuccess) e = cudaEventRecord(ch->join, ch->armStream);
-  if (e != cudaSuccess) return (int)e;
   int rc = nerva_host_channel_launch_stage(s, in, nIn, ch->counter, ch->counter + 1, &ch->wordsDev->req);
   if (rc) return rc;
-  rc = nerva_host_channel_launch_wait(s, out, nOut, ch->counter, &ch->wordsDev->resp, (uint32_t*)&ch->wordsDev->timeouts, ch->timeoutCycles);
-  if (rc) return rc;
-  return (int)cudaStreamWaitEvent(st, ch->join, 0);
+  return nerva_host_channel_launch_wait(s, out, nOut, ch->counter, &ch->wordsDev->resp, (uint32_t*)&ch->wordsDev->timeouts, ch->timeoutCycles);
 }
 
 HostChannelStats nerva_host_channel_stats() {
@@ -205,7 +181,6 @@ HostChannelStats nerva_host_channel_stats() {
     t.served += ch->servedCount;
     t.timeouts += ch->words->timeouts;
   }
-  t.arms = s.arms.load();
-  t.wakeups = s.wakeups.load();
+  t.naps = s.naps.load();
   return t;
 }

@@ -12,10 +12,12 @@
 // from a counter in device memory that the stage kernel increments, so a captured graph replays
 // with fresh numbers and nothing on the host has to know about replays.
 //
-// The server sleeps when idle. What wakes it is stream-ordered too: each enqueue forks a host
-// function ("arm") onto a side stream and joins it after the wait kernel, so the arm runs while
-// the GPU reaches the stage kernel and is off the critical path. Once armed, the server spins
-// until it has seen nothing for 3 ms.
+// The server runs while a channel exists: it spins for 3 ms after its last request, then polls
+// in 20 us naps (a request after a pause waits at most one nap), and sleeps only when no channel
+// is left. Nothing on the stream wakes it: an earlier form forked a host function ("arm") beside
+// every round trip and joined it after the wait kernel, 36 host nodes a token in a decode graph,
+// and a token at 4x tiered KV cost 0.8-1.0 ms more on average wherever the host took part (8B,
+// H200, docs/results/kv-tiers.md).
 //
 // A wait that sees no response for 30 s gives up: its
 // outputs are NaN (0x7fc00000 in every word) and the channel's timeout count rises, so a stuck
@@ -58,8 +60,7 @@ int nerva_host_channel_enqueue(CUstream_st* s, HostChannel* ch, const HostChanne
 struct HostChannelStats {
   uint64_t served = 0;
   uint64_t timeouts = 0;
-  uint64_t arms = 0;
-  uint64_t wakeups = 0;  // times the server left its sleep
+  uint64_t naps = 0;  // idle polls in naps (the server is awake but nothing came for 3 ms)
 };
 HostChannelStats nerva_host_channel_stats();
 
