@@ -138,6 +138,14 @@ export interface BackendCapabilities {
    */
   shortContextKeys?: number;
   /**
+   * The long-context path: at one decode row of op decoder_layers, the fewest keys the row may
+   * have (its minKeys) for which the backend runs a decode attention suited to long contexts
+   * (CUDA: each key read once for all the q heads of its KV head). The engine then captures a
+   * one-row decode step whose row has at least that many keys as a graph of its own, with minKeys
+   * set to this value. Absent or 0: minKeys changes nothing.
+   */
+  longContextKeys?: number;
+  /**
    * The optional argument fields each op takes on this backend (ops.ts marks them "only where
    * capabilities.opFields lists it"); an op absent here takes none. E.g. `decoder_layers:
    * ['embed']` (the embedding gather as part of the op), `sample: ['push', 'advance']` (ops

@@ -287,6 +287,12 @@ export interface OpCatalogue {
      */
     maxKeys?: number;
     /**
+     * A lower bound on every row's keys for as long as this call runs (keys only grow while a
+     * row decodes); 0 or absent: none known. A backend may choose its attention kernel by it
+     * (see capabilities.longContextKeys); within exact numerics the results agree either way.
+     */
+    minKeys?: number;
+    /**
      * The residual rows come from an embedding table first: x[r] = table[ids[r]] (op `embedding`
      * into x, then the layers). A backend may fold the gather into the first layer's kernels (the
      * step's first kernel less on a decode step); x holds the embedded rows' results either way.

@@ -156,6 +156,10 @@ int nerva_launch(NervaExec* ex, int op, const double* args, int nargs);
 // (k_attn_decode_short, SA_MAX_KEYS) in this context; 0 where it never runs: bf16 numerics,
 // batch invariance, or a device without thread block clusters. (The layer's shape must fit it as well: headDim 128, one or two q heads a KV head.)
 int nerva_decode_short_keys(const NervaExec* ex);
+// The fewest keys (op decoder_layers' minKeys) for which decode rows of fewer than GQA_MIN_ROWS
+// take the GQA attention kernel; 0 under bf16 numerics (eager attention) and batch invariance
+// (whose decode takes it at every row count).
+int nerva_decode_long_keys(const NervaExec* ex);
 
 // NERVA_TRACE builds: writes the device timeline rings to NERVA_DEVICE_TRACE (else nothing).
 void nerva_trace_dump();

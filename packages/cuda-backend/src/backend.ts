@@ -52,7 +52,20 @@ import type { GemmPrecision } from './options.js';
  * and at most two q heads a KV head. An addon that does not report it: 0.
  */
 function decodeShortKeys(info: NativeInfo): number {
-  const v = info.decodeShortKeys;
+  return positiveInt(info.decodeShortKeys);
+}
+
+/**
+ * The fewest keys a decode row must have for op decoder_layers to run the GQA attention kernel
+ * at one row (k_attn_decode_gqa: one block a KV head and split serves its q heads, so each key is
+ * read once, not once a q head), as the addon reports it (its GQA_LONG_KEYS; 0 under bf16
+ * numerics or batch invariance). An addon that does not report it: 0.
+ */
+function decodeLongKeys(info: NativeInfo): number {
+  return positiveInt(info.decodeLongKeys);
+}
+
+function positiveInt(v: unknown): number {
   return typeof v === 'number' && Number.isInteger(v) && v > 0 ? v : 0;
 }
 
@@ -208,6 +221,7 @@ export class CudaBackend implements DeviceBackend {
       activationDtypes: Object.freeze(['bf16'] as DType[]),
       batchInvariant: this.native.batchInvariant === true,
       shortContextKeys: decodeShortKeys(this.native),
+      longContextKeys: decodeLongKeys(this.native),
       // An addon that reads op decoder_layers' embed and op sample's push and advance says so (an older one would not).
       opFields: {
         ...(this.native.decoderLayersEmbed === true ? { decoder_layers: ['embed'] as const } : {}),

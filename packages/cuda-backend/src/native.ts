@@ -59,6 +59,12 @@ export interface NativeInfo {
    * it existed (then 0).
    */
   decodeShortKeys?: number;
+  /**
+   * The fewest keys (op decoder_layers' minKeys) for which one-row decode takes the GQA attention
+   * kernel (the addon's GQA_LONG_KEYS; 0 where minKeys changes nothing); absent from addons built
+   * before it existed (then 0).
+   */
+  decodeLongKeys?: number;
   /** Op decoder_layers reads its embed arguments (table, ids) after the layers'. */
   decoderLayersEmbed?: boolean;
   /** Op sample reads its push and advance arguments (flags after vocab). */

@@ -5,7 +5,7 @@ import type { ImportanceCache, MemoryReport, WeightPager } from '@nerva/memos';
 import { calibrateImportance } from './calibration.js';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
 import { kvReadWindow } from '@nerva/models';
-import { BUCKETS, bucketFor, DecodeGraphs } from './decode-graphs.js';
+import { BUCKETS, bucketFor, DecodeGraphs, type KeyRange } from './decode-graphs.js';
 import { type EngineOptions, EngineError, type GenerateOptions, type RequestHandle, type RequestOutcome, type StepSignals } from './engine-options.js';
 import type { EmbedOptions, EmbedResult, EmbeddingConfig } from './embedding.js';
 import { EmbeddingJobs } from './embedding-jobs.js';
@@ -570,19 +570,27 @@ export class ModelContext {
       }
       // The device's rows are this step's now, its holes pad rows (written, or equal keys say so).
       ra.layout.place(order, bucket);
-      // A replay whose last step is `last` steps after this one: the short-keys graph where every
-      // row's keys stay within the backend's bound through that step.
-      const shortKeys = this.backend.capabilities.shortContextKeys ?? 0;
-      const short = (last: number) =>
-        shortKeys > 0 && bucket === 1 && !this.pipeline && !tiered && plan.scheduled.every(({ req }) => req.numComputedTokens + last + 1 <= shortKeys);
+      // A replay of the steps `first` .. `last` after this one: the short-keys graph where every
+      // row's keys stay within the backend's bound through the last, the long-keys graph where
+      // every row has at least its floor from the first (keys only grow).
+      const caps = this.backend.capabilities;
+      const shortKeys = caps.shortContextKeys ?? 0;
+      const longKeys = caps.longContextKeys ?? 0;
+      const oneRow = bucket === 1 && !this.pipeline && !tiered;
+      const keyRange = (first: number, last: number): KeyRange =>
+        oneRow && shortKeys > 0 && plan.scheduled.every(({ req }) => req.numComputedTokens + last + 1 <= shortKeys)
+          ? 'short'
+          : oneRow && longKeys > 0 && plan.scheduled.every(({ req }) => req.numComputedTokens + first + 1 >= longKeys)
+            ? 'long'
+            : undefined;
       const args = anyGrammar ? this.constrained.deviceArgs : undefined;
       const masks = args && { args, stage: () => gs.stage(bucket) };
       if (adoptForward) this.graphs.replaySample(bucket, masks!);
-      else if (!adopt) this.graphs.replay(bucket, 1, tiered ? { span, hostPages } : undefined, short(0), masks);
+      else if (!adopt) this.graphs.replay(bucket, 1, tiered ? { span, hostPages } : undefined, keyRange(0, 0), masks);
       if (!adopt) be.record(ra.endEv);
       this.graphs.stateKey = key;
-      if (anyGrammar) ra.enqueueForward(order, bucket, short);
-      else ra.enqueue(order, bucket, short);
+      if (anyGrammar) ra.enqueueForward(order, bucket, keyRange);
+      else ra.enqueue(order, bucket, keyRange);
       if (ra.queue.length > 0) be.synchronizeEvent!(ra.endEv, 'policy');
       else be.synchronize('policy');
       const ring = this.ring.read(bucket);
@@ -776,7 +784,7 @@ export class ModelContext {
     return this.profiles.take();
   }
 
-  /** Nodes of each captured decode graph, by batch-size bucket ("t<bucket>:<staging span>" for tiered passes, "h" after it where the host attends over warm pages; "1s": one-row steps within capabilities.shortContextKeys). */
+  /** Nodes of each captured decode graph, by batch-size bucket ("t<bucket>:<staging span>" for tiered passes, "h" after it where the host attends over warm pages; "1s": one-row steps within capabilities.shortContextKeys, "1l": at least its longContextKeys). */
   graphNodes(): Record<string, number> {
     return this.graphs.nodes();
   }

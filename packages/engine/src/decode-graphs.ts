@@ -17,6 +17,13 @@ export interface TierPass {
   hostPages: boolean;
 }
 
+/**
+ * The keys of a one-row decode graph's row for as long as it replays: within the backend's
+ * shortContextKeys ('short', captured with that bound as op decoder_layers' maxKeys), at least
+ * its longContextKeys ('long', captured with that floor as minKeys), or unknown (undefined).
+ */
+export type KeyRange = 'short' | 'long' | undefined;
+
 /** Batch-size buckets decode graphs are captured for: a step of n rows replays the first bucket >= n. */
 export const BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 
@@ -51,9 +58,9 @@ export class DecodeGraphs {
    * Replay the decode graph of `steps` steps of this bucket (captured on first use: forward,
    * sampling, advance, `steps` times). Tiered passes (`tier`: some page warm) and others are
    * different graphs; tiered graphs also differ by the staging span their copies were captured
-   * with and by whether the host attends over warm pages. One-row steps whose row stays within the backend's shortContextKeys (`short`)
-   * replay a graph of their own ("s" suffix), captured with that bound as op decoder_layers'
-   * maxKeys. Several steps: "x<steps>" suffix.
+   * with and by whether the host attends over warm pages. One-row steps whose row stays within the
+   * backend's shortContextKeys, or has at least its longContextKeys (`keys`), replay graphs of
+   * their own ("s" and "l" suffixes; see KeyRange). Several steps: "x<steps>" suffix.
    *
    * A step with grammar rows (`masks`, one step) replays a variant of its own ("m" suffix),
    * captured the first time such a step comes: the forward and the sampling as two graphs, op
@@ -62,16 +69,16 @@ export class DecodeGraphs {
    * while the masks are finished; free rows have mask index -1. Steps without grammar rows keep
    * the graph without masks and pay nothing for them.
    */
-  replay(bucket: number, steps: number, tier: TierPass | undefined, short: boolean, masks?: MaskedSampling): void {
+  replay(bucket: number, steps: number, tier: TierPass | undefined, keys: KeyRange, masks?: MaskedSampling): void {
     const tiered = tier !== undefined;
     if (masks) {
       if (steps !== 1) throw new RangeError('a decode step with token masks replays one step');
-      this.replayForward(bucket, tier, short);
+      this.replayForward(bucket, tier, keys);
       this.replaySample(bucket, masks);
       return;
     }
-    const gk = this.key(bucket, steps, tier, short);
-    const g = this.graph(gk, short, true, () => {
+    const gk = this.key(bucket, steps, tier, keys);
+    const g = this.graph(gk, keys, true, () => {
       for (let j = 0; j < steps; j++) {
         this.forward(bucket, tiered);
         this.runner.sampleStep(bucket, this.runner.meta.ids);
@@ -81,16 +88,16 @@ export class DecodeGraphs {
   }
 
   /** The forward of a step with token masks (its graph captured on first use): the first half of `replay` with masks. */
-  replayForward(bucket: number, tier: TierPass | undefined, short: boolean): void {
-    const fk = `${this.key(bucket, 1, tier, short)}m`;
-    this.run(fk, this.graph(fk, short, true, () => this.forward(bucket, tier !== undefined)), tier !== undefined, true);
+  replayForward(bucket: number, tier: TierPass | undefined, keys: KeyRange): void {
+    const fk = `${this.key(bucket, 1, tier, keys)}m`;
+    this.run(fk, this.graph(fk, keys, true, () => this.forward(bucket, tier !== undefined)), tier !== undefined, true);
   }
 
   /** The sampling of a step with token masks, after its forward: stages the masks, then replays op sample reading them. */
   replaySample(bucket: number, masks: MaskedSampling): void {
     const sk = `${bucket}m:sample`;
     const runner = this.runner as ModelRunner;
-    const g = this.graph(sk, false, false, () => {
+    const g = this.graph(sk, undefined, false, () => {
       runner.sampleMask = masks.args;
       try {
         runner.sampleStep(bucket, runner.meta.ids);
@@ -102,8 +109,9 @@ export class DecodeGraphs {
     this.run(sk, g, false, false);
   }
 
-  private key(bucket: number, steps: number, tier: TierPass | undefined, short: boolean): string {
-    return (tier ? `t${bucket}:${tier.span}${tier.hostPages ? 'h' : ''}` : `${bucket}`) + (short ? 's' : '') + (steps > 1 ? `x${steps}` : '');
+  private key(bucket: number, steps: number, tier: TierPass | undefined, keys: KeyRange): string {
+    const k = keys === 'short' ? 's' : keys === 'long' ? 'l' : '';
+    return (tier ? `t${bucket}:${tier.span}${tier.hostPages ? 'h' : ''}` : `${bucket}`) + k + (steps > 1 ? `x${steps}` : '');
   }
 
   private forward(bucket: number, tiered: boolean): void {
@@ -112,7 +120,7 @@ export class DecodeGraphs {
   }
 
   /** The graph of key `gk`, captured from `body` on first use (`paged`: a forward, whose weight loads the pager records). */
-  private graph(gk: string, short: boolean, paged: boolean, body: () => void): GraphHandle {
+  private graph(gk: string, keys: KeyRange, paged: boolean, body: () => void): GraphHandle {
     let g = this.graphs.get(gk);
     if (g) return g;
     const be = this.backend;
@@ -120,7 +128,9 @@ export class DecodeGraphs {
     be.beginCapture();
     pager?.beginCapture();
     const hostBefore = this.runner.hostComputeBytes;
-    if (short) (this.runner as ModelRunner).decodeKeyBound = be.capabilities.shortContextKeys ?? 0;
+    const runner = this.runner as ModelRunner;
+    if (keys === 'short') runner.decodeKeyBound = be.capabilities.shortContextKeys ?? 0;
+    if (keys === 'long') runner.decodeKeyFloor = be.capabilities.longContextKeys ?? 0;
     try {
       body();
     } catch (err) {
@@ -132,7 +142,8 @@ export class DecodeGraphs {
       }
       throw err;
     } finally {
-      if (short) (this.runner as ModelRunner).decodeKeyBound = 0;
+      if (keys === 'short') runner.decodeKeyBound = 0;
+      if (keys === 'long') runner.decodeKeyFloor = 0;
       pager?.endCapture();
       // Captured, not run: counted on each replay instead.
       this.replayHostBytes.set(gk, this.runner.hostComputeBytes - hostBefore);

@@ -17,6 +17,8 @@ export * from './runner-base.js';
    * captured with it) runs, 0 when none is known. Set by the engine around a decode capture.
    */
   decodeKeyBound = 0;
+  /** Op decoder_layers' minKeys: a lower bound on every decode row's keys, likewise (0: none). */
+  decodeKeyFloor = 0;
 
   /**
    * Calibration hook: called with l and rows at the start of each decoder layer of an unfused
@@ -347,6 +349,7 @@ export * from './runner-base.js';
         eps: s.rmsNormEps,
         scale: 1 / Math.sqrt(s.headDim),
         ...(this.decodeKeyBound > 0 ? { maxKeys: this.decodeKeyBound } : {}),
+        ...(this.decodeKeyFloor > 0 ? { minKeys: this.decodeKeyFloor } : {}),
         ...(i === 0 && embed ? { embed } : {}),
       });
       if (run.streamed !== undefined) pager!.release(run.streamed, this.stream);

@@ -1,6 +1,6 @@
 import type { DeviceBackend, EventHandle } from '@nerva/core';
 import type { KvCacheManager } from '@nerva/kv';
-import { bucketFor, type DecodeGraphs } from './decode-graphs.js';
+import { bucketFor, type DecodeGraphs, type KeyRange } from './decode-graphs.js';
 import type { PassRunner } from './stages/pipeline.js';
 import type { Request } from './request.js';
 import { passKey, RowLayout, type RowOrder } from './row-layout.js';
@@ -267,8 +267,8 @@ export class RunAhead {
    * replay starts a new block gets it now when the pool has it, so crossing into a block does not
    * stop the replay after from running ahead.
    */
-  enqueue(order: RowOrder, bucket: number, short: (last: number) => boolean): void {
-    this.enqueueSteps(order, bucket, short, false);
+  enqueue(order: RowOrder, bucket: number, keys: (first: number, last: number) => KeyRange): void {
+    this.enqueueSteps(order, bucket, keys, false);
   }
 
   /**
@@ -279,11 +279,11 @@ export class RunAhead {
    * next step then waits for its masks and enqueues its sampling (graphs.replaySample). A step's
    * sampling cannot go ahead of the host: its masks need this step's tokens.
    */
-  enqueueForward(order: RowOrder, bucket: number, short: (last: number) => boolean): void {
-    this.enqueueSteps(order, bucket, short, true);
+  enqueueForward(order: RowOrder, bucket: number, keys: (first: number, last: number) => KeyRange): void {
+    this.enqueueSteps(order, bucket, keys, true);
   }
 
-  private enqueueSteps(order: RowOrder, bucket: number, short: (last: number) => boolean, forwardOnly: boolean): void {
+  private enqueueSteps(order: RowOrder, bucket: number, keys: (first: number, last: number) => KeyRange, forwardOnly: boolean): void {
     if (!this.enabled || this.host.waiting() > 0) return;
     const K = forwardOnly ? 1 : this.aheadSteps();
     while (this.queue.length < K) {
@@ -301,8 +301,9 @@ export class RunAhead {
       // costs nothing; measured with tools/gpu/graphgap.cu).
       const start = d > 0 ? this.queue[d - 1].end : this.endEv;
       const end = this.freeEvent();
-      if (forwardOnly) this.graphs.replayForward(bucket, undefined, short(d + s));
-      else this.graphs.replay(bucket, s, undefined, short(d + s));
+      // The replay runs steps d + 1 .. d + s after the current one.
+      if (forwardOnly) this.graphs.replayForward(bucket, undefined, keys(d + 1, d + s));
+      else this.graphs.replay(bucket, s, undefined, keys(d + 1, d + s));
       this.backend.record(end);
       for (let j = 0; j < s; j++) this.queue.push({ key: '', bucket, start, end, share: s, sampled: !forwardOnly });
     }

@@ -110,7 +110,7 @@ describe('decode through decoder_layers matches the per-layer fused path', () =>
   });
 });
 
-describe('decode graphs by key bound (capabilities.shortContextKeys)', () => {
+describe('decode graphs by key bound (capabilities.shortContextKeys, longContextKeys)', () => {
   it('captures a graph for steps within the bound, with it as maxKeys, and another past it; same tokens', async () => {
     const bound = 24;
     const { backend, calls } = recordingBackend([], { shortContextKeys: bound });
@@ -134,6 +134,43 @@ describe('decode graphs by key bound (capabilities.shortContextKeys)', () => {
       expect(bounded.map((c) => c.args.maxKeys)).toEqual([bound]);
       expect(stack.length - bounded.length).toBe(1);
       expect(plain.calls.some((c) => c.op === 'decoder_layers' && c.args.maxKeys !== undefined)).toBe(false);
+    } finally {
+      e.dispose();
+      ref.dispose();
+      backend.dispose();
+      plain.backend.dispose();
+    }
+  });
+
+  it('captures a graph for steps whose row has at least the long bound, with it as minKeys; same tokens', async () => {
+    const floor = 20;
+    const { backend, calls } = recordingBackend([], { longContextKeys: floor });
+    const plain = recordingBackend([]);
+    const e = await Engine.create({ model: DEFAULT_MODEL, backend });
+    const ref = await Engine.create({ model: DEFAULT_MODEL, backend: plain.backend });
+    try {
+      const params = { temperature: 0, maxTokens: 30, ignoreEos: true };
+      const prompt = 'ROMEO:';
+      const promptLen = e.tokenizer!.encode(prompt).length;
+      expect(promptLen + 2).toBeLessThan(floor); // the first decode steps fall below it
+      expect(promptLen + params.maxTokens).toBeGreaterThan(floor + 8); // the last ones past it
+      const out = await e.submit(prompt, params).done;
+      const want = await ref.submit(prompt, params).done;
+      expect(out.tokenIds).toEqual(want.tokenIds);
+      // Batch-size bucket 1, below the floor ("1") and from it on ("1l"): both a replay of one
+      // step and one of several (run-ahead), each starting where its row already has the floor.
+      const keys = Object.keys(e.graphNodes());
+      expect(keys).toContain('1');
+      expect(keys).toContain('1l');
+      expect(keys.every((k) => /^1l?(x\d+)?$/.test(k))).toBe(true);
+      expect(Object.keys(ref.graphNodes()).every((k) => !k.includes('l'))).toBe(true);
+      const stack = calls.filter((c) => c.op === 'decoder_layers');
+      const floored = stack.filter((c) => c.args.minKeys !== undefined);
+      // Each long graph's op carries the floor, no other op does, and none carries maxKeys.
+      expect(floored.length).toBe(keys.filter((k) => k.startsWith('1l')).length);
+      expect(floored.every((c) => c.args.minKeys === floor && c.args.maxKeys === undefined)).toBe(true);
+      expect(stack.length - floored.length).toBe(keys.filter((k) => !k.startsWith('1l')).length);
+      expect(plain.calls.some((c) => c.op === 'decoder_layers' && c.args.minKeys !== undefined)).toBe(false);
     } finally {
       e.dispose();
       ref.dispose();

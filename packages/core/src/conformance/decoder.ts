@@ -24,6 +24,8 @@ interface DecoderShape {
   embed?: { vocab: number; table: 'f32' | 'bf16' };
   /** Op decoder_layers' maxKeys: a bound on every row's keys, by which a backend may pick its attention. */
   maxKeys?: number;
+  /** Op decoder_layers' minKeys: a lower bound on every row's keys, likewise. */
+  minKeys?: number;
 }
 
 /**
@@ -137,6 +139,7 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
             scale: 1 / Math.sqrt(hd),
             ...(s.embed ? { embed: { table: b.table, ids: b.ids } } : {}),
             ...(s.maxKeys !== undefined ? { maxKeys: s.maxKeys } : {}),
+            ...(s.minKeys !== undefined ? { minKeys: s.minKeys } : {}),
           })),
         ],
         outputs,
@@ -204,6 +207,10 @@ export const decoderCases: Pick<CaseTable, 'decoder_layers'> = {
     decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, bf16, 1000 keys within maxKeys 1024', { ...gqa128Row, seqLens: [1000], weight: 'bf16', maxKeys: 1024 }, true),
     // A bound past CUDA's shortContextKeys (1024): the split-KV kernel, whatever maxKeys says.
     decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, 1500 keys within maxKeys 2048', { ...gqa128Row, seqLens: [1500], weight: 'f32', maxKeys: 2048 }, true),
+    // minKeys: CUDA runs one row whose keys reach its longContextKeys (8192) on the GQA kernel
+    // (one block a KV head and split serving its q heads), after rope_append.
+    decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, 9000 keys with minKeys 8192', { ...gqa128Row, seqLens: [9000], weight: 'f32', minKeys: 8192 }, true),
+    decoderLayersCase('2 layers, 1 row, GQA 4 x 128, QK-norm, bf16, 8300 keys with minKeys 8192', { ...GQA4_HD128, seqLens: [8300], qkvBias: false, minKeys: 8192 }, true),
     decoderLayersCase('2 layers, 1 row, GQA 2, QK-norm, f32', {
       layers: 2,
       hidden: 64,

@@ -265,6 +265,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo& info) {
   o.Set("pinnedPages", pinPages_);
   o.Set("pdl", ex_.pdl);
   o.Set("decodeShortKeys", nerva_decode_short_keys(&ex_));
+  o.Set("decodeLongKeys", nerva_decode_long_keys(&ex_));
   o.Set("decoderLayersEmbed", true);
   o.Set("sampleStepTail", true);
   o.Set("sampleMask", true);  // op sample reads and applies its mask (ops/sample.cu)

@@ -24,9 +24,12 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
   // An upper bound on every row's keys (position + 1) while this call, or a graph captured with
   // it, runs; 0: none known. Decode attention picks its kernel by it.
   const int maxKeys = A.num();
+  // A lower bound on every row's keys likewise; 0: none known. Long rows take the GQA kernel.
+  const int minKeys = A.num();
   int nL = A.num();
   if (!A.ok || nL < 0) return bad(ex, "decoder_layers: argument count");
   if (maxKeys < 0) return bad(ex, "decoder_layers: maxKeys must be >= 0");
+  if (minKeys < 0) return bad(ex, "decoder_layers: minKeys must be >= 0");
   std::vector<LayerBufs> Ls((size_t)nL);
   for (auto& l : Ls) {
     l.attnNorm = buf(A);
@@ -83,9 +86,10 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
       fq.embDt = etab.dt;
       fq.embIds = (const int*)eids.p;
     }
-    // Many rows: the GQA kernel (each key read once for its q heads), after rope_append, which
-    // takes over qkv's epilogue where the GEMM leaves it (the attention then reads only q there).
-    const bool gqa = attnDecodeGqaFits(ex, rows, nq, nkv, hd, l.kc.dt, l.vc.dt);
+    // Many rows, or rows of long contexts: the GQA kernel (each key read once for its q heads),
+    // after rope_append, which takes over qkv's epilogue where the GEMM leaves it (the attention
+    // then reads only q there).
+    const bool gqa = attnDecodeGqaFits(ex, rows, minKeys, nq, nkv, hd, l.kc.dt, l.vc.dt);
     DeferredEpilogue qkvEpi;
     if (gqa) fq.defer = &qkvEpi;
     int rc = matmulRows(ex, (const float*)x.p, l.qkv, (float*)qkv.p, rows, hidden, qkvOut, l.qkvBias, fq);

@@ -184,7 +184,7 @@ int attnPrefillGqa(NervaExec* ex, int hd, const float* q, Buf kc, Buf vc, Buf bt
 int attnSplitKv(NervaExec* ex, const float* qPtr, Buf kc, Buf vc, float* outPtr, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
                 int KVH, int hd, int bs, int mbps, int qStride, int qOff, float scale, int decodeOnly, const RopeFuse* rope,
                 int window, float* lse, const unsigned char* covered);
-bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, int kdt, int vdt);
+bool attnDecodeGqaFits(const NervaExec* ex, int rows, int minKeys, int H, int KVH, int hd, int kdt, int vdt);
 int attnDecodeGqa(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf bt, Buf rowSeq, Buf pos, int rows, int H,
                   int KVH, int bs, int mbps, int qStride, int qOff, float scale, SplitHandoff* emit = nullptr);
 // k_attn_combine: the split partials of `rows` rows merged (when no counters did it).

@@ -30,7 +30,7 @@ export const GEMV_ENCODERS: OpEncoders<'fused_matmul' | 'decoder_layers'> = {
     const layers = x.layers as OpArgs<'decoder_layers'>['layers'];
     if (!Array.isArray(layers)) e.fail('layers must be an array');
     const qkvOut = (nq + 2 * nkv) * hd, qw = nq * hd;
-    e.reserve(72 + layers.length * 26);
+    e.reserve(73 + layers.length * 26);
     e.buf('x', B('x'), rows * hidden, FLOAT);
     e.buf('qkv', B('qkv'), rows * qkvOut, FLOAT);
     e.buf('attn', B('attn'), rows * qw, FLOAT);
@@ -42,7 +42,8 @@ export const GEMV_ENCODERS: OpEncoders<'fused_matmul' | 'decoder_layers'> = {
     e.buf('invFreq', B('invFreq'), hd / 2, FLOAT);
     e.num(rows); e.num(hidden); e.num(nq); e.num(nkv); e.num(hd); e.num(inter); e.num(bs); e.num(mbps);
     const maxKeys = x.maxKeys === undefined ? 0 : c('maxKeys');
-    e.num(eps); e.num(scale); e.num(maxKeys); e.num(layers.length);
+    const minKeys = x.minKeys === undefined ? 0 : c('minKeys');
+    e.num(eps); e.num(scale); e.num(maxKeys); e.num(minKeys); e.num(layers.length);
     layers.forEach((l, i) => {
       const L = (name: string) => `layers[${i}].${name}`;
       e.buf(L('attnNorm'), l.attnNorm, hidden, WEIGHT);

@@ -407,17 +407,23 @@ __global__ void __launch_bounds__(128, DG_BLOCKS_PER_SM) k_attn_decode_gqa_tc(co
 // Decode batches of at least this many rows run k_attn_decode_gqa, which reads each key once for
 // the G q heads of its KV head (fewer rows: the split-KV kernel, which fills the GPU better).
 constexpr int GQA_MIN_ROWS = 16;
+// So do rows the caller promises at least this many keys (op decoder_layers' minKeys): there the
+// split-KV kernel's blocks, one a q head, read each key G times through L2, and the GQA kernel is
+// ahead. One 8B row on the H200, f32 KV, GQA against split-KV: 4000 keys 164.5 against 178.0
+// tok/s, 6000 161.4 against 162.1, 8000 155.1 against 147.4, 11000 150.3 against 127.7, 16000
+// 138.0 against 106.4 (0.6B: 8000 651 against 622, 16000 470 against 384).
+constexpr int GQA_LONG_KEYS = 8192;
 
 // Batch-invariant decode runs k_attn_decode_gqa at every row count, 1 included, with its splits
 // sized as for one row (attnDecodeGqaRun): checked invariant at 2..64 rows on the H100, and
 // faster there than the split-KV kernel for many rows.
-bool attnDecodeGqaFits(const NervaExec* ex, int rows, int H, int KVH, int hd, int kdt, int vdt) {
+bool attnDecodeGqaFits(const NervaExec* ex, int rows, int minKeys, int H, int KVH, int hd, int kdt, int vdt) {
   const int G = KVH > 0 && H % KVH == 0 ? H / KVH : 0;
   const bool shapes = hd == DG_HD && !ex->bf16act && kdt == vdt && (kdt == NV_F32 || kdt == NV_BF16) &&
                       (G == 1 || G == 2 || G == 4 || G == 8);
   // Batch-invariant decode: one kernel for every row count, chosen from the shapes alone.
   if (ex->batchInv) return shapes;
-  return rows >= GQA_MIN_ROWS && shapes;
+  return (rows >= GQA_MIN_ROWS || minKeys >= GQA_LONG_KEYS) && shapes;
 }
 
 // Many rows: every row's keys also go in splits of at most this many keys of the longest context,
@@ -532,3 +538,5 @@ int attnDecodeGqa(NervaExec* ex, const float* q, Buf kc, Buf vc, float* out, Buf
 }
 
 }  // namespace nerva::ops
+
+int nerva_decode_long_keys(const NervaExec* ex) { return ex->bf16act || ex->batchInv ? 0 : nerva::ops::GQA_LONG_KEYS; }
