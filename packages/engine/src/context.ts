@@ -5,7 +5,7 @@ import type { ImportanceCache, MemoryReport, WeightPager } from '@nerva/memos';
 import { calibrateImportance } from './calibration.js';
 import type { ModelSpec, NervaTokenizer } from '@nerva/models';
 import { kvReadWindow } from '@nerva/models';
-import { BUCKETS, bucketFor, DecodeGraphs, type KeyRange } from './decode-graphs.js';
+import { BUCKETS, bucketFor, DecodeGraphs, keyRangeOf } from './decode-graphs.js';
 import { type EngineOptions, EngineError, type GenerateOptions, type RequestHandle, type RequestOutcome, type StepSignals } from './engine-options.js';
 import type { EmbedOptions, EmbedResult, EmbeddingConfig } from './embedding.js';
 import { EmbeddingJobs } from './embedding-jobs.js';
@@ -518,8 +518,7 @@ export class ModelContext {
     const { rows, promptTokens, sampling, forks, linkUsed, hostPages } = stageBatch(st, order, this.kv, kt?.tiers, mb, linkPages, shared, t0);
     const span = stageSpan(linkUsed, linkPages);
     if (linkPages > 0) (this.runner as ModelRunner).linkSpan = span;
-    // A pass whose warm pages all lie in the link's slots has no host partial: its round trip a
-    // layer would cost the token (measured: 1.5 ms of an 8B token at 4096 keys) for nothing.
+    // No host partial in a pass without host pages: its round trip a layer would cost for nothing.
     if (kt) (this.runner as ModelRunner).hostPages = hostPages;
     if (kt && span > 0) kt.noteStaged(span);
     const nSeq = plan.scheduled.length;
@@ -570,19 +569,9 @@ export class ModelContext {
       }
       // The device's rows are this step's now, its holes pad rows (written, or equal keys say so).
       ra.layout.place(order, bucket);
-      // A replay of the steps `first` .. `last` after this one: the short-keys graph where every
-      // row's keys stay within the backend's bound through the last, the long-keys graph where
-      // every row has at least its floor from the first (keys only grow).
-      const caps = this.backend.capabilities;
-      const shortKeys = caps.shortContextKeys ?? 0;
-      const longKeys = caps.longContextKeys ?? 0;
       const oneRow = bucket === 1 && !this.pipeline && !tiered;
-      const keyRange = (first: number, last: number): KeyRange =>
-        oneRow && shortKeys > 0 && plan.scheduled.every(({ req }) => req.numComputedTokens + last + 1 <= shortKeys)
-          ? 'short'
-          : oneRow && longKeys > 0 && plan.scheduled.every(({ req }) => req.numComputedTokens + first + 1 >= longKeys)
-            ? 'long'
-            : undefined;
+      const computed = plan.scheduled.map(({ req }) => req.numComputedTokens);
+      const keyRange = (first: number, last: number) => (oneRow ? keyRangeOf(be.capabilities, computed, first, last) : undefined);
       const args = anyGrammar ? this.constrained.deviceArgs : undefined;
       const masks = args && { args, stage: () => gs.stage(bucket) };
       if (adoptForward) this.graphs.replaySample(bucket, masks!);

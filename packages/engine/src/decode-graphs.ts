@@ -1,4 +1,4 @@
-import type { DeviceBackend, GraphHandle } from '@nerva/core';
+import type { BackendCapabilities, DeviceBackend, GraphHandle } from '@nerva/core';
 import type { WeightPager } from '@nerva/memos';
 import type { ModelRunner } from './model-runner.js';
 import type { PassRunner } from './stages/pipeline.js';
@@ -23,6 +23,20 @@ export interface TierPass {
  * its longContextKeys ('long', captured with that floor as minKeys), or unknown (undefined).
  */
 export type KeyRange = 'short' | 'long' | undefined;
+
+/**
+ * The key range of a one-row replay of the steps `first` .. `last` after the current one, for rows
+ * that have computed `computed` tokens each: 'short' where every row's keys stay within the
+ * backend's bound through the last step, 'long' where every row has at least its floor from the
+ * first (keys only grow).
+ */
+export function keyRangeOf(caps: Pick<BackendCapabilities, 'shortContextKeys' | 'longContextKeys'>, computed: readonly number[], first: number, last: number): KeyRange {
+  const short = caps.shortContextKeys ?? 0;
+  const long = caps.longContextKeys ?? 0;
+  if (short > 0 && computed.every((n) => n + last + 1 <= short)) return 'short';
+  if (long > 0 && computed.every((n) => n + first + 1 >= long)) return 'long';
+  return undefined;
+}
 
 /** Batch-size buckets decode graphs are captured for: a step of n rows replays the first bucket >= n. */
 export const BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Engine, type EngineOptions } from '../src/index.js';
+import { keyRangeOf } from '../src/decode-graphs.js';
 import { DEFAULT_MODEL } from './fixtures.js';
 import { passes, recordingBackend, type Recorded } from './recording-backend.js';
 
@@ -111,6 +112,20 @@ describe('decode through decoder_layers matches the per-layer fused path', () =>
 });
 
 describe('decode graphs by key bound (capabilities.shortContextKeys, longContextKeys)', () => {
+  it('names a replay\'s key range from the rows\' computed tokens and its first and last step', () => {
+    const caps = { shortContextKeys: 1024, longContextKeys: 8192 };
+    // A row at 1000 computed tokens: step 23 has 1024 keys, step 24 one past the bound.
+    expect(keyRangeOf(caps, [1000], 0, 23)).toBe('short');
+    expect(keyRangeOf(caps, [1000], 0, 24)).toBeUndefined();
+    // A row at 8190: its step 1 has 8192 keys (the floor), its step 0 one short of it.
+    expect(keyRangeOf(caps, [8190], 1, 4)).toBe('long');
+    expect(keyRangeOf(caps, [8190], 0, 4)).toBeUndefined();
+    // Every row must qualify; a backend without the capabilities names none.
+    expect(keyRangeOf(caps, [9000, 100], 0, 0)).toBeUndefined();
+    expect(keyRangeOf({}, [10], 0, 0)).toBeUndefined();
+    expect(keyRangeOf({ longContextKeys: 8192 }, [20000], 0, 3)).toBe('long');
+  });
+
   it('captures a graph for steps within the bound, with it as maxKeys, and another past it; same tokens', async () => {
     const bound = 24;
     const { backend, calls } = recordingBackend([], { shortContextKeys: bound });
