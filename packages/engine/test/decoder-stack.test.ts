@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { DeviceBackend } from '@nerva/core';
 import { Engine, type EngineOptions } from '../src/index.js';
 import { keyRangeOf } from '../src/decode-graphs.js';
 import { DEFAULT_MODEL } from './fixtures.js';
@@ -126,71 +127,64 @@ describe('decode graphs by key bound (capabilities.shortContextKeys, longContext
     expect(keyRangeOf({ longContextKeys: 8192 }, [20000], 0, 3)).toBe('long');
   });
 
-  it('captures a graph for steps within the bound, with it as maxKeys, and another past it; same tokens', async () => {
-    const bound = 24;
-    const { backend, calls } = recordingBackend([], { shortContextKeys: bound });
+  const params = { temperature: 0, maxTokens: 30, ignoreEos: true };
+  const prompt = 'ROMEO:';
+
+  /**
+   * The prompt decoded greedily on an engine whose backend claims `caps` and on a plain one:
+   * their tokens, the claiming engine's graph keys and decoder_layers calls, and the plain one's.
+   */
+  async function decodeBoth(caps: Partial<DeviceBackend['capabilities']>) {
+    const { backend, calls } = recordingBackend([], caps);
     const plain = recordingBackend([]);
     const e = await Engine.create({ model: DEFAULT_MODEL, backend });
     const ref = await Engine.create({ model: DEFAULT_MODEL, backend: plain.backend });
     try {
-      const params = { temperature: 0, maxTokens: 30, ignoreEos: true };
-      const prompt = 'ROMEO:';
       const promptLen = e.tokenizer!.encode(prompt).length;
-      expect(promptLen + 2).toBeLessThanOrEqual(bound);  // the first decode steps fall within it
       const out = await e.submit(prompt, params).done;
       const want = await ref.submit(prompt, params).done;
-      expect(out.tokenIds).toEqual(want.tokenIds);
-      // Batch-size bucket 1, once within the bound ("1s") and once past it ("1").
-      expect(Object.keys(e.graphNodes()).sort()).toEqual(['1', '1s']);
-      expect(Object.keys(ref.graphNodes())).toEqual(['1']);
-      const stack = calls.filter((c) => c.op === 'decoder_layers');
-      const bounded = stack.filter((c) => c.args.maxKeys !== undefined);
-      // Each graph's op is recorded once, at its capture; only the short graph's carries maxKeys.
-      expect(bounded.map((c) => c.args.maxKeys)).toEqual([bound]);
-      expect(stack.length - bounded.length).toBe(1);
-      expect(plain.calls.some((c) => c.op === 'decoder_layers' && c.args.maxKeys !== undefined)).toBe(false);
+      const stack = (rec: Recorded[]) => rec.filter((c) => c.op === 'decoder_layers');
+      return { promptLen, out, want, keys: Object.keys(e.graphNodes()), refKeys: Object.keys(ref.graphNodes()), stack: stack(calls), refStack: stack(plain.calls) };
     } finally {
       e.dispose();
       ref.dispose();
       backend.dispose();
       plain.backend.dispose();
     }
+  }
+
+  it('captures a graph for steps within the bound, with it as maxKeys, and another past it; same tokens', async () => {
+    const bound = 24;
+    const r = await decodeBoth({ shortContextKeys: bound });
+    expect(r.promptLen + 2).toBeLessThanOrEqual(bound); // the first decode steps fall within it
+    expect(r.out.tokenIds).toEqual(r.want.tokenIds);
+    // Batch-size bucket 1, once within the bound ("1s") and once past it ("1").
+    expect(r.keys.sort()).toEqual(['1', '1s']);
+    expect(r.refKeys).toEqual(['1']);
+    const bounded = r.stack.filter((c) => c.args.maxKeys !== undefined);
+    // Each graph's op is recorded once, at its capture; only the short graph's carries maxKeys.
+    expect(bounded.map((c) => c.args.maxKeys)).toEqual([bound]);
+    expect(r.stack.length - bounded.length).toBe(1);
+    expect(r.refStack.some((c) => c.args.maxKeys !== undefined)).toBe(false);
   });
 
   it('captures a graph for steps whose row has at least the long bound, with it as minKeys; same tokens', async () => {
     const floor = 20;
-    const { backend, calls } = recordingBackend([], { longContextKeys: floor });
-    const plain = recordingBackend([]);
-    const e = await Engine.create({ model: DEFAULT_MODEL, backend });
-    const ref = await Engine.create({ model: DEFAULT_MODEL, backend: plain.backend });
-    try {
-      const params = { temperature: 0, maxTokens: 30, ignoreEos: true };
-      const prompt = 'ROMEO:';
-      const promptLen = e.tokenizer!.encode(prompt).length;
-      expect(promptLen + 2).toBeLessThan(floor); // the first decode steps fall below it
-      expect(promptLen + params.maxTokens).toBeGreaterThan(floor + 8); // the last ones past it
-      const out = await e.submit(prompt, params).done;
-      const want = await ref.submit(prompt, params).done;
-      expect(out.tokenIds).toEqual(want.tokenIds);
-      // Batch-size bucket 1, below the floor ("1") and from it on ("1l"): both a replay of one
-      // step and one of several (run-ahead), each starting where its row already has the floor.
-      const keys = Object.keys(e.graphNodes());
-      expect(keys).toContain('1');
-      expect(keys).toContain('1l');
-      expect(keys.every((k) => /^1l?(x\d+)?$/.test(k))).toBe(true);
-      expect(Object.keys(ref.graphNodes()).every((k) => !k.includes('l'))).toBe(true);
-      const stack = calls.filter((c) => c.op === 'decoder_layers');
-      const floored = stack.filter((c) => c.args.minKeys !== undefined);
-      // Each long graph's op carries the floor, no other op does, and none carries maxKeys.
-      expect(floored.length).toBe(keys.filter((k) => k.startsWith('1l')).length);
-      expect(floored.every((c) => c.args.minKeys === floor && c.args.maxKeys === undefined)).toBe(true);
-      expect(stack.length - floored.length).toBe(keys.filter((k) => !k.startsWith('1l')).length);
-      expect(plain.calls.some((c) => c.op === 'decoder_layers' && c.args.minKeys !== undefined)).toBe(false);
-    } finally {
-      e.dispose();
-      ref.dispose();
-      backend.dispose();
-      plain.backend.dispose();
-    }
+    const r = await decodeBoth({ longContextKeys: floor });
+    expect(r.promptLen + 2).toBeLessThan(floor); // the first decode steps fall below it
+    expect(r.promptLen + params.maxTokens).toBeGreaterThan(floor + 8); // the last ones past it
+    expect(r.out.tokenIds).toEqual(r.want.tokenIds);
+    // Batch-size bucket 1, below the floor ("1") and from it on ("1l"): both a replay of one
+    // step and one of several (run-ahead), each starting where its row already has the floor.
+    expect(r.keys).toContain('1');
+    expect(r.keys).toContain('1l');
+    expect(r.keys.every((k) => /^1l?(x\d+)?$/.test(k))).toBe(true);
+    expect(r.refKeys.every((k) => !k.includes('l'))).toBe(true);
+    const floored = r.stack.filter((c) => c.args.minKeys !== undefined);
+    // Each long graph's op carries the floor, no other op does, and none carries maxKeys.
+    expect(floored.length).toBe(r.keys.filter((k) => k.startsWith('1l')).length);
+    expect(floored.every((c) => c.args.minKeys === floor && c.args.maxKeys === undefined)).toBe(true);
+    expect(r.stack.length - floored.length).toBe(r.keys.filter((k) => !k.startsWith('1l')).length);
+    expect(r.refStack.some((c) => c.args.minKeys !== undefined)).toBe(false);
   });
 });
