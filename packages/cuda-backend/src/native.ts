@@ -251,7 +251,7 @@ export interface NativeAddon extends Partial<NativeNccl> {
 }
 
 /** The addon's ABI this TypeScript speaks; a stale build is reported instead of misused. */
-export const ABI_VERSION = 2;
+export const ABI_VERSION = 3;
 
 /**
  * Where the addon is looked for: an explicit path, then NERVA_CUDA_ADDON, then the package's

@@ -122,13 +122,13 @@ describe('OpEncoder', () => {
     const attrs = { rows, hidden, numHeads: nq, numKvHeads: nkv, headDim: hd, intermediate: inter, blockSize: 16, maxBlocksPerSeq: 4, eps: 1e-6, scale: 0.25 };
     enc.encode('decoder_layers', { ...shared, layers, ...attrs });
     // ... then the embed flag (absent: 0).
-    expect(enc.n).toBe(9 * 2 + 12 + 5 * 26 + 1);
+    expect(enc.n).toBe(9 * 2 + 13 + 5 * 26 + 1);
     const a = Array.from(enc.args.subarray(0, enc.n));
     expect(a[enc.n - 1]).toBe(0);
-    // maxKeys (absent: 0) between scale and the layer count.
-    expect(a.slice(18, 30)).toEqual([1, 16, 4, 2, 8, 24, 16, 4, 1e-6, 0.25, 0, 5]);
+    // maxKeys and minKeys (absent: 0) between scale and the layer count.
+    expect(a.slice(18, 31)).toEqual([1, 16, 4, 2, 8, 24, 16, 4, 1e-6, 0.25, 0, 0, 5]);
     // Layer 4: qkv weight after attnNorm; absent qkvBias, qNorm, kNorm encode as (0, 0).
-    const l4 = a.slice(30 + 4 * 26, 30 + 5 * 26);
+    const l4 = a.slice(31 + 4 * 26, 31 + 5 * 26);
     // (qkvTail absent: (0, 0) right after qkv.)
     expect(l4.slice(0, 12)).toEqual([resolved.get(layers[4].attnNorm.id)!.addr, 1, resolved.get(layers[4].qkv.id)!.addr, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
     expect(l4.slice(22)).toEqual([resolved.get(layers[4].kCache.id)!.addr, 0, resolved.get(layers[4].vCache.id)!.addr, 0]);
@@ -137,12 +137,17 @@ describe('OpEncoder', () => {
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, numKvHeads: 3 })).toThrow(/not a multiple of numKvHeads 3/);
     enc.encode('decoder_layers', { ...shared, layers, ...attrs, maxKeys: 1024 });
     expect(enc.args[28]).toBe(1024);
+    expect(enc.args[29]).toBe(0);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, maxKeys: -1 })).toThrow(/maxKeys must be an integer >= 0, got -1/);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, maxKeys: 2.5 })).toThrow(/maxKeys must be an integer >= 0, got 2.5/);
+    enc.encode('decoder_layers', { ...shared, layers, ...attrs, minKeys: 8192 });
+    expect([enc.args[28], enc.args[29], enc.args[30]]).toEqual([0, 8192, 5]);
+    expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, minKeys: -3 })).toThrow(/minKeys must be an integer >= 0, got -3/);
+    expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, minKeys: Number.NaN })).toThrow(/minKeys must be an integer >= 0, got NaN/);
     // embed: 1, the table (a row at least), the ids (one a row).
     const table = buf('bf16', 10 * hidden), ids = buf('i32', rows);
     enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table, ids } });
-    expect(enc.n).toBe(9 * 2 + 12 + 5 * 26 + 5);
+    expect(enc.n).toBe(9 * 2 + 13 + 5 * 26 + 5);
     expect(Array.from(enc.args.subarray(enc.n - 5, enc.n))).toEqual([1, resolved.get(table.id)!.addr, 1, resolved.get(ids.id)!.addr, 3]);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table: buf('bf16', hidden - 1), ids } })).toThrow(/embed\.table needs 16 elements/);
     expect(() => enc.encode('decoder_layers', { ...shared, layers, ...attrs, embed: { table, ids: buf('f32', 1) } })).toThrow(/embed\.ids/);

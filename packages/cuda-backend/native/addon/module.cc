@@ -100,7 +100,7 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
   exports.Set("probe", Napi::Function::New(env, Probe));
   exports.Set("knobs", Napi::Function::New(env, Knobs));
   exports.Set("validateKnobs", Napi::Function::New(env, ValidateKnobs));
-  exports.Set("abiVersion", Napi::Number::New(env, 2));
+  exports.Set("abiVersion", Napi::Number::New(env, 3));
   nerva_nccl::Register(env, exports);
   return exports;
 }

@@ -5,15 +5,16 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { createCudaBackend } from '../src/index.js';
 import { ABI_VERSION } from '../src/native.js';
 
-// capabilities.decodeShortKeys comes from the addon (info().decodeShortKeys, its SA_MAX_KEYS where
-// the cluster attention can run), not from a copy of the bound in TypeScript. A fake addon (a
+// capabilities.shortContextKeys and longContextKeys come from the addon (info().decodeShortKeys,
+// its SA_MAX_KEYS where the cluster attention can run; info().decodeLongKeys, its GQA_LONG_KEYS),
+// not from copies of the bounds in TypeScript. A fake addon (a
 // CommonJS file standing in for nerva_cuda.node) reports what each case sets, so no GPU is needed.
 
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'nerva-short-keys-'));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 
 /** What the fake context's info() adds to its fields (undefined: an addon without the field). */
-const reported: { decodeShortKeys?: unknown } = {};
+const reported: { decodeShortKeys?: unknown; decodeLongKeys?: unknown } = {};
 
 class FakeContext {
   info() {
@@ -22,7 +23,7 @@ class FakeContext {
       deviceArenaBytes: 2 ** 20, pinnedBase: 2 ** 40, pinnedArenaBytes: 2 ** 16, workspaceBytes: 0, runtimeVersion: 13000,
       driverVersion: 13000, gemm: 'gemv', numerics: 'exact', cublas: '', cublasNote: '',
     };
-    return 'decodeShortKeys' in reported ? { ...base, decodeShortKeys: reported.decodeShortKeys } : base;
+    return { ...base, ...reported };
   }
   pinnedArrayBuffer() {
     return new ArrayBuffer(2 ** 16);
@@ -46,16 +47,19 @@ class FakeContext {
 const addonPath = path.join(tmp, 'fake-addon.cjs');
 writeFileSync(addonPath, 'module.exports = globalThis.__nervaShortKeysAddon;\n');
 
-function shortKeys(value: unknown | undefined, present = true): number {
-  if (present) reported.decodeShortKeys = value;
-  else delete reported.decodeShortKeys;
+function keysCapability(field: 'decodeShortKeys' | 'decodeLongKeys', value: unknown | undefined, present: boolean): number {
+  delete reported.decodeShortKeys;
+  delete reported.decodeLongKeys;
+  if (present) reported[field] = value;
   const b = createCudaBackend({ addonPath, deviceArenaBytes: 2 ** 20 });
   try {
-    return b.capabilities.shortContextKeys ?? -1;
+    return (field === 'decodeShortKeys' ? b.capabilities.shortContextKeys : b.capabilities.longContextKeys) ?? -1;
   } finally {
     b.dispose();
   }
 }
+const shortKeys = (value: unknown | undefined, present = true) => keysCapability('decodeShortKeys', value, present);
+const longKeys = (value: unknown | undefined, present = true) => keysCapability('decodeLongKeys', value, present);
 
 describe('capabilities.shortContextKeys (from the addon: info().decodeShortKeys)', () => {
   it('is the bound the addon reports', () => {
@@ -70,5 +74,25 @@ describe('capabilities.shortContextKeys (from the addon: info().decodeShortKeys)
 
   it('is 0 for a value that is not a positive whole number', () => {
     for (const v of [-1, 1.5, Number.NaN, '1024', null]) expect(shortKeys(v), String(v)).toBe(0);
+  });
+});
+
+describe('capabilities.longContextKeys (from the addon: info().decodeLongKeys)', () => {
+  it('is the floor the addon reports, apart from the short bound', () => {
+    expect(longKeys(8192)).toBe(8192);
+    expect(shortKeys(1024)).toBe(1024);
+    reported.decodeLongKeys = 8192;
+    const b = createCudaBackend({ addonPath, deviceArenaBytes: 2 ** 20 });
+    try {
+      expect([b.capabilities.shortContextKeys, b.capabilities.longContextKeys]).toEqual([1024, 8192]);
+    } finally {
+      b.dispose();
+    }
+  });
+
+  it('is 0 where the addon reports 0, nothing (an older addon) or a value that is not a positive whole number', () => {
+    expect(longKeys(0)).toBe(0);
+    expect(longKeys(undefined, false)).toBe(0);
+    for (const v of [-1, 1.5, Number.NaN, '8192', null]) expect(longKeys(v), String(v)).toBe(0);
   });
 });
