@@ -17,7 +17,7 @@
 // most one nap, and an idle context with tiered KV costs a wake-up that often), and sleeps only
 // when no channel is left. Nothing on the stream wakes it: an earlier form forked a host function ("arm") beside
 // every round trip and joined it after the wait kernel, 36 host nodes a token in a decode graph,
-// and a token at 4x tiered KV cost 0.8-1.0 ms more on average wherever the host took part (8B,
+// and a token at 4x tiered KV cost 0.8-1.05 ms more on average wherever the host took part (8B,
 // H200, docs/results/kv-tiers.md).
 //
 // A wait that sees no response for 30 s gives up: its
