@@ -570,8 +570,8 @@ export class ModelContext {
       // The device's rows are this step's now, its holes pad rows (written, or equal keys say so).
       ra.layout.place(order, bucket);
       const oneRow = bucket === 1 && !this.pipeline && !tiered;
-      const computed = plan.scheduled.map(({ req }) => req.numComputedTokens);
-      const keyRange = (first: number, last: number) => (oneRow ? keyRangeOf(be.capabilities, computed, first, last) : undefined);
+      const computed = oneRow ? plan.scheduled.map(({ req }) => req.numComputedTokens) : undefined;
+      const keyRange = (first: number, last: number) => (computed ? keyRangeOf(be.capabilities, computed, first, last) : undefined);
       const args = anyGrammar ? this.constrained.deviceArgs : undefined;
       const masks = args && { args, stage: () => gs.stage(bucket) };
       if (adoptForward) this.graphs.replaySample(bucket, masks!);

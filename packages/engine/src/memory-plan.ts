@@ -96,7 +96,7 @@ export function contextLimits(
     ...(tierPlan ? { warmBlocks: Math.max(1, tierPlan.warmSlots) } : {}),
     // The link share: that share of the warm pool (its leading slots) is staged into VRAM, per
     // layer (two layers' worth in VRAM).
-    ...(tierPlan && tierPlan.linkPages > 0 ? { linkPages: tierPlan.linkPages, linkOnly: tierPlan.linkPages >= Math.max(1, tierPlan.warmSlots) } : {}),
+    ...(tierPlan && tierPlan.linkPages > 0 ? { linkPages: tierPlan.linkPages } : {}),
     kvDtype,
   };
   return { tierPlan, numBlocks, maxBlocksPerSeq, limits };

@@ -35,8 +35,6 @@ export interface RunnerLimits {
    * buffers; meta.linkTables holds the staging index (the warm slot) per block. 0 or absent: none.
    */
   linkPages?: number;
-  /** With linkPages: every warm page is staged, so there is no host partial. */
-  linkOnly?: boolean;
   /** KV cache element type (default: kvDtypeOf(backend), i.e. by the backend's numerics). */
   kvDtype?: KvCacheDtype;
 }

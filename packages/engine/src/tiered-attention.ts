@@ -82,7 +82,7 @@ export abstract class AttentionRunner extends RunnerBase {
     const a = this.act;
     const be = this.backend;
     const common = this.queryArgs(l, rows);
-    const hostPartial = !this.limits.linkOnly && this.hostPages;
+    const hostPartial = this.hostPages;
     const main = this.stream;
     if (hostPartial) {
       const side = this.sideStream!;

@@ -15,10 +15,8 @@
 // The server runs while a channel exists: it spins for 3 ms after its last request, then polls
 // in 20 us naps (longer by the OS timer's slack, ~50 us on Linux: a request after a pause waits at
 // most one nap, and an idle context with tiered KV costs a wake-up that often), and sleeps only
-// when no channel is left. Nothing on the stream wakes it: an earlier form forked a host function ("arm") beside
-// every round trip and joined it after the wait kernel, 36 host nodes a token in a decode graph,
-// and a token at 4x tiered KV cost 0.8-1.05 ms more on average wherever the host took part (8B,
-// H200, docs/results/kv-tiers.md).
+// when no channel is left. Nothing on the stream wakes it: a host function beside each round
+// trip put 36 host nodes in a token's graph and cost ~1 ms a token (docs/results/kv-tiers.md).
 //
 // A wait that sees no response for 30 s gives up: its
 // outputs are NaN (0x7fc00000 in every word) and the channel's timeout count rises, so a stuck
