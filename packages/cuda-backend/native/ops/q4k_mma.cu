@@ -67,7 +67,12 @@ struct Q4kItem {
 // 0.49 / 0.50; three items in flight (each row's head a word a lane, shuffled within the quad; B
 // read from shared memory per item) 0.22 / 0.30 / 0.40 / 0.57 / 0.63. Profiled (gate_up), this form waits on its global loads most of its time (long
 // scoreboard 3.7 of 9.7 cycles an instruction, 4 warps a scheduler at 120 registers).
-template <bool GLU>
+// ONE_SB (every warp one SB: rows of up to 4096): the warp reads its activations once for the norm
+// and the terms and waits only for its own terms, not for the block's; with the rows' addresses
+// from two bases and the scales picked by PRMT, an item takes ~230 instructions instead of ~300.
+// H200, synthetic Q4_K_M, tok/s: 0.6B 1494-1502 against 1410-1416, 8B 371.9-373.4 against
+// 365.5-366.4, the same tokens.
+template <bool GLU, bool ONE_SB>
 __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows,
                                                  int inDim, int outDim, int per, const void* bias, int bdt, int acc, int bfa,
                                                  int ldo, int oOff, const void* nw, int nwdt, float eps, float* xn) {
@@ -89,25 +94,28 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   const int mine = (sbs - warp + KS - 1) / KS;  // this warp's SBs
   const int groups = (nv + 15) >> 4;
   const int items = groups * mine;  // (group, SB) pairs
-  // Block row v's weights (a row past the block's copies row 0: computed, never stored).
-  auto rowOf = [&](int v) -> const uint8_t* {
-    if (v >= nv) v = 0;
-    const int wr = GLU ? (v < n ? o0 + v : outDim + o0 + (v - n)) : o0 + v;
-    return w + (size_t)wr * rowBytes;
-  };
+  // Block row v's weights start at wGate + v * rowBytes, GLU's up rows (v >= n) upOff further on
+  // (32 bits: q4kMmaRun keeps a weight under 4 GiB). A row past the block's copies row 0: computed,
+  // never stored.
+  const uint8_t* wGate = w + (size_t)o0 * rowBytes;
+  const uint32_t upOff = GLU ? (uint32_t)((size_t)(outDim - n) * rowBytes) : 0u;
   // Items are fetched in order; (fg, fs) is the next fetched one's group and SB index.
   int fg = 0, fs = 0, fetched = 0;
   auto fetch = [&](Q4kItem& it) {
     if (fetched++ >= items) return;
-    const size_t sbOff = (size_t)(warp + fs * KS) * QK_BYTES;
+    const uint32_t sbOff = (uint32_t)(warp + fs * KS) * QK_BYTES;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const uint8_t* b = rowOf(fg * 16 + g + 8 * h) + sbOff;
+      int v = fg * 16 + g + 8 * h;
+      if (v >= nv) v = 0;
+      const uint8_t* b = wGate + ((size_t)v * rowBytes + sbOff + (GLU && v >= n ? upOff : 0u));
       it.head[h] = __ldg(reinterpret_cast<const uint4*>(b));
 #pragma unroll
       for (int c = 0; c < 4; c++) it.q[h][c] = __ldg(reinterpret_cast<const uint2*>(b + 16 + 32 * c + 8 * t));
     }
-    if (++fg == groups) {
+    if (ONE_SB) {
+      fg++;  // one SB a warp: the items are its groups
+    } else if (++fg == groups) {
       fg = 0;
       fs++;
     }
@@ -119,6 +127,12 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   pdlTrigger();
 
   const float* xr = x + (size_t)r * inDim;
+  // One SB a warp: the warp's eight activations a lane are read once, for the norm and the terms.
+  float4 o0v, o1v;
+  if (ONE_SB) {
+    o0v = *reinterpret_cast<const float4*>(xr + warp * QK + 8 * lane);
+    o1v = *reinterpret_cast<const float4*>(xr + warp * QK + 8 * lane + 4);
+  }
   // A fused RMSNorm (nw set): the row's sum of squares, each warp over its SBs, the warps' sums in
   // order (every block computes the same inverse), then each activation as k_rmsnorm writes it.
   float inv = 1.f;
@@ -126,8 +140,8 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
     __shared__ float ssw[16];
     float ss = 0.f;
     for (int sb = warp; sb < sbs; sb += KS) {
-      const float4 v0 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
-      const float4 v1 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
+      const float4 v0 = ONE_SB ? o0v : *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
+      const float4 v1 = ONE_SB ? o1v : *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
       ss += v0.x * v0.x + v0.y * v0.y + v0.z * v0.z + v0.w * v0.w + v1.x * v1.x + v1.y * v1.y + v1.z * v1.z + v1.w * v1.w;
     }
     ss = warpSum(ss);
@@ -139,8 +153,8 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   }
   // The activations' terms: a warp an SB, a lane 8 consecutive elements (a quarter sub-block).
   for (int sb = warp; sb < sbs; sb += KS) {
-    const float4 v0 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
-    const float4 v1 = *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
+    const float4 v0 = ONE_SB ? o0v : *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
+    const float4 v1 = ONE_SB ? o1v : *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
     float e[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     if (nw) {
 #pragma unroll
@@ -190,7 +204,12 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
     if ((lane & 3) == 0) sx[sb * 8 + sub] = s8;
     if (lane == 0) xsc[sb] = finite ? __uint_as_float((uint32_t)(97 + E) << 23) : __uint_as_float(0x7fc00000u);
   }
-  __syncthreads();
+  // One SB a warp reads back only the terms it wrote (its loadSb); the epilogue's partial sums
+  // meet behind the barrier after the items.
+  if (ONE_SB)
+    __syncwarp();
+  else
+    __syncthreads();
 
   // The computed item's group and SB index, and the SB's activations as this lane holds them:
   // the mma's B fragments (term (g & 3) of each sub-block, elements 8t .. 8t + 7; lanes g >= 4
@@ -230,7 +249,9 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
 #pragma unroll
       for (int h = 0; h < 2; h++) {
         const uint32_t sw = scw[h][c >> 1];
-        const int sl = (sw >> (8 * ((2 * c) & 3))) & 0xFF, sh = (sw >> (8 * ((2 * c + 1) & 3))) & 0xFF;
+        // Bytes of sw (already 6-bit): one PRMT each.
+        const int sl = (int)__byte_perm(sw, 0u, 0x4440u | (unsigned)((2 * c) & 3));
+        const int sh = (int)__byte_perm(sw, 0u, 0x4440u | (unsigned)((2 * c + 1) & 3));
         lo[h][0] += sl * cl[2 * h];
         lo[h][1] += sl * cl[2 * h + 1];
         hi[h][0] += sh * ch[2 * h];
@@ -246,8 +267,8 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
       const float dmin = __half2float(__ushort_as_half((uint16_t)(hx >> 16)));
       // Mins: this lane takes sub-blocks 2t and 2t + 1.
       const uint32_t mw = t < 2 ? (w1 & 0x3F3F3F3Fu) : (((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u));
-      const uint32_t mm = mw >> (16 * (t & 1));
-      const float ms = fmaf((float)(mm & 0xFF), sxa, (float)((mm >> 8) & 0xFF) * sxb);
+      const unsigned sel = 0x4440u | (unsigned)(2 * (t & 1));  // this lane's mins: bytes 2 (t & 1) and the next
+      const float ms = fmaf((float)__byte_perm(mw, 0u, sel), sxa, (float)__byte_perm(mw, 0u, sel + 1u) * sxb);
       float y = fmaf(-dmin, ms, f * (d * xs));
       // The row's sum over the lanes of its quad, into the warp's partial sums (the first SB stores).
       y += __shfl_xor_sync(0xffffffffu, y, 1);
@@ -255,14 +276,16 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
       const int v = grp * 16 + g + 8 * h;
       if (t == 0 && v < nv) {
         float* p = part + warp * stride + (GLU ? (v < n ? 2 * v : 2 * (v - n) + 1) : v);
-        *p = si == 0 ? y : *p + y;
+        *p = ONE_SB || si == 0 ? y : *p + y;
       }
     }
   };
   if (items > 0) loadSb();
   auto step = [&](const Q4kItem& it) {
     compute(it);
-    if (++grp == groups) {
+    if (ONE_SB) {
+      grp++;
+    } else if (++grp == groups) {
       grp = 0;
       si++;
       if (si < mine) loadSb();
@@ -280,10 +303,10 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff);
 }
 
-template <bool GLU>
+template <bool GLU, bool ONE_SB>
 static int q4kLaunch(NervaExec* ex, unsigned grid, int ks, size_t smem, const float* x, const uint8_t* w, float* out, int rows,
                      int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, Buf nw, float eps, float* xn) {
-  auto fn = k_q4k_mma<GLU>;
+  auto fn = k_q4k_mma<GLU, ONE_SB>;
   if (allowDynamicSmem(fn, smem) != cudaSuccess) {
     cudaGetLastError();
     return bad(ex, "matmul: the Q4_K GEMV's shared memory could not be raised");
@@ -296,6 +319,8 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
               bool glu, int ldo, int oOff, Buf nw, float eps, float* xn) {
   if (inDim % QK != 0) return bad(ex, "matmul: a Q4_K weight's rows must be whole blocks (inDim a multiple of 256)");
   if (((uintptr_t)w & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
+  if ((size_t)outDim * (glu ? 2 : 1) * (inDim / QK) * QK_BYTES > 0xFFFFFFFFull)
+    return bad(ex, "matmul: a Q4_K weight over 4 GiB (the GEMV addresses its rows by 32-bit offsets)");
   const int sbs = inDim / QK;
   // Warps a block: one an SB up to 16; past that a divisor of the SB count in [8, 16] where there
   // is one (every warp the same number of SBs), else 16.
@@ -325,8 +350,12 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * ldo;
     float* xnr = xn && nw.p ? xn + (size_t)r0 * inDim : nullptr;
-    const int rc = glu ? q4kLaunch<true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr)
-                       : q4kLaunch<false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr);
+    // Every warp one SB (sbs <= ks): the kernel's lean form.
+    const bool one = sbs <= ks;
+    const int rc = glu ? (one ? q4kLaunch<true, true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr)
+                              : q4kLaunch<true, false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr))
+                       : (one ? q4kLaunch<false, true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr)
+                              : q4kLaunch<false, false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr));
     if (rc) return rc;
     r0 += nr;
   }
