@@ -140,8 +140,9 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
 // Q4_K rows on the integer tensor cores (qgemvRun's Q4_K parts): out[r * ldo + oOff + o], o < outDim;
 // nw.p set: x is RMS-normalized first (weight nw, eps) inside the kernel; xn set too: the
 // normalized rows are also written there (rows x inDim floats), for a tail of another type.
+// accPre: Fuse::accPre.
 int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
-              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn = nullptr);
+              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn = nullptr, int accPre = 0);
 
 // ---------------------------------------------------------------- gemm.cu, gemm_bi.cu
 // Op matmul past 8 rows over bf16 weights: x f32 (split or rounded to bf16 first) or bf16 (xBf16).

@@ -75,7 +75,7 @@ struct Q4kItem {
 template <bool GLU, bool ONE_SB>
 __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows,
                                                  int inDim, int outDim, int per, const void* bias, int bdt, int acc, int bfa,
-                                                 int ldo, int oOff, const void* nw, int nwdt, float eps, float* xn) {
+                                                 int ldo, int oOff, const void* nw, int nwdt, float eps, float* xn, int accPre) {
   NERVA_TRACE_KERNEL();
   extern __shared__ __align__(16) uint8_t sm[];
   const int KS = blockDim.x >> 5;
@@ -123,6 +123,10 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   Q4kItem ra, rb;
   fetch(ra);  // weights only: before the dependency wait
   fetch(rb);
+  // accPre: the values this block accumulates into, read before the wait (Fuse::accPre: `out`
+  // was last written two or more kernels back).
+  const bool hasPre = accPre && acc && (int)threadIdx.x < n;
+  const float pre = hasPre ? __ldcg(out + (size_t)r * ldo + oOff + o0 + threadIdx.x) : 0.f;
   pdlWait();
   pdlTrigger();
 
@@ -300,23 +304,25 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
     }
   }
   __syncthreads();
-  qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff);
+  qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, hasPre, pre);
 }
 
 template <bool GLU, bool ONE_SB>
 static int q4kLaunch(NervaExec* ex, unsigned grid, int ks, size_t smem, const float* x, const uint8_t* w, float* out, int rows,
-                     int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, Buf nw, float eps, float* xn) {
+                     int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, Buf nw, float eps, float* xn,
+                     int accPre) {
   auto fn = k_q4k_mma<GLU, ONE_SB>;
   if (allowDynamicSmem(fn, smem) != cudaSuccess) {
     cudaGetLastError();
     return bad(ex, "matmul: the Q4_K GEMV's shared memory could not be raised");
   }
-  LAUNCH(fn, grid, 32 * ks, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff, (const void*)nw.p, nw.dt, eps, xn);
+  LAUNCH(fn, grid, 32 * ks, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff, (const void*)nw.p, nw.dt, eps, xn,
+         accPre);
   return NERVA_OK;
 }
 
 int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
-              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn) {
+              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn, int accPre) {
   if (inDim % QK != 0) return bad(ex, "matmul: a Q4_K weight's rows must be whole blocks (inDim a multiple of 256)");
   if (((uintptr_t)w & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
   if ((size_t)outDim * (glu ? 2 : 1) * (inDim / QK) * QK_BYTES > 0xFFFFFFFFull)
@@ -352,10 +358,10 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
     float* xnr = xn && nw.p ? xn + (size_t)r0 * inDim : nullptr;
     // Every warp one SB (sbs <= ks): the kernel's lean form.
     const bool one = sbs <= ks;
-    const int rc = glu ? (one ? q4kLaunch<true, true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr)
-                              : q4kLaunch<true, false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr))
-                       : (one ? q4kLaunch<false, true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr)
-                              : q4kLaunch<false, false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr));
+    const int rc = glu ? (one ? q4kLaunch<true, true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre)
+                              : q4kLaunch<true, false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre))
+                       : (one ? q4kLaunch<false, true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre)
+                              : q4kLaunch<false, false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre));
     if (rc) return rc;
     r0 += nr;
   }

@@ -180,7 +180,7 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
 template <int DT, int KS, bool GLU, int CB>
 __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out,
                                                      int rows, int inDim, int outDim, int per, const void* bias, int bdt,
-                                                     int acc, int bfa, int ldo, int oOff, int stages) {
+                                                     int acc, int bfa, int ldo, int oOff, int stages, int accPre) {
   NERVA_TRACE_KERNEL();
   using T = QTile<DT>;
   constexpr int NW = 4;                 // weight rows an iteration (the butterfly below takes four)
@@ -224,6 +224,10 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   T tile;
+  // accPre: the values this block accumulates into, read before the wait (Fuse::accPre: `out`
+  // was last written two or more kernels back).
+  const bool hasPre = accPre && acc && (int)threadIdx.x < n;
+  const float pre = hasPre ? __ldcg(out + (size_t)r * ldo + oOff + o0 + threadIdx.x) : 0.f;
   // Iteration it's four rows reduced: the warp's partial sums into `part`.
   auto reduce = [&](const typename T::Raw(&raw)[NW], int it) {
     float v[NW];
@@ -286,25 +290,25 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     }
   }
   __syncthreads();
-  qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff);
+  qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, hasPre, pre);
 }
 
 // Launches k_qgemv<DT, KS, GLU, CB> with `smem` dynamic bytes (opted in above 48 KiB).
 template <int DT, int KS, bool GLU, int CB>
 int qgemvKernel(NervaExec* ex, unsigned grid, size_t smem, const float* x, const uint8_t* w, float* out, int rows, int inDim,
-                int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, int stages) {
+                int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, int stages, int accPre) {
   auto fn = k_qgemv<DT, KS, GLU, CB>;
   if (allowDynamicSmem(fn, smem) != cudaSuccess) {
     cudaGetLastError();
     return bad(ex, "matmul: the quantized GEMV's shared memory could not be raised");
   }
-  LAUNCH(fn, grid, 32 * KS, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff, stages);
+  LAUNCH(fn, grid, 32 * KS, smem, x, w, out, rows, inDim, outDim, per, bias.p, bias.dt, acc, bfa, ldo, oOff, stages, accPre);
   return NERVA_OK;
 }
 
 template <int DT, bool GLU>
 int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim,
-                Buf bias, int acc, int ldo, int oOff) {
+                Buf bias, int acc, int ldo, int oOff, int accPre) {
   const int bfa = ex->bf16act ? 1 : 0;
   // Outputs a block: enough blocks for ~16 warps an SM, each block at least 4 and at most 64
   // outputs (its activations are loaded once for all of them).
@@ -339,7 +343,8 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * ldo;
     int rc;
-#define QK(KS_, CB_) qgemvKernel<DT, KS_, GLU, CB_>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages)
+#define QK(KS_, CB_) \
+  qgemvKernel<DT, KS_, GLU, CB_>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages, accPre)
 // (A register-streamed type copies nothing: CB 16 only, one instantiation a shape.)
 #define QL(KS_)                                                                                       \
   do {                                                                                                \
@@ -399,6 +404,11 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   int ks = 1;
   while (ks * 32 < tiles) ks *= 2;
   const int acc = f.accumulate ? 1 : 0;
+  // Fuse::accPre holds for a matmul of one kernel: none with a tail (two GEMVs) or with a norm
+  // kernel of its own before the GEMV. (Fuse::early is not taken: the next quantized GEMV's blocks
+  // launched at this one's entry cost more than their early loads gain; H200, 0.6B Q4_K_M,
+  // 1302-1310 tok/s against 1495-1508.)
+  const int accPre = !f.tail.p && (!f.nw.p || normInQ4k) && f.accPre ? 1 : 0;
   // Outputs [o0, o1) from w's rows (a tail's rows count from tailFrom), reading activations `in`;
   // `norm` set (a Q4_K part only): the kernel normalizes `in` itself, writing the result to xn.
   auto part = [&](Buf wt, int o0, int o1, const float* in, bool norm) -> int {
@@ -406,13 +416,14 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
     const uint8_t* wp = (const uint8_t*)wt.p;
     const int n = o1 - o0;
 #define QD(DT_)                                                                                           \
-  return f.glu ? qgemvLaunch<DT_, true>(ex, ks, in, wp, out, rows, inDim, n, bias, acc, outDim, o0)         \
-               : qgemvLaunch<DT_, false>(ex, ks, in, wp, out, rows, inDim, n, bias, acc, outDim, o0)
+  return f.glu ? qgemvLaunch<DT_, true>(ex, ks, in, wp, out, rows, inDim, n, bias, acc, outDim, o0, accPre) \
+               : qgemvLaunch<DT_, false>(ex, ks, in, wp, out, rows, inDim, n, bias, acc, outDim, o0, accPre)
     switch (wt.dt) {
       case NV_Q8_0: QD(NV_Q8_0);
       case NV_Q4_0: QD(NV_Q4_0);
       case NV_Q4_K:
-        return q4kMmaRun(ex, in, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, norm ? f.nw : Buf{nullptr, 0}, f.eps, norm ? xn : nullptr);
+        return q4kMmaRun(ex, in, wp, out, rows, inDim, n, bias, acc, f.glu, outDim, o0, norm ? f.nw : Buf{nullptr, 0}, f.eps,
+                         norm ? xn : nullptr, accPre);
       case NV_Q6_K: QD(NV_Q6_K);
       default: return bad(ex, "matmul: unknown quantized weight dtype");
     }
