@@ -67,11 +67,12 @@ struct Q4kItem {
 // 0.49 / 0.50; three items in flight (each row's head a word a lane, shuffled within the quad; B
 // read from shared memory per item) 0.22 / 0.30 / 0.40 / 0.57 / 0.63. Profiled (gate_up), this form waits on its global loads most of its time (long
 // scoreboard 3.7 of 9.7 cycles an instruction, 4 warps a scheduler at 120 registers).
-// ONE_SB (every warp one SB: rows of up to 4096): the warp reads its activations once for the norm
-// and the terms and waits only for its own terms, not for the block's; with the rows' addresses
-// from two bases and the scales picked by PRMT, an item takes ~230 instructions instead of ~300.
-// H200, synthetic Q4_K_M, tok/s: 0.6B 1494-1502 against 1410-1416, 8B 371.9-373.4 against
-// 365.5-366.4, the same tokens.
+// ONE_SB (every warp one SB: rows of up to 4096): the warp reads its norm weights before the
+// dependency wait and its activations once for the norm and the terms, and waits only for its own
+// terms, not for the block's; with the rows' addresses from two bases and the scales picked by
+// PRMT, an item takes ~230 instructions instead of ~300. What a launch does after its wait is its
+// chain: H200, synthetic Q4_K_M, tok/s: 0.6B 1410-1416 before these, 1510-1514 with all but the
+// early norm weights, 1660-1678 with them; 8B 365.5-366.4, 373.2-374.0, 392.7; the same tokens.
 template <bool GLU, bool ONE_SB>
 __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows,
                                                  int inDim, int outDim, int per, const void* bias, int bdt, int acc, int bfa,
@@ -123,6 +124,13 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   Q4kItem ra, rb;
   fetch(ra);  // weights only: before the dependency wait
   fetch(rb);
+  // One SB a warp with a fused norm: the lane's eight norm weights, read before the wait (they are
+  // the model's, not the previous kernel's).
+  float nwv[8];
+  if (ONE_SB && nw) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) nwv[i] = ldf(nw, nwdt, (size_t)warp * QK + 8 * lane + i);
+  }
   // accPre: the values this block accumulates into, read before the wait (Fuse::accPre: `out`
   // was last written two or more kernels back).
   const bool hasPre = accPre && acc && (int)threadIdx.x < n;
@@ -162,7 +170,7 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
     float e[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     if (nw) {
 #pragma unroll
-      for (int i = 0; i < 8; i++) e[i] = bfr(bfr(e[i] * inv, bfa) * ldf(nw, nwdt, (size_t)sb * QK + 8 * lane + i), bfa);
+      for (int i = 0; i < 8; i++) e[i] = bfr(bfr(e[i] * inv, bfa) * (ONE_SB ? nwv[i] : ldf(nw, nwdt, (size_t)sb * QK + 8 * lane + i)), bfa);
       // The normalized row for a tail of another type (xn): written by the row's first block.
       if (xn && o0 == 0) {
         float4* d = reinterpret_cast<float4*>(xn + (size_t)r * inDim + sb * QK + 8 * lane);
