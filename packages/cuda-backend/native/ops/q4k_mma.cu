@@ -131,10 +131,8 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
 #pragma unroll
     for (int i = 0; i < 8; i++) nwv[i] = ldf(nw, nwdt, (size_t)warp * QK + 8 * lane + i);
   }
-  // accPre: the values this block accumulates into, read before the wait (Fuse::accPre: `out`
-  // was last written two or more kernels back).
-  const bool hasPre = accPre && acc && (int)threadIdx.x < n;
-  const float pre = hasPre ? __ldcg(out + (size_t)r * ldo + oOff + o0 + threadIdx.x) : 0.f;
+  // accPre: the values this block accumulates into, read before the wait.
+  const QPre pre = qgemvPre(accPre && acc, n, out, r, ldo, oOff, o0);
   pdlWait();
   pdlTrigger();
 
@@ -312,14 +310,14 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
     }
   }
   __syncthreads();
-  qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, hasPre, pre);
+  qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, pre);
 }
 
-template <bool GLU, bool ONE_SB>
-static int q4kLaunch(NervaExec* ex, unsigned grid, int ks, size_t smem, const float* x, const uint8_t* w, float* out, int rows,
+template <bool GLU>
+static int q4kLaunch(NervaExec* ex, bool one, unsigned grid, int ks, size_t smem, const float* x, const uint8_t* w, float* out, int rows,
                      int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, Buf nw, float eps, float* xn,
                      int accPre) {
-  auto fn = k_q4k_mma<GLU, ONE_SB>;
+  auto fn = one ? k_q4k_mma<GLU, true> : k_q4k_mma<GLU, false>;
   if (allowDynamicSmem(fn, smem) != cudaSuccess) {
     cudaGetLastError();
     return bad(ex, "matmul: the Q4_K GEMV's shared memory could not be raised");
@@ -366,10 +364,8 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
     float* xnr = xn && nw.p ? xn + (size_t)r0 * inDim : nullptr;
     // Every warp one SB (sbs <= ks): the kernel's lean form.
     const bool one = sbs <= ks;
-    const int rc = glu ? (one ? q4kLaunch<true, true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre)
-                              : q4kLaunch<true, false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre))
-                       : (one ? q4kLaunch<false, true>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre)
-                              : q4kLaunch<false, false>(ex, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre));
+    const int rc = glu ? q4kLaunch<true>(ex, one, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre)
+                       : q4kLaunch<false>(ex, one, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre);
     if (rc) return rc;
     r0 += nr;
   }

@@ -224,10 +224,8 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   T tile;
-  // accPre: the values this block accumulates into, read before the wait (Fuse::accPre: `out`
-  // was last written two or more kernels back).
-  const bool hasPre = accPre && acc && (int)threadIdx.x < n;
-  const float pre = hasPre ? __ldcg(out + (size_t)r * ldo + oOff + o0 + threadIdx.x) : 0.f;
+  // accPre: the values this block accumulates into, read before the wait.
+  const QPre pre = qgemvPre(accPre && acc, n, out, r, ldo, oOff, o0);
   // Iteration it's four rows reduced: the warp's partial sums into `part`.
   auto reduce = [&](const typename T::Raw(&raw)[NW], int it) {
     float v[NW];
@@ -290,7 +288,7 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     }
   }
   __syncthreads();
-  qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, hasPre, pre);
+  qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, pre);
 }
 
 // Launches k_qgemv<DT, KS, GLU, CB> with `smem` dynamic bytes (opted in above 48 KiB).
