@@ -166,18 +166,26 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
   }
 };
 
+// A weight row's place in a ring slot (k_qgemv): its slice, the lead before it in its first
+// 16-byte granule (at most 14 bytes: rows are 2-byte aligned) and the last granule's rest.
+__host__ __device__ constexpr int qgemvSlotRow(int slice) { return (slice + 14 + 15) / 16 * 16; }
+
 // One block: KS warps, a lane one tile of the activation row (its activations stay in registers
 // for the block's whole run), over `per` consecutive outputs [o0, o0 + per), NW weight rows an
 // iteration. Each warp streams its own slice of the rows (the blocks its lanes' tiles lie in)
-// through a ring of `stages` slots in shared memory, filled with cp.async (CB bytes a copy)
+// through a ring of `stages` slots in shared memory, filled with 16-byte cp.async granules
 // stages - 1 iterations ahead of the one it reduces: the loads in flight cost no registers, and a
 // warp waits only for its own copies (no block barrier an iteration, so warps drift and hide each
-// other's latency). The first slots are filled before the dependency wait (weights only). Per
-// output, the warps' sums meet in shared memory; the epilogue (k_gemv_generic's: bias, GLU,
-// accumulate, bf16 numerics' rounding) runs once all outputs are summed. GLU: an output reads its
-// gate row o and its up row outDim + o. Output o lands at out[r * ldo + oOff + o] (a weight
-// tail's launch writes past the head's).
-template <int DT, int KS, bool GLU, int CB>
+// other's latency). A slice need not be 16-byte aligned (Q6_K's 210-byte blocks): it is copied
+// from the granule holding its first byte, `lead` bytes before it, and its last granule copies
+// only the slice's bytes (cp.async's source size; the rest is zero-filled). (A lead's bytes lie at
+// or after the 16-byte boundary below the weight's own first byte, so inside its allocation, whose
+// start is aligned.) Each lane thus issues one or two copies a row, not a 2- or 8-byte copy per
+// 8 bytes. The first slots are filled before the dependency wait (weights only). Per output, the
+// warps' sums meet in shared memory; the epilogue (k_gemv_generic's: bias, GLU, accumulate, bf16
+// numerics' rounding) runs once all outputs are summed. GLU: an output reads its gate row o and its up row outDim + o.
+// Output o lands at out[r * ldo + oOff + o] (a weight tail's launch writes past the head's).
+template <int DT, int KS, bool GLU>
 __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out,
                                                      int rows, int inDim, int outDim, int per, const void* bias, int bdt,
                                                      int acc, int bfa, int ldo, int oOff, int stages, int accPre) {
@@ -186,7 +194,8 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   constexpr int NW = 4;                 // weight rows an iteration (the butterfly below takes four)
   constexpr int P = GLU ? NW / 2 : NW;  // outputs an iteration
   constexpr int TPB = DT == NV_Q6_K ? 8 : 1;  // tiles a block
-  constexpr int SLICE = 32 / TPB * T::BYTES;                   // a full warp's bytes of one row
+  constexpr int SLICE = 32 / TPB * T::BYTES;  // a full warp's bytes of one row
+  constexpr int SLOTW = qgemvSlotRow(SLICE);  // a row's place in a slot: the slice, its lead, a last partial granule
   constexpr bool RING = T::RING;
   extern __shared__ __align__(16) uint8_t sm[];
   const int stride = per * (GLU ? 2 : 1);
@@ -194,8 +203,8 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   const int tiles = inDim / T::ELEMS;
   const int rowBytes = tiles / TPB * T::BYTES;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // This warp's ring, [stages][NW][SLICE], after the partial sums.
-  uint8_t* ring = sm + (((size_t)KS * stride * sizeof(float) + 15) & ~(size_t)15) + (size_t)warp * stages * NW * SLICE;
+  // This warp's ring, [stages][NW][SLOTW], after the partial sums.
+  uint8_t* ring = sm + (((size_t)KS * stride * sizeof(float) + 15) & ~(size_t)15) + (size_t)warp * stages * NW * SLOTW;
   const int r = blockIdx.x % rows;
   const int o0 = (blockIdx.x / rows) * per;
   const int n = min(per, outDim - o0);
@@ -205,20 +214,30 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   const int sliceOff = warp * SLICE, sliceBytes = max(0, min(32, tiles - 32 * warp)) / TPB * T::BYTES;
   // Weight row k of the iteration at output i (a row past the block's outputs copies its first
   // one, never used). GLU: rows k < P are gates of outputs i + k, rows k >= P their up rows.
-  auto rowOf = [&](int i, int k) -> const uint8_t* {
+  auto rowIdx = [&](int i, int k) -> int {
     const int j = GLU ? i + k % P : i + k;
     const int o = o0 + (j < n ? j : 0);
-    return w + (size_t)(GLU && k >= P ? outDim + o : o) * rowBytes;
+    return GLU && k >= P ? outDim + o : o;
   };
-  // Iteration it's slices into slot it % stages, one commit group (committed even when empty, so
+  auto rowOf = [&](int i, int k) -> const uint8_t* { return w + (size_t)rowIdx(i, k) * rowBytes; };
+  // Iteration it's slices into slot `slot`, one commit group (committed even when empty, so
   // wait_group's count holds at the tail).
-  auto issue = [&](int it) {
-    if (it < iters) {
-      uint8_t* slot = ring + (size_t)(it % stages) * NW * SLICE;
+  auto issue = [&](int it, int slot) {
+    if (it < iters && sliceBytes > 0) {
+      uint8_t* dst = ring + (size_t)slot * NW * SLOTW;
 #pragma unroll
       for (int k = 0; k < NW; k++) {
         const uint8_t* src = rowOf(it * P, k) + sliceOff;
-        for (int b = lane * CB; b < sliceBytes; b += 32 * CB) cpAsync<CB>(slot + k * SLICE + b, src + b);
+        const uint8_t* g0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~(uintptr_t)15);
+        const int span = (int)(src - g0) + sliceBytes;  // bytes from the first granule to the slice's end
+#pragma unroll
+        for (int u = 0; u < (SLOTW + 511) / 512; u++) {  // (span <= SLOTW: a lane's granules, known at compile time)
+          const int b = lane * 16 + u * 512;
+          if (b < span) {
+            const unsigned d = (unsigned)__cvta_generic_to_shared(dst + k * SLOTW + b);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(g0 + b), "r"(min(16, span - b)) : "memory");
+          }
+        }
       }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -248,21 +267,30 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     }
   };
   if constexpr (RING) {
-    for (int s = 0; s < stages - 1; s++) issue(s);
+    // Slots in turn: `next` is the one the next issue fills, `cur` the one reduced.
+    int next = 0;
+    for (int s = 0; s < stages - 1; s++, next++) issue(s, next);
     pdlWait();
     pdlTrigger();
     if (mine) tile.load(x + (size_t)r * inDim, t);
-    for (int it = 0; it < iters; it++) {
+    for (int it = 0, cur = 0; it < iters; it++) {
       // Iteration it's copies have landed for this lane; after the warp barrier, for the warp's
-      // lanes, which are also all done with slot (it - 1) % stages, the one the next issue refills.
+      // lanes, which are also all done with the slot the next issue refills (iteration it - 1's).
       cpWait(stages - 2);
       __syncwarp();
-      issue(it + stages - 1);
-      const uint8_t* slot = ring + (size_t)(it % stages) * NW * SLICE;
+      issue(it + stages - 1, next);
+      next = next + 1 == stages ? 0 : next + 1;
+      const uint8_t* slot = ring + (size_t)cur * NW * SLOTW;
+      cur = cur + 1 == stages ? 0 : cur + 1;
       typename T::Raw raw[NW];
       if (mine)
 #pragma unroll
-        for (int k = 0; k < NW; k++) T::fetch(raw[k], slot + k * SLICE, lane);
+        for (int k = 0; k < NW; k++) {
+          // The row's lead: where its slice starts in its first granule (mod 16: 32-bit arithmetic).
+          const unsigned lead = ((unsigned)reinterpret_cast<uintptr_t>(w) + (unsigned)rowIdx(it * P, k) * (unsigned)rowBytes +
+                                 (unsigned)sliceOff) & 15u;
+          T::fetch(raw[k], slot + k * SLOTW + lead, lane);
+        }
       reduce(raw, it);
     }
   } else {
@@ -291,11 +319,11 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, pre);
 }
 
-// Launches k_qgemv<DT, KS, GLU, CB> with `smem` dynamic bytes (opted in above 48 KiB).
-template <int DT, int KS, bool GLU, int CB>
+// Launches k_qgemv<DT, KS, GLU> with `smem` dynamic bytes (opted in above 48 KiB).
+template <int DT, int KS, bool GLU>
 int qgemvKernel(NervaExec* ex, unsigned grid, size_t smem, const float* x, const uint8_t* w, float* out, int rows, int inDim,
                 int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, int stages, int accPre) {
-  auto fn = k_qgemv<DT, KS, GLU, CB>;
+  auto fn = k_qgemv<DT, KS, GLU>;
   if (allowDynamicSmem(fn, smem) != cudaSuccess) {
     cudaGetLastError();
     return bad(ex, "matmul: the quantized GEMV's shared memory could not be raised");
@@ -319,20 +347,12 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
   // slots of four weight rows' slices each.
   const int tpb = DT == NV_Q6_K ? 8 : 1;
   const size_t blockBytes = nvBytes(DT, nvQuantBlockElems(DT));
-  const size_t slice = (size_t)(32 / tpb) * blockBytes;  // a full warp's bytes of a row
-  const size_t slotBytes = (size_t)ks * 4 * slice;
+  const size_t slotBytes = (size_t)ks * 4 * qgemvSlotRow((int)((32 / tpb) * blockBytes));
   const int blocksPerSm = std::max(1, 16 / ks);
   const size_t budget = std::min<size_t>((size_t)ex->smemOptin, (size_t)200 * 1024 / blocksPerSm);
   if (QTile<DT>::RING && partBytes + 2 * slotBytes > (size_t)ex->smemOptin) return bad(ex, "matmul: a quantized weight's rows are too long for the GEMV's shared memory");
   const int stages = (int)std::max<size_t>(2, std::min<size_t>(8, budget > partBytes ? (budget - partBytes) / slotBytes : 2));
   const size_t smem = partBytes + (QTile<DT>::RING ? (size_t)stages * slotBytes : 0);
-  // The widest copy every slice's start and length allow (rows start at multiples of rowBytes,
-  // slices at multiples of `slice`; a last warp may hold fewer tiles).
-  const size_t rowBytes = (size_t)(inDim / nvQuantBlockElems(DT)) * blockBytes;
-  const size_t lastSlice = (size_t)((inDim / 32) % 32) / tpb * blockBytes;
-  auto fits = [&](size_t a) { return (uintptr_t)w % a == 0 && rowBytes % a == 0 && slice % a == 0 && lastSlice % a == 0; };
-  // (Register-streamed types take no ring: one instantiation.)
-  const int cb = !QTile<DT>::RING || fits(16) ? 16 : fits(8) ? 8 : fits(4) ? 4 : 2;
   // Row-major in the grid (row fastest): the blocks of one weight chunk run together and the
   // chunk is read once from memory for all rows.
   for (int r0 = 0; r0 < rows;) {
@@ -341,20 +361,12 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * ldo;
     int rc;
-#define QK(KS_, CB_) \
-  qgemvKernel<DT, KS_, GLU, CB_>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages, accPre)
-// (A register-streamed type copies nothing: CB 16 only, one instantiation a shape.)
-#define QL(KS_)                                                                                       \
-  do {                                                                                                \
-    if constexpr (!QTile<DT>::RING) rc = QK(KS_, 16);                                                 \
-    else rc = cb == 16 ? QK(KS_, 16) : cb == 8 ? QK(KS_, 8) : cb == 4 ? QK(KS_, 4) : QK(KS_, 2);       \
-  } while (0)
-    if (ks >= 16) QL(16);
-    else if (ks >= 8) QL(8);
-    else if (ks >= 4) QL(4);
-    else if (ks >= 2) QL(2);
-    else QL(1);
-#undef QL
+#define QK(KS_) qgemvKernel<DT, KS_, GLU>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages, accPre)
+    if (ks >= 16) rc = QK(16);
+    else if (ks >= 8) rc = QK(8);
+    else if (ks >= 4) rc = QK(4);
+    else if (ks >= 2) rc = QK(2);
+    else rc = QK(1);
 #undef QK
     if (rc) return rc;
     r0 += nr;
