@@ -19,8 +19,9 @@ __device__ __forceinline__ float magic(uint32_t v, int k) {
 }
 // 1 + n/16 for a nibble n held as (n << 3) | 0x80 in byte k of v: n lands on the top four mantissa
 // bits, so sum(x * f) = sum(x) + sum(x * n) / 16. Likewise 1 + q/64 for a 6-bit
-// q held as (q << 1) | 0x80 (Q6_K's dot). One PRMT a weight, no float subtraction; the price is the
-// sum's rounding relative to sum(|x| * f) instead of sum(|x * n|): a bit or two of float32.
+// q held as (q << 1) | 0x80, or exactly half that, 1/2 + q/128, for q << 1 without the top bit
+// (Q6_K's dot). One PRMT a weight, no float subtraction; the price is the sum's rounding relative
+// to sum(|x| * f) instead of sum(|x * n|): a bit or two of float32.
 __device__ __forceinline__ float nib16(uint32_t v, int k) {
   return __uint_as_float(__byte_perm(v, 0x3F000000u, 0x7044u | ((unsigned)k << 8)));
 }
@@ -142,16 +143,18 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
     }
   }
   __device__ float dot(const Raw& r, int) const {
-    // Each 6-bit q as (q << 1) | 0x80 in a byte, so nib16 reads it as 1 + q/64 (no float
-    // subtraction a weight): sum(x * (q - 32)) = 64 * sum(x * f) - 96 * sum(x).
+    // Each 6-bit q as q << 1 in a byte, so nib16 reads it as f = 1/2 + q/128 (no float
+    // subtraction a weight): sum(x * (q - 32)) = 128 * sum(x * f) - 96 * sum(x). (Every product
+    // and partial sum is exactly half of the one with the byte's top bit set, f = 1 + q/64, so
+    // 128 * s is the same float as 64 times that sum: the same bits, one LOP3 fewer a word.)
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int w = 0; w < 2; w++) {
       const uint32_t la = r.la[w], lb = r.lb[w], h = r.h[w];
-      const uint32_t v[4] = {((la << 1) & 0x1E1E1E1Eu) | ((h << 5) & 0x60606060u) | 0x80808080u,
-                             ((lb << 1) & 0x1E1E1E1Eu) | ((h << 3) & 0x60606060u) | 0x80808080u,
-                             ((la >> 3) & 0x1E1E1E1Eu) | ((h << 1) & 0x60606060u) | 0x80808080u,
-                             ((lb >> 3) & 0x1E1E1E1Eu) | ((h >> 1) & 0x60606060u) | 0x80808080u};
+      const uint32_t v[4] = {((la << 1) & 0x1E1E1E1Eu) | ((h << 5) & 0x60606060u),
+                             ((lb << 1) & 0x1E1E1E1Eu) | ((h << 3) & 0x60606060u),
+                             ((la >> 3) & 0x1E1E1E1Eu) | ((h << 1) & 0x60606060u),
+                             ((lb >> 3) & 0x1E1E1E1Eu) | ((h >> 1) & 0x60606060u)};
 #pragma unroll
       for (int qd = 0; qd < 4; qd++)
 #pragma unroll
@@ -161,7 +164,7 @@ struct QTile<NV_Q6_K> {  // a tile is 32 elements: l in [l0, l0 + 8) of one half
     const uint32_t sc = r.sc ^ 0x80808080u;  // int8 + 128 a byte
     float y = 0.f;
 #pragma unroll
-    for (int qd = 0; qd < 4; qd++) y += __fmul_rn(d, magic(sc, qd) - 8388736.f) * (64.f * s[qd] - 96.f * sx[qd]);
+    for (int qd = 0; qd < 4; qd++) y += __fmul_rn(d, magic(sc, qd) - 8388736.f) * (128.f * s[qd] - 96.f * sx[qd]);
     return y;
   }
 };
@@ -220,26 +223,35 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     return GLU && k >= P ? outDim + o : o;
   };
   auto rowOf = [&](int i, int k) -> const uint8_t* { return w + (size_t)rowIdx(i, k) * rowBytes; };
-  // Iteration it's slices into slot `slot`, one commit group (committed even when empty, so
+  // The warp's slices are addressed from running bases, in the shared window once (not a
+  // generic-to-shared conversion a copy): iteration it's row k is base + (k % P) * rowBytes (+ the
+  // up rows' offset with GLU). A row past the block's outputs is not copied; its slot row is read
+  // and reduced, and its sum never stored.
+  const size_t upBytes = GLU ? (size_t)outDim * rowBytes : 0;
+  const uint8_t* issueBase = w + sliceOff + (size_t)o0 * rowBytes;
+  const unsigned ringLane = (unsigned)__cvta_generic_to_shared(ring) + lane * 16;
+  auto rowOff = [&](int k) -> size_t { return (size_t)(k % P) * rowBytes + (GLU && k >= P ? upBytes : 0); };
+  // The next iteration's slices into slot `slot`, one commit group (committed even when empty, so
   // wait_group's count holds at the tail).
   auto issue = [&](int it, int slot) {
     if (it < iters && sliceBytes > 0) {
-      uint8_t* dst = ring + (size_t)slot * NW * SLOTW;
+      const unsigned dst = ringLane + (unsigned)(slot * NW * SLOTW);
 #pragma unroll
       for (int k = 0; k < NW; k++) {
-        const uint8_t* src = rowOf(it * P, k) + sliceOff;
-        const uint8_t* g0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~(uintptr_t)15);
-        const int span = (int)(src - g0) + sliceBytes;  // bytes from the first granule to the slice's end
+        if (it * P + k % P >= n) continue;
+        const uint8_t* src = issueBase + rowOff(k);
+        const int lead = (int)(reinterpret_cast<uintptr_t>(src) & 15);
+        const uint8_t* g0 = src - lead + lane * 16;      // the lane's first granule
+        const int span = lead + sliceBytes - lane * 16;  // bytes from it to the slice's end
 #pragma unroll
-        for (int u = 0; u < (SLOTW + 511) / 512; u++) {  // (span <= SLOTW: a lane's granules, known at compile time)
-          const int b = lane * 16 + u * 512;
-          if (b < span) {
-            const unsigned d = (unsigned)__cvta_generic_to_shared(dst + k * SLOTW + b);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(g0 + b), "r"(min(16, span - b)) : "memory");
-          }
-        }
+        for (int u = 0; u < (SLOTW + 511) / 512; u++)  // (span <= SLOTW: a lane's granules, known at compile time)
+          if (u * 512 < span)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + k * SLOTW + u * 512), "l"(g0 + u * 512),
+                         "r"(min(16, span - u * 512))
+                         : "memory");
       }
     }
+    issueBase += (size_t)P * rowBytes;
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   T tile;
@@ -273,7 +285,9 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
     pdlWait();
     pdlTrigger();
     if (mine) tile.load(x + (size_t)r * inDim, t);
-    for (int it = 0, cur = 0; it < iters; it++) {
+    // The low bits of iteration it's first row (its rows' leads, mod 16).
+    unsigned readLo = (unsigned)reinterpret_cast<uintptr_t>(w + sliceOff + (size_t)o0 * rowBytes);
+    for (int it = 0, cur = 0; it < iters; it++, readLo += (unsigned)(P * rowBytes)) {
       // Iteration it's copies have landed for this lane; after the warp barrier, for the warp's
       // lanes, which are also all done with the slot the next issue refills (iteration it - 1's).
       cpWait(stages - 2);
@@ -287,8 +301,7 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
 #pragma unroll
         for (int k = 0; k < NW; k++) {
           // The row's lead: where its slice starts in its first granule (mod 16: 32-bit arithmetic).
-          const unsigned lead = ((unsigned)reinterpret_cast<uintptr_t>(w) + (unsigned)rowIdx(it * P, k) * (unsigned)rowBytes +
-                                 (unsigned)sliceOff) & 15u;
+          const unsigned lead = (readLo + (unsigned)rowOff(k)) & 15u;
           T::fetch(raw[k], slot + k * SLOTW + lead, lane);
         }
       reduce(raw, it);
