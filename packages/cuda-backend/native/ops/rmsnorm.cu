@@ -221,16 +221,24 @@ __global__ void __launch_bounds__(256, 6) k_rmsnorm_rows(const float* x, const v
   float t = 0.f;
   for (int i = 0; i < 32; i++) t += sh[i];
   const float inv = rsqrtf(t / (float)dim + eps);
+  // A group's weights are loaded together before its stores: a load after a store to `out`,
+  // which the compiler cannot tell apart from `w`, would wait for it, and a decode row's norm
+  // (one block: the 8B's Q8_0 and Q6_K normed matmuls, the LM head's norm) then waited out 16
+  // round trips one after another (~12 us).
 #pragma unroll
-  for (int k = 0; k < E; k++)
+  for (int k = 0; k < E; k++) {
+    float wv[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) wv[u] = ldf(w, wdt, first + k * 32 + u * B);
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      const float o = bfr(bfr(v[k][u] * inv, bfa) * ldf(w, wdt, first + k * 32 + u * B), bfa);
+      const float o = bfr(bfr(v[k][u] * inv, bfa) * wv[u], bfa);
       if (hi)
         storeSplit(o, hi, lo, row + k * 32 + u * B);
       else
         out[row + k * 32 + u * B] = o;
     }
+  }
 }
 
 // ---------------------------------------------------------------- launchers
