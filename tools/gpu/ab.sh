@@ -44,6 +44,9 @@
 # ab_marks TRACE_ADDON KERNEL "MARKS" [VAR=value...]: ab_trace for each mark value (NERVA_SA_MARK, tag
 # markN, KERNEL's detail kept), and one line a mark: the medians over the step's launches of the
 # blocks' release, mark and exit (µs after a launch's first release).
+# ab_sass TAG NAME MANGLED: `cuobjdump -sass` of the function MANGLED (a kernel's mangled name, e.g.
+# _ZN5nerva3ops7k_qgemvILi7ELi16ELb0EEEvPKfPKhPfiiiiPKviiiiiii) in /tmp/NAME.node -> $AB/sass-TAG.txt,
+# and its largest loop's instruction mix printed (tools/gpu/sass_loop.py).
 # Build the addons here first: NERVA_CUDA_ARCHITECTURES=90 bash tools/gpu/build-addon.sh DIR (a variant of one
 # kernel file: cp -r DIR VAR && bash tools/gpu/build-addon.sh VAR ops/attention/decode_gqa.cu), then
 # xz -c DIR/nerva_cuda.node > .device/addon/nerva_cuda.node.xz (carry ".device"; the run tool's 64 MiB
@@ -136,6 +139,13 @@ ab_gguf() {
   t0=$(date +%s)
   timeout 240 $AB_NODE .device/dist/cli.mjs synth --config ".device/configs/$m.json" --out "$f" --gguf "$type" > "$AB/synth-$m-$type.log" 2>&1
   echo "gguf synth $m $type rc $? $(( $(date +%s) - t0 )) s"
+}
+
+ab_sass() {
+  local tag=$1 name=$2 fun=$3
+  cuobjdump -sass -fun "$fun" "/tmp/$name.node" > "$AB/sass-$tag.txt" 2>> "$AB/err.log"
+  echo "== $tag"
+  python3 tools/gpu/sass_loop.py "$AB/sass-$tag.txt" --top 12
 }
 
 ab_kernels() {
