@@ -215,14 +215,14 @@ __global__ void __launch_bounds__(32 * KS) k_qgemv(const float* __restrict__ x, 
   const int t = threadIdx.x;
   const bool mine = t < tiles;
   const int sliceOff = warp * SLICE, sliceBytes = max(0, min(32, tiles - 32 * warp)) / TPB * T::BYTES;
-  // Weight row k of the iteration at output i (a row past the block's outputs copies its first
-  // one, never used). GLU: rows k < P are gates of outputs i + k, rows k >= P their up rows.
-  auto rowIdx = [&](int i, int k) -> int {
+  // The register-streamed tiles' weight row k of the iteration at output i (a row past the
+  // block's outputs reads its first one, never used). GLU: rows k < P are gates of outputs i + k,
+  // rows k >= P their up rows.
+  auto rowOf = [&](int i, int k) -> const uint8_t* {
     const int j = GLU ? i + k % P : i + k;
     const int o = o0 + (j < n ? j : 0);
-    return GLU && k >= P ? outDim + o : o;
+    return w + (size_t)(GLU && k >= P ? outDim + o : o) * rowBytes;
   };
-  auto rowOf = [&](int i, int k) -> const uint8_t* { return w + (size_t)rowIdx(i, k) * rowBytes; };
   // The warp's slices are addressed from running bases, in the shared window once (not a
   // generic-to-shared conversion a copy): iteration it's row k is base + (k % P) * rowBytes (+ the
   // up rows' offset with GLU). A row past the block's outputs is not copied; its slot row is read
