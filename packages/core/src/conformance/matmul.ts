@@ -324,6 +324,9 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
     // Decode's qkv projection of a Q4_K_M file: q and k in Q4_K, v in Q6_K, the norm fused.
     fusedMatmulCase('1 row 1024 -> 1536, q4_k then a q6_k tail from 1280, rmsnorm input', { rows: 1, inDim: 1024, outDim: 1536, weight: 'q4_k', tail: { from: 1280, dtype: 'q6_k' }, norm: true }, true),
     fusedMatmulCase('2 rows 256 -> 48, q4_k then a q6_k tail from 32, rmsnorm, bias', { rows: 2, inDim: 256, outDim: 48, weight: 'q4_k', tail: { from: 32, dtype: 'q6_k' }, norm: true, bias: true }),
+    // The same in one launch where one row fits it (CUDA: k_q4k_tail), at the 8B's shape and with a bias.
+    fusedMatmulCase('1 row 4096 -> 6144, q4_k then a q6_k tail from 5120, rmsnorm input', { rows: 1, inDim: 4096, outDim: 6144, weight: 'q4_k', tail: { from: 5120, dtype: 'q6_k' }, norm: true }, true),
+    fusedMatmulCase('1 row 256 -> 48, q4_k then a q6_k tail from 32, rmsnorm, bias', { rows: 1, inDim: 256, outDim: 48, weight: 'q4_k', tail: { from: 32, dtype: 'q6_k' }, norm: true, bias: true }),
     // A Q6_K head normalizes x itself and hands the normalized rows to a tail of another type.
     fusedMatmulCase('2 rows 768 -> 56, q6_k then a q4_k tail from 40, rmsnorm, accumulate', { rows: 2, inDim: 768, outDim: 56, weight: 'q6_k', tail: { from: 40, dtype: 'q4_k' }, norm: true, accumulate: true }),
     fusedMatmulCase('5 rows 1280 -> 40, q6_k, rmsnorm, glu', { rows: 5, inDim: 1280, outDim: 40, norm: true, glu: true, weight: 'q6_k' }),

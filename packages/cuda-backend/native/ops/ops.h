@@ -143,6 +143,11 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
 // accPre: Fuse::accPre.
 int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
               bool glu, int ldo, int oOff, Buf nw, float eps, float* xn = nullptr, int accPre = 0);
+// One row of a normed Q4_K matrix with a Q6_K tail (rows [from, ldo) at `tail`) as one launch
+// (k_q4k_tail), where its shape fits: q4kTailFits says whether q4kTailRun applies.
+bool q4kTailFits(NervaExec* ex, const uint8_t* w, int inDim, int from, int ldo);
+int q4kTailRun(NervaExec* ex, const float* x, const uint8_t* w, const uint8_t* tail, float* out, int inDim, int from, int ldo,
+               Buf bias, Buf nw, float eps);
 
 // ---------------------------------------------------------------- gemm.cu, gemm_bi.cu
 // Op matmul past 8 rows over bf16 weights: x f32 (split or rounded to bf16 first) or bf16 (xBf16).

@@ -19,7 +19,7 @@
 #include "common/elem.cuh"
 #include "common/exec.cuh"
 #include "ops/ops.h"
-#include "ops/qepilogue.cuh"
+#include "ops/qgemv_block.cuh"
 
 namespace nerva::ops {
 
@@ -74,10 +74,9 @@ struct Q4kItem {
 // chain: H200, synthetic Q4_K_M, tok/s: 0.6B 1410-1416 before these, 1510-1514 with all but the
 // early norm weights, 1660-1678 with them; 8B 365.5-366.4, 373.2-374.0, 392.7; the same tokens.
 template <bool GLU, bool ONE_SB>
-__global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows,
-                                                 int inDim, int outDim, int per, const void* bias, int bdt, int acc, int bfa,
-                                                 int ldo, int oOff, const void* nw, int nwdt, float eps, float* xn, int accPre) {
-  NERVA_TRACE_KERNEL();
+__device__ __forceinline__ void q4kBlock(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows,
+                                         int inDim, int outDim, int per, const void* bias, int bdt, int acc, int bfa, int ldo,
+                                         int oOff, const void* nw, int nwdt, float eps, float* xn, int accPre) {
   extern __shared__ __align__(16) uint8_t sm[];
   const int KS = blockDim.x >> 5;
   const int sbs = inDim / QK;
@@ -313,6 +312,89 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, pre);
 }
 
+template <bool GLU, bool ONE_SB>
+__global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows,
+                                                 int inDim, int outDim, int per, const void* bias, int bdt, int acc, int bfa,
+                                                 int ldo, int oOff, const void* nw, int nwdt, float eps, float* xn, int accPre) {
+  NERVA_TRACE_KERNEL();
+  q4kBlock<GLU, ONE_SB>(x, w, out, rows, inDim, outDim, per, bias, bdt, acc, bfa, ldo, oOff, nw, nwdt, eps, xn, accPre);
+}
+
+// A Q4_K matrix with a Q6_K tail (Q4_K_M's qkv where v is Q6_K), one row, one SB a warp, with its
+// norm: one launch instead of two. Blocks [0, headBlocks) are k_q4k_mma's; the rest compute the
+// tail's outputs in groups of KST warps, each group one k_qgemv block (qgemvBlock, KST warps: the
+// split k_qgemv<Q6_K, KST> takes, so each output's sums and their order are the tail launch's),
+// on the SMs the head's blocks leave free. A tail block normalizes the row itself, as the head's
+// blocks do (each warp one SB's sum of squares, the warps' sums in order, each element
+// bfr(bfr(x inv) nw)), into shared memory: the same values k_q4k_mma wrote to the workspace for
+// the tail's launch to read, so the same bits, and no wait for the head between them.
+struct Q4kTail {
+  const uint8_t* w;            // the tail's rows
+  int outDim, from, per;       // its outputs, the first one's column, outputs a group
+  int stages, headBlocks, groupBytes;
+};
+
+template <int KST>
+__global__ void __launch_bounds__(512) k_q4k_tail(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out,
+                                                  int inDim, int outDim, int per, const void* bias, int bdt, int bfa, int ldo,
+                                                  const void* nw, int nwdt, float eps, Q4kTail tl) {
+  NERVA_TRACE_KERNEL();
+  if ((int)blockIdx.x < tl.headBlocks) {
+    q4kBlock<false, true>(x, w, out, 1, inDim, outDim, per, bias, bdt, 0, bfa, ldo, 0, nw, nwdt, eps, nullptr, 0);
+    return;
+  }
+  extern __shared__ __align__(16) uint8_t sm[];
+  __shared__ float ssw[16];
+  constexpr unsigned GT = 32 * KST;  // a group's threads
+  const int groups = (int)(blockDim.x / GT), grp = (int)(threadIdx.x / GT);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int sbs = inDim / QK;
+  float* xs = reinterpret_cast<float*>(sm);  // the normalized row
+  uint8_t* gsm = sm + (((size_t)inDim * sizeof(float) + 15) & ~(size_t)15) + (size_t)grp * tl.groupBytes;
+  // The norm weights of the lane's eight elements, before the wait (the model's).
+  float nwv[8];
+#pragma unroll
+  for (int i = 0; i < 8; i++) nwv[i] = warp < sbs ? ldf(nw, nwdt, (size_t)warp * QK + 8 * lane + i) : 0.f;
+  auto afterWait = [&] {
+    pdlWait();
+    pdlTrigger();
+    // q4kBlock's fused norm, one SB a warp (warps past the SBs add nothing).
+    float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f), v1 = v0;
+    float ss = 0.f;
+    if (warp < sbs) {
+      v0 = *reinterpret_cast<const float4*>(x + warp * QK + 8 * lane);
+      v1 = *reinterpret_cast<const float4*>(x + warp * QK + 8 * lane + 4);
+      ss += v0.x * v0.x + v0.y * v0.y + v0.z * v0.z + v0.w * v0.w + v1.x * v1.x + v1.y * v1.y + v1.z * v1.z + v1.w * v1.w;
+    }
+    ss = warpSum(ss);
+    if (lane == 0) ssw[warp] = ss;
+    __syncthreads();
+    ss = 0.f;
+    for (int k = 0; k < (int)(blockDim.x >> 5); k++) ss += ssw[k];
+    const float inv = rsqrtf(ss / (float)inDim + eps);
+    if (warp < sbs) {
+      const float e[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      float o[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++) o[i] = bfr(bfr(e[i] * inv, bfa) * nwv[i], bfa);
+      float4* d = reinterpret_cast<float4*>(xs + warp * QK + 8 * lane);
+      d[0] = make_float4(o[0], o[1], o[2], o[3]);
+      d[1] = make_float4(o[4], o[5], o[6], o[7]);
+    }
+    __syncthreads();
+  };
+  // The group's barrier before its epilogue (barrier 0 is the block's).
+  auto sync = [&] {
+    if (KST == 1)
+      __syncwarp();
+    else
+      asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(GT) : "memory");
+  };
+  const unsigned bid = (unsigned)(((int)blockIdx.x - tl.headBlocks) * groups + grp);
+  qgemvBlock<NV_Q6_K, KST, false>(threadIdx.x % GT, GT, bid, gsm, xs, tl.w, out, 1, inDim, tl.outDim, tl.per, bias, bdt, 0, bfa,
+                                  ldo, tl.from, tl.stages, 0, afterWait, sync);
+}
+
 template <bool GLU>
 static int q4kLaunch(NervaExec* ex, bool one, unsigned grid, int ks, size_t smem, const float* x, const uint8_t* w, float* out, int rows,
                      int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, Buf nw, float eps, float* xn,
@@ -327,15 +409,16 @@ static int q4kLaunch(NervaExec* ex, bool one, unsigned grid, int ks, size_t smem
   return NERVA_OK;
 }
 
-int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
-              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn, int accPre) {
-  if (inDim % QK != 0) return bad(ex, "matmul: a Q4_K weight's rows must be whole blocks (inDim a multiple of 256)");
-  if (((uintptr_t)w & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
-  if ((size_t)outDim * (glu ? 2 : 1) * (inDim / QK) * QK_BYTES > 0xFFFFFFFFull)
-    return bad(ex, "matmul: a Q4_K weight over 4 GiB (the GEMV addresses its rows by 32-bit offsets)");
+// The launch shape of k_q4k_mma: warps a block (one an SB up to 16; past that a divisor of the SB
+// count in [8, 16] where there is one, every warp the same number of SBs, else 16), outputs a
+// block (whole groups of 16 weight rows, about one block an SM, in as many waves as keep a
+// block's partial sums within 16 groups a warp), blocks a row and dynamic shared memory.
+struct Q4kShape {
+  int ks, per;
+  size_t chunks, smem;
+};
+static Q4kShape q4kShape(const NervaExec* ex, int inDim, int outDim, bool glu) {
   const int sbs = inDim / QK;
-  // Warps a block: one an SB up to 16; past that a divisor of the SB count in [8, 16] where there
-  // is one (every warp the same number of SBs), else 16.
   int ks = std::min(sbs, 16);
   if (sbs > 16) {
     for (int d = 16; d >= 8; d--)
@@ -344,15 +427,25 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
         break;
       }
   }
-  // Outputs a block: whole groups of 16 weight rows, about one block an SM (in as many waves as
-  // keep a block's partial sums within 16 groups a warp).
   const long long groups = ((long long)outDim * (glu ? 2 : 1) + 15) / 16;
   long long gpb = std::max<long long>(1, (groups + ex->smCount - 1) / ex->smCount);
   if (gpb > 16) gpb = (groups + ex->smCount * ((gpb + 15) / 16) - 1) / (ex->smCount * ((gpb + 15) / 16));
   const int per = (int)std::min<long long>(outDim, gpb * (glu ? 8 : 16));
-  const size_t chunks = (size_t)(outDim + per - 1) / per;
   const int stride = per * (glu ? 2 : 1);
-  const size_t smem = (((size_t)ks * stride * sizeof(float) + 15) & ~(size_t)15) + (size_t)sbs * (XT_SB + 9 * sizeof(float));
+  return {ks, per, (size_t)(outDim + per - 1) / per,
+          (((size_t)ks * stride * sizeof(float) + 15) & ~(size_t)15) + (size_t)sbs * (XT_SB + 9 * sizeof(float))};
+}
+
+int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
+              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn, int accPre) {
+  if (inDim % QK != 0) return bad(ex, "matmul: a Q4_K weight's rows must be whole blocks (inDim a multiple of 256)");
+  if (((uintptr_t)w & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
+  if ((size_t)outDim * (glu ? 2 : 1) * (inDim / QK) * QK_BYTES > 0xFFFFFFFFull)
+    return bad(ex, "matmul: a Q4_K weight over 4 GiB (the GEMV addresses its rows by 32-bit offsets)");
+  const int sbs = inDim / QK;
+  const Q4kShape sh = q4kShape(ex, inDim, outDim, glu);
+  const int ks = sh.ks, per = sh.per;
+  const size_t chunks = sh.chunks, smem = sh.smem;
   // (+ 64: the fused norm's static per-warp sums.)
   if (smem + 64 > (size_t)ex->smemOptin) return bad(ex, "matmul: a Q4_K weight's rows are too long for the GEMV's shared memory");
   const int bfa = ex->bf16act ? 1 : 0;
@@ -369,6 +462,77 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
     if (rc) return rc;
     r0 += nr;
   }
+  return NERVA_OK;
+}
+
+// k_q4k_tail's shape for one row: head rows [0, from) of Q4_K at w, tail rows [from, ldo) of Q6_K,
+// inDim of at most 16 SBs (one a warp), the norm fused. False where that launch does not apply or
+// its shared memory does not fit: the caller runs the two launches.
+struct Q4kTailPlan {
+  Q4kShape head;
+  int kst, groups, tailBlocks;
+  Q4kTail tl;
+  size_t smem;
+};
+static bool q4kTailPlan(const NervaExec* ex, const uint8_t* w, int inDim, int from, int ldo, Q4kTailPlan& p) {
+  const int sbs = inDim / QK;
+  if (inDim % QK != 0 || sbs > 16 || ((uintptr_t)w & 15) != 0 || from <= 0 || ldo <= from) return false;
+  p.head = q4kShape(ex, inDim, from, false);
+  // Warps a tail group: k_qgemv's split for the row (a lane a 32-element tile), a divisor of the
+  // head's block.
+  const int tiles = inDim / 32;
+  p.kst = 1;
+  while (p.kst * 32 < tiles) p.kst *= 2;
+  if (p.kst > 4 || p.head.ks % p.kst != 0) return false;
+  p.groups = p.head.ks / p.kst;
+  // Outputs a group: the tail spread over the SMs the head's blocks leave (at least one).
+  const int nT = ldo - from;
+  const long long free = std::max<long long>(1, (long long)ex->smCount - (long long)p.head.chunks);
+  int per = (int)std::min<long long>(64, std::max<long long>(4, ((long long)nT + free * p.groups - 1) / (free * p.groups)));
+  per = (per + 3) & ~3;
+  const int tailGroups = (nT + per - 1) / per;
+  p.tailBlocks = (tailGroups + p.groups - 1) / p.groups;
+  // A group's shared memory: its partial sums, then each warp's ring of `stages` slots of four
+  // rows (every iteration's rows in flight where they fit, at least two slots).
+  const size_t partBytes = ((size_t)p.kst * per * sizeof(float) + 15) & ~(size_t)15;
+  const size_t slot = (size_t)p.kst * 4 * qgemvSlotRow(32 / 8 * 210);
+  const size_t xsBytes = ((size_t)inDim * sizeof(float) + 15) & ~(size_t)15;
+  // (128: the static per-warp sums, the head's and the tail's.)
+  if ((size_t)ex->smemOptin < 128 + xsBytes + (size_t)p.groups * (partBytes + 2 * slot)) return false;
+  const size_t room = (size_t)ex->smemOptin - 128 - xsBytes;
+  const int iters = (per + 3) / 4;
+  const int stages = (int)std::min<size_t>(std::min(8, iters + 1), std::max<size_t>(2, (room / p.groups - partBytes) / slot));
+  p.tl = Q4kTail{nullptr, nT, from, per, stages, (int)p.head.chunks, (int)(partBytes + (size_t)stages * slot)};
+  p.smem = std::max(p.head.smem, xsBytes + (size_t)p.groups * p.tl.groupBytes);
+  return p.smem + 128 <= (size_t)ex->smemOptin;
+}
+
+bool q4kTailFits(NervaExec* ex, const uint8_t* w, int inDim, int from, int ldo) {
+  Q4kTailPlan p;
+  return q4kTailPlan(ex, w, inDim, from, ldo, p);
+}
+
+int q4kTailRun(NervaExec* ex, const float* x, const uint8_t* w, const uint8_t* tail, float* out, int inDim, int from, int ldo,
+               Buf bias, Buf nw, float eps) {
+  Q4kTailPlan p;
+  if (!q4kTailPlan(ex, w, inDim, from, ldo, p)) return bad(ex, "matmul: the Q4_K GEMV with a Q6_K tail does not fit this shape");
+  p.tl.w = tail;
+  const unsigned grid = (unsigned)(p.head.chunks + (size_t)p.tailBlocks);
+  const int bfa = ex->bf16act ? 1 : 0;
+#define QT(KST_)                                                                                                          \
+  do {                                                                                                                   \
+    auto fn = k_q4k_tail<KST_>;                                                                                          \
+    if (allowDynamicSmem(fn, p.smem) != cudaSuccess) {                                                                   \
+      cudaGetLastError();                                                                                                \
+      return bad(ex, "matmul: the Q4_K GEMV's shared memory could not be raised");                                       \
+    }                                                                                                                    \
+    LAUNCH(fn, grid, 32 * p.head.ks, p.smem, x, w, out, inDim, from, p.head.per, bias.p, bias.dt, bfa, ldo, (const void*)nw.p, \
+           nw.dt, eps, p.tl);                                                                                            \
+  } while (0)
+  if (p.kst == 1) QT(1);
+  else if (p.kst == 2) QT(2);
+  else QT(4);
+#undef QT
   return NERVA_OK;
 }
 

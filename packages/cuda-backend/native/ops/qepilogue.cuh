@@ -14,16 +14,22 @@ struct QPre {
   bool has;
   float v;
 };
+// (tid: the thread within the block, or within the group of warps that runs the epilogue.)
+__device__ __forceinline__ QPre qgemvPre(bool on, int n, const float* out, int r, int ldo, int oOff, int o0, unsigned tid) {
+  const bool has = on && (int)tid < n;
+  return {has, has ? __ldcg(out + (size_t)r * ldo + oOff + o0 + tid) : 0.f};
+}
 __device__ __forceinline__ QPre qgemvPre(bool on, int n, const float* out, int r, int ldo, int oOff, int o0) {
-  const bool has = on && (int)threadIdx.x < n;
-  return {has, has ? __ldcg(out + (size_t)r * ldo + oOff + o0 + threadIdx.x) : 0.f};
+  return qgemvPre(on, n, out, r, ldo, oOff, o0, threadIdx.x);
 }
 
+// (tid, nthreads: the thread and the threads of the block, or of the group of warps whose partial
+// sums these are.)
 template <bool GLU>
 __device__ __forceinline__ void qgemvEpilogue(const float* part, int ks, int stride, int n, int o0, const void* bias, int bdt,
-                                              int acc, int bfa, float* out, int r, int ldo, int oOff,
-                                              QPre pre = {false, 0.f}) {
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+                                              int acc, int bfa, float* out, int r, int ldo, int oOff, QPre pre, unsigned tid,
+                                              unsigned nthreads) {
+  for (int j = tid; j < n; j += nthreads) {
     const int o = o0 + j;
     float g = 0.f, u = 0.f;
     for (int k = 0; k < ks; k++) {
@@ -33,8 +39,14 @@ __device__ __forceinline__ void qgemvEpilogue(const float* part, int ks, int str
     float yv = bfr(g + (bias ? ldf(bias, bdt, oOff + o) : 0.f), bfa);
     if (GLU) yv = bfr(bfr(yv / (1.f + expf(-yv)), bfa) * bfr(u, bfa), bfa);
     float* dst = out + (size_t)r * ldo + oOff + o;
-    *dst = acc ? bfr((pre.has && j == (int)threadIdx.x ? pre.v : *dst) + yv, bfa) : yv;
+    *dst = acc ? bfr((pre.has && j == (int)tid ? pre.v : *dst) + yv, bfa) : yv;
   }
+}
+template <bool GLU>
+__device__ __forceinline__ void qgemvEpilogue(const float* part, int ks, int stride, int n, int o0, const void* bias, int bdt,
+                                              int acc, int bfa, float* out, int r, int ldo, int oOff,
+                                              QPre pre = {false, 0.f}) {
+  qgemvEpilogue<GLU>(part, ks, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, pre, threadIdx.x, blockDim.x);
 }
 
 }  // namespace nerva::ops
