@@ -282,6 +282,10 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
     // super-block counts, a weight offset), several 16-row groups with a partial one.
     matmulCase('4 rows 4352 -> 72, q6_k, weightOffset', { rows: 4, inDim: 4352, outDim: 72, weight: 'q6_k', weightOffset: 4352 * 3 }),
     matmulCase('8 rows 1280 -> 100, q6_k, bias', { rows: 8, inDim: 1280, outDim: 100, weight: 'q6_k', bias: true }),
+    // Rows of 96 and 384 32-element tiles: a GEMV block of 3 and of 12 warps, a lane a tile.
+    matmulCase('2 rows 3072 -> 40, q6_k', { rows: 2, inDim: 3072, outDim: 40, weight: 'q6_k' }),
+    matmulCase('1 row 12288 -> 36, q6_k, accumulate', { rows: 1, inDim: 12288, outDim: 36, weight: 'q6_k', accumulate: true }),
+    matmulCase('1 row 12288 -> 20, q8_0', { rows: 1, inDim: 12288, outDim: 20, weight: 'q8_0' }),
     matmulCase('3 rows 512 -> 40, q4_k rows then a q6_k tail from 24, bias', { rows: 3, inDim: 512, outDim: 40, weight: 'q4_k', tail: { from: 24, dtype: 'q6_k' }, bias: true }),
     matmulCase('12 rows 256 -> 20, q8_0 rows then a q4_0 tail from 16', { rows: 12, inDim: 256, outDim: 20, weight: 'q8_0', tail: { from: 16, dtype: 'q4_0' } }),
     matmulCase('70 rows 1024 -> 768, bf16 x, bf16 weights, weightOffset', { rows: 70, inDim: 1024, outDim: 768, weight: 'bf16', weightOffset: 1024 * 5, x: 'bf16' }, true),

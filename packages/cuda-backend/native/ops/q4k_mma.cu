@@ -87,8 +87,10 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   const int n = min(per, outDim - o0);
   const int nv = GLU ? 2 * n : n;  // weight rows of the block
   const int stride = GLU ? 2 * per : per;
-  float* part = reinterpret_cast<float*>(sm);  // [KS][stride]
-  uint8_t* xt = sm + (((size_t)KS * stride * sizeof(float) + 15) & ~(size_t)15);
+  // [KS][stride], or with one SB a warp [KS][stride][4]: a quad's four lanes' sums, added by the
+  // epilogue in the order the quad's two shuffles added them (no shuffles an item).
+  float* part = reinterpret_cast<float*>(sm);
+  uint8_t* xt = sm + (((size_t)KS * stride * (ONE_SB ? 4 : 1) * sizeof(float) + 15) & ~(size_t)15);
   float* sx = reinterpret_cast<float*>(xt + (size_t)sbs * XT_SB);  // [sbs][8]: sum of x over each sub-block
   float* xsc = sx + (size_t)sbs * 8;                               // [sbs]: 2^(E-30), NaN where x is not finite
   const size_t rowBytes = (size_t)sbs * QK_BYTES;
@@ -280,13 +282,18 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
       const unsigned sel = 0x4440u | (unsigned)(2 * (t & 1));  // this lane's mins: bytes 2 (t & 1) and the next
       const float ms = fmaf((float)__byte_perm(mw, 0u, sel), sxa, (float)__byte_perm(mw, 0u, sel + 1u) * sxb);
       float y = fmaf(-dmin, ms, f * (d * xs));
-      // The row's sum over the lanes of its quad, into the warp's partial sums (the first SB stores).
-      y += __shfl_xor_sync(0xffffffffu, y, 1);
-      y += __shfl_xor_sync(0xffffffffu, y, 2);
       const int v = grp * 16 + g + 8 * h;
-      if (t == 0 && v < nv) {
-        float* p = part + warp * stride + (GLU ? (v < n ? 2 * v : 2 * (v - n) + 1) : v);
-        *p = ONE_SB || si == 0 ? y : *p + y;
+      const int col = GLU ? (v < n ? 2 * v : 2 * (v - n) + 1) : v;
+      if (ONE_SB) {
+        if (v < nv) part[4 * (warp * stride + col) + t] = y;
+      } else {
+        // The row's sum over the lanes of its quad, into the warp's partial sums (the first SB stores).
+        y += __shfl_xor_sync(0xffffffffu, y, 1);
+        y += __shfl_xor_sync(0xffffffffu, y, 2);
+        if (t == 0 && v < nv) {
+          float* p = part + warp * stride + col;
+          *p = si == 0 ? y : *p + y;
+        }
       }
     }
   };
@@ -310,7 +317,7 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
     }
   }
   __syncthreads();
-  qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, pre);
+  qgemvEpilogue<GLU, ONE_SB>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, pre);
 }
 
 template <bool GLU>
@@ -352,7 +359,9 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
   const int per = (int)std::min<long long>(outDim, gpb * (glu ? 8 : 16));
   const size_t chunks = (size_t)(outDim + per - 1) / per;
   const int stride = per * (glu ? 2 : 1);
-  const size_t smem = (((size_t)ks * stride * sizeof(float) + 15) & ~(size_t)15) + (size_t)sbs * (XT_SB + 9 * sizeof(float));
+  // Every warp one SB (sbs <= ks): the kernel's lean form, whose partial sums are a quad's four.
+  const bool one = sbs <= ks;
+  const size_t smem = (((size_t)ks * stride * (one ? 4 : 1) * sizeof(float) + 15) & ~(size_t)15) + (size_t)sbs * (XT_SB + 9 * sizeof(float));
   // (+ 64: the fused norm's static per-warp sums.)
   if (smem + 64 > (size_t)ex->smemOptin) return bad(ex, "matmul: a Q4_K weight's rows are too long for the GEMV's shared memory");
   const int bfa = ex->bf16act ? 1 : 0;
@@ -362,8 +371,6 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * ldo;
     float* xnr = xn && nw.p ? xn + (size_t)r0 * inDim : nullptr;
-    // Every warp one SB (sbs <= ks): the kernel's lean form.
-    const bool one = sbs <= ks;
     const int rc = glu ? q4kLaunch<true>(ex, one, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre)
                        : q4kLaunch<false>(ex, one, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre);
     if (rc) return rc;

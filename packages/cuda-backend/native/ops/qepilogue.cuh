@@ -19,16 +19,23 @@ __device__ __forceinline__ QPre qgemvPre(bool on, int n, const float* out, int r
   return {has, has ? __ldcg(out + (size_t)r * ldo + oOff + o0 + threadIdx.x) : 0.f};
 }
 
-template <bool GLU>
+// QUAD: each partial is four floats (a quad's lanes), added as (a + b) + (c + d), the order of
+// the xor-1 then xor-2 shuffles that summed them before.
+template <bool GLU, bool QUAD = false>
 __device__ __forceinline__ void qgemvEpilogue(const float* part, int ks, int stride, int n, int o0, const void* bias, int bdt,
                                               int acc, int bfa, float* out, int r, int ldo, int oOff,
                                               QPre pre = {false, 0.f}) {
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
     const int o = o0 + j;
+    auto at = [&](int i) {
+      if (!QUAD) return part[i];
+      const float4 q = reinterpret_cast<const float4*>(part)[i];
+      return (q.x + q.y) + (q.z + q.w);
+    };
     float g = 0.f, u = 0.f;
     for (int k = 0; k < ks; k++) {
-      g += part[k * stride + (GLU ? 2 * j : j)];
-      if (GLU) u += part[k * stride + 2 * j + 1];
+      g += at(k * stride + (GLU ? 2 * j : j));
+      if (GLU) u += at(k * stride + 2 * j + 1);
     }
     float yv = bfr(g + (bias ? ldf(bias, bdt, oOff + o) : 0.f), bfa);
     if (GLU) yv = bfr(bfr(yv / (1.f + expf(-yv)), bfa) * bfr(u, bfa), bfa);

@@ -346,13 +346,15 @@ int qgemvKernel(NervaExec* ex, unsigned grid, size_t smem, const float* x, const
 }
 
 template <int DT, bool GLU>
-int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim,
+int qgemvLaunch(NervaExec* ex, int warps, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim,
                 Buf bias, int acc, int ldo, int oOff, int accPre) {
   const int bfa = ex->bf16act ? 1 : 0;
-  // Outputs a block: enough blocks for ~16 warps an SM, each block at least 4 and at most 64
-  // outputs (its activations are loaded once for all of them).
-  const long long warpsWanted = (long long)ex->smCount * 16;
-  int per = (int)std::min<long long>(64, std::max<long long>(4, (long long)outDim * ks * rows / warpsWanted));
+  // The kernel's warps a block: one a lane's tile, rounded up to a compiled width.
+  const int ks = warps > 12 ? 16 : warps > 8 ? 12 : warps > 4 ? 8 : warps;
+  // Outputs a block: enough blocks for ~16 warps an SM (blocksPerSm blocks of ks warps), each
+  // block at least 4 and at most 64 outputs (its activations are loaded once for all of them).
+  const int blocksPerSm = std::max(1, 16 / ks);
+  int per = (int)std::min<long long>(64, std::max<long long>(4, (long long)outDim * rows / ((long long)ex->smCount * blocksPerSm)));
   per = (per + 3) & ~3;
   const size_t chunks = (size_t)(outDim + per - 1) / per;
   const size_t partBytes = ((size_t)ks * per * (GLU ? 2 : 1) * sizeof(float) + 15) & ~(size_t)15;
@@ -361,7 +363,6 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
   const int tpb = DT == NV_Q6_K ? 8 : 1;
   const size_t blockBytes = nvBytes(DT, nvQuantBlockElems(DT));
   const size_t slotBytes = (size_t)ks * 4 * qgemvSlotRow((int)((32 / tpb) * blockBytes));
-  const int blocksPerSm = std::max(1, 16 / ks);
   const size_t budget = std::min<size_t>((size_t)ex->smemOptin, (size_t)200 * 1024 / blocksPerSm);
   if (QTile<DT>::RING && partBytes + 2 * slotBytes > (size_t)ex->smemOptin) return bad(ex, "matmul: a quantized weight's rows are too long for the GEMV's shared memory");
   const int stages = (int)std::max<size_t>(2, std::min<size_t>(8, budget > partBytes ? (budget - partBytes) / slotBytes : 2));
@@ -375,11 +376,15 @@ int qgemvLaunch(NervaExec* ex, int ks, const float* x, const uint8_t* w, float* 
     float* orow = out + (size_t)r0 * ldo;
     int rc;
 #define QK(KS_) qgemvKernel<DT, KS_, GLU>(ex, grid, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, stages, accPre)
-    if (ks >= 16) rc = QK(16);
-    else if (ks >= 8) rc = QK(8);
-    else if (ks >= 4) rc = QK(4);
-    else if (ks >= 2) rc = QK(2);
-    else rc = QK(1);
+    switch (ks) {
+      case 16: rc = QK(16); break;
+      case 12: rc = QK(12); break;
+      case 8: rc = QK(8); break;
+      case 4: rc = QK(4); break;
+      case 3: rc = QK(3); break;
+      case 2: rc = QK(2); break;
+      default: rc = QK(1); break;
+    }
 #undef QK
     if (rc) return rc;
     r0 += nr;
@@ -424,8 +429,8 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
   // Warps enough for a lane a tile (32 elements): a lane holds one tile's activations.
   const int tiles = inDim / 32;
   if (tiles > 16 * 32) return bad(ex, "matmul: a quantized weight's rows may hold at most 16384 elements");
-  int ks = 1;
-  while (ks * 32 < tiles) ks *= 2;
+  // (Warps past the row's tiles would only add zeros: 12 for a 12288-element row, not 16.)
+  const int ks = (tiles + 31) / 32;
   const int acc = f.accumulate ? 1 : 0;
   // Fuse::accPre holds for a matmul of one kernel: none with a tail (two GEMVs) or with a norm
   // kernel of its own before the GEMV. (Fuse::early is not taken: the next quantized GEMV's blocks
