@@ -118,6 +118,8 @@ struct NervaExec {
   // by the last block of each head; every user leaves them zero again.
   int* counters = nullptr;
   size_t counterCount = 0;
+  // Two zeroed words (arrivals, generation) of k_q4k_chain's grid barrier.
+  unsigned* gridBar = nullptr;
   // Prefill tile plan of an attention call over several sequences (k_attn_tile_plan): the tiles
   // (first row, end row), their count, and which rows they cover. Calls of more rows than
   // planRows run every row on the split-KV kernel.

@@ -1,5 +1,5 @@
 /** Conformance cases, the fused decoder stack: op decoder_layers. */
-import { step, f32, i32, bf16, floatOut, invFreq, type BufDef, type Bufs, type OutputDef, type CaseDef, type CaseTable } from './kit.js';
+import { step, f32, i32, bf16, floatOut, invFreq, quantBuf, randomBlocks, type BufDef, type Bufs, type OutputDef, type CaseDef, type CaseTable } from './kit.js';
 import { pagedLayout, poisonSlots } from './attention.js';
 import { type DecoderLayerWeights } from '../ops.js';
 
@@ -15,7 +15,8 @@ interface DecoderShape {
   seqLens: number[];
   /** Sequences whose row is padding (slot -1, nothing appended), as the padded rows of a captured batch. */
   padSeqs?: number[];
-  weight: 'f32' | 'bf16';
+  /** q4_k: every projection in ggml's Q4_K blocks (rows of whole 256-element super-blocks). */
+  weight: 'f32' | 'bf16' | 'q4_k';
   qkNorm: boolean;
   qkvBias: boolean;
   oBias?: boolean;
@@ -39,6 +40,7 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
   return {
     name,
     large,
+    ...(s.weight === 'q4_k' ? { dtype: 'q4_k' as const } : {}),
     ...(s.embed ? { fields: ['embed'] } : {}),
     build: (rng) => {
       const { hidden: H, numHeads: nq, numKvHeads: nkv, headDim: hd, intermediate: I } = s;
@@ -60,7 +62,9 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
         const seen = pad.has(q) ? s.seqLens[q] : s.seqLens[q] - 1;
         for (let p = 0; p < seen; p++) visible[slotOf(q, p)] = 1;
       }
-      const wb = s.weight === 'bf16' ? bf16 : f32;
+      // A projection's n weights in rows of inDim, scaled by 1/sqrt(inDim).
+      const wb = (n: number, inDim: number): BufDef =>
+        s.weight === 'q4_k' ? quantBuf('q4_k', randomBlocks(rng, 'q4_k', n, 1 / Math.sqrt(inDim))) : (s.weight === 'bf16' ? bf16 : f32)(rng.normals(n, 1 / Math.sqrt(inDim)));
       const normW = (n: number) => f32(rng.normals(n, 0.1).map((v) => 1 + v));
       const buffers: Record<string, BufDef> = {
         // Elements past rows*hidden must stay as they are.
@@ -82,17 +86,17 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
       }
       for (let l = 0; l < s.layers; l++) {
         buffers[`L${l}.attnNorm`] = normW(H);
-        buffers[`L${l}.qkv`] = wb(rng.normals(qkvOut * H, 1 / Math.sqrt(H)));
+        buffers[`L${l}.qkv`] = wb(qkvOut * H, H);
         if (s.qkvBias) buffers[`L${l}.qkvBias`] = f32(rng.normals(qkvOut, 0.5));
         if (s.qkNorm) {
           buffers[`L${l}.qNorm`] = normW(hd);
           buffers[`L${l}.kNorm`] = normW(hd);
         }
-        buffers[`L${l}.o`] = wb(rng.normals(H * qw, 1 / Math.sqrt(qw)));
+        buffers[`L${l}.o`] = wb(H * qw, qw);
         if (s.oBias) buffers[`L${l}.oBias`] = f32(rng.normals(H, 0.1));
         buffers[`L${l}.mlpNorm`] = normW(H);
-        buffers[`L${l}.gateUp`] = wb(rng.normals(2 * I * H, 1 / Math.sqrt(H)));
-        buffers[`L${l}.down`] = wb(rng.normals(H * I, 1 / Math.sqrt(I)));
+        buffers[`L${l}.gateUp`] = wb(2 * I * H, H);
+        buffers[`L${l}.down`] = wb(H * I, I);
         const k = rng.normals(nSlots * kvw);
         const v = rng.normals(nSlots * kvw);
         poisonSlots(k, v, kvw, visible, 3, 6, 1);
@@ -211,6 +215,22 @@ export const decoderCases: Pick<CaseTable, 'decoder_layers'> = {
     // (one block a KV head and split serving its q heads), after rope_append.
     decoderLayersCase('2 layers, 1 row, GQA 2 x 128, QK-norm, 9000 keys with minKeys 8192', { ...gqa128Row, seqLens: [9000], weight: 'f32', minKeys: 8192 }, true),
     decoderLayersCase('2 layers, 1 row, GQA 4 x 128, QK-norm, bf16, 8300 keys with minKeys 8192', { ...GQA4_HD128, seqLens: [8300], qkvBias: false, minKeys: 8192 }, true),
+    // Q4_K projections: CUDA runs one row's o, gate_up and down as one grid (k_q4k_chain) where
+    // their blocks have the same warps (here 4: rows of 1024) and meet at grid barriers; two layers
+    // take the barrier through several generations.
+    decoderLayersCase('2 layers, 1 row, GQA 4 x 128, QK-norm, q4_k weights, 40 keys', {
+      layers: 2,
+      hidden: 1024,
+      numHeads: 8,
+      numKvHeads: 2,
+      headDim: 128,
+      intermediate: 1024,
+      blockSize: 16,
+      seqLens: [40],
+      weight: 'q4_k',
+      qkNorm: true,
+      qkvBias: false,
+    }),
     decoderLayersCase('2 layers, 1 row, GQA 2, QK-norm, f32', {
       layers: 2,
       hidden: 64,

@@ -96,7 +96,7 @@ Context::Context(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Context>(inf
   // The prefill tile plan's tiles (at most one per 32 rows), count and row flags follow the counters.
   const size_t planTiles = NERVA_TILE_PLAN_ROWS / 32;
   const size_t planBytes = planTiles * sizeof(int2) + 256 + NERVA_TILE_PLAN_ROWS;
-  size_t total = devBytes_ + wsBytes + cbWs + kCounterCount * sizeof(int) + planBytes;
+  size_t total = devBytes_ + wsBytes + cbWs + (kCounterCount + kGridBarWords) * sizeof(int) + planBytes;
   cudaError_t e = cudaMalloc((void**)&devBase_, total);
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -124,9 +124,10 @@ Context::Context(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Context>(inf
   ex_.l2Bytes = (size_t)prop_.l2CacheSize;
   ex_.counters = (int*)(devBase_ + devBytes_ + wsBytes + cbWs);
   ex_.counterCount = kCounterCount;
-  CU(cudaMemset(ex_.counters, 0, kCounterCount * sizeof(int)));
+  ex_.gridBar = (unsigned*)(ex_.counters + kCounterCount);
+  CU(cudaMemset(ex_.counters, 0, (kCounterCount + kGridBarWords) * sizeof(int)));
   {
-    char* plan = (char*)(ex_.counters + kCounterCount);
+    char* plan = (char*)(ex_.counters + kCounterCount + kGridBarWords);
     ex_.tiles = (int2*)plan;
     ex_.tileCount = (int*)(plan + planTiles * sizeof(int2));
     ex_.tileCovered = (unsigned char*)(plan + planTiles * sizeof(int2) + 256);

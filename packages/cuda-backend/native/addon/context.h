@@ -134,6 +134,7 @@ class Context : public Napi::ObjectWrap<Context> {
   static constexpr size_t kStageBytes = 4u << 20;     // the pinned staging ring
   static constexpr size_t kStageMaxWrite = 1u << 20;  // larger writes synchronize instead
   static constexpr size_t kCounterCount = 16384;      // attention combine counters (rows x heads)
+  static constexpr size_t kGridBarWords = 16;         // k_q4k_chain's grid barrier (two used; 64 bytes keep the plan aligned)
   size_t stageOff_ = 0, stageHead_ = 0;
   std::deque<Staged> staged_;
   std::vector<cudaEvent_t> stageEvents_;

@@ -121,6 +121,15 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
                         qkvOut, 0, scale, 1, fuseRope ? &rf : nullptr, 0, nullptr, 0, maxKeys);
     // The residual x that o and down accumulate into was last written by down of the layer
     // before (three kernels back) and by o (two back): both read it before their wait.
+    // One row whose o and gate_up (and down) are Q4_K: one launch with grid barriers between them
+    // (k_q4k_chain), where the shapes fit one grid; else the matmuls below one by one.
+    int chained = 0;
+    if (!rc && rows == 1 && l.o.dt == NV_Q4_K && l.gateUp.dt == NV_Q4_K) {
+      const Q4kPhase po{(const float*)attn.p, (const uint8_t*)l.o.p, (float*)x.p, qw, hidden, l.oBias, 1, false, Buf{nullptr, 0}, eps, 1};
+      const Q4kPhase pg{(const float*)x.p, (const uint8_t*)l.gateUp.p, (float*)mlp.p, hidden, inter, Buf{nullptr, 0}, 0, true, l.mlpNorm, eps, 0};
+      const Q4kPhase pd{(const float*)mlp.p, (const uint8_t*)l.down.p, (float*)x.p, inter, hidden, Buf{nullptr, 0}, 1, false, Buf{nullptr, 0}, eps, 1};
+      rc = q4kChainRun(ex, po, pg, l.down.dt == NV_Q4_K ? &pd : nullptr, &chained);
+    }
     Fuse fo;
     fo.accumulate = true;
     fo.accPre = true;
@@ -131,7 +140,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     fo.take = &attnSplit;
     DeferredEpilogue oEpi;
     fo.defer = &oEpi;
-    if (!rc) rc = matmulRows(ex, (const float*)attn.p, l.o, (float*)x.p, rows, qw, hidden, l.oBias, fo);
+    if (!rc && chained == 0) rc = matmulRows(ex, (const float*)attn.p, l.o, (float*)x.p, rows, qw, hidden, l.oBias, fo);
     // Many rows on cuBLAS(Lt): gate_up's epilogue also splits its output into down's bf16 operand.
     SplitHandoff mlpSplit;
     Fuse fg;
@@ -140,7 +149,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     fg.glu = true;
     fg.emit = &mlpSplit;
     fg.pending = &oEpi;
-    if (!rc) rc = matmulRows(ex, (const float*)x.p, l.gateUp, (float*)mlp.p, rows, hidden, inter, Buf{nullptr, 0}, fg);
+    if (!rc && chained == 0) rc = matmulRows(ex, (const float*)x.p, l.gateUp, (float*)mlp.p, rows, hidden, inter, Buf{nullptr, 0}, fg);
     Fuse fd;
     fd.accumulate = true;
     fd.accPre = true;
@@ -149,7 +158,7 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
     fd.early = true;
     fd.take = &mlpSplit;
     fd.defer = &downEpi;
-    if (!rc) rc = matmulRows(ex, (const float*)mlp.p, l.down, (float*)x.p, rows, inter, hidden, Buf{nullptr, 0}, fd);
+    if (!rc && chained < 3) rc = matmulRows(ex, (const float*)mlp.p, l.down, (float*)x.p, rows, inter, hidden, Buf{nullptr, 0}, fd);
     if (rc) return rc;
   }
   return flushEpilogue(ex, &downEpi);

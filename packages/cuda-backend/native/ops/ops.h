@@ -143,6 +143,23 @@ int qgemvRun(NervaExec* ex, const float* x, Buf w, float* out, int rows, int inD
 // accPre: Fuse::accPre.
 int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
               bool glu, int ldo, int oOff, Buf nw, float eps, float* xn = nullptr, int accPre = 0);
+// One decode row's o, gate_up and (dn set) down projections over Q4_K weights as one launch
+// (k_q4k_chain), each phase out[o] (+)= x' . w[o] for o < outDim, x' x or (nw.p set) x
+// RMS-normalized, glu: gate_up's SiLU(gate) * up. *phases: 2 or 3 where it launched, 0 where the
+// shapes do not fit one grid (the caller then runs them one by one).
+struct Q4kPhase {
+  const float* x;
+  const uint8_t* w;
+  float* out;
+  int inDim, outDim;
+  Buf bias;
+  int acc;
+  bool glu;
+  Buf nw;
+  float eps;
+  int accPre;
+};
+int q4kChainRun(NervaExec* ex, const Q4kPhase& o, const Q4kPhase& gu, const Q4kPhase* dn, int* phases);
 
 // ---------------------------------------------------------------- gemm.cu, gemm_bi.cu
 // Op matmul past 8 rows over bf16 weights: x f32 (split or rounded to bf16 first) or bf16 (xBf16).

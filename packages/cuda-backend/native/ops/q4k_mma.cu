@@ -73,18 +73,21 @@ struct Q4kItem {
 // PRMT, an item takes ~230 instructions instead of ~300. What a launch does after its wait is its
 // chain: H200, synthetic Q4_K_M, tok/s: 0.6B 1410-1416 before these, 1510-1514 with all but the
 // early norm weights, 1660-1678 with them; 8B 365.5-366.4, 373.2-374.0, 392.7; the same tokens.
-template <bool GLU, bool ONE_SB>
-__global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows,
-                                                 int inDim, int outDim, int per, const void* bias, int bdt, int acc, int bfa,
-                                                 int ldo, int oOff, const void* nw, int nwdt, float eps, float* xn, int accPre) {
-  NERVA_TRACE_KERNEL();
-  extern __shared__ __align__(16) uint8_t sm[];
+//
+// q4kBody is that block's work for block index blk; sync() stands where the block waits for the
+// kernel before it (k_q4k_mma: the dependency wait; k_q4k_chain: its grid barrier). CG: x was
+// written inside the same kernel by other blocks, so it is read from L2 (not a stale L1 line).
+#define Q4K_PARAMS                                                                                                       \
+  const float* __restrict__ x, const uint8_t* __restrict__ w, float* out, int rows, int inDim, int outDim, int per, const void* bias, \
+      int bdt, int acc, int bfa, int ldo, int oOff, const void* nw, int nwdt, float eps, float* xn, int accPre
+template <bool GLU, bool ONE_SB, bool CG, typename Sync>
+__device__ __forceinline__ void q4kBody(Q4K_PARAMS, uint8_t* sm, unsigned blk, Sync sync) {
   const int KS = blockDim.x >> 5;
   const int sbs = inDim / QK;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int r = blockIdx.x % rows;
-  const int o0 = (blockIdx.x / rows) * per;
-  const int n = min(per, outDim - o0);
+  const int r = blk % rows;
+  const int o0 = (blk / rows) * per;
+  const int n = min(per, outDim - o0);  // (<= 0: a chain's block past this phase's outputs: no items)
   const int nv = GLU ? 2 * n : n;  // weight rows of the block
   const int stride = GLU ? 2 * per : per;
   float* part = reinterpret_cast<float*>(sm);  // [KS][stride]
@@ -133,15 +136,17 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   }
   // accPre: the values this block accumulates into, read before the wait.
   const QPre pre = qgemvPre(accPre && acc, n, out, r, ldo, oOff, o0);
-  pdlWait();
-  pdlTrigger();
+  sync();
 
   const float* xr = x + (size_t)r * inDim;
   // One SB a warp: the warp's eight activations a lane are read once, for the norm and the terms.
+  auto ld4 = [&](const float* p) {
+    return CG ? __ldcg(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
+  };
   float4 o0v, o1v;
   if (ONE_SB) {
-    o0v = *reinterpret_cast<const float4*>(xr + warp * QK + 8 * lane);
-    o1v = *reinterpret_cast<const float4*>(xr + warp * QK + 8 * lane + 4);
+    o0v = ld4(xr + warp * QK + 8 * lane);
+    o1v = ld4(xr + warp * QK + 8 * lane + 4);
   }
   // A fused RMSNorm (nw set): the row's sum of squares, each warp over its SBs, the warps' sums in
   // order (every block computes the same inverse), then each activation as k_rmsnorm writes it.
@@ -150,8 +155,8 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
     __shared__ float ssw[16];
     float ss = 0.f;
     for (int sb = warp; sb < sbs; sb += KS) {
-      const float4 v0 = ONE_SB ? o0v : *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
-      const float4 v1 = ONE_SB ? o1v : *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
+      const float4 v0 = ONE_SB ? o0v : ld4(xr + sb * QK + 8 * lane);
+      const float4 v1 = ONE_SB ? o1v : ld4(xr + sb * QK + 8 * lane + 4);
       ss += v0.x * v0.x + v0.y * v0.y + v0.z * v0.z + v0.w * v0.w + v1.x * v1.x + v1.y * v1.y + v1.z * v1.z + v1.w * v1.w;
     }
     ss = warpSum(ss);
@@ -163,8 +168,8 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   }
   // The activations' terms: a warp an SB, a lane 8 consecutive elements (a quarter sub-block).
   for (int sb = warp; sb < sbs; sb += KS) {
-    const float4 v0 = ONE_SB ? o0v : *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane);
-    const float4 v1 = ONE_SB ? o1v : *reinterpret_cast<const float4*>(xr + sb * QK + 8 * lane + 4);
+    const float4 v0 = ONE_SB ? o0v : ld4(xr + sb * QK + 8 * lane);
+    const float4 v1 = ONE_SB ? o1v : ld4(xr + sb * QK + 8 * lane + 4);
     float e[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     if (nw) {
 #pragma unroll
@@ -313,6 +318,17 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
   qgemvEpilogue<GLU>(part, KS, stride, n, o0, bias, bdt, acc, bfa, out, r, ldo, oOff, pre);
 }
 
+template <bool GLU, bool ONE_SB>
+__global__ void __launch_bounds__(512) k_q4k_mma(Q4K_PARAMS) {
+  NERVA_TRACE_KERNEL();
+  extern __shared__ __align__(16) uint8_t sm[];
+  q4kBody<GLU, ONE_SB, false>(x, w, out, rows, inDim, outDim, per, bias, bdt, acc, bfa, ldo, oOff, nw, nwdt, eps, xn, accPre, sm,
+                              blockIdx.x, [] {
+                                pdlWait();
+                                pdlTrigger();
+                              });
+}
+
 template <bool GLU>
 static int q4kLaunch(NervaExec* ex, bool one, unsigned grid, int ks, size_t smem, const float* x, const uint8_t* w, float* out, int rows,
                      int inDim, int outDim, int per, Buf bias, int acc, int bfa, int ldo, int oOff, Buf nw, float eps, float* xn,
@@ -327,8 +343,14 @@ static int q4kLaunch(NervaExec* ex, bool one, unsigned grid, int ks, size_t smem
   return NERVA_OK;
 }
 
-int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
-              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn, int accPre) {
+// A Q4_K matmul's launch shape: warps a block, outputs a block, blocks a row, shared memory.
+struct Q4kPlan {
+  int ks, per, stride;
+  size_t chunks, smem;
+  bool one;  // every warp one SB: the kernel's lean form
+};
+
+static int q4kPlan(NervaExec* ex, const uint8_t* w, int inDim, int outDim, bool glu, Q4kPlan& p) {
   if (inDim % QK != 0) return bad(ex, "matmul: a Q4_K weight's rows must be whole blocks (inDim a multiple of 256)");
   if (((uintptr_t)w & 15) != 0) return bad(ex, "matmul: a Q4_K weight must be 16-byte aligned");
   if ((size_t)outDim * (glu ? 2 : 1) * (inDim / QK) * QK_BYTES > 0xFFFFFFFFull)
@@ -349,26 +371,144 @@ int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int r
   const long long groups = ((long long)outDim * (glu ? 2 : 1) + 15) / 16;
   long long gpb = std::max<long long>(1, (groups + ex->smCount - 1) / ex->smCount);
   if (gpb > 16) gpb = (groups + ex->smCount * ((gpb + 15) / 16) - 1) / (ex->smCount * ((gpb + 15) / 16));
-  const int per = (int)std::min<long long>(outDim, gpb * (glu ? 8 : 16));
-  const size_t chunks = (size_t)(outDim + per - 1) / per;
-  const int stride = per * (glu ? 2 : 1);
-  const size_t smem = (((size_t)ks * stride * sizeof(float) + 15) & ~(size_t)15) + (size_t)sbs * (XT_SB + 9 * sizeof(float));
+  p.ks = ks;
+  p.per = (int)std::min<long long>(outDim, gpb * (glu ? 8 : 16));
+  p.chunks = (size_t)(outDim + p.per - 1) / p.per;
+  p.stride = p.per * (glu ? 2 : 1);
+  p.smem = (((size_t)ks * p.stride * sizeof(float) + 15) & ~(size_t)15) + (size_t)sbs * (XT_SB + 9 * sizeof(float));
+  p.one = sbs <= ks;
   // (+ 64: the fused norm's static per-warp sums.)
-  if (smem + 64 > (size_t)ex->smemOptin) return bad(ex, "matmul: a Q4_K weight's rows are too long for the GEMV's shared memory");
+  if (p.smem + 64 > (size_t)ex->smemOptin) return bad(ex, "matmul: a Q4_K weight's rows are too long for the GEMV's shared memory");
+  return NERVA_OK;
+}
+
+int q4kMmaRun(NervaExec* ex, const float* x, const uint8_t* w, float* out, int rows, int inDim, int outDim, Buf bias, int acc,
+              bool glu, int ldo, int oOff, Buf nw, float eps, float* xn, int accPre) {
+  Q4kPlan p;
+  if (int rc = q4kPlan(ex, w, inDim, outDim, glu, p)) return rc;
   const int bfa = ex->bf16act ? 1 : 0;
   for (int r0 = 0; r0 < rows;) {
-    const int nr = (int)std::min<size_t>((size_t)(rows - r0), (size_t)0x7fffffff / chunks);
-    const unsigned grid = (unsigned)(chunks * nr);
+    const int nr = (int)std::min<size_t>((size_t)(rows - r0), (size_t)0x7fffffff / p.chunks);
+    const unsigned grid = (unsigned)(p.chunks * nr);
     const float* xr = x + (size_t)r0 * inDim;
     float* orow = out + (size_t)r0 * ldo;
     float* xnr = xn && nw.p ? xn + (size_t)r0 * inDim : nullptr;
-    // Every warp one SB (sbs <= ks): the kernel's lean form.
-    const bool one = sbs <= ks;
-    const int rc = glu ? q4kLaunch<true>(ex, one, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre)
-                       : q4kLaunch<false>(ex, one, grid, ks, smem, xr, w, orow, nr, inDim, outDim, per, bias, acc, bfa, ldo, oOff, nw, eps, xnr, accPre);
+    const int rc = glu ? q4kLaunch<true>(ex, p.one, grid, p.ks, p.smem, xr, w, orow, nr, inDim, outDim, p.per, bias, acc, bfa, ldo, oOff, nw, eps,
+                                         xnr, accPre)
+                       : q4kLaunch<false>(ex, p.one, grid, p.ks, p.smem, xr, w, orow, nr, inDim, outDim, p.per, bias, acc, bfa, ldo, oOff, nw,
+                                          eps, xnr, accPre);
     if (rc) return rc;
     r0 += nr;
   }
+  return NERVA_OK;
+}
+
+// ---- k_q4k_chain: consecutive Q4_K matmuls of one decode row in one launch.
+//
+// Why: each of the 8B's Q4_K matmuls fills every SM with one 512-thread block of ~120 registers,
+// so the next matmul's blocks cannot become resident (and stream their first weights) until this
+// one's retire: a boundary costs its blocks' launch and ramp (~1-3 us traced between o's last exit
+// and gate_up's releases). Here one grid runs o, then gate_up, then (in layers whose down is
+// Q4_K) down, the same blocks computing each as k_q4k_mma would, with a grid barrier where the
+// next matmul needs the last one's whole output; a block fetches its first two items of the next
+// matmul before it waits at the barrier. Same arithmetic in the same order: the same bits.
+
+// A grid barrier (every block resident: q4kChainRun launches at most one wave): block arrival
+// counted in bar[0], completion announced by bumping the generation bar[1], which each waiter
+// read before arriving. Release/acquire at GPU scope, no full fences: an arrival releases its
+// block's writes (ordered before it by the block barrier), the last arrival acquires them all and
+// releases them again with the generation, which every waiter acquires.
+__device__ __forceinline__ void gridSync(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned g, old;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(bar) : "memory");
+    if (old == gridDim.x - 1) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(g + 1) : "memory");
+    } else {
+      unsigned now;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar + 1) : "memory");
+      } while (now == g);
+    }
+  }
+  __syncthreads();
+}
+
+// One phase's arguments (k_q4k_mma's parameters).
+struct Q4kArgs {
+  const float* x;
+  const uint8_t* w;
+  float* out;
+  int rows, inDim, outDim, per;
+  const void* bias;
+  int bdt, acc, bfa, ldo, oOff;
+  const void* nw;
+  int nwdt;
+  float eps;
+  float* xn;
+  int accPre;
+};
+#define Q4K_ARGS(a) \
+  a.x, a.w, a.out, a.rows, a.inDim, a.outDim, a.per, a.bias, a.bdt, a.acc, a.bfa, a.ldo, a.oOff, a.nw, a.nwdt, a.eps, a.xn, a.accPre
+
+// DOWN: 0 o and gate_up; 1 and down in one SB a warp; 2 and down in several SBs a warp. The
+// next kernel is let in only after the last barrier, when every block of this grid is resident
+// (a dependent's block taking an SM first would hold it while it waits for this grid).
+template <int DOWN>
+__global__ void __launch_bounds__(512) k_q4k_chain(const __grid_constant__ Q4kArgs o, const __grid_constant__ Q4kArgs gu,
+                                                   const __grid_constant__ Q4kArgs dn, unsigned* bar) {
+  NERVA_TRACE_KERNEL();
+  extern __shared__ __align__(16) uint8_t sm[];
+  q4kBody<false, true, false>(Q4K_ARGS(o), sm, blockIdx.x, [] { pdlWait(); });
+  q4kBody<true, true, true>(Q4K_ARGS(gu), sm, blockIdx.x, [&] {
+    gridSync(bar);
+    if (DOWN == 0) pdlTrigger();
+  });
+  if (DOWN != 0)
+    q4kBody<false, DOWN == 1, true>(Q4K_ARGS(dn), sm, blockIdx.x, [&] {
+      gridSync(bar);
+      pdlTrigger();
+    });
+}
+
+int q4kChainRun(NervaExec* ex, const Q4kPhase& o, const Q4kPhase& gu, const Q4kPhase* dn, int* phases) {
+  *phases = 0;
+  if (!ex->gridBar) return NERVA_OK;
+  const Q4kPhase* ph[3] = {&o, &gu, dn};
+  const int np = dn ? 3 : 2;
+  Q4kPlan pl[3];
+  Q4kArgs args[3] = {};
+  size_t smem = 0, grid = 0;
+  const int bfa = ex->bf16act ? 1 : 0;
+  for (int i = 0; i < np; i++) {
+    const Q4kPhase& p = *ph[i];
+    // Not taken (the matmuls run one by one, where any error is reported) unless every phase
+    // plans the same warps a block, o and gate_up in one SB a warp, and x is aligned for its loads.
+    if (p.inDim % QK != 0 || ((uintptr_t)p.w & 15) != 0 || ((uintptr_t)p.x & 15) != 0 || p.glu != (i == 1)) return NERVA_OK;
+    if (q4kPlan(ex, p.w, p.inDim, p.outDim, p.glu, pl[i]) != NERVA_OK) return NERVA_OK;
+    if (pl[i].ks != pl[0].ks || (i < 2 && !pl[i].one)) return NERVA_OK;
+    smem = std::max(smem, pl[i].smem);
+    grid = std::max(grid, pl[i].chunks);
+    args[i] = Q4kArgs{p.x, p.w, p.out, 1, p.inDim, p.outDim, pl[i].per, p.bias.p, p.bias.dt, p.acc, bfa, p.outDim, 0,
+                      p.nw.p, p.nw.dt, p.eps, nullptr, p.accPre};
+  }
+  // (+ 3 x 64: each phase's static per-warp norm sums.)
+  if (smem + 192 > (size_t)ex->smemOptin) return NERVA_OK;
+  const int down = !dn ? 0 : pl[2].one ? 1 : 2;
+  auto fn = down == 0 ? k_q4k_chain<0> : down == 1 ? k_q4k_chain<1> : k_q4k_chain<2>;
+  int resident = 0;
+  const int threads = 32 * pl[0].ks;
+  if (allowDynamicSmem(fn, smem) != cudaSuccess || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, fn, threads, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return NERVA_OK;
+  }
+  // The barrier needs every block resident at once: one wave.
+  if (grid > (size_t)resident * ex->smCount) return NERVA_OK;
+  LAUNCH(fn, (unsigned)grid, threads, smem, args[0], args[1], args[2], ex->gridBar);
+  *phases = np;
   return NERVA_OK;
 }
 
