@@ -36,6 +36,21 @@ __device__ __forceinline__ void immaU8S8(int (&c)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// A weight load of the stream, asking L2 to fill 256 bytes from memory: the block's warps read a
+// row's neighbouring super-blocks at about the same time (8B Q4_K_M +1 %). L1 keeps its lines:
+// an even super-block's 32-byte quant groups straddle two sectors, the second read from L1 by the
+// next group (L1::no_allocate as well lost 15 %).
+__device__ __forceinline__ uint4 ldW4(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ldW2(const uint8_t* p) {
+  uint2 v;
+  asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
 // Byte 0 of a, b, c, d packed into one word.
 __device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
   return __byte_perm(__byte_perm((uint32_t)a, (uint32_t)b, 0x0040), __byte_perm((uint32_t)c, (uint32_t)d, 0x0040), 0x5410);
@@ -110,9 +125,9 @@ __global__ void __launch_bounds__(512) k_q4k_mma(const float* __restrict__ x, co
       int v = fg * 16 + g + 8 * h;
       if (v >= nv) v = 0;
       const uint8_t* b = wGate + ((size_t)v * rowBytes + sbOff + (GLU && v >= n ? upOff : 0u));
-      it.head[h] = __ldg(reinterpret_cast<const uint4*>(b));
+      it.head[h] = ldW4(b);
 #pragma unroll
-      for (int c = 0; c < 4; c++) it.q[h][c] = __ldg(reinterpret_cast<const uint2*>(b + 16 + 32 * c + 8 * t));
+      for (int c = 0; c < 4; c++) it.q[h][c] = ldW2(b + 16 + 32 * c + 8 * t);
     }
     if (ONE_SB) {
       fg++;  // one SB a warp: the items are its groups
