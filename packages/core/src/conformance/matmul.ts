@@ -282,8 +282,8 @@ export const matmulCases: Pick<CaseTable, 'matmul' | 'fused_matmul' | 'mlp_slice
     // super-block counts, a weight offset), several 16-row groups with a partial one.
     matmulCase('4 rows 4352 -> 72, q6_k, weightOffset', { rows: 4, inDim: 4352, outDim: 72, weight: 'q6_k', weightOffset: 4352 * 3 }),
     matmulCase('8 rows 1280 -> 100, q6_k, bias', { rows: 8, inDim: 1280, outDim: 100, weight: 'q6_k', bias: true }),
-    // The 0.6B's and the 8B's down rows (3072 and 12288 elements: 96 and 384 32-element tiles,
-    // a GEMV block's lanes not a power of two of warps).
+    // The 0.6B's and the 8B's down rows (3072 and 12288 elements): 96 and 384 32-element tiles,
+    // a lane a tile in CUDA's GEMV, so its blocks end in idle warps.
     matmulCase('2 rows 3072 -> 40, q6_k', { rows: 2, inDim: 3072, outDim: 40, weight: 'q6_k' }),
     matmulCase('1 row 12288 -> 36, q6_k, accumulate', { rows: 1, inDim: 12288, outDim: 36, weight: 'q6_k', accumulate: true }),
     matmulCase('1 row 12288 -> 20, q8_0', { rows: 1, inDim: 12288, outDim: 20, weight: 'q8_0' }),
