@@ -1,6 +1,7 @@
 /** Conformance cases, the fused decoder stack: op decoder_layers. */
-import { step, f32, i32, bf16, floatOut, invFreq, quantBuf, randomBlocks, type BufDef, type Bufs, type OutputDef, type CaseDef, type CaseTable } from './kit.js';
+import { step, f32, i32, bf16, floatOut, invFreq, type BufDef, type Bufs, type OutputDef, type CaseDef, type CaseTable } from './kit.js';
 import { pagedLayout, poisonSlots } from './attention.js';
+import { weightBuf } from './matmul.js';
 import { type DecoderLayerWeights } from '../ops.js';
 
 interface DecoderShape {
@@ -62,9 +63,7 @@ function decoderLayersCase(name: string, s: DecoderShape, large = false): CaseDe
         const seen = pad.has(q) ? s.seqLens[q] : s.seqLens[q] - 1;
         for (let p = 0; p < seen; p++) visible[slotOf(q, p)] = 1;
       }
-      // A projection's n weights in rows of inDim, scaled by 1/sqrt(inDim).
-      const wb = (n: number, inDim: number): BufDef =>
-        s.weight === 'q4_k' ? quantBuf('q4_k', randomBlocks(rng, 'q4_k', n, 1 / Math.sqrt(inDim))) : (s.weight === 'bf16' ? bf16 : f32)(rng.normals(n, 1 / Math.sqrt(inDim)));
+      const wb = (n: number, inDim: number): BufDef => weightBuf(rng, s.weight, n, inDim);
       const normW = (n: number) => f32(rng.normals(n, 0.1).map((v) => 1 + v));
       const buffers: Record<string, BufDef> = {
         // Elements past rows*hidden must stay as they are.

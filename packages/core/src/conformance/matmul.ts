@@ -92,7 +92,7 @@ interface FusedMatmulShape {
 const quantWeight = (w: MatmulShape['weight']): QuantDType | undefined => (w === undefined || w === 'f32' || w === 'bf16' ? undefined : w);
 
 /** A weight of `n` values, rows of `inDim`, scaled as a layer's weights are (1/sqrt(inDim)). */
-function weightBuf(rng: ConformanceRng, dtype: MatmulShape['weight'], n: number, inDim: number): BufDef {
+export function weightBuf(rng: ConformanceRng, dtype: MatmulShape['weight'], n: number, inDim: number): BufDef {
   const q = quantWeight(dtype);
   if (q) return quantBuf(q, randomBlocks(rng, q, n, 1 / Math.sqrt(inDim)));
   const w = rng.normals(n, 1 / Math.sqrt(inDim));
