@@ -73,6 +73,19 @@ __device__ __forceinline__ void pdlWait() {
   if (threadIdx.x == 0) s_trWait = trNow();
 #endif
 }
+// Block b of n asks its share of [p, p + bytes) into L2 (one thread, bulk prefetches of at most
+// 64 KiB; p 16-byte aligned): fire and forget, the block does not wait for it.
+__device__ __forceinline__ void pullL2(const uint8_t* p, unsigned long long bytes, unsigned b, unsigned n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (!p || threadIdx.x != 0) return;
+  const unsigned long long share = ((bytes + n - 1) / n + 15) & ~15ull;
+  const unsigned long long lo = share * b, hi = min(bytes, lo + share);
+  for (unsigned long long o = lo; o < hi; o += 65536) {
+    const unsigned sz = (unsigned)min(65536ull, hi - o) & ~15u;
+    if (sz) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(sz) : "memory");
+  }
+#endif
+}
 __device__ __forceinline__ void pdlTrigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -105,6 +105,8 @@ int opDecoderLayers(NervaExec* ex, Args& A) {
       rf.ndt = l.qNorm.p ? l.qNorm.dt : l.kNorm.dt;
       rf.slots = (const int*)slots.p;
       rf.eps = eps;
+      rf.pull = (const uint8_t*)l.o.p;
+      rf.pullBytes = nvBytes(l.o.dt, (size_t)hidden * qw);
     } else if (!rc && qkvEpi.g.t) {
       rc = ropeAppendAfter(ex, &qkvEpi, pos, inv, slots, l.kc, l.vc, l.qNorm, l.kNorm, rows, nq, nkv, hd, eps);
     } else if (!rc) {

@@ -77,6 +77,10 @@ struct RopeFuse {
   int ndt = 0;
   const int* slots = nullptr;
   float eps = 0.f;
+  // The next projection's weights (o's), asked into L2 by the attention's blocks after their wait:
+  // nothing else streams while the attention runs, so o's wait finds its rows in L2.
+  const uint8_t* pull = nullptr;
+  unsigned long long pullBytes = 0;
 };
 
 // Warps a block of the one-row GEMV (KS warps an output when split, else 16 outputs a block):

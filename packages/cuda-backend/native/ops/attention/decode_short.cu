@@ -177,6 +177,7 @@ __global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short
   pdlWait();
   // (Letting o in only after the keys are folded, or at the exit, was slower.)
   pdlTrigger();
+  pullL2(rf.pull, rf.pullBytes, (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x, gridDim.x * gridDim.y * gridDim.z);
 
   // q heads (warps 0..G-1) and, in the block that holds key `last`, the new key and value.
   if (warp < G) {

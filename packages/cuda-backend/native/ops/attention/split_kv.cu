@@ -175,6 +175,7 @@ __device__ __forceinline__ void attnPartial(ATT_PARTIAL_PARAMS) {
       // (Triggering only once the split's partial is written, so o's and gate_up's weight streams
       // overlap the merge rather than the splits' loads, was slower.)
       pdlTrigger();
+      if (ROPE) pullL2(rf.pull, rf.pullBytes, (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x, gridDim.x * gridDim.y * gridDim.z);
     }
     if (ROPE) {
       float a[4];
