@@ -62,11 +62,15 @@ __device__ __forceinline__ int2 pfTileKeys(const int* positions, int r0, int row
 // Each key's element offset in the cache (its KV head's row, `head` elements in) for the tile of
 // PF_KEYS keys at k0, one thread a key, from its block-table entry e (-1: none, or the block lives
 // in another cache: -1). Returns, to every thread, whether all the tile's keys are present.
+// Key k0 + threadIdx.x's offset (a thread below PF_KEYS; e its block-table entry), -1 without a slot.
+__device__ __forceinline__ long long pfKeyOffset(int k0, int e, int bs, size_t width, long long head) {
+  const int p = k0 + (int)threadIdx.x;
+  return e >= 0 ? ((long long)e * bs + p % bs) * (long long)width + head : -1;
+}
 __device__ __forceinline__ bool pfKeyOffsets(int k0, int e, int bs, size_t width, long long head, long long* sl) {
   bool ok = true;
   if (threadIdx.x < PF_KEYS) {
-    const int p = k0 + (int)threadIdx.x;
-    const long long v = e >= 0 ? ((long long)e * bs + p % bs) * (long long)width + head : -1;
+    const long long v = pfKeyOffset(k0, e, bs, width, head);
     sl[threadIdx.x] = v;
     ok = v >= 0;
   }
@@ -133,6 +137,11 @@ __device__ __forceinline__ void pfCopyTile(T* kd, T* vd, const T* kc, const T* v
 __device__ __forceinline__ void pfCommit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pfWaitAll() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void pfWaitPrev() {

@@ -123,7 +123,9 @@ __global__ void __launch_bounds__(PW_THREADS, PW_MIN_BLOCKS)
   constexpr int NT = HD / 8;
   extern __shared__ __align__(16) unsigned char pwDyn[];
   // Static shared memory only in this body: the host tells the sm_90a image by it (attnPrefillWgmmaRun).
-  __shared__ long long slotSt[PW_STAGES][PF_KEYS];
+  // Key offsets of three tiles in turn: a tile's are written while the one two before is done
+  // and the one before may still be read (its mask), so one barrier a tile orders them.
+  __shared__ long long slotSt[3][PF_KEYS];
   __shared__ int sLo, sHi;
   const uint32_t dynAddr = (uint32_t)__cvta_generic_to_shared(pwDyn);
   const uint32_t base = (dynAddr + 1023u) & ~1023u;
@@ -287,7 +289,10 @@ __global__ void __launch_bounds__(PW_THREADS, PW_MIN_BLOCKS)
   };
 
   const int kBeg = kLo & ~(PF_KEYS - 1);
-  // Per tile: S = Q K^T, wait, softmax, O += P V, wait; two stages (the next tile's copies in flight).
+  // Per tile, one barrier: it publishes the tile's copies (each thread waited for its own) and the
+  // next tile's key offsets, and tells that every warp is done with the tile before, whose stage
+  // the next tile's copies then refill. S = Q K^T, wait, softmax, O += P V, wait.
+  // Tile t's offsets live in slotSt[t % 3], its K/V in stage t & 1.
   float s[32];
   bool fullCur = slotsFrom(kBeg, entryFor(kBeg), slotSt[0]);
   int eNext = entryFor(kBeg + PF_KEYS);
@@ -295,19 +300,24 @@ __global__ void __launch_bounds__(PW_THREADS, PW_MIN_BLOCKS)
   pfCommit();
   for (int k0 = kBeg, it = 0; k0 <= kHi; k0 += PF_KEYS, it++) {
     const int cur = it & 1;
-    const long long* slot = slotSt[cur];
+    const long long* slot = slotSt[it % 3];
+    long long* slotNext = slotSt[(it + 1) % 3];
     const uint32_t kS = kvBase + (uint32_t)cur * 2 * PW_MAT, vS = kS + PW_MAT;
     const bool hasNext = k0 + PF_KEYS <= kHi;
-    bool fullNext = false;
-    if (hasNext) {
-      fullNext = slotsFrom(k0 + PF_KEYS, eNext, slotSt[cur ^ 1]);
-      eNext = entryFor(k0 + 2 * PF_KEYS);
-      issue(slotSt[cur ^ 1], cur ^ 1);
+    bool okNext = true;
+    if (hasNext && tid < PF_KEYS) {
+      const long long v = pfKeyOffset(k0 + PF_KEYS, eNext, bs, width, (long long)kvh * HD);
+      slotNext[tid] = v;
+      okNext = v >= 0;
     }
-    pfCommit();
-    pfWaitPrev();
+    if (hasNext) eNext = entryFor(k0 + 2 * PF_KEYS);
+    pfWaitAll();
     pwProxyFence();
-    __syncthreads();
+    const bool fullNext = __syncthreads_and(okNext) != 0;
+    if (hasNext) {
+      issue(slotNext, cur ^ 1);
+      pfCommit();
+    }
 
     pwFence();
     mmaQK(s, kS);
@@ -323,7 +333,6 @@ __global__ void __launch_bounds__(PW_THREADS, PW_MIN_BLOCKS)
     pwCommit();
     pwWaitAll();
     pwKeep(o);
-    __syncthreads();  // this stage is refilled two tiles on
     fullCur = fullNext;
   }
 #pragma unroll
