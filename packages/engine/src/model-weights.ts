@@ -467,6 +467,14 @@ export async function uploadWeights(
   }
 }
 
+/**
+ * Bytes of `w` that a decode step does not read: an embedding table that is not also the LM head
+ * (untied, or a stage without the head) gives one row a token, not its whole table.
+ */
+export function gatheredOnlyBytes(w: ModelWeights, vocabSize: number): number {
+  return w.embed && w.embed !== w.lmHead ? w.embed.byteLength - w.embed.byteLength / vocabSize : 0;
+}
+
 /** The checkpoint's format and tensor types; not exact when any tensor is block-quantized. */
 export function checkpointFormat(ckpt: WeightStore): Omit<WeightFormat, 'storedBytes'> {
   const types: Record<string, number> = {};

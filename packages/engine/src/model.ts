@@ -5,7 +5,7 @@ import { loadModelDir } from '@nerva/models';
 import { CUDA_BUDGET_WORKSPACES, selectBackend } from './backend-select.js';
 import { checkEngineOptions, type ContextOptions, type ModelOptions } from './engine-options.js';
 import { kvCacheBytesAfterUpload, kvCacheBytesFor, pinnedBytesFor, runnerShape } from './memory-plan.js';
-import { freeWeights, type ModelWeights, uploadWeights, weightFormatNote } from './model-weights.js';
+import { freeWeights, gatheredOnlyBytes, type ModelWeights, uploadWeights, weightFormatNote } from './model-weights.js';
 import { pipelineRequest, type PreparedStages, prepareStages, primaryStageBudget } from './stages/placement.js';
 import { prepareShards, primaryShardBudget, tensorParallelRequest } from './stages/tensor-parallel.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
@@ -51,6 +51,11 @@ export class NervaModel {
   readonly eosTokenIds: readonly number[];
   /** Weight bytes over every stage (an embedding a tied head needs on two backends counts twice). */
   readonly weightBytes: number;
+  /**
+   * Weight bytes a decode step reads: {@link weightBytes} less what only a gather touches (an
+   * untied embedding table gives one row a token). The decode roofline's bytes.
+   */
+  readonly decodeWeightBytes: number;
   /** Sampling defaults from the model's generation_config.json (used by front ends when a request leaves them out). */
   readonly generationDefaults: GenerationDefaults;
   /** The rates compute near data was planned from, when measured (paged weights with hostCompute 'auto'). */
@@ -94,6 +99,8 @@ export class NervaModel {
     this.notes = init.notes;
     this.eosTokenIds = init.eos;
     this.weightBytes = init.stages?.weightBytes ?? init.weights.bytes;
+    const held = init.stages ? [...new Set(init.stages.stages.map((s) => s.weights))] : [init.weights];
+    this.decodeWeightBytes = this.weightBytes - held.reduce((t, w) => t + gatheredOnlyBytes(w, init.spec.vocabSize), 0);
     this.generationDefaults = generationDefaults(init.generationConfig);
     this.measuredRates = init.measuredRates;
     this.plannedKvBytes = init.plannedKvBytes;
