@@ -73,8 +73,6 @@ export class ModelContext {
   readonly eosTokenIds: readonly number[];
   readonly kv: KvCacheManager;
   readonly weightBytes: number;
-  /** Weight bytes a decode step reads (NervaModel.decodeWeightBytes): the decode roofline's bytes. */
-  readonly decodeWeightBytes: number;
   /** Sampling defaults from the model's generation_config.json (used by front ends when a request leaves them out). */
   readonly generationDefaults: GenerationDefaults;
   /** @internal The pass runner: one ModelRunner, or the stage pipeline. */
@@ -137,7 +135,6 @@ export class ModelContext {
         this.notes.push(`matmul precision bf16: matmuls over more than 8 rows round their activations to bf16 once (fp32 accumulation)${attn}`);
       }
       this.weightBytes = model.weightBytes;
-      this.decodeWeightBytes = model.decodeWeightBytes;
       this.eosTokenIds = model.eosTokenIds;
       this.generationDefaults = model.generationDefaults;
       const s = model.spec;

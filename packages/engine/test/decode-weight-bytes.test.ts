@@ -23,7 +23,7 @@ describe('decodeWeightBytes (CPU)', () => {
     expect(table).toBeGreaterThan(0);
     expect(m.decodeWeightBytes).toBeCloseTo(m.weightBytes - table + table / m.spec.vocabSize, 6);
     const ctx = m.createContext();
-    expect(ctx.decodeWeightBytes).toBe(m.decodeWeightBytes);
+    expect(ctx.model.decodeWeightBytes).toBe(m.decodeWeightBytes);
   });
 
   it('counts a tied table whole: it is the LM head', async () => {

@@ -79,7 +79,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
     await engine.submit(warm, { maxTokens: Math.min(o.newTokens, 4 * engine.runAheadSteps + 8), temperature: 0, ignoreEos: true }).done;
     const out = await engine.submit(prompt, { maxTokens: o.newTokens, temperature: 0, ignoreEos: true }).done;
     const s = out.ledger.summary();
-    const roofline = bw / engine.decodeWeightBytes;
+    const roofline = bw / engine.model.decodeWeightBytes;
     const nodes = engine.graphNodes();
     const r: Record<string, unknown> = {
       probe: 'decode',
@@ -105,7 +105,7 @@ export async function decodeProbe(o: DecodeProbeOptions): Promise<Record<string,
       device_ms_per_token: s.device_active_ms_total !== undefined && s.tokens > 0 ? Math.round((s.device_active_ms_total / s.tokens) * 1000) / 1000 : null,
       weight_bytes: engine.weightBytes,
       // What the roofline divides by: the bytes a step reads.
-      decode_weight_bytes: Math.round(engine.decodeWeightBytes),
+      decode_weight_bytes: Math.round(engine.model.decodeWeightBytes),
       copy_bandwidth_gbs: Math.round(bw / 1e7) / 100,
       roofline_tok_s: Math.round(roofline * 100) / 100,
       fraction_of_roofline: Math.round((s.decode_tokens_per_s / roofline) * 1000) / 1000,
