@@ -591,6 +591,15 @@ int gemvLaunch(NervaExec* ex, const GemvLaunch& a) {
     }
   }
   if (a.etab) return bad(ex, "fused_matmul: embed reached a kernel that does not gather (gemvLeanNormOneRow)");
+  // Experiment (built, not measured): gate_up at batch 1 asking the largest shared-memory carveout,
+  // so that two of its blocks may be resident an SM.
+  if constexpr (R == 1 && KS == 1 && N && G && O == 1) {
+    static bool set = false;
+    if (!set) {
+      set = true;
+      if (allowKernelAttribute(k_gemv_bf16<R, KS, N, G, O>, cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess) cudaGetLastError();
+    }
+  }
   LAUNCH((k_gemv_bf16<R, KS, N, G, O>), grid, 32 * gemvWarpsO(KS, O), a.smem,
          a.x, a.w, a.out, a.rows, a.inDim, a.outDim, a.bias, a.bdt, a.nw, a.nwbf, a.eps, a.acc, a.bfa, a.accPre, a.trig);
   return NERVA_OK;
