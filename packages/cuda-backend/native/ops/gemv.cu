@@ -100,27 +100,34 @@ __device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS, const uint16_t* etab 
   __shared__ float invs[R];
   extern __shared__ float4 xs[];  // NORM only: row r's float4 j = 2k + h at xs[r * n4 + h * n8 + k]
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int o = (blockIdx.x * (NW / KS) + warp / KS) * O;
   int ks = warp % KS;
+  // TILES (one row, one output a warp, unsplit): a launch of fewer blocks than tiles of NW
+  // outputs (one wave, gemvLaunch) has each block take tiles blockIdx.x, + gridDim.x, ...: the
+  // norm is staged once a block and an SM's weight stream does not stop between waves. Each
+  // output's arithmetic is the same, so the same bits.
+  constexpr bool TILES = R == 1 && KS == 1 && O == 1 && !EMB;
+  const int tiles = (outDim + NW / KS * O - 1) / (NW / KS * O);
+  int o, o0;
+  bool live;
+  const uint4* wr[NO];
   // A warp past the last output (KS == 1, last block) still joins the block's barriers; it
   // streams the last row again and writes nothing. With O > 1, outputs of the warp past the
   // last stream the last row and write nothing.
-  const bool live = o < outDim;
-  const int o0 = o;  // the warp's first output, unclamped (O > 1: output o0 + n is live iff < outDim)
-  if (!live) o = outDim - 1;
-  const uint4* wr[NO];
+  auto place = [&](int blk) {
+    o = (blk * (NW / KS) + warp / KS) * O;
+    live = o < outDim;
+    o0 = o;  // the warp's first output, unclamped (O > 1: output o0 + n is live iff < outDim)
+    if (!live) o = outDim - 1;
 #pragma unroll
-  for (int n = 0; n < O; n++) {
-    const int on = O == 1 ? o : min(o0 + n, outDim - 1);
-    wr[n] = reinterpret_cast<const uint4*>(w + (size_t)on * inDim);
-    if (GLU) wr[NO - O + n] = reinterpret_cast<const uint4*>(w + (size_t)(on + outDim) * inDim);
-  }
+    for (int n = 0; n < O; n++) {
+      const int on = O == 1 ? o : min(o0 + n, outDim - 1);
+      wr[n] = reinterpret_cast<const uint4*>(w + (size_t)on * inDim);
+      if (GLU) wr[NO - O + n] = reinterpret_cast<const uint4*>(w + (size_t)(on + outDim) * inDim);
+    }
+  };
+  place(blockIdx.x);
   const int n8 = inDim >> 3, n4 = inDim >> 2;
   float acc[NO][R];
-#pragma unroll
-  for (int r = 0; r < R; r++)
-#pragma unroll
-    for (int n = 0; n < NO; n++) acc[n][r] = 0.f;
 
   // The same expression per (weight row, activation row) for every R and O: the compiler's
   // contraction into FMAs, hence the bits, must not depend on them.
@@ -234,6 +241,13 @@ __device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS, const uint16_t* etab 
   };
 
   constexpr int ST = 32 * KS;
+  for (int blk = blockIdx.x; blk < tiles; blk += gridDim.x) {
+  const bool first = blk == (int)blockIdx.x;
+  if (!first) place(blk);
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int n = 0; n < NO; n++) acc[n][r] = 0.f;
   int k = lane + ks * 32;
   // The weights do not depend on the previous kernel: the first group of loads (with P = 4 the
   // whole tile of a 1024-wide row) is issued before the dependency wait, so under PDL it
@@ -245,7 +259,7 @@ __device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS, const uint16_t* etab 
 #pragma unroll
       for (int n = 0; n < NO; n++)
         if (k + u * ST < n8) q[u][n] = __ldcs(wr[n] + k + u * ST);
-    if (NORM && (int)threadIdx.x < n4) nw0 = loadNw4(nw, nwbf, threadIdx.x);
+    if (NORM && first && (int)threadIdx.x < n4) nw0 = loadNw4(nw, nwbf, threadIdx.x);
     if (accPre) {
       // The values this GEMV accumulates into, read before the wait (see accPre above).
       if constexpr (O == 1) {
@@ -267,9 +281,11 @@ __device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS, const uint16_t* etab 
         if (p < O * R && r < rows && o0 + n < outDim) preLane = __ldcg(out + (size_t)r * outDim + o0 + n);
       }
     }
-    pdlWait();
-    pdlTrigger();
-    if (NORM) stageNorm();
+    if (first) {
+      pdlWait();
+      pdlTrigger();
+      if (NORM) stageNorm();
+    }
 #pragma unroll
     for (int u = 0; u < P; u++)
       if (k + u * ST < n8) fma8(q[u], k + u * ST);
@@ -368,6 +384,8 @@ __device__ __forceinline__ void gemvBf16(GEMV_BF16_PARAMS, const uint16_t* etab 
         finish(o0 + n, bias ? ldf(bias, bdt, o0 + n) : 0.f, r, g, u, preLane);
       }
     }
+  }
+  if constexpr (!TILES) break;
   }
 }
 
@@ -572,12 +590,24 @@ struct GemvLaunch {
   float* eout = nullptr;
 };
 
+// Blocks of `kernel` that fit the GPU at once (one wave).
+template <typename K>
+static unsigned gemvWave(NervaExec* ex, K kernel, int threads, size_t smem) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  return (unsigned)std::max(n, 1) * (unsigned)ex->smCount;
+}
+
 // One-row normed projections of at most two blocks an SM run k_gemv_bf16_lean (qkv at batch 1;
-// not the LM head, many waves, which the register bound slowed by 4 %).
+// not the LM head, many waves, which the register bound slowed by 4 %). One-row launches of more
+// tiles than a wave take one wave, each block looping over tiles (gemvBf16's TILES).
 template <int R, int KS, bool N, bool G, int O>
 int gemvLaunch(NervaExec* ex, const GemvLaunch& a) {
   constexpr int perBlock = gemvWarpsO(KS, O) / KS * O;  // outputs a block
-  const unsigned grid = (unsigned)((a.outDim + perBlock - 1) / perBlock);
+  unsigned grid = (unsigned)((a.outDim + perBlock - 1) / perBlock);
   if constexpr (R == 1 && KS == 1 && N && !G && O == 1) {
     if (grid <= 2u * (unsigned)ex->smCount) {
       if (a.etab) {
@@ -591,6 +621,8 @@ int gemvLaunch(NervaExec* ex, const GemvLaunch& a) {
     }
   }
   if (a.etab) return bad(ex, "fused_matmul: embed reached a kernel that does not gather (gemvLeanNormOneRow)");
+  if constexpr (R == 1 && KS == 1 && O == 1)
+    grid = std::min(grid, gemvWave(ex, k_gemv_bf16<R, KS, N, G, O>, 32 * gemvWarpsO(KS, O), a.smem));
   LAUNCH((k_gemv_bf16<R, KS, N, G, O>), grid, 32 * gemvWarpsO(KS, O), a.smem,
          a.x, a.w, a.out, a.rows, a.inDim, a.outDim, a.bias, a.bdt, a.nw, a.nwbf, a.eps, a.acc, a.bfa, a.accPre, a.trig);
   return NERVA_OK;
