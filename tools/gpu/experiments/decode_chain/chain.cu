@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
   const double bytes = (double)wElems * 2, idealUs = bytes / (copyGBs * 1e3);
   printf("{\"probe\":\"copy\",\"GBs\":%.1f,\"sms\":%d,\"weight_bytes\":%.0f,\"ideal_us\":%.1f}\n", copyGBs, sms, bytes, idealUs);
   const int spins[] = {0, 3000, 6000, 9000};
-  for (int spin : {0, 3000, 6000}) {
+  for (int spin : {0, 6000}) {
     cudaGraph_t gr;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -364,8 +364,8 @@ int main(int argc, char** argv) {
   }
   for (int pieces : {1})
   for (int mode : {3, 0})
-  for (int slots : {2}) {
-    for (int spin : {0}) {
+  for (int slots : {2, 3, 4, 5}) {
+    for (int spin : {0, 6000}) {
       float best = 1e30f;
       for (int rep = 0; rep < 4; rep++) {
         CK(cudaMemsetAsync(cnt, 0, nPh * sizeof(unsigned), st));
