@@ -121,6 +121,11 @@ __global__ void __launch_bounds__(SA_THREADS, SA_MIN_BLOCKS) k_attn_decode_short
   __shared__ double shcs[64][2];
 
   NERVA_TRACE_KERNEL_AT(300000);  // trace_timeline.py: decode_short.cu:300000
+#ifdef NERVA_ATTN_SKIP
+  pdlWait();
+  pdlTrigger();
+  return;
+#endif
   cg::cluster_group cl = cg::this_cluster();
   const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
   const int kvh = blockIdx.y, r = blockIdx.z;

@@ -305,6 +305,11 @@ __global__ void __launch_bounds__(32 * W) k_attn_partial(ATT_PARTIAL_PARAMS) {
 template <typename KT, int W, bool PAIR>
 __global__ void __maxnreg__(112) k_attn_partial_rope(ATT_PARTIAL_PARAMS) {
   NERVA_TRACE_KERNEL();
+#ifdef NERVA_ATTN_SKIP
+  pdlWait();
+  pdlTrigger();
+  return;
+#endif
   attnPartial<KT, W, 4, true, PAIR>(ATT_PARTIAL_ARGS);
 }
 #undef ATT_PARTIAL_PARAMS
