@@ -51,6 +51,8 @@
 #   "--no-sequential": the forks alone, the fork step and tokens_sha256 in seconds, to compare builds)
 #   ltalgos (not in the default list; bash tools/gpu/run.sh ltalgos): tools/gpu/lt_candidates.cc, built against cublasLt.h: per
 #   decode weight shape, the cuBLASLt algorithms that could pin it, their ms at 2/64/256 rows and row invariance -> $OUT/lt_candidates.jsonl
+#   ltprefill (not in the default list; bash tools/gpu/run.sh ltprefill): tools/gpu/lt_prefill.cu, built against cuBLAS: per
+#   prefill weight shape at 4096 rows, cublasGemmEx's ms against each cuBLASLt heuristic offer's, and whether its bits are the same -> $OUT/lt_prefill.jsonl
 #   invariance (not in the default list; bash tools/gpu/run.sh build,invariance): tools/gpu/batch_invariance.ts, the decode
 #   ops (fused_matmul shapes, decoder_layers with f32 and bf16 KV) at 1 row and at 2..256 rows, every row bit for bit,
 #   on a batchInvariant backend (must hold) and on the default one (informational), once with the default kernels
@@ -191,6 +193,18 @@ if has ltalgos; then
     say "ltalgos ok ($(( $(date +%s) - t0 )) s): $(wc -l < "$OUT/lt_candidates.jsonl") candidates"
   else
     say "ltalgos FAILED"; tail -20 "$log"; status=1
+  fi
+fi
+
+# ltprefill: cublasGemmEx against cuBLASLt's offers for each prompt matmul (tools/gpu/lt_prefill.cu).
+if has ltprefill; then
+  cuda=${CUDA_HOME:-/usr/local/cuda}
+  t0=$(date +%s)
+  if nvcc -O2 -std=c++17 -arch=sm_90 tools/gpu/lt_prefill.cu -o /tmp/lt_prefill -L"$cuda/lib64" -L"$cuda/targets/x86_64-linux/lib" \
+      -lcublasLt -lcublas >>"$log" 2>&1 && /tmp/lt_prefill > "$OUT/lt_prefill.jsonl" 2>>"$log"; then
+    say "ltprefill ok ($(( $(date +%s) - t0 )) s): $(wc -l < "$OUT/lt_prefill.jsonl") lines"
+  else
+    say "ltprefill FAILED"; tail -20 "$log"; status=1
   fi
 fi
 
