@@ -8,6 +8,7 @@
 // same at n = 2, 64 and 256 (the property a pin needs). One JSON line per candidate -> stdout.
 // Built and run by tools/gpu/run.sh against the real cublasLt.h (not the addon's hand-declared ABI).
 #include <cublasLt.h>
+#include "lt_probe.h"
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -16,14 +17,6 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                \
-  do {                                                                       \
-    auto e_ = (x);                                                           \
-    if ((int)e_ != 0) {                                                      \
-      fprintf(stderr, "%s:%d %s failed (%d)\n", __FILE__, __LINE__, #x, (int)e_); \
-      exit(1);                                                               \
-    }                                                                        \
-  } while (0)
 
 struct Shape {
   const char* name;
@@ -44,12 +37,6 @@ static cublasLtHandle_t lt;
 static cudaStream_t stream;
 static void* ws;
 
-static int cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t at) {
-  int v = -1;
-  size_t wr = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&a, at, &v, sizeof v, &wr) != CUBLAS_STATUS_SUCCESS) return -1;
-  return v;
-}
 
 struct Ops {
   cublasLtMatmulDesc_t desc;

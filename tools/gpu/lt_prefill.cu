@@ -6,6 +6,7 @@
 // shape (up to 32), and says whether each offer's output equals cublasGemmEx's bit for bit (over
 // the whole output, on the device). One JSON line per candidate -> stdout.
 #include <cublasLt.h>
+#include "lt_probe.h"
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -14,14 +15,6 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                     \
-  do {                                                                            \
-    auto e_ = (x);                                                                \
-    if ((int)e_ != 0) {                                                           \
-      fprintf(stderr, "%s:%d %s failed (%d)\n", __FILE__, __LINE__, #x, (int)e_); \
-      exit(1);                                                                    \
-    }                                                                             \
-  } while (0)
 
 struct Shape {
   const char* name;
@@ -56,12 +49,6 @@ __global__ void k_diff(const uint32_t* a, const uint32_t* b, size_t n, unsigned 
   if (c) atomicAdd(count, c);
 }
 
-static int cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t at) {
-  int v = -1;
-  size_t wr = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&a, at, &v, sizeof v, &wr) != CUBLAS_STATUS_SUCCESS) return -1;
-  return v;
-}
 
 template <typename F>
 static float timeIt(cudaStream_t st, F call) {
