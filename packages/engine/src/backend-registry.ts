@@ -1,6 +1,35 @@
-import type { DeviceBackend } from '@nerva/core';
-import type { BackendOptions } from './backend-select.js';
+import type { DeviceBackend, MatmulPrecision, Numerics } from '@nerva/core';
 import type { NcclPointToPoint } from './stages/links.js';
+
+/** How the engine asks for a backend: budgets, numerics, the device (each factory reads what applies to it). */
+export interface BackendOptions {
+  /** Bytes of device memory the CUDA backend reserves up front (weights + KV + activations). */
+  deviceArenaBytes?: number;
+  pinnedArenaBytes?: number;
+  /**
+   * A budget for everything the backend takes from its compute tier (the memory OS's VRAM
+   * budget): on CUDA the arena plus the op and cuBLAS workspaces; on the CPU the 'dram' tier.
+   */
+  deviceBudgetBytes?: number;
+  /** Host-tier bytes for the CPU backend's 'pinned' tier (the memory OS's host budget). */
+  hostBudgetBytes?: number;
+  /** Activation rounding of the created backend (default 'exact'). */
+  numerics?: Numerics;
+  /**
+   * Many-row matmul precision of the created backend (default: NERVA_MATMUL, else 'exact'); see
+   * `MatmulPrecision` in @nerva/core. On CUDA 'exact' runs the split-bf16 GEMMs (gemm 'split-bf16')
+   * and 'bf16' one bf16 GEMM (gemm 'bf16', also plain-bf16 prefill attention); the CPU backend
+   * rounds the activations of matmuls over more than 8 rows to bf16.
+   */
+  matmulPrecision?: MatmulPrecision;
+  /** CUDA device ordinal (default 0); a pipeline stage's GPU. Ignored by the CPU backend. */
+  device?: number;
+  /**
+   * Batch-invariant decode on CUDA (see CudaBackendOptions.batchInvariant; default:
+   * NERVA_BATCH_INVARIANT, else off). The CPU backend ignores it.
+   */
+  batchInvariant?: boolean;
+}
 
 /** Whether a registered backend can be created on this machine, and why not. */
 export interface BackendProbe {

@@ -2,18 +2,14 @@ import { stat } from 'node:fs/promises';
 import { basename, dirname, isAbsolute, join, normalize, sep } from 'node:path';
 import { CheckpointError } from './errors.js';
 import { confinedPath, confinementRoot, readModelText } from './model-file.js';
-import { SafetensorsFile, type TensorInfo } from './safetensors.js';
-import type { WeightStore } from './weight-store.js';
+import { SafetensorsFile } from './safetensors.js';
+import type { CheckpointTensorInfo, WeightStore } from './weight-store.js';
+
+export type { CheckpointTensorInfo } from './weight-store.js';
 
 /** File names of the Hugging Face layout. */
 export const SINGLE_FILE = 'model.safetensors';
 export const SHARD_INDEX = 'model.safetensors.index.json';
-
-/** A tensor's location: its shard file plus where it lives in it. */
-export interface CheckpointTensorInfo extends TensorInfo {
-  /** Absolute path of the shard holding the tensor. */
-  readonly file: string;
-}
 
 /**
  * A model's weights: one `model.safetensors`, or shards listed by `model.safetensors.index.json`.

@@ -2,34 +2,14 @@ import { stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Checkpoint } from './checkpoint.js';
 import { isGgufPath, loadGgufModel } from './gguf/gguf-model.js';
-import { loadModelConfig, type ModelSpec } from './config.js';
+import { loadModelConfig } from './config.js';
 import { ConfigError } from './errors.js';
 import { readOptionalModelText } from './model-file.js';
+import type { LoadedModel, LoadModelOptions } from './loaded-model.js';
 import { NervaTokenizer } from './tokenizer.js';
-import type { WeightStore } from './weight-store.js';
 import { resolveWeights, type ResolvedWeights } from './weights.js';
 
-/** Everything the engine needs from a model directory (or a GGUF model file). */
-export interface LoadedModel {
-  /** The model folder, or the `.gguf` file. */
-  dir: string;
-  spec: ModelSpec;
-  /** Open weights (a safetensors checkpoint or a GGUF file); the caller owns them and must `close()` them. */
-  checkpoint: WeightStore;
-  /** Every tensor the spec needs, located and shape-checked. */
-  weights: ResolvedWeights;
-  /** Present when the directory has a `tokenizer.json`. */
-  tokenizer?: NervaTokenizer;
-  /** Parsed `generation_config.json`, when present. */
-  generationConfig?: Record<string, unknown>;
-  /** Union of the EOS ids of config.json, generation_config.json and the tokenizer. */
-  stopTokenIds: number[];
-}
-
-export interface LoadModelOptions {
-  /** Load the tokenizer when present (default true). */
-  tokenizer?: boolean;
-}
+export type { LoadedModel, LoadModelOptions } from './loaded-model.js';
 
 /**
  * Load a model directory: `config.json` → {@link ModelSpec}, the checkpoint (validated and its

@@ -1,5 +1,11 @@
 import type { GgmlTypeName } from '@nerva/core';
-import type { CheckpointTensorInfo } from './checkpoint.js';
+import type { TensorInfo } from './safetensors.js';
+
+/** A tensor's location: its file plus where it lives in it. */
+export interface CheckpointTensorInfo extends TensorInfo {
+  /** Absolute path of the file (a safetensors shard, a GGUF file) holding the tensor. */
+  readonly file: string;
+}
 
 /** A tensor as a {@link WeightStore} serves it; GGUF stores also say how it is stored. */
 export interface WeightTensorInfo extends CheckpointTensorInfo {

@@ -1,5 +1,5 @@
 import { stat } from 'node:fs/promises';
-import type { LoadedModel, LoadModelOptions } from '../model-dir.js';
+import type { LoadedModel, LoadModelOptions } from '../loaded-model.js';
 import { NervaTokenizer } from '../tokenizer.js';
 import { resolveWeights, type ResolvedWeights } from '../weights.js';
 import { GgufCheckpoint } from './gguf-checkpoint.js';
