@@ -5,8 +5,6 @@ import { confinedPath, confinementRoot, readModelText } from './model-file.js';
 import { SafetensorsFile } from './safetensors.js';
 import type { CheckpointTensorInfo, WeightStore } from './weight-store.js';
 
-export type { CheckpointTensorInfo } from './weight-store.js';
-
 /** File names of the Hugging Face layout. */
 export const SINGLE_FILE = 'model.safetensors';
 export const SHARD_INDEX = 'model.safetensors.index.json';

@@ -1,8 +1,7 @@
 import { dequantize, GGML_TYPES, type GgmlTypeName } from '@nerva/core';
 import { rawToF32, type WeightDType } from '../safetensors.js';
-import type { CheckpointTensorInfo } from '../checkpoint.js';
 import type { ModelSpec } from '../config.js';
-import type { WeightStore } from '../weight-store.js';
+import type { CheckpointTensorInfo, WeightStore } from '../weight-store.js';
 import { GgufError } from './gguf-error.js';
 import { GgufFile } from './gguf-file.js';
 import type { GgufTensorInfo } from './gguf-header.js';
