@@ -5,10 +5,9 @@ import { ENGINE_OPTIONS, engineOption, flagName, type OptionSpec } from '@nerva/
 import { ConfigError } from './errors.js';
 import { type ModelEntry, parseModelsTable } from './model-set.js';
 import { checkOptionValue } from './options.js';
-import type { SecurityOptions } from './security-options.js';
+import { API_KEY_ENV, SECURITY_OPTIONS, type SecurityOptions } from './security-options.js';
 
-/** The environment variable the API key is read from when none is configured. */
-export const API_KEY_ENV = 'NERVA_API_KEY';
+export { API_KEY_ENV } from './security-options.js';
 
 /** Everything `nerva serve` can be told, from a TOML file, flags, or code. */
 export interface ServerConfig extends SecurityOptions {
@@ -122,43 +121,7 @@ export const SERVER_OPTIONS = [
   { name: 'drainTimeoutS', toml: 'drain_timeout_s', kind: 'int', default: 30, help: 'seconds in-flight requests get to finish on shutdown' },
   { name: 'accessLog', flag: '--no-access-log', toml: 'access_log', kind: 'bool', default: true, help: 'no structured access log (JSON lines on stdout)' },
   // Security and robustness (SecurityOptions; resolveSecurity fills in these defaults).
-  { name: 'allowedHosts', flag: '--allowed-hosts <hosts>', toml: 'allowed_hosts', kind: 'strings', help: 'Host header values accepted besides loopback and the bound address (comma-separated; * = any)' },
-  { name: 'maxConnections', flag: '--max-connections <n>', toml: 'max_connections', kind: 'posint', default: 512, help: 'open connections at most' },
-  { name: 'headersTimeoutS', toml: 'headers_timeout_s', kind: 'posint', default: 30, help: "seconds to receive a request's headers" },
-  { name: 'bodyTimeoutS', toml: 'body_timeout_s', kind: 'posint', default: 60, help: 'seconds to receive a whole request' },
-  { name: 'keepAliveTimeoutS', toml: 'keep_alive_timeout_s', kind: 'posint', default: 5, help: 'seconds an idle keep-alive connection stays open' },
-  { name: 'maxSequencesPerRequest', toml: 'max_sequences_per_request', kind: 'posint', help: 'sequences (n x prompts) one request may hold (default: a quarter of the admission capacity)' },
-  { name: 'maxRequestTokens', toml: 'max_request_tokens', kind: 'posint', default: 1 << 20, help: 'tokens one request may ask for (sequences x max_tokens)' },
-  { name: 'maxPromptChars', toml: 'max_prompt_chars', kind: 'posint', default: 256 * 1024, help: 'characters of prompt text before tokenizing' },
-  { name: 'maxStopStrings', toml: 'max_stop_strings', kind: 'int', default: 16, help: 'stop strings one request may give' },
-  { name: 'maxStopLength', toml: 'max_stop_length', kind: 'posint', default: 256, help: 'characters of one stop string' },
-  { name: 'maxStopTokenIds', toml: 'max_stop_token_ids', kind: 'int', default: 256, help: 'stop token ids one request may give' },
-  { name: 'allowClientPriority', flag: '--allow-client-priority', toml: 'allow_client_priority', kind: 'bool', default: false, help: "honour the request field 'priority' (else a non-zero priority is a 400)" },
-  {
-    name: 'clientPriorityRange',
-    flag: '--client-priority-range <min,max>',
-    toml: 'client_priority_range',
-    kind: 'intrange',
-    default: [0, 10],
-    help: "the 'priority' values a client may set with --allow-client-priority (lower runs first; below 0 a client can hold back requests that set none)",
-  },
-  {
-    name: 'maxSequencesPerClient',
-    flag: '--max-sequences-per-client <n>',
-    toml: 'max_sequences_per_client',
-    kind: 'posint',
-    help: 'sequences one client address may hold, running and queued, before 429 (default: half the admission capacity)',
-  },
-  { name: 'sseBufferBytes', toml: 'sse_buffer_bytes', kind: 'size', default: 8 << 20, help: 'bytes of SSE output buffered for a client that does not read; past it the request is aborted' },
-  { name: 'sseGraceS', toml: 'sse_grace_s', kind: 'int', default: 10, help: 'seconds a stream aborted at sse_buffer_bytes gets to drain before its connection is closed' },
-  {
-    name: 'engineWatchdogS',
-    flag: '--engine-watchdog <s>',
-    toml: 'engine_watchdog_s',
-    kind: 'posint',
-    default: 120,
-    help: 'seconds the engine may make no progress with work outstanding before it is restarted',
-  },
+  ...SECURITY_OPTIONS,
 ] as const satisfies readonly OptionSpec<keyof ServerConfig>[];
 
 /**

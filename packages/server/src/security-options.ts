@@ -1,10 +1,13 @@
 import { hostname, networkInterfaces } from 'node:os';
-import { API_KEY_ENV, SERVER_OPTIONS } from './config.js';
+import type { OptionSpec } from '@nerva/engine';
+
+/** The environment variable the API key is read from when none is configured. */
+export const API_KEY_ENV = 'NERVA_API_KEY';
 
 /**
  * The server's security and robustness options: who may call it, how many connections and how
  * long they may take, and how much one request may ask for. Every field has a default a public
- * server can run with (declared with the other server options in config.ts SERVER_OPTIONS);
+ * server can run with (declared below in SECURITY_OPTIONS, which config.ts SERVER_OPTIONS lists);
  * `resolveSecurity` fills them in.
  */
 export interface SecurityOptions {
@@ -70,32 +73,54 @@ export type ResolvedSecurity = Required<Omit<SecurityOptions, 'allowedHosts' | '
   maxSequencesPerClient: number | undefined;
 };
 
-/** The security fields' defaults, from their option specs (config.ts SERVER_OPTIONS). */
-function securityDefaults(): Record<string, unknown> {
-  const fields: readonly string[] = SECURITY_FIELDS;
-  return Object.fromEntries(SERVER_OPTIONS.filter((o) => fields.includes(o.name) && 'default' in o).map((o) => [o.name, (o as { default: unknown }).default]));
-}
+/**
+ * The security fields as options (flags, TOML keys, defaults), declared as the engine's are; the
+ * server's SERVER_OPTIONS (config.ts) lists them after its own.
+ */
+export const SECURITY_OPTIONS = [
+  { name: 'allowedHosts', flag: '--allowed-hosts <hosts>', toml: 'allowed_hosts', kind: 'strings', help: 'Host header values accepted besides loopback and the bound address (comma-separated; * = any)' },
+  { name: 'maxConnections', flag: '--max-connections <n>', toml: 'max_connections', kind: 'posint', default: 512, help: 'open connections at most' },
+  { name: 'headersTimeoutS', toml: 'headers_timeout_s', kind: 'posint', default: 30, help: "seconds to receive a request's headers" },
+  { name: 'bodyTimeoutS', toml: 'body_timeout_s', kind: 'posint', default: 60, help: 'seconds to receive a whole request' },
+  { name: 'keepAliveTimeoutS', toml: 'keep_alive_timeout_s', kind: 'posint', default: 5, help: 'seconds an idle keep-alive connection stays open' },
+  { name: 'maxSequencesPerRequest', toml: 'max_sequences_per_request', kind: 'posint', help: 'sequences (n x prompts) one request may hold (default: a quarter of the admission capacity)' },
+  { name: 'maxRequestTokens', toml: 'max_request_tokens', kind: 'posint', default: 1 << 20, help: 'tokens one request may ask for (sequences x max_tokens)' },
+  { name: 'maxPromptChars', toml: 'max_prompt_chars', kind: 'posint', default: 256 * 1024, help: 'characters of prompt text before tokenizing' },
+  { name: 'maxStopStrings', toml: 'max_stop_strings', kind: 'int', default: 16, help: 'stop strings one request may give' },
+  { name: 'maxStopLength', toml: 'max_stop_length', kind: 'posint', default: 256, help: 'characters of one stop string' },
+  { name: 'maxStopTokenIds', toml: 'max_stop_token_ids', kind: 'int', default: 256, help: 'stop token ids one request may give' },
+  { name: 'allowClientPriority', flag: '--allow-client-priority', toml: 'allow_client_priority', kind: 'bool', default: false, help: "honour the request field 'priority' (else a non-zero priority is a 400)" },
+  {
+    name: 'clientPriorityRange',
+    flag: '--client-priority-range <min,max>',
+    toml: 'client_priority_range',
+    kind: 'intrange',
+    default: [0, 10],
+    help: "the 'priority' values a client may set with --allow-client-priority (lower runs first; below 0 a client can hold back requests that set none)",
+  },
+  {
+    name: 'maxSequencesPerClient',
+    flag: '--max-sequences-per-client <n>',
+    toml: 'max_sequences_per_client',
+    kind: 'posint',
+    help: 'sequences one client address may hold, running and queued, before 429 (default: half the admission capacity)',
+  },
+  { name: 'sseBufferBytes', toml: 'sse_buffer_bytes', kind: 'size', default: 8 << 20, help: 'bytes of SSE output buffered for a client that does not read; past it the request is aborted' },
+  { name: 'sseGraceS', toml: 'sse_grace_s', kind: 'int', default: 10, help: 'seconds a stream aborted at sse_buffer_bytes gets to drain before its connection is closed' },
+  {
+    name: 'engineWatchdogS',
+    flag: '--engine-watchdog <s>',
+    toml: 'engine_watchdog_s',
+    kind: 'posint',
+    default: 120,
+    help: 'seconds the engine may make no progress with work outstanding before it is restarted',
+  },
+] as const satisfies readonly OptionSpec<keyof SecurityOptions>[];
 
-/** The fields of {@link SecurityOptions}, each declared as an option in SERVER_OPTIONS. */
-const SECURITY_FIELDS = [
-  'allowedHosts',
-  'maxConnections',
-  'headersTimeoutS',
-  'bodyTimeoutS',
-  'keepAliveTimeoutS',
-  'maxSequencesPerRequest',
-  'maxRequestTokens',
-  'maxPromptChars',
-  'maxStopStrings',
-  'maxStopLength',
-  'maxStopTokenIds',
-  'allowClientPriority',
-  'clientPriorityRange',
-  'maxSequencesPerClient',
-  'sseBufferBytes',
-  'sseGraceS',
-  'engineWatchdogS',
-] as const satisfies readonly (keyof SecurityOptions)[];
+/** The security fields' defaults, from their option specs. */
+function securityDefaults(): Record<string, unknown> {
+  return Object.fromEntries(SECURITY_OPTIONS.filter((o) => 'default' in o).map((o) => [o.name, (o as { default: unknown }).default]));
+}
 
 const WILDCARDS = new Set(['0.0.0.0', '::', '']);
 const LOOPBACK = ['localhost', '127.0.0.1', '::1'];
