@@ -6,17 +6,11 @@
  */
 import { resolve } from 'node:path';
 import { ENGINE_OPTIONS, type OptionSpec } from '@nerva/engine';
-import type { ServerConfig } from './config.js';
 import { ConfigError } from './errors.js';
 import { checkOptionValue } from './options.js';
+import type { ModelEntry, ServerConfig } from './server-config.js';
 
-/** The fields a `[[models]]` table may set: the engine's options, the served name and the chat template. */
-export type ModelFields = Partial<Pick<ServerConfig, Exclude<(typeof ENGINE_OPTIONS)[number]['name'] & keyof ServerConfig, 'model'> | 'servedModelName' | 'chatTemplate'>>;
-
-/** One model of a `[[models]]` list: `model` as written (a folder or a name, resolved when the server starts) and its own options. */
-export interface ModelEntry extends ModelFields {
-  model: string;
-}
+export type { ModelEntry, ModelFields } from './server-config.js';
 
 /** The per-model keys, TOML spelling → spec (engine options with a TOML key, `served_model_name`, `chat_template`). */
 function modelKeys(serverSpecs: readonly OptionSpec[]): Map<string, OptionSpec> {
