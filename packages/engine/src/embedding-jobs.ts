@@ -1,13 +1,22 @@
-import type { DeviceBuffer } from '@nerva/core';
+import type { DeviceBackend, DeviceBuffer } from '@nerva/core';
+import type { KvCacheManager } from '@nerva/kv';
+import type { ModelSpec } from '@nerva/models';
 import { EngineError } from './engine-options.js';
-import type { ModelContext } from './context.js';
 import { type EmbedOptions, type EmbedResult, type EmbeddingConfig, finishEmbedding, readEmbeddingConfig, type ResolvedEmbedding, resolveEmbedding, validateEmbedRequest } from './embedding.js';
 import { Request } from './request.js';
 import { InvalidParamsError, resolveSamplingParams } from './sampling-params.js';
+import type { RequestLimits } from './request-validation.js';
 import type { Scheduler, ScheduledRequest } from './scheduler.js';
 
-/** The context's public side the embedding jobs read. */
-export type EmbeddingContext = Pick<ModelContext, 'spec' | 'backend' | 'modelDir' | 'limits' | 'kv' | 'encode'>;
+/** The context's public side the embedding jobs read (a ModelContext is one). */
+export interface EmbeddingContext {
+  readonly spec: ModelSpec;
+  readonly backend: DeviceBackend;
+  readonly modelDir: string;
+  readonly limits: RequestLimits;
+  readonly kv: KvCacheManager;
+  encode(text: string): number[];
+}
 
 /** The context's internals the embedding jobs use. */
 export interface EmbeddingHost {

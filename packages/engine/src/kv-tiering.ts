@@ -4,8 +4,8 @@ import { randomBytes } from 'node:crypto';
 import type { DeviceBackend } from '@nerva/core';
 import { type BlockPool, type KvCacheManager, KvTiers, type KvPageMove, type KvStepNeed } from '@nerva/kv';
 import { checkOffloadDir, type KvMemoryReport, type MemoryReport, type PathTraffic, unlinkOpen } from '@nerva/memos';
-import type { ModelInternals } from './model.js';
-import { memoryReport } from './weight-residency.js';
+import type { ModelWeights } from './model-weights.js';
+import { memoryReport, type ResidencyOptions } from './weight-residency.js';
 import type { ModelRunner } from './model-runner.js';
 import type { SchedulerOutput } from './scheduler.js';
 
@@ -287,7 +287,7 @@ function freeBytes(dir: string): number | undefined {
  */
 export function contextMemoryReport(
   backend: DeviceBackend,
-  model: Pick<ModelInternals, 'weights' | 'budgets'>,
+  model: { readonly weights: ModelWeights; readonly budgets: ResidencyOptions },
   runner: { readonly kvBytes: number; readonly hostComputeBytes: number; readonly hostReadBytes: number },
   kvTiers: TieredKv | undefined,
   preemptions: number,

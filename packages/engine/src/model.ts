@@ -10,7 +10,7 @@ import { pipelineRequest, type PreparedStages, prepareStages, primaryStageBudget
 import { prepareShards, primaryShardBudget, tensorParallelRequest } from './stages/tensor-parallel.js';
 import { hostChannels, measureRates, type MeasuredRates } from './rates.js';
 import type { SamplingParams } from './sampling-params.js';
-import { checkpointImportanceKey, placeWeights } from './weight-residency.js';
+import { checkpointImportanceKey, placeWeights, type ResidencyOptions } from './weight-residency.js';
 import { ModelContext } from './context.js';
 
 /** Sampling defaults a model ships in generation_config.json. */
@@ -21,7 +21,7 @@ export interface ModelInternals {
   readonly weights: ModelWeights;
   readonly pager: WeightPager | undefined;
   readonly stages: PreparedStages | undefined;
-  readonly budgets: { vramBudget?: number; hostBudget?: number; offloadDir?: string };
+  readonly budgets: ResidencyOptions;
 }
 
 /**
