@@ -278,7 +278,9 @@ const print = (o: unknown): void => {
 
 {
   const cmd = program.command('serve').description('OpenAI server throughput: N concurrent streaming clients against an in-process server');
-  const engine = engineFlags(cmd, ['model', 'backend', 'decodePromptBudget']);
+  const engine = engineFlags(cmd, ['model', 'backend', 'decodePromptBudget', 'maxNumBatchedTokens'], {
+    maxNumBatchedTokens: { help: 'token budget of one scheduler step (the engine default otherwise)' },
+  });
   cmd
     .option('--concurrency <n>', 'concurrent streaming clients', int('--concurrency'), 8)
     .option('--requests <n>', 'requests in all (default: one per client)', int('--requests'))
@@ -296,6 +298,7 @@ const print = (o: unknown): void => {
         promptLen: f.promptLen,
         vsDecode: f.vsDecode === true,
         ...(e.decodePromptBudget !== undefined ? { decodePromptBudget: e.decodePromptBudget } : {}),
+        ...(e.maxNumBatchedTokens !== undefined ? { maxNumBatchedTokens: e.maxNumBatchedTokens } : {}),
       });
       for (const l of lines) print(l);
     });

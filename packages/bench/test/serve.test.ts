@@ -83,8 +83,11 @@ describe('nerva-bench serve', () => {
     expect(paced.decode_prompt_budget).toBe(16);
     expect(paced.mixed_steps as number).toBeGreaterThan(0);
     expect(paced.mixed_step_prompt_tokens_max as number).toBeLessThanOrEqual(16);
-    // The server's default (256) lets a 40-token prompt in whole.
-    const free = JSON.parse((await run(process.execPath, args, { cwd: root })).stdout.trim()) as Record<string, number | null>;
+    // The server's default (256) lets a 40-token prompt in whole. A step budget of 48 tokens keeps
+    // the four clients' first prompts from all landing in one step: were they prefilled together,
+    // the streams would decode and finish in lockstep, their successors arriving together again,
+    // and no step would carry prompt tokens beside decode rows.
+    const free = JSON.parse((await run(process.execPath, [...args, '--max-num-batched-tokens', '48'], { cwd: root })).stdout.trim()) as Record<string, number | null>;
     expect(free.decode_prompt_budget).toBe(256);
     expect(free.mixed_step_prompt_tokens_max as number).toBeGreaterThanOrEqual(40);
     await expect(run(process.execPath, [...args, '--decode-prompt-budget', '0'], { cwd: root })).rejects.toThrow(/--decode-prompt-budget must be a positive integer/);

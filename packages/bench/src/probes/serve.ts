@@ -22,6 +22,8 @@ export interface ServeProbeOptions {
   vsDecode?: boolean;
   /** Prompt tokens a step may take while others decode (EngineOptions.decodePromptBudget); default: the server's (SERVE_DECODE_PROMPT_BUDGET). */
   decodePromptBudget?: number;
+  /** Token budget of one scheduler step (EngineOptions.maxNumBatchedTokens); default: the engine's. */
+  maxNumBatchedTokens?: number;
 }
 
 const round = (x: number, d = 100) => Math.round(x * d) / d;
@@ -80,6 +82,7 @@ export async function serveProbe(o: ServeProbeOptions): Promise<Record<string, u
     maxQueue: Math.max(256, o.concurrency),
     maxSequencesPerClient: Math.max(1, o.concurrency),
     ...(o.decodePromptBudget !== undefined ? { decodePromptBudget: o.decodePromptBudget } : {}),
+    ...(o.maxNumBatchedTokens !== undefined ? { maxNumBatchedTokens: o.maxNumBatchedTokens } : {}),
   });
   try {
     await server.ready;
