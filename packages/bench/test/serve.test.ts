@@ -91,5 +91,7 @@ describe('nerva-bench serve', () => {
     expect(free.decode_prompt_budget).toBe(256);
     expect(free.mixed_step_prompt_tokens_max as number).toBeGreaterThanOrEqual(40);
     await expect(run(process.execPath, [...args, '--decode-prompt-budget', '0'], { cwd: root })).rejects.toThrow(/--decode-prompt-budget must be a positive integer/);
+    await expect(run(process.execPath, [...args, '--max-num-batched-tokens', '0'], { cwd: root })).rejects.toThrow(/--max-num-batched-tokens must be a positive integer/);
+    await expect(run(process.execPath, [...args, '--max-num-batched-tokens', 'abc'], { cwd: root })).rejects.toThrow(/--max-num-batched-tokens must be an integer/);
   }, 120_000);
 });
