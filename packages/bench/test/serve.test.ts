@@ -77,16 +77,19 @@ describe('nerva-bench serve', () => {
 
   it('--decode-prompt-budget bounds the prompt tokens of every step that carries other rows', async () => {
     // Prompts of 40 token ids, 4 streams in closed loop: successors arrive while the others decode.
+    // The server's default step budget (256) lets all four first prompts in one step if they arrive
+    // together: the streams would then decode and finish in lockstep, their successors arriving
+    // together again, and no step would carry prompt tokens beside decode rows. A step budget of 48
+    // tokens takes at most one whole prompt and a chunk of the next, so the next step has a decode
+    // row and a prompt left whatever the arrival order.
     const args = [CLI, 'serve', '--backend', 'cpu', '--model', dir, '--concurrency', '4', '--requests', '12', '--max-tokens', '8', '--prompt-len', '40'];
-    const paced = JSON.parse((await run(process.execPath, [...args, '--decode-prompt-budget', '16'], { cwd: root })).stdout.trim()) as Record<string, number | null>;
+    const paced = JSON.parse((await run(process.execPath, [...args, '--max-num-batched-tokens', '48', '--decode-prompt-budget', '16'], { cwd: root })).stdout.trim()) as Record<string, number | null>;
     expect(paced.errors).toBe(0);
     expect(paced.decode_prompt_budget).toBe(16);
     expect(paced.mixed_steps as number).toBeGreaterThan(0);
     expect(paced.mixed_step_prompt_tokens_max as number).toBeLessThanOrEqual(16);
-    // The server's default (256) lets a 40-token prompt in whole. A step budget of 48 tokens keeps
-    // the four clients' first prompts from all landing in one step: were they prefilled together,
-    // the streams would decode and finish in lockstep, their successors arriving together again,
-    // and no step would carry prompt tokens beside decode rows.
+    // Without the prompt budget (the server's default, 256), a step beside decode rows takes a
+    // 40-token prompt whole; the same step budget of 48 keeps the lockstep away.
     const free = JSON.parse((await run(process.execPath, [...args, '--max-num-batched-tokens', '48'], { cwd: root })).stdout.trim()) as Record<string, number | null>;
     expect(free.decode_prompt_budget).toBe(256);
     expect(free.mixed_step_prompt_tokens_max as number).toBeGreaterThanOrEqual(40);
