@@ -37,6 +37,63 @@ describe('llama.cpp type rules', () => {
     expect(m.get('blk.7.attn_q.weight')).toBe('Q4_K');
   });
 
+  // Counts in llama.cpp's own load logs of files its quantizer wrote (`llama_model_loader: - type
+  // ...: N tensors`): a Llama 3 8B at Q3_K_L (with rope_freqs: f32 66) and a 32-layer model with
+  // 8 KV heads of 32 at Q3_K_M (Mistral 7B's shape, no rope_freqs: f32 65). Their rules do not
+  // depend on the vocabulary or the widths, so the Llama 3.1 8B config stands for both.
+  it('Q3_K_L and Q3_K_M: the tensor-type counts of llama.cpp-made files of the same layer and head shape', () => {
+    const s = spec(join(CONFIGS, 'llama-3.1-8b.json'));
+    expect(counts(plan(s, 'Q3_K_L', true))).toEqual({ F32: 66, Q3_K: 129, Q5_K: 96, Q6_K: 1 });
+    const m = plan(s, 'Q3_K_M');
+    expect(counts(m)).toEqual({ F32: 65, Q3_K: 129, Q4_K: 92, Q5_K: 4, Q6_K: 1 });
+    // Q3_K_M's four Q5_K: attn_v and ffn_down of the first two layers (32 / 16).
+    expect(['blk.0.attn_v.weight', 'blk.1.attn_v.weight', 'blk.0.ffn_down.weight', 'blk.1.ffn_down.weight'].map((n) => m.get(n))).toEqual(['Q5_K', 'Q5_K', 'Q5_K', 'Q5_K']);
+    expect(m.get('blk.2.attn_v.weight')).toBe('Q4_K');
+    expect(m.get('blk.2.attn_output.weight')).toBe('Q4_K');
+    expect(m.get('blk.2.ffn_up.weight')).toBe('Q3_K');
+  });
+
+  // Per-tensor types in llama.cpp's load logs of Q5_K_M files: a 32-layer GQA model (4096 wide,
+  // 32000 vocab: Mistral 7B) and a 32-layer MHA one (Llama 2 7B).
+  it('Q5_K_M: the extra bits of Q4_K_M on a Q5_K base, in the layers llama.cpp-made files show', () => {
+    const m = plan(spec(join(CONFIGS, 'llama-3.1-8b.json')), 'Q5_K_M', true);
+    expect(counts(m)).toEqual({ F32: 66, Q5_K: 193, Q6_K: 33 });
+    for (const n of ['blk.29.attn_v.weight', 'blk.30.attn_v.weight', 'blk.29.ffn_down.weight', 'blk.30.ffn_down.weight', 'output.weight']) expect(m.get(n), n).toBe('Q6_K');
+    for (const n of ['blk.29.attn_output.weight', 'blk.29.attn_q.weight', 'blk.30.attn_k.weight', 'blk.30.ffn_gate.weight', 'blk.26.attn_v.weight', 'blk.26.ffn_down.weight']) expect(m.get(n), n).toBe('Q5_K');
+  });
+
+  // The remaining mixes, by llama.cpp's `llama_tensor_get_type` (src/llama-quant.cpp).
+  it('Q2_K, Q3_K_S, Q4_K_S and Q5_K_S on the Llama 3.1 8B shape', () => {
+    const s = spec(join(CONFIGS, 'llama-3.1-8b.json'));
+    const q2 = plan(s, 'Q2_K');
+    // attn_v at Q4_K (4 q heads a KV head), ffn_down and attn_output at Q3_K.
+    expect(counts(q2)).toEqual({ F32: 65, Q2_K: 129, Q3_K: 64, Q4_K: 32, Q6_K: 1 });
+    expect([q2.get('blk.5.attn_v.weight'), q2.get('blk.5.ffn_down.weight'), q2.get('blk.5.attn_output.weight')]).toEqual(['Q4_K', 'Q3_K', 'Q3_K']);
+    expect(counts(plan(s, 'Q3_K_S'))).toEqual({ F32: 65, Q3_K: 225, Q6_K: 1 });
+    // Q4_K_S: attn_v of the first four layers and ffn_down of the first eighth at Q5_K.
+    const q4s = plan(s, 'Q4_K_S');
+    expect(counts(q4s)).toEqual({ F32: 65, Q4_K: 217, Q5_K: 8, Q6_K: 1 });
+    expect([q4s.get('blk.3.attn_v.weight'), q4s.get('blk.4.attn_v.weight'), q4s.get('blk.3.ffn_down.weight'), q4s.get('blk.4.ffn_down.weight')]).toEqual(['Q5_K', 'Q4_K', 'Q5_K', 'Q4_K']);
+    expect(counts(plan(s, 'Q5_K_S'))).toEqual({ F32: 65, Q5_K: 225, Q6_K: 1 });
+    // With fewer than four q heads a KV head, Q2_K's attn_v is Q3_K.
+    const mha = { ...s, numKvHeads: s.numHeads };
+    expect(plan(mha, 'Q2_K').get('blk.0.attn_v.weight')).toBe('Q3_K');
+  });
+
+  it('the 32-block file types: every matrix at the type, the output at Q6_K', () => {
+    const s = spec(join(CONFIGS, 'llama-3.1-8b.json'));
+    for (const t of ['Q4_1', 'Q5_0', 'Q5_1'] as const) expect(counts(plan(s, t)), t).toEqual({ F32: 65, [t]: 225, Q6_K: 1 });
+  });
+
+  it('"70B" models: a Q3_K or Q4_K attn_v becomes Q5_K', () => {
+    const s = spec(join(CONFIGS, 'llama-3.1-8b.json'));
+    const big = { ...s, numLayers: 80 };
+    expect(plan(big, 'Q3_K_M').get('blk.40.attn_v.weight')).toBe('Q5_K');
+    expect(plan(big, 'Q4_K_M').get('blk.11.attn_v.weight')).toBe('Q5_K');
+    expect(plan(big, 'Q4_K_M').get('blk.12.attn_v.weight')).toBe('Q6_K');
+    expect(plan(s, 'Q4_K_M').get('blk.5.attn_v.weight')).toBe('Q4_K');
+  });
+
   it('Q4_0 and Q6_K put the output matrix at Q6_K; Q8_0 keeps it Q8_0; Q4_K is pure', () => {
     const s = spec(join(CONFIGS, 'llama-3.1-8b.json'));
     expect(counts(plan(s, 'Q4_0'))).toEqual({ F32: 65, Q4_0: 225, Q6_K: 1 });

@@ -22,7 +22,7 @@ export function registerConvert(program: Command): void {
     .description('convert a Hugging Face safetensors model folder to a GGUF file (llama.cpp layout, names, metadata and type rules)')
     .argument('<hf-dir>', 'model folder: config.json + safetensors [+ tokenizer.json]')
     .requiredOption('--out <file>', 'the .gguf file to write (written under a temporary name, renamed when complete)')
-    .option('--type <type>', `tensor type: ${GGUF_CONVERT_TYPES.join(' | ')} (Q4_K_M: llama.cpp's mix; Q4_K: every quantizable tensor Q4_K)`, parseType, 'F16')
+    .option('--type <type>', `file type: ${GGUF_CONVERT_TYPES.join(' | ')} (llama-quantize's names and per-tensor mixes, without an importance matrix; Q4_K: every quantizable tensor Q4_K)`, parseType, 'F16')
     .option('--name <name>', 'general.name (default: the folder name)')
     .option('--force', 'replace an existing output file')
     .action(async (dir: string, f: ConvertFlags) => {
