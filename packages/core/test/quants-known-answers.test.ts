@@ -1,6 +1,8 @@
 /**
  * Known answers from llama.cpp itself: the bytes its reference quantizers (`quantize_row_*_ref`)
- * wrote and the values its `dequantize_row_*` produced, taken from the ggml-base library of the
+ * wrote (for IQ4_NL, `ggml_quantize_chunk` with no importance matrix, what `llama-quantize` calls:
+ * that build's `quantize_row_iq4_nl_ref` writes other bytes) and the values its
+ * `dequantize_row_*` produced, taken from the ggml-base library of the
  * x86-64 CPU build that node-llama-cpp 3.21.1 ships, called on the inputs below. Inputs come from
  * an integer LCG and exact f64 arithmetic rounded once to f32, so they are the same here as
  * where the answers were made. Hashes are SHA-256 of the raw little-endian bytes.
@@ -10,7 +12,7 @@ import { describe, expect, it } from 'vitest';
 import { GGML_TYPES } from '../src/quant/ggml-types.js';
 import { dequantize, quantize } from '../src/quant/index.js';
 
-type BlockType = 'Q4_0' | 'Q4_1' | 'Q5_0' | 'Q5_1' | 'Q8_0' | 'Q2_K' | 'Q3_K' | 'Q4_K' | 'Q5_K' | 'Q6_K';
+type BlockType = 'Q4_0' | 'Q4_1' | 'Q5_0' | 'Q5_1' | 'Q8_0' | 'Q2_K' | 'Q3_K' | 'Q4_K' | 'Q5_K' | 'Q6_K' | 'IQ4_NL' | 'IQ4_XS';
 
 interface KnownAnswer {
   /** Hex of the quantized `inputs(64 or 256, 1)` (two 32-blocks, or one super-block). */
@@ -71,6 +73,8 @@ const HALF_FIELDS: Record<BlockType, number[]> = {
   Q4_K: [0, 2],
   Q5_K: [0, 2],
   Q6_K: [208],
+  IQ4_NL: [0],
+  IQ4_XS: [0],
 };
 
 /** Arbitrary blocks: every byte from the LCG's top byte, f16 fields made finite. */
@@ -169,6 +173,21 @@ const LLAMA_CPP: Record<BlockType, KnownAnswer> = {
     big: '77c53aebc036307cd6bad11c70c3b5df81fd72fbdb8b70ca9547c902226cb5f4',
     bigDequant: '7a956f5c182deeddd7caa0530f8f439dab7b369a012d7792cde366b9626085a5',
     randomDequant: '0f20c8aab1597a38620a5f7169dd8058a658bb06d3e724645accfa2c9e9f9c13',
+  },
+  IQ4_NL: {
+    small: '1b0ce345c89c31151d4920cba3563adef32fe28b6b10baf709d021f4a0f0beeb24aee85e',
+    big: '4201776d9e9cf7e25ad2ec5f6db2d75bef94381cb5f7cd0f596a8bee09c2f614',
+    bigDequant: '8261f19b5df42b4f80ca050dc4d5952684840f316690fa4b93ed473dba7a3edc',
+    randomDequant: '8b2e0fe3e2466e3c36e4da2341545a7d10c65bd2f24d485c482327d4a722c7c1',
+  },
+  IQ4_XS: {
+    small:
+      '8800c33f2ff0fe4fe345b89c31151d4920cba3563adef32f6b10baf709d021f4a0f0beeb24aee85e53617fff907319ba' +
+      '35c114189a9eb1f3abfd7748fec4b075ab11f4e3032d980aa9270797e01c0ffc384e456bdf443d1a5cabd8d8f6d04ce1' +
+      '1ebb1a172cc34bb54e86fe164ad18a74d7e170b12ea62af8dbbc6d4fad3b50532e2305270bb27ad8',
+    big: '15a979147315e4d93331f01cb6a6034da0c8da54ea889f83e73c4ecbfda74bb5',
+    bigDequant: 'd485f79d18e154f3e5eb76046e2024029e9f4b5f11e3c335238fdfbc7fc00214',
+    randomDequant: '1249ede83ab300d5ebc44069341971796788f352ff61d8021510bbefbfe3ae3e',
   },
 };
 

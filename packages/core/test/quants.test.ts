@@ -459,6 +459,41 @@ describe('bad input', () => {
   });
 });
 
+describe('quantize: the non-linear 4-bit types', () => {
+  const relRms = (x: Float32Array, y: Float32Array) => {
+    let e = 0;
+    let n = 0;
+    for (let i = 0; i < x.length; i++) {
+      e += (x[i] - y[i]) ** 2;
+      n += x[i] ** 2;
+    }
+    return Math.sqrt(e / n);
+  };
+
+  // Their levels are denser near zero, where bell-shaped weights mostly are: IQ4_NL (Q4_0's 18 bytes
+  // a block) and IQ4_XS (fewer bits still) both err less than Q4_0's evenly spaced levels.
+  it.each([1, 2, 3])('IQ4_NL and IQ4_XS err less than Q4_0 on bell-shaped values (seed %i)', (seed) => {
+    const x = bell(8192, seed, 0.02);
+    const q40 = relRms(x, dequantize('Q4_0', quantize('Q4_0', x), x.length));
+    const nl = relRms(x, dequantize('IQ4_NL', quantize('IQ4_NL', x), x.length));
+    const xs = relRms(x, dequantize('IQ4_XS', quantize('IQ4_XS', x), x.length));
+    expect(nl).toBeLessThan(q40);
+    expect(xs).toBeLessThan(q40);
+    expect(nl).toBeGreaterThan(0);
+  });
+
+  it('every value decodes to its block scale times one of the sixteen levels', () => {
+    const levels = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+    const x = bell(64, 9, 0.5);
+    const q = quantize('IQ4_NL', x);
+    const y = dequantize('IQ4_NL', q, 64);
+    for (let b = 0; b < 2; b++) {
+      const d = f16ToF32(q[18 * b] | (q[18 * b + 1] << 8));
+      for (let j = 0; j < 32; j++) expect(levels.map((l) => Math.fround(d * l))).toContain(y[32 * b + j]);
+    }
+  });
+});
+
 describe('type lists', () => {
   it('the readable and writable lists hold the GGUF types the project reads and writes', () => {
     for (const t of ['F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q4_K', 'Q5_K', 'Q6_K'] as const) {

@@ -20,7 +20,7 @@ import { Engine } from '../src/index.js';
 import { writeDequantizedFolder } from './dequantized-folder.js';
 import { MODELS, nonEmpty } from './fixtures.js';
 
-const TYPES: GgufConvertType[] = ['Q8_0', 'Q4_0', 'Q4_K', 'Q6_K', 'Q4_K_M', 'Q3_K_M', 'Q5_K_M'];
+const TYPES: GgufConvertType[] = ['Q8_0', 'Q4_0', 'Q4_K', 'Q6_K', 'Q4_K_M', 'Q3_K_M', 'Q5_K_M', 'IQ4_XS'];
 /** Greedy tokens a case: the runs are compared with each other, not with the reference's 24. */
 const NEW_TOKENS = 16;
 const names = nonEmpty(

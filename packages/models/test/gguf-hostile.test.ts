@@ -53,7 +53,7 @@ const CASES: [string, () => Buffer, GgufErrorCode, string][] = [
   ['one dim of 2^60', () => with_({ tensors: [tinfo('a', [1n << 60n], 0, 0)] }), 'DIMS_OVERFLOW', 'overflow'],
   ['dim of 2^64-1', () => with_({ tensors: [tinfo('a', [2n ** 64n - 1n], 0, 0)] }), 'DIMS_OVERFLOW', 'overflow'],
   ['unknown type id 99', () => with_({ tensors: [tinfo('a', [4], 99, 0)] }), 'UNKNOWN_TYPE', 'unknown ggml type id 99'],
-  ['IQ4_NL (id 20) is named in the refusal', () => with_({ tensors: [tinfo('a', [32], 20, 0)] }), 'UNKNOWN_TYPE', 'IQ4_NL'],
+  ['IQ2_XXS (id 16) is named in the refusal', () => with_({ tensors: [tinfo('a', [256], 16, 0)] }), 'UNKNOWN_TYPE', 'IQ2_XXS'],
   ['Q8_0 row of 33 elements', () => with_({ tensors: [tinfo('a', [33, 2], 8, 0)], data: d }), 'NOT_BLOCK_MULTIPLE', 'block size 32'],
   ['Q4_K row of 128 elements', () => with_({ tensors: [tinfo('a', [128], 12, 0)], data: d }), 'NOT_BLOCK_MULTIPLE', '256'],
   ['misaligned offset', () => with_({ tensors: [tinfo('a', [4], 0, 4)] }), 'MISALIGNED', 'alignment 32'],

@@ -74,7 +74,7 @@ describe.each(FIXTURE_MODELS)('safetensors → GGUF → load: %s', (name) => {
   });
 });
 
-const QUANT_TYPES = ['Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q4_K', 'Q6_K', 'Q4_K_M', 'Q3_K_M', 'Q5_K_M'] as const;
+const QUANT_TYPES = ['Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q4_K', 'Q6_K', 'Q4_K_M', 'Q3_K_M', 'Q5_K_M', 'IQ4_XS'] as const;
 /** The trained model is the largest fixture: two types keep the run short; the random ones take all. */
 const quantCases = FIXTURE_MODELS.flatMap((name) => (name === 'tiny-shakespeare-qwen3' ? (['Q8_0', 'Q4_K_M'] as const) : QUANT_TYPES).map((t) => [name, t] as const));
 

@@ -80,6 +80,22 @@ describe('llama.cpp type rules', () => {
     expect(plan(mha, 'Q2_K').get('blk.0.attn_v.weight')).toBe('Q3_K');
   });
 
+  it('IQ4_NL and IQ4_XS: attn_v at Q5_K with four q heads a KV head, the first eighth of ffn_down at Q5_K', () => {
+    const s = spec(join(CONFIGS, 'llama-3.1-8b.json'));
+    for (const t of ['IQ4_NL', 'IQ4_XS'] as const) {
+      const m = plan(s, t);
+      expect(counts(m), t).toEqual({ F32: 65, [t]: 189, Q5_K: 36, Q6_K: 1 });
+      expect([m.get('blk.9.attn_v.weight'), m.get('blk.3.ffn_down.weight'), m.get('blk.4.ffn_down.weight'), m.get('token_embd.weight')]).toEqual(['Q5_K', 'Q5_K', t, t]);
+    }
+    // Two q heads a KV head (the Shakespeare model): attn_v keeps the base type.
+    const small = spec(join(MODELS, 'tiny-shakespeare-qwen3', 'config.json'));
+    expect(plan(small, 'IQ4_XS').get('blk.0.attn_v.weight')).toBe('IQ4_XS');
+    // IQ4_XS rows that are not whole 256-blocks fall back to IQ4_NL; IQ4_NL's to F16.
+    const tiny = spec(join(MODELS, 'tiny-random-llama', 'config.json')); // hidden 64, intermediate 176
+    expect(plan(tiny, 'IQ4_XS').get('blk.0.attn_q.weight')).toBe('IQ4_NL');
+    expect(plan(tiny, 'IQ4_NL').get('blk.1.ffn_down.weight')).toBe('F16');
+  });
+
   it('the 32-block file types: every matrix at the type, the output at Q6_K', () => {
     const s = spec(join(CONFIGS, 'llama-3.1-8b.json'));
     for (const t of ['Q4_1', 'Q5_0', 'Q5_1'] as const) expect(counts(plan(s, t)), t).toEqual({ F32: 65, [t]: 225, Q6_K: 1 });

@@ -58,7 +58,7 @@ describe('nerva convert', () => {
     const notModel = await nervaFails(['convert', dir, '--out', out]);
     expect(notModel?.stderr).toMatch(/config\.json/);
     const badType = await nervaFails(['convert', SHAKESPEARE, '--out', out, '--type', 'Q3_K_XL']);
-    expect(badType?.stderr).toMatch(/--type must be one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, got "Q3_K_XL"/);
+    expect(badType?.stderr).toMatch(/--type must be one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, got "Q3_K_XL"/);
     const noDir = await nervaFails(['convert', SHAKESPEARE, '--out', join(dir, 'missing', 'x.gguf')]);
     expect(noDir?.stderr).toMatch(/cannot create a file in .*\[WRITE\]/);
     writeFileSync(out, 'precious');

@@ -18,6 +18,8 @@ export const GGML_TYPES = {
   Q5_K: { id: 13, blockSize: 256, typeSize: 176 },
   Q6_K: { id: 14, blockSize: 256, typeSize: 210 },
   Q8_K: { id: 15, blockSize: 256, typeSize: 292 },
+  IQ4_NL: { id: 20, blockSize: 32, typeSize: 18 },
+  IQ4_XS: { id: 23, blockSize: 256, typeSize: 136 },
   BF16: { id: 30, blockSize: 1, typeSize: 2 },
 } as const;
 
@@ -57,5 +59,7 @@ export const GGUF_FILE_TYPES = {
   MOSTLY_Q5_K_S: 16,
   MOSTLY_Q5_K_M: 17,
   MOSTLY_Q6_K: 18,
+  MOSTLY_IQ4_NL: 25,
+  MOSTLY_IQ4_XS: 30,
   MOSTLY_BF16: 32,
 } as const;

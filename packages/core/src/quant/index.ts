@@ -10,6 +10,7 @@
  */
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16, isQuantDType, type DType, type QuantDType } from '../dtype.js';
 import { GGML_TYPES, ggmlByteLength, type GgmlTypeName } from './ggml-types.js';
+import { decodeIQ4_NL, decodeIQ4_XS, encodeIQ4_NL, encodeIQ4_XS } from './iq4.js';
 import { decodeQ2_K, decodeQ3_K, decodeQ4_K, decodeQ5_K, decodeQ6_K } from './k-dequant.js';
 import { encodeQ2_K, encodeQ3_K, encodeQ4_K, encodeQ5_K, encodeQ6_K } from './k-quantize.js';
 import {
@@ -39,6 +40,8 @@ const DECODERS: Partial<Record<GgmlTypeName, Decoder>> = {
   Q4_K: decodeQ4_K,
   Q5_K: decodeQ5_K,
   Q6_K: decodeQ6_K,
+  IQ4_NL: decodeIQ4_NL,
+  IQ4_XS: decodeIQ4_XS,
 };
 
 const ENCODERS: Partial<Record<GgmlTypeName, Encoder>> = {
@@ -52,6 +55,8 @@ const ENCODERS: Partial<Record<GgmlTypeName, Encoder>> = {
   Q4_K: encodeQ4_K,
   Q5_K: encodeQ5_K,
   Q6_K: encodeQ6_K,
+  IQ4_NL: encodeIQ4_NL,
+  IQ4_XS: encodeIQ4_XS,
 };
 
 const FLOAT_TYPES = ['F32', 'F16', 'BF16'] as const satisfies readonly GgmlTypeName[];
@@ -175,6 +180,8 @@ export function randomQuantBlocks(type: GgmlTypeName, elements: number, scale: n
     Q4_K: [[0, 1 / 470], [2, 1 / 63]],
     Q5_K: [[0, 1 / 940], [2, 1 / 63]],
     Q6_K: [[208, 1 / 4096]],
+    IQ4_NL: [[0, 1 / 64]],
+    IQ4_XS: [[0, 1 / 1024]],
   };
   const f = fields[type];
   if (!f || blockSize === 1) throw new RangeError(`randomQuantBlocks: ${type} is not a generated block type`);

@@ -12,7 +12,8 @@ import { GGML_TYPES, GGUF_FILE_TYPES, type GgmlTypeName } from '@nerva/core';
 
 /**
  * The file types `nerva convert` writes: llama.cpp's `llama-quantize` names (without an
- * importance matrix), plus `Q4_K`, every quantizable tensor at Q4_K.
+ * importance matrix; of the i-quants, the two that need none), plus `Q4_K`, every quantizable
+ * tensor at Q4_K.
  */
 export const GGUF_CONVERT_TYPES = [
   'F32',
@@ -33,6 +34,8 @@ export const GGUF_CONVERT_TYPES = [
   'Q5_K_S',
   'Q5_K_M',
   'Q6_K',
+  'IQ4_NL',
+  'IQ4_XS',
 ] as const;
 export type GgufConvertType = (typeof GGUF_CONVERT_TYPES)[number];
 
@@ -59,6 +62,8 @@ export const GGUF_CONVERT_FILE_TYPES: Readonly<Record<GgufConvertType, number>> 
   Q5_K_S: GGUF_FILE_TYPES.MOSTLY_Q5_K_S,
   Q5_K_M: GGUF_FILE_TYPES.MOSTLY_Q5_K_M,
   Q6_K: GGUF_FILE_TYPES.MOSTLY_Q6_K,
+  IQ4_NL: GGUF_FILE_TYPES.MOSTLY_IQ4_NL,
+  IQ4_XS: GGUF_FILE_TYPES.MOSTLY_IQ4_XS,
 };
 
 type QuantizedConvertType = Exclude<GgufConvertType, 'F32' | 'F16' | 'BF16'>;
@@ -80,6 +85,8 @@ const DEFAULT_TYPE: Readonly<Record<QuantizedConvertType, GgmlTypeName>> = {
   Q5_K_S: 'Q5_K',
   Q5_K_M: 'Q5_K',
   Q6_K: 'Q6_K',
+  IQ4_NL: 'IQ4_NL',
+  IQ4_XS: 'IQ4_XS',
 };
 
 /** A tensor to type: its GGUF name and ggml dims. */
@@ -128,8 +135,8 @@ function is70B(m: TypePlanModel): boolean {
  * The type of every tensor of `tensors` (all the tensors of the file: a missing `output.weight`
  * means a tied embedding) when converting to `type`. Rows that are not a whole number of blocks
  * fall back as llama.cpp's quantizer does (Q2_K / Q3_K → Q4_0, Q4_K → Q5_0, Q5_K → Q5_1,
- * Q6_K → Q8_0, and F16 when even that does not divide them); where llama.cpp has no fallback
- * (Q4_0, Q8_0 and the other 32-blocks) its HF converter's applies: F16.
+ * Q6_K → Q8_0, IQ4_XS → IQ4_NL, and F16 when even that does not divide them); where llama.cpp has
+ * no fallback (Q4_0, Q8_0, IQ4_NL and the other 32-blocks) its HF converter's applies: F16.
  */
 export function planGgufTypes(tensors: readonly TypedTensorShape[], model: TypePlanModel, type: GgufConvertType): Map<string, GgmlTypeName> {
   const tied = !tensors.some((t) => t.name === 'output.weight');
@@ -154,6 +161,7 @@ function mixType(t: TypedTensorShape, model: TypePlanModel, type: QuantizedConve
   const layers = model.numLayers;
   const nExpert = model.moe?.numExperts ?? 0;
   const moreBits = (type === 'Q4_K_M' || type === 'Q5_K_M') && useMoreBits(layer, layers);
+  const iq4 = type === 'IQ4_NL' || type === 'IQ4_XS';
   if (cat === 'output' || (tied && cat === 'token_embd')) {
     if (t.dims[0] % GGML_TYPES[base].blockSize !== 0) return 'Q8_0';
     return base === 'Q8_0' ? 'Q8_0' : 'Q6_K';
@@ -163,6 +171,7 @@ function mixType(t: TypedTensorShape, model: TypePlanModel, type: QuantizedConve
     if (type === 'Q2_K') q = model.numHeads / model.numKvHeads >= 4 ? 'Q4_K' : 'Q3_K';
     else if (type === 'Q3_K_M') q = layer < 2 ? 'Q5_K' : 'Q4_K';
     else if (type === 'Q3_K_L') q = 'Q5_K';
+    else if (iq4 && model.numHeads / model.numKvHeads >= 4) q = 'Q5_K';
     else if (moreBits) q = 'Q6_K';
     else if (type === 'Q4_K_S' && layer < 4) q = 'Q5_K';
     if (is70B(model) && (q === 'Q3_K' || q === 'Q4_K')) q = 'Q5_K';
@@ -173,12 +182,13 @@ function mixType(t: TypedTensorShape, model: TypePlanModel, type: QuantizedConve
     if (type === 'Q2_K') return 'Q3_K';
     if (type === 'Q3_K_M') return layer < Math.floor(layers / 16) ? 'Q5_K' : 'Q4_K';
     if (type === 'Q3_K_L') return 'Q5_K';
+    if (iq4 && layer < Math.floor(layers / 8)) return 'Q5_K';
     if (moreBits) return 'Q6_K';
     if (type === 'Q4_K_S' && layer < Math.floor(layers / 8)) return 'Q5_K';
     return base;
   }
   if (cat === 'attn_output') {
-    if (nExpert === 8) return ['Q2_K', 'Q3_K_S', 'Q3_K_M', 'Q4_K_S', 'Q4_K_M'].includes(type) ? 'Q5_K' : base;
+    if (nExpert === 8) return ['Q2_K', 'Q3_K_S', 'Q3_K_M', 'Q4_K_S', 'Q4_K_M', 'IQ4_NL', 'IQ4_XS'].includes(type) ? 'Q5_K' : base;
     if (type === 'Q2_K') return 'Q3_K';
     if (type === 'Q3_K_M') return 'Q4_K';
     if (type === 'Q3_K_L') return 'Q5_K';
@@ -186,7 +196,7 @@ function mixType(t: TypedTensorShape, model: TypePlanModel, type: QuantizedConve
   return base;
 }
 
-const FALLBACK: Partial<Record<GgmlTypeName, GgmlTypeName>> = { Q2_K: 'Q4_0', Q3_K: 'Q4_0', Q4_K: 'Q5_0', Q5_K: 'Q5_1', Q6_K: 'Q8_0' };
+const FALLBACK: Partial<Record<GgmlTypeName, GgmlTypeName>> = { Q2_K: 'Q4_0', Q3_K: 'Q4_0', Q4_K: 'Q5_0', Q5_K: 'Q5_1', Q6_K: 'Q8_0', IQ4_XS: 'IQ4_NL' };
 
 function fallback(q: GgmlTypeName, rowLength: number): GgmlTypeName {
   if (rowLength % GGML_TYPES[q].blockSize === 0) return q;
