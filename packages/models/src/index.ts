@@ -27,6 +27,8 @@ export * from './gguf/gguf-tokenizer.js';
 export * from './gguf/gguf-checkpoint.js';
 export * from './gguf/gguf-model.js';
 export * from './gguf/gguf-type-plan.js';
+export * from './gguf/gguf-convert-options.js';
 export * from './gguf/gguf-convert.js';
+export * from './gguf/gguf-requantize.js';
 export * from './model-tokenizer.js';
 export * from './gguf/gguf-synth.js';

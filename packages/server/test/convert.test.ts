@@ -36,6 +36,22 @@ describe('nerva convert', () => {
     }
   });
 
+  it('a .gguf source is written again at --type; a quantized one only with --allow-requantize', async () => {
+    const q8 = join(tmp, 'shakespeare-q8.gguf');
+    const j = lastJson((await nerva(['convert', gguf, '--out', q8, '--type', 'Q8_0'])).stdout);
+    expect(j).toMatchObject({ out: q8, type: 'Q8_0', file_type: 7, tokenizer: true });
+    const q4 = join(tmp, 'shakespeare-q4km.gguf');
+    const refused = await nervaFails(['convert', q8, '--out', q4, '--type', 'Q4_K_M']);
+    expect(refused?.stderr).toMatch(/already quantized.*--allow-requantize/);
+    expect(existsSync(q4)).toBe(false);
+    const k = lastJson((await nerva(['convert', q8, '--out', q4, '--type', 'Q4_K_M', '--allow-requantize'])).stdout);
+    expect(k.tensor_types).toMatchObject({ Q4_K: expect.any(Number), Q6_K: expect.any(Number) });
+    // The file runs, its tokenizer and template carried over from the source's metadata.
+    const run = lastJson((await nerva(['run', '--backend', 'cpu', '--model', q4, '--prompt', 'KING RICHARD III:', '--max-tokens', '4', '--temperature', '0', '--json'])).stdout);
+    expect(run.token_ids).toHaveLength(4);
+    expect(typeof run.text).toBe('string');
+  });
+
   it('nerva run --model x.gguf generates what the safetensors folder generates', async () => {
     const args = ['run', '--backend', 'cpu', '--prompt', 'KING RICHARD III:', '--max-tokens', '16', '--temperature', '0', '--json'];
     const a = lastJson((await nerva([...args, '--model', SHAKESPEARE])).stdout);

@@ -14,52 +14,24 @@ import { isWeightDType, rawToF32 } from '../safetensors.js';
 import { readTokenizerJson } from '../tokenizer.js';
 import { canonicalWeightNames, listWeightSlots } from '../weights.js';
 import type { ModelSpec } from '../config.js';
-import { GGML_TYPES, quantize, type GgmlTypeName } from '@nerva/core';
+import { quantize, type GgmlTypeName } from '@nerva/core';
+import { assertQuantizable, type ConvertToGgufOptions, type ConvertToGgufResult } from './gguf-convert-options.js';
 import { GgufError } from './gguf-error.js';
 import { isGgufPath } from './gguf-model.js';
 import { ggufLocationOf, permuteRopeRows, ropePermutedHeads } from './gguf-names.js';
+import { requantizeGguf } from './gguf-requantize.js';
 import { ggufModelMetadata, ROPE_FREQS_TENSOR } from './gguf-spec.js';
 import { ggufTokenizerMetadata } from './gguf-tokenizer.js';
 import { ggufValue } from './gguf-value.js';
-import { GGUF_CONVERT_FILE_TYPES, GGUF_CONVERT_TYPES, planGgufTypes, type GgufConvertType } from './gguf-type-plan.js';
+import { GGUF_CONVERT_FILE_TYPES, GGUF_CONVERT_TYPES, planGgufTypes } from './gguf-type-plan.js';
 import { writeGguf, type GgufWriteTensor } from './gguf-writer.js';
-
-export interface ConvertToGgufOptions {
-  /** A Hugging Face model folder (config.json + safetensors [+ tokenizer.json]). */
-  readonly source: string;
-  /** The GGUF file to write. */
-  readonly out: string;
-  readonly type: GgufConvertType;
-  /** `general.name` (default: the folder's name). */
-  readonly name?: string;
-  /** Replace an existing `out` (default false: EXISTS). */
-  readonly overwrite?: boolean;
-  /** Bytes of tensor data written so far, of the total, and the tensor being written. */
-  readonly onProgress?: (done: number, total: number, tensor: string) => void;
-}
-
-/** One tensor of the written file. */
-export interface ConvertedTensor {
-  readonly name: string;
-  readonly type: GgmlTypeName;
-  readonly dims: readonly number[];
-}
-
-export interface ConvertToGgufResult {
-  readonly out: string;
-  readonly bytes: number;
-  /** `general.file_type`. */
-  readonly fileType: number;
-  readonly tensors: readonly ConvertedTensor[];
-  /** False when the folder has no tokenizer.json (the file then carries no vocabulary). */
-  readonly tokenizer: boolean;
-}
 
 /** Source rows converted per band: bounded memory whatever the tensor's size. */
 const BAND_BYTES = 16 * 1024 * 1024;
 
 /**
- * Convert the HF model folder `opts.source` to a GGUF file at `opts.out`. Throws
+ * Convert the HF model folder `opts.source` to a GGUF file at `opts.out`; a `.gguf` source is
+ * written again at `opts.type` ({@link requantizeGguf}). Throws
  * {@link GgufError}: BAD_INPUT (unknown type, a source that is not a folder), NOT_FOUND,
  * UNSUPPORTED_MODEL / UNSUPPORTED_TOKENIZER (what has no faithful GGUF form), UNSUPPORTED_TYPE
  * (a block type whose quantization is not available), EXISTS, WRITE; and the `ConfigError` /
@@ -71,7 +43,7 @@ export async function convertToGguf(opts: ConvertToGgufOptions): Promise<Convert
     throw new GgufError('BAD_INPUT', out, `unknown type "${String(opts.type)}"; one of ${GGUF_CONVERT_TYPES.join(', ')}`);
   }
   const source = resolve(opts.source);
-  if (isGgufPath(source)) throw new GgufError('BAD_INPUT', source, 'the source must be a Hugging Face model folder, not a GGUF file');
+  if (isGgufPath(source)) return requantizeGguf(opts);
   try {
     if (!(await stat(source)).isDirectory()) throw new GgufError('BAD_INPUT', source, 'the source is not a folder');
   } catch (e) {
@@ -117,14 +89,7 @@ export async function convertToGguf(opts: ConvertToGgufOptions): Promise<Convert
     const planned = ggufTensorLayout(spec);
     const shapes = [...planned.map((p) => ({ name: p.name, dims: p.dims })), ...(model.ropeFreqs ? [{ name: ROPE_FREQS_TENSOR, dims: [model.ropeFreqs.length] }] : [])];
     const types = planGgufTypes(shapes, spec, opts.type);
-    for (const q of new Set(types.values())) {
-      try {
-        quantize(q, new Float32Array(GGML_TYPES[q].blockSize));
-      } catch (e) {
-        const users = [...types].filter(([, t]) => t === q).map(([n]) => n);
-        throw new GgufError('UNSUPPORTED_TYPE', out, `${opts.type} puts ${users.length} tensors (e.g. ${users[0]}) in ${q}, whose quantization is not available: ${(e as Error).message}`, {}, { cause: e });
-      }
-    }
+    assertQuantizable(types, opts.type, out);
 
     const handle = (file: string): Promise<FileHandle> => {
       let h = handles.get(file);

@@ -14,16 +14,18 @@ interface ConvertFlags {
   type: GgufConvertType;
   name?: string;
   force?: boolean;
+  allowRequantize?: boolean;
 }
 
 export function registerConvert(program: Command): void {
   program
     .command('convert')
-    .description('convert a Hugging Face safetensors model folder to a GGUF file (llama.cpp layout, names, metadata and type rules)')
-    .argument('<hf-dir>', 'model folder: config.json + safetensors [+ tokenizer.json]')
+    .description('convert a Hugging Face safetensors model folder to a GGUF file (llama.cpp layout, names, metadata and type rules), or write a GGUF file again at another type (as llama-quantize does)')
+    .argument('<source>', 'model folder (config.json + safetensors [+ tokenizer.json]) or a .gguf file')
     .requiredOption('--out <file>', 'the .gguf file to write (written under a temporary name, renamed when complete)')
     .option('--type <type>', `file type: ${GGUF_CONVERT_TYPES.join(' | ')} (llama-quantize's names and per-tensor mixes, without an importance matrix; Q4_K: every quantizable tensor Q4_K)`, parseType, 'F16')
-    .option('--name <name>', 'general.name (default: the folder name)')
+    .option('--name <name>', "general.name (default: the folder's name; a .gguf source's own)")
+    .option('--allow-requantize', 'a .gguf source: re-encode tensors that are already block-quantized (they are rounded twice)')
     .option('--force', 'replace an existing output file')
     .action(async (dir: string, f: ConvertFlags) => {
       const bar = progressBar(`converting to ${f.type}`);
@@ -32,6 +34,7 @@ export function registerConvert(program: Command): void {
         out: f.out,
         type: f.type,
         overwrite: f.force === true,
+        allowRequantize: f.allowRequantize === true,
         ...(f.name !== undefined && { name: f.name }),
         onProgress: (done, total) => bar(done, total),
       });
