@@ -155,6 +155,21 @@ describe.skipIf(!opened.available)(`llama.cpp on GGUF files we write${opened.ava
     });
   }
 
+  it("the Shakespeare model in llama.cpp's split form: llama.cpp loads it from the first split and decodes the whole file's tokens", async () => {
+    const cases = (JSON.parse(readFileSync(join(MODELS, 'tiny-shakespeare-qwen3', 'reference.json'), 'utf8')) as { cases: Case[] }).cases;
+    const c = cases[0];
+    const n = c.greedy_f64.length;
+    const whole = await convert('tiny-shakespeare-qwen3', 'F32');
+    const split = await convertToGguf({ source: join(MODELS, 'tiny-shakespeare-qwen3'), out: join(tmp, 'shakespeare-split.gguf'), type: 'F32', splitMaxBytes: 2 << 20 });
+    expect(split.files.length).toBeGreaterThan(2);
+    const ctx = c.prompt_ids.length + n + 8;
+    const fromWhole = await withLlama(whole, ctx, async (m) => (await m.greedy(c.prompt_ids, n)).tokens);
+    const fromSplit = await withLlama(split.out, ctx, async (m) => (await m.greedy(c.prompt_ids, n)).tokens);
+    expect(fromSplit).toEqual(fromWhole);
+    const nerva = await withNerva(split.out, async (e) => (await e.submit(c.prompt_ids, { temperature: 0, maxTokens: n, ignoreEos: true }).done).tokenIds);
+    expect(nerva).toEqual(fromWhole);
+  });
+
   it('the Shakespeare GGUF: llama.cpp tokenizes the text as NERVA does', async () => {
     const file = await convert('tiny-shakespeare-qwen3', 'F32');
     const text = shakespeareSlice();

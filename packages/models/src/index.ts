@@ -30,5 +30,6 @@ export * from './gguf/gguf-type-plan.js';
 export * from './gguf/gguf-convert-options.js';
 export * from './gguf/gguf-convert.js';
 export * from './gguf/gguf-requantize.js';
+export * from './gguf/gguf-split.js';
 export * from './model-tokenizer.js';
 export * from './gguf/gguf-synth.js';

@@ -52,6 +52,20 @@ describe('nerva convert', () => {
     expect(typeof run.text).toBe('string');
   });
 
+  it('--split-max-size writes llama.cpp splits; --model takes the first and runs as the whole file does', async () => {
+    const out = join(tmp, 'split.gguf');
+    const j = lastJson((await nerva(['convert', SHAKESPEARE, '--out', out, '--type', 'F32', '--split-max-size', '2M'])).stdout);
+    expect((j.files as string[]).length).toBeGreaterThan(2);
+    expect(j.out).toBe(join(tmp, `split-00001-of-${String((j.files as string[]).length).padStart(5, '0')}.gguf`));
+    const args = ['run', '--backend', 'cpu', '--prompt', 'KING RICHARD III:', '--max-tokens', '8', '--temperature', '0', '--json'];
+    const a = lastJson((await nerva([...args, '--model', gguf])).stdout);
+    const b = lastJson((await nerva([...args, '--model', j.out as string])).stdout);
+    expect(b.token_ids).toEqual(a.token_ids);
+    const bad = await nervaFails(['convert', SHAKESPEARE, '--out', join(tmp, 'bad.gguf'), '--split-max-size', 'lots']);
+    expect(bad?.stderr).toMatch(/--split-max-size/);
+    expect(existsSync(join(tmp, 'bad.gguf'))).toBe(false);
+  });
+
   it('nerva run --model x.gguf generates what the safetensors folder generates', async () => {
     const args = ['run', '--backend', 'cpu', '--prompt', 'KING RICHARD III:', '--max-tokens', '16', '--temperature', '0', '--json'];
     const a = lastJson((await nerva([...args, '--model', SHAKESPEARE])).stdout);

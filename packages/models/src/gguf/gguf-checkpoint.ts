@@ -184,7 +184,7 @@ function serveMap(file: GgufFile, spec: ModelSpec): Map<string, Served> {
         shape: Object.freeze([...shape]),
         byteOffset: t.byteOffset + start,
         byteLength: float ? rawByteLength : elements * 4,
-        file: path,
+        file: file.pathOf(t.name),
         ggmlType: t.type,
         rawByteLength,
         ggufName: t.name,

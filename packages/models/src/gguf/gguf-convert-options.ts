@@ -15,6 +15,11 @@ export interface ConvertToGgufOptions {
   readonly allowRequantize?: boolean;
   /** Replace an existing `out` (default false: EXISTS). */
   readonly overwrite?: boolean;
+  /**
+   * Most tensor data bytes one file holds: a larger model is written as llama.cpp's splits of
+   * `out` (`PREFIX-00001-of-0000N.gguf`...; see `writeGgufSplits`). Absent: one file.
+   */
+  readonly splitMaxBytes?: number;
   /** Bytes of tensor data written so far, of the total, and the tensor being written. */
   readonly onProgress?: (done: number, total: number, tensor: string) => void;
 }
@@ -27,7 +32,11 @@ export interface ConvertedTensor {
 }
 
 export interface ConvertToGgufResult {
+  /** The file to load the model from: `out`, or its first split. */
   readonly out: string;
+  /** Every file written, in order. */
+  readonly files: readonly string[];
+  /** Bytes of all of them. */
   readonly bytes: number;
   /** `general.file_type`. */
   readonly fileType: number;

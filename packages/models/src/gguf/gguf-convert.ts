@@ -24,7 +24,8 @@ import { ggufModelMetadata, ROPE_FREQS_TENSOR } from './gguf-spec.js';
 import { ggufTokenizerMetadata } from './gguf-tokenizer.js';
 import { ggufValue } from './gguf-value.js';
 import { GGUF_CONVERT_FILE_TYPES, GGUF_CONVERT_TYPES, planGgufTypes } from './gguf-type-plan.js';
-import { writeGguf, type GgufWriteTensor } from './gguf-writer.js';
+import { writeGgufSplits } from './gguf-split.js';
+import type { GgufWriteTensor } from './gguf-writer.js';
 
 /** Source rows converted per band: bounded memory whatever the tensor's size. */
 const BAND_BYTES = 16 * 1024 * 1024;
@@ -107,13 +108,14 @@ export async function convertToGguf(opts: ConvertToGgufOptions): Promise<Convert
       const f = model.ropeFreqs;
       tensors.splice(1, 0, { name: ROPE_FREQS_TENSOR, type: 'F32', dims: [f.length], data: async () => new Uint8Array(f.buffer, f.byteOffset, f.byteLength) });
     }
-    const written = await writeGguf(out, {
+    const written = await writeGgufSplits(out, {
       metadata,
       tensors,
       overwrite: opts.overwrite ?? false,
+      ...(opts.splitMaxBytes !== undefined && { splitMaxBytes: opts.splitMaxBytes }),
       ...(opts.onProgress && { onProgress: opts.onProgress }),
     });
-    return { out, bytes: written.bytes, fileType, tensors: tensors.map((t) => ({ name: t.name, type: t.type, dims: t.dims })), tokenizer: tokenizerJson !== undefined };
+    return { out: written.paths[0], files: written.paths, bytes: written.bytes, fileType, tensors: tensors.map((t) => ({ name: t.name, type: t.type, dims: t.dims })), tokenizer: tokenizerJson !== undefined };
   } finally {
     for (const h of handles.values()) await h.then((fh) => fh.close()).catch(() => undefined);
     await ckpt.close();

@@ -15,7 +15,8 @@ import type { GgufTensorInfo } from './gguf-header.js';
 import type { GgufFile } from './gguf-file.js';
 import { GGUF_CONVERT_FILE_TYPES, planGgufTypes } from './gguf-type-plan.js';
 import { ggufValue, type GgufValue } from './gguf-value.js';
-import { writeGguf, type GgufWriteTensor } from './gguf-writer.js';
+import { writeGgufSplits } from './gguf-split.js';
+import type { GgufWriteTensor } from './gguf-writer.js';
 
 /** Source bytes read per band: bounded memory whatever the tensor's size. */
 const BAND_BYTES = 16 * 1024 * 1024;
@@ -56,16 +57,18 @@ export async function requantizeGguf(opts: ConvertToGgufOptions): Promise<Conver
       ...(opts.name !== undefined && { 'general.name': ggufValue.str(opts.name) }),
     });
     const tensors: GgufWriteTensor[] = file.tensors.map((t) => ({ name: t.name, type: types.get(t.name)!, dims: t.dims, data: () => bands(file, t, types.get(t.name)!) }));
-    const written = await writeGguf(out, {
+    const written = await writeGgufSplits(out, {
       metadata,
       tensors,
       alignment: file.header.alignment,
       overwrite: opts.overwrite ?? false,
+      ...(opts.splitMaxBytes !== undefined && { splitMaxBytes: opts.splitMaxBytes }),
       ...(opts.onProgress && { onProgress: opts.onProgress }),
     });
     const tok = file.get('tokenizer.ggml.model');
     return {
-      out,
+      out: written.paths[0],
+      files: written.paths,
       bytes: written.bytes,
       fileType,
       tensors: tensors.map((t) => ({ name: t.name, type: t.type, dims: t.dims })),
@@ -76,12 +79,13 @@ export async function requantizeGguf(opts: ConvertToGgufOptions): Promise<Conver
   }
 }
 
-/** The source's metadata in its order, `set`'s keys replaced in place or appended; the alignment goes through the writer's option. */
+/** The source's metadata in its order, `set`'s keys replaced in place or appended. */
 function copiedMetadata(file: GgufFile, set: Record<string, GgufValue>): [string, GgufValue][] {
   const out: [string, GgufValue][] = [];
   const left = new Map(Object.entries(set));
   for (const [k, v] of file.metadata) {
-    if (k === 'general.alignment') continue;
+    // The alignment goes through the writer's option; a split source's keys are its files', not the output's.
+    if (k === 'general.alignment' || k.startsWith('split.')) continue;
     const replaced = left.get(k);
     out.push([k, replaced ?? v]);
     left.delete(k);

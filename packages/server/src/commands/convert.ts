@@ -1,7 +1,7 @@
 import { resolve } from 'node:path';
 import { convertToGguf, GGUF_CONVERT_TYPES, type GgufConvertType } from '@nerva/models';
 import { InvalidArgumentError, type Command } from 'commander';
-import { progressBar } from '../cli-util.js';
+import { parseSizeArg, progressBar } from '../cli-util.js';
 
 function parseType(v: string): GgufConvertType {
   const t = v.toUpperCase();
@@ -15,6 +15,7 @@ interface ConvertFlags {
   name?: string;
   force?: boolean;
   allowRequantize?: boolean;
+  splitMaxSize?: number;
 }
 
 export function registerConvert(program: Command): void {
@@ -26,6 +27,7 @@ export function registerConvert(program: Command): void {
     .option('--type <type>', `file type: ${GGUF_CONVERT_TYPES.join(' | ')} (llama-quantize's names and per-tensor mixes, without an importance matrix; Q4_K: every quantizable tensor Q4_K)`, parseType, 'F16')
     .option('--name <name>', "general.name (default: the folder's name; a .gguf source's own)")
     .option('--allow-requantize', 'a .gguf source: re-encode tensors that are already block-quantized (they are rounded twice)')
+    .option('--split-max-size <size>', "most tensor bytes a file holds (e.g. 45G): a larger model is written as llama.cpp's splits, OUT-00001-of-0000N.gguf...", parseSizeArg('--split-max-size'))
     .option('--force', 'replace an existing output file')
     .action(async (dir: string, f: ConvertFlags) => {
       const bar = progressBar(`converting to ${f.type}`);
@@ -35,11 +37,12 @@ export function registerConvert(program: Command): void {
         type: f.type,
         overwrite: f.force === true,
         allowRequantize: f.allowRequantize === true,
+        ...(f.splitMaxSize !== undefined && { splitMaxBytes: f.splitMaxSize }),
         ...(f.name !== undefined && { name: f.name }),
         onProgress: (done, total) => bar(done, total),
       });
       const byType: Record<string, number> = {};
       for (const t of r.tensors) byType[t.type] = (byType[t.type] ?? 0) + 1;
-      process.stdout.write(JSON.stringify({ out: resolve(r.out), bytes: r.bytes, type: f.type, file_type: r.fileType, tensors: r.tensors.length, tensor_types: byType, tokenizer: r.tokenizer }) + '\n');
+      process.stdout.write(JSON.stringify({ out: resolve(r.out), files: r.files.map((p) => resolve(p)), bytes: r.bytes, type: f.type, file_type: r.fileType, tensors: r.tensors.length, tensor_types: byType, tokenizer: r.tokenizer }) + '\n');
     });
 }
