@@ -13,6 +13,7 @@ export * from './tokenizer.js';
 export * from './detokenizer.js';
 export * from './synth.js';
 export * from './resolve.js';
+export * from './ollama.js';
 export * from './model-dir.js';
 export * from './model-file.js';
 export * from './weight-store.js';

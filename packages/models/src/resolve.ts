@@ -3,6 +3,8 @@ import { homedir } from 'node:os';
 import { join, resolve as resolvePath } from 'node:path';
 import { NervaError } from '@nerva/core';
 import { ResolveError } from './errors.js';
+import { isGgufPath } from './gguf/gguf-model.js';
+import { formatOllamaName, ollamaManifestPath, ollamaManifests, ollamaModelBlob, ollamaModelDirs, OllamaManifestError, parseOllamaName, type OllamaName } from './ollama.js';
 import { SafetensorsFile } from './safetensors.js';
 
 /** Short names for well-known hub repositories (case-insensitive). */
@@ -29,7 +31,7 @@ type Env = Readonly<Record<string, string | undefined>>;
 export interface ResolveOptions {
   /** Extra directories to look in, before the HF cache: `<dir>/<name>`, `<dir>/<Org>/<Name>`, `<dir>/<Name>`, or an HF cache layout inside `<dir>`. */
   searchDirs?: readonly string[];
-  /** Environment to read HF_HUB_CACHE / HF_HOME from (default `process.env`). */
+  /** Environment to read HF_HUB_CACHE / HF_HOME / OLLAMA_MODELS from (default `process.env`). */
   env?: Env;
   /** The directory relative paths resolve against (default `process.cwd()`). */
   cwd?: string;
@@ -85,8 +87,9 @@ async function reposNamed(cacheDir: string, name: string): Promise<string[]> {
 }
 
 /**
- * Find a local model directory (one holding `config.json`) for a path, a hub repo id such as
- * `Qwen/Qwen3-8B`, or a short name such as `qwen3-8b`. Looks at the path itself (relative to
+ * Find a local model directory (one holding `config.json`) or GGUF file for a path, a hub repo id
+ * such as `Qwen/Qwen3-8B`, a short name such as `qwen3-8b`, or an Ollama name such as `qwen3:8b`
+ * (the GGUF blob Ollama pulled; a name without a tag is tried as Ollama's `:latest` last). Looks at the path itself (relative to
  * `cwd`), then `searchDirs`, then the Hugging Face cache (`models--Org--Name/snapshots/<rev>/`,
  * preferring the revision `refs/main` names). A short name is matched, case-insensitively, against
  * the repository names (without the org) in the cache, then against {@link MODEL_ALIASES}; two
@@ -104,17 +107,28 @@ export async function resolveModelDir(nameOrPath: string, opts: ResolveOptions =
   const expanded = expandHome(nameOrPath);
   const local = resolvePath(cwd, expanded);
   // A GGUF file carries everything a model needs: the file itself is the model.
-  if (/\.gguf$/i.test(local) && (await isFile(local))) return local;
+  if ((await isFile(local)) && isGgufPath(local)) return local;
   // A repo id has one slash; anything else with a slash, or starting with . / ~, is a path.
   const slashes = nameOrPath.split('/').length - 1;
-  const looksLikePath = /^[./~]/.test(nameOrPath) || slashes > 1 || nameOrPath.includes('\\');
+  // An Ollama name with a tag may have two slashes (`hf.co/org/repo:tag`).
+  const ollama = parseOllamaName(nameOrPath);
+  const tagged = ollama !== undefined && /:[^/]+$/.test(nameOrPath);
+  const looksLikePath = (/^[./~]/.test(nameOrPath) || slashes > 1 || nameOrPath.includes('\\')) && !tagged;
   if ((await isDir(local)) || looksLikePath) {
     const found = await tryDir(local);
     if (found) return found;
     if (looksLikePath) throw new ResolveError(nameOrPath, searched, `"${nameOrPath}" is not a model directory (no config.json)`);
   } else searched.push(`${local} (no such folder)`);
 
-  const cache = hfHubCacheDir(opts.env ?? process.env);
+  // A name with a tag (`qwen3:8b`) is Ollama's: the GGUF blob it pulled.
+  const env = opts.env ?? process.env;
+  if (tagged) {
+    const found = await findOllama(nameOrPath, ollama, env, searched);
+    if (found) return found;
+    throw new ResolveError(nameOrPath, searched, `model "${nameOrPath}" not found among Ollama's models`);
+  }
+
+  const cache = hfHubCacheDir(env);
   let repoId: string | undefined = slashes === 1 ? nameOrPath : undefined;
   let via = '';
   if (repoId === undefined) {
@@ -143,7 +157,28 @@ export async function resolveModelDir(nameOrPath: string, opts: ResolveOptions =
   } else {
     searched.push(`${cache} (no repository named "${nameOrPath}" there, and it is no known alias: ${Object.keys(MODEL_ALIASES).join(', ')})`);
   }
+  // Without a tag, Ollama's `latest`.
+  if (ollama) {
+    const found = await findOllama(nameOrPath, ollama, env, searched);
+    if (found) return found;
+  }
   throw new ResolveError(nameOrPath, searched, `model "${nameOrPath}"${via} not found locally`);
+}
+
+/** The blob of Ollama model `n` in the first models folder holding its manifest; a broken manifest is an error. */
+async function findOllama(query: string, n: OllamaName, env: Readonly<Record<string, string | undefined>>, searched: string[]): Promise<string | undefined> {
+  for (const dir of ollamaModelDirs(env)) {
+    const manifest = ollamaManifestPath(dir, n);
+    searched.push(manifest);
+    if (!(await isFile(manifest))) continue;
+    try {
+      return (await ollamaModelBlob(dir, manifest)).path;
+    } catch (e) {
+      if (e instanceof OllamaManifestError) throw new ResolveError(query, searched, e.message);
+      throw e;
+    }
+  }
+  return undefined;
 }
 
 /** The snapshot folder of `org/repo` in an HF hub cache: the one `refs/main` names, else the newest with a config.json. */
@@ -186,19 +221,20 @@ export interface LocalModel {
   bytes: number;
   /** The weights' dtype: config.json's `torch_dtype`/`dtype`, else the safetensors headers'; undefined when neither says. */
   dtype?: string;
-  /** Where it was found: the hub cache, or one of the search folders. */
-  source: 'hub-cache' | 'search-dir';
+  /** Where it was found: the hub cache, one of the search folders, or Ollama's models (`path` is the GGUF blob). */
+  source: 'hub-cache' | 'search-dir' | 'ollama';
 }
 
 /**
  * The models on this machine: every repository of the hub cache with a usable snapshot (as
- * {@link resolveModelDir} would pick it), and every folder with a `config.json` directly inside
- * `searchDirs`. Sorted by name. Reads only directory listings, config.json and at most one
+ * {@link resolveModelDir} would pick it), every folder with a `config.json` directly inside
+ * `searchDirs`, and every model Ollama has pulled (by Ollama's name). Sorted by name. Reads only directory listings, config.json and at most one
  * safetensors header per model.
  */
 export async function listLocalModels(opts: Omit<ResolveOptions, 'cwd'> = {}): Promise<LocalModel[]> {
   const out: LocalModel[] = [];
-  const cache = hfHubCacheDir(opts.env ?? process.env);
+  const env = opts.env ?? process.env;
+  const cache = hfHubCacheDir(env);
   for (const entry of await readdirOrEmpty(cache)) {
     const id = repoIdOf(entry);
     if (!id) continue;
@@ -210,6 +246,13 @@ export async function listLocalModels(opts: Omit<ResolveOptions, 'cwd'> = {}): P
     for (const entry of await readdirOrEmpty(base)) {
       const dir = join(base, entry);
       if (await isFile(join(dir, 'config.json'))) out.push({ name: entry, path: dir, ...(await describeDir(dir)), source: 'search-dir' });
+    }
+  }
+  for (const dir of ollamaModelDirs(env)) {
+    for (const { name, manifest } of await ollamaManifests(dir)) {
+      // A manifest without a usable model blob (an embedding-only or broken pull) is not listed; naming it says why.
+      const blob = await ollamaModelBlob(dir, manifest).catch(() => undefined);
+      if (blob) out.push({ name: formatOllamaName(name), path: blob.path, bytes: blob.bytes, dtype: 'gguf', source: 'ollama' });
     }
   }
   return out.sort((a, b) => a.name.localeCompare(b.name));

@@ -143,7 +143,7 @@ describe('resolveModelDir', () => {
 
   it('a missing model lists the search folders, the HF cache snapshot path, and that nothing is downloaded', async () => {
     const home = await tempDir();
-    const e = await resolveModelDir('Qwen/Qwen3-4B', { searchDirs: [join(home, 'models')], env: { HF_HOME: home }, cwd: home }).catch((x: unknown) => x);
+    const e = await resolveModelDir('Qwen/Qwen3-4B', { searchDirs: [join(home, 'models')], env: { HF_HOME: home, OLLAMA_MODELS: join(home, 'ollama') }, cwd: home }).catch((x: unknown) => x);
     expect(e).toBeInstanceOf(ResolveError);
     expect((e as ResolveError).searched).toEqual([
       join(home, 'Qwen/Qwen3-4B') + ' (no such folder)',
@@ -151,6 +151,8 @@ describe('resolveModelDir', () => {
       join(home, 'models', 'Qwen3-4B'),
       join(home, 'models', 'models--Qwen--Qwen3-4B', 'snapshots') + '/<rev>/',
       join(home, 'hub', 'models--Qwen--Qwen3-4B', 'snapshots') + '/<rev>/',
+      // Last, Ollama's `latest` of that name.
+      join(home, 'ollama', 'manifests', 'registry.ollama.ai', 'Qwen', 'Qwen3-4B', 'latest'),
     ]);
   });
 });

@@ -1,16 +1,33 @@
+import { closeSync, openSync, readSync, statSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import type { LoadedModel, LoadModelOptions } from '../loaded-model.js';
 import { NervaTokenizer } from '../tokenizer.js';
 import { resolveWeights, type ResolvedWeights } from '../weights.js';
 import { GgufCheckpoint } from './gguf-checkpoint.js';
 import { GgufError } from './gguf-error.js';
+import { GGUF_MAGIC } from './gguf-header.js';
 import type { GgufMetadata } from './gguf-value.js';
 import { ggufGenerationConfig } from './gguf-spec.js';
 import { ggufTokenizerParts } from './gguf-tokenizer.js';
 
-/** True when `path` names a GGUF model file (by its `.gguf` extension) rather than a model folder. */
+/**
+ * True when `path` names a GGUF model file rather than a model folder: by its `.gguf` extension,
+ * or, for a file named otherwise (an Ollama blob, `sha256-...`), by its first bytes being GGUF's
+ * magic.
+ */
 export function isGgufPath(path: string): boolean {
-  return path.toLowerCase().endsWith('.gguf');
+  if (path.toLowerCase().endsWith('.gguf')) return true;
+  let fd: number | undefined;
+  try {
+    if (!statSync(path).isFile()) return false;
+    fd = openSync(path, 'r');
+    const magic = Buffer.alloc(4);
+    return readSync(fd, magic, 0, 4, 0) === 4 && magic.readUInt32LE(0) === GGUF_MAGIC;
+  } catch {
+    return false;
+  } finally {
+    if (fd !== undefined) closeSync(fd);
+  }
 }
 
 /**

@@ -1,5 +1,5 @@
 import { dirname } from 'node:path';
-import { hfHubCacheDir, listLocalModels, type LocalModel } from '@nerva/models';
+import { hfHubCacheDir, listLocalModels, ollamaModelDirs, type LocalModel } from '@nerva/models';
 import type { Command } from 'commander';
 import { defaultModelDir } from '../default-model.js';
 import { formatSize } from '../size.js';
@@ -14,8 +14,8 @@ export function formatModelTable(models: readonly LocalModel[]): string {
 export function registerList(program: Command): void {
   program
     .command('list')
-    .description('list the models on this machine: the embedded one and the local Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); any NAME shown is a valid --model')
-    .option('--json', 'one JSON line: {"hub_cache": ..., "models": [{name, path, bytes, dtype, source}]}')
+    .description("list the models on this machine: the embedded one, the local Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub) and Ollama's models (OLLAMA_MODELS, else ~/.ollama/models); any NAME shown is a valid --model")
+    .option('--json', 'one JSON line: {"hub_cache": ..., "ollama_models": [...], "models": [{name, path, bytes, dtype, source}]}')
     .action(async (f: { json?: boolean }) => {
       let searchDirs: string[] = [];
       try {
@@ -26,7 +26,7 @@ export function registerList(program: Command): void {
       const models = await listLocalModels({ searchDirs });
       const cache = hfHubCacheDir();
       if (f.json) {
-        process.stdout.write(JSON.stringify({ hub_cache: cache, models: models.map((m) => ({ ...m, dtype: m.dtype ?? null })) }) + '\n');
+        process.stdout.write(JSON.stringify({ hub_cache: cache, ollama_models: ollamaModelDirs(), models: models.map((m) => ({ ...m, dtype: m.dtype ?? null })) }) + '\n');
         return;
       }
       process.stdout.write(formatModelTable(models));

@@ -1,6 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import type { Command } from 'commander';
+import { isOllamaBlob } from '@nerva/models';
 import { parse as parseToml } from 'smol-toml';
 import { hubRepoIdOf, MODEL_FLAG_HELP, resolveModelArg } from '../cli-model.js';
 import { checkFlags, CONFIG_OPTIONS, loadConfigFile, mergeConfig, type ServerConfig } from '../config.js';
@@ -58,12 +59,14 @@ export function registerServe(program: Command): void {
  * Resolve the models of `config` from their values as written (the config layer makes paths
  * absolute; a model may be a name): `--model` values against this directory, replacing the
  * file's; the file's `model` and `[[models]]` against the file's folder. A model from the HF cache
- * is served under its repo id (its folder's name is a commit hash) unless named otherwise.
+ * is served under its repo id (its folder's name is a commit hash), one of Ollama's under its
+ * Ollama name, unless named otherwise.
  */
 async function resolveModels(config: ServerConfig, flagModels: string[], configPath: string | undefined): Promise<void> {
   const named = async (e: ModelEntry, cwd?: string): Promise<ModelEntry> => {
     const dir = await resolveModelArg(e.model, cwd);
-    return { ...e, model: dir, servedModelName: e.servedModelName ?? hubRepoIdOf(dir) };
+    // An Ollama blob's file name is its digest: it is served under the name it was given by.
+    return { ...e, model: dir, servedModelName: e.servedModelName ?? hubRepoIdOf(dir) ?? (isOllamaBlob(dir) ? e.model : undefined) };
   };
   const fileDir = configPath !== undefined ? dirname(resolve(configPath)) : undefined;
   if (flagModels.length > 1) {
