@@ -14,6 +14,7 @@ export * from './detokenizer.js';
 export * from './synth.js';
 export * from './resolve.js';
 export * from './ollama.js';
+export * from './hub-gguf.js';
 export * from './model-dir.js';
 export * from './model-file.js';
 export * from './weight-store.js';

@@ -4,6 +4,7 @@ import { join, resolve as resolvePath } from 'node:path';
 import { NervaError } from '@nerva/core';
 import { ResolveError } from './errors.js';
 import { isGgufPath } from './gguf/gguf-model.js';
+import { findHubGguf, listHubGguf } from './hub-gguf.js';
 import { formatOllamaName, ollamaManifestPath, ollamaManifests, ollamaModelBlob, ollamaModelDirs, OllamaManifestError, parseOllamaName, type OllamaName } from './ollama.js';
 import { SafetensorsFile } from './safetensors.js';
 
@@ -122,13 +123,20 @@ export async function resolveModelDir(nameOrPath: string, opts: ResolveOptions =
 
   // A name with a tag (`qwen3:8b`) is Ollama's: the GGUF blob it pulled.
   const env = opts.env ?? process.env;
+  const cache = hfHubCacheDir(env);
   if (tagged) {
+    // `Org/Repo:QUANT`: a GGUF repository's file in the HF cache, as llama.cpp's -hf names it.
+    const colon = nameOrPath.lastIndexOf(':');
+    const repoId = nameOrPath.slice(0, colon);
+    if (repoId.split('/').length === 2) {
+      const found = await hubGguf(nameOrPath, cache, repoId, nameOrPath.slice(colon + 1), searched);
+      if (found) return found;
+    }
     const found = await findOllama(nameOrPath, ollama, env, searched);
     if (found) return found;
     throw new ResolveError(nameOrPath, searched, `model "${nameOrPath}" not found among Ollama's models`);
   }
 
-  const cache = hfHubCacheDir(env);
   let repoId: string | undefined = slashes === 1 ? nameOrPath : undefined;
   let via = '';
   if (repoId === undefined) {
@@ -152,7 +160,7 @@ export async function resolveModelDir(nameOrPath: string, opts: ResolveOptions =
   }
 
   if (org) {
-    const found = await findSnapshot(cache, org, repo, searched);
+    const found = (await findSnapshot(cache, org, repo, searched)) ?? (await hubGguf(nameOrPath, cache, `${org}/${repo}`, undefined, searched));
     if (found) return found;
   } else {
     searched.push(`${cache} (no repository named "${nameOrPath}" there, and it is no known alias: ${Object.keys(MODEL_ALIASES).join(', ')})`);
@@ -163,6 +171,15 @@ export async function resolveModelDir(nameOrPath: string, opts: ResolveOptions =
     if (found) return found;
   }
   throw new ResolveError(nameOrPath, searched, `model "${nameOrPath}"${via} not found locally`);
+}
+
+/** The file a GGUF repository of the HF cache has for `tag` (undefined: no such repository); an error when it has files but none or several answer. */
+async function hubGguf(query: string, cache: string, repoId: string, tag: string | undefined, searched: string[]): Promise<string | undefined> {
+  const repoDir = join(cache, repoFolder(repoId));
+  searched.push(`${join(repoDir, 'snapshots')}/<rev>/ (a .gguf file${tag ? ` of ${tag}` : ''})`);
+  const m = await findHubGguf(repoDir, tag);
+  if (m && 'problem' in m) throw new ResolveError(query, searched, m.problem);
+  return m?.file.path;
 }
 
 /** The blob of Ollama model `n` in the first models folder holding its manifest; a broken manifest is an error. */
@@ -241,6 +258,8 @@ export async function listLocalModels(opts: Omit<ResolveOptions, 'cwd'> = {}): P
     const [org, repo] = id.split('/');
     const dir = await findSnapshot(cache, org, repo);
     if (dir) out.push({ name: id, path: dir, ...(await describeDir(dir)), source: 'hub-cache' });
+    // A GGUF repository: each of its files, by the name that picks it.
+    else for (const f of await listHubGguf(join(cache, entry))) out.push({ name: `${id}:${f.tag}`, path: f.path, bytes: f.bytes, dtype: 'gguf', source: 'hub-cache' });
   }
   for (const base of opts.searchDirs ?? []) {
     for (const entry of await readdirOrEmpty(base)) {

@@ -151,6 +151,7 @@ describe('resolveModelDir', () => {
       join(home, 'models', 'Qwen3-4B'),
       join(home, 'models', 'models--Qwen--Qwen3-4B', 'snapshots') + '/<rev>/',
       join(home, 'hub', 'models--Qwen--Qwen3-4B', 'snapshots') + '/<rev>/',
+      join(home, 'hub', 'models--Qwen--Qwen3-4B', 'snapshots') + '/<rev>/ (a .gguf file)',
       // Last, Ollama's `latest` of that name.
       join(home, 'ollama', 'manifests', 'registry.ollama.ai', 'Qwen', 'Qwen3-4B', 'latest'),
     ]);

@@ -12,7 +12,7 @@ import { FALLBACK_CHAT_TEMPLATE } from './server.js';
 
 /** The help line of `--model` on the commands that resolve it. */
 export const MODEL_FLAG_HELP =
-  "model: a folder or a .gguf file (relative to the current directory), an HF repo id (Org/Name) or a short name (qwen3-8b) found in the local HF cache, or an Ollama name (qwen3:8b) of a model Ollama has pulled; default: the embedded model";
+  "model: a folder or a .gguf file (relative to the current directory), an HF repo id (Org/Name) or a short name (qwen3-8b) found in the local HF cache, a GGUF repository's file (Org/Repo-GGUF:Q4_K_M), or an Ollama name (qwen3:8b) of a model Ollama has pulled; default: the embedded model";
 
 /** Folders searched for a bare model name before the HF cache: the embedded model's. */
 function searchDirs(): string[] {
