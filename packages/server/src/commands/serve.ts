@@ -65,8 +65,10 @@ export function registerServe(program: Command): void {
 async function resolveModels(config: ServerConfig, flagModels: string[], configPath: string | undefined): Promise<void> {
   const named = async (e: ModelEntry, cwd?: string): Promise<ModelEntry> => {
     const dir = await resolveModelArg(e.model, cwd);
-    // An Ollama blob's file name is its digest: it is served under the name it was given by.
-    return { ...e, model: dir, servedModelName: e.servedModelName ?? hubRepoIdOf(dir) ?? (isOllamaBlob(dir) ? e.model : undefined) };
+    // A model named with a tag (an Ollama name, whose blob's file name is its digest, or a GGUF
+    // repository's Org/Repo:QUANT) is served under that name.
+    const tagged = isOllamaBlob(dir) || /^[^/\\]+\/[^/\\]+:[^/\\]+$/.test(e.model ?? '');
+    return { ...e, model: dir, servedModelName: e.servedModelName ?? hubRepoIdOf(dir) ?? (tagged ? e.model : undefined) };
   };
   const fileDir = configPath !== undefined ? dirname(resolve(configPath)) : undefined;
   if (flagModels.length > 1) {

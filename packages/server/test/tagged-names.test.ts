@@ -11,7 +11,8 @@ const tmp = mkdtempSync(join(tmpdir(), 'nerva-ollama-'));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 const STORE = join(tmp, 'ollama');
 const GGUF = join(tmp, 'shakespeare-q8.gguf');
-const ENV = { OLLAMA_MODELS: STORE, HF_HUB_CACHE: join(tmp, 'no-hub') };
+const HUB = join(tmp, 'hub');
+const ENV = { OLLAMA_MODELS: STORE, HF_HUB_CACHE: HUB };
 const RUN = ['run', '--backend', 'cpu', '--prompt', 'ROMEO:', '--max-tokens', '6', '--temperature', '0', '--json'];
 
 // The layout `ollama pull` leaves: a manifest naming the model layer's sha256, the GGUF file as that blob.
@@ -24,9 +25,15 @@ beforeAll(async () => {
   mkdirSync(join(STORE, 'manifests', 'registry.ollama.ai', 'library', 'shakespeare'), { recursive: true });
   const layers = [{ mediaType: 'application/vnd.ollama.image.model', digest: `sha256:${hex}`, size: bytes.byteLength }];
   writeFileSync(join(STORE, 'manifests', 'registry.ollama.ai', 'library', 'shakespeare', 'q8'), JSON.stringify({ schemaVersion: 2, layers }));
+  // A GGUF repository in the HF cache, as huggingface-cli download leaves it (files, refs/main).
+  const repo = join(HUB, 'models--someone--Bard-GGUF');
+  mkdirSync(join(repo, 'snapshots', 'r1'), { recursive: true });
+  mkdirSync(join(repo, 'refs'));
+  copyFileSync(GGUF, join(repo, 'snapshots', 'r1', 'Bard-Q8_0.gguf'));
+  writeFileSync(join(repo, 'refs', 'main'), 'r1');
 });
 
-describe("--model takes Ollama's names", () => {
+describe("--model takes Ollama's names and GGUF repositories' Org/Repo:QUANT", () => {
   it('nerva run --model shakespeare:q8 runs the blob Ollama pulled, as the GGUF file itself runs', async () => {
     const a = lastJson((await nerva([...RUN, '--model', GGUF], ENV)).stdout);
     const b = lastJson((await nerva([...RUN, '--model', 'shakespeare:q8'], ENV)).stdout);
@@ -44,8 +51,8 @@ describe("--model takes Ollama's names", () => {
     expect(m).toMatchObject({ source: 'ollama', bytes: readFileSync(GGUF).byteLength });
   });
 
-  it('nerva serve serves it under that name', async () => {
-    const child = spawn(process.execPath, [CLI, 'serve', '--backend', 'cpu', '--port', '0', '--model', 'shakespeare:q8'], { cwd: ROOT, env: { ...process.env, ...ENV }, stdio: ['ignore', 'pipe', 'pipe'] });
+  it('nerva serve serves it, and a GGUF repository file named Org/Repo:QUANT, under those names', async () => {
+    const child = spawn(process.execPath, [CLI, 'serve', '--backend', 'cpu', '--port', '0', '--model', 'shakespeare:q8', '--model', 'someone/Bard-GGUF:Q8_0'], { cwd: ROOT, env: { ...process.env, ...ENV }, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     child.stderr.on('data', (d: Buffer) => (out += d.toString()));
@@ -58,7 +65,7 @@ describe("--model takes Ollama's names", () => {
       }
       expect(url, out).toBeDefined();
       const models = (await (await fetch(`${url}/v1/models`)).json()) as { data: { id: string }[] };
-      expect(models.data.map((m) => m.id)).toEqual(['shakespeare:q8']);
+      expect(models.data.map((m) => m.id).sort()).toEqual(['shakespeare:q8', 'someone/Bard-GGUF:Q8_0']);
       child.kill('SIGTERM');
       expect(await exited).toBe(0);
     } finally {
