@@ -139,10 +139,20 @@ export class LlamaCppModel {
     this.sequence = context.getSequence();
   }
 
-  /** llama.cpp's tokenization of `text` (no special tokens added), or undefined for a file without a vocabulary. */
-  tokenize(text: string): number[] | undefined {
+  /**
+   * llama.cpp's tokenization of `text` (no special tokens added), or undefined for a file without
+   * a vocabulary. `special`: special tokens written in the text are those tokens (as Hugging Face
+   * tokenizers read them), not their characters.
+   */
+  tokenize(text: string, special = false): number[] | undefined {
     if (this.vocabFree) return undefined;
-    return this.model.tokenize(text, false);
+    return this.model.tokenize(text, special);
+  }
+
+  /** llama.cpp's text of `ids` (special tokens as their text), or undefined for a file without a vocabulary. */
+  detokenize(ids: readonly number[]): string | undefined {
+    if (this.vocabFree) return undefined;
+    return this.model.detokenize(asTokens(ids), true);
   }
 
   /**

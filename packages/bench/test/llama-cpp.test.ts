@@ -71,9 +71,10 @@ const TF_CASES: readonly (readonly [GgufConvertType, number])[] = [
  * build (llama.cpp release v0.4.0), one thread: Q8_0, Q4_K and Q4_K_M 0.9922-0.9961 (one or two
  * positions of 255 differ), Q4_0 and Q6_K 1.0, BF16 0.984 (one of 63; llama.cpp rounds the
  * activations to bf16 for its bf16 matmuls); over 127 positions Q2_K and Q5_K_S 1.0, Q4_1, Q5_0,
- * Q3_K_L, Q4_K_S, IQ4_NL and IQ4_XS 0.992, Q3_K_S, Q3_K_M and Q5_K_M 0.984, Q5_1 0.969 (4 of 127). A misread block layout or scale would put it near 0, not under
- * 0.95; the room is for another CPU's llama.cpp kernels (AVX2, AVX-512, AMX repacking sum in
- * other orders), whose near-ties may fall otherwise.
+ * Q3_K_L, Q4_K_S, IQ4_NL and IQ4_XS 0.992, Q3_K_S, Q3_K_M and Q5_K_M 0.984, Q5_1 0.969 (4 of
+ * 127). A misread block layout or scale would put it near 0, not under 0.95; the room is for
+ * another CPU's llama.cpp kernels (AVX2, AVX-512, AMX repacking sum in other orders), whose
+ * near-ties may fall otherwise.
  */
 const AGREEMENT_FLOOR = 0.95;
 

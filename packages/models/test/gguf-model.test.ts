@@ -77,7 +77,16 @@ describe('GGUF model files refused clearly', () => {
     ['per-layer head counts that differ', (md) => md.set('llama.attention.head_count_kv', ggufValue.array('UINT32', [2, 1, 2])), 'UNSUPPORTED_MODEL', 'per-layer'],
     ['partial rotary', (md) => md.set('llama.rope.dimension_count', ggufValue.u32(8)), 'UNSUPPORTED_MODEL', 'partial rotary'],
     ['YaRN scaling', (md) => md.set('llama.rope.scaling.type', ggufValue.str('yarn')), 'UNSUPPORTED_MODEL', 'yarn'],
-    ['a SentencePiece tokenizer', (md) => md.set('tokenizer.ggml.model', ggufValue.str('llama')), 'UNSUPPORTED_TOKENIZER', 'gpt2'],
+    ['a WordPiece tokenizer', (md) => md.set('tokenizer.ggml.model', ggufValue.str('bert')), 'UNSUPPORTED_TOKENIZER', '"bert" is not supported'],
+    ['a SentencePiece tokenizer without scores', (md) => md.set('tokenizer.ggml.model', ggufValue.str('llama')), 'BAD_METADATA', '0 scores for'],
+    ['a SentencePiece tokenizer with scores of the wrong length', (md) => {
+      md.set('tokenizer.ggml.model', ggufValue.str('llama'));
+      md.set('tokenizer.ggml.scores', ggufValue.array('FLOAT32', [0, -1]));
+    }, 'BAD_METADATA', '2 scores for'],
+    ['a SentencePiece tokenizer with scores that are not floats', (md) => {
+      md.set('tokenizer.ggml.model', ggufValue.str('llama'));
+      md.set('tokenizer.ggml.scores', ggufValue.array('STRING', ['a']));
+    }, 'BAD_METADATA', 'an array of floats'],
     ['an unknown pre-tokenizer', (md) => md.set('tokenizer.ggml.pre', ggufValue.str('falcon')), 'UNSUPPORTED_TOKENIZER', 'falcon'],
     ['token types of the wrong length', (md) => md.set('tokenizer.ggml.token_type', ggufValue.array('INT32', [1, 1])), 'BAD_METADATA', 'token types'],
     ['a BOS id outside the vocabulary', (md) => md.set('tokenizer.ggml.bos_token_id', ggufValue.u32(999_999)), 'BAD_METADATA', 'outside'],

@@ -85,6 +85,16 @@ export class MetaReader {
     return v.value.items as readonly string[];
   }
 
+  /** An array of finite float32 / float64 values (SentencePiece scores), as stored. */
+  floats(key: string): readonly number[] | undefined {
+    const v = this.meta.get(key);
+    if (v === undefined) return undefined;
+    if (v.type !== 'ARRAY' || (v.value.itemType !== 'FLOAT32' && v.value.itemType !== 'FLOAT64')) this.bad(key, 'an array of floats', v);
+    const xs = v.value.items as readonly number[];
+    if (!xs.every((x) => Number.isFinite(x))) this.bad(key, 'an array of finite floats', v);
+    return xs;
+  }
+
   /** An array of non-negative integers (any integer element type). */
   ints(key: string): number[] | undefined {
     const v = this.meta.get(key);

@@ -3,10 +3,12 @@
  * (`tokenizer.ggml.model` = "gpt2"). GGUF stores the tokens, their types and the merges, and names
  * the pre-tokenizer by family (`tokenizer.ggml.pre`); each family here is the exact HF
  * pre-tokenizer that family's tokenizer.json carries, so a file's tokenizer encodes to the same
- * ids as the HF tokenizer it was made from.
+ * ids as the HF tokenizer it was made from. SentencePiece vocabularies ("llama") are read too
+ * (tokens and scores; see gguf-spm.ts), not written.
  */
 import { GgufError } from './gguf-error.js';
 import { MetaReader } from './gguf-meta.js';
+import { spmDecoder, spmMerges, spmNormalizer } from './gguf-spm.js';
 import { ggufValue, type GgufMetadata, type GgufValue } from './gguf-value.js';
 
 /**
@@ -78,35 +80,41 @@ export interface GgufTokenizerParts {
   /** A `tokenizer_config.json`-shaped object (special tokens, add_bos_token, chat_template). */
   readonly tokenizerConfig: Record<string, unknown>;
   readonly chatTemplate?: string;
-  readonly pre: GgufPreTokenizer;
+  /** The byte-level pre-tokenizer family; absent for a SentencePiece vocabulary. */
+  readonly pre?: GgufPreTokenizer;
 }
 
 /**
  * The HF tokenizer a GGUF file's metadata describes, or undefined when the file has none
  * (`tokenizer.ggml.model` absent, "none" or "no_vocab"). Throws {@link GgufError}
- * UNSUPPORTED_TOKENIZER for models other than byte-level BPE ("gpt2") and pre-tokenizers outside
- * {@link GgufPreTokenizer}, BAD_METADATA for inconsistent arrays, duplicate tokens or special
- * ids outside the vocabulary.
+ * UNSUPPORTED_TOKENIZER for models other than byte-level BPE ("gpt2") and SentencePiece ("llama")
+ * and pre-tokenizers outside {@link GgufPreTokenizer}, BAD_METADATA for inconsistent arrays,
+ * duplicate tokens or special ids outside the vocabulary.
  */
 export function ggufTokenizerParts(metadata: GgufMetadata, path: string): GgufTokenizerParts | undefined {
   const m = new MetaReader(metadata, path);
   const model = m.str('tokenizer.ggml.model');
   if (model === undefined || model === 'none' || model === 'no_vocab') return undefined;
-  if (model !== 'gpt2') {
-    throw new GgufError('UNSUPPORTED_TOKENIZER', path, `tokenizer model "${model}" is not supported (only byte-level BPE, "gpt2")`, { key: 'tokenizer.ggml.model' });
+  const spm = model === 'llama';
+  if (model !== 'gpt2' && !spm) {
+    throw new GgufError('UNSUPPORTED_TOKENIZER', path, `tokenizer model "${model}" is not supported (byte-level BPE "gpt2" and SentencePiece "llama" are)`, { key: 'tokenizer.ggml.model' });
   }
   const preName = m.str('tokenizer.ggml.pre') ?? 'default';
-  const pre = PRE_ALIASES[preName];
-  if (!pre) {
+  const pre = spm ? undefined : PRE_ALIASES[preName];
+  if (!spm && !pre) {
     throw new GgufError('UNSUPPORTED_TOKENIZER', path, `pre-tokenizer "${preName}" is not supported (supported: ${Object.keys(PRE_ALIASES).join(', ')})`, {
       key: 'tokenizer.ggml.pre',
     });
   }
   const tokens = m.strings('tokenizer.ggml.tokens');
-  if (!tokens || tokens.length === 0) throw new GgufError('BAD_METADATA', path, 'required for a BPE tokenizer', { key: 'tokenizer.ggml.tokens' });
+  if (!tokens || tokens.length === 0) throw new GgufError('BAD_METADATA', path, `required for a ${spm ? 'SentencePiece' : 'BPE'} tokenizer`, { key: 'tokenizer.ggml.tokens' });
   const types = m.ints('tokenizer.ggml.token_type');
   if (types && types.length !== tokens.length) {
     throw new GgufError('BAD_METADATA', path, `${types.length} token types for ${tokens.length} tokens`, { key: 'tokenizer.ggml.token_type' });
+  }
+  const scores = spm ? m.floats('tokenizer.ggml.scores') : undefined;
+  if (spm && scores?.length !== tokens.length) {
+    throw new GgufError('BAD_METADATA', path, `a SentencePiece vocabulary needs a score a token: ${scores?.length ?? 0} scores for ${tokens.length} tokens`, { key: 'tokenizer.ggml.scores' });
   }
   const merges = m.strings('tokenizer.ggml.merges') ?? [];
 
@@ -120,11 +128,13 @@ export function ggufTokenizerParts(metadata: GgufMetadata, path: string): GgufTo
       throw new GgufError('BAD_METADATA', path, `token ${JSON.stringify(tok.slice(0, 40))} appears at ids ${vocab[tok]} and ${id}`, { key: 'tokenizer.ggml.tokens' });
     }
     vocab[tok] = id;
-    if (type === GGUF_TOKEN_TYPES.CONTROL || type === GGUF_TOKEN_TYPES.USER_DEFINED) {
-      added.push({ id, content: tok, single_word: false, lstrip: false, rstrip: false, normalized: false, special: type === GGUF_TOKEN_TYPES.CONTROL });
+    // SentencePiece's unknown token is special too, as transformers' converter makes it.
+    if (type === GGUF_TOKEN_TYPES.CONTROL || type === GGUF_TOKEN_TYPES.USER_DEFINED || (spm && type === GGUF_TOKEN_TYPES.UNKNOWN)) {
+      added.push({ id, content: tok, single_word: false, lstrip: false, rstrip: false, normalized: false, special: type !== GGUF_TOKEN_TYPES.USER_DEFINED });
     }
   });
-  const pairs = merges.map((s, i) => {
+  const inVocab = (id: number) => vocab[tokens[id]] === id;
+  const pairs = spm ? spmMerges(tokens, scores!, inVocab) : merges.map((s, i) => {
     // The first space at or after index 1 separates the halves (a half may itself start with one).
     const at = s.indexOf(' ', 1);
     if (at < 0) throw new GgufError('BAD_METADATA', path, `merge #${i} ${JSON.stringify(s.slice(0, 40))} is not two tokens separated by a space`, { key: 'tokenizer.ggml.merges' });
@@ -141,12 +151,13 @@ export function ggufTokenizerParts(metadata: GgufMetadata, path: string): GgufTo
   const eos = special('tokenizer.ggml.eos_token_id');
   const pad = special('tokenizer.ggml.padding_token_id');
   const unk = special('tokenizer.ggml.unknown_token_id');
-  const addBos = m.bool('tokenizer.ggml.add_bos_token') ?? pre === 'llama-bpe';
+  // llama.cpp adds BOS by default for SentencePiece and Llama 3's BPE.
+  const addBos = m.bool('tokenizer.ggml.add_bos_token') ?? (spm || pre === 'llama-bpe');
   const addEos = m.bool('tokenizer.ggml.add_eos_token') ?? false;
   if (addBos && !bos) throw new GgufError('BAD_METADATA', path, 'add_bos_token is set but there is no bos_token_id', { key: 'tokenizer.ggml.add_bos_token' });
   if (addEos && !eos) throw new GgufError('BAD_METADATA', path, 'add_eos_token is set but there is no eos_token_id', { key: 'tokenizer.ggml.add_eos_token' });
 
-  const fam = family(pre);
+  const fam = pre ? family(pre) : spmFamily(m.bool('tokenizer.ggml.add_space_prefix') ?? true);
   const tokenizerJson: Record<string, unknown> = {
     version: '1.0',
     truncation: null,
@@ -159,11 +170,11 @@ export function ggufTokenizerParts(metadata: GgufMetadata, path: string): GgufTo
     model: {
       type: 'BPE',
       dropout: null,
-      unk_token: null,
+      unk_token: spm ? (unk ?? { content: tokens[0] }).content : null,
       continuing_subword_prefix: null,
       end_of_word_suffix: null,
-      fuse_unk: false,
-      byte_fallback: false,
+      fuse_unk: spm,
+      byte_fallback: spm,
       ignore_merges: fam.ignoreMerges,
       vocab,
       merges: pairs,
@@ -180,7 +191,12 @@ export function ggufTokenizerParts(metadata: GgufMetadata, path: string): GgufTo
     clean_up_tokenization_spaces: m.bool(NERVA_CLEAN_SPACES_KEY) ?? fam.cleanSpaces,
   };
   if (chatTemplate !== undefined) tokenizerConfig.chat_template = chatTemplate;
-  return chatTemplate !== undefined ? { tokenizerJson, tokenizerConfig, chatTemplate, pre } : { tokenizerJson, tokenizerConfig, pre };
+  return { tokenizerJson, tokenizerConfig, ...(chatTemplate !== undefined && { chatTemplate }), ...(pre && { pre }) };
+}
+
+/** SentencePiece as a family: its normalizer and decoder (no pre-tokenizer), llama.cpp's spacing. */
+function spmFamily(addSpacePrefix: boolean): Family {
+  return { normalizer: spmNormalizer(addSpacePrefix), preTokenizer: null, decoder: spmDecoder(addSpacePrefix), ignoreMerges: false, cleanSpaces: false };
 }
 
 function templateProcessing(bos?: { id: number; content: string }, eos?: { id: number; content: string }): Record<string, unknown> {
