@@ -3,7 +3,7 @@ import { homedir } from 'node:os';
 import { join, resolve as resolvePath } from 'node:path';
 import { NervaError } from '@nerva/core';
 import { ResolveError } from './errors.js';
-import { isGgufPath } from './gguf/gguf-model.js';
+import { ggufFileTypeName, isGgufPath } from './gguf/gguf-model.js';
 import { findHubGguf, listHubGguf } from './hub-gguf.js';
 import { formatOllamaName, ollamaManifestPath, ollamaManifests, ollamaModelBlob, ollamaModelDirs, OllamaManifestError, parseOllamaName, type OllamaName } from './ollama.js';
 import { SafetensorsFile } from './safetensors.js';
@@ -236,7 +236,7 @@ export interface LocalModel {
   path: string;
   /** Bytes of the files in it (symlinks followed, as the hub cache links its blobs). */
   bytes: number;
-  /** The weights' dtype: config.json's `torch_dtype`/`dtype`, else the safetensors headers'; undefined when neither says. */
+  /** The weights' dtype: config.json's `torch_dtype`/`dtype`, else the safetensors headers'; a GGUF file's type (`Q4_K_M`); undefined when none says. */
   dtype?: string;
   /** Where it was found: the hub cache, one of the search folders, or Ollama's models (`path` is the GGUF blob). */
   source: 'hub-cache' | 'search-dir' | 'ollama';
@@ -259,7 +259,7 @@ export async function listLocalModels(opts: Omit<ResolveOptions, 'cwd'> = {}): P
     const dir = await findSnapshot(cache, org, repo);
     if (dir) out.push({ name: id, path: dir, ...(await describeDir(dir)), source: 'hub-cache' });
     // A GGUF repository: each of its files, by the name that picks it.
-    else for (const f of await listHubGguf(join(cache, entry))) out.push({ name: `${id}:${f.tag}`, path: f.path, bytes: f.bytes, dtype: 'gguf', source: 'hub-cache' });
+    else for (const f of await listHubGguf(join(cache, entry))) out.push({ name: `${id}:${f.tag}`, path: f.path, bytes: f.bytes, ...(await ggufDtype(f.path)), source: 'hub-cache' });
   }
   for (const base of opts.searchDirs ?? []) {
     for (const entry of await readdirOrEmpty(base)) {
@@ -271,10 +271,16 @@ export async function listLocalModels(opts: Omit<ResolveOptions, 'cwd'> = {}): P
     for (const { name, manifest } of await ollamaManifests(dir)) {
       // A manifest without a usable model blob (an embedding-only or broken pull) is not listed; naming it says why.
       const blob = await ollamaModelBlob(dir, manifest).catch(() => undefined);
-      if (blob) out.push({ name: formatOllamaName(name), path: blob.path, bytes: blob.bytes, dtype: 'gguf', source: 'ollama' });
+      if (blob) out.push({ name: formatOllamaName(name), path: blob.path, bytes: blob.bytes, ...(await ggufDtype(blob.path)), source: 'ollama' });
     }
   }
   return out.sort((a, b) => a.name.localeCompare(b.name));
+}
+
+/** A GGUF file's type as the DTYPE `nerva list` shows (`Q4_K_M`), absent when the file does not open. */
+async function ggufDtype(path: string): Promise<{ dtype?: string }> {
+  const t = await ggufFileTypeName(path);
+  return t === undefined ? {} : { dtype: t };
 }
 
 async function describeDir(dir: string): Promise<{ bytes: number; dtype?: string }> {

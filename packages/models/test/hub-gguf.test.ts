@@ -48,6 +48,7 @@ describe('GGUF repositories in the HF cache, by Org/Repo[:QUANT]', () => {
     await m.checkpoint.close();
     const listed = (await listLocalModels({ env })).filter((x) => x.name.startsWith('someone/'));
     expect(listed.map((x) => x.name)).toEqual(['someone/Bard-GGUF:BF16', 'someone/Bard-GGUF:IQ4_XS', 'someone/Bard-GGUF:Q4_K_M', 'someone/Bard-GGUF:Q8_0', 'someone/Solo-GGUF:Q6_K']);
+    expect(listed.every((x) => x.dtype === 'Q8_0')).toBe(true); // every file here is a copy of the Q8_0 one
     const bf16 = listed.find((x) => x.name.endsWith(':BF16'))!;
     expect(bf16.bytes).toBe(listed.find((x) => x.name.endsWith(':Q8_0'))!.bytes + 4);
   });
@@ -63,5 +64,8 @@ describe('GGUF repositories in the HF cache, by Org/Repo[:QUANT]', () => {
     expect(two.message).toMatch(/"Q5_0" names several files/);
     const noDefault = (await resolveModelDir('someone/Two-GGUF', { env }).catch((e: unknown) => e)) as ResolveError;
     expect(noDefault.message).toMatch(/holds no Q4_K_M file .*name one with :QUANT/);
+    // Files that are not GGUF are listed without a dtype (loading one says what is wrong).
+    const listed = await listLocalModels({ env });
+    expect(listed.filter((x) => x.name.startsWith('someone/Two-GGUF:')).map((x) => x.dtype)).toEqual([undefined, undefined, undefined]);
   });
 });

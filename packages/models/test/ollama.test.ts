@@ -87,5 +87,7 @@ describe("Ollama's models by Ollama's names", () => {
     const listed = (await listLocalModels({ env: env() })).filter((m) => m.source === 'ollama');
     expect(listed.map((m) => m.name).sort()).toEqual(['hf.co/nerva-test/Shakespeare-GGUF:Q8_0', 'shakespeare:latest', 'shakespeare:q8', 'someone/bard:v1']);
     expect(listed.every((m) => m.path === blob && m.bytes === readFileSync(blob).byteLength)).toBe(true);
+    // The DTYPE column: the file's general.file_type.
+    expect(listed.map((m) => m.dtype)).toEqual(['Q8_0', 'Q8_0', 'Q8_0', 'Q8_0']);
   });
 });

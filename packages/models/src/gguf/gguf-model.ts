@@ -4,7 +4,9 @@ import type { LoadedModel, LoadModelOptions } from '../loaded-model.js';
 import { NervaTokenizer } from '../tokenizer.js';
 import { resolveWeights, type ResolvedWeights } from '../weights.js';
 import { GgufCheckpoint } from './gguf-checkpoint.js';
+import { GGUF_FILE_TYPES } from '@nerva/core';
 import { GgufError } from './gguf-error.js';
+import { GgufFile } from './gguf-file.js';
 import { GGUF_MAGIC } from './gguf-header.js';
 import type { GgufMetadata } from './gguf-value.js';
 import { ggufGenerationConfig } from './gguf-spec.js';
@@ -27,6 +29,28 @@ export function isGgufPath(path: string): boolean {
     return false;
   } finally {
     if (fd !== undefined) closeSync(fd);
+  }
+}
+
+/**
+ * The name of a GGUF file's `general.file_type` (`Q4_K_M`, `F16`...), as `nerva list` shows it;
+ * `gguf` when the file does not say or says a type without a name here; undefined when the file
+ * does not open.
+ */
+export async function ggufFileTypeName(path: string): Promise<string | undefined> {
+  let f: GgufFile;
+  try {
+    f = await GgufFile.open(path);
+  } catch {
+    return undefined;
+  }
+  try {
+    const v = f.get('general.file_type');
+    const n = v && v.type !== 'ARRAY' ? Number(v.value) : NaN;
+    const name = Object.entries(GGUF_FILE_TYPES).find(([, id]) => id === n)?.[0];
+    return name ? name.replace(/^(MOSTLY|ALL)_/, '') : 'gguf';
+  } finally {
+    await f.close();
   }
 }
 
