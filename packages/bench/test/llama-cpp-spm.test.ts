@@ -7,13 +7,16 @@
  * `▁`), then its most frequent adjacent pairs merged one after another, each merged token scored
  * by how early it was made. A tiny random Llama with that vocabulary is written as a GGUF file,
  * and llama.cpp (node-llama-cpp's CPU build) and NERVA tokenize and detokenize the same texts:
- * Shakespeare's lines, spacing, and characters the vocabulary lacks (byte fallback).
+ * Shakespeare's lines, spacing, and characters the vocabulary lacks (byte fallback). The other
+ * way: a model folder whose tokenizer.json has that vocabulary in Hugging Face's (legacy) form is
+ * converted with `nerva convert`, and llama.cpp tokenizes the file as the Hugging Face tokenizer
+ * does; the Metaspace form, which spaces otherwise, is refused.
  */
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Engine } from '@nerva/engine';
-import { GgufFile, ggufValue, loadModelTokenizer, writeGguf, writeSyntheticGguf, type GgufValue } from '@nerva/models';
+import { convertToGguf, GgufFile, ggufTokenizerParts, ggufValue, loadModelTokenizer, NervaTokenizer, writeGguf, writeSyntheticCheckpoint, writeSyntheticGguf, type GgufValue } from '@nerva/models';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openLlamaCpp, type LlamaCppModel } from '../src/llama-cpp.js';
 
@@ -66,11 +69,13 @@ function trainVocab(text: string): { tokens: string[]; scores: number[]; types: 
 }
 
 let file = '';
+let llamaConfig: Record<string, unknown> = {};
 beforeAll(async () => {
   const vocab = trainVocab(TEXT.slice(0, 30_000));
   const config = JSON.parse(readFileSync(join(FIXTURES, 'models/tiny-random-llama/config.json'), 'utf8')) as Record<string, unknown>;
+  llamaConfig = { ...config, vocab_size: vocab.tokens.length };
   const synth = join(tmp, 'synth.gguf');
-  await writeSyntheticGguf({ config: { ...config, vocab_size: vocab.tokens.length }, out: synth, type: 'F32', seed: 3 });
+  await writeSyntheticGguf({ config: llamaConfig, out: synth, type: 'F32', seed: 3 });
   const src = await GgufFile.open(synth);
   try {
     const keep = [...src.metadata].filter(([k]) => !k.startsWith('tokenizer.'));
@@ -141,5 +146,56 @@ describe.skipIf(!opened.available)(`a SentencePiece vocabulary in GGUF: NERVA to
     const ids = [...lines.slice(0, 50), ...odd.slice(1)].map((t) => tok.encode(t, { addSpecialTokens: false }));
     const theirs = await withLlama((m) => ids.map((x) => m.detokenize(x)!));
     expect(ids.map((x) => tok.decode(x))).toEqual(theirs);
+  });
+
+  // Hugging Face writes a SentencePiece vocabulary's spacing two ways: the legacy normalizer
+  // (Prepend + Replace), tested here, and a Metaspace pre-tokenizer, refused below.
+  it('a model folder with it in tokenizer.json (normalizer form) converts to a GGUF file llama.cpp tokenizes as the folder does', async () => {
+    const f = await GgufFile.open(file);
+    const parts = ggufTokenizerParts(f.metadata, file)!;
+    await f.close();
+    const dir = join(tmp, 'hf-normalizer');
+    mkdirSync(dir);
+    await writeSyntheticCheckpoint({ config: llamaConfig, outDir: dir, seed: 4 });
+    writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(parts.tokenizerJson));
+    writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify(parts.tokenizerConfig));
+    const hf = await NervaTokenizer.fromDir(dir);
+    const out = join(tmp, 'converted.gguf');
+    await convertToGguf({ source: dir, out, type: 'F32' });
+    const texts = [...lines.slice(0, 100), ...odd];
+    const ours = texts.map((t) => hf.encode(t, { addSpecialTokens: false }));
+    if (!opened.available) throw new Error(opened.reason);
+    const m = await opened.runtime.load(out, 64);
+    try {
+      const theirs = texts.map((t) => m.tokenize(t, true)!);
+      expect(theirs.filter((x, i) => JSON.stringify(x) !== JSON.stringify(ours[i])), texts.find((_, i) => JSON.stringify(theirs[i]) !== JSON.stringify(ours[i]))).toEqual([]);
+    } finally {
+      await m.dispose();
+    }
+    // The converted file's vocabulary, read back by NERVA, encodes as the folder's did.
+    const back = (await loadModelTokenizer(out))!;
+    expect(texts.map((t) => back.encode(t, { addSpecialTokens: false }))).toEqual(ours);
+    expect(back.encode('ROMEO:')[0]).toBe(1);
+  });
+
+  // The Metaspace form puts no '▁' before text that starts with a space (or follows a special
+  // token), where SentencePiece does: on ' ', '  two  spaces ' and the text after '<s>' llama.cpp's
+  // tokens for a converted file differed from the folder's. No GGUF form says that, so conversion
+  // refuses it.
+  it('a tokenizer.json with a Metaspace pre-tokenizer is refused by nerva convert, nothing written', async () => {
+    const f = await GgufFile.open(file);
+    const parts = ggufTokenizerParts(f.metadata, file)!;
+    await f.close();
+    const dir = join(tmp, 'hf-metaspace');
+    mkdirSync(dir);
+    await writeSyntheticCheckpoint({ config: llamaConfig, outDir: dir, seed: 4 });
+    const tj = { ...parts.tokenizerJson, normalizer: null, pre_tokenizer: { type: 'Metaspace', replacement: '\u2581', prepend_scheme: 'always', split: false } };
+    writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(tj));
+    writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify(parts.tokenizerConfig));
+    // The folder itself runs: its tokenizer is the Hugging Face one.
+    expect((await NervaTokenizer.fromDir(dir)).encode('ROMEO:').length).toBeGreaterThan(1);
+    const out = join(tmp, 'metaspace.gguf');
+    await expect(convertToGguf({ source: dir, out, type: 'F32' })).rejects.toMatchObject({ code: 'UNSUPPORTED_TOKENIZER', message: expect.stringContaining('Metaspace') });
+    expect(existsSync(out)).toBe(false);
   });
 });

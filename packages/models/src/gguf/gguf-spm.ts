@@ -51,3 +51,38 @@ export function spmDecoder(addSpacePrefix: boolean): unknown {
   if (addSpacePrefix) steps.push({ type: 'Strip', content: ' ', start: 1, stop: 0 });
   return { type: 'Sequence', decoders: steps };
 }
+
+const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+
+/**
+ * Whether a tokenizer.json writes spaces as SentencePiece does (`▁`, no other splitting), and
+ * whether it puts one `▁` in front: the legacy normalizer form (Prepend + Replace). Undefined for
+ * anything else, the Metaspace pre-tokenizer included: it adds no `▁` before text that already
+ * starts with a space, or after a special token, where SentencePiece (and llama.cpp) do, so a
+ * GGUF file cannot say it.
+ */
+export function spmSpacing(tj: Record<string, unknown>): { readonly addSpacePrefix: boolean } | undefined {
+  const norm = tj.normalizer ?? null;
+  const pre = tj.pre_tokenizer ?? null;
+  const isReplace = (x: unknown) => isObj(x) && x.type === 'Replace' && isObj(x.pattern) && x.pattern.String === ' ' && x.content === SPM_SPACE;
+  const isPrepend = (x: unknown) => isObj(x) && x.type === 'Prepend' && x.prepend === SPM_SPACE;
+  if (pre !== null) return undefined;
+  if (isReplace(norm)) return { addSpacePrefix: false };
+  if (isObj(norm) && norm.type === 'Sequence' && Array.isArray(norm.normalizers) && norm.normalizers.length === 2 && isPrepend(norm.normalizers[0]) && isReplace(norm.normalizers[1])) {
+    return { addSpacePrefix: true };
+  }
+  return undefined;
+}
+
+/**
+ * SentencePiece scores that give a BPE tokenizer's merges back through {@link spmMerges}: a token
+ * scores minus the rank of the first merge that makes it; a token no merge makes scores below
+ * every other.
+ */
+export function spmScores(tokens: readonly string[], merges: readonly (readonly [string, string])[]): number[] {
+  const rank = new Map<string, number>();
+  merges.forEach(([a, b], r) => {
+    if (!rank.has(a + b)) rank.set(a + b, r);
+  });
+  return tokens.map((t) => -(rank.get(t) ?? merges.length + 1));
+}

@@ -3,12 +3,12 @@
  * (`tokenizer.ggml.model` = "gpt2"). GGUF stores the tokens, their types and the merges, and names
  * the pre-tokenizer by family (`tokenizer.ggml.pre`); each family here is the exact HF
  * pre-tokenizer that family's tokenizer.json carries, so a file's tokenizer encodes to the same
- * ids as the HF tokenizer it was made from. SentencePiece vocabularies ("llama") are read too
- * (tokens and scores; see gguf-spm.ts), not written.
+ * ids as the HF tokenizer it was made from. SentencePiece vocabularies ("llama": tokens and
+ * scores) are read and written too, in the BPE-with-byte-fallback form HF gives them (gguf-spm.ts).
  */
 import { GgufError } from './gguf-error.js';
 import { MetaReader } from './gguf-meta.js';
-import { spmDecoder, spmMerges, spmNormalizer } from './gguf-spm.js';
+import { spmDecoder, spmMerges, spmNormalizer, spmScores, spmSpacing } from './gguf-spm.js';
 import { ggufValue, type GgufMetadata, type GgufValue } from './gguf-value.js';
 
 /**
@@ -283,6 +283,12 @@ function addedSpecials(pp: unknown): { first?: string; last?: string } | 'unsupp
   return { ...(first !== undefined && { first }), ...(last !== undefined && { last }) };
 }
 
+/** A merge written "a b" back as its two halves (the first space after the first character). */
+function splitMerge(mg: string): [string, string] {
+  const at = mg.indexOf(' ', 1);
+  return [mg.slice(0, at), mg.slice(at + 1)];
+}
+
 function specialContent(v: unknown): string | undefined {
   if (typeof v === 'string') return v;
   if (isObj(v) && typeof v.content === 'string') return v.content;
@@ -304,13 +310,20 @@ export function ggufTokenizerMetadata(src: HfTokenizerSource, path = '<gguf>'): 
   if (!isObj(tj) || !isObj(tj.model)) return refuse('tokenizer.json has no "model" section');
   const model = tj.model;
   if (model.type !== 'BPE') refuse(`model type "${String(model.type)}" is not BPE`);
-  if (model.byte_fallback === true) refuse('byte_fallback BPE (SentencePiece-style) is not byte-level BPE');
+  // BPE over characters with byte fallback is SentencePiece's, written as a "llama" vocabulary.
+  const spm = model.byte_fallback === true;
   for (const k of ['continuing_subword_prefix', 'end_of_word_suffix'] as const) {
     if (model[k] !== undefined && model[k] !== null && model[k] !== '') refuse(`model.${k} is set`);
   }
   if (model.dropout !== undefined && model.dropout !== null) refuse('model.dropout is set');
-  const pre = detectFamily(tj) ?? refuse('its normalizer / pre-tokenizer is not one of the GPT-2, Qwen2 or Llama 3 byte-level families');
-  if (!isObj(tj.decoder) || tj.decoder.type !== 'ByteLevel') refuse('its decoder is not ByteLevel');
+  const spacing = spm
+    ? (spmSpacing(tj) ??
+      refuse(
+        "byte_fallback BPE whose normalizer / pre-tokenizer is not SentencePiece's (Prepend + Replace of ' ' by '▁'); a Metaspace pre-tokenizer adds no '▁' before text that starts with a space or follows a special token, where llama.cpp's SentencePiece does",
+      ))
+    : undefined;
+  const pre = spm ? undefined : (detectFamily(tj) ?? refuse('its normalizer / pre-tokenizer is not one of the GPT-2, Qwen2 or Llama 3 byte-level families'));
+  if (!spm && (!isObj(tj.decoder) || tj.decoder.type !== 'ByteLevel')) refuse('its decoder is not ByteLevel');
   if (!isObj(model.vocab)) return refuse('model.vocab is not an object');
 
   const byId = new Map<number, string>();
@@ -338,7 +351,7 @@ export function ggufTokenizerMetadata(src: HfTokenizerSource, path = '<gguf>'): 
     const t = byId.get(id);
     if (t !== undefined) {
       tokens[id] = t;
-      types[id] = addedType.get(id) ?? GGUF_TOKEN_TYPES.NORMAL;
+      types[id] = addedType.get(id) ?? (spm && /^<0x[0-9A-F]{2}>$/.test(t) ? GGUF_TOKEN_TYPES.BYTE : spm && t === model.unk_token ? GGUF_TOKEN_TYPES.UNKNOWN : GGUF_TOKEN_TYPES.NORMAL);
     } else {
       const padName = `[PAD${id}]`;
       if (taken.has(padName)) refuse(`the padding name ${padName} is already a token`);
@@ -366,13 +379,24 @@ export function ggufTokenizerMetadata(src: HfTokenizerSource, path = '<gguf>'): 
   const padId = idOf(specialContent(cfg.pad_token));
 
   const v = ggufValue;
-  const md: [string, GgufValue][] = [
-    ['tokenizer.ggml.model', v.str('gpt2')],
-    ['tokenizer.ggml.pre', v.str(pre)],
-    ['tokenizer.ggml.tokens', v.array('STRING', tokens)],
-    ['tokenizer.ggml.token_type', v.array('INT32', types)],
-    ['tokenizer.ggml.merges', v.array('STRING', merges)],
-  ];
+  const md: [string, GgufValue][] = spm
+    ? [
+        ['tokenizer.ggml.model', v.str('llama')],
+        ['tokenizer.ggml.pre', v.str('default')],
+        ['tokenizer.ggml.tokens', v.array('STRING', tokens)],
+        ['tokenizer.ggml.scores', v.array('FLOAT32', spmScores(tokens, merges.map((mg) => splitMerge(mg))))],
+        ['tokenizer.ggml.token_type', v.array('INT32', types)],
+        ['tokenizer.ggml.add_space_prefix', v.bool(spacing!.addSpacePrefix)],
+      ]
+    : [
+        ['tokenizer.ggml.model', v.str('gpt2')],
+        ['tokenizer.ggml.pre', v.str(pre!)],
+        ['tokenizer.ggml.tokens', v.array('STRING', tokens)],
+        ['tokenizer.ggml.token_type', v.array('INT32', types)],
+        ['tokenizer.ggml.merges', v.array('STRING', merges)],
+      ];
+  const unkId = spm && typeof model.unk_token === 'string' ? idOf(model.unk_token) : undefined;
+  if (unkId !== undefined) md.push(['tokenizer.ggml.unknown_token_id', v.u32(unkId)]);
   if (bosId !== undefined) md.push(['tokenizer.ggml.bos_token_id', v.u32(bosId)]);
   if (eosId !== undefined) md.push(['tokenizer.ggml.eos_token_id', v.u32(eosId)]);
   if (padId !== undefined) md.push(['tokenizer.ggml.padding_token_id', v.u32(padId)]);
