@@ -97,6 +97,22 @@ beforeAll(async () => {
   }
 });
 
+/**
+ * A model folder of the tiny Llama shape with the test vocabulary in Hugging Face's form (the
+ * tokenizer.json NERVA reads from the GGUF file, edited by `edit`), and random weights.
+ */
+async function hfFolder(name: string, edit: (tj: Record<string, unknown>) => Record<string, unknown>): Promise<string> {
+  const f = await GgufFile.open(file);
+  const parts = ggufTokenizerParts(f.metadata, file)!;
+  await f.close();
+  const dir = join(tmp, name);
+  mkdirSync(dir);
+  await writeSyntheticCheckpoint({ config: llamaConfig, outDir: dir, seed: 4 });
+  writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(edit(parts.tokenizerJson)));
+  writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify(parts.tokenizerConfig));
+  return dir;
+}
+
 async function withLlama<T>(f: (m: LlamaCppModel) => Promise<T> | T): Promise<T> {
   if (!opened.available) throw new Error(opened.reason);
   const m = await opened.runtime.load(file, 64);
@@ -151,14 +167,7 @@ describe.skipIf(!opened.available)(`a SentencePiece vocabulary in GGUF: NERVA to
   // Hugging Face writes a SentencePiece vocabulary's spacing two ways: the legacy normalizer
   // (Prepend + Replace), tested here, and a Metaspace pre-tokenizer, refused below.
   it('a model folder with it in tokenizer.json (normalizer form) converts to a GGUF file llama.cpp tokenizes as the folder does', async () => {
-    const f = await GgufFile.open(file);
-    const parts = ggufTokenizerParts(f.metadata, file)!;
-    await f.close();
-    const dir = join(tmp, 'hf-normalizer');
-    mkdirSync(dir);
-    await writeSyntheticCheckpoint({ config: llamaConfig, outDir: dir, seed: 4 });
-    writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(parts.tokenizerJson));
-    writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify(parts.tokenizerConfig));
+    const dir = await hfFolder('hf-normalizer', (tj) => tj);
     const hf = await NervaTokenizer.fromDir(dir);
     const out = join(tmp, 'converted.gguf');
     await convertToGguf({ source: dir, out, type: 'F32' });
@@ -183,15 +192,7 @@ describe.skipIf(!opened.available)(`a SentencePiece vocabulary in GGUF: NERVA to
   // tokens for a converted file differed from the folder's. No GGUF form says that, so conversion
   // refuses it.
   it('a tokenizer.json with a Metaspace pre-tokenizer is refused by nerva convert, nothing written', async () => {
-    const f = await GgufFile.open(file);
-    const parts = ggufTokenizerParts(f.metadata, file)!;
-    await f.close();
-    const dir = join(tmp, 'hf-metaspace');
-    mkdirSync(dir);
-    await writeSyntheticCheckpoint({ config: llamaConfig, outDir: dir, seed: 4 });
-    const tj = { ...parts.tokenizerJson, normalizer: null, pre_tokenizer: { type: 'Metaspace', replacement: '\u2581', prepend_scheme: 'always', split: false } };
-    writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(tj));
-    writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify(parts.tokenizerConfig));
+    const dir = await hfFolder('hf-metaspace', (tj) => ({ ...tj, normalizer: null, pre_tokenizer: { type: 'Metaspace', replacement: SPACE, prepend_scheme: 'always', split: false } }));
     // The folder itself runs: its tokenizer is the Hugging Face one.
     expect((await NervaTokenizer.fromDir(dir)).encode('ROMEO:').length).toBeGreaterThan(1);
     const out = join(tmp, 'metaspace.gguf');
