@@ -114,3 +114,63 @@ export async function ollamaManifests(dir: string): Promise<{ name: OllamaName; 
         }
   return out;
 }
+
+const PARAMS_LAYER = 'application/vnd.ollama.image.params';
+
+/** Ollama's parameter names → generation_config.json's. */
+const PARAM_KEYS: Readonly<Record<string, string>> = {
+  temperature: 'temperature',
+  top_k: 'top_k',
+  top_p: 'top_p',
+  min_p: 'min_p',
+  repeat_penalty: 'repetition_penalty',
+};
+
+/** What a pull's `params` layer sets: generation_config.json keys, and the stop strings. */
+export interface OllamaParams {
+  readonly generationConfig: Record<string, number>;
+  readonly stop: readonly string[];
+}
+
+/**
+ * The generation settings Ollama keeps beside the model blob `blob` (its manifest's `params`
+ * layer): the sampling numbers Ollama would default to, and its stop strings. Undefined when no
+ * manifest of its models folder names the blob, when those that do carry different params, or
+ * when the params are absent or unreadable (the model then runs on the GGUF's own defaults).
+ */
+export async function ollamaParamsOf(blob: string): Promise<OllamaParams | undefined> {
+  if (!isOllamaBlob(blob)) return undefined;
+  const dir = join(blob, '..', '..');
+  const digest = `sha256:${blob.slice(-64)}`;
+  const params = new Set<string>();
+  for (const { manifest } of await ollamaManifests(dir)) {
+    // A manifest that does not read or parse names nothing here (naming its model says what is wrong).
+    const layers = await readFile(manifest, 'utf8').then(
+      (t) => {
+        try {
+          return (JSON.parse(t) as { layers?: unknown } | null)?.layers;
+        } catch {
+          return undefined;
+        }
+      },
+      () => undefined,
+    );
+    if (!Array.isArray(layers) || !layers.some((l: { mediaType?: unknown; digest?: unknown }) => l?.mediaType === MODEL_LAYER && l.digest === digest)) continue;
+    const p = layers.find((l: { mediaType?: unknown }) => l?.mediaType === PARAMS_LAYER) as { digest?: unknown } | undefined;
+    params.add(typeof p?.digest === 'string' ? p.digest : '');
+  }
+  const [only] = params;
+  if (params.size !== 1 || !/^sha256:[0-9a-f]{64}$/.test(only)) return undefined;
+  let doc: unknown;
+  try {
+    doc = JSON.parse(await readFile(join(dir, 'blobs', only.replace(':', '-')), 'utf8'));
+  } catch {
+    return undefined;
+  }
+  if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) return undefined;
+  const generationConfig: Record<string, number> = {};
+  for (const [k, v] of Object.entries(doc)) if (PARAM_KEYS[k] && typeof v === 'number' && Number.isFinite(v)) generationConfig[PARAM_KEYS[k]] = v;
+  const stopValue = (doc as { stop?: unknown }).stop;
+  const stop = (Array.isArray(stopValue) ? stopValue : [stopValue]).filter((s): s is string => typeof s === 'string' && s.length > 0);
+  return { generationConfig, stop };
+}

@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { convertToGguf, formatOllamaName, isGgufPath, isOllamaBlob, listLocalModels, loadModelDir, parseOllamaName, resolveModelDir, ResolveError } from '../src/index.js';
+import { convertToGguf, formatOllamaName, GgufFile, isGgufPath, isOllamaBlob, listLocalModels, loadModelDir, ollamaParamsOf, parseOllamaName, resolveModelDir, ResolveError } from '../src/index.js';
 import { MODELS, tempDir } from './helpers.js';
 
 /** An Ollama models folder as `ollama pull` leaves it: a manifest per name, content-addressed blobs. */
@@ -89,5 +89,39 @@ describe("Ollama's models by Ollama's names", () => {
     expect(listed.every((m) => m.path === blob && m.bytes === readFileSync(blob).byteLength)).toBe(true);
     // The DTYPE column: the file's general.file_type.
     expect(listed.map((m) => m.dtype)).toEqual(['Q8_0', 'Q8_0', 'Q8_0', 'Q8_0']);
+  });
+
+  it("a pull's params layer sets the sampling defaults and single-token stop strings; pulls that disagree set none", async () => {
+    // A second model (other bytes, so no other manifest names its blob), pulled with params.
+    const gguf = join(store, 'q4.gguf');
+    await convertToGguf({ source: join(MODELS, 'tiny-shakespeare-qwen3'), out: gguf, type: 'Q4_0' });
+    const bytes = readFileSync(gguf);
+    const hex = createHash('sha256').update(bytes).digest('hex');
+    copyFileSync(gguf, join(store, 'blobs', `sha256-${hex}`));
+    const f = await GgufFile.open(gguf);
+    const vocab = (f.get('tokenizer.ggml.tokens')!.value as unknown as { items: string[] }).items;
+    await f.close();
+    const blobOf = (text: string) => {
+      const h = createHash('sha256').update(text).digest('hex');
+      writeFileSync(join(store, 'blobs', `sha256-${h}`), text);
+      return { mediaType: 'application/vnd.ollama.image.params', digest: `sha256:${h}`, size: text.length };
+    };
+    const model = { mediaType: 'application/vnd.ollama.image.model', digest: `sha256:${hex}`, size: bytes.byteLength };
+    const params = blobOf(JSON.stringify({ temperature: 0.6, top_k: 20, top_p: 0.95, repeat_penalty: 1.1, num_ctx: 4096, stop: [vocab[5], 'not one token'] }));
+    pulled('registry.ollama.ai', 'library', 'tuned', 'q4', [model, params]);
+    const blobPath = await resolveModelDir('tuned:q4', { env: env() });
+    expect(await ollamaParamsOf(blobPath)).toEqual({ generationConfig: { temperature: 0.6, top_k: 20, top_p: 0.95, repetition_penalty: 1.1 }, stop: [vocab[5], 'not one token'] });
+    const m = await loadModelDir(blobPath);
+    try {
+      expect(m.generationConfig).toMatchObject({ temperature: 0.6, top_k: 20, top_p: 0.95, repetition_penalty: 1.1 });
+      expect(m.stopTokenIds).toContain(5);
+    } finally {
+      await m.checkpoint.close();
+    }
+    // The same blob pulled again under another name with other params: which applies is unknown, so none does.
+    pulled('registry.ollama.ai', 'library', 'tuned', 'other', [model, blobOf(JSON.stringify({ temperature: 1.2 }))]);
+    expect(await ollamaParamsOf(blobPath)).toBeUndefined();
+    // A file outside an Ollama folder has no params.
+    expect(await ollamaParamsOf(gguf)).toBeUndefined();
   });
 });

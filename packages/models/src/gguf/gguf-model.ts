@@ -7,6 +7,7 @@ import { GgufCheckpoint } from './gguf-checkpoint.js';
 import { GGUF_FILE_TYPES } from '@nerva/core';
 import { GgufError } from './gguf-error.js';
 import { GgufFile } from './gguf-file.js';
+import { ollamaParamsOf } from '../ollama.js';
 import { GGUF_MAGIC } from './gguf-header.js';
 import type { GgufMetadata } from './gguf-value.js';
 import { ggufGenerationConfig } from './gguf-spec.js';
@@ -67,7 +68,8 @@ export function ggufTokenizer(metadata: GgufMetadata, path: string): NervaTokeni
 
 /**
  * Load a `.gguf` model file: spec, tokenizer, chat template, generation defaults and stop ids all
- * from its metadata, weights through a {@link GgufCheckpoint}. Reads the header only (and the tiny
+ * from its metadata (for a blob Ollama pulled, its sampling settings and single-token stop strings
+ * over them), weights through a {@link GgufCheckpoint}. Reads the header only (and the tiny
  * `rope_freqs` tensor when present).
  */
 export async function loadGgufModel(path: string, opts: LoadModelOptions = {}): Promise<LoadedModel> {
@@ -82,7 +84,13 @@ export async function loadGgufModel(path: string, opts: LoadModelOptions = {}): 
     const { spec } = checkpoint;
     const metadata = checkpoint.file.metadata;
     const tokenizer = opts.tokenizer !== false ? ggufTokenizer(metadata, path) : undefined;
-    const generationConfig = ggufGenerationConfig(metadata, path);
+    // A model Ollama pulled runs on the settings Ollama keeps for it, over the file's own.
+    const ollama = await ollamaParamsOf(path);
+    const ggufConfig = ggufGenerationConfig(metadata, path);
+    const fromOllama = ollama?.generationConfig ?? {};
+    // Ollama's temperature also decides whether to sample at all (HF's do_sample, which the file may carry).
+    const sampling = fromOllama.temperature !== undefined ? { do_sample: fromOllama.temperature > 0 } : {};
+    const generationConfig = Object.keys(fromOllama).length > 0 ? { ...ggufConfig, ...fromOllama, ...sampling } : ggufConfig;
     const weights: ResolvedWeights = resolveWeights(spec, checkpoint);
     const stop = new Set<number>(spec.eosTokenIds);
     const genEos = generationConfig?.eos_token_id;
@@ -96,6 +104,15 @@ export async function loadGgufModel(path: string, opts: LoadModelOptions = {}): 
       }
     }
     for (const id of tokenizer?.eosTokenIds ?? []) stop.add(id);
+    // Ollama's stop strings that are one token of the vocabulary (`<|im_end|>`) stop as that token.
+    if (ollama && ollama.stop.length > 0) {
+      const tokens = metadata.get('tokenizer.ggml.tokens');
+      const list = tokens?.type === 'ARRAY' && tokens.value.itemType === 'STRING' ? (tokens.value.items as readonly string[]) : [];
+      for (const s of ollama.stop) {
+        const id = list.indexOf(s);
+        if (id >= 0 && id < spec.vocabSize) stop.add(id);
+      }
+    }
     const out: LoadedModel = { dir: path, spec, checkpoint, weights, stopTokenIds: [...stop] };
     if (tokenizer) out.tokenizer = tokenizer;
     if (generationConfig) out.generationConfig = generationConfig;
