@@ -134,12 +134,9 @@ export function ggufTokenizerParts(metadata: GgufMetadata, path: string): GgufTo
     }
   });
   const inVocab = (id: number) => vocab[tokens[id]] === id;
-  const pairs = spm ? spmMerges(tokens, scores!, inVocab) : merges.map((s, i) => {
-    // The first space at or after index 1 separates the halves (a half may itself start with one).
-    const at = s.indexOf(' ', 1);
-    if (at < 0) throw new GgufError('BAD_METADATA', path, `merge #${i} ${JSON.stringify(s.slice(0, 40))} is not two tokens separated by a space`, { key: 'tokenizer.ggml.merges' });
-    return [s.slice(0, at), s.slice(at + 1)];
-  });
+  const pairs = spm
+    ? spmMerges(tokens, scores!, inVocab)
+    : merges.map((s, i) => splitMerge(s) ?? refuseMerge(path, i, s));
 
   const special = (key: string): { id: number; content: string } | undefined => {
     if (!m.has(key)) return undefined;
@@ -283,10 +280,17 @@ function addedSpecials(pp: unknown): { first?: string; last?: string } | 'unsupp
   return { ...(first !== undefined && { first }), ...(last !== undefined && { last }) };
 }
 
-/** A merge written "a b" back as its two halves (the first space after the first character). */
-function splitMerge(mg: string): [string, string] {
+/**
+ * A merge written "a b" as its two halves: the first space at or after index 1 separates them (a
+ * half may itself start with one). Undefined when there is no such space.
+ */
+function splitMerge(mg: string): [string, string] | undefined {
   const at = mg.indexOf(' ', 1);
-  return [mg.slice(0, at), mg.slice(at + 1)];
+  return at < 0 ? undefined : [mg.slice(0, at), mg.slice(at + 1)];
+}
+
+function refuseMerge(path: string, i: number, s: string): never {
+  throw new GgufError('BAD_METADATA', path, `merge #${i} ${JSON.stringify(s.slice(0, 40))} is not two tokens separated by a space`, { key: 'tokenizer.ggml.merges' });
 }
 
 function specialContent(v: unknown): string | undefined {
@@ -384,7 +388,7 @@ export function ggufTokenizerMetadata(src: HfTokenizerSource, path = '<gguf>'): 
         ['tokenizer.ggml.model', v.str('llama')],
         ['tokenizer.ggml.pre', v.str('default')],
         ['tokenizer.ggml.tokens', v.array('STRING', tokens)],
-        ['tokenizer.ggml.scores', v.array('FLOAT32', spmScores(tokens, merges.map((mg) => splitMerge(mg))))],
+        ['tokenizer.ggml.scores', v.array('FLOAT32', spmScores(tokens, merges.map((mg, i) => splitMerge(mg) ?? refuse(`merge #${i} ${JSON.stringify(mg.slice(0, 40))} is not two tokens`))))],
         ['tokenizer.ggml.token_type', v.array('INT32', types)],
         ['tokenizer.ggml.add_space_prefix', v.bool(spacing!.addSpacePrefix)],
       ]
