@@ -89,6 +89,7 @@ describe('GGUF model files refused clearly', () => {
     }, 'BAD_METADATA', 'an array of floats'],
     ['an unknown pre-tokenizer', (md) => md.set('tokenizer.ggml.pre', ggufValue.str('falcon')), 'UNSUPPORTED_TOKENIZER', 'falcon'],
     ['token types of the wrong length', (md) => md.set('tokenizer.ggml.token_type', ggufValue.array('INT32', [1, 1])), 'BAD_METADATA', 'token types'],
+    ['a tokenizer merge that is not two tokens', (md) => md.set('tokenizer.ggml.merges', ggufValue.array('STRING', ['ab'])), 'BAD_METADATA', 'is not two tokens separated by a space'],
     ['a BOS id outside the vocabulary', (md) => md.set('tokenizer.ggml.bos_token_id', ggufValue.u32(999_999)), 'BAD_METADATA', 'outside'],
     ['a duplicated token', (md) => {
       const t = md.get('tokenizer.ggml.tokens')!.value as { itemType: 'STRING'; items: string[] };

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { convertToGguf, formatOllamaName, GgufFile, isGgufPath, isOllamaBlob, listLocalModels, loadModelDir, ollamaParamsOf, parseOllamaName, resolveModelDir, ResolveError } from '../src/index.js';
@@ -121,6 +121,14 @@ describe("Ollama's models by Ollama's names", () => {
     // The same blob pulled again under another name with other params: which applies is unknown, so none does.
     pulled('registry.ollama.ai', 'library', 'tuned', 'other', [model, blobOf(JSON.stringify({ temperature: 1.2 }))]);
     expect(await ollamaParamsOf(blobPath)).toBeUndefined();
+    // Params that are not JSON are no settings: the file's own defaults stand, nothing fails.
+    rmSync(join(store, 'manifests', 'registry.ollama.ai', 'library', 'tuned', 'other'));
+    const junk = blobOf('{not json');
+    pulled('registry.ollama.ai', 'library', 'tuned', 'q4', [model, junk]);
+    expect(await ollamaParamsOf(blobPath)).toBeUndefined();
+    const plain = await loadModelDir(blobPath);
+    expect(plain.generationConfig?.temperature).not.toBe(0.6);
+    await plain.checkpoint.close();
     // A file outside an Ollama folder has no params.
     expect(await ollamaParamsOf(gguf)).toBeUndefined();
   });
